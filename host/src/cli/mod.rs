@@ -1,0 +1,9 @@
+//! Command-line subcommands of the `pushonce` binary, one module each.
+//!
+//! `main.rs` parses arguments with clap and calls `run` of the chosen module;
+//! each module returns `anyhow::Result` because this is the binary's edge.
+
+pub mod bench;
+pub mod keys;
+pub mod plugins;
+pub mod worker;

@@ -1,0 +1,1 @@
+//! Dispatcher: workers that claim tasks from the ready streams and send them.

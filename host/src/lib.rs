@@ -1,0 +1,14 @@
+//! pushonce: push delivery exactly once per channel.
+//!
+//! The data path reads in module order: `api` → `route` → `derive` (key) →
+//! `permit` → `dispatch` → `send` → `reconcile`. The plugin runtime (`plugin`)
+//! serves `derive` and `send`; `store` owns the Redis connection (and the
+//! embedded `redis-server`). See `ARCHITECTURE.md` for the map and invariants.
+
+pub mod cli;
+pub mod derive;
+pub mod dispatch;
+pub mod permit;
+pub mod plugin;
+pub mod send;
+pub mod store;

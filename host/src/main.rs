@@ -1,0 +1,41 @@
+//! The `pushonce` binary: parses the command line and runs one subcommand.
+//! This is the only place where errors become `anyhow` and exit codes.
+
+use clap::{Parser, Subcommand};
+use pushonce::cli;
+
+/// pushonce: push delivery exactly once per channel.
+#[derive(Debug, Parser)]
+#[command(name = "pushonce", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// List or check plugin files.
+    Plugins(cli::plugins::Args),
+    /// Print the idempotency key each channel would get for an event (dry run).
+    Keys(cli::keys::Args),
+    /// Run benchmarks and print a table.
+    Bench(cli::bench::Args),
+    /// Run dispatcher workers against a Redis.
+    Worker(cli::worker::Args),
+}
+
+fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "info".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    match Cli::parse().command {
+        Command::Plugins(args) => cli::plugins::run(args),
+        Command::Keys(args) => cli::keys::run(args),
+        Command::Bench(args) => cli::bench::run(args),
+        Command::Worker(args) => cli::worker::run(args),
+    }
+}

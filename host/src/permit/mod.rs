@@ -1,0 +1,1 @@
+//! Permits and tasks in Redis: every Lua script of pushonce lives here.

@@ -1,0 +1,1 @@
+//! Plugin runtime: loads WebAssembly component plugins with wasmtime, under limits.

@@ -1,0 +1,1 @@
+//! TODO(role): filled by its issue.

@@ -1,0 +1,125 @@
+//! `cargo xtask`: the developer's tasks, kept out of the host's build.
+//!
+//! - `setup`: install what a fresh machine lacks (the `wasm32-wasip2` target, `redis-server`).
+//! - `plugins`: build every plugin in `plugins/` for `wasm32-wasip2` and copy the
+//!   components to `target/plugins/`.
+//! - `test`: `setup`, then the whole test suite (`cargo test --workspace`).
+//! - `run`: `setup`, `plugins`, then the host with its defaults.
+
+use anyhow::{Context, Result, bail};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn main() -> Result<()> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let root = workspace_root();
+    match args.first().map(String::as_str) {
+        Some("setup") => setup(),
+        Some("plugins") => build_plugins(&root).map(|_| ()),
+        Some("test") => {
+            setup()?;
+            run(Command::new(cargo())
+                .current_dir(&root)
+                .args(["test", "--workspace"])
+                .args(&args[1..]))
+        }
+        Some("run") => {
+            setup()?;
+            let dir = build_plugins(&root)?;
+            run(Command::new(cargo())
+                .current_dir(&root)
+                .args(["run", "--release", "--bin", "pushonce", "--", "serve"])
+                .env("PUSHONCE_PLUGIN_DIR", dir)
+                .args(&args[1..]))
+        }
+        _ => {
+            eprintln!("usage: cargo xtask <setup|plugins|test|run> [args...]");
+            std::process::exit(2);
+        }
+    }
+}
+
+fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("xtask lives one level below the workspace root")
+        .to_path_buf()
+}
+
+fn cargo() -> String {
+    std::env::var("CARGO").unwrap_or_else(|_| "cargo".into())
+}
+
+/// Runs a command, failing with its command line when it does not succeed.
+fn run(cmd: &mut Command) -> Result<()> {
+    let status = cmd
+        .status()
+        .with_context(|| format!("could not start {cmd:?}"))?;
+    if !status.success() {
+        bail!("{cmd:?} failed: {status}");
+    }
+    Ok(())
+}
+
+fn has_program(name: &str) -> bool {
+    Command::new("sh")
+        .args(["-c", &format!("command -v {name}")])
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false)
+}
+
+/// Installs what is missing: the `wasm32-wasip2` Rust target and `redis-server`.
+fn setup() -> Result<()> {
+    let targets = Command::new("rustup")
+        .args(["target", "list", "--installed"])
+        .output()
+        .context("rustup is needed to add the wasm32-wasip2 target")?;
+    if !String::from_utf8_lossy(&targets.stdout).contains("wasm32-wasip2") {
+        eprintln!("xtask: installing the wasm32-wasip2 target");
+        run(Command::new("rustup").args(["target", "add", "wasm32-wasip2"]))?;
+    }
+    if !(has_program("redis-server") && has_program("redis-benchmark")) {
+        eprintln!("xtask: installing redis-server and redis-tools with apt-get");
+        let sudo = if has_program("sudo") && !is_root() { "sudo " } else { "" };
+        run(Command::new("sh").args([
+            "-c",
+            &format!(
+                "{sudo}apt-get update -qq && DEBIAN_FRONTEND=noninteractive {sudo}apt-get install -y -qq redis-server redis-tools"
+            ),
+        ]))
+        .context("could not install redis-server; install it by hand (Debian: apt-get install redis-server)")?;
+    }
+    Ok(())
+}
+
+fn is_root() -> bool {
+    Command::new("id")
+        .arg("-u")
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
+        .unwrap_or(false)
+}
+
+/// Builds the plugin workspace and copies every component to `target/plugins/`.
+fn build_plugins(root: &Path) -> Result<PathBuf> {
+    let plugins = root.join("plugins");
+    let target_dir = root.join("target").join("wasm");
+    run(Command::new(cargo())
+        .current_dir(&plugins)
+        .args(["build", "--release", "--target", "wasm32-wasip2", "--target-dir"])
+        .arg(&target_dir))?;
+    let built = target_dir.join("wasm32-wasip2").join("release");
+    let out = root.join("target").join("plugins");
+    std::fs::create_dir_all(&out)?;
+    let mut n = 0;
+    for entry in std::fs::read_dir(&built)? {
+        let path = entry?.path();
+        if path.extension().is_some_and(|e| e == "wasm") {
+            std::fs::copy(&path, out.join(path.file_name().unwrap()))?;
+            n += 1;
+        }
+    }
+    eprintln!("xtask: {n} plugin(s) in {}", out.display());
+    Ok(out)
+}

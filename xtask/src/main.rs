@@ -3,7 +3,7 @@
 //! - `setup`: install what a fresh machine lacks (the `wasm32-wasip2` target, `redis-server`).
 //! - `plugins`: build every plugin in `plugins/` for `wasm32-wasip2` and copy the
 //!   components to `target/plugins/`.
-//! - `test`: `setup`, then the whole test suite (`cargo test --workspace`).
+//! - `test`: `setup`, build the binaries, then the whole test suite (`cargo test --workspace`).
 //! - `run`: `setup`, `plugins`, then the host with its defaults.
 
 use anyhow::{Context, Result, bail};
@@ -18,6 +18,10 @@ fn main() -> Result<()> {
         Some("plugins") => build_plugins(&root).map(|_| ()),
         Some("test") => {
             setup()?;
+            // Tests spawn the real `pushonce` binary (kill -9, several instances).
+            run(Command::new(cargo())
+                .current_dir(&root)
+                .args(["build", "--workspace", "--bins"]))?;
             run(Command::new(cargo())
                 .current_dir(&root)
                 .args(["test", "--workspace"])

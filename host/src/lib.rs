@@ -6,9 +6,11 @@
 //! embedded `redis-server`). See `ARCHITECTURE.md` for the map and invariants.
 
 pub mod cli;
+pub mod config;
 pub mod derive;
 pub mod dispatch;
 pub mod permit;
 pub mod plugin;
+pub mod route;
 pub mod send;
 pub mod store;

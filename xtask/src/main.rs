@@ -85,7 +85,11 @@ fn setup() -> Result<()> {
     }
     if !(has_program("redis-server") && has_program("redis-benchmark")) {
         eprintln!("xtask: installing redis-server and redis-tools with apt-get");
-        let sudo = if has_program("sudo") && !is_root() { "sudo " } else { "" };
+        let sudo = if has_program("sudo") && !is_root() {
+            "sudo "
+        } else {
+            ""
+        };
         run(Command::new("sh").args([
             "-c",
             &format!(
@@ -111,7 +115,13 @@ fn build_plugins(root: &Path) -> Result<PathBuf> {
     let target_dir = root.join("target").join("wasm");
     run(Command::new(cargo())
         .current_dir(&plugins)
-        .args(["build", "--release", "--target", "wasm32-wasip2", "--target-dir"])
+        .args([
+            "build",
+            "--release",
+            "--target",
+            "wasm32-wasip2",
+            "--target-dir",
+        ])
         .arg(&target_dir))?;
     let built = target_dir.join("wasm32-wasip2").join("release");
     let out = root.join("target").join("plugins");

@@ -1,0 +1,339 @@
+//! Host configuration: `pushonce.toml`, then environment overrides for URLs,
+//! directories and secrets (`PUSHONCE_*`). Strict: an unknown key is an error
+//! naming the file and line. Secrets are never stored here, only the names of
+//! the environment variables that hold them.
+
+use serde::Deserialize;
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// Everything one host process needs to know to run.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct HostConfig {
+    /// Address the HTTP API listens on.
+    pub listen: SocketAddr,
+    /// Redis to use (`redis://`, `rediss://`, `redis+unix://`); absent means the
+    /// host starts its own `redis-server` (AOF on) with data in `data_dir`.
+    pub redis_url: Option<String>,
+    /// Directory for the embedded Redis's data and the compiled-plugin cache.
+    pub data_dir: PathBuf,
+    /// Directory of plugin components (`*.wasm`).
+    pub plugin_dir: PathBuf,
+    /// Directory of policy files (`*.toml`).
+    pub policy_dir: PathBuf,
+    /// Number of shards (hash tags) the permits and queues are spread over.
+    pub shards: u16,
+    /// Dispatcher workers in this process.
+    pub workers: usize,
+    /// How long a worker's claim on a task lasts without being extended.
+    #[serde(with = "humantime_serde")]
+    pub lease: Duration,
+    /// How long finished tasks stay readable before they expire.
+    #[serde(with = "humantime_serde")]
+    pub task_retention: Duration,
+    /// Budgets of every plugin call.
+    pub plugin_limits: PluginLimits,
+    /// Channel instances by name (the names policies use in `channels`).
+    pub channels: BTreeMap<String, ChannelConfig>,
+    /// Bearer tokens, by the names of the environment variables holding them.
+    pub auth: AuthConfig,
+}
+
+/// Budgets every plugin call runs under; a call over budget fails alone.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PluginLimits {
+    /// Fuel units per call (about one per wasm instruction); stops endless loops.
+    pub fuel: u64,
+    /// Most linear memory one plugin instance may grow to, e.g. `"64 MiB"`.
+    pub memory: bytesize::ByteSize,
+}
+
+/// One channel instance: which channel plugin, and its settings.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ChannelConfig {
+    /// The channel plugin and version requirement, `name@req`, e.g. `sms@^1`.
+    pub plugin: String,
+    /// Settings handed to the plugin (endpoint, template defaults...).
+    #[serde(default)]
+    pub settings: BTreeMap<String, String>,
+    /// Settings whose values are read from environment variables at start:
+    /// setting name → variable name. Their values never appear in logs or answers.
+    #[serde(default)]
+    pub secrets_from_env: BTreeMap<String, String>,
+    /// Hosts (`name` or `name:port`) the plugin may reach over HTTP.
+    #[serde(default)]
+    pub allowed_hosts: Vec<String>,
+}
+
+/// Where the API's bearer tokens come from.
+#[derive(Debug, Clone, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct AuthConfig {
+    /// Environment variable holding the token for `/v1` (business services).
+    pub api_token_env: Option<String>,
+    /// Environment variable holding the token for `/admin` (operators).
+    pub admin_token_env: Option<String>,
+}
+
+impl Default for HostConfig {
+    fn default() -> Self {
+        HostConfig {
+            listen: "127.0.0.1:8080".parse().expect("a valid literal address"),
+            redis_url: None,
+            data_dir: PathBuf::from("data"),
+            plugin_dir: PathBuf::from("target/plugins"),
+            policy_dir: PathBuf::from("policies"),
+            shards: 16,
+            workers: 8,
+            lease: Duration::from_secs(30),
+            task_retention: Duration::from_secs(7 * 24 * 3600),
+            plugin_limits: PluginLimits::default(),
+            channels: BTreeMap::new(),
+            auth: AuthConfig::default(),
+        }
+    }
+}
+
+impl Default for PluginLimits {
+    fn default() -> Self {
+        PluginLimits {
+            fuel: 50_000_000,
+            memory: bytesize::ByteSize::mib(64),
+        }
+    }
+}
+
+/// Why the host configuration was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("{file}: cannot read: {source}")]
+    Read {
+        /// The configuration file.
+        file: PathBuf,
+        /// What the filesystem said.
+        source: std::io::Error,
+    },
+    /// TOML syntax, an unknown key or a wrong type.
+    #[error("{file}:{line}: {message}")]
+    Parse {
+        /// The configuration file.
+        file: PathBuf,
+        /// 1-based line of the offending item.
+        line: usize,
+        /// The parser's message, naming the field.
+        message: String,
+    },
+    /// An environment override that does not parse.
+    #[error("environment variable {var}: {reason}")]
+    Env {
+        /// The variable.
+        var: &'static str,
+        /// What is wrong with its value.
+        reason: String,
+    },
+    /// A value that parses but cannot work.
+    #[error("{field}: {reason}")]
+    Invalid {
+        /// The field at fault.
+        field: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+}
+
+/// 1-based line of a byte offset in `text`.
+pub fn line_of(text: &str, offset: usize) -> usize {
+    text[..offset.min(text.len())].matches('\n').count() + 1
+}
+
+impl HostConfig {
+    /// Parses `text` as the configuration file `file`.
+    pub fn parse(file: &Path, text: &str) -> Result<HostConfig, ConfigError> {
+        let config: HostConfig = from_toml(text).map_err(|e| ConfigError::Parse {
+            file: file.to_path_buf(),
+            line: e.line,
+            message: e.message,
+        })?;
+        Ok(config)
+    }
+
+    /// Loads the configuration: the file when given (or `pushonce.toml` when it
+    /// exists), defaults otherwise, then the environment overrides, then checks.
+    pub fn load(file: Option<&Path>) -> Result<HostConfig, ConfigError> {
+        let default_file = Path::new("pushonce.toml");
+        let file = file.or(default_file.exists().then_some(default_file));
+        let mut config = match file {
+            Some(file) => {
+                let text = std::fs::read_to_string(file).map_err(|source| ConfigError::Read {
+                    file: file.to_path_buf(),
+                    source,
+                })?;
+                Self::parse(file, &text)?
+            }
+            None => HostConfig::default(),
+        };
+        config.apply_env(|name| std::env::var(name).ok())?;
+        config.check()?;
+        Ok(config)
+    }
+
+    /// Applies the `PUSHONCE_*` overrides found by `get`.
+    pub fn apply_env(&mut self, get: impl Fn(&str) -> Option<String>) -> Result<(), ConfigError> {
+        if let Some(v) = get("PUSHONCE_LISTEN") {
+            self.listen = v.parse().map_err(|e| ConfigError::Env {
+                var: "PUSHONCE_LISTEN",
+                reason: format!("`{v}` is not an address like 127.0.0.1:8080: {e}"),
+            })?;
+        }
+        if let Some(v) = get("PUSHONCE_REDIS_URL") {
+            self.redis_url = (!v.is_empty()).then_some(v);
+        }
+        for (var, dir) in [
+            ("PUSHONCE_DATA_DIR", &mut self.data_dir),
+            ("PUSHONCE_PLUGIN_DIR", &mut self.plugin_dir),
+            ("PUSHONCE_POLICY_DIR", &mut self.policy_dir),
+        ] {
+            if let Some(v) = get(var) {
+                *dir = PathBuf::from(v);
+            }
+        }
+        Ok(())
+    }
+
+    /// Checks values that parse but cannot work.
+    pub fn check(&self) -> Result<(), ConfigError> {
+        let invalid = |field: &str, reason: &str| ConfigError::Invalid {
+            field: field.into(),
+            reason: reason.into(),
+        };
+        if self.shards == 0 {
+            return Err(invalid("shards", "must be at least 1"));
+        }
+        if self.workers == 0 {
+            return Err(invalid("workers", "must be at least 1"));
+        }
+        if self.lease < Duration::from_millis(100) {
+            return Err(invalid("lease", "must be at least 100ms"));
+        }
+        if self.plugin_limits.fuel < 1_000 {
+            return Err(invalid("plugin_limits.fuel", "must be at least 1000"));
+        }
+        if self.plugin_limits.memory < bytesize::ByteSize::mib(1) {
+            return Err(invalid("plugin_limits.memory", "must be at least 1 MiB"));
+        }
+        if let Some(url) = &self.redis_url {
+            let known = ["redis://", "rediss://", "redis+unix://", "unix://"];
+            if !known.iter().any(|p| url.starts_with(p)) {
+                return Err(invalid(
+                    "redis_url",
+                    "must start with redis://, rediss://, redis+unix:// or unix://",
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Where compiled plugins are cached.
+    pub fn cache_dir(&self) -> PathBuf {
+        self.data_dir.join("cache")
+    }
+}
+
+/// A TOML error located in its text, with the path of the field at fault.
+#[derive(Debug)]
+pub struct TomlError {
+    /// 1-based line of the offending item (1 when the parser gave no position).
+    pub line: usize,
+    /// `field: message`, e.g. "retry.backoff.initial: invalid value...".
+    pub message: String,
+}
+
+/// Deserialises TOML strictly, naming the line and the dotted path of the
+/// field at fault (serde_path_to_error), so operators see `file:line: field: why`.
+pub fn from_toml<T: serde::de::DeserializeOwned>(text: &str) -> Result<T, TomlError> {
+    let de = toml::de::Deserializer::parse(text).map_err(|e| TomlError {
+        line: e.span().map(|s| line_of(text, s.start)).unwrap_or(1),
+        message: e.message().trim().to_string(),
+    })?;
+    serde_path_to_error::deserialize(de).map_err(|e| {
+        let path = e.path().to_string();
+        let inner = e.into_inner();
+        let message = inner.message().trim().to_string();
+        TomlError {
+            line: inner.span().map(|s| line_of(text, s.start)).unwrap_or(1),
+            message: if path == "." || message.contains(&format!("`{path}`")) {
+                message
+            } else {
+                format!("{path}: {message}")
+            },
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unknown_key_names_file_line_and_field() {
+        let err = HostConfig::parse(
+            Path::new("pushonce.toml"),
+            "shards = 4\n[channels.sms]\nplugin = \"sms@^1\"\nallowed_host = [\"x\"]\n",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.starts_with("pushonce.toml:4: "), "{err}");
+        assert!(err.contains("allowed_host"), "{err}");
+    }
+
+    #[test]
+    fn wrong_type_names_the_field_path() {
+        let err = HostConfig::parse(
+            Path::new("pushonce.toml"),
+            "[plugin_limits]\nmemory = \"lots\"\n",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.starts_with("pushonce.toml:2: plugin_limits.memory: "),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn environment_overrides_the_file() {
+        let mut c = HostConfig::parse(
+            Path::new("pushonce.toml"),
+            "listen = \"127.0.0.1:9000\"\nredis_url = \"redis://127.0.0.1:1/\"\n",
+        )
+        .unwrap();
+        c.apply_env(|v| match v {
+            "PUSHONCE_LISTEN" => Some("127.0.0.1:9100".into()),
+            "PUSHONCE_REDIS_URL" => Some(String::new()),
+            _ => None,
+        })
+        .unwrap();
+        assert_eq!(c.listen.port(), 9100);
+        assert_eq!(c.redis_url, None, "an empty URL means the embedded Redis");
+        let bad = c.apply_env(|v| (v == "PUSHONCE_LISTEN").then(|| "nowhere".into()));
+        assert!(bad.unwrap_err().to_string().contains("PUSHONCE_LISTEN"));
+    }
+
+    #[test]
+    fn checks_refuse_values_that_cannot_work() {
+        let mut c = HostConfig::default();
+        c.redis_url = Some("http://127.0.0.1".into());
+        assert!(c.check().unwrap_err().to_string().starts_with("redis_url:"));
+        let c = HostConfig {
+            shards: 0,
+            ..HostConfig::default()
+        };
+        assert!(c.check().unwrap_err().to_string().starts_with("shards:"));
+    }
+}

@@ -1,0 +1,126 @@
+//! Routing: from an event's `biz_type` to its policy (key policy, channels,
+//! window, retry schedule, fallback), read from `policies/*.toml`.
+//!
+//! A `PolicySet` is built whole from a directory and checked against the rest
+//! of the system (which key policies and channels exist); a set that fails any
+//! check is refused as a whole, so the running set only ever changes atomically.
+
+pub mod policy;
+
+pub use policy::{PolicyError, PolicyFile};
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+/// What a policy set is checked against: the rest of the running system.
+pub trait Catalog {
+    /// Resolves a key policy requirement `name@req` to the version it picks,
+    /// or says why it cannot (unknown name, no matching version, bad syntax).
+    fn resolve_key_policy(&self, requirement: &str) -> Result<semver::Version, String>;
+    /// Whether `channel` is a channel instance of the host configuration.
+    fn has_channel(&self, channel: &str) -> bool;
+}
+
+/// One business type's policy, checked and resolved.
+#[derive(Debug, Clone)]
+pub struct Policy {
+    /// The file it came from.
+    pub file: PathBuf,
+    /// The key policy version the requirement resolved to when the set was built.
+    pub key_policy_version: semver::Version,
+    /// The file as written.
+    pub spec: PolicyFile,
+}
+
+/// Every policy in force, by business type.
+#[derive(Debug, Clone, Default)]
+pub struct PolicySet {
+    /// Policies by `biz_type`.
+    pub by_biz_type: BTreeMap<String, Policy>,
+}
+
+impl PolicySet {
+    /// Loads every `*.toml` of `dir` and checks it against `catalog`. Returns every
+    /// refusal found (not just the first) so an operator fixes them in one pass.
+    pub fn load_dir(dir: &Path, catalog: &dyn Catalog) -> Result<PolicySet, Vec<PolicyError>> {
+        let mut files: Vec<PathBuf> = match std::fs::read_dir(dir) {
+            Ok(rd) => rd
+                .filter_map(|e| e.ok().map(|e| e.path()))
+                .filter(|p| p.extension().is_some_and(|e| e == "toml"))
+                .collect(),
+            Err(source) => {
+                return Err(vec![PolicyError::Read {
+                    file: dir.to_path_buf(),
+                    source,
+                }]);
+            }
+        };
+        files.sort();
+        let mut set = PolicySet::default();
+        let mut errors = Vec::new();
+        for file in files {
+            match PolicyFile::load(&file).and_then(|spec| Self::resolve(&file, spec, catalog)) {
+                Ok(policy) => {
+                    if let Some(other) = set.by_biz_type.get(&policy.spec.biz_type) {
+                        errors.push(PolicyError::Invalid {
+                            file: file.clone(),
+                            field: "biz_type".into(),
+                            reason: format!(
+                                "`{}` is already routed by {}",
+                                policy.spec.biz_type,
+                                other.file.display()
+                            ),
+                        });
+                    } else {
+                        set.by_biz_type.insert(policy.spec.biz_type.clone(), policy);
+                    }
+                }
+                Err(e) => errors.push(e),
+            }
+        }
+        if errors.is_empty() {
+            Ok(set)
+        } else {
+            Err(errors)
+        }
+    }
+
+    /// The policy of a business type.
+    pub fn get(&self, biz_type: &str) -> Option<&Policy> {
+        self.by_biz_type.get(biz_type)
+    }
+
+    fn resolve(
+        file: &Path,
+        spec: PolicyFile,
+        catalog: &dyn Catalog,
+    ) -> Result<Policy, PolicyError> {
+        let invalid = |field: String, reason: String| PolicyError::Invalid {
+            file: file.to_path_buf(),
+            field,
+            reason,
+        };
+        let key_policy_version = catalog
+            .resolve_key_policy(&spec.key_policy)
+            .map_err(|reason| invalid("key_policy".into(), reason))?;
+        let used = spec.channels.iter().chain(spec.fallback.values());
+        for channel in used {
+            if !catalog.has_channel(channel) {
+                let field = if spec.channels.contains(channel) {
+                    "channels".to_string()
+                } else {
+                    "fallback".to_string()
+                };
+                return Err(invalid(
+                    field,
+                    format!("channel `{channel}` is not configured on this host"),
+                ));
+            }
+        }
+        Ok(Policy {
+            file: file.to_path_buf(),
+            key_policy_version,
+            spec,
+        })
+    }
+}

@@ -1,0 +1,408 @@
+//! One policy file (`policies/<name>.toml`): what operators edit to say, for one
+//! business type, which key policy decides "the same notification", on which
+//! channels, for how long (the window), how to retry and where to fall back.
+//!
+//! Parsing is strict (`deny_unknown_fields`): an unknown key is an error that
+//! names the file, line and field. Checks that need the rest of the system (the
+//! key policy exists, the channels are configured) live in `route::PolicySet`.
+
+use serde::Deserialize;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// Longest dedup window a policy may ask for; longer is almost surely a typo.
+pub const MAX_WINDOW: Duration = Duration::from_secs(366 * 24 * 3600);
+/// Most attempts a retry schedule may allow for one task.
+pub const MAX_ATTEMPTS: u32 = 100;
+
+/// A policy file as written by an operator.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct PolicyFile {
+    /// The business type this file routes, e.g. `ORDER_SHIPPED`; unique across files.
+    pub biz_type: String,
+    /// The key policy plugin and its version requirement, `name@req`, e.g. `per-user-per-day@^1.2`.
+    pub key_policy: String,
+    /// Parameters handed to the key policy plugin (e.g. `tz = "+08:00"`).
+    #[serde(default)]
+    pub params: BTreeMap<String, String>,
+    /// The channels an event of this type is sent on, in order; each must be a
+    /// channel instance of the host configuration.
+    pub channels: Vec<String>,
+    /// How long a delivered notification blocks another with the same key, e.g. `24h`.
+    #[serde(with = "humantime_serde")]
+    pub window: Duration,
+    /// How failed sends are retried; defaults apply when absent.
+    #[serde(default)]
+    pub retry: RetrySpec,
+    /// Backup channel per channel, used when a channel fails for good.
+    #[serde(default)]
+    pub fallback: BTreeMap<String, String>,
+    /// Per-channel overrides of the window or the retry schedule.
+    #[serde(default)]
+    pub overrides: BTreeMap<String, ChannelOverride>,
+}
+
+/// A retry schedule: exponential backoff with optional jitter.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct RetrySpec {
+    /// Attempts in all, the first included; after the last the task is `dead`.
+    #[serde(default = "RetrySpec::default_max_attempts")]
+    pub max_attempts: u32,
+    /// The delays between attempts.
+    #[serde(default)]
+    pub backoff: BackoffSpec,
+}
+
+/// Delay before attempt n+1: `min(initial * factor^(n-1), max)`, randomised when `jitter`.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct BackoffSpec {
+    /// Delay before the second attempt, e.g. `2s`.
+    #[serde(default = "BackoffSpec::default_initial", with = "humantime_serde")]
+    pub initial: Duration,
+    /// Growth of the delay from one attempt to the next (≥ 1.0).
+    #[serde(default = "BackoffSpec::default_factor")]
+    pub factor: f64,
+    /// Cap of any one delay, e.g. `5m`.
+    #[serde(default = "BackoffSpec::default_max", with = "humantime_serde")]
+    pub max: Duration,
+    /// Spread delays randomly (full jitter between half and all of the delay)
+    /// so that many retries do not hit a provider at the same instant.
+    #[serde(default = "BackoffSpec::default_jitter")]
+    pub jitter: bool,
+}
+
+/// What one channel does differently from the file's defaults.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ChannelOverride {
+    /// This channel's own dedup window.
+    #[serde(default, with = "humantime_serde")]
+    pub window: Option<Duration>,
+    /// This channel's own retry schedule.
+    #[serde(default)]
+    pub retry: Option<RetrySpec>,
+}
+
+impl RetrySpec {
+    fn default_max_attempts() -> u32 {
+        5
+    }
+}
+
+impl Default for RetrySpec {
+    fn default() -> Self {
+        RetrySpec {
+            max_attempts: Self::default_max_attempts(),
+            backoff: BackoffSpec::default(),
+        }
+    }
+}
+
+impl BackoffSpec {
+    fn default_initial() -> Duration {
+        Duration::from_secs(2)
+    }
+    fn default_factor() -> f64 {
+        2.0
+    }
+    fn default_max() -> Duration {
+        Duration::from_secs(300)
+    }
+    fn default_jitter() -> bool {
+        true
+    }
+}
+
+impl Default for BackoffSpec {
+    fn default() -> Self {
+        BackoffSpec {
+            initial: Self::default_initial(),
+            factor: Self::default_factor(),
+            max: Self::default_max(),
+            jitter: Self::default_jitter(),
+        }
+    }
+}
+
+/// Why a policy file was refused. Every variant names the file.
+#[derive(Debug, thiserror::Error)]
+pub enum PolicyError {
+    /// The file could not be read.
+    #[error("{file}: cannot read: {source}")]
+    Read {
+        /// The policy file.
+        file: PathBuf,
+        /// What the filesystem said.
+        source: std::io::Error,
+    },
+    /// TOML syntax, an unknown key, a wrong type or a missing field.
+    #[error("{file}:{line}: {message}")]
+    Parse {
+        /// The policy file.
+        file: PathBuf,
+        /// 1-based line of the offending item (1 when the parser gave no position).
+        line: usize,
+        /// The parser's message, naming the field.
+        message: String,
+    },
+    /// The file parsed but says something that cannot work.
+    #[error("{file}: {field}: {reason}")]
+    Invalid {
+        /// The policy file.
+        file: PathBuf,
+        /// The field at fault, e.g. `fallback.sms`.
+        field: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+}
+
+impl PolicyFile {
+    /// Parses `text` as the policy file `file` and checks what it can check alone.
+    pub fn parse(file: &Path, text: &str) -> Result<PolicyFile, PolicyError> {
+        let policy: PolicyFile =
+            crate::config::from_toml(text).map_err(|e| PolicyError::Parse {
+                file: file.to_path_buf(),
+                line: e.line,
+                message: e.message,
+            })?;
+        policy.check(file)?;
+        Ok(policy)
+    }
+
+    /// Reads and parses one policy file.
+    pub fn load(file: &Path) -> Result<PolicyFile, PolicyError> {
+        let text = std::fs::read_to_string(file).map_err(|source| PolicyError::Read {
+            file: file.to_path_buf(),
+            source,
+        })?;
+        Self::parse(file, &text)
+    }
+
+    /// Checks that need nothing but the file itself.
+    fn check(&self, file: &Path) -> Result<(), PolicyError> {
+        let invalid = |field: &str, reason: String| PolicyError::Invalid {
+            file: file.to_path_buf(),
+            field: field.to_string(),
+            reason,
+        };
+        if self.biz_type.trim().is_empty() {
+            return Err(invalid("biz_type", "must not be empty".into()));
+        }
+        if !self.key_policy.contains('@') {
+            return Err(invalid(
+                "key_policy",
+                format!(
+                    "`{}` must be `name@version-requirement`, e.g. `per-event@^1`",
+                    self.key_policy
+                ),
+            ));
+        }
+        if self.channels.is_empty() {
+            return Err(invalid("channels", "must name at least one channel".into()));
+        }
+        let mut seen = std::collections::BTreeSet::new();
+        for c in &self.channels {
+            if !seen.insert(c) {
+                return Err(invalid("channels", format!("`{c}` is listed twice")));
+            }
+        }
+        check_window(&self.window).map_err(|r| invalid("window", r))?;
+        self.retry
+            .check()
+            .map_err(|(f, r)| invalid(&format!("retry.{f}"), r))?;
+        for (channel, o) in &self.overrides {
+            if !self.channels.contains(channel) {
+                return Err(invalid(
+                    &format!("overrides.{channel}"),
+                    format!("`{channel}` is not one of this policy's channels"),
+                ));
+            }
+            if let Some(w) = &o.window {
+                check_window(w).map_err(|r| invalid(&format!("overrides.{channel}.window"), r))?;
+            }
+            if let Some(r) = &o.retry {
+                r.check()
+                    .map_err(|(f, r)| invalid(&format!("overrides.{channel}.retry.{f}"), r))?;
+            }
+        }
+        self.check_fallback()
+            .map_err(|(f, r)| invalid(&format!("fallback.{f}"), r))
+    }
+
+    /// Every fallback starts from a channel of the policy, and no chain loops.
+    fn check_fallback(&self) -> Result<(), (String, String)> {
+        for (from, to) in &self.fallback {
+            if !self.channels.contains(from) {
+                return Err((
+                    from.clone(),
+                    format!("`{from}` is not one of this policy's channels"),
+                ));
+            }
+            let mut chain = vec![from.as_str(), to.as_str()];
+            let mut at = to.as_str();
+            while let Some(next) = self.fallback.get(at) {
+                if chain.contains(&next.as_str()) {
+                    chain.push(next);
+                    return Err((
+                        from.clone(),
+                        format!("fallback cycle: {}", chain.join(" -> ")),
+                    ));
+                }
+                chain.push(next);
+                at = next;
+            }
+        }
+        Ok(())
+    }
+}
+
+impl RetrySpec {
+    /// Checks the schedule; the error names the field (relative to `retry`).
+    fn check(&self) -> Result<(), (String, String)> {
+        if self.max_attempts == 0 || self.max_attempts > MAX_ATTEMPTS {
+            return Err((
+                "max_attempts".into(),
+                format!("{} is not in 1..={MAX_ATTEMPTS}", self.max_attempts),
+            ));
+        }
+        let b = &self.backoff;
+        if b.initial.is_zero() {
+            return Err(("backoff.initial".into(), "must be more than 0s".into()));
+        }
+        if !(b.factor.is_finite() && b.factor >= 1.0 && b.factor <= 100.0) {
+            return Err((
+                "backoff.factor".into(),
+                format!("{} is not in 1.0..=100.0", b.factor),
+            ));
+        }
+        if b.max < b.initial {
+            return Err((
+                "backoff.max".into(),
+                format!(
+                    "{} is shorter than backoff.initial ({})",
+                    humantime::format_duration(b.max),
+                    humantime::format_duration(b.initial)
+                ),
+            ));
+        }
+        Ok(())
+    }
+}
+
+fn check_window(w: &Duration) -> Result<(), String> {
+    if *w < Duration::from_secs(1) {
+        return Err(format!(
+            "{} is shorter than 1s",
+            humantime::format_duration(*w)
+        ));
+    }
+    if *w > MAX_WINDOW {
+        return Err(format!(
+            "{} is longer than the maximum of 366 days",
+            humantime::format_duration(*w)
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Result<PolicyFile, PolicyError> {
+        PolicyFile::parse(Path::new("policies/x.toml"), text)
+    }
+
+    const BASE: &str = "biz_type = \"ORDER_SHIPPED\"\nkey_policy = \"per-event@^1\"\nchannels = [\"sms\", \"app-push\"]\nwindow = \"24h\"\n";
+
+    #[test]
+    fn example_policies_parse() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../policies");
+        let mut n = 0;
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.extension().is_some_and(|e| e == "toml") {
+                PolicyFile::load(&path).unwrap_or_else(|e| panic!("{e}"));
+                n += 1;
+            }
+        }
+        assert!(n >= 3, "expected the three example policies, found {n}");
+    }
+
+    #[test]
+    fn defaults_fill_the_retry_schedule() {
+        let p = parse(BASE).unwrap();
+        assert_eq!(p.window, Duration::from_secs(86400));
+        assert_eq!(p.retry, RetrySpec::default());
+        assert!(p.fallback.is_empty());
+    }
+
+    #[test]
+    fn unknown_key_names_file_line_and_field() {
+        let err = parse(&format!("{BASE}\n[retry]\nmax_attempt = 3\n")).unwrap_err();
+        let text = err.to_string();
+        assert!(text.starts_with("policies/x.toml:7: "), "{text}");
+        assert!(text.contains("max_attempt"), "{text}");
+    }
+
+    #[test]
+    fn malformed_toml_names_the_line() {
+        let err = parse("biz_type = \"A\"\nwindow = 24h\n").unwrap_err();
+        assert!(err.to_string().starts_with("policies/x.toml:2: "), "{err}");
+    }
+
+    #[test]
+    fn bad_duration_names_the_field() {
+        let err = parse(&BASE.replace("\"24h\"", "\"24 parsecs\"")).unwrap_err();
+        assert!(err.to_string().contains("window"), "{err}");
+    }
+
+    #[test]
+    fn fallback_cycle_is_refused_with_the_chain() {
+        let err = parse(&format!(
+            "{BASE}\n[fallback]\nsms = \"app-push\"\n\"app-push\" = \"sms\"\n"
+        ))
+        .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "policies/x.toml: fallback.app-push: fallback cycle: app-push -> sms -> app-push"
+        );
+    }
+
+    #[test]
+    fn insane_values_are_refused() {
+        let cases = [
+            (BASE.replace("\"24h\"", "\"500ms\""), "window"),
+            (BASE.replace("\"24h\"", "\"400days\""), "window"),
+            (
+                format!("{BASE}[retry]\nmax_attempts = 0\n"),
+                "retry.max_attempts",
+            ),
+            (
+                format!("{BASE}[retry]\nbackoff = {{ initial = \"10s\", max = \"1s\" }}\n"),
+                "retry.backoff.max",
+            ),
+            (
+                format!("{BASE}[retry]\nbackoff = {{ factor = 0.5 }}\n"),
+                "retry.backoff.factor",
+            ),
+            (BASE.replace("per-event@^1", "per-event"), "key_policy"),
+            (BASE.replace("\"app-push\"]", "\"sms\"]"), "channels"),
+            (
+                format!("{BASE}[fallback]\nwechat = \"sms\"\n"),
+                "fallback.wechat",
+            ),
+        ];
+        for (text, field) in cases {
+            match parse(&text) {
+                Err(PolicyError::Invalid { field: f, .. }) => assert_eq!(f, field, "{text}"),
+                other => panic!("expected {field} to be refused, got {other:?}"),
+            }
+        }
+    }
+}

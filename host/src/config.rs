@@ -327,8 +327,10 @@ mod tests {
 
     #[test]
     fn checks_refuse_values_that_cannot_work() {
-        let mut c = HostConfig::default();
-        c.redis_url = Some("http://127.0.0.1".into());
+        let c = HostConfig {
+            redis_url: Some("http://127.0.0.1".into()),
+            ..HostConfig::default()
+        };
         assert!(c.check().unwrap_err().to_string().starts_with("redis_url:"));
         let c = HostConfig {
             shards: 0,

@@ -9,6 +9,7 @@ pub mod key_policy {
     wasmtime::component::bindgen!({
         world: "key-policy-plugin",
         path: "../wit",
+        additional_derives: [PartialEq, Eq],
     });
 }
 

@@ -43,16 +43,19 @@ pub fn load_component(
         return Ok((Component::from_binary(engine, bytes)?, CacheOutcome::Compiled));
     };
     let path = cache_path(dir, wasm_sha, fingerprint);
-    if path.is_file() {
-        // SAFETY: `deserialize_file` trusts the file to be wasmtime's own
-        // output, since it maps it as executable code. This file is: only
-        // this module writes `*.cwasm` into the cache directory, from
+    if let Ok(cwasm) = std::fs::read(&path) {
+        // SAFETY: `deserialize` trusts the bytes to be wasmtime's own output,
+        // since it turns them into executable code. These are: only this
+        // module writes `*.cwasm` into the cache directory, from
         // `Component::serialize`, atomically (temp + rename), under a name
         // made of the wasm's SHA-256 and this engine's compatibility hash.
         // wasmtime also checks the header and engine compatibility and
         // returns an error (we then recompile) on a mismatch. The cache
         // directory must be writable only by the host's own user.
-        match unsafe { Component::deserialize_file(engine, &path) } {
+        // The file is read into memory rather than mapped with
+        // `deserialize_file`: a mapped file that someone truncates later
+        // kills the process with SIGBUS (seen in a test); a copy cannot.
+        match unsafe { Component::deserialize(engine, &cwasm) } {
             Ok(component) => return Ok((component, CacheOutcome::FromCache)),
             Err(e) => tracing::warn!(
                 file = %path.display(),

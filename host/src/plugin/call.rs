@@ -48,7 +48,7 @@ pub(crate) fn classify(id: &str, err: wasmtime::Error, state: &HostState, fuel: 
 }
 
 /// The message of a Rust panic as std writes it to stderr:
-/// `thread '<unnamed>' panicked at src/lib.rs:3:5:\n<message>\nnote: ...`
+/// `thread '<unnamed>' (1) panicked at src/lib.rs:3:5:\n<message>\nnote: ...`
 /// becomes `<message> (at src/lib.rs:3:5)`. `None` when nothing was written.
 fn panic_message(stderr: &str) -> Option<String> {
     let lines: Vec<&str> = stderr
@@ -59,7 +59,7 @@ fn panic_message(stderr: &str) -> Option<String> {
     let first = lines.first()?;
     let text = match first
         .strip_prefix("thread '")
-        .and_then(|rest| rest.split_once("' panicked at "))
+        .and_then(|rest| rest.split_once(" panicked at "))
     {
         Some((_, loc)) if lines.len() > 1 => format!(
             "{} (at {})",
@@ -86,7 +86,7 @@ mod tests {
 
     #[test]
     fn panic_messages_are_shortened() {
-        let s = "thread '<unnamed>' panicked at src/lib.rs:37:24:\nboom for u-1\nnote: run with `RUST_BACKTRACE=1` environment variable to display a backtrace\n";
+        let s = "thread '<unnamed>' (1) panicked at src/lib.rs:37:24:\nboom for u-1\nnote: run with `RUST_BACKTRACE=1` environment variable to display a backtrace\n";
         assert_eq!(
             panic_message(s).as_deref(),
             Some("boom for u-1 (at src/lib.rs:37:24)")

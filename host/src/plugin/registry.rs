@@ -134,8 +134,7 @@ impl PluginRegistry {
         let plugin = match world {
             World::KeyPolicy => {
                 let mut linker = self.runtime.key_linker.clone();
-                linker
-                    .define_unknown_imports_as_traps(&component)
+                super::state::stub_other_imports(&mut linker, &component)
                     .map_err(|e| mismatch(format!("{e:#}")))?;
                 let pre = linker
                     .instantiate_pre(&component)
@@ -154,8 +153,7 @@ impl PluginRegistry {
             }
             World::Channel => {
                 let mut linker = self.runtime.channel_linker.clone();
-                linker
-                    .define_unknown_imports_as_traps(&component)
+                super::state::stub_other_imports(&mut linker, &component)
                     .map_err(|e| mismatch(format!("{e:#}")))?;
                 let pre = linker
                     .instantiate_pre(&component)

@@ -84,6 +84,80 @@ impl HasData for IoTable {
     type Data<'a> = &'a mut ResourceTable;
 }
 
+/// The interfaces `add_wasi` links (unversioned names); any other import of a
+/// plugin is defined as a trap by `stub_other_imports`.
+pub(crate) const LINKED_INTERFACES: &[&str] = &[
+    "wasi:io/error",
+    "wasi:io/poll",
+    "wasi:io/streams",
+    "wasi:cli/environment",
+    "wasi:cli/exit",
+    "wasi:cli/stdin",
+    "wasi:cli/stdout",
+    "wasi:cli/stderr",
+    "wasi:cli/terminal-input",
+    "wasi:cli/terminal-output",
+    "wasi:cli/terminal-stdin",
+    "wasi:cli/terminal-stdout",
+    "wasi:cli/terminal-stderr",
+    "pushonce:plugin/types",
+    "pushonce:plugin/config",
+];
+
+/// Defines every import of `component` that the linker does not provide
+/// (clocks, random, filesystem, sockets...) as a function that traps with
+/// "unknown import: `<interface>#<function>` has not been defined".
+///
+/// wasmtime's `define_unknown_imports_as_traps` is not used: it re-creates
+/// each imported instance under the component's exact version (`@0.2.6`),
+/// which shadows the semver-compatible WASI the linker has (`@0.2.12`) and
+/// turned even `wasi:cli/environment` into a trap.
+pub(crate) fn stub_other_imports(
+    linker: &mut Linker<HostState>,
+    component: &wasmtime::component::Component,
+) -> wasmtime::Result<()> {
+    use wasmtime::component::types::ComponentItem;
+    let engine = component.engine().clone();
+    let ty = component.component_type();
+    for (name, item) in ty.imports(&engine) {
+        let unversioned = name.split('@').next().unwrap_or(name);
+        if LINKED_INTERFACES.contains(&unversioned) {
+            continue;
+        }
+        match item.ty {
+            ComponentItem::ComponentInstance(instance) => {
+                let mut inst = linker.instance(name)?;
+                for (export, item) in instance.exports(&engine) {
+                    match item.ty {
+                        ComponentItem::ComponentFunc(_) => {
+                            let full = format!("{name}#{export}");
+                            inst.func_new(export, move |_, _, _, _| {
+                                wasmtime::bail!("unknown import: `{full}` has not been defined")
+                            })?;
+                        }
+                        ComponentItem::Resource(_) => {
+                            inst.resource(
+                                export,
+                                wasmtime::component::ResourceType::host::<()>(),
+                                |_, _| Ok(()),
+                            )?;
+                        }
+                        _ => {}
+                    }
+                }
+            }
+            ComponentItem::ComponentFunc(_) => {
+                let full = name.to_string();
+                linker.root().func_new(name, move |_, _, _, _| {
+                    wasmtime::bail!("unknown import: `{full}` has not been defined")
+                })?;
+            }
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
 /// Adds the WASI interfaces plugins may import: `wasi:io` and `wasi:cli`.
 fn add_wasi(linker: &mut Linker<HostState>) -> wasmtime::Result<()> {
     use wasmtime_wasi::p2::bindings::{cli, io, sync};

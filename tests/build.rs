@@ -13,7 +13,10 @@ use std::process::Command;
 
 fn main() {
     let manifest_dir = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").unwrap());
-    let root = manifest_dir.parent().expect("tests/ is below the root").to_path_buf();
+    let root = manifest_dir
+        .parent()
+        .expect("tests/ is below the root")
+        .to_path_buf();
     let out = PathBuf::from(std::env::var("OUT_DIR").unwrap());
     check_target();
 
@@ -32,9 +35,17 @@ fn main() {
 
     let target_dir = out.join("wasm-target");
     let real = build_workspace(&plugins, &target_dir, &out.join("plugins"), "real plugins");
-    let fixture = build_workspace(&fixtures, &target_dir, &out.join("fixtures"), "test plugins");
+    let fixture = build_workspace(
+        &fixtures,
+        &target_dir,
+        &out.join("fixtures"),
+        "test plugins",
+    );
     println!("cargo:rustc-env=PUSHONCE_TEST_PLUGINS={}", real.display());
-    println!("cargo:rustc-env=PUSHONCE_FIXTURE_PLUGINS={}", fixture.display());
+    println!(
+        "cargo:rustc-env=PUSHONCE_FIXTURE_PLUGINS={}",
+        fixture.display()
+    );
 }
 
 /// Fails early, with the fix, when the wasm32-wasip2 standard library is missing.
@@ -62,7 +73,13 @@ fn build_workspace(ws: &Path, target_dir: &Path, dest: &Path, what: &str) -> Pat
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let mut cmd = Command::new(cargo);
     cmd.current_dir(ws)
-        .args(["build", "--release", "--target", "wasm32-wasip2", "--target-dir"])
+        .args([
+            "build",
+            "--release",
+            "--target",
+            "wasm32-wasip2",
+            "--target-dir",
+        ])
         .arg(target_dir);
     for (key, _) in std::env::vars_os() {
         let key = key.to_string_lossy().into_owned();

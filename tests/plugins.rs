@@ -22,7 +22,9 @@ fn key(
     channel: &str,
     params: &[(String, String)],
 ) -> Result<String, DeriveError> {
-    let plugin = registry.resolve_key_policy(policy).expect("policy resolves");
+    let plugin = registry
+        .resolve_key_policy(policy)
+        .expect("policy resolves");
     derive(&plugin, event, channel, params).map(|k| k.key)
 }
 
@@ -61,9 +63,15 @@ fn keys_are_deterministic_over_many_calls_and_across_registries() {
     ] {
         let expected = key(&first, policy, &event, "sms", &params).unwrap();
         for _ in 0..1000 {
-            assert_eq!(key(&first, policy, &event, "sms", &params).unwrap(), expected);
+            assert_eq!(
+                key(&first, policy, &event, "sms", &params).unwrap(),
+                expected
+            );
         }
-        assert_eq!(key(&second, policy, &event, "sms", &params).unwrap(), expected);
+        assert_eq!(
+            key(&second, policy, &event, "sms", &params).unwrap(),
+            expected
+        );
     }
 }
 
@@ -96,25 +104,61 @@ fn per_event_key_is_composed_with_policy_major_and_channel() {
 fn long_parts_are_hashed_and_unsafe_bytes_escaped() {
     let registry = real_registry(None);
     let long_user = "u".repeat(5000);
-    let k = key(&registry, "per-event", &event(&long_user, 0, &[]), "sms", &[]).unwrap();
+    let k = key(
+        &registry,
+        "per-event",
+        &event(&long_user, 0, &[]),
+        "sms",
+        &[],
+    )
+    .unwrap();
     let body = k.strip_prefix("push:per-event@1:sms:").unwrap();
     let user_part = body.rsplit(':').next().unwrap();
     assert_eq!(user_part.len(), 33, "{k}");
     assert!(user_part.starts_with('='), "{k}");
     assert!(k.len() <= "push:per-event@1:sms:".len() + 200, "{k}");
 
-    let k = key(&registry, "per-event", &event("John Doe:1\n", 0, &[]), "sms", &[]).unwrap();
-    assert_eq!(k, "push:per-event@1:sms:ORDER_SHIPPED:o-1:John+20Doe+3A1+0A");
+    let k = key(
+        &registry,
+        "per-event",
+        &event("John Doe:1\n", 0, &[]),
+        "sms",
+        &[],
+    )
+    .unwrap();
+    assert_eq!(
+        k,
+        "push:per-event@1:sms:ORDER_SHIPPED:o-1:John+20Doe+3A1+0A"
+    );
     // Escaping is injective: the escaped text itself gives another key.
-    let k2 = key(&registry, "per-event", &event("John+20Doe+3A1+0A", 0, &[]), "sms", &[]).unwrap();
+    let k2 = key(
+        &registry,
+        "per-event",
+        &event("John+20Doe+3A1+0A", 0, &[]),
+        "sms",
+        &[],
+    )
+    .unwrap();
     assert_ne!(k, k2);
     // Every key is safe for Redis: no spaces or control bytes.
     for k in [&k, &k2] {
         assert!(k.bytes().all(|b| b.is_ascii_graphic()), "{k}");
     }
     // Long values differing only at the end still get different keys.
-    let a = key(&registry, "per-event", &event(&format!("{long_user}a"), 0, &[]), "sms", &[]);
-    let b = key(&registry, "per-event", &event(&format!("{long_user}b"), 0, &[]), "sms", &[]);
+    let a = key(
+        &registry,
+        "per-event",
+        &event(&format!("{long_user}a"), 0, &[]),
+        "sms",
+        &[],
+    );
+    let b = key(
+        &registry,
+        "per-event",
+        &event(&format!("{long_user}b"), 0, &[]),
+        "sms",
+        &[],
+    );
     assert_ne!(a.unwrap(), b.unwrap());
 }
 
@@ -147,7 +191,14 @@ fn per_user_per_day_follows_the_calendar_day_of_the_timezone() {
     );
     // A negative offset moves the day the other way.
     assert_eq!(
-        key(&registry, policy, &late, "sms", &params(&[("tz", "-05:00")])).unwrap(),
+        key(
+            &registry,
+            policy,
+            &late,
+            "sms",
+            &params(&[("tz", "-05:00")])
+        )
+        .unwrap(),
         "push:per-user-per-day@1:sms:u-42:2026-11-30"
     );
 }
@@ -169,7 +220,10 @@ fn per_user_per_day_bad_timezone_is_an_error_naming_the_param() {
     assert_eq!(plugin, "per-user-per-day@1.0.0");
     assert!(message.contains("param `tz`"), "{message}");
     assert!(message.contains("Asia/Shanghai"), "{message}");
-    assert!(err.to_string().starts_with("plugin per-user-per-day@1.0.0 refused the input"));
+    assert!(
+        err.to_string()
+            .starts_with("plugin per-user-per-day@1.0.0 refused the input")
+    );
 }
 
 #[test]
@@ -199,7 +253,8 @@ fn per_user_per_job_keys_by_job_and_names_a_missing_attribute() {
     );
     let err = key(&registry, policy, &job7, "sms", &p).unwrap_err();
     assert!(
-        err.to_string().contains("event attribute `resume_id`") && err.to_string().contains("missing"),
+        err.to_string().contains("event attribute `resume_id`")
+            && err.to_string().contains("missing"),
         "{err}"
     );
 }
@@ -227,8 +282,15 @@ fn semver_resolution_picks_the_highest_matching_version() {
         let p = registry.resolve_key_policy(spec).unwrap();
         // The plugin that answers is the one resolved.
         let k = derive(&p, &event("u", 0, &[]), "sms", &[]).unwrap();
-        assert!(k.key.contains(&format!(":v{}:", p.meta().version)), "{}", k.key);
-        assert!(k.key.starts_with(&format!("push:versioned@{}:", p.meta().version.major)));
+        assert!(
+            k.key.contains(&format!(":v{}:", p.meta().version)),
+            "{}",
+            k.key
+        );
+        assert!(
+            k.key
+                .starts_with(&format!("push:versioned@{}:", p.meta().version.major))
+        );
         p.meta().version.to_string()
     };
     assert_eq!(version_of("versioned@^1"), "1.3.1");
@@ -252,7 +314,11 @@ fn semver_resolution_picks_the_highest_matching_version() {
     );
     let err = registry.resolve_key_policy("versioned@one").err().unwrap();
     assert!(matches!(err, ResolveError::BadSpec { .. }), "{err:?}");
-    assert!(err.to_string().contains("`one` is not a semver requirement"), "{err}");
+    assert!(
+        err.to_string()
+            .contains("`one` is not a semver requirement"),
+        "{err}"
+    );
     let err = registry.resolve_key_policy("Versioned@1").err().unwrap();
     assert!(err.to_string().contains("is not a plugin name"), "{err}");
 }
@@ -286,22 +352,37 @@ fn bad_files_are_refused_with_a_reason_and_good_ones_still_load() {
     assert_eq!(refused.len(), 5, "{refused:#?}");
 
     let msg = |name: &str| refusal_of(&refused, name).to_string();
-    assert!(msg("random.wasm").ends_with("random.wasm: is not WebAssembly (no `\\0asm` header)"), "{}", msg("random.wasm"));
-    assert!(matches!(refusal_of(&refused, "core.wasm"), LoadError::CoreModule { .. }));
+    assert!(
+        msg("random.wasm").ends_with("random.wasm: is not WebAssembly (no `\\0asm` header)"),
+        "{}",
+        msg("random.wasm")
+    );
+    assert!(matches!(
+        refusal_of(&refused, "core.wasm"),
+        LoadError::CoreModule { .. }
+    ));
     assert!(
         msg("core.wasm").ends_with("core.wasm: is a core wasm module, not a component (build the plugin for `wasm32-wasip2`)"),
         "{}",
         msg("core.wasm")
     );
-    assert!(msg("truncated.wasm").contains("truncated.wasm: is not a valid component"), "{}", msg("truncated.wasm"));
-    assert!(matches!(refusal_of(&refused, "wrong_world.wasm"), LoadError::WrongWorld { .. }));
+    assert!(
+        msg("truncated.wasm").contains("truncated.wasm: is not a valid component"),
+        "{}",
+        msg("truncated.wasm")
+    );
+    assert!(matches!(
+        refusal_of(&refused, "wrong_world.wasm"),
+        LoadError::WrongWorld { .. }
+    ));
     let wrong_msg = msg("wrong_world.wasm");
     assert!(wrong_msg.contains("exports neither world"), "{wrong_msg}");
     assert!(wrong_msg.contains("it exports: greet"), "{wrong_msg}");
     let dup = msg("b_per_event_copy.wasm");
     assert!(
-        dup.contains("b_per_event_copy.wasm: duplicate plugin per-event@1.0.0: already loaded from")
-            && dup.ends_with("a_per_event.wasm"),
+        dup.contains(
+            "b_per_event_copy.wasm: duplicate plugin per-event@1.0.0: already loaded from"
+        ) && dup.ends_with("a_per_event.wasm"),
         "{dup}"
     );
     // The good file is served.
@@ -312,10 +393,18 @@ fn bad_files_are_refused_with_a_reason_and_good_ones_still_load() {
 
 #[test]
 fn a_missing_plugin_directory_is_an_error() {
-    let err = PluginRegistry::load_dir(std::path::Path::new("/nonexistent/plugins"), &limits(), None)
-        .err()
-        .unwrap();
-    assert!(err.to_string().starts_with("plugin directory /nonexistent/plugins:"), "{err}");
+    let err = PluginRegistry::load_dir(
+        std::path::Path::new("/nonexistent/plugins"),
+        &limits(),
+        None,
+    )
+    .err()
+    .unwrap();
+    assert!(
+        err.to_string()
+            .starts_with("plugin directory /nonexistent/plugins:"),
+        "{err}"
+    );
 }
 
 /// Asserts that `f` took less than `limit` (the budget plus a generous margin
@@ -379,7 +468,10 @@ fn misbehaving_calls_fail_clearly_and_the_next_calls_work() {
         panic!("expected a forbidden import, got {err:?}");
     };
     assert!(import.starts_with("wasi:clocks/wall-clock@"), "{import}");
-    assert!(err.to_string().contains("which plugins may not use"), "{err}");
+    assert!(
+        err.to_string().contains("which plugins may not use"),
+        "{err}"
+    );
     works();
 
     let err = derive(&bad, &ev, "bad-key", &[]).unwrap_err();
@@ -467,7 +559,12 @@ fn the_disk_cache_is_used_on_the_second_load() {
         .collect();
     cwasm.sort();
     assert_eq!(cwasm.len(), 3, "{cwasm:?}");
-    assert!(cwasm.iter().all(|p| p.extension().is_some_and(|e| e == "cwasm")), "{cwasm:?}");
+    assert!(
+        cwasm
+            .iter()
+            .all(|p| p.extension().is_some_and(|e| e == "cwasm")),
+        "{cwasm:?}"
+    );
 
     let second = real_registry(Some(cache.path()));
     assert_eq!(second.stats().compiled, 0);
@@ -510,10 +607,7 @@ fn event_json_is_read_as_the_cli_and_api_read_it() {
     )
     .unwrap();
     assert_eq!(ev.occurred_at_ms, FIRST_SECOND_OF_NEXT_DAY_AT_8);
-    assert_eq!(
-        ev.attributes,
-        params(&[("job_id", "job-7"), ("n", "3")])
-    );
+    assert_eq!(ev.attributes, params(&[("job_id", "job-7"), ("n", "3")]));
     let ms = event_from_json(
         r#"{"biz_type":"T","biz_id":"b","user_id":"u","occurred_at":1796054399000}"#,
     )
@@ -521,18 +615,29 @@ fn event_json_is_read_as_the_cli_and_api_read_it() {
     assert_eq!(ms.occurred_at_ms, LAST_SECOND_OF_DAY_AT_8);
     assert!(ms.attributes.is_empty());
 
-    let err = event_from_json(r#"{"biz_type":"T","biz_id":"b","user_id":"u","occurred_at":"yesterday"}"#)
-        .unwrap_err();
-    assert!(err.to_string().starts_with("event field `occurred_at`: `yesterday` is not an RFC 3339 time"), "{err}");
+    let err =
+        event_from_json(r#"{"biz_type":"T","biz_id":"b","user_id":"u","occurred_at":"yesterday"}"#)
+            .unwrap_err();
+    assert!(
+        err.to_string()
+            .starts_with("event field `occurred_at`: `yesterday` is not an RFC 3339 time"),
+        "{err}"
+    );
     let err = event_from_json(r#"{"biz_type":"T","user_id":"u","occurred_at":0}"#).unwrap_err();
     assert!(err.to_string().contains("missing field `biz_id`"), "{err}");
 
     // The dry run's whole path: JSON event → resolve → derive per channel.
     let registry = real_registry(None);
-    let policy = registry.resolve_key_policy("per-user-per-day@^1.0").unwrap();
+    let policy = registry
+        .resolve_key_policy("per-user-per-day@^1.0")
+        .unwrap();
     let keys: Vec<String> = ["inbox", "sms"]
         .iter()
-        .map(|c| derive(&policy, &ev, c, &params(&[("tz", "+08:00")])).unwrap().key)
+        .map(|c| {
+            derive(&policy, &ev, c, &params(&[("tz", "+08:00")]))
+                .unwrap()
+                .key
+        })
         .collect();
     assert_eq!(
         keys,

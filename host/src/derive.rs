@@ -181,9 +181,7 @@ pub fn event_from_parsed(json: EventJson) -> Result<Event, EventError> {
         other => {
             return Err(EventError::Field {
                 field: "occurred_at",
-                reason: format!(
-                    "expected an RFC 3339 string or epoch milliseconds, got {other}"
-                ),
+                reason: format!("expected an RFC 3339 string or epoch milliseconds, got {other}"),
             });
         }
     };
@@ -300,7 +298,10 @@ mod tests {
             parse_rfc3339_ms("2026-11-30T23:59:59.250+08:00"),
             Ok(1_796_054_399_250)
         );
-        assert_eq!(parse_rfc3339_ms("2000-02-29T00:00:00Z"), Ok(951_782_400_000));
+        assert_eq!(
+            parse_rfc3339_ms("2000-02-29T00:00:00Z"),
+            Ok(951_782_400_000)
+        );
         assert!(parse_rfc3339_ms("2001-02-29T00:00:00Z").is_err());
         assert!(parse_rfc3339_ms("2026-11-30 15:59:59").is_err());
         assert!(parse_rfc3339_ms("1969-12-31T23:59:59Z").is_err());

@@ -73,7 +73,11 @@ pub fn dir_with(files: &[(&str, &[u8])]) -> tempfile::TempDir {
 pub fn refusal_of<'a>(refused: &'a [LoadError], name: &str) -> &'a LoadError {
     refused
         .iter()
-        .find(|r| r.file().and_then(|f| f.file_name()).is_some_and(|n| n == name))
+        .find(|r| {
+            r.file()
+                .and_then(|f| f.file_name())
+                .is_some_and(|n| n == name)
+        })
         .unwrap_or_else(|| panic!("no refusal for {name}: {refused:?}"))
 }
 

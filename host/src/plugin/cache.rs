@@ -40,7 +40,10 @@ pub fn load_component(
     cache_dir: Option<&Path>,
 ) -> wasmtime::Result<(Component, CacheOutcome)> {
     let Some(dir) = cache_dir else {
-        return Ok((Component::from_binary(engine, bytes)?, CacheOutcome::Compiled));
+        return Ok((
+            Component::from_binary(engine, bytes)?,
+            CacheOutcome::Compiled,
+        ));
     };
     let path = cache_path(dir, wasm_sha, fingerprint);
     if let Ok(cwasm) = std::fs::read(&path) {

@@ -92,6 +92,9 @@ mod tests {
             Some("boom for u-1 (at src/lib.rs:37:24)")
         );
         assert_eq!(panic_message(""), None);
-        assert_eq!(panic_message("plain words\n").as_deref(), Some("plain words"));
+        assert_eq!(
+            panic_message("plain words\n").as_deref(),
+            Some("plain words")
+        );
     }
 }

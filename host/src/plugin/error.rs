@@ -130,7 +130,10 @@ pub enum ResolveError {
         reason: String,
     },
     /// No plugin of that kind has this name.
-    #[error("no {world} plugin named `{name}` is loaded (known: {})", list_or_none(known))]
+    #[error(
+        "no {world} plugin named `{name}` is loaded (known: {})",
+        list_or_none(known)
+    )]
     UnknownName {
         /// The name asked for.
         name: String,
@@ -140,7 +143,10 @@ pub enum ResolveError {
         known: Vec<String>,
     },
     /// The name is known but no version matches.
-    #[error("no version of `{name}` matches `{req}` (available: {})", list_or_none(available))]
+    #[error(
+        "no version of `{name}` matches `{req}` (available: {})",
+        list_or_none(available)
+    )]
     NoMatch {
         /// The name asked for.
         name: String,

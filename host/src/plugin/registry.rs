@@ -187,7 +187,9 @@ impl PluginRegistry {
             HostState::new(limits, HashMap::new()),
         );
         store.limiter(|s| &mut s.limiter);
-        let result = store.set_fuel(limits.fuel_per_call).and_then(|()| call(&mut store));
+        let result = store
+            .set_fuel(limits.fuel_per_call)
+            .and_then(|()| call(&mut store));
         result.map_err(|e| LoadError::Describe {
             file: file.to_path_buf(),
             reason: super::call::classify("(describe)", e, store.data(), limits.fuel_per_call)
@@ -329,9 +331,11 @@ fn resolve<P>(
 fn valid_name(name: &str) -> bool {
     !name.is_empty()
         && name.len() <= 64
-        && name
-            .split('-')
-            .all(|w| !w.is_empty() && w.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit()))
+        && name.split('-').all(|w| {
+            !w.is_empty()
+                && w.bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
+        })
 }
 
 /// Refuses files that are not WebAssembly, or are core modules.

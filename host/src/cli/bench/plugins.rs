@@ -50,7 +50,10 @@ fn summary(samples: &mut [Duration]) -> [String; 3] {
 pub fn run(args: Args) -> anyhow::Result<()> {
     let dir = args.dir.unwrap_or_else(default_plugin_dir);
     let cache_dir = std::env::temp_dir().join(format!("pushonce-bench-{}", std::process::id()));
-    let result = bench(&args_with(dir, args.calls, args.fresh_calls, args.compiles), &cache_dir);
+    let result = bench(
+        &args_with(dir, args.calls, args.fresh_calls, args.compiles),
+        &cache_dir,
+    );
     let _ = std::fs::remove_dir_all(&cache_dir);
     result
 }
@@ -164,7 +167,11 @@ fn bench(s: &Settings, cache_dir: &std::path::Path) -> anyhow::Result<()> {
     );
     println!("(+KEY: warm call plus host-side validation and composition of the full key)");
 
-    println!("\nload one plugin, ms (cold compile ×{}, cache load ×{})", s.compiles, s.compiles * 20);
+    println!(
+        "\nload one plugin, ms (cold compile ×{}, cache load ×{})",
+        s.compiles,
+        s.compiles * 20
+    );
     let runtime = registry.runtime();
     let mut rows = Vec::new();
     for p in &policies {

@@ -18,8 +18,9 @@ impl KeyPolicy for PerUserPerJob {
         params: Vec<(String, String)>,
     ) -> Result<KeyDecision, String> {
         let attr = key_util::param(&params, "job_attr").unwrap_or("job_id");
-        let job = key_util::attribute(&event.attributes, attr)
-            .ok_or_else(|| format!("event attribute `{attr}` (the job id, param `job_attr`) is missing"))?;
+        let job = key_util::attribute(&event.attributes, attr).ok_or_else(|| {
+            format!("event attribute `{attr}` (the job id, param `job_attr`) is missing")
+        })?;
         if job.is_empty() {
             return Err(format!("event attribute `{attr}` (the job id) is empty"));
         }

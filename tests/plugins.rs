@@ -647,3 +647,41 @@ fn event_json_is_read_as_the_cli_and_api_read_it() {
         ]
     );
 }
+
+#[test]
+fn the_cli_dry_run_derives_every_channel_and_reports_each_failure() {
+    use pushonce::cli::keys::dry_run;
+    use pushonce::cli::plugins::parse_param;
+    let registry = real_registry(None);
+    let ev = event_from_json(
+        r#"{"biz_type":"ORDER_SHIPPED","biz_id":"o-1","user_id":"u-42","occurred_at":1796054399000}"#,
+    )
+    .unwrap();
+    let channels: Vec<String> = ["inbox", "sms", "Bad Channel"].map(String::from).to_vec();
+    let tz = vec![parse_param("tz=+08:00").unwrap()];
+    let (id, results) = dry_run(&registry, "per-user-per-day@^1", &ev, &channels, &tz).unwrap();
+    assert_eq!(id, "per-user-per-day@1.0.0");
+    assert_eq!(results.len(), 3);
+    assert_eq!(
+        results[0].1.as_ref().unwrap().key,
+        "push:per-user-per-day@1:inbox:u-42:2026-11-30"
+    );
+    assert_eq!(
+        results[1].1.as_ref().unwrap().key,
+        "push:per-user-per-day@1:sms:u-42:2026-11-30"
+    );
+    assert!(matches!(results[2].1, Err(DeriveError::BadChannel { .. })));
+    // A job policy without the attribute: every channel says which attribute.
+    let (_, results) = dry_run(&registry, "per-user-per-job", &ev, &channels[..2], &[]).unwrap();
+    for (_, r) in results {
+        assert!(r.unwrap_err().to_string().contains("`job_id`"));
+    }
+    assert!(parse_param("tz").is_err());
+    let err = dry_run(&registry, "per-week@^1", &ev, &channels, &[])
+        .err()
+        .unwrap();
+    assert_eq!(
+        err.to_string(),
+        "no key-policy plugin named `per-week` is loaded (known: per-event, per-user-per-day, per-user-per-job)"
+    );
+}

@@ -6,8 +6,8 @@ use std::path::PathBuf;
 
 use anyhow::{Context, bail};
 
-use crate::derive::{derive, event_from_json};
-use crate::plugin::{Event, Limits, PluginRegistry};
+use crate::derive::{DeriveError, DerivedKey, derive, event_from_json};
+use crate::plugin::{Event, Limits, PluginRegistry, ResolveError};
 
 use super::plugins::{default_cache_dir, default_plugin_dir, parse_param, print_table, window};
 
@@ -44,21 +44,21 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     for r in &refused {
         tracing::warn!("{r}");
     }
-    let policy = registry.resolve_key_policy(&args.policy)?;
-    eprintln!("policy {} ({})", policy.id(), policy.meta().file.display());
     let channels: Vec<String> = if args.channels.is_empty() {
         DEFAULT_CHANNELS.map(String::from).to_vec()
     } else {
         args.channels
     };
+    let (policy, results) = dry_run(&registry, &args.policy, &event, &channels, &args.params)?;
+    eprintln!("policy {policy}");
     let mut rows = Vec::new();
     let mut errors = 0;
-    for channel in &channels {
-        match derive(&policy, &event, channel, &args.params) {
+    for (channel, result) in results {
+        match result {
             Ok(k) => rows.push([k.channel, k.key, window(k.window_secs)]),
             Err(e) => {
                 errors += 1;
-                rows.push([channel.clone(), format!("error: {e}"), String::new()]);
+                rows.push([channel, format!("error: {e}"), String::new()]);
             }
         }
     }
@@ -67,6 +67,24 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         bail!("{errors} of {} channel(s) got no key", channels.len());
     }
     Ok(())
+}
+
+/// What `pushonce keys` computes: resolves `policy` (`NAME@REQ`) and derives
+/// the key of every channel. Returns the plugin's `name@version` and one
+/// result per channel, in order.
+pub fn dry_run(
+    registry: &PluginRegistry,
+    policy: &str,
+    event: &Event,
+    channels: &[String],
+    params: &[(String, String)],
+) -> Result<(String, Vec<(String, Result<DerivedKey, DeriveError>)>), ResolveError> {
+    let plugin = registry.resolve_key_policy(policy)?;
+    let results = channels
+        .iter()
+        .map(|c| (c.clone(), derive(&plugin, event, c, params)))
+        .collect();
+    Ok((plugin.id().to_string(), results))
 }
 
 /// The event `plugins check` and `bench plugins` try policies on.

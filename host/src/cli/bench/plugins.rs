@@ -50,10 +50,13 @@ fn summary(samples: &mut [Duration]) -> [String; 3] {
 pub fn run(args: Args) -> anyhow::Result<()> {
     let dir = args.dir.unwrap_or_else(default_plugin_dir);
     let cache_dir = std::env::temp_dir().join(format!("pushonce-bench-{}", std::process::id()));
-    let result = bench(
-        &args_with(dir, args.calls, args.fresh_calls, args.compiles),
-        &cache_dir,
-    );
+    let settings = Settings {
+        dir,
+        calls: args.calls.max(1),
+        fresh_calls: args.fresh_calls.max(1),
+        compiles: args.compiles.max(1),
+    };
+    let result = bench(&settings, &cache_dir);
     let _ = std::fs::remove_dir_all(&cache_dir);
     result
 }
@@ -68,15 +71,6 @@ struct Settings {
     fresh_calls: usize,
     /// Cold compiles per plugin.
     compiles: usize,
-}
-
-fn args_with(dir: PathBuf, calls: usize, fresh_calls: usize, compiles: usize) -> Settings {
-    Settings {
-        dir,
-        calls: calls.max(1),
-        fresh_calls: fresh_calls.max(1),
-        compiles: compiles.max(1),
-    }
 }
 
 fn bench(s: &Settings, cache_dir: &std::path::Path) -> anyhow::Result<()> {

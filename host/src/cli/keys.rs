@@ -69,6 +69,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// One channel's outcome in a dry run: the channel and its key or why not.
+pub type ChannelKey = (String, Result<DerivedKey, DeriveError>);
+
 /// What `pushonce keys` computes: resolves `policy` (`NAME@REQ`) and derives
 /// the key of every channel. Returns the plugin's `name@version` and one
 /// result per channel, in order.
@@ -78,7 +81,7 @@ pub fn dry_run(
     event: &Event,
     channels: &[String],
     params: &[(String, String)],
-) -> Result<(String, Vec<(String, Result<DerivedKey, DeriveError>)>), ResolveError> {
+) -> Result<(String, Vec<ChannelKey>), ResolveError> {
     let plugin = registry.resolve_key_policy(policy)?;
     let results = channels
         .iter()

@@ -1,0 +1,156 @@
+//! Build script of the test crate: builds the real plugins (`plugins/`) and
+//! the test-only plugins (`tests/fixtures/plugins/`) for `wasm32-wasip2` in
+//! release, with a target directory inside `OUT_DIR`, and tells the tests
+//! where the components are: `PUSHONCE_TEST_PLUGINS` (the real plugins) and
+//! `PUSHONCE_FIXTURE_PLUGINS` (misbehave, versioned, wrong-world).
+//!
+//! The nested cargo gets a clean environment: the variables cargo sets for a
+//! build script (target, flags, wrappers, jobserver) would otherwise leak into
+//! a build for another target.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn main() {
+    let manifest_dir = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").unwrap());
+    let root = manifest_dir
+        .parent()
+        .expect("tests/ is below the root")
+        .to_path_buf();
+    let out = PathBuf::from(std::env::var("OUT_DIR").unwrap());
+    check_target();
+
+    let wit = root.join("wit");
+    let plugins = root.join("plugins");
+    let fixtures = manifest_dir.join("fixtures").join("plugins");
+    println!("cargo:rerun-if-changed={}", wit.display());
+    for ws in [&plugins, &fixtures] {
+        for entry in std::fs::read_dir(ws).unwrap() {
+            let path = entry.unwrap().path();
+            if path.file_name().is_some_and(|n| n != "target") {
+                println!("cargo:rerun-if-changed={}", path.display());
+            }
+        }
+    }
+
+    let target_dir = out.join("wasm-target");
+    let real = build_workspace(&plugins, &target_dir, &out.join("plugins"), "real plugins");
+    let fixture = build_workspace(
+        &fixtures,
+        &target_dir,
+        &out.join("fixtures"),
+        "test plugins",
+    );
+    println!("cargo:rustc-env=PUSHONCE_TEST_PLUGINS={}", real.display());
+    println!(
+        "cargo:rustc-env=PUSHONCE_FIXTURE_PLUGINS={}",
+        fixture.display()
+    );
+}
+
+/// Fails early, with the fix, when the wasm32-wasip2 standard library is missing.
+fn check_target() {
+    let rustc = std::env::var("RUSTC").unwrap_or_else(|_| "rustc".into());
+    let sysroot = Command::new(&rustc)
+        .args(["--print", "sysroot"])
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| PathBuf::from(String::from_utf8_lossy(&o.stdout).trim()));
+    if let Some(sysroot) = sysroot
+        && !sysroot.join("lib/rustlib/wasm32-wasip2").is_dir()
+    {
+        panic!(
+            "the wasm32-wasip2 target is not installed for {}: run `rustup target add wasm32-wasip2` (or `cargo xtask setup`)",
+            sysroot.display()
+        );
+    }
+}
+
+/// Builds the workspace at `ws` and copies its components into `dest`
+/// (emptied first, so a removed plugin does not linger).
+fn build_workspace(ws: &Path, target_dir: &Path, dest: &Path, what: &str) -> PathBuf {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let mut cmd = Command::new(cargo);
+    cmd.current_dir(ws)
+        .args([
+            "build",
+            "--release",
+            "--target",
+            "wasm32-wasip2",
+            "--target-dir",
+        ])
+        .arg(target_dir);
+    for (key, _) in std::env::vars_os() {
+        let key = key.to_string_lossy().into_owned();
+        let keep = matches!(key.as_str(), "CARGO_HOME" | "CARGO_TERM_COLOR")
+            || key.starts_with("CARGO_NET_")
+            || key.starts_with("CARGO_HTTP_")
+            || key.starts_with("CARGO_REGISTRIES_");
+        let strip = (key.starts_with("CARGO_") && !keep)
+            || matches!(
+                key.as_str(),
+                "RUSTFLAGS"
+                    | "RUSTDOCFLAGS"
+                    | "RUSTC_WRAPPER"
+                    | "RUSTC_WORKSPACE_WRAPPER"
+                    | "RUSTC_LINKER"
+                    | "TARGET"
+                    | "HOST"
+                    | "PROFILE"
+                    | "OPT_LEVEL"
+                    | "DEBUG"
+                    | "OUT_DIR"
+                    | "NUM_JOBS"
+                    | "CARGO_MAKEFLAGS"
+                    | "MAKEFLAGS"
+                    | "MFLAGS"
+            );
+        if strip {
+            cmd.env_remove(&key);
+        }
+    }
+    let output = cmd
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run cargo to build the {what}: {e}"));
+    if !output.status.success() {
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        let hint = if stderr.contains("wasm32-wasip2") && stderr.contains("not installed") {
+            "\nhint: run `rustup target add wasm32-wasip2` (or `cargo xtask setup`)"
+        } else {
+            ""
+        };
+        panic!(
+            "building the {what} in {} failed ({}):\n{stderr}{hint}",
+            ws.display(),
+            output.status
+        );
+    }
+    let built = target_dir.join("wasm32-wasip2").join("release");
+    let _ = std::fs::remove_dir_all(dest);
+    std::fs::create_dir_all(dest).unwrap();
+    let manifest = std::fs::read_to_string(ws.join("Cargo.toml")).unwrap();
+    for member in members(&manifest) {
+        let crate_name = Path::new(&member)
+            .file_name()
+            .unwrap()
+            .to_string_lossy()
+            .replace('-', "_");
+        let wasm = built.join(format!("{crate_name}.wasm"));
+        if wasm.is_file() {
+            std::fs::copy(&wasm, dest.join(format!("{crate_name}.wasm"))).unwrap();
+        }
+    }
+    dest.to_path_buf()
+}
+
+/// The quoted entries of the workspace's `members = [...]` list.
+fn members(manifest: &str) -> Vec<String> {
+    let start = manifest.find("members").expect("a members list");
+    let list = &manifest[start..manifest[start..].find(']').unwrap() + start];
+    list.split('"')
+        .skip(1)
+        .step_by(2)
+        .map(str::to_string)
+        .collect()
+}

@@ -91,9 +91,7 @@ async fn wait_status(permits: &Permits, id: &str, status: TaskStatus, within: Du
     let res = wait_until(within, || {
         let permits = permits.clone();
         let id = id.to_string();
-        async move {
-            permits.task(&id).await.unwrap().map(|t| t.status) == Some(status)
-        }
+        async move { permits.task(&id).await.unwrap().map(|t| t.status) == Some(status) }
     })
     .await;
     if res.is_err() {
@@ -120,26 +118,54 @@ async fn two_retryable_failures_then_one_send_with_backoff_between() {
     let server = RedisServer::start().await.unwrap();
     let dir = tempfile::tempdir().unwrap();
     let ledger = ledger_path(&dir);
-    let run = start(&server, &ledger, Faults { fail_first: 2, ..Faults::default() }).await;
+    let run = start(
+        &server,
+        &ledger,
+        Faults {
+            fail_first: 2,
+            ..Faults::default()
+        },
+    )
+    .await;
     let permits = server.permits(config()).await.unwrap();
     let retry = fast_retry();
-    let id = accepted(permits.accept(&request("retry-key", Duration::from_secs(60), retry)).await.unwrap());
+    let id = accepted(
+        permits
+            .accept(&request("retry-key", Duration::from_secs(60), retry))
+            .await
+            .unwrap(),
+    );
     wait_status(&permits, &id, TaskStatus::Sent, Duration::from_secs(10)).await;
     run.stop().await;
 
     let task = permits.task(&id).await.unwrap().unwrap();
     assert_eq!(task.attempts, 3);
     let lines = read_ledger(&ledger);
-    let outcomes: Vec<(u32, &str)> = lines.iter().map(|l| (l.attempt, l.outcome.as_str())).collect();
-    assert_eq!(outcomes, vec![(1, "retryable"), (2, "retryable"), (3, "sent")]);
+    let outcomes: Vec<(u32, &str)> = lines
+        .iter()
+        .map(|l| (l.attempt, l.outcome.as_str()))
+        .collect();
+    assert_eq!(
+        outcomes,
+        vec![(1, "retryable"), (2, "retryable"), (3, "sent")]
+    );
     assert!(lines.iter().all(|l| l.key == "retry-key"));
     // The gaps follow the backoff: at least the jittered lower bound (d/2) of each delay.
     let gap1 = Duration::from_millis(lines[1].at_ms - lines[0].at_ms);
     let gap2 = Duration::from_millis(lines[2].at_ms - lines[1].at_ms);
-    assert!(gap1 >= min_delay_after(&retry, 1), "gap after attempt 1: {gap1:?}");
-    assert!(gap2 >= min_delay_after(&retry, 2), "gap after attempt 2: {gap2:?}");
+    assert!(
+        gap1 >= min_delay_after(&retry, 1),
+        "gap after attempt 1: {gap1:?}"
+    );
+    assert!(
+        gap2 >= min_delay_after(&retry, 2),
+        "gap after attempt 2: {gap2:?}"
+    );
     // And not wildly more: the upper bound (d) plus the scheduler tick and slack.
-    assert!(gap2 < Duration::from_millis(400 + 1000), "gap after attempt 2: {gap2:?}");
+    assert!(
+        gap2 < Duration::from_millis(400 + 1000),
+        "gap after attempt 2: {gap2:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -147,16 +173,37 @@ async fn a_permanent_failure_fails_the_task_and_releases_the_permit() {
     let server = RedisServer::start().await.unwrap();
     let dir = tempfile::tempdir().unwrap();
     let ledger = ledger_path(&dir);
-    let faults = Faults { permanent_match: Some("invalid-number".into()), ..Faults::default() };
+    let faults = Faults {
+        permanent_match: Some("invalid-number".into()),
+        ..Faults::default()
+    };
     let run = start(&server, &ledger, faults).await;
     let permits = server.permits(config()).await.unwrap();
     let key = "sms:invalid-number:u-1";
-    let id = accepted(permits.accept(&request(key, Duration::from_secs(60), fast_retry())).await.unwrap());
+    let id = accepted(
+        permits
+            .accept(&request(key, Duration::from_secs(60), fast_retry()))
+            .await
+            .unwrap(),
+    );
     wait_status(&permits, &id, TaskStatus::Failed, Duration::from_secs(10)).await;
     run.stop().await;
-    assert_eq!(permits.task(&id).await.unwrap().unwrap().attempts, 1, "no retry");
-    assert_eq!(permits.permit_owner(key).await.unwrap(), None, "permit released");
-    let again = accepted(permits.accept(&request(key, Duration::from_secs(60), fast_retry())).await.unwrap());
+    assert_eq!(
+        permits.task(&id).await.unwrap().unwrap().attempts,
+        1,
+        "no retry"
+    );
+    assert_eq!(
+        permits.permit_owner(key).await.unwrap(),
+        None,
+        "permit released"
+    );
+    let again = accepted(
+        permits
+            .accept(&request(key, Duration::from_secs(60), fast_retry()))
+            .await
+            .unwrap(),
+    );
     assert_ne!(again, id, "a new event with the same key is accepted again");
     let lines = read_ledger(&ledger);
     assert_eq!(lines.len(), 1);
@@ -168,10 +215,27 @@ async fn exhausted_attempts_make_the_task_dead_and_release_the_permit() {
     let server = RedisServer::start().await.unwrap();
     let dir = tempfile::tempdir().unwrap();
     let ledger = ledger_path(&dir);
-    let run = start(&server, &ledger, Faults { fail_first: 100, ..Faults::default() }).await;
+    let run = start(
+        &server,
+        &ledger,
+        Faults {
+            fail_first: 100,
+            ..Faults::default()
+        },
+    )
+    .await;
     let permits = server.permits(config()).await.unwrap();
-    let retry = RetryPolicy { max_attempts: 3, initial: Duration::from_millis(50), ..fast_retry() };
-    let id = accepted(permits.accept(&request("dead-key", Duration::from_secs(60), retry)).await.unwrap());
+    let retry = RetryPolicy {
+        max_attempts: 3,
+        initial: Duration::from_millis(50),
+        ..fast_retry()
+    };
+    let id = accepted(
+        permits
+            .accept(&request("dead-key", Duration::from_secs(60), retry))
+            .await
+            .unwrap(),
+    );
     wait_status(&permits, &id, TaskStatus::Dead, Duration::from_secs(10)).await;
     run.stop().await;
     let task = permits.task(&id).await.unwrap().unwrap();
@@ -186,10 +250,22 @@ async fn the_permit_outlives_retries_longer_than_its_window() {
     let server = RedisServer::start().await.unwrap();
     let dir = tempfile::tempdir().unwrap();
     let ledger = ledger_path(&dir);
-    let run = start(&server, &ledger, Faults { fail_first: 2, ..Faults::default() }).await;
+    let run = start(
+        &server,
+        &ledger,
+        Faults {
+            fail_first: 2,
+            ..Faults::default()
+        },
+    )
+    .await;
     let permits = server.permits(config()).await.unwrap();
     let window = Duration::from_millis(100);
-    let retry = RetryPolicy { initial: Duration::from_millis(400), jitter: false, ..fast_retry() };
+    let retry = RetryPolicy {
+        initial: Duration::from_millis(400),
+        jitter: false,
+        ..fast_retry()
+    };
     let key = "short-window-key";
     let id = accepted(permits.accept(&request(key, window, retry)).await.unwrap());
     wait_status(&permits, &id, TaskStatus::RetryWait, Duration::from_secs(5)).await;
@@ -215,7 +291,11 @@ async fn accepted_tasks_survive_a_redis_restart_and_get_sent_once() {
     // Accepted while no worker runs, then Redis restarts (SHUTDOWN + start, AOF).
     for i in 0..40 {
         let a = permits
-            .accept(&request(&format!("r-{i}"), Duration::from_secs(600), fast_retry()))
+            .accept(&request(
+                &format!("r-{i}"),
+                Duration::from_secs(600),
+                fast_retry(),
+            ))
             .await
             .unwrap();
         ids.push(accepted(a));
@@ -231,7 +311,11 @@ async fn accepted_tasks_survive_a_redis_restart_and_get_sent_once() {
     let permits = server.permits(config()).await.unwrap();
     for i in 40..60 {
         let a = permits
-            .accept(&request(&format!("r-{i}"), Duration::from_secs(600), fast_retry()))
+            .accept(&request(
+                &format!("r-{i}"),
+                Duration::from_secs(600),
+                fast_retry(),
+            ))
             .await
             .unwrap();
         ids.push(accepted(a));
@@ -250,10 +334,18 @@ async fn shutdown_finishes_and_records_the_send_in_flight() {
     let server = RedisServer::start().await.unwrap();
     let dir = tempfile::tempdir().unwrap();
     let ledger = ledger_path(&dir);
-    let faults = Faults { send_delay: Duration::from_millis(500), ..Faults::default() };
+    let faults = Faults {
+        send_delay: Duration::from_millis(500),
+        ..Faults::default()
+    };
     let run = start(&server, &ledger, faults).await;
     let permits = server.permits(config()).await.unwrap();
-    let id = accepted(permits.accept(&request("inflight", Duration::from_secs(60), fast_retry())).await.unwrap());
+    let id = accepted(
+        permits
+            .accept(&request("inflight", Duration::from_secs(60), fast_retry()))
+            .await
+            .unwrap(),
+    );
     wait_status(&permits, &id, TaskStatus::Sending, Duration::from_secs(5)).await;
     run.stop().await;
     let task = permits.task(&id).await.unwrap().unwrap();

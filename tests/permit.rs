@@ -34,7 +34,12 @@ fn request(key: &str, window: Duration) -> AcceptRequest {
     }
 }
 
-async fn begin(permits: &Permits, task_id: &str, key: &str, lease: Duration) -> Box<pushonce::permit::Attempt> {
+async fn begin(
+    permits: &Permits,
+    task_id: &str,
+    key: &str,
+    lease: Duration,
+) -> Box<pushonce::permit::Attempt> {
     match permits.begin_attempt(task_id, key, lease).await.unwrap() {
         Begin::Begun(a) => a,
         other => panic!("expected to begin, got {other:?}"),
@@ -95,9 +100,15 @@ async fn a_thousand_concurrent_accepts_of_one_key_make_one_task() {
         .iter()
         .filter(|a| matches!(a, Acceptance::Duplicate { task_id: t, status: Some(TaskStatus::Queued) } if *t == task_id))
         .count();
-    assert_eq!(duplicates, 999, "999 duplicates naming the same queued task");
+    assert_eq!(
+        duplicates, 999,
+        "999 duplicates naming the same queued task"
+    );
     let permits = &layers[0];
-    assert_eq!(permits.permit_owner(key).await.unwrap().as_deref(), Some(task_id.as_str()));
+    assert_eq!(
+        permits.permit_owner(key).await.unwrap().as_deref(),
+        Some(task_id.as_str())
+    );
     // One task record, one stream entry.
     let shard = permits.layout().shard_of(key);
     let mut conn = server.manager().await.unwrap();
@@ -142,7 +153,10 @@ async fn a_batch_accepts_in_one_pipeline_and_sees_duplicates_within_it() {
         }
     );
     // The event index finds the event's tasks across shards.
-    let mut ids = permits.tasks_of_event("ORDER_SHIPPED", "o-1").await.unwrap();
+    let mut ids = permits
+        .tasks_of_event("ORDER_SHIPPED", "o-1")
+        .await
+        .unwrap();
     ids.sort();
     assert_eq!(ids.len(), 3);
 }
@@ -152,7 +166,12 @@ async fn a_worker_whose_lease_was_lost_cannot_overwrite() {
     let server = RedisServer::start().await.unwrap();
     let permits = server.permits(config()).await.unwrap();
     let key = "fence-key";
-    let id = accepted(&permits.accept(&request(key, Duration::from_secs(60))).await.unwrap());
+    let id = accepted(
+        &permits
+            .accept(&request(key, Duration::from_secs(60)))
+            .await
+            .unwrap(),
+    );
     let lease = Duration::from_millis(300);
     let a = begin(&permits, &id, key, lease).await;
     assert_eq!(a.number, 1);
@@ -169,14 +188,31 @@ async fn a_worker_whose_lease_was_lost_cannot_overwrite() {
     // A comes back: it can neither extend nor record.
     assert_eq!(permits.extend_lease(&a, lease).await.unwrap(), None);
     let fenced = permits
-        .record(&a, &Outcome::Failed { reason: "late".into() }, None)
+        .record(
+            &a,
+            &Outcome::Failed {
+                reason: "late".into(),
+            },
+            None,
+        )
         .await
         .unwrap();
-    assert_eq!(fenced, Recorded::Fenced { status: Some(TaskStatus::Sending) });
+    assert_eq!(
+        fenced,
+        Recorded::Fenced {
+            status: Some(TaskStatus::Sending)
+        }
+    );
     assert_eq!(permits.permit_owner(key).await.unwrap(), Some(id.clone()));
     // B records.
     let done = permits
-        .record(&b, &Outcome::Sent { provider_message_id: "p-1".into() }, None)
+        .record(
+            &b,
+            &Outcome::Sent {
+                provider_message_id: "p-1".into(),
+            },
+            None,
+        )
         .await
         .unwrap();
     assert_eq!(done, Recorded::Done(PermitFate::Kept));
@@ -192,10 +228,21 @@ async fn a_permanent_failure_with_nothing_sent_releases_the_permit() {
     let server = RedisServer::start().await.unwrap();
     let permits = server.permits(config()).await.unwrap();
     let key = "perm-key";
-    let id = accepted(&permits.accept(&request(key, Duration::from_secs(60))).await.unwrap());
+    let id = accepted(
+        &permits
+            .accept(&request(key, Duration::from_secs(60)))
+            .await
+            .unwrap(),
+    );
     let a = begin(&permits, &id, key, Duration::from_secs(5)).await;
     let rec = permits
-        .record(&a, &Outcome::Failed { reason: "invalid number".into() }, None)
+        .record(
+            &a,
+            &Outcome::Failed {
+                reason: "invalid number".into(),
+            },
+            None,
+        )
         .await
         .unwrap();
     assert_eq!(rec, Recorded::Done(PermitFate::Released));
@@ -203,16 +250,32 @@ async fn a_permanent_failure_with_nothing_sent_releases_the_permit() {
     let task = permits.task(&id).await.unwrap().unwrap();
     assert_eq!(task.status, TaskStatus::Failed);
     // A corrected re-trigger is accepted as a new task.
-    let again = accepted(&permits.accept(&request(key, Duration::from_secs(60))).await.unwrap());
+    let again = accepted(
+        &permits
+            .accept(&request(key, Duration::from_secs(60)))
+            .await
+            .unwrap(),
+    );
     assert_ne!(again, id);
     // A permanent failure of a task that may have been sent (re-claimed) keeps the permit.
     let key2 = "perm-key-2";
-    let id2 = accepted(&permits.accept(&request(key2, Duration::from_secs(60))).await.unwrap());
+    let id2 = accepted(
+        &permits
+            .accept(&request(key2, Duration::from_secs(60)))
+            .await
+            .unwrap(),
+    );
     let lease = Duration::from_millis(200);
     let _dead_worker = begin(&permits, &id2, key2, lease).await;
     let b = begin_when_free(&permits, &id2, key2, lease).await;
     let rec = permits
-        .record(&b, &Outcome::Failed { reason: "arrears".into() }, None)
+        .record(
+            &b,
+            &Outcome::Failed {
+                reason: "arrears".into(),
+            },
+            None,
+        )
         .await
         .unwrap();
     assert_eq!(rec, Recorded::Done(PermitFate::Kept));
@@ -228,18 +291,35 @@ async fn ended_tasks_get_retention_and_sent_permits_keep_the_window() {
     let id = accepted(&permits.accept(&request(key, window)).await.unwrap());
     let mut conn = server.manager().await.unwrap();
     let task_key = permits.layout().task(&id).unwrap();
-    let ttl: i64 = redis::cmd("PTTL").arg(&task_key).query_async(&mut conn).await.unwrap();
+    let ttl: i64 = redis::cmd("PTTL")
+        .arg(&task_key)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
     assert_eq!(ttl, -1, "a live task never expires");
     let a = begin(&permits, &id, key, Duration::from_secs(5)).await;
     // During the attempt the permit lasts past the lease by the grace (60 s) or the window, whichever is longer.
     let during = permits.permit_ttl(key).await.unwrap().unwrap().unwrap();
     assert!(during > 590_000, "{during}");
     permits
-        .record(&a, &Outcome::Sent { provider_message_id: "p".into() }, None)
+        .record(
+            &a,
+            &Outcome::Sent {
+                provider_message_id: "p".into(),
+            },
+            None,
+        )
         .await
         .unwrap();
-    let ttl: i64 = redis::cmd("PTTL").arg(&task_key).query_async(&mut conn).await.unwrap();
-    assert!(ttl > 3_590_000 && ttl <= 3_600_000, "task retention ttl {ttl}");
+    let ttl: i64 = redis::cmd("PTTL")
+        .arg(&task_key)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert!(
+        ttl > 3_590_000 && ttl <= 3_600_000,
+        "task retention ttl {ttl}"
+    );
     let permit = permits.permit_ttl(key).await.unwrap().unwrap().unwrap();
     assert!(permit > 590_000 && permit <= 600_000, "permit ttl {permit}");
     // A receipt settles it: delivered, still within retention.
@@ -259,7 +339,10 @@ async fn a_permit_outlives_a_retry_schedule_longer_than_its_window() {
     permits
         .record(
             &a,
-            &Outcome::Retry { delay: Duration::from_secs(2), reason: "503".into() },
+            &Outcome::Retry {
+                delay: Duration::from_secs(2),
+                reason: "503".into(),
+            },
             None,
         )
         .await
@@ -271,7 +354,10 @@ async fn a_permit_outlives_a_retry_schedule_longer_than_its_window() {
     let dup = permits.accept(&request(key, window)).await.unwrap();
     assert_eq!(
         dup,
-        Acceptance::Duplicate { task_id: id.clone(), status: Some(TaskStatus::RetryWait) }
+        Acceptance::Duplicate {
+            task_id: id.clone(),
+            status: Some(TaskStatus::RetryWait)
+        }
     );
     // The retry comes due and is promoted to the ready stream.
     let shard = permits.layout().shard_of(key);
@@ -301,7 +387,11 @@ async fn a_task_whose_permit_lapsed_and_was_retaken_is_superseded() {
     .unwrap();
     let new = accepted(&permits.accept(&request(key, window)).await.unwrap());
     // The old task must not send: the newer one owns the key now.
-    match permits.begin_attempt(&old, key, Duration::from_secs(5)).await.unwrap() {
+    match permits
+        .begin_attempt(&old, key, Duration::from_secs(5))
+        .await
+        .unwrap()
+    {
         Begin::Superseded { by } => assert_eq!(by, new),
         other => panic!("expected superseded, got {other:?}"),
     }
@@ -317,18 +407,41 @@ async fn an_unknown_outcome_holds_the_permit_until_a_receipt() {
     let server = RedisServer::start().await.unwrap();
     let permits = server.permits(config()).await.unwrap();
     let key = "unknown-key";
-    let id = accepted(&permits.accept(&request(key, Duration::from_secs(30))).await.unwrap());
+    let id = accepted(
+        &permits
+            .accept(&request(key, Duration::from_secs(30)))
+            .await
+            .unwrap(),
+    );
     let a = begin(&permits, &id, key, Duration::from_secs(5)).await;
     permits
-        .record(&a, &Outcome::Unknown { reason: "timeout after send".into() }, None)
+        .record(
+            &a,
+            &Outcome::Unknown {
+                reason: "timeout after send".into(),
+            },
+            None,
+        )
         .await
         .unwrap();
-    assert_eq!(permits.permit_ttl(key).await.unwrap(), Some(None), "held without expiry");
+    assert_eq!(
+        permits.permit_ttl(key).await.unwrap(),
+        Some(None),
+        "held without expiry"
+    );
     assert!(matches!(
-        permits.begin_attempt(&id, key, Duration::from_secs(5)).await.unwrap(),
+        permits
+            .begin_attempt(&id, key, Duration::from_secs(5))
+            .await
+            .unwrap(),
         Begin::Settled(TaskStatus::Unknown)
     ));
-    assert!(permits.record_receipt(&id, true, Some("p-9")).await.unwrap());
+    assert!(
+        permits
+            .record_receipt(&id, true, Some("p-9"))
+            .await
+            .unwrap()
+    );
     let ttl = permits.permit_ttl(key).await.unwrap().unwrap().unwrap();
     assert!(ttl <= 30_000, "the window again, ttl {ttl}");
     let task = permits.task(&id).await.unwrap().unwrap();

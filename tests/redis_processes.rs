@@ -54,7 +54,16 @@ async fn all_sent(permits: &Permits, ids: &HashMap<String, String>) -> bool {
     true
 }
 
-const WORKER_ARGS: [&str; 8] = ["--lease", "1s", "--block", "200ms", "--promote-every", "50ms", "--grace", "60s"];
+const WORKER_ARGS: [&str; 8] = [
+    "--lease",
+    "1s",
+    "--block",
+    "200ms",
+    "--promote-every",
+    "50ms",
+    "--grace",
+    "60s",
+];
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_killed_mid_send_is_completed_by_another_instance() {
@@ -69,7 +78,11 @@ async fn a_worker_killed_mid_send_is_completed_by_another_instance() {
     let mut a = WorkerProcess::spawn(
         &server.url(),
         &ledger,
-        &[&WORKER_ARGS[..], &["--workers", "1", "--hold-after-send", "30s"]].concat(),
+        &[
+            &WORKER_ARGS[..],
+            &["--workers", "1", "--hold-after-send", "30s"],
+        ]
+        .concat(),
     )
     .unwrap();
     let a_pid = a.pid();
@@ -85,7 +98,12 @@ async fn a_worker_killed_mid_send_is_completed_by_another_instance() {
     let killed = killed[0].clone();
 
     // Instance B completes everything, including what A held.
-    let b = WorkerProcess::spawn(&server.url(), &ledger, &[&WORKER_ARGS[..], &["--workers", "4"]].concat()).unwrap();
+    let b = WorkerProcess::spawn(
+        &server.url(),
+        &ledger,
+        &[&WORKER_ARGS[..], &["--workers", "4"]].concat(),
+    )
+    .unwrap();
     wait_until(Duration::from_secs(20), || all_sent(&permits, &ids))
         .await
         .unwrap_or_else(|e| panic!("{e}; worker B log:\n{}", b.log()));
@@ -108,7 +126,10 @@ async fn a_worker_killed_mid_send_is_completed_by_another_instance() {
         }
     }
     let task = permits.task(&ids[&killed.key]).await.unwrap().unwrap();
-    assert!(task.maybe_sent, "the re-claimed task is marked as possibly sent");
+    assert!(
+        task.maybe_sent,
+        "the re-claimed task is marked as possibly sent"
+    );
     assert_eq!(task.attempts, 2);
 }
 
@@ -133,7 +154,12 @@ async fn three_instances_send_each_task_exactly_once() {
     let ids = accept_all(&permits, &keys).await;
     wait_until(Duration::from_secs(30), || all_sent(&permits, &ids))
         .await
-        .unwrap_or_else(|e| panic!("{e}; logs:\n{}", workers.iter().map(|w| w.log()).collect::<String>()));
+        .unwrap_or_else(|e| {
+            panic!(
+                "{e}; logs:\n{}",
+                workers.iter().map(|w| w.log()).collect::<String>()
+            )
+        });
     let lines = read_ledger(&ledger);
     let sent = sent_by_key(&lines);
     assert_eq!(sent.len(), keys.len());
@@ -142,7 +168,10 @@ async fn three_instances_send_each_task_exactly_once() {
         assert_eq!(calls[0].attempt, 2);
     }
     let pids: std::collections::HashSet<u32> = lines.iter().map(|l| l.pid).collect();
-    assert!(pids.len() >= 2, "work was shared between instances: {pids:?}");
+    assert!(
+        pids.len() >= 2,
+        "work was shared between instances: {pids:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -154,7 +183,11 @@ async fn sigterm_stops_a_worker_after_its_send_in_flight() {
     let mut w = WorkerProcess::spawn(
         &server.url(),
         &ledger,
-        &[&WORKER_ARGS[..], &["--workers", "1", "--send-delay", "500ms"]].concat(),
+        &[
+            &WORKER_ARGS[..],
+            &["--workers", "1", "--send-delay", "500ms"],
+        ]
+        .concat(),
     )
     .unwrap();
     let ids = accept_all(&permits, &["push:term:1".to_string()]).await;

@@ -162,7 +162,9 @@ pub async fn manager(
 /// Removes a password from a URL before it goes into an error message.
 fn redact(url: &str) -> String {
     match (url.find("://"), url.rfind('@')) {
-        (Some(scheme), Some(at)) if at > scheme => format!("{}://***{}", &url[..scheme], &url[at..]),
+        (Some(scheme), Some(at)) if at > scheme => {
+            format!("{}://***{}", &url[..scheme], &url[at..])
+        }
         _ => url.to_string(),
     }
 }
@@ -196,27 +198,33 @@ impl EmbeddedRedis {
         let socket = dir.join("redis.sock");
         let log = dir.join("redis.log");
         let mut cmd = Command::new("redis-server");
-        let url;
-        if socket.as_os_str().len() <= MAX_UNIX_SOCKET_PATH {
+        let url = if socket.as_os_str().len() <= MAX_UNIX_SOCKET_PATH {
             // A stale socket file from a killed server would make bind fail.
             let _ = std::fs::remove_file(&socket);
             cmd.args(["--port", "0", "--unixsocket"])
                 .arg(&socket)
                 .args(["--unixsocketperm", "700"]);
-            url = format!("redis+unix://{}", socket.display());
+            format!("redis+unix://{}", socket.display())
         } else {
             let port = free_loopback_port().map_err(StoreError::Spawn)?;
             cmd.args(["--bind", "127.0.0.1", "--port", &port.to_string()]);
-            url = format!("redis://127.0.0.1:{port}");
-        }
-        cmd.args(["--appendonly", "yes", "--appendfsync", "everysec", "--save", ""])
-            .args(["--daemonize", "no", "--dir"])
-            .arg(&dir)
-            .arg("--logfile")
-            .arg(&log)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null());
+            format!("redis://127.0.0.1:{port}")
+        };
+        cmd.args([
+            "--appendonly",
+            "yes",
+            "--appendfsync",
+            "everysec",
+            "--save",
+            "",
+        ])
+        .args(["--daemonize", "no", "--dir"])
+        .arg(&dir)
+        .arg("--logfile")
+        .arg(&log)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
         let child = cmd.spawn().map_err(|e| {
             if e.kind() == std::io::ErrorKind::NotFound {
                 StoreError::RedisServerMissing

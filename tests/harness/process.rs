@@ -94,7 +94,10 @@ impl WorkerProcess {
         if waited.is_err() {
             let _ = child.kill();
             let _ = child.wait();
-            bail!("worker did not stop within {timeout:?}; log:\n{}", self.log());
+            bail!(
+                "worker did not stop within {timeout:?}; log:\n{}",
+                self.log()
+            );
         }
         Ok(status.expect("waited for it"))
     }

@@ -41,13 +41,22 @@ impl RedisServer {
                 }
             }
         }
-        bail!("redis-server did not start after 5 tries (is it installed? apt-get install redis-server)")
+        bail!(
+            "redis-server did not start after 5 tries (is it installed? apt-get install redis-server)"
+        )
     }
 
     async fn spawn(&mut self) -> anyhow::Result<()> {
         let child = Command::new("redis-server")
             .args(["--bind", "127.0.0.1", "--port", &self.port.to_string()])
-            .args(["--appendonly", "yes", "--appendfsync", "everysec", "--save", ""])
+            .args([
+                "--appendonly",
+                "yes",
+                "--appendfsync",
+                "everysec",
+                "--save",
+                "",
+            ])
             .args(["--daemonize", "no", "--dir"])
             .arg(self.dir.path())
             .arg("--logfile")

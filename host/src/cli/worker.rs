@@ -16,9 +16,17 @@ use crate::permit::{PermitConfig, Permits};
 use crate::send::{Faults, LedgerFileSender};
 use crate::store::{RedisTarget, Store};
 
-/// Arguments of `pushonce worker`.
+/// Arguments of `pushonce worker` (boxed: they are many, and `main`'s command enum stays small).
 #[derive(Debug, clap::Args)]
 pub struct Args {
+    /// The options themselves.
+    #[command(flatten)]
+    options: Box<Options>,
+}
+
+/// The options of `pushonce worker`.
+#[derive(Debug, clap::Args)]
+struct Options {
     /// Redis URL (`redis://`, `redis+unix://`); without it an embedded redis-server is started.
     #[arg(long, env = "PUSHONCE_REDIS_URL")]
     redis: Option<String>,
@@ -74,10 +82,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?
-        .block_on(serve(args))
+        .block_on(serve(*args.options))
 }
 
-async fn serve(args: Args) -> anyhow::Result<()> {
+async fn serve(args: Options) -> anyhow::Result<()> {
     let target = match &args.redis {
         Some(url) => RedisTarget::Url(url.clone()),
         None => RedisTarget::Embedded {

@@ -24,7 +24,7 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
-use crate::permit::{Permits, PermitError};
+use crate::permit::{PermitError, Permits};
 use crate::send::Sender;
 use crate::store::StoreError;
 
@@ -151,11 +151,9 @@ impl Dispatcher {
         );
         let mut set = JoinSet::new();
         for n in 0..shared.config.workers.max(1) {
-            let conn = crate::store::manager(
-                &shared.client,
-                shared.config.block + Duration::from_secs(5),
-            )
-            .await?;
+            let conn =
+                crate::store::manager(&shared.client, shared.config.block + Duration::from_secs(5))
+                    .await?;
             set.spawn(worker::run(shared.clone(), conn, n));
         }
         set.spawn(reclaim::run(shared.clone()));

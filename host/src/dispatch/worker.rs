@@ -84,7 +84,10 @@ pub(crate) async fn process(shared: &Shared, entry: &Entry) {
     let permits = &shared.permits;
     let lease = shared.config.lease;
     let started = Instant::now();
-    let begin = match permits.begin_attempt(&entry.task_id, &entry.key, lease).await {
+    let begin = match permits
+        .begin_attempt(&entry.task_id, &entry.key, lease)
+        .await
+    {
         Ok(b) => b,
         Err(e) => {
             tracing::warn!(task = %entry.task_id, error = %e, "could not begin an attempt; left pending");

@@ -119,8 +119,9 @@ mod tests {
     fn shards_are_stable_and_spread() {
         let layout = Layout::new("po", 16);
         assert_eq!(layout.shard_of("a"), layout.shard_of("a"));
-        let used: std::collections::HashSet<u16> =
-            (0..200).map(|i| layout.shard_of(&format!("k{i}"))).collect();
+        let used: std::collections::HashSet<u16> = (0..200)
+            .map(|i| layout.shard_of(&format!("k{i}")))
+            .collect();
         assert_eq!(used.len(), 16);
     }
 }

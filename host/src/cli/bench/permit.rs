@@ -106,14 +106,21 @@ async fn bench(args: Args) -> anyhow::Result<()> {
     ];
     println!(
         "pushonce bench permit: redis {version} (aof_enabled={aof}), {} , requests={n}, concurrency={c}, shards={}",
-        if args.redis.is_some() { "given URL" } else { "embedded" },
+        if args.redis.is_some() {
+            "given URL"
+        } else {
+            "embedded"
+        },
         args.shards
     );
     println!(
         "| {:<40} | {:>10} | {:>7} | {:>7} | {:>8} |",
         "what", "permits/s", "p50 ms", "p99 ms", "vs floor"
     );
-    println!("|{:-<42}|{:->12}|{:->9}|{:->9}|{:->10}|", "", "", "", "", "");
+    println!(
+        "|{:-<42}|{:->12}|{:->9}|{:->9}|{:->10}|",
+        "", "", "", "", ""
+    );
     for r in &rows {
         println!(
             "| {:<40} | {:>10.0} | {:>7.3} | {:>7.3} | {:>8.2} |",
@@ -231,7 +238,8 @@ fn redis_benchmark(url: &str, n: usize, c: usize, ns: &str) -> anyhow::Result<Ro
         .strip_prefix("redis+unix://")
         .or_else(|| url.strip_prefix("unix://"))
     {
-        cmd.arg("-s").arg(PathBuf::from(path.split('?').next().unwrap_or(path)));
+        cmd.arg("-s")
+            .arg(PathBuf::from(path.split('?').next().unwrap_or(path)));
     } else {
         cmd.arg("-u").arg(url);
     }

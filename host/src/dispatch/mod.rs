@@ -1,8 +1,9 @@
 //! Dispatcher: workers that claim tasks from the ready streams and send them.
 //!
 //! One [`Dispatcher`] per host process runs:
-//! - `workers` worker tasks ([`worker`]): each reads every shard's ready
-//!   stream with `XREADGROUP` (its own connection, short `BLOCK`), begins an
+//! - a reader and up to `workers` worker tasks ([`worker`]): the reader takes
+//!   entries from every shard's ready stream with `XREADGROUP` (its own
+//!   connection, short `BLOCK`) when a worker is free; a worker begins an
 //!   attempt (lease), calls the [`Sender`], records the outcome (which acks the entry);
 //! - a reclaimer ([`reclaim`]): `XAUTOCLAIM`s entries idle longer than a lease
 //!   (their worker died, in any process) and begins them again;
@@ -45,7 +46,7 @@ pub enum DispatchError {
 /// Settings of a dispatcher.
 #[derive(Debug, Clone)]
 pub struct DispatchConfig {
-    /// Worker tasks in this process (default 8).
+    /// Attempts in flight at once in this process (default 8).
     pub workers: usize,
     /// Lease of one attempt; extended every third of it while a send is in
     /// flight, and an entry idle longer than it is re-claimed (default 30 s).
@@ -150,12 +151,11 @@ impl Dispatcher {
             "dispatcher started"
         );
         let mut set = JoinSet::new();
-        for n in 0..shared.config.workers.max(1) {
-            let conn =
-                crate::store::manager(&shared.client, shared.config.block + Duration::from_secs(5))
-                    .await?;
-            set.spawn(worker::run(shared.clone(), conn, n));
-        }
+        // The reader blocks in XREADGROUP: its own connection, with a timeout longer than the block.
+        let conn =
+            crate::store::manager(&shared.client, shared.config.block + Duration::from_secs(5))
+                .await?;
+        set.spawn(worker::run(shared.clone(), conn));
         set.spawn(reclaim::run(shared.clone()));
         set.spawn(schedule::run(shared.clone()));
         while let Some(res) = set.join_next().await {

@@ -1,5 +1,6 @@
-//! One worker: read an entry from any shard's ready stream, take the task's
-//! lease, send while keeping the lease alive, record the outcome.
+//! The workers: one reader takes entries from every shard's ready stream and
+//! hands each to a worker task (at most `workers` at once), which takes the
+//! task's lease, sends while keeping the lease alive, and records the outcome.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -7,16 +8,32 @@ use std::time::{Duration, Instant};
 use redis::Value;
 use redis::aio::ConnectionManager;
 use redis::streams::StreamReadReply;
+use tokio::sync::Semaphore;
+use tokio::task::JoinSet;
 
 use super::{Shared, backoff, pause};
 use crate::permit::{Attempt, Begin, Entry, Outcome, Recorded};
 use crate::send::{OutgoingMessage, SendOutcome};
 
-/// The worker loop: runs until shutdown; an entry already read is always finished.
-pub(crate) async fn run(shared: Arc<Shared>, mut conn: ConnectionManager, n: usize) {
+/// The reader loop: waits for a free worker slot, reads with `XREADGROUP`
+/// (`COUNT 1` per stream, so up to one entry per shard), and hands each entry
+/// to a worker task as soon as a slot is free. Runs until shutdown, then
+/// waits for the attempts in flight; an entry already read is always finished.
+pub(crate) async fn run(shared: Arc<Shared>, mut conn: ConnectionManager) {
     let layout = shared.permits.layout().clone();
     let streams: Vec<String> = (0..layout.shards()).map(|s| layout.ready(s)).collect();
+    let slots = Arc::new(Semaphore::new(shared.config.workers.max(1)));
+    let mut running = JoinSet::new();
     while !shared.stopping() {
+        // Read only when a worker is free, so read entries do not queue here.
+        let first = match slots.clone().acquire_owned().await {
+            Ok(p) => p,
+            Err(_) => break,
+        };
+        if shared.stopping() {
+            break;
+        }
+        while running.try_join_next().is_some() {}
         let mut cmd = redis::cmd("XREADGROUP");
         cmd.arg("GROUP")
             .arg(&shared.permits.config().group)
@@ -38,14 +55,16 @@ pub(crate) async fn run(shared: Arc<Shared>, mut conn: ConnectionManager, n: usi
                     // A Redis that lost its groups (flushed, or restarted without AOF).
                     let _ = shared.permits.ensure_groups().await;
                 } else {
-                    tracing::warn!(worker = n, error = %e, "reading the ready streams failed");
+                    tracing::warn!(error = %e, "reading the ready streams failed");
                 }
+                drop(first);
                 if pause(&shared, Duration::from_millis(200)).await {
                     break;
                 }
                 continue;
             }
         };
+        let mut first = Some(first);
         for stream in reply.map(|r| r.keys).unwrap_or_default() {
             let Some(shard) = shard_of_stream(&stream.key) else {
                 continue;
@@ -57,11 +76,23 @@ pub(crate) async fn run(shared: Arc<Shared>, mut conn: ConnectionManager, n: usi
                     key: field(id.map.get("key")),
                     id: id.id,
                 };
-                process(&shared, &entry).await;
+                let slot = match first.take() {
+                    Some(p) => p,
+                    None => match slots.clone().acquire_owned().await {
+                        Ok(p) => p,
+                        Err(_) => return,
+                    },
+                };
+                let shared = shared.clone();
+                running.spawn(async move {
+                    process(&shared, &entry).await;
+                    drop(slot);
+                });
             }
         }
     }
-    tracing::debug!(worker = n, "worker stopped");
+    while running.join_next().await.is_some() {}
+    tracing::debug!("reader stopped");
 }
 
 /// The shard of a ready stream's name `{ns:<shard>}:ready`.

@@ -326,19 +326,12 @@ impl Permits {
         for req in reqs {
             let shard = self.layout.shard_of(&req.key);
             let task_id = self.layout.new_task_id(shard);
-            let mut keys: Vec<String> = vec![
-                self.layout.permit(&req.key),
-                format!("{}{}", self.layout.task_prefix(shard), task_id),
-                self.layout.ready(shard),
-            ];
-            if !req.biz_type.is_empty() {
-                keys.push(self.layout.event_index(shard, &req.biz_type, &req.biz_id));
-            }
+            let (keys, args) = self.accept_keys_and_args(req, &task_id);
             pipe.cmd("EVALSHA")
                 .arg(scripts::ACCEPT.get_hash())
                 .arg(keys.len())
                 .arg(keys)
-                .arg(self.accept_args(req, &task_id));
+                .arg(args);
         }
         let mut conn = self.conn.clone();
         let answers: Vec<Value> = match pipe.query_async(&mut conn).await {
@@ -366,6 +359,25 @@ impl Permits {
             inv.key(self.layout.event_index(shard, &req.biz_type, &req.biz_id));
         }
         inv.arg(self.accept_args(req, task_id));
+    }
+
+    /// The `KEYS` and `ARGV` of the accept script for `req` under `task_id`
+    /// (for tools that call the script themselves, such as the benchmark's floor).
+    pub fn accept_keys_and_args(
+        &self,
+        req: &AcceptRequest,
+        task_id: &str,
+    ) -> (Vec<String>, Vec<String>) {
+        let shard = self.layout.shard_of(&req.key);
+        let mut keys = vec![
+            self.layout.permit(&req.key),
+            format!("{}{}", self.layout.task_prefix(shard), task_id),
+            self.layout.ready(shard),
+        ];
+        if !req.biz_type.is_empty() {
+            keys.push(self.layout.event_index(shard, &req.biz_type, &req.biz_id));
+        }
+        (keys, self.accept_args(req, task_id))
     }
 
     fn accept_args(&self, req: &AcceptRequest, task_id: &str) -> Vec<String> {

@@ -84,6 +84,8 @@ async fn bench(args: Args) -> anyhow::Result<()> {
         },
     );
     permits.prepare().await?;
+    // The same script under redis-benchmark: what Redis itself does with accept.lua.
+    let script_floor = redis_benchmark_accept(store.url(), n, c, &permits)?;
     let before = used_memory(&mut conn).await?;
     let single = host_accepts(&permits, n, c, 1, "s").await?;
     let per_permit = used_memory(&mut conn).await?.saturating_sub(before) as f64 / n as f64;
@@ -94,6 +96,10 @@ async fn bench(args: Args) -> anyhow::Result<()> {
         Row {
             what: "redis-benchmark EVAL SET NX PX (floor)".into(),
             ..floor
+        },
+        Row {
+            what: "redis-benchmark EVALSHA accept.lua (same)".into(),
+            ..script_floor
         },
         Row {
             what: "host accept.lua, 1 multiplexed conn".into(),
@@ -114,21 +120,22 @@ async fn bench(args: Args) -> anyhow::Result<()> {
         args.shards
     );
     println!(
-        "| {:<40} | {:>10} | {:>7} | {:>7} | {:>8} |",
-        "what", "permits/s", "p50 ms", "p99 ms", "vs floor"
+        "| {:<42} | {:>10} | {:>7} | {:>7} | {:>8} | {:>9} |",
+        "what", "permits/s", "p50 ms", "p99 ms", "vs floor", "vs script"
     );
     println!(
-        "|{:-<42}|{:->12}|{:->9}|{:->9}|{:->10}|",
-        "", "", "", "", ""
+        "|{:-<44}|{:->12}|{:->9}|{:->9}|{:->10}|{:->11}|",
+        "", "", "", "", "", ""
     );
     for r in &rows {
         println!(
-            "| {:<40} | {:>10.0} | {:>7.3} | {:>7.3} | {:>8.2} |",
+            "| {:<42} | {:>10.0} | {:>7.3} | {:>7.3} | {:>8.2} | {:>9.2} |",
             r.what,
             r.rate,
             r.p50,
             r.p99,
-            r.rate / rows[0].rate
+            r.rate / rows[0].rate,
+            r.rate / rows[1].rate
         );
     }
     println!(
@@ -231,8 +238,38 @@ fn request(tag: &str, i: usize) -> AcceptRequest {
     }
 }
 
-/// Runs redis-benchmark against the server behind `url`; returns its rate and latencies.
+/// redis-benchmark running the host's accept script by SHA with the
+/// benchmark's request shape; `__rand_int__` makes every key unique.
+fn redis_benchmark_accept(url: &str, n: usize, c: usize, permits: &Permits) -> anyhow::Result<Row> {
+    let req = request("f__rand_int__", 0);
+    let shard = permits.layout().shard_of(&req.key);
+    let task_id = format!("{shard}-0-__rand_int__");
+    let (keys, args) = permits.accept_keys_and_args(&req, &task_id);
+    let mut command = vec![
+        "EVALSHA".to_string(),
+        crate::permit::scripts::ACCEPT.get_hash().to_string(),
+        keys.len().to_string(),
+    ];
+    command.extend(keys);
+    command.extend(args);
+    run_redis_benchmark(url, n, c, &command)
+}
+
+/// Runs redis-benchmark (a bare SET NX PX script) against the server behind `url`.
 fn redis_benchmark(url: &str, n: usize, c: usize, ns: &str) -> anyhow::Result<Row> {
+    let command = [
+        "EVAL".to_string(),
+        "return redis.call('SET',KEYS[1],ARGV[1],'NX','PX',ARGV[2])".to_string(),
+        "1".to_string(),
+        format!("{ns}:floor:__rand_int__"),
+        "v".to_string(),
+        "600000".to_string(),
+    ];
+    run_redis_benchmark(url, n, c, &command)
+}
+
+/// Runs `redis-benchmark -n N -c C -P 1 -r 10^9 --csv <command…>`; returns its rate and latencies.
+fn run_redis_benchmark(url: &str, n: usize, c: usize, command: &[String]) -> anyhow::Result<Row> {
     let mut cmd = Command::new("redis-benchmark");
     if let Some(path) = url
         .strip_prefix("redis+unix://")
@@ -244,12 +281,8 @@ fn redis_benchmark(url: &str, n: usize, c: usize, ns: &str) -> anyhow::Result<Ro
         cmd.arg("-u").arg(url);
     }
     cmd.args(["-n", &n.to_string(), "-c", &c.to_string(), "-P", "1"])
-        .args(["-r", "1000000000", "--csv", "EVAL"])
-        .arg("return redis.call('SET',KEYS[1],ARGV[1],'NX','PX',ARGV[2])")
-        .arg("1")
-        .arg(format!("{ns}:floor:__rand_int__"))
-        .arg("v")
-        .arg("600000");
+        .args(["-r", "1000000000", "--csv"])
+        .args(command);
     let out = cmd
         .output()
         .context("running redis-benchmark (Debian/Ubuntu: apt-get install redis-tools)")?;
@@ -266,11 +299,13 @@ fn redis_benchmark(url: &str, n: usize, c: usize, ns: &str) -> anyhow::Result<Ro
         .rev()
         .find(|l| l.starts_with('"') && !l.starts_with("\"test\""))
         .with_context(|| format!("no result in redis-benchmark output: {text}"))?;
-    let cols: Vec<f64> = row
-        .split("\",\"")
-        .skip(1)
+    // The test name may hold quotes and commas (JSON arguments): read the 7 numbers from the end.
+    let mut cols: Vec<f64> = row
+        .rsplitn(8, ',')
+        .take(7)
         .map(|s| s.trim_matches('"').parse().unwrap_or(0.0))
         .collect();
+    cols.reverse();
     if cols.len() < 6 {
         bail!("unexpected redis-benchmark row: {row}");
     }

@@ -1,1 +1,161 @@
-//! TODO(role): filled by its issue.
+//! The `Sender` seam: what the dispatcher calls to hand one attempt of a task
+//! to a provider, and the classes of outcome it gets back.
+//!
+//! Channel plugins plug in behind [`Sender`]. Until then (and in tests)
+//! [`LedgerFileSender`] plays the provider: it appends one JSON line per call
+//! to a ledger file before it answers, so a test can count what reached "the
+//! provider" even when the sending process is killed with `kill -9`.
+
+use std::fs::{File, OpenOptions};
+use std::future::Future;
+use std::io::Write;
+use std::path::Path;
+use std::pin::Pin;
+use std::sync::Mutex;
+use std::time::Duration;
+
+/// A boxed future that can cross threads, as [`Sender::send`] returns.
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// One attempt of one task, as the sender sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OutgoingMessage {
+    /// The task id.
+    pub task_id: String,
+    /// The idempotency key; a provider that honours a client reference gets this.
+    pub idempotency_key: String,
+    /// The channel name.
+    pub channel: String,
+    /// Attempt number, 1 for the first.
+    pub attempt: u32,
+    /// What to send, as JSON text.
+    pub payload: String,
+}
+
+/// What became of an attempt.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SendOutcome {
+    /// The provider accepted the message.
+    Sent {
+        /// The provider's id for it.
+        provider_message_id: String,
+    },
+    /// A failure worth retrying (5xx, 429, a refused connection).
+    Retryable(String),
+    /// A failure that will not change (invalid number, arrears).
+    Permanent(String),
+    /// The request went out and no answer came back: the provider may have it.
+    Unknown(String),
+}
+
+/// Sends one attempt. Object safe: the dispatcher holds an `Arc<dyn Sender>`.
+pub trait Sender: Send + Sync {
+    /// Sends `msg` and classifies the result. Must not panic; every failure is an outcome.
+    fn send<'a>(&'a self, msg: &'a OutgoingMessage) -> BoxFuture<'a, SendOutcome>;
+}
+
+/// Scripted faults of the [`LedgerFileSender`], for tests and demos.
+#[derive(Debug, Clone, Default)]
+pub struct Faults {
+    /// Attempts 1..=K of every task fail retryably (the attempt number comes from
+    /// Redis, so this holds across processes).
+    pub fail_first: u32,
+    /// Keys containing this text fail permanently.
+    pub permanent_match: Option<String>,
+    /// Keys containing this text answer unknown (as if the connection dropped after sending).
+    pub unknown_match: Option<String>,
+    /// Wait this long before "the provider" takes the message.
+    pub send_delay: Duration,
+    /// Wait this long after the provider took the message, before answering
+    /// (the window where a crash leaves a sent message unrecorded).
+    pub hold_after_send: Duration,
+}
+
+/// A development sender that plays the provider: every call appends one JSON
+/// line `{task_id, key, channel, attempt, outcome, pid, at_ms}` to a ledger
+/// file (`O_APPEND`, one `write` per line, before answering).
+#[derive(Debug)]
+pub struct LedgerFileSender {
+    /// The ledger, opened for appending; the lock keeps lines whole.
+    file: Mutex<File>,
+    /// Faults to inject.
+    faults: Faults,
+}
+
+impl LedgerFileSender {
+    /// Opens (creating if needed) the ledger at `path`.
+    pub fn open(path: &Path, faults: Faults) -> std::io::Result<LedgerFileSender> {
+        let file = OpenOptions::new().create(true).append(true).open(path)?;
+        Ok(LedgerFileSender {
+            file: Mutex::new(file),
+            faults,
+        })
+    }
+
+    fn classify(&self, msg: &OutgoingMessage) -> SendOutcome {
+        let matches = |pat: &Option<String>| {
+            pat.as_deref()
+                .is_some_and(|p| !p.is_empty() && msg.idempotency_key.contains(p))
+        };
+        if matches(&self.faults.permanent_match) {
+            SendOutcome::Permanent("scripted: permanent failure".into())
+        } else if msg.attempt <= self.faults.fail_first {
+            SendOutcome::Retryable(format!("scripted: attempt {} fails", msg.attempt))
+        } else if matches(&self.faults.unknown_match) {
+            SendOutcome::Unknown("scripted: no answer".into())
+        } else {
+            SendOutcome::Sent {
+                provider_message_id: format!("ledger-{}-{}", msg.task_id, msg.attempt),
+            }
+        }
+    }
+
+    fn append(&self, msg: &OutgoingMessage, outcome: &SendOutcome) -> std::io::Result<()> {
+        let (name, detail) = match outcome {
+            SendOutcome::Sent {
+                provider_message_id,
+            } => ("sent", provider_message_id.as_str()),
+            SendOutcome::Retryable(r) => ("retryable", r.as_str()),
+            SendOutcome::Permanent(r) => ("permanent", r.as_str()),
+            SendOutcome::Unknown(r) => ("unknown", r.as_str()),
+        };
+        let at_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_millis() as u64)
+            .unwrap_or(0);
+        let mut line = serde_json::json!({
+            "task_id": msg.task_id,
+            "key": msg.idempotency_key,
+            "channel": msg.channel,
+            "attempt": msg.attempt,
+            "outcome": name,
+            "detail": detail,
+            "pid": std::process::id(),
+            "at_ms": at_ms,
+        })
+        .to_string();
+        line.push('\n');
+        let mut file = self.file.lock().unwrap_or_else(|p| p.into_inner());
+        file.write_all(line.as_bytes())?;
+        file.flush()
+    }
+}
+
+impl Sender for LedgerFileSender {
+    fn send<'a>(&'a self, msg: &'a OutgoingMessage) -> BoxFuture<'a, SendOutcome> {
+        Box::pin(async move {
+            if !self.faults.send_delay.is_zero() {
+                tokio::time::sleep(self.faults.send_delay).await;
+            }
+            let outcome = self.classify(msg);
+            if let Err(e) = self.append(msg, &outcome) {
+                // The provider did not take it: nothing went out.
+                return SendOutcome::Retryable(format!("ledger write failed: {e}"));
+            }
+            if !self.faults.hold_after_send.is_zero() {
+                tokio::time::sleep(self.faults.hold_after_send).await;
+            }
+            outcome
+        })
+    }
+}

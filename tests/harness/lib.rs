@@ -3,3 +3,26 @@
 //! with deadlines instead of sleeping.
 
 pub mod plugins;
+pub mod process;
+pub mod redis;
+
+use std::future::Future;
+use std::time::{Duration, Instant};
+
+/// Polls `check` every 20 ms until it returns true; fails after `deadline`.
+pub async fn wait_until<F, Fut>(deadline: Duration, mut check: F) -> anyhow::Result<()>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let start = Instant::now();
+    loop {
+        if check().await {
+            return Ok(());
+        }
+        if start.elapsed() >= deadline {
+            anyhow::bail!("condition not met within {deadline:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}

@@ -1,10 +1,158 @@
-//! `pushonce worker`: run dispatcher workers (a development sender until channel plugins land).
+//! `pushonce worker`: run dispatcher workers against a Redis, sending through
+//! the development ledger sender until channel plugins land.
+//!
+//! Stops on SIGTERM or Ctrl-C: no new entries are read, the attempts in flight
+//! finish and are recorded. `kill -9` is survived by the other instances.
 
-/// Arguments of `pushonce worker`.
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use tokio::sync::watch;
+
+use crate::dispatch::{DispatchConfig, Dispatcher, default_consumer_name};
+use crate::permit::{PermitConfig, Permits};
+use crate::send::{Faults, LedgerFileSender};
+use crate::store::{RedisTarget, Store};
+
+/// Arguments of `pushonce worker` (boxed: they are many, and `main`'s command enum stays small).
 #[derive(Debug, clap::Args)]
-pub struct Args {}
+pub struct Args {
+    /// The options themselves.
+    #[command(flatten)]
+    options: Box<Options>,
+}
+
+/// The options of `pushonce worker`.
+#[derive(Debug, clap::Args)]
+struct Options {
+    /// Redis URL (`redis://`, `redis+unix://`); without it an embedded redis-server is started.
+    #[arg(long, env = "PUSHONCE_REDIS_URL")]
+    redis: Option<String>,
+    /// Data directory of the embedded redis-server.
+    #[arg(long, default_value = "data/redis")]
+    data_dir: PathBuf,
+    /// Namespace inside every Redis hash tag.
+    #[arg(long, default_value = "po")]
+    namespace: String,
+    /// Number of shards (must match every other instance).
+    #[arg(long, default_value_t = 16)]
+    shards: u16,
+    /// Worker tasks in this process.
+    #[arg(long, default_value_t = 8)]
+    workers: usize,
+    /// Lease of one attempt.
+    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+    lease: Duration,
+    /// How long one XREADGROUP blocks.
+    #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
+    block: Duration,
+    /// How often due retries are promoted.
+    #[arg(long, default_value = "250ms", value_parser = humantime::parse_duration)]
+    promote_every: Duration,
+    /// How long ended tasks are kept.
+    #[arg(long, default_value = "7days", value_parser = humantime::parse_duration)]
+    retention: Duration,
+    /// How far past a lease end or retry due time a permit is kept.
+    #[arg(long, default_value = "5m", value_parser = humantime::parse_duration)]
+    grace: Duration,
+    /// Ledger file of the development sender (one JSON line per send call).
+    #[arg(long, default_value = "data/ledger.jsonl")]
+    ledger: PathBuf,
+    /// Fault: attempts 1..=K of every task fail retryably.
+    #[arg(long, default_value_t = 0)]
+    fail_first: u32,
+    /// Fault: keys containing this text fail permanently.
+    #[arg(long)]
+    permanent_match: Option<String>,
+    /// Fault: keys containing this text get no answer (outcome unknown).
+    #[arg(long)]
+    unknown_match: Option<String>,
+    /// Fault: delay before the provider takes a message.
+    #[arg(long, default_value = "0s", value_parser = humantime::parse_duration)]
+    send_delay: Duration,
+    /// Fault: delay after the provider took a message, before answering.
+    #[arg(long, default_value = "0s", value_parser = humantime::parse_duration)]
+    hold_after_send: Duration,
+}
 
 /// Run `pushonce worker`.
-pub fn run(_args: Args) -> anyhow::Result<()> {
-    anyhow::bail!("`pushonce worker` is not built yet")
+pub fn run(args: Args) -> anyhow::Result<()> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?
+        .block_on(serve(*args.options))
+}
+
+async fn serve(args: Options) -> anyhow::Result<()> {
+    let target = match &args.redis {
+        Some(url) => RedisTarget::Url(url.clone()),
+        None => RedisTarget::Embedded {
+            data_dir: args.data_dir.clone(),
+        },
+    };
+    let store = Store::open(&target).await?;
+    let permits = Permits::new(
+        store.manager().await?,
+        PermitConfig {
+            namespace: args.namespace.clone(),
+            shards: args.shards,
+            retention: args.retention,
+            grace: args.grace,
+            ..PermitConfig::default()
+        },
+    );
+    if let Some(dir) = args.ledger.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    let sender = LedgerFileSender::open(
+        &args.ledger,
+        Faults {
+            fail_first: args.fail_first,
+            permanent_match: args.permanent_match.clone(),
+            unknown_match: args.unknown_match.clone(),
+            send_delay: args.send_delay,
+            hold_after_send: args.hold_after_send,
+        },
+    )
+    .with_context(|| format!("opening the ledger {}", args.ledger.display()))?;
+    let (stop_tx, stop_rx) = watch::channel(false);
+    tokio::spawn(async move {
+        wait_for_signal().await;
+        tracing::info!("stopping: finishing attempts in flight");
+        let _ = stop_tx.send(true);
+    });
+    let dispatcher = Dispatcher::new(
+        store.client().clone(),
+        permits,
+        Arc::new(sender),
+        DispatchConfig {
+            workers: args.workers,
+            lease: args.lease,
+            block: args.block,
+            consumer: default_consumer_name(),
+            promote_every: args.promote_every,
+            ..DispatchConfig::default()
+        },
+        stop_rx,
+    );
+    let result = dispatcher.run().await;
+    store.shutdown().await;
+    Ok(result?)
+}
+
+async fn wait_for_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    match signal(SignalKind::terminate()) {
+        Ok(mut term) => {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = tokio::signal::ctrl_c() => {}
+            }
+        }
+        Err(_) => {
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
 }

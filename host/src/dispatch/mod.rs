@@ -1,1 +1,179 @@
 //! Dispatcher: workers that claim tasks from the ready streams and send them.
+//!
+//! One [`Dispatcher`] per host process runs:
+//! - a reader and up to `workers` worker tasks ([`worker`]): the reader takes
+//!   entries from every shard's ready stream with `XREADGROUP` (its own
+//!   connection, short `BLOCK`) when a worker is free; a worker begins an
+//!   attempt (lease), calls the [`Sender`], records the outcome (which acks the entry);
+//! - a reclaimer ([`reclaim`]): `XAUTOCLAIM`s entries idle longer than a lease
+//!   (their worker died, in any process) and begins them again;
+//! - a retry scheduler ([`schedule`]): promotes due retries from each shard's
+//!   delayed set to its ready stream.
+//!
+//! Nothing in Redis is per process except the consumer name, so any number of
+//! processes may share one Redis. Shutdown (a `watch` channel turning `true`):
+//! workers stop reading, finish the attempt in flight and record it.
+
+pub mod backoff;
+pub mod reclaim;
+pub mod schedule;
+pub mod worker;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+
+use crate::permit::{PermitError, Permits};
+use crate::send::Sender;
+use crate::store::StoreError;
+
+/// Errors that stop a dispatcher.
+#[derive(Debug, thiserror::Error)]
+pub enum DispatchError {
+    /// Preparing scripts or consumer groups failed.
+    #[error(transparent)]
+    Permit(#[from] PermitError),
+    /// A worker could not open its connection.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// A dispatcher task panicked.
+    #[error("dispatcher task failed: {0}")]
+    Join(#[from] tokio::task::JoinError),
+}
+
+/// Settings of a dispatcher.
+#[derive(Debug, Clone)]
+pub struct DispatchConfig {
+    /// Attempts in flight at once in this process (default 8).
+    pub workers: usize,
+    /// Lease of one attempt; extended every third of it while a send is in
+    /// flight, and an entry idle longer than it is re-claimed (default 30 s).
+    pub lease: Duration,
+    /// How long one `XREADGROUP` blocks; also bounds how fast shutdown is noticed (default 1 s).
+    pub block: Duration,
+    /// This process's consumer name in every group (unique per process).
+    pub consumer: String,
+    /// How often due retries are promoted (default 250 ms).
+    pub promote_every: Duration,
+    /// Most retries promoted per shard per script call (default 100).
+    pub promote_batch: usize,
+    /// How often idle entries are re-claimed (default: half a lease).
+    pub reclaim_every: Option<Duration>,
+}
+
+impl Default for DispatchConfig {
+    fn default() -> Self {
+        DispatchConfig {
+            workers: 8,
+            lease: Duration::from_secs(30),
+            block: Duration::from_secs(1),
+            consumer: default_consumer_name(),
+            promote_every: Duration::from_millis(250),
+            promote_batch: 100,
+            reclaim_every: None,
+        }
+    }
+}
+
+/// A consumer name unique to this process: `<hostname>-<pid>-<random>`.
+pub fn default_consumer_name() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .map(|h| h.trim().to_string())
+        .filter(|h| !h.is_empty())
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .unwrap_or_else(|| "host".into());
+    format!(
+        "{host}-{}-{:06x}",
+        std::process::id(),
+        rand::random::<u32>() & 0xff_ffff
+    )
+}
+
+/// What every dispatcher task shares.
+pub(crate) struct Shared {
+    /// The permit layer (script calls on the shared connection).
+    pub permits: Permits,
+    /// Where attempts go.
+    pub sender: Arc<dyn Sender>,
+    /// Settings.
+    pub config: DispatchConfig,
+    /// For opening each worker's own blocking connection.
+    pub client: redis::Client,
+    /// Turns true on shutdown.
+    pub shutdown: watch::Receiver<bool>,
+}
+
+impl Shared {
+    pub(crate) fn stopping(&self) -> bool {
+        *self.shutdown.borrow()
+    }
+}
+
+/// The dispatcher of one process.
+pub struct Dispatcher {
+    /// Everything its tasks share.
+    shared: Arc<Shared>,
+}
+
+impl Dispatcher {
+    /// A dispatcher sending through `sender`; `client` opens the workers' connections.
+    pub fn new(
+        client: redis::Client,
+        permits: Permits,
+        sender: Arc<dyn Sender>,
+        config: DispatchConfig,
+        shutdown: watch::Receiver<bool>,
+    ) -> Dispatcher {
+        Dispatcher {
+            shared: Arc::new(Shared {
+                permits,
+                sender,
+                config,
+                client,
+                shutdown,
+            }),
+        }
+    }
+
+    /// Runs until shutdown: loads scripts, creates consumer groups, then runs
+    /// the workers, the reclaimer and the retry scheduler.
+    pub async fn run(self) -> Result<(), DispatchError> {
+        let shared = self.shared;
+        shared.permits.prepare().await?;
+        tracing::info!(
+            consumer = %shared.config.consumer,
+            workers = shared.config.workers,
+            shards = shared.permits.layout().shards(),
+            lease = ?shared.config.lease,
+            "dispatcher started"
+        );
+        let mut set = JoinSet::new();
+        // The reader blocks in XREADGROUP: its own connection, with a timeout longer than the block.
+        let conn =
+            crate::store::manager(&shared.client, shared.config.block + Duration::from_secs(5))
+                .await?;
+        set.spawn(worker::run(shared.clone(), conn));
+        set.spawn(reclaim::run(shared.clone()));
+        set.spawn(schedule::run(shared.clone()));
+        while let Some(res) = set.join_next().await {
+            res?;
+        }
+        tracing::info!("dispatcher stopped");
+        Ok(())
+    }
+}
+
+/// Sleeps for `d` or until shutdown; returns true if shutting down.
+pub(crate) async fn pause(shared: &Shared, d: Duration) -> bool {
+    let mut rx = shared.shutdown.clone();
+    if *rx.borrow() {
+        return true;
+    }
+    tokio::select! {
+        _ = tokio::time::sleep(d) => *rx.borrow(),
+        _ = rx.changed() => true,
+    }
+}

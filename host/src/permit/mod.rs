@@ -1,1 +1,703 @@
 //! Permits and tasks in Redis: every Lua script of pushonce lives here.
+//!
+//! A *permit* is the key `{ns:shard}:permit:<idempotency key>` whose value is
+//! the id of the task that owns it. [`Permits::accept`] takes the permit and
+//! enqueues its task in one script; every later change of the task
+//! ([`Permits::begin_attempt`], [`Permits::extend_lease`], [`Permits::record`],
+//! [`Permits::record_receipt`], [`Permits::promote_due`]) is a script that
+//! checks the expected status and, for a worker, its lease token (fencing),
+//! and touches the permit only while the task owns it. See `docs/arch-redis.md`.
+
+pub mod keys;
+pub mod scripts;
+pub mod task;
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use redis::Value;
+use redis::aio::ConnectionManager;
+
+pub use keys::{Layout, shard_of_task};
+pub use task::{RetryPolicy, Task, TaskStatus};
+
+/// Errors of the permit layer.
+#[derive(Debug, thiserror::Error)]
+pub enum PermitError {
+    /// A Redis command or script failed (connection lost, timeout, server error).
+    #[error("redis: {0}")]
+    Redis(#[from] redis::RedisError),
+    /// A task id that does not name its shard.
+    #[error("malformed task id {0:?}")]
+    BadTaskId(String),
+    /// A script answered something this code does not understand (a bug, or scripts from another version).
+    #[error("unexpected answer from {script}: {answer}")]
+    Unexpected {
+        /// Which script answered.
+        script: &'static str,
+        /// What it answered, as debug text.
+        answer: String,
+    },
+}
+
+/// Settings of the permit layer.
+#[derive(Debug, Clone)]
+pub struct PermitConfig {
+    /// Prefix inside every hash tag (default `po`).
+    pub namespace: String,
+    /// Number of shards (default 16). Changing it re-maps keys: do it only on an empty Redis.
+    pub shards: u16,
+    /// How long a task that ended (`sent`, `delivered`, `failed`, `dead`,
+    /// `superseded`) is kept before it expires (default 7 days).
+    pub retention: Duration,
+    /// How far past a lease end or a retry's due time the permit is kept, so a
+    /// late worker or retry scheduler still finds it (default 5 minutes).
+    pub grace: Duration,
+    /// Consumer group of the ready streams (default `pushonce`).
+    pub group: String,
+}
+
+impl Default for PermitConfig {
+    fn default() -> Self {
+        PermitConfig {
+            namespace: "po".into(),
+            shards: 16,
+            retention: Duration::from_secs(7 * 24 * 3600),
+            grace: Duration::from_secs(300),
+            group: "pushonce".into(),
+        }
+    }
+}
+
+/// What to accept: one idempotency key on one channel, with its task's contents.
+#[derive(Debug, Clone)]
+pub struct AcceptRequest {
+    /// The derived idempotency key (≤ ~300 bytes, no whitespace needed).
+    pub key: String,
+    /// Channel name.
+    pub channel: String,
+    /// Dedup window: the permit lasts at least this long from accept.
+    pub window: Duration,
+    /// Business type of the event (for the event index; empty: no index).
+    pub biz_type: String,
+    /// Business id of the event.
+    pub biz_id: String,
+    /// The event as JSON text.
+    pub event_json: String,
+    /// What the channel sends, as JSON text.
+    pub payload: String,
+    /// Name of the key policy that derived the key.
+    pub policy_name: String,
+    /// Version of that key policy.
+    pub policy_version: String,
+    /// The retry schedule, snapshotted into the task.
+    pub retry: RetryPolicy,
+}
+
+/// The answer to an accept.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Acceptance {
+    /// The permit was free: a new task was created and enqueued.
+    Accepted {
+        /// The new task's id (the permit's value).
+        task_id: String,
+    },
+    /// The permit is held: no task was created.
+    Duplicate {
+        /// The id of the task that owns the permit.
+        task_id: String,
+        /// Its status; `None` if its record already expired (retention shorter than the window).
+        status: Option<TaskStatus>,
+    },
+}
+
+impl Acceptance {
+    /// The task id named by the answer, accepted or not.
+    pub fn task_id(&self) -> &str {
+        match self {
+            Acceptance::Accepted { task_id } | Acceptance::Duplicate { task_id, .. } => task_id,
+        }
+    }
+}
+
+/// An attempt a worker has begun: it holds the lease until `lease_until_ms`.
+#[derive(Debug, Clone)]
+pub struct Attempt {
+    /// The task id.
+    pub task_id: String,
+    /// The fencing token of this lease; every later change must present it.
+    pub token: String,
+    /// Attempt number, 1 for the first.
+    pub number: u32,
+    /// End of the lease, Redis clock (ms since the epoch).
+    pub lease_until_ms: u64,
+    /// True when the lease was taken over from a worker that died mid-attempt.
+    pub reclaimed: bool,
+    /// The task as it was when the lease was taken.
+    pub task: Task,
+}
+
+/// The answer to [`Permits::begin_attempt`].
+#[derive(Debug, Clone)]
+pub enum Begin {
+    /// The lease is ours: send.
+    Begun(Box<Attempt>),
+    /// Another worker holds a live lease until this time (Redis clock, ms).
+    Busy {
+        /// End of that lease.
+        lease_until_ms: u64,
+    },
+    /// Nothing to send: the task is in this status.
+    Settled(TaskStatus),
+    /// The permit belongs to a newer task with the same key; this one is now `superseded`.
+    Superseded {
+        /// The owner of the permit.
+        by: String,
+    },
+    /// The task record does not exist (expired or never written).
+    Missing,
+}
+
+/// The outcome of an attempt, to record.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Outcome {
+    /// The provider accepted the message.
+    Sent {
+        /// The provider's id for it.
+        provider_message_id: String,
+    },
+    /// Failed retryably: try again after `delay`.
+    Retry {
+        /// Backoff before the next attempt.
+        delay: Duration,
+        /// Why it failed.
+        reason: String,
+    },
+    /// Sent with no answer: hold for reconciliation.
+    Unknown {
+        /// What happened.
+        reason: String,
+    },
+    /// Refused for good: `failed`.
+    Failed {
+        /// The provider's reason.
+        reason: String,
+    },
+    /// Attempts exhausted: `dead`.
+    Dead {
+        /// The last failure.
+        reason: String,
+    },
+}
+
+/// What became of the permit when an outcome was recorded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PermitFate {
+    /// Still held (for the window, a retry, or while unknown).
+    Kept,
+    /// Released (deleted owner-checked): the task ended with nothing sent.
+    Released,
+    /// It had lapsed and was taken back for the window (the task was sent).
+    Retaken,
+    /// Another task owns it; left alone.
+    NotOwner,
+}
+
+/// The answer to [`Permits::record`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Recorded {
+    /// The outcome was written.
+    Done(PermitFate),
+    /// The lease was lost (another worker took over, or the task moved on): nothing was written.
+    Fenced {
+        /// The task's status at that moment (`None` if it is gone).
+        status: Option<TaskStatus>,
+    },
+}
+
+/// A stream entry a worker is processing; the record script acks it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Entry {
+    /// Shard of the stream.
+    pub shard: u16,
+    /// Stream entry id.
+    pub id: String,
+    /// The task the entry names.
+    pub task_id: String,
+    /// The task's idempotency key (carried by the entry so the permit is named without a read).
+    pub key: String,
+}
+
+/// The permit layer over one Redis connection (cheap to clone).
+#[derive(Clone)]
+pub struct Permits {
+    /// Shared multiplexed connection for script calls.
+    conn: ConnectionManager,
+    /// The key layout.
+    layout: Layout,
+    /// Settings.
+    config: PermitConfig,
+}
+
+impl std::fmt::Debug for Permits {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Permits")
+            .field("layout", &self.layout)
+            .field("config", &self.config)
+            .finish()
+    }
+}
+
+impl Permits {
+    /// A permit layer on `conn` with `config`.
+    pub fn new(conn: ConnectionManager, config: PermitConfig) -> Permits {
+        Permits {
+            conn,
+            layout: Layout::new(config.namespace.clone(), config.shards),
+            config,
+        }
+    }
+
+    /// The key layout.
+    pub fn layout(&self) -> &Layout {
+        &self.layout
+    }
+
+    /// The settings.
+    pub fn config(&self) -> &PermitConfig {
+        &self.config
+    }
+
+    /// A clone of the connection, for plain commands of other layers.
+    pub fn connection(&self) -> ConnectionManager {
+        self.conn.clone()
+    }
+
+    /// Loads every script (`SCRIPT LOAD`) and creates each shard's consumer
+    /// group (`XGROUP CREATE … MKSTREAM`, an existing group is fine).
+    pub async fn prepare(&self) -> Result<(), PermitError> {
+        let mut conn = self.conn.clone();
+        for script in scripts::all() {
+            script.load_async(&mut conn).await?;
+        }
+        self.ensure_groups().await
+    }
+
+    /// Creates the consumer group of every shard's ready stream if missing.
+    pub async fn ensure_groups(&self) -> Result<(), PermitError> {
+        let mut conn = self.conn.clone();
+        for shard in 0..self.layout.shards() {
+            let res: redis::RedisResult<()> = redis::cmd("XGROUP")
+                .arg("CREATE")
+                .arg(self.layout.ready(shard))
+                .arg(&self.config.group)
+                .arg("0")
+                .arg("MKSTREAM")
+                .query_async(&mut conn)
+                .await;
+            match res {
+                Ok(()) => {}
+                Err(e) if e.code() == Some("BUSYGROUP") => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Ok(())
+    }
+
+    /// Takes the permit of `req.key` and enqueues a new task, or names the
+    /// task that holds it. One script, one round trip.
+    pub async fn accept(&self, req: &AcceptRequest) -> Result<Acceptance, PermitError> {
+        let shard = self.layout.shard_of(&req.key);
+        let task_id = self.layout.new_task_id(shard);
+        let mut inv = scripts::ACCEPT.prepare_invoke();
+        self.accept_invocation(&mut inv, req, shard, &task_id);
+        let answer: Value = inv.invoke_async(&mut self.conn.clone()).await?;
+        parse_acceptance(answer)
+    }
+
+    /// Accepts many requests in one pipeline (one round trip, one script call each).
+    /// Answers come in the order of `reqs`. Safe to retry: a request whose first
+    /// answer was lost is answered `Accepted` with the same task id again.
+    pub async fn accept_batch(
+        &self,
+        reqs: &[AcceptRequest],
+    ) -> Result<Vec<Acceptance>, PermitError> {
+        let mut pipe = redis::pipe();
+        for req in reqs {
+            let shard = self.layout.shard_of(&req.key);
+            let task_id = self.layout.new_task_id(shard);
+            let (keys, args) = self.accept_keys_and_args(req, &task_id);
+            pipe.cmd("EVALSHA")
+                .arg(scripts::ACCEPT.get_hash())
+                .arg(keys.len())
+                .arg(keys)
+                .arg(args);
+        }
+        let mut conn = self.conn.clone();
+        let answers: Vec<Value> = match pipe.query_async(&mut conn).await {
+            Ok(v) => v,
+            Err(e) if e.code() == Some("NOSCRIPT") => {
+                scripts::ACCEPT.load_async(&mut conn).await?;
+                pipe.query_async(&mut conn).await?
+            }
+            Err(e) => return Err(e.into()),
+        };
+        answers.into_iter().map(parse_acceptance).collect()
+    }
+
+    fn accept_invocation(
+        &self,
+        inv: &mut redis::ScriptInvocation<'_>,
+        req: &AcceptRequest,
+        shard: u16,
+        task_id: &str,
+    ) {
+        inv.key(self.layout.permit(&req.key))
+            .key(format!("{}{}", self.layout.task_prefix(shard), task_id))
+            .key(self.layout.ready(shard));
+        if !req.biz_type.is_empty() {
+            inv.key(self.layout.event_index(shard, &req.biz_type, &req.biz_id));
+        }
+        inv.arg(self.accept_args(req, task_id));
+    }
+
+    /// The `KEYS` and `ARGV` of the accept script for `req` under `task_id`
+    /// (for tools that call the script themselves, such as the benchmark's floor).
+    pub fn accept_keys_and_args(
+        &self,
+        req: &AcceptRequest,
+        task_id: &str,
+    ) -> (Vec<String>, Vec<String>) {
+        let shard = self.layout.shard_of(&req.key);
+        let mut keys = vec![
+            self.layout.permit(&req.key),
+            format!("{}{}", self.layout.task_prefix(shard), task_id),
+            self.layout.ready(shard),
+        ];
+        if !req.biz_type.is_empty() {
+            keys.push(self.layout.event_index(shard, &req.biz_type, &req.biz_id));
+        }
+        (keys, self.accept_args(req, task_id))
+    }
+
+    fn accept_args(&self, req: &AcceptRequest, task_id: &str) -> Vec<String> {
+        let r = &req.retry;
+        vec![
+            task_id.to_string(),
+            ms(req.window).max(1).to_string(),
+            ms(self.config.retention).to_string(),
+            "key".into(),
+            req.key.clone(),
+            "channel".into(),
+            req.channel.clone(),
+            "biz_type".into(),
+            req.biz_type.clone(),
+            "biz_id".into(),
+            req.biz_id.clone(),
+            "event".into(),
+            req.event_json.clone(),
+            "payload".into(),
+            req.payload.clone(),
+            "policy".into(),
+            req.policy_name.clone(),
+            "policy_version".into(),
+            req.policy_version.clone(),
+            "retry_max_attempts".into(),
+            r.max_attempts.to_string(),
+            "retry_initial_ms".into(),
+            ms(r.initial).to_string(),
+            "retry_factor".into(),
+            r.factor.to_string(),
+            "retry_max_delay_ms".into(),
+            ms(r.max_delay).to_string(),
+            "retry_jitter".into(),
+            if r.jitter { "1" } else { "0" }.into(),
+        ]
+    }
+
+    fn task_key(&self, task_id: &str) -> Result<String, PermitError> {
+        self.layout
+            .task(task_id)
+            .ok_or_else(|| PermitError::BadTaskId(task_id.to_string()))
+    }
+
+    /// Reads a task; `None` if it does not exist (or expired).
+    pub async fn task(&self, task_id: &str) -> Result<Option<Task>, PermitError> {
+        let key = self.task_key(task_id)?;
+        let fields: HashMap<String, String> = redis::cmd("HGETALL")
+            .arg(key)
+            .query_async(&mut self.conn.clone())
+            .await?;
+        Ok(Task::from_fields(task_id, fields))
+    }
+
+    /// The task id holding the permit of `key`, if any.
+    pub async fn permit_owner(&self, key: &str) -> Result<Option<String>, PermitError> {
+        Ok(redis::cmd("GET")
+            .arg(self.layout.permit(key))
+            .query_async(&mut self.conn.clone())
+            .await?)
+    }
+
+    /// Milliseconds the permit of `key` still lives: `None` if absent, `Some(None)` if held without expiry.
+    pub async fn permit_ttl(&self, key: &str) -> Result<Option<Option<u64>>, PermitError> {
+        let ttl: i64 = redis::cmd("PTTL")
+            .arg(self.layout.permit(key))
+            .query_async(&mut self.conn.clone())
+            .await?;
+        Ok(match ttl {
+            -2 => None,
+            -1 => Some(None),
+            t => Some(Some(t as u64)),
+        })
+    }
+
+    /// Ids of the tasks of one event, across every shard (one pipelined `SMEMBERS` per shard).
+    pub async fn tasks_of_event(
+        &self,
+        biz_type: &str,
+        biz_id: &str,
+    ) -> Result<Vec<String>, PermitError> {
+        let mut pipe = redis::pipe();
+        for shard in 0..self.layout.shards() {
+            pipe.cmd("SMEMBERS")
+                .arg(self.layout.event_index(shard, biz_type, biz_id));
+        }
+        let sets: Vec<Vec<String>> = pipe.query_async(&mut self.conn.clone()).await?;
+        Ok(sets.into_iter().flatten().collect())
+    }
+
+    /// Claims a lease of `lease` on the task for one attempt, if it is
+    /// `queued`, `retry_wait`, or `sending` under a lease that ran out. The
+    /// permit is extended past the lease end by the grace.
+    /// `key` is the task's idempotency key (stream entries carry it), which
+    /// names the permit without a read.
+    pub async fn begin_attempt(
+        &self,
+        task_id: &str,
+        key: &str,
+        lease: Duration,
+    ) -> Result<Begin, PermitError> {
+        let task_key = self.task_key(task_id)?;
+        let token = format!("{:016x}", rand::random::<u64>());
+        let answer: Value = scripts::BEGIN
+            .key(&task_key)
+            .key(self.layout.permit(key))
+            .arg(task_id)
+            .arg(&token)
+            .arg(ms(lease).max(1))
+            .arg(ms(self.config.grace))
+            .arg(ms(self.config.retention).max(1))
+            .invoke_async(&mut self.conn.clone())
+            .await?;
+        let items = array(answer, "begin")?;
+        let tag = text(items.first());
+        match tag.as_str() {
+            "begun" => {
+                let number = text(items.get(1)).parse().unwrap_or(0);
+                let lease_until_ms = text(items.get(2)).parse().unwrap_or(0);
+                let reclaimed = text(items.get(3)) == "1";
+                let fields = match items.get(4) {
+                    Some(Value::Array(kv)) => kv
+                        .chunks(2)
+                        .map(|p| (text(p.first()), text(p.get(1))))
+                        .collect(),
+                    _ => HashMap::new(),
+                };
+                let task = Task::from_fields(task_id, fields).ok_or(PermitError::Unexpected {
+                    script: "begin",
+                    answer: "task without status".into(),
+                })?;
+                Ok(Begin::Begun(Box::new(Attempt {
+                    task_id: task_id.to_string(),
+                    token,
+                    number,
+                    lease_until_ms,
+                    reclaimed,
+                    task,
+                })))
+            }
+            "busy" => Ok(Begin::Busy {
+                lease_until_ms: text(items.get(1)).parse().unwrap_or(0),
+            }),
+            "settled" => TaskStatus::parse(&text(items.get(1)))
+                .map(Begin::Settled)
+                .ok_or_else(|| unexpected("begin", &items)),
+            "superseded" => Ok(Begin::Superseded {
+                by: text(items.get(1)),
+            }),
+            "missing" => Ok(Begin::Missing),
+            _ => Err(unexpected("begin", &items)),
+        }
+    }
+
+    /// The idempotency key stored in a task (the begin script needs its permit's name).
+    async fn task_idempotency_key(&self, task_key: &str) -> Result<Option<String>, PermitError> {
+        Ok(redis::cmd("HGET")
+            .arg(task_key)
+            .arg("key")
+            .query_async(&mut self.conn.clone())
+            .await?)
+    }
+
+    /// Extends the lease of an attempt in flight by `lease` from now (Redis
+    /// clock). Returns the new lease end, or `None` if the lease was lost.
+    pub async fn extend_lease(
+        &self,
+        attempt: &Attempt,
+        lease: Duration,
+    ) -> Result<Option<u64>, PermitError> {
+        let answer: Value = scripts::EXTEND
+            .key(self.task_key(&attempt.task_id)?)
+            .key(self.layout.permit(&attempt.task.key))
+            .arg(&attempt.task_id)
+            .arg(&attempt.token)
+            .arg(ms(lease).max(1))
+            .arg(ms(self.config.grace))
+            .invoke_async(&mut self.conn.clone())
+            .await?;
+        let items = array(answer, "extend")?;
+        match text(items.first()).as_str() {
+            "extended" => Ok(text(items.get(1)).parse().ok()),
+            "lost" => Ok(None),
+            _ => Err(unexpected("extend", &items)),
+        }
+    }
+
+    /// Records the outcome of an attempt, fenced by its lease token, and acks
+    /// its stream entry (when given) in the same script.
+    pub async fn record(
+        &self,
+        attempt: &Attempt,
+        outcome: &Outcome,
+        entry: Option<&Entry>,
+    ) -> Result<Recorded, PermitError> {
+        let shard = shard_of_task(&attempt.task_id)
+            .ok_or_else(|| PermitError::BadTaskId(attempt.task_id.clone()))?;
+        let (name, delay, provider_id, reason) = match outcome {
+            Outcome::Sent {
+                provider_message_id,
+            } => ("sent", 0, provider_message_id.as_str(), ""),
+            Outcome::Retry { delay, reason } => ("retry", ms(*delay), "", reason.as_str()),
+            Outcome::Unknown { reason } => ("unknown", 0, "", reason.as_str()),
+            Outcome::Failed { reason } => ("failed", 0, "", reason.as_str()),
+            Outcome::Dead { reason } => ("dead", 0, "", reason.as_str()),
+        };
+        let answer: Value = scripts::RECORD
+            .key(self.task_key(&attempt.task_id)?)
+            .key(self.layout.permit(&attempt.task.key))
+            .key(self.layout.ready(shard))
+            .key(self.layout.delayed(shard))
+            .arg(&attempt.task_id)
+            .arg(&attempt.token)
+            .arg(name)
+            .arg(entry.map(|e| e.id.as_str()).unwrap_or(""))
+            .arg(&self.config.group)
+            .arg(ms(self.config.retention).max(1))
+            .arg(ms(self.config.grace))
+            .arg(delay)
+            .arg(provider_id)
+            .arg(reason)
+            .invoke_async(&mut self.conn.clone())
+            .await?;
+        let items = array(answer, "record")?;
+        match text(items.first()).as_str() {
+            "recorded" => Ok(Recorded::Done(match text(items.get(1)).as_str() {
+                "kept" => PermitFate::Kept,
+                "released" => PermitFate::Released,
+                "retaken" => PermitFate::Retaken,
+                _ => PermitFate::NotOwner,
+            })),
+            "fenced" => Ok(Recorded::Fenced {
+                status: TaskStatus::parse(&text(items.get(1))),
+            }),
+            _ => Err(unexpected("record", &items)),
+        }
+    }
+
+    /// Settles a `sent` or `unknown` task from a receipt: `delivered` or
+    /// `failed` (delivery failed after the provider accepted it). Returns false
+    /// if the task was in another status (nothing written).
+    pub async fn record_receipt(
+        &self,
+        task_id: &str,
+        delivered: bool,
+        provider_message_id: Option<&str>,
+    ) -> Result<bool, PermitError> {
+        let task_key = self.task_key(task_id)?;
+        let Some(key) = self.task_idempotency_key(&task_key).await? else {
+            return Ok(false);
+        };
+        let answer: Value = scripts::RECEIPT
+            .key(&task_key)
+            .key(self.layout.permit(&key))
+            .arg(task_id)
+            .arg(if delivered { "delivered" } else { "failed" })
+            .arg(ms(self.config.retention).max(1))
+            .arg(provider_message_id.unwrap_or(""))
+            .invoke_async(&mut self.conn.clone())
+            .await?;
+        let items = array(answer, "receipt")?;
+        Ok(text(items.first()) == "recorded")
+    }
+
+    /// Moves up to `limit` due retries of `shard` from its delayed set to its
+    /// ready stream; returns how many were taken off the delayed set.
+    pub async fn promote_due(&self, shard: u16, limit: usize) -> Result<usize, PermitError> {
+        let n: usize = scripts::PROMOTE
+            .key(self.layout.delayed(shard))
+            .key(self.layout.ready(shard))
+            .arg(limit.max(1))
+            .arg(self.layout.task_prefix(shard))
+            .invoke_async(&mut self.conn.clone())
+            .await?;
+        Ok(n)
+    }
+}
+
+/// A duration in whole milliseconds.
+pub fn ms(d: Duration) -> u64 {
+    d.as_millis().min(u128::from(u64::MAX)) as u64
+}
+
+fn parse_acceptance(answer: Value) -> Result<Acceptance, PermitError> {
+    let items = array(answer, "accept")?;
+    match text(items.first()).as_str() {
+        "accepted" => Ok(Acceptance::Accepted {
+            task_id: text(items.get(1)),
+        }),
+        "duplicate" => Ok(Acceptance::Duplicate {
+            task_id: text(items.get(1)),
+            status: TaskStatus::parse(&text(items.get(2))),
+        }),
+        _ => Err(unexpected("accept", &items)),
+    }
+}
+
+fn array(v: Value, script: &'static str) -> Result<Vec<Value>, PermitError> {
+    match v {
+        Value::Array(items) => Ok(items),
+        other => Err(PermitError::Unexpected {
+            script,
+            answer: format!("{other:?}"),
+        }),
+    }
+}
+
+fn unexpected(script: &'static str, items: &[Value]) -> PermitError {
+    PermitError::Unexpected {
+        script,
+        answer: format!("{items:?}"),
+    }
+}
+
+/// A script's scalar answer as text (bulk or simple string, integer; anything else is empty).
+fn text(v: Option<&Value>) -> String {
+    match v {
+        Some(Value::BulkString(b)) => String::from_utf8_lossy(b).into_owned(),
+        Some(Value::SimpleString(s)) => s.clone(),
+        Some(Value::Int(i)) => i.to_string(),
+        Some(Value::Okay) => "OK".into(),
+        _ => String::new(),
+    }
+}

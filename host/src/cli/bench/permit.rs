@@ -1,10 +1,362 @@
-//! `pushonce bench permit`: to be built by its issue.
+//! `pushonce bench permit`: the host's accept script against the floor set by
+//! `redis-benchmark` running a bare `SET NX PX` script on the same server in
+//! the same run; prints permits/s, p50/p99 latency and Redis memory per open permit.
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use redis::aio::ConnectionManager;
+
+use crate::permit::{AcceptRequest, Acceptance, PermitConfig, Permits, RetryPolicy};
+use crate::store::{RedisTarget, Store};
 
 /// Arguments of `pushonce bench permit`.
 #[derive(Debug, clap::Args)]
-pub struct Args {}
+pub struct Args {
+    /// Redis URL to measure; without it an embedded redis-server is started in a temporary directory.
+    #[arg(long)]
+    redis: Option<String>,
+    /// Requests per measurement.
+    #[arg(long, default_value_t = 100_000)]
+    requests: usize,
+    /// Concurrent clients (redis-benchmark connections; host tasks on one multiplexed connection).
+    #[arg(long, default_value_t = 50)]
+    concurrency: usize,
+    /// Accepts per pipeline in the batch measurement.
+    #[arg(long, default_value_t = 16)]
+    batch: usize,
+    /// Shards of the key layout.
+    #[arg(long, default_value_t = 16)]
+    shards: u16,
+}
+
+/// One row of the table.
+struct Row {
+    /// What was measured.
+    what: String,
+    /// Permits (script calls) per second.
+    rate: f64,
+    /// Median latency in ms.
+    p50: f64,
+    /// 99th percentile latency in ms.
+    p99: f64,
+}
 
 /// Run `pushonce bench permit`.
-pub fn run(_args: Args) -> anyhow::Result<()> {
-    anyhow::bail!("`pushonce bench permit` is not built yet")
+pub fn run(args: Args) -> anyhow::Result<()> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?
+        .block_on(bench(args))
+}
+
+async fn bench(args: Args) -> anyhow::Result<()> {
+    let n = args.requests.max(1);
+    let c = args.concurrency.max(1);
+    let tmp = std::env::temp_dir().join(format!("pushonce-bench-{}", std::process::id()));
+    let target = match &args.redis {
+        Some(url) => RedisTarget::Url(url.clone()),
+        None => RedisTarget::Embedded {
+            data_dir: tmp.clone(),
+        },
+    };
+    let store = Store::open(&target).await?;
+    let mut conn = store.manager().await?;
+    let version = info_field(&mut conn, "server", "redis_version").await?;
+    let aof = info_field(&mut conn, "persistence", "aof_enabled").await?;
+
+    // The floor: redis-benchmark, a bare SET NX PX script, unique keys.
+    let ns = format!("bench{}", std::process::id());
+    let before_floor = used_memory(&mut conn).await?;
+    let floor = redis_benchmark(store.url(), n, c, &ns)?;
+    let floor_bytes = used_memory(&mut conn).await?.saturating_sub(before_floor) as f64 / n as f64;
+
+    // The host: accept.lua through the host's Redis layer, C tasks on one multiplexed connection.
+    let permits = Permits::new(
+        conn.clone(),
+        PermitConfig {
+            namespace: ns.clone(),
+            shards: args.shards,
+            ..PermitConfig::default()
+        },
+    );
+    permits.prepare().await?;
+    // The same script under redis-benchmark: what Redis itself does with accept.lua.
+    let script_floor = redis_benchmark_accept(store.url(), n, c, &permits)?;
+    let before = used_memory(&mut conn).await?;
+    let single = host_accepts(&permits, n, c, 1, "s").await?;
+    let per_permit = used_memory(&mut conn).await?.saturating_sub(before) as f64 / n as f64;
+    let batch = args.batch.max(1);
+    let batched = host_accepts(&permits, n, c, batch, "b").await?;
+
+    let rows = [
+        Row {
+            what: "redis-benchmark EVAL SET NX PX (floor)".into(),
+            ..floor
+        },
+        Row {
+            what: "redis-benchmark EVALSHA accept.lua (same)".into(),
+            ..script_floor
+        },
+        Row {
+            what: "host accept.lua, 1 multiplexed conn".into(),
+            ..single
+        },
+        Row {
+            what: format!("host accept_batch x{batch}, 1 conn"),
+            ..batched
+        },
+    ];
+    println!(
+        "pushonce bench permit: redis {version} (aof_enabled={aof}), {} , requests={n}, concurrency={c}, shards={}",
+        if args.redis.is_some() {
+            "given URL"
+        } else {
+            "embedded"
+        },
+        args.shards
+    );
+    println!(
+        "| {:<42} | {:>10} | {:>7} | {:>7} | {:>8} | {:>9} |",
+        "what", "permits/s", "p50 ms", "p99 ms", "vs floor", "vs script"
+    );
+    println!(
+        "|{:-<44}|{:->12}|{:->9}|{:->9}|{:->10}|{:->11}|",
+        "", "", "", "", "", ""
+    );
+    for r in &rows {
+        println!(
+            "| {:<42} | {:>10.0} | {:>7.3} | {:>7.3} | {:>8.2} | {:>9.2} |",
+            r.what,
+            r.rate,
+            r.p50,
+            r.p99,
+            r.rate / rows[0].rate,
+            r.rate / rows[1].rate
+        );
+    }
+    println!(
+        "memory per open permit (permit + task hash + stream entry + event index): {per_permit:.0} bytes; floor key alone: {floor_bytes:.0} bytes (INFO used_memory delta / {n})"
+    );
+    println!(
+        "p50/p99 of batch rows are per pipeline of {batch}; redis-benchmark latencies are its own (-P 1, {c} connections)"
+    );
+
+    if args.redis.is_some() {
+        // Leave a shared Redis as found: drop this run's keys.
+        cleanup(&mut conn, &ns).await?;
+    }
+    store.shutdown().await;
+    let _ = std::fs::remove_dir_all(&tmp);
+    Ok(())
+}
+
+/// Runs `n` accepts (in pipelines of `batch`) from `c` concurrent tasks; latency per call.
+async fn host_accepts(
+    permits: &Permits,
+    n: usize,
+    c: usize,
+    batch: usize,
+    tag: &str,
+) -> anyhow::Result<Row> {
+    let calls = n.div_ceil(batch);
+    let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let start = Instant::now();
+    let mut set = tokio::task::JoinSet::new();
+    for _ in 0..c {
+        let permits = permits.clone();
+        let next = next.clone();
+        let tag = tag.to_string();
+        set.spawn(async move {
+            let mut lat = Vec::with_capacity(calls / c + 1);
+            loop {
+                let call = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                if call >= calls {
+                    break;
+                }
+                let reqs: Vec<AcceptRequest> = (call * batch..((call + 1) * batch).min(n))
+                    .map(|i| request(&tag, i))
+                    .collect();
+                let t = Instant::now();
+                let answers = if batch == 1 {
+                    vec![permits.accept(&reqs[0]).await?]
+                } else {
+                    permits.accept_batch(&reqs).await?
+                };
+                lat.push(t.elapsed());
+                if let Some(a) = answers
+                    .iter()
+                    .find(|a| !matches!(a, Acceptance::Accepted { .. }))
+                {
+                    bail!("a unique key was not accepted: {a:?}");
+                }
+            }
+            Ok::<_, anyhow::Error>(lat)
+        });
+    }
+    let mut lat: Vec<Duration> = Vec::with_capacity(calls);
+    while let Some(res) = set.join_next().await {
+        lat.extend(res??);
+    }
+    let elapsed = start.elapsed();
+    lat.sort_unstable();
+    let pct = |p: f64| {
+        lat.get(((lat.len() as f64 * p) as usize).min(lat.len().saturating_sub(1)))
+            .map(|d| d.as_secs_f64() * 1000.0)
+            .unwrap_or(0.0)
+    };
+    Ok(Row {
+        what: String::new(),
+        rate: n as f64 / elapsed.as_secs_f64(),
+        p50: pct(0.50),
+        p99: pct(0.99),
+    })
+}
+
+/// A realistic accept of a unique key.
+fn request(tag: &str, i: usize) -> AcceptRequest {
+    let biz_id = format!("o-{tag}{i}");
+    let user = format!("u-{}", i % 100_000);
+    AcceptRequest {
+        key: format!("push:per-event@1:sms:ORDER_SHIPPED:{biz_id}:{user}"),
+        channel: "sms".into(),
+        window: Duration::from_secs(24 * 3600),
+        biz_type: "ORDER_SHIPPED".into(),
+        biz_id: biz_id.clone(),
+        event_json: format!(
+            r#"{{"biz_type":"ORDER_SHIPPED","biz_id":"{biz_id}","user_id":"{user}","occurred_at_ms":1718000000000,"attributes":{{"carrier":"SF"}}}}"#
+        ),
+        payload: format!(
+            r#"{{"template":"order_shipped","params":{{"order":"{biz_id}","carrier":"SF"}}}}"#
+        ),
+        policy_name: "per-event".into(),
+        policy_version: "1.0.0".into(),
+        retry: RetryPolicy::default(),
+    }
+}
+
+/// redis-benchmark running the host's accept script by SHA with the
+/// benchmark's request shape; `__rand_int__` makes every key unique.
+fn redis_benchmark_accept(url: &str, n: usize, c: usize, permits: &Permits) -> anyhow::Result<Row> {
+    let req = request("f__rand_int__", 0);
+    let shard = permits.layout().shard_of(&req.key);
+    let task_id = format!("{shard}-0-__rand_int__");
+    let (keys, args) = permits.accept_keys_and_args(&req, &task_id);
+    let mut command = vec![
+        "EVALSHA".to_string(),
+        crate::permit::scripts::ACCEPT.get_hash().to_string(),
+        keys.len().to_string(),
+    ];
+    command.extend(keys);
+    command.extend(args);
+    run_redis_benchmark(url, n, c, &command)
+}
+
+/// Runs redis-benchmark (a bare SET NX PX script) against the server behind `url`.
+fn redis_benchmark(url: &str, n: usize, c: usize, ns: &str) -> anyhow::Result<Row> {
+    let command = [
+        "EVAL".to_string(),
+        "return redis.call('SET',KEYS[1],ARGV[1],'NX','PX',ARGV[2])".to_string(),
+        "1".to_string(),
+        format!("{ns}:floor:__rand_int__"),
+        "v".to_string(),
+        "600000".to_string(),
+    ];
+    run_redis_benchmark(url, n, c, &command)
+}
+
+/// Runs `redis-benchmark -n N -c C -P 1 -r 10^9 --csv <command…>`; returns its rate and latencies.
+fn run_redis_benchmark(url: &str, n: usize, c: usize, command: &[String]) -> anyhow::Result<Row> {
+    let mut cmd = Command::new("redis-benchmark");
+    if let Some(path) = url
+        .strip_prefix("redis+unix://")
+        .or_else(|| url.strip_prefix("unix://"))
+    {
+        cmd.arg("-s")
+            .arg(PathBuf::from(path.split('?').next().unwrap_or(path)));
+    } else {
+        cmd.arg("-u").arg(url);
+    }
+    cmd.args(["-n", &n.to_string(), "-c", &c.to_string(), "-P", "1"])
+        .args(["-r", "1000000000", "--csv"])
+        .args(command);
+    let out = cmd
+        .output()
+        .context("running redis-benchmark (Debian/Ubuntu: apt-get install redis-tools)")?;
+    if !out.status.success() {
+        bail!(
+            "redis-benchmark failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let text = String::from_utf8_lossy(&out.stdout);
+    // "test","rps","avg_latency_ms","min_latency_ms","p50_latency_ms","p95_latency_ms","p99_latency_ms","max_latency_ms"
+    let row = text
+        .lines()
+        .rev()
+        .find(|l| l.starts_with('"') && !l.starts_with("\"test\""))
+        .with_context(|| format!("no result in redis-benchmark output: {text}"))?;
+    // The test name may hold quotes and commas (JSON arguments): read the 7 numbers from the end.
+    let mut cols: Vec<f64> = row
+        .rsplitn(8, ',')
+        .take(7)
+        .map(|s| s.trim_matches('"').parse().unwrap_or(0.0))
+        .collect();
+    cols.reverse();
+    if cols.len() < 6 {
+        bail!("unexpected redis-benchmark row: {row}");
+    }
+    Ok(Row {
+        what: String::new(),
+        rate: cols[0],
+        p50: cols[3],
+        p99: cols[5],
+    })
+}
+
+async fn used_memory(conn: &mut ConnectionManager) -> anyhow::Result<u64> {
+    Ok(info_field(conn, "memory", "used_memory").await?.parse()?)
+}
+
+async fn info_field(
+    conn: &mut ConnectionManager,
+    section: &str,
+    name: &str,
+) -> anyhow::Result<String> {
+    let info: String = redis::cmd("INFO").arg(section).query_async(conn).await?;
+    info.lines()
+        .find_map(|l| l.strip_prefix(&format!("{name}:")))
+        .map(|v| v.trim().to_string())
+        .with_context(|| format!("INFO {section} has no {name}"))
+}
+
+/// Deletes every key of this run (SCAN + UNLINK).
+async fn cleanup(conn: &mut ConnectionManager, ns: &str) -> anyhow::Result<()> {
+    for pattern in [format!("{ns}:floor:*"), format!("{{{ns}:*")] {
+        let mut cursor: u64 = 0;
+        loop {
+            let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
+                .arg(cursor)
+                .arg("MATCH")
+                .arg(&pattern)
+                .arg("COUNT")
+                .arg(1000)
+                .query_async(conn)
+                .await?;
+            if !keys.is_empty() {
+                redis::cmd("UNLINK")
+                    .arg(&keys)
+                    .query_async::<()>(conn)
+                    .await?;
+            }
+            if next == 0 {
+                break;
+            }
+            cursor = next;
+        }
+    }
+    Ok(())
 }

@@ -1,0 +1,261 @@
+//! The workers: one reader takes entries from every shard's ready stream and
+//! hands each to a worker task (at most `workers` at once), which takes the
+//! task's lease, sends while keeping the lease alive, and records the outcome.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use redis::Value;
+use redis::aio::ConnectionManager;
+use redis::streams::StreamReadReply;
+use tokio::sync::Semaphore;
+use tokio::task::JoinSet;
+
+use super::{Shared, backoff, pause};
+use crate::permit::{Attempt, Begin, Entry, Outcome, Recorded};
+use crate::send::{OutgoingMessage, SendOutcome};
+
+/// The reader loop: waits for a free worker slot, reads with `XREADGROUP`
+/// (`COUNT 1` per stream, so up to one entry per shard), and hands each entry
+/// to a worker task as soon as a slot is free. Runs until shutdown, then
+/// waits for the attempts in flight; an entry already read is always finished.
+pub(crate) async fn run(shared: Arc<Shared>, mut conn: ConnectionManager) {
+    let layout = shared.permits.layout().clone();
+    let streams: Vec<String> = (0..layout.shards()).map(|s| layout.ready(s)).collect();
+    let slots = Arc::new(Semaphore::new(shared.config.workers.max(1)));
+    let mut running = JoinSet::new();
+    while !shared.stopping() {
+        // Read only when a worker is free, so read entries do not queue here.
+        let first = match slots.clone().acquire_owned().await {
+            Ok(p) => p,
+            Err(_) => break,
+        };
+        if shared.stopping() {
+            break;
+        }
+        while running.try_join_next().is_some() {}
+        let mut cmd = redis::cmd("XREADGROUP");
+        cmd.arg("GROUP")
+            .arg(&shared.permits.config().group)
+            .arg(&shared.config.consumer)
+            .arg("COUNT")
+            .arg(1)
+            .arg("BLOCK")
+            .arg(crate::permit::ms(shared.config.block).max(1))
+            .arg("STREAMS")
+            .arg(&streams);
+        for _ in &streams {
+            cmd.arg(">");
+        }
+        let reply: redis::RedisResult<Option<StreamReadReply>> = cmd.query_async(&mut conn).await;
+        let reply = match reply {
+            Ok(r) => r,
+            Err(e) => {
+                if e.code() == Some("NOGROUP") {
+                    // A Redis that lost its groups (flushed, or restarted without AOF).
+                    let _ = shared.permits.ensure_groups().await;
+                } else {
+                    tracing::warn!(error = %e, "reading the ready streams failed");
+                }
+                drop(first);
+                if pause(&shared, Duration::from_millis(200)).await {
+                    break;
+                }
+                continue;
+            }
+        };
+        let mut first = Some(first);
+        for stream in reply.map(|r| r.keys).unwrap_or_default() {
+            let Some(shard) = shard_of_stream(&stream.key) else {
+                continue;
+            };
+            for id in stream.ids {
+                let entry = Entry {
+                    shard,
+                    task_id: field(id.map.get("task")),
+                    key: field(id.map.get("key")),
+                    id: id.id,
+                };
+                let slot = match first.take() {
+                    Some(p) => p,
+                    None => match slots.clone().acquire_owned().await {
+                        Ok(p) => p,
+                        Err(_) => return,
+                    },
+                };
+                let shared = shared.clone();
+                running.spawn(async move {
+                    process(&shared, &entry).await;
+                    drop(slot);
+                });
+            }
+        }
+    }
+    while running.join_next().await.is_some() {}
+    tracing::debug!("reader stopped");
+}
+
+/// The shard of a ready stream's name `{ns:<shard>}:ready`.
+fn shard_of_stream(name: &str) -> Option<u16> {
+    let inner = name.strip_prefix('{')?.split_once('}')?.0;
+    inner.rsplit_once(':')?.1.parse().ok()
+}
+
+fn field(v: Option<&Value>) -> String {
+    match v {
+        Some(Value::BulkString(b)) => String::from_utf8_lossy(b).into_owned(),
+        Some(Value::SimpleString(s)) => s.clone(),
+        _ => String::new(),
+    }
+}
+
+/// Handles one stream entry: begin, send, record. Never fails: a Redis error
+/// leaves the entry pending, to be re-claimed after a lease.
+pub(crate) async fn process(shared: &Shared, entry: &Entry) {
+    let permits = &shared.permits;
+    let lease = shared.config.lease;
+    let started = Instant::now();
+    let begin = match permits
+        .begin_attempt(&entry.task_id, &entry.key, lease)
+        .await
+    {
+        Ok(b) => b,
+        Err(e) => {
+            tracing::warn!(task = %entry.task_id, error = %e, "could not begin an attempt; left pending");
+            return;
+        }
+    };
+    let attempt = match begin {
+        Begin::Begun(a) => a,
+        Begin::Busy { .. } => {
+            // A live worker elsewhere holds the lease; it acks the entry when it records.
+            tracing::debug!(task = %entry.task_id, "lease held elsewhere");
+            return;
+        }
+        Begin::Settled(status) => {
+            tracing::debug!(task = %entry.task_id, %status, "nothing to send");
+            ack(shared, entry).await;
+            return;
+        }
+        Begin::Superseded { by } => {
+            tracing::info!(task = %entry.task_id, by = %by, "superseded by a newer task with the same key");
+            ack(shared, entry).await;
+            return;
+        }
+        Begin::Missing => {
+            tracing::warn!(task = %entry.task_id, "task record missing");
+            ack(shared, entry).await;
+            return;
+        }
+    };
+    if started.elapsed() >= lease {
+        // Redis answered so late that the lease may be over: do not send.
+        tracing::warn!(task = %entry.task_id, "lease ran out before sending; left pending");
+        return;
+    }
+    if attempt.reclaimed {
+        tracing::info!(task = %entry.task_id, attempt = attempt.number, "re-claimed from a dead worker");
+    }
+    let msg = OutgoingMessage {
+        task_id: attempt.task_id.clone(),
+        idempotency_key: attempt.task.key.clone(),
+        channel: attempt.task.channel.clone(),
+        attempt: attempt.number,
+        payload: attempt.task.payload.clone(),
+    };
+    let result = send_with_lease(shared, &attempt, &msg).await;
+    let outcome = match result {
+        SendOutcome::Sent {
+            provider_message_id,
+        } => Outcome::Sent {
+            provider_message_id,
+        },
+        SendOutcome::Retryable(reason) if attempt.number >= attempt.task.retry.max_attempts => {
+            Outcome::Dead {
+                reason: format!("{} attempts failed; last: {reason}", attempt.number),
+            }
+        }
+        SendOutcome::Retryable(reason) => Outcome::Retry {
+            delay: backoff::random_delay_after(&attempt.task.retry, attempt.number),
+            reason,
+        },
+        SendOutcome::Permanent(reason) => Outcome::Failed { reason },
+        SendOutcome::Unknown(reason) => Outcome::Unknown { reason },
+    };
+    record(shared, &attempt, &outcome, entry).await;
+}
+
+/// Runs the send, extending the lease every third of it while the send is in flight.
+async fn send_with_lease(shared: &Shared, attempt: &Attempt, msg: &OutgoingMessage) -> SendOutcome {
+    let lease = shared.config.lease;
+    let every = (lease / 3).max(Duration::from_millis(10));
+    let send = shared.sender.send(msg);
+    tokio::pin!(send);
+    let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+    loop {
+        tokio::select! {
+            outcome = &mut send => return outcome,
+            _ = tick.tick() => match shared.permits.extend_lease(attempt, lease).await {
+                Ok(Some(_)) => {}
+                Ok(None) => tracing::warn!(task = %attempt.task_id, "lease lost while sending; the outcome will be fenced"),
+                Err(e) => tracing::warn!(task = %attempt.task_id, error = %e, "could not extend the lease"),
+            },
+        }
+    }
+}
+
+/// Records an outcome, retrying Redis errors for up to one lease.
+async fn record(shared: &Shared, attempt: &Attempt, outcome: &Outcome, entry: &Entry) {
+    let deadline = Instant::now() + shared.config.lease;
+    loop {
+        match shared.permits.record(attempt, outcome, Some(entry)).await {
+            Ok(Recorded::Done(fate)) => {
+                tracing::debug!(task = %attempt.task_id, ?outcome, ?fate, "recorded");
+                return;
+            }
+            Ok(Recorded::Fenced { status }) => {
+                tracing::warn!(task = %attempt.task_id, ?status, "outcome fenced: the lease was lost");
+                return;
+            }
+            Err(e) if Instant::now() < deadline => {
+                tracing::warn!(task = %attempt.task_id, error = %e, "recording failed; retrying");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(e) => {
+                tracing::error!(task = %attempt.task_id, error = %e, "recording failed; the task will be re-claimed");
+                return;
+            }
+        }
+    }
+}
+
+/// Acks and deletes an entry whose task needs nothing more.
+async fn ack(shared: &Shared, entry: &Entry) {
+    let mut conn = shared.permits.connection();
+    let stream = shared.permits.layout().ready(entry.shard);
+    let res: redis::RedisResult<()> = redis::pipe()
+        .cmd("XACK")
+        .arg(&stream)
+        .arg(&shared.permits.config().group)
+        .arg(&entry.id)
+        .ignore()
+        .cmd("XDEL")
+        .arg(&stream)
+        .arg(&entry.id)
+        .ignore()
+        .query_async(&mut conn)
+        .await;
+    if let Err(e) = res {
+        tracing::warn!(entry = %entry.id, error = %e, "ack failed");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn stream_names_give_their_shard() {
+        assert_eq!(super::shard_of_stream("{po:12}:ready"), Some(12));
+        assert_eq!(super::shard_of_stream("{a:b:3}:ready"), Some(3));
+        assert_eq!(super::shard_of_stream("ready"), None);
+    }
+}

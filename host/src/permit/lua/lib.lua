@@ -1,0 +1,41 @@
+-- pushonce: helpers prepended to every script (see permit/scripts.rs).
+-- Time always comes from the Redis server's clock, never from a host.
+
+-- Milliseconds since the epoch on the Redis server.
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+-- An integer as a decimal string (tostring would switch to exponents).
+local function n2s(n)
+  return string.format('%.0f', n)
+end
+
+-- Sets an expiry at `at` on a key that has none, or pushes a later one;
+-- never shortens. For index keys only: a permit without expiry is held on
+-- purpose and must stay so (permits use PEXPIREAT ... GT).
+local function extend_or_set(key, at)
+  local ttl = redis.call('PTTL', key)
+  if ttl == -1 then
+    redis.call('PEXPIREAT', key, n2s(at))
+  elseif ttl >= 0 then
+    redis.call('PEXPIREAT', key, n2s(at), 'GT')
+  end
+end
+
+-- When the permit of a task that ended keeps to: the whole window from
+-- accept, and never a time already past (that would be a silent DEL).
+local function window_end(task, now)
+  local accepted = tonumber(redis.call('HGET', task, 'accepted_at') or '0')
+  local window = tonumber(redis.call('HGET', task, 'window_ms') or '0')
+  return math.max(accepted + window, now + 1)
+end
+
+-- Gives an ended task's event index at least `retention` more life.
+local function keep_index(task, now, retention)
+  local ev = redis.call('HGET', task, 'event_index')
+  if ev and ev ~= '' then
+    extend_or_set(ev, now + retention)
+  end
+end

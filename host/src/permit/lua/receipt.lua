@@ -1,0 +1,23 @@
+-- receipt: settle a sent (or unknown) task from a delivery receipt or status query.
+-- KEYS[1] task, KEYS[2] permit
+-- ARGV[1] task id, ARGV[2] new status (delivered|failed), ARGV[3] retention ms,
+-- ARGV[4] provider message id or ''
+-- Returns {'recorded', status} or {'ignored', current status}.
+local id = ARGV[1]
+local now = now_ms()
+local status = redis.call('HGET', KEYS[1], 'status')
+if status ~= 'sent' and status ~= 'unknown' then
+  return {'ignored', status or ''}
+end
+redis.call('HSET', KEYS[1], 'status', ARGV[2], 'ever_sent', '1',
+  'receipt_at', n2s(now), 'finished_at', n2s(now), 'updated_at', n2s(now))
+if ARGV[4] ~= '' then
+  redis.call('HSET', KEYS[1], 'provider_message_id', ARGV[4])
+end
+if redis.call('GET', KEYS[2]) == id then
+  -- The provider had it: the permit keeps the window (a held one gets its expiry back).
+  redis.call('PEXPIREAT', KEYS[2], n2s(window_end(KEYS[1], now)))
+end
+redis.call('PEXPIRE', KEYS[1], ARGV[3])
+keep_index(KEYS[1], now, tonumber(ARGV[3]))
+return {'recorded', ARGV[2]}

@@ -1,0 +1,72 @@
+-- record: the outcome of an attempt, fenced by the lease token; acks the stream entry.
+-- KEYS[1] task, KEYS[2] permit, KEYS[3] ready stream, KEYS[4] delayed zset
+-- ARGV[1] task id, ARGV[2] lease token, ARGV[3] outcome (sent|retry|unknown|failed|dead)
+-- ARGV[4] stream entry id or '', ARGV[5] consumer group, ARGV[6] retention ms,
+-- ARGV[7] permit grace ms, ARGV[8] retry delay ms, ARGV[9] provider message id, ARGV[10] reason
+-- Returns {'recorded', permit fate (kept|released|retaken|not_owner)} or {'fenced', status}.
+local id, token, outcome, entry = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+local retention, grace = tonumber(ARGV[6]), tonumber(ARGV[7])
+local now = now_ms()
+local status = redis.call('HGET', KEYS[1], 'status')
+if status ~= 'sending' or redis.call('HGET', KEYS[1], 'lease_token') ~= token then
+  return {'fenced', status or ''}
+end
+if entry ~= '' then
+  redis.call('XACK', KEYS[3], ARGV[5], entry)
+  redis.call('XDEL', KEYS[3], entry)
+end
+local owner = redis.call('GET', KEYS[2])
+local fate = 'not_owner'
+if outcome == 'sent' then
+  redis.call('HSET', KEYS[1], 'status', 'sent', 'provider_message_id', ARGV[9],
+    'ever_sent', '1', 'sent_at', n2s(now), 'finished_at', n2s(now),
+    'lease_token', '', 'updated_at', n2s(now))
+  if owner == id then
+    -- Sent: the permit now lasts exactly the window from accept.
+    redis.call('PEXPIREAT', KEYS[2], n2s(window_end(KEYS[1], now)))
+    fate = 'kept'
+  elseif not owner then
+    redis.call('SET', KEYS[2], id, 'NX', 'PXAT', n2s(window_end(KEYS[1], now)))
+    fate = 'retaken'
+  end
+  redis.call('PEXPIRE', KEYS[1], retention)
+  keep_index(KEYS[1], now, retention)
+elseif outcome == 'retry' then
+  local due = now + tonumber(ARGV[8])
+  redis.call('HSET', KEYS[1], 'status', 'retry_wait', 'next_due', n2s(due),
+    'last_error', ARGV[10], 'lease_token', '', 'updated_at', n2s(now))
+  redis.call('ZADD', KEYS[4], n2s(due), id)
+  if owner == id then
+    redis.call('PEXPIREAT', KEYS[2], n2s(due + grace), 'GT')
+    fate = 'kept'
+  end
+elseif outcome == 'unknown' then
+  -- Sent, no answer: held until a receipt, a query or an operator settles it.
+  redis.call('HSET', KEYS[1], 'status', 'unknown', 'last_error', ARGV[10],
+    'lease_token', '', 'updated_at', n2s(now))
+  if owner == id then
+    redis.call('PERSIST', KEYS[2])
+    fate = 'kept'
+  end
+elseif outcome == 'failed' or outcome == 'dead' then
+  redis.call('HSET', KEYS[1], 'status', outcome, 'last_error', ARGV[10],
+    'finished_at', n2s(now), 'lease_token', '', 'updated_at', n2s(now))
+  if owner == id then
+    local sent = redis.call('HGET', KEYS[1], 'ever_sent') == '1'
+    local maybe = redis.call('HGET', KEYS[1], 'maybe_sent') == '1'
+    if sent or maybe then
+      -- Something may have reached the provider: keep the window.
+      redis.call('PEXPIREAT', KEYS[2], n2s(window_end(KEYS[1], now)))
+      fate = 'kept'
+    else
+      -- Nothing was sent: release, owner-checked (compare-and-delete).
+      redis.call('DEL', KEYS[2])
+      fate = 'released'
+    end
+  end
+  redis.call('PEXPIRE', KEYS[1], retention)
+  keep_index(KEYS[1], now, retention)
+else
+  return redis.error_reply('unknown outcome ' .. outcome)
+end
+return {'recorded', fate}

@@ -1,0 +1,34 @@
+//! The Lua scripts of pushonce, loaded from the `.lua` files beside this one.
+//! This module is the only place in the host that holds Redis scripts.
+//!
+//! Each script is `lib.lua` (shared helpers) followed by its body. A
+//! [`redis::Script`] is called by SHA (`EVALSHA`) and loaded again by the
+//! client when Redis answers `NOSCRIPT` (after a restart or `SCRIPT FLUSH`).
+
+use std::sync::LazyLock;
+
+use redis::Script;
+
+const LIB: &str = include_str!("lua/lib.lua");
+
+fn script(body: &str) -> Script {
+    Script::new(&format!("{LIB}\n{body}"))
+}
+
+/// Take the permit and enqueue the task (`accept.lua`).
+pub static ACCEPT: LazyLock<Script> = LazyLock::new(|| script(include_str!("lua/accept.lua")));
+/// Claim a lease for an attempt (`begin.lua`).
+pub static BEGIN: LazyLock<Script> = LazyLock::new(|| script(include_str!("lua/begin.lua")));
+/// Extend a lease in flight (`extend.lua`).
+pub static EXTEND: LazyLock<Script> = LazyLock::new(|| script(include_str!("lua/extend.lua")));
+/// Record an attempt's outcome (`record.lua`).
+pub static RECORD: LazyLock<Script> = LazyLock::new(|| script(include_str!("lua/record.lua")));
+/// Move due retries to the ready stream (`promote.lua`).
+pub static PROMOTE: LazyLock<Script> = LazyLock::new(|| script(include_str!("lua/promote.lua")));
+/// Settle a sent task from a receipt (`receipt.lua`).
+pub static RECEIPT: LazyLock<Script> = LazyLock::new(|| script(include_str!("lua/receipt.lua")));
+
+/// Every script, for loading them all up front.
+pub fn all() -> [&'static Script; 6] {
+    [&ACCEPT, &BEGIN, &EXTEND, &RECORD, &PROMOTE, &RECEIPT]
+}

@@ -1,0 +1,197 @@
+//! The task record as stored in Redis: its status (the state machine), the
+//! retry schedule snapshotted at accept, and the parsed hash.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+/// Where a task is in its life. `queued → sending → sent → delivered`, with
+/// `retry_wait`, `unknown`, `failed`, `dead` and `superseded` on the side.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum TaskStatus {
+    /// Accepted, in its shard's ready stream, waiting for a worker.
+    Queued,
+    /// A worker holds a lease and is sending attempt n.
+    Sending,
+    /// An attempt failed retryably; the task waits in the delayed set for its due time.
+    RetryWait,
+    /// The provider accepted the message (receipt: provider message id).
+    Sent,
+    /// An attempt went out with no answer; held until a receipt, a query or an operator settles it.
+    Unknown,
+    /// A delivery receipt confirmed it reached the user.
+    Delivered,
+    /// Failed for good (the provider refused it permanently, or a receipt said so).
+    Failed,
+    /// Every allowed attempt failed retryably.
+    Dead,
+    /// Its permit lapsed while it waited and a newer task with the same key
+    /// took it; that task sends instead, this one never will.
+    Superseded,
+}
+
+impl TaskStatus {
+    /// The name stored in Redis.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TaskStatus::Queued => "queued",
+            TaskStatus::Sending => "sending",
+            TaskStatus::RetryWait => "retry_wait",
+            TaskStatus::Sent => "sent",
+            TaskStatus::Unknown => "unknown",
+            TaskStatus::Delivered => "delivered",
+            TaskStatus::Failed => "failed",
+            TaskStatus::Dead => "dead",
+            TaskStatus::Superseded => "superseded",
+        }
+    }
+
+    /// Parses a stored name.
+    pub fn parse(s: &str) -> Option<TaskStatus> {
+        Some(match s {
+            "queued" => TaskStatus::Queued,
+            "sending" => TaskStatus::Sending,
+            "retry_wait" => TaskStatus::RetryWait,
+            "sent" => TaskStatus::Sent,
+            "unknown" => TaskStatus::Unknown,
+            "delivered" => TaskStatus::Delivered,
+            "failed" => TaskStatus::Failed,
+            "dead" => TaskStatus::Dead,
+            "superseded" => TaskStatus::Superseded,
+            _ => return None,
+        })
+    }
+
+    /// True when no worker will touch the task again (`sent` waits only for receipts).
+    pub fn is_settled(self) -> bool {
+        !matches!(
+            self,
+            TaskStatus::Queued | TaskStatus::Sending | TaskStatus::RetryWait | TaskStatus::Unknown
+        )
+    }
+}
+
+impl std::fmt::Display for TaskStatus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// How a task retries: exponential backoff with optional jitter. Filled from a
+/// policy's `[retry]` table and snapshotted into the task at accept, so a
+/// worker needs no policy lookup and a policy change does not alter tasks in flight.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RetryPolicy {
+    /// Attempts allowed in all, the first included; a retryable failure of the last one makes the task `dead`.
+    pub max_attempts: u32,
+    /// Delay after the first failed attempt.
+    pub initial: Duration,
+    /// Each further delay is the previous one times this factor.
+    pub factor: f64,
+    /// No delay is longer than this.
+    pub max_delay: Duration,
+    /// When true a delay is drawn uniformly from [d/2, d] ("equal jitter"), so
+    /// tasks that failed together do not retry together.
+    pub jitter: bool,
+}
+
+impl Default for RetryPolicy {
+    fn default() -> Self {
+        RetryPolicy {
+            max_attempts: 5,
+            initial: Duration::from_secs(2),
+            factor: 2.0,
+            max_delay: Duration::from_secs(300),
+            jitter: true,
+        }
+    }
+}
+
+/// A task as read from its Redis hash.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Task {
+    /// Task id (`<shard>-<ms>-<random>`), also the value of its permit.
+    pub id: String,
+    /// The idempotency key the task was accepted under.
+    pub key: String,
+    /// Channel name (`sms`, `inbox`, …).
+    pub channel: String,
+    /// Current status.
+    pub status: TaskStatus,
+    /// The business type of the event.
+    pub biz_type: String,
+    /// The business id of the event.
+    pub biz_id: String,
+    /// The event as JSON text.
+    pub event_json: String,
+    /// What the channel sends, as JSON text.
+    pub payload: String,
+    /// Name of the key policy that derived the key.
+    pub policy_name: String,
+    /// Version of that key policy.
+    pub policy_version: String,
+    /// The retry schedule snapshotted at accept.
+    pub retry: RetryPolicy,
+    /// Dedup window in ms.
+    pub window_ms: u64,
+    /// When the permit was taken (Redis clock, ms since the epoch).
+    pub accepted_at_ms: u64,
+    /// Attempts begun so far.
+    pub attempts: u32,
+    /// End of the current lease (while `sending`), Redis clock.
+    pub lease_until_ms: Option<u64>,
+    /// When a `retry_wait` task is due.
+    pub next_due_ms: Option<u64>,
+    /// The last error reported by the sender.
+    pub last_error: Option<String>,
+    /// The provider's id of the accepted message.
+    pub provider_message_id: Option<String>,
+    /// True once some attempt is known to have reached the provider.
+    pub ever_sent: bool,
+    /// True once an attempt was re-claimed from a dead worker (it may have sent).
+    pub maybe_sent: bool,
+    /// Every field of the hash, for fields not modelled above.
+    pub fields: HashMap<String, String>,
+}
+
+impl Task {
+    /// Builds a task from its hash fields; `None` if the hash is empty or malformed.
+    pub fn from_fields(id: &str, fields: HashMap<String, String>) -> Option<Task> {
+        let get = |k: &str| fields.get(k).cloned().unwrap_or_default();
+        let num = |k: &str| fields.get(k).and_then(|v| v.parse::<u64>().ok());
+        let opt = |k: &str| fields.get(k).filter(|v| !v.is_empty()).cloned();
+        let status = TaskStatus::parse(fields.get("status")?)?;
+        let retry = RetryPolicy {
+            max_attempts: num("retry_max_attempts").unwrap_or(5) as u32,
+            initial: Duration::from_millis(num("retry_initial_ms").unwrap_or(2000)),
+            factor: fields
+                .get("retry_factor")
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(2.0),
+            max_delay: Duration::from_millis(num("retry_max_delay_ms").unwrap_or(300_000)),
+            jitter: get("retry_jitter") != "0",
+        };
+        Some(Task {
+            id: id.to_string(),
+            key: get("key"),
+            channel: get("channel"),
+            status,
+            biz_type: get("biz_type"),
+            biz_id: get("biz_id"),
+            event_json: get("event"),
+            payload: get("payload"),
+            policy_name: get("policy"),
+            policy_version: get("policy_version"),
+            retry,
+            window_ms: num("window_ms").unwrap_or(0),
+            accepted_at_ms: num("accepted_at").unwrap_or(0),
+            attempts: num("attempts").unwrap_or(0) as u32,
+            lease_until_ms: num("lease_until"),
+            next_due_ms: num("next_due"),
+            last_error: opt("last_error"),
+            provider_message_id: opt("provider_message_id"),
+            ever_sent: get("ever_sent") == "1",
+            maybe_sent: get("maybe_sent") == "1",
+            fields,
+        })
+    }
+}

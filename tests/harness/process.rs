@@ -1,0 +1,162 @@
+//! Real `pushonce` processes for tests: find the binary next to the test
+//! executable, run `pushonce worker` with arguments, kill it with SIGKILL or
+//! stop it with SIGTERM, and read the ledger its development sender writes.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+
+use crate::wait_until;
+
+/// `<target>/debug/pushonce`, found from the test executable (`<target>/debug/deps/<test>`).
+pub fn pushonce_bin() -> anyhow::Result<PathBuf> {
+    let exe = std::env::current_exe()?;
+    let profile_dir = exe
+        .parent()
+        .and_then(Path::parent)
+        .context("test executable has no profile directory")?;
+    let bin = profile_dir.join("pushonce");
+    if !bin.exists() {
+        bail!(
+            "{} is missing: build it first: cargo build --bin pushonce",
+            bin.display()
+        );
+    }
+    Ok(bin)
+}
+
+/// A running `pushonce worker`; killed (SIGKILL) when dropped.
+pub struct WorkerProcess {
+    /// The child process.
+    child: Option<Child>,
+    /// Its stderr log file.
+    log: PathBuf,
+}
+
+impl WorkerProcess {
+    /// Starts `pushonce worker --redis <url> --ledger <ledger> <extra…>`;
+    /// its stderr goes to `<ledger>.<n>.log`.
+    pub fn spawn(url: &str, ledger: &Path, extra: &[&str]) -> anyhow::Result<WorkerProcess> {
+        let log = ledger.with_extension(format!("{}.log", rand_suffix()));
+        let child = Command::new(pushonce_bin()?)
+            .arg("worker")
+            .args(["--redis", url, "--ledger"])
+            .arg(ledger)
+            .args(extra)
+            .env("RUST_LOG", "pushonce=debug,info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log)?)
+            .spawn()
+            .context("starting pushonce worker")?;
+        Ok(WorkerProcess {
+            child: Some(child),
+            log,
+        })
+    }
+
+    /// The process id.
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().map(|c| c.id()).unwrap_or(0)
+    }
+
+    /// What the process wrote to stderr so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// `kill -9`: SIGKILL, then reap.
+    pub fn kill9(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill(); // SIGKILL on Unix
+            let _ = child.wait();
+        }
+    }
+
+    /// SIGTERM, then wait up to `timeout` for a clean exit.
+    pub async fn terminate(&mut self, timeout: Duration) -> anyhow::Result<ExitStatus> {
+        let mut child = self.child.take().context("already stopped")?;
+        Command::new("kill")
+            .args(["-TERM", &child.id().to_string()])
+            .status()?;
+        let mut status = None;
+        let waited = wait_until(timeout, || {
+            if status.is_none() {
+                status = child.try_wait().ok().flatten();
+            }
+            let done = status.is_some();
+            async move { done }
+        })
+        .await;
+        if waited.is_err() {
+            let _ = child.kill();
+            let _ = child.wait();
+            bail!(
+                "worker did not stop within {timeout:?}; log:\n{}",
+                self.log()
+            );
+        }
+        Ok(status.expect("waited for it"))
+    }
+}
+
+impl Drop for WorkerProcess {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}
+
+fn rand_suffix() -> String {
+    format!(
+        "{}",
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.subsec_nanos())
+            .unwrap_or(0)
+    )
+}
+
+/// One line of a development sender's ledger.
+#[derive(Debug, Clone)]
+pub struct LedgerLine {
+    /// The task id.
+    pub task_id: String,
+    /// The idempotency key.
+    pub key: String,
+    /// Attempt number.
+    pub attempt: u32,
+    /// `sent`, `retryable`, `permanent` or `unknown`.
+    pub outcome: String,
+    /// The process that sent it.
+    pub pid: u32,
+    /// When "the provider" took it (ms since the epoch).
+    pub at_ms: u64,
+}
+
+/// Reads a ledger (missing file: empty).
+pub fn read_ledger(path: &Path) -> Vec<LedgerLine> {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    text.lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .map(|v| LedgerLine {
+            task_id: v["task_id"].as_str().unwrap_or_default().to_string(),
+            key: v["key"].as_str().unwrap_or_default().to_string(),
+            attempt: v["attempt"].as_u64().unwrap_or(0) as u32,
+            outcome: v["outcome"].as_str().unwrap_or_default().to_string(),
+            pid: v["pid"].as_u64().unwrap_or(0) as u32,
+            at_ms: v["at_ms"].as_u64().unwrap_or(0),
+        })
+        .collect()
+}
+
+/// Ledger lines with outcome `sent`, grouped by idempotency key.
+pub fn sent_by_key(lines: &[LedgerLine]) -> HashMap<String, Vec<LedgerLine>> {
+    let mut map: HashMap<String, Vec<LedgerLine>> = HashMap::new();
+    for l in lines.iter().filter(|l| l.outcome == "sent") {
+        map.entry(l.key.clone()).or_default().push(l.clone());
+    }
+    map
+}

@@ -1,0 +1,168 @@
+//! A real `redis-server` for one test: a free loopback port, a temporary data
+//! directory, AOF on; `restart()` keeps both; killed when dropped.
+
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use pushonce::permit::{PermitConfig, Permits};
+use redis::aio::ConnectionManager;
+
+use crate::wait_until;
+
+/// A `redis-server` child process owned by a test.
+pub struct RedisServer {
+    /// The running server (None between stop and start).
+    child: Option<Child>,
+    /// Its loopback port, kept across restarts.
+    port: u16,
+    /// Its data directory (AOF files, log), removed on drop.
+    dir: tempfile::TempDir,
+}
+
+impl RedisServer {
+    /// Starts a server with AOF on (`appendfsync everysec`) and waits until it answers `PING`.
+    pub async fn start() -> anyhow::Result<RedisServer> {
+        let mut dir = tempfile::tempdir()?;
+        for _ in 0..5 {
+            let port = pushonce::store::free_loopback_port()?;
+            let mut server = RedisServer {
+                child: None,
+                port,
+                dir,
+            };
+            match server.spawn().await {
+                Ok(()) => return Ok(server),
+                Err(e) => {
+                    // Most likely the port was taken in between: try another.
+                    eprintln!("redis-server on port {port} did not start: {e:#}");
+                    dir = std::mem::replace(&mut server.dir, tempfile::tempdir()?);
+                }
+            }
+        }
+        bail!(
+            "redis-server did not start after 5 tries (is it installed? apt-get install redis-server)"
+        )
+    }
+
+    async fn spawn(&mut self) -> anyhow::Result<()> {
+        let child = Command::new("redis-server")
+            .args(["--bind", "127.0.0.1", "--port", &self.port.to_string()])
+            .args([
+                "--appendonly",
+                "yes",
+                "--appendfsync",
+                "everysec",
+                "--save",
+                "",
+            ])
+            .args(["--daemonize", "no", "--dir"])
+            .arg(self.dir.path())
+            .arg("--logfile")
+            .arg(self.dir.path().join("redis.log"))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .context("starting redis-server (apt-get install redis-server)")?;
+        self.child = Some(child);
+        let client = redis::Client::open(self.url())?;
+        let child = self.child.as_mut().expect("just set");
+        let mut exited = None;
+        let ready = wait_until(Duration::from_secs(10), || {
+            let client = client.clone();
+            if let Ok(Some(status)) = child.try_wait() {
+                exited = Some(status);
+            }
+            let gone = exited.is_some();
+            async move {
+                if gone {
+                    return true;
+                }
+                match client.get_multiplexed_async_connection().await {
+                    Ok(mut con) => redis::cmd("PING")
+                        .query_async::<String>(&mut con)
+                        .await
+                        .is_ok(),
+                    Err(_) => false,
+                }
+            }
+        })
+        .await;
+        if let Some(status) = exited {
+            self.child = None;
+            bail!("redis-server exited: {status}; log: {}", self.log());
+        }
+        ready.with_context(|| format!("redis-server not ready; log: {}", self.log()))
+    }
+
+    /// The server's log, for error messages.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("redis.log")).unwrap_or_default()
+    }
+
+    /// `redis://127.0.0.1:<port>`.
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// The data directory.
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// A client for this server.
+    pub fn client(&self) -> redis::Client {
+        redis::Client::open(self.url()).expect("a loopback URL parses")
+    }
+
+    /// A new reconnecting multiplexed connection.
+    pub async fn manager(&self) -> anyhow::Result<ConnectionManager> {
+        Ok(pushonce::store::manager(&self.client(), Duration::from_secs(5)).await?)
+    }
+
+    /// A permit layer on a new connection.
+    pub async fn permits(&self, config: PermitConfig) -> anyhow::Result<Permits> {
+        let permits = Permits::new(self.manager().await?, config);
+        permits.prepare().await?;
+        Ok(permits)
+    }
+
+    /// `SHUTDOWN` (the server writes and fsyncs its AOF), wait for the exit,
+    /// then start again on the same port with the same data directory.
+    pub async fn restart(&mut self) -> anyhow::Result<()> {
+        self.stop().await?;
+        self.spawn().await
+    }
+
+    /// `SHUTDOWN` and wait for the process to exit.
+    pub async fn stop(&mut self) -> anyhow::Result<()> {
+        if let Ok(mut con) = self.client().get_multiplexed_async_connection().await {
+            let _ = redis::cmd("SHUTDOWN").query_async::<()>(&mut con).await;
+        }
+        if let Some(mut child) = self.child.take() {
+            let mut done = false;
+            let _ = wait_until(Duration::from_secs(10), || {
+                done = done || matches!(child.try_wait(), Ok(Some(_)));
+                let d = done;
+                async move { d }
+            })
+            .await;
+            if !done {
+                let _ = child.kill();
+            }
+            let _ = child.wait();
+        }
+        Ok(())
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}

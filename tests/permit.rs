@@ -1,0 +1,484 @@
+//! The permit layer against a real redis-server: one task per key under
+//! concurrency, fencing of lost leases, owner-checked release, permit
+//! extension, retention, and no accepted task lost across a Redis restart.
+
+use std::time::Duration;
+
+use pushonce::permit::{
+    AcceptRequest, Acceptance, Begin, Outcome, PermitConfig, PermitFate, Permits, Recorded,
+    RetryPolicy, TaskStatus,
+};
+use pushonce_tests::redis::RedisServer;
+use pushonce_tests::wait_until;
+
+fn config() -> PermitConfig {
+    PermitConfig {
+        retention: Duration::from_secs(3600),
+        grace: Duration::from_secs(60),
+        ..PermitConfig::default()
+    }
+}
+
+fn request(key: &str, window: Duration) -> AcceptRequest {
+    AcceptRequest {
+        key: key.to_string(),
+        channel: "sms".into(),
+        window,
+        biz_type: "ORDER_SHIPPED".into(),
+        biz_id: "o-1".into(),
+        event_json: r#"{"biz_type":"ORDER_SHIPPED","biz_id":"o-1","user_id":"u-42"}"#.into(),
+        payload: r#"{"template":"shipped"}"#.into(),
+        policy_name: "per-event".into(),
+        policy_version: "1.0.0".into(),
+        retry: RetryPolicy::default(),
+    }
+}
+
+async fn begin(
+    permits: &Permits,
+    task_id: &str,
+    key: &str,
+    lease: Duration,
+) -> Box<pushonce::permit::Attempt> {
+    match permits.begin_attempt(task_id, key, lease).await.unwrap() {
+        Begin::Begun(a) => a,
+        other => panic!("expected to begin, got {other:?}"),
+    }
+}
+
+/// Begins an attempt as soon as the current lease (if any) runs out.
+async fn begin_when_free(
+    permits: &Permits,
+    task_id: &str,
+    key: &str,
+    lease: Duration,
+) -> Box<pushonce::permit::Attempt> {
+    let start = std::time::Instant::now();
+    loop {
+        match permits.begin_attempt(task_id, key, lease).await.unwrap() {
+            Begin::Begun(a) => return a,
+            Begin::Busy { .. } if start.elapsed() < Duration::from_secs(5) => {
+                tokio::time::sleep(Duration::from_millis(20)).await
+            }
+            other => panic!("expected to begin, got {other:?}"),
+        }
+    }
+}
+
+fn accepted(a: &Acceptance) -> String {
+    match a {
+        Acceptance::Accepted { task_id } => task_id.clone(),
+        other => panic!("expected accepted, got {other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_thousand_concurrent_accepts_of_one_key_make_one_task() {
+    let server = RedisServer::start().await.unwrap();
+    let mut layers = Vec::new();
+    for _ in 0..8 {
+        layers.push(server.permits(config()).await.unwrap());
+    }
+    let key = "push:per-event@1:sms:ORDER_SHIPPED:o-1:u-42";
+    let mut set = tokio::task::JoinSet::new();
+    for i in 0..1000 {
+        let permits = layers[i % layers.len()].clone();
+        let req = request(key, Duration::from_secs(60));
+        set.spawn(async move { permits.accept(&req).await.unwrap() });
+    }
+    let mut answers = Vec::new();
+    while let Some(a) = set.join_next().await {
+        answers.push(a.unwrap());
+    }
+    let winners: Vec<&Acceptance> = answers
+        .iter()
+        .filter(|a| matches!(a, Acceptance::Accepted { .. }))
+        .collect();
+    assert_eq!(winners.len(), 1, "exactly one accepted");
+    let task_id = winners[0].task_id().to_string();
+    let duplicates = answers
+        .iter()
+        .filter(|a| matches!(a, Acceptance::Duplicate { task_id: t, status: Some(TaskStatus::Queued) } if *t == task_id))
+        .count();
+    assert_eq!(
+        duplicates, 999,
+        "999 duplicates naming the same queued task"
+    );
+    let permits = &layers[0];
+    assert_eq!(
+        permits.permit_owner(key).await.unwrap().as_deref(),
+        Some(task_id.as_str())
+    );
+    // One task record, one stream entry.
+    let shard = permits.layout().shard_of(key);
+    let mut conn = server.manager().await.unwrap();
+    let len: usize = redis::cmd("XLEN")
+        .arg(permits.layout().ready(shard))
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(len, 1);
+    let task = permits.task(&task_id).await.unwrap().unwrap();
+    assert_eq!(task.key, key);
+    assert_eq!(task.status, TaskStatus::Queued);
+    assert_eq!(task.attempts, 0);
+    assert_eq!(task.retry, RetryPolicy::default());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_accepts_in_one_pipeline_and_sees_duplicates_within_it() {
+    let server = RedisServer::start().await.unwrap();
+    let permits = server.permits(config()).await.unwrap();
+    let w = Duration::from_secs(60);
+    let first = permits.accept(&request("k-0", w)).await.unwrap();
+    let reqs: Vec<AcceptRequest> = ["k-0", "k-1", "k-2", "k-1"]
+        .iter()
+        .map(|k| request(k, w))
+        .collect();
+    let answers = permits.accept_batch(&reqs).await.unwrap();
+    assert_eq!(
+        answers[0],
+        Acceptance::Duplicate {
+            task_id: first.task_id().to_string(),
+            status: Some(TaskStatus::Queued)
+        }
+    );
+    let k1 = accepted(&answers[1]);
+    accepted(&answers[2]);
+    assert_eq!(
+        answers[3],
+        Acceptance::Duplicate {
+            task_id: k1,
+            status: Some(TaskStatus::Queued)
+        }
+    );
+    // The event index finds the event's tasks across shards.
+    let mut ids = permits
+        .tasks_of_event("ORDER_SHIPPED", "o-1")
+        .await
+        .unwrap();
+    ids.sort();
+    assert_eq!(ids.len(), 3);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_whose_lease_was_lost_cannot_overwrite() {
+    let server = RedisServer::start().await.unwrap();
+    let permits = server.permits(config()).await.unwrap();
+    let key = "fence-key";
+    let id = accepted(
+        &permits
+            .accept(&request(key, Duration::from_secs(60)))
+            .await
+            .unwrap(),
+    );
+    let lease = Duration::from_millis(300);
+    let a = begin(&permits, &id, key, lease).await;
+    assert_eq!(a.number, 1);
+    assert!(!a.reclaimed);
+    // While A's lease lives, nobody else may begin.
+    assert!(matches!(
+        permits.begin_attempt(&id, key, lease).await.unwrap(),
+        Begin::Busy { .. }
+    ));
+    // A's lease runs out; B takes over.
+    let b = begin_when_free(&permits, &id, key, lease).await;
+    assert_eq!(b.number, 2);
+    assert!(b.reclaimed, "B took over a stale lease");
+    // A comes back: it can neither extend nor record.
+    assert_eq!(permits.extend_lease(&a, lease).await.unwrap(), None);
+    let fenced = permits
+        .record(
+            &a,
+            &Outcome::Failed {
+                reason: "late".into(),
+            },
+            None,
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        fenced,
+        Recorded::Fenced {
+            status: Some(TaskStatus::Sending)
+        }
+    );
+    assert_eq!(permits.permit_owner(key).await.unwrap(), Some(id.clone()));
+    // B records.
+    let done = permits
+        .record(
+            &b,
+            &Outcome::Sent {
+                provider_message_id: "p-1".into(),
+            },
+            None,
+        )
+        .await
+        .unwrap();
+    assert_eq!(done, Recorded::Done(PermitFate::Kept));
+    let task = permits.task(&id).await.unwrap().unwrap();
+    assert_eq!(task.status, TaskStatus::Sent);
+    assert_eq!(task.attempts, 2);
+    assert!(task.maybe_sent);
+    assert_eq!(task.provider_message_id.as_deref(), Some("p-1"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_permanent_failure_with_nothing_sent_releases_the_permit() {
+    let server = RedisServer::start().await.unwrap();
+    let permits = server.permits(config()).await.unwrap();
+    let key = "perm-key";
+    let id = accepted(
+        &permits
+            .accept(&request(key, Duration::from_secs(60)))
+            .await
+            .unwrap(),
+    );
+    let a = begin(&permits, &id, key, Duration::from_secs(5)).await;
+    let rec = permits
+        .record(
+            &a,
+            &Outcome::Failed {
+                reason: "invalid number".into(),
+            },
+            None,
+        )
+        .await
+        .unwrap();
+    assert_eq!(rec, Recorded::Done(PermitFate::Released));
+    assert_eq!(permits.permit_owner(key).await.unwrap(), None);
+    let task = permits.task(&id).await.unwrap().unwrap();
+    assert_eq!(task.status, TaskStatus::Failed);
+    // A corrected re-trigger is accepted as a new task.
+    let again = accepted(
+        &permits
+            .accept(&request(key, Duration::from_secs(60)))
+            .await
+            .unwrap(),
+    );
+    assert_ne!(again, id);
+    // A permanent failure of a task that may have been sent (re-claimed) keeps the permit.
+    let key2 = "perm-key-2";
+    let id2 = accepted(
+        &permits
+            .accept(&request(key2, Duration::from_secs(60)))
+            .await
+            .unwrap(),
+    );
+    let lease = Duration::from_millis(200);
+    let _dead_worker = begin(&permits, &id2, key2, lease).await;
+    let b = begin_when_free(&permits, &id2, key2, lease).await;
+    let rec = permits
+        .record(
+            &b,
+            &Outcome::Failed {
+                reason: "arrears".into(),
+            },
+            None,
+        )
+        .await
+        .unwrap();
+    assert_eq!(rec, Recorded::Done(PermitFate::Kept));
+    assert_eq!(permits.permit_owner(key2).await.unwrap(), Some(id2));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ended_tasks_get_retention_and_sent_permits_keep_the_window() {
+    let server = RedisServer::start().await.unwrap();
+    let permits = server.permits(config()).await.unwrap();
+    let key = "ret-key";
+    let window = Duration::from_secs(600);
+    let id = accepted(&permits.accept(&request(key, window)).await.unwrap());
+    let mut conn = server.manager().await.unwrap();
+    let task_key = permits.layout().task(&id).unwrap();
+    let ttl: i64 = redis::cmd("PTTL")
+        .arg(&task_key)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(ttl, -1, "a live task never expires");
+    let a = begin(&permits, &id, key, Duration::from_secs(5)).await;
+    // During the attempt the permit lasts past the lease by the grace (60 s) or the window, whichever is longer.
+    let during = permits.permit_ttl(key).await.unwrap().unwrap().unwrap();
+    assert!(during > 590_000, "{during}");
+    permits
+        .record(
+            &a,
+            &Outcome::Sent {
+                provider_message_id: "p".into(),
+            },
+            None,
+        )
+        .await
+        .unwrap();
+    let ttl: i64 = redis::cmd("PTTL")
+        .arg(&task_key)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert!(
+        ttl > 3_590_000 && ttl <= 3_600_000,
+        "task retention ttl {ttl}"
+    );
+    let permit = permits.permit_ttl(key).await.unwrap().unwrap().unwrap();
+    assert!(permit > 590_000 && permit <= 600_000, "permit ttl {permit}");
+    // A receipt settles it: delivered, still within retention.
+    assert!(permits.record_receipt(&id, true, None).await.unwrap());
+    let task = permits.task(&id).await.unwrap().unwrap();
+    assert_eq!(task.status, TaskStatus::Delivered);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_permit_outlives_a_retry_schedule_longer_than_its_window() {
+    let server = RedisServer::start().await.unwrap();
+    let permits = server.permits(config()).await.unwrap();
+    let key = "short-window";
+    let window = Duration::from_millis(200);
+    let id = accepted(&permits.accept(&request(key, window)).await.unwrap());
+    let a = begin(&permits, &id, key, Duration::from_millis(500)).await;
+    permits
+        .record(
+            &a,
+            &Outcome::Retry {
+                delay: Duration::from_secs(2),
+                reason: "503".into(),
+            },
+            None,
+        )
+        .await
+        .unwrap();
+    // Well past the window, the retry still waits and the permit still guards the key.
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let ttl = permits.permit_ttl(key).await.unwrap().unwrap().unwrap();
+    assert!(ttl > 60_000, "permit kept to due + grace, ttl {ttl}");
+    let dup = permits.accept(&request(key, window)).await.unwrap();
+    assert_eq!(
+        dup,
+        Acceptance::Duplicate {
+            task_id: id.clone(),
+            status: Some(TaskStatus::RetryWait)
+        }
+    );
+    // The retry comes due and is promoted to the ready stream.
+    let shard = permits.layout().shard_of(key);
+    wait_until(Duration::from_secs(5), || {
+        let permits = permits.clone();
+        async move { permits.promote_due(shard, 10).await.unwrap() == 1 }
+    })
+    .await
+    .unwrap();
+    let b = begin(&permits, &id, key, Duration::from_secs(5)).await;
+    assert_eq!(b.number, 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_whose_permit_lapsed_and_was_retaken_is_superseded() {
+    let server = RedisServer::start().await.unwrap();
+    let permits = server.permits(config()).await.unwrap();
+    let key = "lapsed";
+    let window = Duration::from_millis(100);
+    let old = accepted(&permits.accept(&request(key, window)).await.unwrap());
+    // Queued longer than its window (no worker ran): the permit lapses.
+    wait_until(Duration::from_secs(5), || {
+        let permits = permits.clone();
+        async move { permits.permit_owner(key).await.unwrap().is_none() }
+    })
+    .await
+    .unwrap();
+    let new = accepted(&permits.accept(&request(key, window)).await.unwrap());
+    // The old task must not send: the newer one owns the key now.
+    match permits
+        .begin_attempt(&old, key, Duration::from_secs(5))
+        .await
+        .unwrap()
+    {
+        Begin::Superseded { by } => assert_eq!(by, new),
+        other => panic!("expected superseded, got {other:?}"),
+    }
+    assert_eq!(
+        permits.task(&old).await.unwrap().unwrap().status,
+        TaskStatus::Superseded
+    );
+    begin(&permits, &new, key, Duration::from_secs(5)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unknown_outcome_holds_the_permit_until_a_receipt() {
+    let server = RedisServer::start().await.unwrap();
+    let permits = server.permits(config()).await.unwrap();
+    let key = "unknown-key";
+    let id = accepted(
+        &permits
+            .accept(&request(key, Duration::from_secs(30)))
+            .await
+            .unwrap(),
+    );
+    let a = begin(&permits, &id, key, Duration::from_secs(5)).await;
+    permits
+        .record(
+            &a,
+            &Outcome::Unknown {
+                reason: "timeout after send".into(),
+            },
+            None,
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        permits.permit_ttl(key).await.unwrap(),
+        Some(None),
+        "held without expiry"
+    );
+    assert!(matches!(
+        permits
+            .begin_attempt(&id, key, Duration::from_secs(5))
+            .await
+            .unwrap(),
+        Begin::Settled(TaskStatus::Unknown)
+    ));
+    assert!(
+        permits
+            .record_receipt(&id, true, Some("p-9"))
+            .await
+            .unwrap()
+    );
+    let ttl = permits.permit_ttl(key).await.unwrap().unwrap().unwrap();
+    assert!(ttl <= 30_000, "the window again, ttl {ttl}");
+    let task = permits.task(&id).await.unwrap().unwrap();
+    assert_eq!(task.status, TaskStatus::Delivered);
+    assert_eq!(task.provider_message_id.as_deref(), Some("p-9"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_restart_with_aof_loses_no_accepted_task() {
+    let mut server = RedisServer::start().await.unwrap();
+    let permits = server.permits(config()).await.unwrap();
+    let mut ids = Vec::new();
+    for i in 0..200 {
+        let a = permits
+            .accept(&request(&format!("restart-{i}"), Duration::from_secs(600)))
+            .await
+            .unwrap();
+        ids.push((format!("restart-{i}"), accepted(&a)));
+    }
+    server.restart().await.unwrap();
+    let permits = server.permits(config()).await.unwrap();
+    let mut conn = server.manager().await.unwrap();
+    let mut entries = 0usize;
+    for shard in 0..permits.layout().shards() {
+        let n: usize = redis::cmd("XLEN")
+            .arg(permits.layout().ready(shard))
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        entries += n;
+    }
+    assert_eq!(entries, 200, "every ready entry survived");
+    for (key, id) in &ids {
+        assert_eq!(permits.permit_owner(key).await.unwrap().as_ref(), Some(id));
+        assert_eq!(
+            permits.task(id).await.unwrap().unwrap().status,
+            TaskStatus::Queued
+        );
+    }
+}

@@ -339,3 +339,18 @@ mod tests {
         assert!(c.check().unwrap_err().to_string().starts_with("shards:"));
     }
 }
+
+#[cfg(test)]
+mod example {
+    use super::*;
+
+    #[test]
+    fn the_repository_pushonce_toml_is_valid() {
+        let file = Path::new(env!("CARGO_MANIFEST_DIR")).join("../pushonce.toml");
+        let text = std::fs::read_to_string(&file).unwrap();
+        let config = HostConfig::parse(&file, &text).unwrap_or_else(|e| panic!("{e}"));
+        config.check().unwrap();
+        let channels: Vec<&str> = config.channels.keys().map(String::as_str).collect();
+        assert_eq!(channels, ["app-push", "inbox", "sms", "wechat"]);
+    }
+}

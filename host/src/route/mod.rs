@@ -5,8 +5,10 @@
 //! of the system (which key policies and channels exist); a set that fails any
 //! check is refused as a whole, so the running set only ever changes atomically.
 
+pub mod live;
 pub mod policy;
 
+pub use live::{Live, Snapshot};
 pub use policy::{PolicyError, PolicyFile};
 
 use std::collections::BTreeMap;

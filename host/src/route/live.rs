@@ -1,0 +1,204 @@
+//! The policies and plugins in force, swapped atomically.
+//!
+//! A `Snapshot` is one consistent pair of plugin registry and policy set. A
+//! reload builds a new snapshot off to the side from the plugin and policy
+//! directories, validates it (every policy resolves, every channel exists,
+//! minor/patch upgrades of key policies keep their keys) and only then swaps it
+//! in. A refused reload leaves the running snapshot in force and is kept as
+//! `last_refused` for the admin API and the metrics.
+
+use super::{Catalog, PolicyError, PolicySet};
+use crate::config::HostConfig;
+use crate::plugin::{Limits, PluginRegistry};
+use arc_swap::ArcSwap;
+use std::sync::{Arc, Mutex};
+use std::time::SystemTime;
+
+/// One consistent set of plugins and policies.
+pub struct Snapshot {
+    /// Increases by one with every successful swap; 1 for the first.
+    pub generation: u64,
+    /// Every plugin loaded from the plugin directory.
+    pub registry: Arc<PluginRegistry>,
+    /// Every policy, by business type.
+    pub policies: PolicySet,
+    /// Plugin files that were refused (they do not block the snapshot; a
+    /// policy that needs one is refused in turn).
+    pub plugin_refusals: Vec<String>,
+    /// When this snapshot was built.
+    pub loaded_at: SystemTime,
+}
+
+/// A reload that was refused, and why.
+#[derive(Debug, Clone)]
+pub struct Refusal {
+    /// When it was refused.
+    pub at: SystemTime,
+    /// Every reason, one line each, naming the file.
+    pub errors: Vec<String>,
+}
+
+/// Why a snapshot could not be built.
+#[derive(Debug, thiserror::Error)]
+pub enum LiveError {
+    /// The plugin directory or the engine failed.
+    #[error("plugins: {0}")]
+    Plugins(String),
+    /// Policy files were refused.
+    #[error("{} polic{} refused:\n  {}", .0.len(), if .0.len() == 1 { "y" } else { "ies" }, .0.join("\n  "))]
+    Policies(Vec<String>),
+}
+
+impl LiveError {
+    /// Every reason, one line each.
+    pub fn lines(&self) -> Vec<String> {
+        match self {
+            LiveError::Plugins(e) => vec![format!("plugins: {e}")],
+            LiveError::Policies(v) => v.clone(),
+        }
+    }
+}
+
+/// The plugins and policies in force, and the means to replace them.
+pub struct Live {
+    /// The host configuration (directories, limits, channels).
+    config: Arc<HostConfig>,
+    /// Limits of every plugin call.
+    limits: Limits,
+    /// The snapshot in force.
+    current: ArcSwap<Snapshot>,
+    /// The last refused reload, if any since start.
+    last_refused: Mutex<Option<Refusal>>,
+    /// Serialises reloads (a watcher, SIGHUP and the admin API may race).
+    reloading: Mutex<()>,
+}
+
+/// The catalog a policy set is checked against: a registry and the host's channels.
+pub struct RegistryCatalog<'a> {
+    /// Loaded plugins.
+    pub registry: &'a PluginRegistry,
+    /// Host configuration (channel instances).
+    pub config: &'a HostConfig,
+}
+
+impl Catalog for RegistryCatalog<'_> {
+    fn resolve_key_policy(&self, requirement: &str) -> Result<semver::Version, String> {
+        self.registry
+            .resolve_key_policy(requirement)
+            .map(|p| p.meta().version.clone())
+            .map_err(|e| e.to_string())
+    }
+
+    fn has_channel(&self, channel: &str) -> bool {
+        self.config.channels.contains_key(channel)
+    }
+}
+
+/// The plugin limits a host configuration asks for.
+pub fn limits_of(config: &HostConfig) -> Limits {
+    Limits {
+        fuel_per_call: config.plugin_limits.fuel,
+        memory_bytes: config.plugin_limits.memory.as_u64() as usize,
+        ..Limits::default()
+    }
+}
+
+/// Builds a snapshot from the configured directories (no swap, no checks
+/// against a previous snapshot).
+pub fn build(config: &HostConfig, limits: &Limits, generation: u64) -> Result<Snapshot, LiveError> {
+    let cache = config.cache_dir();
+    let (registry, refused) = PluginRegistry::load_dir(&config.plugin_dir, limits, Some(&cache))
+        .map_err(|e| LiveError::Plugins(e.to_string()))?;
+    let plugin_refusals: Vec<String> = refused.iter().map(|e| e.to_string()).collect();
+    for r in &plugin_refusals {
+        tracing::warn!(refusal = %r, "plugin file refused");
+    }
+    let catalog = RegistryCatalog {
+        registry: &registry,
+        config,
+    };
+    let policies = PolicySet::load_dir(&config.policy_dir, &catalog).map_err(|errors| {
+        LiveError::Policies(errors.iter().map(PolicyError::to_string).collect())
+    })?;
+    Ok(Snapshot {
+        generation,
+        registry: Arc::new(registry),
+        policies,
+        plugin_refusals,
+        loaded_at: SystemTime::now(),
+    })
+}
+
+impl Live {
+    /// Builds the first snapshot; an error here stops the host from starting.
+    pub fn load(config: Arc<HostConfig>) -> Result<Live, LiveError> {
+        let limits = limits_of(&config);
+        let first = build(&config, &limits, 1)?;
+        Ok(Live {
+            config,
+            limits,
+            current: ArcSwap::from_pointee(first),
+            last_refused: Mutex::new(None),
+            reloading: Mutex::new(()),
+        })
+    }
+
+    /// The snapshot in force. Cheap; hold it for the length of one request so
+    /// the request sees one consistent set.
+    pub fn current(&self) -> Arc<Snapshot> {
+        self.current.load_full()
+    }
+
+    /// The host configuration.
+    pub fn config(&self) -> &Arc<HostConfig> {
+        &self.config
+    }
+
+    /// The last refused reload since start, if any.
+    pub fn last_refused(&self) -> Option<Refusal> {
+        self.last_refused
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Rebuilds from the directories, checks the result against the running
+    /// snapshot with `check` (e.g. key stability over a corpus of events), and
+    /// swaps it in. On refusal the running snapshot stays and the refusal is
+    /// recorded. Returns the generation in force afterwards.
+    pub fn reload_with(
+        &self,
+        check: impl FnOnce(&Snapshot, &Snapshot) -> Result<(), Vec<String>>,
+    ) -> Result<u64, Refusal> {
+        let _one_at_a_time = self.reloading.lock().unwrap_or_else(|e| e.into_inner());
+        let old = self.current();
+        let result = build(&self.config, &self.limits, old.generation + 1)
+            .map_err(|e| e.lines())
+            .and_then(|new| check(&old, &new).map(|()| new));
+        match result {
+            Ok(new) => {
+                let generation = new.generation;
+                self.current.store(Arc::new(new));
+                tracing::info!(generation, "policies and plugins reloaded");
+                Ok(generation)
+            }
+            Err(errors) => {
+                for e in &errors {
+                    tracing::warn!(error = %e, "reload refused; the running policies stay in force");
+                }
+                let refusal = Refusal {
+                    at: SystemTime::now(),
+                    errors,
+                };
+                *self.last_refused.lock().unwrap_or_else(|e| e.into_inner()) =
+                    Some(refusal.clone());
+                Err(refusal)
+            }
+        }
+    }
+
+    /// `reload_with` without extra checks.
+    pub fn reload(&self) -> Result<u64, Refusal> {
+        self.reload_with(|_, _| Ok(()))
+    }
+}

@@ -50,6 +50,9 @@ pub struct PluginLimits {
     pub fuel: u64,
     /// Most linear memory one plugin instance may grow to, e.g. `"64 MiB"`.
     pub memory: bytesize::ByteSize,
+    /// Plugin instances that can exist at once, all plugins together (slots of
+    /// the pooling allocator; each reserves address space, not memory).
+    pub instances: u32,
 }
 
 /// One channel instance: which channel plugin, and its settings.
@@ -104,6 +107,7 @@ impl Default for PluginLimits {
         PluginLimits {
             fuel: 50_000_000,
             memory: bytesize::ByteSize::mib(64),
+            instances: 256,
         }
     }
 }
@@ -223,6 +227,9 @@ impl HostConfig {
         }
         if self.plugin_limits.fuel < 1_000 {
             return Err(invalid("plugin_limits.fuel", "must be at least 1000"));
+        }
+        if self.plugin_limits.instances < 4 {
+            return Err(invalid("plugin_limits.instances", "must be at least 4"));
         }
         if self.plugin_limits.memory < bytesize::ByteSize::mib(1) {
             return Err(invalid("plugin_limits.memory", "must be at least 1 MiB"));

@@ -18,6 +18,8 @@ enum Command {
     Plugins(cli::plugins::Args),
     /// Print the idempotency key each channel would get for an event (dry run).
     Keys(cli::keys::Args),
+    /// Validate policy files, or compare the keys of two policy sets.
+    Policies(cli::policies::Args),
     /// Run benchmarks and print a table.
     Bench(cli::bench::Args),
     /// Run dispatcher workers against a Redis.
@@ -34,6 +36,7 @@ fn main() -> anyhow::Result<()> {
     match Cli::parse().command {
         Command::Plugins(args) => cli::plugins::run(args),
         Command::Keys(args) => cli::keys::run(args),
+        Command::Policies(args) => cli::policies::run(args),
         Command::Bench(args) => cli::bench::run(args),
         Command::Worker(args) => cli::worker::run(args),
     }

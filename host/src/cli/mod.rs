@@ -6,4 +6,5 @@
 pub mod bench;
 pub mod keys;
 pub mod plugins;
+pub mod policies;
 pub mod worker;

@@ -99,6 +99,7 @@ pub fn limits_of(config: &HostConfig) -> Limits {
     Limits {
         fuel_per_call: config.plugin_limits.fuel,
         memory_bytes: config.plugin_limits.memory.as_u64() as usize,
+        pool_slots: config.plugin_limits.instances,
         ..Limits::default()
     }
 }

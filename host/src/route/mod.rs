@@ -7,6 +7,8 @@
 
 pub mod live;
 pub mod policy;
+pub mod stability;
+pub mod watch;
 
 pub use live::{Live, Snapshot};
 pub use policy::{PolicyError, PolicyFile};

@@ -112,27 +112,37 @@ impl Default for PluginLimits {
     }
 }
 
-/// Why the host configuration was refused.
+/// A TOML file that could not be read or parsed; names the file, and the line
+/// and dotted field path when parsing failed. Shared by every strict TOML file
+/// pushonce reads (host configuration, policies).
 #[derive(Debug, thiserror::Error)]
-pub enum ConfigError {
+pub enum FileError {
     /// The file could not be read.
     #[error("{file}: cannot read: {source}")]
     Read {
-        /// The configuration file.
+        /// The file.
         file: PathBuf,
         /// What the filesystem said.
         source: std::io::Error,
     },
-    /// TOML syntax, an unknown key or a wrong type.
+    /// TOML syntax, an unknown key, a wrong type or a missing field.
     #[error("{file}:{line}: {message}")]
     Parse {
-        /// The configuration file.
+        /// The file.
         file: PathBuf,
-        /// 1-based line of the offending item.
+        /// 1-based line of the offending item (1 when the parser gave no position).
         line: usize,
-        /// The parser's message, naming the field.
+        /// `field.path: why`, from the parser.
         message: String,
     },
+}
+
+/// Why the host configuration was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file could not be read or parsed.
+    #[error(transparent)]
+    File(#[from] FileError),
     /// An environment override that does not parse.
     #[error("environment variable {var}: {reason}")]
     Env {
@@ -159,12 +169,7 @@ pub fn line_of(text: &str, offset: usize) -> usize {
 impl HostConfig {
     /// Parses `text` as the configuration file `file`.
     pub fn parse(file: &Path, text: &str) -> Result<HostConfig, ConfigError> {
-        let config: HostConfig = from_toml(text).map_err(|e| ConfigError::Parse {
-            file: file.to_path_buf(),
-            line: e.line,
-            message: e.message,
-        })?;
-        Ok(config)
+        Ok(parse_toml(file, text)?)
     }
 
     /// Loads the configuration: the file when given (or `pushonce.toml` when it
@@ -173,13 +178,7 @@ impl HostConfig {
         let default_file = Path::new("pushonce.toml");
         let file = file.or(default_file.exists().then_some(default_file));
         let mut config = match file {
-            Some(file) => {
-                let text = std::fs::read_to_string(file).map_err(|source| ConfigError::Read {
-                    file: file.to_path_buf(),
-                    source,
-                })?;
-                Self::parse(file, &text)?
-            }
+            Some(file) => Self::parse(file, &read_file(file)?)?,
             None => HostConfig::default(),
         };
         config.apply_env(|name| std::env::var(name).ok())?;
@@ -252,34 +251,41 @@ impl HostConfig {
     }
 }
 
-/// A TOML error located in its text, with the path of the field at fault.
-#[derive(Debug)]
-pub struct TomlError {
-    /// 1-based line of the offending item (1 when the parser gave no position).
-    pub line: usize,
-    /// `field: message`, e.g. "retry.backoff.initial: invalid value...".
-    pub message: String,
+/// Reads a text file, naming it in the error.
+pub fn read_file(file: &Path) -> Result<String, FileError> {
+    std::fs::read_to_string(file).map_err(|source| FileError::Read {
+        file: file.to_path_buf(),
+        source,
+    })
 }
 
-/// Deserialises TOML strictly, naming the line and the dotted path of the
-/// field at fault (serde_path_to_error), so operators see `file:line: field: why`.
-pub fn from_toml<T: serde::de::DeserializeOwned>(text: &str) -> Result<T, TomlError> {
-    let de = toml::de::Deserializer::parse(text).map_err(|e| TomlError {
-        line: e.span().map(|s| line_of(text, s.start)).unwrap_or(1),
-        message: e.message().trim().to_string(),
+/// Deserialises the TOML `text` of `file` strictly, naming the line and the
+/// dotted path of the field at fault (serde_path_to_error), so operators see
+/// `file:line: field.path: why`.
+pub fn parse_toml<T: serde::de::DeserializeOwned>(file: &Path, text: &str) -> Result<T, FileError> {
+    let error = |line: usize, message: String| FileError::Parse {
+        file: file.to_path_buf(),
+        line,
+        message,
+    };
+    let de = toml::de::Deserializer::parse(text).map_err(|e| {
+        error(
+            e.span().map(|s| line_of(text, s.start)).unwrap_or(1),
+            e.message().trim().to_string(),
+        )
     })?;
     serde_path_to_error::deserialize(de).map_err(|e| {
         let path = e.path().to_string();
         let inner = e.into_inner();
         let message = inner.message().trim().to_string();
-        TomlError {
-            line: inner.span().map(|s| line_of(text, s.start)).unwrap_or(1),
-            message: if path == "." || message.contains(&format!("`{path}`")) {
+        error(
+            inner.span().map(|s| line_of(text, s.start)).unwrap_or(1),
+            if path == "." || message.contains(&format!("`{path}`")) {
                 message
             } else {
                 format!("{path}: {message}")
             },
-        }
+        )
     })
 }
 

@@ -13,6 +13,7 @@ pub mod watch;
 pub use live::{Live, Snapshot};
 pub use policy::{PolicyError, PolicyFile};
 
+use crate::config::FileError;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
@@ -53,10 +54,10 @@ impl PolicySet {
                 .filter(|p| p.extension().is_some_and(|e| e == "toml"))
                 .collect(),
             Err(source) => {
-                return Err(vec![PolicyError::Read {
+                return Err(vec![PolicyError::File(FileError::Read {
                     file: dir.to_path_buf(),
                     source,
-                }]);
+                })]);
             }
         };
         files.sort();

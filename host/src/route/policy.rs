@@ -6,6 +6,7 @@
 //! names the file, line and field. Checks that need the rest of the system (the
 //! key policy exists, the channels are configured) live in `route::PolicySet`.
 
+use crate::config::{FileError, parse_toml, read_file};
 use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -131,24 +132,9 @@ impl Default for BackoffSpec {
 /// Why a policy file was refused. Every variant names the file.
 #[derive(Debug, thiserror::Error)]
 pub enum PolicyError {
-    /// The file could not be read.
-    #[error("{file}: cannot read: {source}")]
-    Read {
-        /// The policy file.
-        file: PathBuf,
-        /// What the filesystem said.
-        source: std::io::Error,
-    },
-    /// TOML syntax, an unknown key, a wrong type or a missing field.
-    #[error("{file}:{line}: {message}")]
-    Parse {
-        /// The policy file.
-        file: PathBuf,
-        /// 1-based line of the offending item (1 when the parser gave no position).
-        line: usize,
-        /// The parser's message, naming the field.
-        message: String,
-    },
+    /// The file could not be read or parsed.
+    #[error(transparent)]
+    File(#[from] FileError),
     /// The file parsed but says something that cannot work.
     #[error("{file}: {field}: {reason}")]
     Invalid {
@@ -164,23 +150,14 @@ pub enum PolicyError {
 impl PolicyFile {
     /// Parses `text` as the policy file `file` and checks what it can check alone.
     pub fn parse(file: &Path, text: &str) -> Result<PolicyFile, PolicyError> {
-        let policy: PolicyFile =
-            crate::config::from_toml(text).map_err(|e| PolicyError::Parse {
-                file: file.to_path_buf(),
-                line: e.line,
-                message: e.message,
-            })?;
+        let policy: PolicyFile = parse_toml(file, text)?;
         policy.check(file)?;
         Ok(policy)
     }
 
     /// Reads and parses one policy file.
     pub fn load(file: &Path) -> Result<PolicyFile, PolicyError> {
-        let text = std::fs::read_to_string(file).map_err(|source| PolicyError::Read {
-            file: file.to_path_buf(),
-            source,
-        })?;
-        Self::parse(file, &text)
+        Self::parse(file, &read_file(file)?)
     }
 
     /// Checks that need nothing but the file itself.

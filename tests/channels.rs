@@ -198,10 +198,17 @@ async fn one_message_per_channel_reaches_the_provider_once() {
     for (channel, provider, recipient, template) in [
         ("inbox", "inbox", "user-1", "order-shipped"),
         ("sms", "sms", "+8613800000001", "SMS_1001"),
-        ("app-push", "app-push", "device-token-1", "Your order shipped"),
+        (
+            "app-push",
+            "app-push",
+            "device-token-1",
+            "Your order shipped",
+        ),
         ("wechat", "wechat", "openid-1", "TPL-SHIPPED"),
     ] {
-        let t = env.accept(channel, "o-1:u-1", &payload(recipient, template)).await;
+        let t = env
+            .accept(channel, "o-1:u-1", &payload(recipient, template))
+            .await;
         tasks.push((t, provider, recipient, template));
     }
     for (t, ..) in &tasks {
@@ -245,7 +252,10 @@ async fn retryable_faults_still_deliver_each_message_once() {
     for t in &tasks {
         attempts += env.permits.task(t).await.unwrap().unwrap().attempts;
     }
-    assert!(attempts > tasks.len() as u32, "some attempts failed and were retried: {attempts}");
+    assert!(
+        attempts > tasks.len() as u32,
+        "some attempts failed and were retried: {attempts}"
+    );
     for provider in ["inbox", "sms", "app-push"] {
         let ledger = env.ledger(provider);
         assert_eq!(ledger.len(), 10, "{provider}: exactly one per message");
@@ -255,7 +265,12 @@ async fn retryable_faults_still_deliver_each_message_once() {
         assert_eq!(r.len(), 10, "{provider}: no duplicates");
     }
     let stats = env.sim.state.stats();
-    assert!(stats.keys().any(|k| k.ends_with(".5xx") || k.ends_with(".429")), "{stats:?}");
+    assert!(
+        stats
+            .keys()
+            .any(|k| k.ends_with(".5xx") || k.ends_with(".429")),
+        "{stats:?}"
+    );
     env.stop().await;
 }
 
@@ -282,7 +297,11 @@ async fn sms_arrears_falls_back_to_one_app_push() {
     env.wait_status(&t, TaskStatus::Failed).await;
     let task = env.permits.task(&t).await.unwrap().unwrap();
     assert!(task.last_error.unwrap().contains("AMOUNT_NOT_ENOUGH"));
-    assert_eq!(env.permits.permit_owner(sms_key).await.unwrap(), None, "permit released");
+    assert_eq!(
+        env.permits.permit_owner(sms_key).await.unwrap(),
+        None,
+        "permit released"
+    );
     let fb = env
         .permits
         .permit_owner("push:per-event@1:app-push:o-9:u-9")
@@ -325,13 +344,19 @@ async fn accept_then_drop_never_doubles_and_wechat_is_held() {
             );
         }
     }
-    let wechat = env.accept("wechat", "d-0", &payload("openid-d", "TPL")).await;
+    let wechat = env
+        .accept("wechat", "d-0", &payload("openid-d", "TPL"))
+        .await;
     for t in &sent {
         env.wait_status(t, TaskStatus::Sent).await;
     }
     env.wait_status(&wechat, TaskStatus::Unknown).await;
     for provider in ["inbox", "sms", "app-push"] {
-        assert_eq!(env.ledger(provider).len(), 4, "{provider}: one message each");
+        assert_eq!(
+            env.ledger(provider).len(),
+            4,
+            "{provider}: one message each"
+        );
     }
     assert_eq!(env.ledger("wechat").len(), 1);
     // Held, not resent: the attempt count stays at one.
@@ -354,7 +379,9 @@ async fn wechat_on_unknown_resend_sends_again() {
             ..Faults::default()
         },
     );
-    let t = env.accept("wechat", "r-0", &payload("openid-r", "TPL")).await;
+    let t = env
+        .accept("wechat", "r-0", &payload("openid-r", "TPL"))
+        .await;
     wait_until(DEADLINE, || async { env.ledger("wechat").len() >= 2 })
         .await
         .expect("resent after unknown, as configured");
@@ -368,14 +395,28 @@ async fn wechat_token_expiry_mid_run_loses_and_doubles_nothing() {
     let env = Env::start(|_| {}).await;
     let mut tasks = Vec::new();
     for i in 0..6 {
-        tasks.push(env.accept("wechat", &format!("w-{i}"), &payload(&format!("openid-{i}"), "TPL")).await);
+        tasks.push(
+            env.accept(
+                "wechat",
+                &format!("w-{i}"),
+                &payload(&format!("openid-{i}"), "TPL"),
+            )
+            .await,
+        );
     }
     for t in &tasks {
         env.wait_status(t, TaskStatus::Sent).await;
     }
     assert!(env.sim.state.expire_tokens() >= 1);
     for i in 6..12 {
-        tasks.push(env.accept("wechat", &format!("w-{i}"), &payload(&format!("openid-{i}"), "TPL")).await);
+        tasks.push(
+            env.accept(
+                "wechat",
+                &format!("w-{i}"),
+                &payload(&format!("openid-{i}"), "TPL"),
+            )
+            .await,
+        );
     }
     for t in &tasks {
         env.wait_status(t, TaskStatus::Sent).await;
@@ -383,8 +424,14 @@ async fn wechat_token_expiry_mid_run_loses_and_doubles_nothing() {
     let ledger = env.ledger("wechat");
     assert_eq!(ledger.len(), 12);
     let stats = env.sim.state.stats();
-    assert!(stats.get("wechat.expired_token").copied().unwrap_or(0) >= 1, "{stats:?}");
-    assert!(stats.get("wechat.token").copied().unwrap_or(0) >= 2, "{stats:?}");
+    assert!(
+        stats.get("wechat.expired_token").copied().unwrap_or(0) >= 1,
+        "{stats:?}"
+    );
+    assert!(
+        stats.get("wechat.token").copied().unwrap_or(0) >= 2,
+        "{stats:?}"
+    );
     env.stop().await;
 }
 
@@ -402,12 +449,18 @@ fn message(key: &str) -> Message {
 async fn inbox_send(
     addr: SocketAddr,
     tweak: impl FnOnce(&mut ChannelConfig),
-) -> (Result<pushonce::plugin::bindings::Receipt, SendError>, Vec<String>) {
+) -> (
+    Result<pushonce::plugin::bindings::Receipt, SendError>,
+    Vec<String>,
+) {
     let mut chans = channels(addr);
     tweak(chans.get_mut("inbox").unwrap());
     let sender = sender(&chans);
     let inst = sender.instance("inbox", None).unwrap();
-    let answer = inst.send(message("k-1")).await.expect("the call itself works");
+    let answer = inst
+        .send(message("k-1"))
+        .await
+        .expect("the call itself works");
     (answer.value, answer.log.denied)
 }
 
@@ -431,7 +484,10 @@ async fn the_outbound_policy_refuses_hosts_off_the_allowlist() {
         Err(SendError::Retryable(m)) => assert!(m.contains("denied"), "{m}"),
         other => panic!("expected a refusal, got {other:?}"),
     }
-    assert!(denied[0].contains("not in the channel's allowed_hosts"), "{denied:?}");
+    assert!(
+        denied[0].contains("not in the channel's allowed_hosts"),
+        "{denied:?}"
+    );
 
     // Only names listed: `localhost` resolves to loopback and is refused...
     let (res, denied) = inbox_send(sim.addr, |c| {
@@ -440,7 +496,10 @@ async fn the_outbound_policy_refuses_hosts_off_the_allowlist() {
         c.allowed_hosts = vec![format!("localhost:{port}")];
     })
     .await;
-    assert!(matches!(&res, Err(SendError::Retryable(m)) if m.contains("denied")), "{res:?}");
+    assert!(
+        matches!(&res, Err(SendError::Retryable(m)) if m.contains("denied")),
+        "{res:?}"
+    );
     assert!(denied[0].contains("loopback"), "{denied:?}");
 
     // ...unless the operator allows private addresses.
@@ -452,5 +511,9 @@ async fn the_outbound_policy_refuses_hosts_off_the_allowlist() {
     })
     .await;
     assert!(res.is_ok(), "{res:?}");
-    assert_eq!(sim.state.ledger()["inbox"].len(), 1, "the refused calls sent nothing");
+    assert_eq!(
+        sim.state.ledger()["inbox"].len(),
+        1,
+        "the refused calls sent nothing"
+    );
 }

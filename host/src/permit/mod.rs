@@ -655,7 +655,10 @@ impl Permits {
     fn provider_id_key(&self, channel: &str, provider_id: &str) -> String {
         let name = format!("{channel}:{provider_id}");
         let shard = self.layout.shard_of(&name);
-        format!("{}pmid:{name}", self.layout.task_prefix(shard).trim_end_matches("task:"))
+        format!(
+            "{}pmid:{name}",
+            self.layout.task_prefix(shard).trim_end_matches("task:")
+        )
     }
 
     /// Remembers that `channel`'s message `provider_id` is task `task_id`, for

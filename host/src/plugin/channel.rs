@@ -104,7 +104,11 @@ impl std::fmt::Display for ChannelCallError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "{}", self.error)?;
         if !self.log.denied.is_empty() {
-            write!(f, " (refused by the outbound policy: {})", self.log.denied.join("; "))?;
+            write!(
+                f,
+                " (refused by the outbound policy: {})",
+                self.log.denied.join("; ")
+            )?;
         }
         Ok(())
     }
@@ -156,8 +160,10 @@ impl ChannelInstance {
 
     /// What the provider offers after an unknown outcome.
     pub async fn capabilities(&self) -> Result<Answer<Capabilities>, ChannelCallError> {
-        self.call(|w, s| Box::pin(async move { w.pushonce_plugin_channel().call_capabilities(s).await }))
-            .await
+        self.call(|w, s| {
+            Box::pin(async move { w.pushonce_plugin_channel().call_capabilities(s).await })
+        })
+        .await
     }
 
     /// Sends one message.
@@ -256,7 +262,15 @@ impl ChannelInstance {
                     store
                         .set_fuel(fuel)
                         .and_then(|()| store.fuel_async_yield_interval(Some(FUEL_YIELD)))
-                        .map_err(|e| (CallError::Instantiate { plugin: id.clone(), reason: format!("{e:#}") }, OutboundLog::default()))?;
+                        .map_err(|e| {
+                            (
+                                CallError::Instantiate {
+                                    plugin: id.clone(),
+                                    reason: format!("{e:#}"),
+                                },
+                                OutboundLog::default(),
+                            )
+                        })?;
                     let world = match self.plugin.pre.instantiate_async(&mut store).await {
                         Ok(w) => w,
                         Err(e) => {

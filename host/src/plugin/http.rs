@@ -60,7 +60,9 @@ impl AllowedHost {
         };
         let e = entry.trim();
         if e.is_empty() || e.contains('/') || e.contains('@') || e.contains("://") {
-            return Err(bad("expected `host` or `host:port`, without scheme or path"));
+            return Err(bad(
+                "expected `host` or `host:port`, without scheme or path",
+            ));
         }
         let (host, port) = split_host_port(e).ok_or_else(|| bad("a port must be 1..=65535"))?;
         if host.is_empty() {
@@ -289,7 +291,10 @@ impl WasiHttpHooks for OutboundHooks {
                     return Err(HttpError::HttpRequestDenied);
                 }
             };
-            let connect = clamp(options.and_then(|o| o.connect_timeout), policy.connect_timeout);
+            let connect = clamp(
+                options.and_then(|o| o.connect_timeout),
+                policy.connect_timeout,
+            );
             let first_byte = clamp(
                 options.and_then(|o| o.first_byte_timeout),
                 policy.first_byte_timeout,
@@ -320,23 +325,22 @@ impl WasiHttpHooks for OutboundHooks {
             }
             .boxed_unsync();
             let req = http::Request::from_parts(parts, body);
-            let response = match tokio::time::timeout(connect + first_byte, client.inner.request(req))
-                .await
-            {
-                Err(_) => return Err(HttpError::HttpResponseTimeout),
-                Ok(Err(e)) if e.is_connect() => return Err(HttpError::ConnectionRefused),
-                Ok(Err(e)) => {
-                    let too_big = std::error::Error::source(&e)
-                        .and_then(|s| s.downcast_ref::<HttpError>())
-                        .is_some_and(|s| matches!(s, HttpError::HttpRequestBodySize(_)));
-                    return Err(if too_big {
-                        HttpError::HttpRequestBodySize(Some(policy.max_request_bytes))
-                    } else {
-                        HttpError::ConnectionTerminated
-                    });
-                }
-                Ok(Ok(r)) => r,
-            };
+            let response =
+                match tokio::time::timeout(connect + first_byte, client.inner.request(req)).await {
+                    Err(_) => return Err(HttpError::HttpResponseTimeout),
+                    Ok(Err(e)) if e.is_connect() => return Err(HttpError::ConnectionRefused),
+                    Ok(Err(e)) => {
+                        let too_big = std::error::Error::source(&e)
+                            .and_then(|s| s.downcast_ref::<HttpError>())
+                            .is_some_and(|s| matches!(s, HttpError::HttpRequestBodySize(_)));
+                        return Err(if too_big {
+                            HttpError::HttpRequestBodySize(Some(policy.max_request_bytes))
+                        } else {
+                            HttpError::ConnectionTerminated
+                        });
+                    }
+                    Ok(Ok(r)) => r,
+                };
             let cap = policy.max_response_bytes;
             if let Some(len) = response
                 .headers()
@@ -364,14 +368,16 @@ impl WasiHttpHooks for OutboundHooks {
 
 /// A timeout the guest asked for, never longer than the policy's (nor zero).
 fn clamp(asked: Option<Duration>, max: Duration) -> Duration {
-    asked
-        .filter(|d| !d.is_zero())
-        .map_or(max, |d| d.min(max))
+    asked.filter(|d| !d.is_zero()).map_or(max, |d| d.min(max))
 }
 
 /// Refuses a request: logs why, drains its body (so the guest's writes
 /// succeed), then answers `HTTP-request-denied`.
-fn deny(request: http::Request<WasiBody>, log: &Arc<Mutex<OutboundLog>>, reason: String) -> SendFuture {
+fn deny(
+    request: http::Request<WasiBody>,
+    log: &Arc<Mutex<OutboundLog>>,
+    reason: String,
+) -> SendFuture {
     tracing::info!(%reason, "outbound request refused");
     lock(log).denied.push(reason);
     Box::new(async move {
@@ -410,13 +416,15 @@ async fn resolve(
     if let Some(ip) = entry.ip {
         return Ok(SocketAddr::new(ip, port));
     }
-    let addrs: Vec<SocketAddr> =
-        match tokio::time::timeout(policy.connect_timeout, tokio::net::lookup_host((host, port)))
-            .await
-        {
-            Ok(Ok(a)) => a.collect(),
-            Ok(Err(_)) | Err(_) => return Err(format!("{host} does not resolve")),
-        };
+    let addrs: Vec<SocketAddr> = match tokio::time::timeout(
+        policy.connect_timeout,
+        tokio::net::lookup_host((host, port)),
+    )
+    .await
+    {
+        Ok(Ok(a)) => a.collect(),
+        Ok(Err(_)) | Err(_) => return Err(format!("{host} does not resolve")),
+    };
     let usable = addrs
         .iter()
         .find(|a| policy.allow_private || !is_internal(a.ip()));
@@ -581,7 +589,16 @@ mod tests {
 
     #[test]
     fn internal_addresses() {
-        for ip in ["127.0.0.2", "10.1.2.3", "192.168.0.1", "169.254.169.254", "::1", "fe80::1", "100.64.0.1", "::ffff:127.0.0.1"] {
+        for ip in [
+            "127.0.0.2",
+            "10.1.2.3",
+            "192.168.0.1",
+            "169.254.169.254",
+            "::1",
+            "fe80::1",
+            "100.64.0.1",
+            "::ffff:127.0.0.1",
+        ] {
             assert!(is_internal(ip.parse().unwrap()), "{ip}");
         }
         for ip in ["8.8.8.8", "2001:4860::8888"] {
@@ -594,7 +611,10 @@ mod tests {
         let max = Duration::from_secs(5);
         assert_eq!(clamp(None, max), max);
         assert_eq!(clamp(Some(Duration::from_secs(600)), max), max);
-        assert_eq!(clamp(Some(Duration::from_secs(1)), max), Duration::from_secs(1));
+        assert_eq!(
+            clamp(Some(Duration::from_secs(1)), max),
+            Duration::from_secs(1)
+        );
         assert_eq!(clamp(Some(Duration::ZERO), max), max);
     }
 }

@@ -236,8 +236,8 @@ pub fn key_policy_linker(engine: &wasmtime::Engine) -> wasmtime::Result<Linker<H
 /// clocks, random, `wasi:http` (outgoing handler and types, filtered by the
 /// store's [`OutboundHooks`]) and `config`. Calls must be async.
 pub fn channel_linker(engine: &wasmtime::Engine) -> wasmtime::Result<Linker<HostState>> {
-    use wasmtime_wasi::p2::bindings::{cli, clocks, io, random};
     use wasmtime_wasi::clocks::WasiClocks;
+    use wasmtime_wasi::p2::bindings::{cli, clocks, io, random};
     use wasmtime_wasi::random::WasiRandom;
     let mut linker = Linker::new(engine);
     let l = &mut linker;

@@ -31,7 +31,9 @@ pub type RegistrySource = Arc<dyn Fn() -> Arc<PluginRegistry> + Send + Sync>;
 #[derive(Debug, thiserror::Error)]
 pub enum SenderSetupError {
     /// A secret's environment variable is not set (its value is never shown).
-    #[error("channel {channel}: setting `{setting}` reads environment variable {var}, which is not set")]
+    #[error(
+        "channel {channel}: setting `{setting}` reads environment variable {var}, which is not set"
+    )]
     MissingSecret {
         /// The channel instance.
         channel: String,
@@ -221,7 +223,9 @@ impl PluginSender {
         };
         let payload: Payload = match serde_json::from_str(&msg.payload) {
             Ok(p) => p,
-            Err(e) => return SendOutcome::Permanent(format!("the task's payload is not valid: {e}")),
+            Err(e) => {
+                return SendOutcome::Permanent(format!("the task's payload is not valid: {e}"));
+            }
         };
         let inst = match rt.instance(&(self.registry)(), payload.plugin.as_deref()) {
             Ok(i) => i,
@@ -300,7 +304,10 @@ fn explain(reason: String, log: &OutboundLog) -> String {
     if log.denied.is_empty() {
         reason
     } else {
-        format!("{reason} (refused by the outbound policy: {})", log.denied.join("; "))
+        format!(
+            "{reason} (refused by the outbound policy: {})",
+            log.denied.join("; ")
+        )
     }
 }
 
@@ -324,15 +331,16 @@ impl ChannelRuntime {
             let (name, version) = id.split_once('@')?;
             registry.resolve_channel(&format!("{name}@={version}")).ok()
         });
-        let plugin = match exact {
-            Some(p) => p,
-            None => registry
-                .resolve_channel(&self.requirement)
-                .map_err(|e| InstanceError::Plugin {
-                    channel: self.name.clone(),
-                    reason: e.to_string(),
+        let plugin =
+            match exact {
+                Some(p) => p,
+                None => registry.resolve_channel(&self.requirement).map_err(|e| {
+                    InstanceError::Plugin {
+                        channel: self.name.clone(),
+                        reason: e.to_string(),
+                    }
                 })?,
-        };
+            };
         let key = format!("{}#{}", plugin.meta().id, plugin.meta().sha256);
         let mut instances = self.instances.lock().unwrap_or_else(|e| e.into_inner());
         Ok(instances
@@ -342,7 +350,11 @@ impl ChannelRuntime {
     }
 
     async fn capabilities_of(&self, inst: &ChannelInstance) -> Capabilities {
-        let key = format!("{}#{}", inst.plugin().meta().id, inst.plugin().meta().sha256);
+        let key = format!(
+            "{}#{}",
+            inst.plugin().meta().id,
+            inst.plugin().meta().sha256
+        );
         if let Some(c) = self
             .capabilities
             .lock()

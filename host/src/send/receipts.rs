@@ -94,8 +94,7 @@ pub async fn apply_receipts(
             report.unmatched.push(id);
             continue;
         };
-        if task.channel != channel
-            || !matches!(task.status, TaskStatus::Sent | TaskStatus::Unknown)
+        if task.channel != channel || !matches!(task.status, TaskStatus::Sent | TaskStatus::Unknown)
         {
             report.ignored += 1;
             continue;

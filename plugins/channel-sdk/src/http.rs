@@ -94,16 +94,18 @@ pub fn request(
     let bad = |what: &str| HttpError::NotSent(format!("invalid {what} in `{url}`"));
     req.set_method(&m).map_err(|()| bad("method"))?;
     req.set_scheme(Some(&scheme)).map_err(|()| bad("scheme"))?;
-    req.set_authority(Some(authority)).map_err(|()| bad("authority"))?;
-    req.set_path_with_query(Some(path)).map_err(|()| bad("path"))?;
+    req.set_authority(Some(authority))
+        .map_err(|()| bad("authority"))?;
+    req.set_path_with_query(Some(path))
+        .map_err(|()| bad("path"))?;
     let out = req.body().map_err(|()| bad("body"))?;
     let future = outgoing_handler::handle(req, None).map_err(|e| classify(&e))?;
-    if let Some(bytes) = body {
-        if let Ok(stream) = out.write() {
-            for chunk in bytes.chunks(4096) {
-                if stream.blocking_write_and_flush(chunk).is_err() {
-                    break;
-                }
+    if let Some(bytes) = body
+        && let Ok(stream) = out.write()
+    {
+        for chunk in bytes.chunks(4096) {
+            if stream.blocking_write_and_flush(chunk).is_err() {
+                break;
             }
         }
     }
@@ -120,7 +122,12 @@ pub fn request(
         .headers()
         .entries()
         .into_iter()
-        .map(|(k, v)| (k.to_ascii_lowercase(), String::from_utf8_lossy(&v).into_owned()))
+        .map(|(k, v)| {
+            (
+                k.to_ascii_lowercase(),
+                String::from_utf8_lossy(&v).into_owned(),
+            )
+        })
         .collect();
     let incoming = resp
         .consume()

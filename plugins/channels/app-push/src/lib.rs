@@ -75,13 +75,17 @@ impl ChannelGuest for AppPush {
                 }),
                 None => Err(SendError::Unknown("200 without a message name".into())),
             },
-            429 | 500 | 502 | 503 | 504 => Err(SendError::Retryable(format!("{} {code}", resp.status))),
+            429 | 500 | 502 | 503 | 504 => {
+                Err(SendError::Retryable(format!("{} {code}", resp.status)))
+            }
             s => Err(SendError::Permanent(format!("{s} {code}"))),
         }
     }
 
     fn query(_key: String, _id: Option<String>) -> Result<DeliveryStatus, SendError> {
-        Err(SendError::Retryable("this provider has no status query".into()))
+        Err(SendError::Retryable(
+            "this provider has no status query".into(),
+        ))
     }
 
     fn parse_callback(

@@ -129,7 +129,10 @@ fn parse_receipts(body: &[u8], by: &str) -> Result<Vec<(String, DeliveryStatus)>
                 .get(by)
                 .and_then(Value::as_str)
                 .ok_or_else(|| format!("a receipt without `{by}`"))?;
-            Ok((id.to_string(), status_of(r.get("status").and_then(Value::as_str))))
+            Ok((
+                id.to_string(),
+                status_of(r.get("status").and_then(Value::as_str)),
+            ))
         })
         .collect()
 }

@@ -70,7 +70,11 @@ impl ChannelGuest for Sms {
         )
         .map_err(transport)?;
         if resp.status >= 500 || resp.status == 429 {
-            return Err(SendError::Retryable(format!("{} {}", resp.status, resp.text())));
+            return Err(SendError::Retryable(format!(
+                "{} {}",
+                resp.status,
+                resp.text()
+            )));
         }
         let json: Value = serde_json::from_slice(&resp.body).unwrap_or(Value::Null);
         let code = json.get("Code").and_then(Value::as_str).unwrap_or("");
@@ -82,8 +86,11 @@ impl ChannelGuest for Sms {
                 }),
                 None => Err(SendError::Unknown("OK without a BizId".into())),
             },
-            "isv.AMOUNT_NOT_ENOUGH" | "isv.MOBILE_NUMBER_ILLEGAL" | "isv.SMS_TEMPLATE_ILLEGAL"
-            | "isv.SMS_SIGNATURE_ILLEGAL" | "isv.BLACK_KEY_CONTROL_LIMIT" => {
+            "isv.AMOUNT_NOT_ENOUGH"
+            | "isv.MOBILE_NUMBER_ILLEGAL"
+            | "isv.SMS_TEMPLATE_ILLEGAL"
+            | "isv.SMS_SIGNATURE_ILLEGAL"
+            | "isv.BLACK_KEY_CONTROL_LIMIT" => {
                 Err(SendError::Permanent(format!("{code}: {message}")))
             }
             "" => Err(SendError::Retryable(format!(
@@ -106,18 +113,23 @@ impl ChannelGuest for Sms {
         .map_err(|e| SendError::Retryable(e.to_string()))?;
         let json: Value = serde_json::from_slice(&resp.body).unwrap_or(Value::Null);
         if json.get("Code").and_then(Value::as_str) != Some("OK") {
-            return Err(SendError::Retryable(format!("query answered {}", resp.status)));
+            return Err(SendError::Retryable(format!(
+                "query answered {}",
+                resp.status
+            )));
         }
         let first = json
             .get("SmsSendDetailDTOs")
             .and_then(Value::as_array)
             .and_then(|l| l.first().cloned());
-        Ok(match first.and_then(|d| d.get("SendStatus").and_then(Value::as_i64)) {
-            None => DeliveryStatus::Unknown,
-            Some(3) => DeliveryStatus::Delivered,
-            Some(2) => DeliveryStatus::Failed,
-            Some(_) => DeliveryStatus::Pending,
-        })
+        Ok(
+            match first.and_then(|d| d.get("SendStatus").and_then(Value::as_i64)) {
+                None => DeliveryStatus::Unknown,
+                Some(3) => DeliveryStatus::Delivered,
+                Some(2) => DeliveryStatus::Failed,
+                Some(_) => DeliveryStatus::Pending,
+            },
+        )
     }
 
     fn parse_callback(

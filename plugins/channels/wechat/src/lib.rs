@@ -47,7 +47,10 @@ impl Guest for Wechat {
 /// A valid cached token, or a new one.
 fn token(endpoint: &str, refresh: bool) -> Result<String, SendError> {
     let mut cached = TOKEN.lock().unwrap_or_else(|e| e.into_inner());
-    if !refresh && let Some((t, until)) = cached.as_ref() && *until > now_ms() {
+    if !refresh
+        && let Some((t, until)) = cached.as_ref()
+        && *until > now_ms()
+    {
         return Ok(t.clone());
     }
     let app_id = require("app_id")?;
@@ -66,7 +69,10 @@ fn token(endpoint: &str, refresh: bool) -> Result<String, SendError> {
     let json: Value = serde_json::from_slice(&resp.body).unwrap_or(Value::Null);
     match json.get("access_token").and_then(Value::as_str) {
         Some(t) => {
-            let ttl = json.get("expires_in").and_then(Value::as_u64).unwrap_or(7200);
+            let ttl = json
+                .get("expires_in")
+                .and_then(Value::as_u64)
+                .unwrap_or(7200);
             let until = now_ms() + ttl.saturating_sub(300).max(1) * 1000;
             *cached = Some((t.to_string(), until));
             Ok(t.to_string())
@@ -75,7 +81,9 @@ fn token(endpoint: &str, refresh: bool) -> Result<String, SendError> {
             *cached = None;
             let code = json.get("errcode").and_then(Value::as_i64).unwrap_or(0);
             // Never echo the answer: it could mention the credentials.
-            Err(SendError::Retryable(format!("token refused (errcode {code})")))
+            Err(SendError::Retryable(format!(
+                "token refused (errcode {code})"
+            )))
         }
     }
 }
@@ -145,7 +153,9 @@ impl ChannelGuest for Wechat {
     }
 
     fn query(_key: String, _id: Option<String>) -> Result<DeliveryStatus, SendError> {
-        Err(SendError::Retryable("WeChat template messages have no status query".into()))
+        Err(SendError::Retryable(
+            "WeChat template messages have no status query".into(),
+        ))
     }
 
     fn parse_callback(

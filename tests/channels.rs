@@ -517,3 +517,74 @@ async fn the_outbound_policy_refuses_hosts_off_the_allowlist() {
         "the refused calls sent nothing"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn receipts_settle_tasks_and_failed_after_accept_falls_back() {
+    let env = Env::start(|_| {}).await;
+    let chans = channels(env.sim.addr);
+    let receipts_sender = sender(&chans);
+    let inbox = env.accept("inbox", "rc-1", &payload("user-rc", "T")).await;
+    let mut p = payload("+8613800000077", "SMS_1001");
+    p.fallback = Some(Box::new(Fallback {
+        channel: "app-push".into(),
+        key: "push:per-event@1:app-push:rc-2".into(),
+        window_ms: 3_600_000,
+        payload: payload("device-rc", "Shipped"),
+    }));
+    let sms = env.accept("sms", "rc-2", &p).await;
+    env.wait_status(&inbox, TaskStatus::Sent).await;
+    env.wait_status(&sms, TaskStatus::Sent).await;
+
+    // Inbox receipts name the reference (the idempotency key).
+    let key = env.permits.task(&inbox).await.unwrap().unwrap().key;
+    let body = format!(r#"{{"receipts":[{{"reference":"{key}","status":"delivered"}}]}}"#);
+    let report = pushonce::send::receipts::apply_receipts(
+        &env.permits,
+        &receipts_sender,
+        "inbox",
+        &[],
+        body.as_bytes(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(report.updated, 1, "{report:?}");
+    assert_eq!(env.status(&inbox).await, Some(TaskStatus::Delivered));
+
+    // SMS receipts name the provider's BizId; failed after accept → fallback.
+    let biz_id = env.ledger("sms")[0].id.clone();
+    let body = format!(r#"{{"receipts":[{{"message_id":"{biz_id}","status":"failed"}}]}}"#);
+    for _ in 0..2 {
+        // Applying the same callback twice changes nothing more.
+        pushonce::send::receipts::apply_receipts(
+            &env.permits,
+            &receipts_sender,
+            "sms",
+            &[],
+            body.as_bytes(),
+        )
+        .await
+        .unwrap();
+    }
+    assert_eq!(env.status(&sms).await, Some(TaskStatus::Failed));
+    let fb = env
+        .permits
+        .permit_owner("push:per-event@1:app-push:rc-2")
+        .await
+        .unwrap()
+        .expect("fallback accepted");
+    env.wait_status(&fb, TaskStatus::Sent).await;
+    assert_eq!(env.ledger("app-push").len(), 1);
+
+    // A malformed callback is refused with the plugin's reason.
+    let err = pushonce::send::receipts::apply_receipts(
+        &env.permits,
+        &receipts_sender,
+        "sms",
+        &[],
+        b"not json",
+    )
+    .await
+    .unwrap_err();
+    assert!(err.to_string().contains("not JSON"), "{err}");
+    env.stop().await;
+}

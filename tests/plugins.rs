@@ -40,13 +40,22 @@ fn the_real_plugins_load_and_describe_themselves() {
     assert_eq!(
         ids,
         [
+            "app-push@1.0.0",
+            "inbox@1.0.0",
             "per-event@1.0.0",
             "per-user-per-day@1.0.0",
-            "per-user-per-job@1.0.0"
+            "per-user-per-job@1.0.0",
+            "sms@1.0.0",
+            "wechat@1.0.0"
         ]
     );
     for p in registry.plugins() {
-        assert_eq!(p.meta().world.to_string(), "key-policy");
+        let world = if p.meta().name.starts_with("per-") {
+            "key-policy"
+        } else {
+            "channel"
+        };
+        assert_eq!(p.meta().world.to_string(), world);
         assert!(!p.meta().description.is_empty());
     }
 }
@@ -551,14 +560,15 @@ fn a_fresh_instance_gives_the_same_key_as_a_warm_one() {
 fn the_disk_cache_is_used_on_the_second_load() {
     let cache = tempfile::tempdir().unwrap();
     let first = real_registry(Some(cache.path()));
-    assert_eq!(first.stats().compiled, 3);
+    // 3 key policies + 4 channel plugins.
+    assert_eq!(first.stats().compiled, 7);
     assert_eq!(first.stats().from_cache, 0);
     let mut cwasm: Vec<_> = std::fs::read_dir(cache.path())
         .unwrap()
         .map(|e| e.unwrap().path())
         .collect();
     cwasm.sort();
-    assert_eq!(cwasm.len(), 3, "{cwasm:?}");
+    assert_eq!(cwasm.len(), 7, "{cwasm:?}");
     assert!(
         cwasm
             .iter()
@@ -568,7 +578,7 @@ fn the_disk_cache_is_used_on_the_second_load() {
 
     let second = real_registry(Some(cache.path()));
     assert_eq!(second.stats().compiled, 0);
-    assert_eq!(second.stats().from_cache, 3);
+    assert_eq!(second.stats().from_cache, 7);
     let ev = event("u-42", LAST_SECOND_OF_DAY_AT_8, &[("job_id", "j")]);
     for policy in ["per-event", "per-user-per-day", "per-user-per-job"] {
         assert_eq!(
@@ -581,7 +591,7 @@ fn the_disk_cache_is_used_on_the_second_load() {
     std::fs::write(&cwasm[0], b"garbage").unwrap();
     let third = real_registry(Some(cache.path()));
     assert_eq!(third.stats().compiled, 1);
-    assert_eq!(third.stats().from_cache, 2);
+    assert_eq!(third.stats().from_cache, 6);
     assert!(std::fs::read(&cwasm[0]).unwrap().len() > 1000);
 
     // Another engine configuration never reads these files.
@@ -592,7 +602,7 @@ fn the_disk_cache_is_used_on_the_second_load() {
     let (other, refused) =
         PluginRegistry::load_dir(&real_dir(), &other_limits, Some(cache.path())).unwrap();
     assert!(refused.is_empty());
-    assert_eq!(other.stats().from_cache + other.stats().compiled, 3);
+    assert_eq!(other.stats().from_cache + other.stats().compiled, 7);
     assert_eq!(
         key(&other, "per-event", &ev, "sms", &[]).unwrap(),
         key(&first, "per-event", &ev, "sms", &[]).unwrap()

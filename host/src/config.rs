@@ -71,6 +71,110 @@ pub struct ChannelConfig {
     /// Hosts (`name` or `name:port`) the plugin may reach over HTTP.
     #[serde(default)]
     pub allowed_hosts: Vec<String>,
+
+    // ---- delivery settings (channels issue) ----
+    /// After an `unknown` outcome, when the provider has neither a client
+    /// reference nor a status query: `hold` (default: the task waits, visibly,
+    /// for a receipt or an operator) or `resend` (accept a possible duplicate).
+    #[serde(default)]
+    pub on_unknown: OnUnknown,
+    /// Sends in flight at once on this channel instance, per host process.
+    #[serde(default = "default_concurrency")]
+    pub concurrency: usize,
+    /// Most sends per second on this channel instance, per host process (0: no limit).
+    #[serde(default)]
+    pub rate_limit: f64,
+    /// Let allowed host *names* resolve to private, loopback or link-local
+    /// addresses (IP literals in `allowed_hosts` are always reachable).
+    #[serde(default)]
+    pub allow_private: bool,
+    /// Most time to resolve and connect to the provider.
+    #[serde(default = "default_connect_timeout", with = "humantime_serde")]
+    pub connect_timeout: Duration,
+    /// Most time to the response head, and between two body chunks.
+    #[serde(default = "default_response_timeout", with = "humantime_serde")]
+    pub response_timeout: Duration,
+    /// Most time one plugin call (a send, with all its requests) may take.
+    #[serde(default = "default_call_timeout", with = "humantime_serde")]
+    pub call_timeout: Duration,
+    /// Largest response body a plugin may read.
+    #[serde(default = "default_body_cap")]
+    pub max_response_size: bytesize::ByteSize,
+    /// Largest request body a plugin may send.
+    #[serde(default = "default_body_cap")]
+    pub max_request_size: bytesize::ByteSize,
+}
+
+/// What a channel does after an `unknown` outcome it cannot resolve by
+/// resending with its reference or by a status query.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OnUnknown {
+    /// Keep the task `unknown` (no resend) until a receipt or an operator settles it.
+    #[default]
+    Hold,
+    /// Send again with the same key (may duplicate at the provider).
+    Resend,
+}
+
+fn default_concurrency() -> usize {
+    16
+}
+
+fn default_connect_timeout() -> Duration {
+    Duration::from_secs(5)
+}
+
+fn default_response_timeout() -> Duration {
+    Duration::from_secs(10)
+}
+
+fn default_call_timeout() -> Duration {
+    Duration::from_secs(20)
+}
+
+fn default_body_cap() -> bytesize::ByteSize {
+    bytesize::ByteSize::mib(1)
+}
+
+impl ChannelConfig {
+    /// A channel instance of `plugin` with default settings.
+    pub fn new(plugin: &str) -> ChannelConfig {
+        ChannelConfig {
+            plugin: plugin.to_string(),
+            settings: BTreeMap::new(),
+            secrets_from_env: BTreeMap::new(),
+            allowed_hosts: Vec::new(),
+            on_unknown: OnUnknown::Hold,
+            concurrency: default_concurrency(),
+            rate_limit: 0.0,
+            allow_private: false,
+            connect_timeout: default_connect_timeout(),
+            response_timeout: default_response_timeout(),
+            call_timeout: default_call_timeout(),
+            max_response_size: default_body_cap(),
+            max_request_size: default_body_cap(),
+        }
+    }
+
+    /// The outbound HTTP policy of this channel instance.
+    pub fn outbound_policy(
+        &self,
+    ) -> Result<crate::plugin::OutboundPolicy, crate::plugin::http::AllowedHostError> {
+        Ok(crate::plugin::OutboundPolicy {
+            allowed: self
+                .allowed_hosts
+                .iter()
+                .map(|h| crate::plugin::AllowedHost::parse(h))
+                .collect::<Result<_, _>>()?,
+            allow_private: self.allow_private,
+            connect_timeout: self.connect_timeout,
+            first_byte_timeout: self.response_timeout,
+            between_bytes_timeout: self.response_timeout,
+            max_request_bytes: self.max_request_size.as_u64(),
+            max_response_bytes: self.max_response_size.as_u64(),
+        })
+    }
 }
 
 /// Where the API's bearer tokens come from.

@@ -10,11 +10,19 @@
 //! - a retry scheduler ([`schedule`]): promotes due retries from each shard's
 //!   delayed set to its ready stream.
 //!
+//! Outcomes: `sent`; `retryable` → backoff; `permanent` → the payload's
+//! fallback task is accepted ([`fallback`]) and the task recorded `failed`;
+//! `unknown` → the sender's verdict ([`crate::send::Sender::settle_unknown`]):
+//! recorded sent (a query found it), resent with the same key after a
+//! backoff (reference honoured / query says absent / `on_unknown = "resend"`),
+//! or held as `unknown`.
+//!
 //! Nothing in Redis is per process except the consumer name, so any number of
 //! processes may share one Redis. Shutdown (a `watch` channel turning `true`):
 //! workers stop reading, finish the attempt in flight and record it.
 
 pub mod backoff;
+pub mod fallback;
 pub mod reclaim;
 pub mod schedule;
 pub mod worker;

@@ -13,7 +13,7 @@ use tokio::task::JoinSet;
 
 use super::{Shared, backoff, pause};
 use crate::permit::{Attempt, Begin, Entry, Outcome, Recorded};
-use crate::send::{OutgoingMessage, SendOutcome};
+use crate::send::{OutgoingMessage, Payload, SendOutcome, UnknownVerdict};
 
 /// The reader loop: waits for a free worker slot, reads with `XREADGROUP`
 /// (`COUNT 1` per stream, so up to one entry per shard), and hands each entry
@@ -163,7 +163,7 @@ pub(crate) async fn process(shared: &Shared, entry: &Entry) {
         attempt: attempt.number,
         payload: attempt.task.payload.clone(),
     };
-    let result = send_with_lease(shared, &attempt, &msg).await;
+    let result = with_lease(shared, &attempt, shared.sender.send(&msg)).await;
     let outcome = match result {
         SendOutcome::Sent {
             provider_message_id,
@@ -179,17 +179,80 @@ pub(crate) async fn process(shared: &Shared, entry: &Entry) {
             delay: backoff::random_delay_after(&attempt.task.retry, attempt.number),
             reason,
         },
-        SendOutcome::Permanent(reason) => Outcome::Failed { reason },
-        SendOutcome::Unknown(reason) => Outcome::Unknown { reason },
+        SendOutcome::Permanent(reason) => permanent(shared, &attempt, reason).await,
+        SendOutcome::Unknown(reason) => {
+            let verdict = with_lease(shared, &attempt, shared.sender.settle_unknown(&msg)).await;
+            unknown(&attempt, reason, verdict)
+        }
     };
     record(shared, &attempt, &outcome, entry).await;
+    if let Outcome::Sent {
+        provider_message_id,
+    } = &outcome
+        && !provider_message_id.is_empty()
+        && let Err(e) = shared
+            .permits
+            .index_provider_id(&attempt.task.channel, provider_message_id, &attempt.task_id)
+            .await
+    {
+        tracing::warn!(task = %attempt.task_id, error = %e, "could not index the provider message id");
+    }
 }
 
-/// Runs the send, extending the lease every third of it while the send is in flight.
-async fn send_with_lease(shared: &Shared, attempt: &Attempt, msg: &OutgoingMessage) -> SendOutcome {
+/// A permanent refusal: accept the payload's fallback task first (idempotent),
+/// then the task is recorded `failed` (its permit released if nothing was sent).
+async fn permanent(shared: &Shared, attempt: &Attempt, reason: String) -> Outcome {
+    let fallback = serde_json::from_str::<Payload>(&attempt.task.payload)
+        .ok()
+        .and_then(|p| p.fallback);
+    if let Some(fb) = fallback {
+        match super::fallback::accept_fallback(&shared.permits, &attempt.task, &fb).await {
+            Ok(_) => {
+                return Outcome::Failed {
+                    reason: format!("{reason}; fallback to {}", fb.channel),
+                };
+            }
+            Err(e) => {
+                // Not recorded failed without its fallback: try the whole thing again.
+                tracing::warn!(task = %attempt.task_id, error = %e, "could not accept the fallback; retrying");
+                return Outcome::Retry {
+                    delay: backoff::random_delay_after(&attempt.task.retry, attempt.number),
+                    reason: format!("{reason}; fallback not yet accepted: {e}"),
+                };
+            }
+        }
+    }
+    Outcome::Failed { reason }
+}
+
+/// An unknown outcome, after the sender's verdict.
+fn unknown(attempt: &Attempt, reason: String, verdict: UnknownVerdict) -> Outcome {
+    match verdict {
+        UnknownVerdict::Sent {
+            provider_message_id,
+        } => Outcome::Sent {
+            provider_message_id: provider_message_id.unwrap_or_default(),
+        },
+        UnknownVerdict::Resend if attempt.number < attempt.task.retry.max_attempts => {
+            Outcome::Resend {
+                delay: backoff::random_delay_after(&attempt.task.retry, attempt.number),
+                reason: format!("{reason}; resending with the same key"),
+            }
+        }
+        // Out of attempts, or nothing can tell: held, visibly, never released.
+        UnknownVerdict::Resend | UnknownVerdict::Hold => Outcome::Unknown { reason },
+    }
+}
+
+/// Runs `send` (a send or a status query), extending the lease every third
+/// of it while it is in flight.
+async fn with_lease<T>(
+    shared: &Shared,
+    attempt: &Attempt,
+    send: impl std::future::Future<Output = T>,
+) -> T {
     let lease = shared.config.lease;
     let every = (lease / 3).max(Duration::from_millis(10));
-    let send = shared.sender.send(msg);
     tokio::pin!(send);
     let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
     loop {

@@ -173,6 +173,15 @@ pub enum Outcome {
         /// Why it failed.
         reason: String,
     },
+    /// Sent with no answer, and a resend with the same key is safe: try again
+    /// after `delay`, like `Retry`, but remember the provider may have it
+    /// (`maybe_sent`, so a later failure keeps the permit for the window).
+    Resend {
+        /// Backoff before the next attempt.
+        delay: Duration,
+        /// What happened.
+        reason: String,
+    },
     /// Sent with no answer: hold for reconciliation.
     Unknown {
         /// What happened.
@@ -579,6 +588,7 @@ impl Permits {
                 provider_message_id,
             } => ("sent", 0, provider_message_id.as_str(), ""),
             Outcome::Retry { delay, reason } => ("retry", ms(*delay), "", reason.as_str()),
+            Outcome::Resend { delay, reason } => ("resend", ms(*delay), "", reason.as_str()),
             Outcome::Unknown { reason } => ("unknown", 0, "", reason.as_str()),
             Outcome::Failed { reason } => ("failed", 0, "", reason.as_str()),
             Outcome::Dead { reason } => ("dead", 0, "", reason.as_str()),
@@ -639,6 +649,47 @@ impl Permits {
             .await?;
         let items = array(answer, "receipt")?;
         Ok(text(items.first()) == "recorded")
+    }
+
+    /// The key of the provider-id index entry of `channel`'s message `provider_id`.
+    fn provider_id_key(&self, channel: &str, provider_id: &str) -> String {
+        let name = format!("{channel}:{provider_id}");
+        let shard = self.layout.shard_of(&name);
+        format!(
+            "{}pmid:{name}",
+            self.layout.task_prefix(shard).trim_end_matches("task:")
+        )
+    }
+
+    /// Remembers that `channel`'s message `provider_id` is task `task_id`, for
+    /// receipts that name only the provider's id. Written after the send is
+    /// recorded (best effort: a receipt that finds nothing is reported unmatched).
+    pub async fn index_provider_id(
+        &self,
+        channel: &str,
+        provider_id: &str,
+        task_id: &str,
+    ) -> Result<(), PermitError> {
+        let _: () = redis::cmd("SET")
+            .arg(self.provider_id_key(channel, provider_id))
+            .arg(task_id)
+            .arg("PX")
+            .arg(ms(self.config.retention).max(1))
+            .query_async(&mut self.conn.clone())
+            .await?;
+        Ok(())
+    }
+
+    /// The task of `channel`'s message `provider_id`, if indexed.
+    pub async fn task_by_provider_id(
+        &self,
+        channel: &str,
+        provider_id: &str,
+    ) -> Result<Option<String>, PermitError> {
+        Ok(redis::cmd("GET")
+            .arg(self.provider_id_key(channel, provider_id))
+            .query_async(&mut self.conn.clone())
+            .await?)
     }
 
     /// Moves up to `limit` due retries of `shard` from its delayed set to its

@@ -14,18 +14,26 @@ pub mod key_policy {
 }
 
 /// The `channel-plugin` world: `describe`, the `channel` interface, and the
-/// `config` import the host implements.
+/// `config` import the host implements. Exports are called asynchronously (a
+/// send waits on HTTP); `wasi:http` and `wasi:io` are wasmtime's own bindings.
 pub mod channel {
     wasmtime::component::bindgen!({
         world: "channel-plugin",
         path: "../wit",
+        exports: { default: async },
         with: {
             "pushonce:plugin/types": super::key_policy::pushonce::plugin::types,
+            "wasi:http": wasmtime_wasi_http::p2::bindings::http,
+            "wasi:io": wasmtime_wasi::p2::bindings::io,
+            "wasi:clocks": wasmtime_wasi::p2::bindings::clocks,
         },
     });
 }
 
 pub use channel::ChannelPlugin as ChannelWorld;
+pub use channel::exports::pushonce::plugin::channel::{
+    DeliveryStatus, Message, ProviderCapabilities as Capabilities, Receipt, SendError,
+};
 pub use key_policy::KeyPolicyPlugin as KeyPolicyWorld;
 pub use key_policy::exports::pushonce::plugin::key_policy::KeyDecision;
 pub use key_policy::pushonce::plugin::types::{Event, PluginInfo};

@@ -1,16 +1,32 @@
-//! `ChannelPlugin`: one loaded channel plugin. For now the host only loads,
-//! registers and describes channel plugins; sending (async, with `wasi:http`)
-//! is built by the channel issue on top of the `InstancePre` kept here.
+//! Channel plugins: `ChannelPlugin` is one loaded component; a
+//! `ChannelInstance` is that plugin bound to one channel instance's settings
+//! and outbound policy, with a pool of warm instances, called asynchronously.
+//!
+//! Every call refills the fuel (which also makes the guest yield to tokio
+//! every `FUEL_YIELD` units), runs under a wall-clock budget, and reports
+//! what its HTTP requests did ([`OutboundLog`]), so the caller can tell a
+//! failure before anything left from one after a request may have gone out.
+//! A store that trapped, overran or was cut off is dropped, never reused.
+//! Warm instances keep guest state between calls (a WeChat access token).
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use wasmtime::Store;
 
 use super::PluginMeta;
 use super::bindings::channel::ChannelPluginPre;
+use super::bindings::{Capabilities, ChannelWorld, DeliveryStatus, Message, Receipt, SendError};
+use super::call::classify;
+use super::error::CallError;
+use super::http::{HttpClient, OutboundHooks, OutboundLog, OutboundPolicy};
 use super::runtime::PluginRuntime;
 use super::state::HostState;
+
+/// Fuel between two yields of an async call to the tokio scheduler.
+const FUEL_YIELD: u64 = 1_000_000;
 
 /// A loaded channel plugin. `Send + Sync`: share it as `Arc<ChannelPlugin>`.
 pub struct ChannelPlugin {
@@ -41,19 +57,290 @@ impl ChannelPlugin {
         &self.meta.id
     }
 
-    /// A new store (with channel settings `config`, under the runtime's
-    /// limits) for instantiating this plugin: the channel issue's entry point.
-    pub fn new_store(&self, config: HashMap<String, String>) -> Store<HostState> {
+    /// The pre-instantiated component.
+    pub fn pre(&self) -> &ChannelPluginPre<HostState> {
+        &self.pre
+    }
+}
+
+/// The settings of one channel instance, as its plugin calls see them.
+#[derive(Clone)]
+pub struct ChannelSettings {
+    /// What the `config` import answers (settings and secrets). Never logged.
+    pub config: Arc<HashMap<String, String>>,
+    /// What the plugin may reach over HTTP.
+    pub policy: Arc<OutboundPolicy>,
+    /// The channel instance's pooled HTTP client.
+    pub client: HttpClient,
+    /// Wall-clock budget of one call.
+    pub call_timeout: Duration,
+    /// Warm instances kept between calls.
+    pub warm_instances: usize,
+}
+
+impl std::fmt::Debug for ChannelSettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Setting values may be secrets: names only.
+        let mut names: Vec<&String> = self.config.keys().collect();
+        names.sort();
+        f.debug_struct("ChannelSettings")
+            .field("config_names", &names)
+            .field("policy", &self.policy)
+            .field("call_timeout", &self.call_timeout)
+            .finish()
+    }
+}
+
+/// A failed call, with what its HTTP requests did before it failed.
+#[derive(Debug, Clone)]
+pub struct ChannelCallError {
+    /// Why the call failed.
+    pub error: CallError,
+    /// What the call's requests did (a request may have reached the provider).
+    pub log: OutboundLog,
+}
+
+impl std::fmt::Display for ChannelCallError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.error)?;
+        if !self.log.denied.is_empty() {
+            write!(
+                f,
+                " (refused by the outbound policy: {})",
+                self.log.denied.join("; ")
+            )?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for ChannelCallError {}
+
+/// A successful call's answer, with what its HTTP requests did.
+#[derive(Debug, Clone)]
+pub struct Answer<T> {
+    /// The plugin's answer.
+    pub value: T,
+    /// What the call's requests did (refusals explain a plugin's error).
+    pub log: OutboundLog,
+}
+
+/// A warm instance and its store.
+struct Warm {
+    /// Store with the instance's memory, fuel, WASI and HTTP state.
+    store: Store<HostState>,
+    /// The instance's typed exports.
+    world: ChannelWorld,
+}
+
+/// One channel plugin bound to one channel instance's settings.
+pub struct ChannelInstance {
+    /// The plugin.
+    plugin: Arc<ChannelPlugin>,
+    /// Settings, policy, client, budgets.
+    settings: ChannelSettings,
+    /// Idle warm instances.
+    pool: Mutex<Vec<Warm>>,
+}
+
+impl ChannelInstance {
+    /// Binds `plugin` to `settings`.
+    pub fn new(plugin: Arc<ChannelPlugin>, settings: ChannelSettings) -> ChannelInstance {
+        ChannelInstance {
+            plugin,
+            settings,
+            pool: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// The plugin (`meta().id` is `name@version`).
+    pub fn plugin(&self) -> &Arc<ChannelPlugin> {
+        &self.plugin
+    }
+
+    /// What the provider offers after an unknown outcome.
+    pub async fn capabilities(&self) -> Result<Answer<Capabilities>, ChannelCallError> {
+        self.call(|w, s| {
+            Box::pin(async move { w.pushonce_plugin_channel().call_capabilities(s).await })
+        })
+        .await
+    }
+
+    /// Sends one message.
+    pub async fn send(
+        &self,
+        msg: Message,
+    ) -> Result<Answer<Result<Receipt, SendError>>, ChannelCallError> {
+        self.call(move |w, s| {
+            Box::pin(async move { w.pushonce_plugin_channel().call_send(s, &msg).await })
+        })
+        .await
+    }
+
+    /// Asks the provider about a message.
+    pub async fn query(
+        &self,
+        key: String,
+        provider_message_id: Option<String>,
+    ) -> Result<Answer<Result<DeliveryStatus, SendError>>, ChannelCallError> {
+        self.call(move |w, s| {
+            Box::pin(async move {
+                w.pushonce_plugin_channel()
+                    .call_query(s, &key, provider_message_id.as_deref())
+                    .await
+            })
+        })
+        .await
+    }
+
+    /// Parses a delivery callback.
+    #[allow(clippy::type_complexity)]
+    pub async fn parse_callback(
+        &self,
+        headers: Vec<(String, String)>,
+        body: Vec<u8>,
+    ) -> Result<Answer<Result<Vec<(String, DeliveryStatus)>, String>>, ChannelCallError> {
+        self.call(move |w, s| {
+            Box::pin(async move {
+                w.pushonce_plugin_channel()
+                    .call_parse_callback(s, &headers, &body)
+                    .await
+            })
+        })
+        .await
+    }
+
+    fn new_store(&self, log: &Arc<Mutex<OutboundLog>>) -> Store<HostState> {
+        let limits = self.plugin.runtime.limits();
+        let hooks = OutboundHooks {
+            policy: self.settings.policy.clone(),
+            client: Some(self.settings.client.clone()),
+            log: log.clone(),
+        };
+        let config = (*self.settings.config).clone();
         let mut store = Store::new(
-            self.runtime.engine(),
-            HostState::new(self.runtime.limits(), config),
+            self.plugin.runtime.engine(),
+            HostState::for_channel(limits, config, hooks),
         );
         store.limiter(|s| &mut s.limiter);
         store
     }
 
-    /// The pre-instantiated component.
-    pub fn pre(&self) -> &ChannelPluginPre<HostState> {
-        &self.pre
+    fn take_warm(&self) -> Option<Warm> {
+        self.pool.lock().unwrap_or_else(|e| e.into_inner()).pop()
+    }
+
+    fn put_warm(&self, warm: Warm) {
+        let mut pool = self.pool.lock().unwrap_or_else(|e| e.into_inner());
+        if pool.len() < self.settings.warm_instances {
+            pool.push(warm);
+        }
+    }
+
+    /// Runs one export call on a warm (or new) instance under the budgets.
+    async fn call<T, F>(&self, f: F) -> Result<Answer<T>, ChannelCallError>
+    where
+        F: for<'a> FnOnce(
+            &'a ChannelWorld,
+            &'a mut Store<HostState>,
+        ) -> std::pin::Pin<
+            Box<dyn Future<Output = wasmtime::Result<T>> + Send + 'a>,
+        >,
+        T: Send,
+    {
+        let id = self.plugin.id().to_string();
+        let fuel = self.plugin.runtime.limits().fuel_per_call;
+        let budget = self.settings.call_timeout;
+        // This call's log, shared with the store's hooks and read even when
+        // the call is cut off (the store is dropped with the future then).
+        let call_log: Arc<Mutex<OutboundLog>> = Arc::default();
+        let run = async {
+            let mut warm = match self.take_warm() {
+                Some(w) => w,
+                None => {
+                    let mut store = self.new_store(&call_log);
+                    store
+                        .set_fuel(fuel)
+                        .and_then(|()| store.fuel_async_yield_interval(Some(FUEL_YIELD)))
+                        .map_err(|e| {
+                            (
+                                CallError::Instantiate {
+                                    plugin: id.clone(),
+                                    reason: format!("{e:#}"),
+                                },
+                                OutboundLog::default(),
+                            )
+                        })?;
+                    let world = match self.plugin.pre.instantiate_async(&mut store).await {
+                        Ok(w) => w,
+                        Err(e) => {
+                            let err = classify(&id, e, store.data(), fuel);
+                            let log = store.data().hooks.log();
+                            return Err((
+                                match err {
+                                    CallError::Trap { cause, .. } => CallError::Instantiate {
+                                        plugin: id.clone(),
+                                        reason: cause,
+                                    },
+                                    other => other,
+                                },
+                                log,
+                            ));
+                        }
+                    };
+                    Warm { store, world }
+                }
+            };
+            {
+                let state = warm.store.data_mut();
+                state.limiter.hit = false;
+                state.stderr.clear();
+                state.hooks.log = call_log.clone();
+            }
+            if let Err(e) = warm.store.set_fuel(fuel) {
+                return Err((
+                    CallError::Trap {
+                        plugin: id.clone(),
+                        cause: format!("{e:#}"),
+                    },
+                    OutboundLog::default(),
+                ));
+            }
+            let Warm { mut store, world } = warm;
+            let result = f(&world, &mut store).await;
+            let log = store.data().hooks.log();
+            match result {
+                Ok(value) => {
+                    self.put_warm(Warm { store, world });
+                    Ok(Answer { value, log })
+                }
+                Err(e) => Err((classify(&id, e, store.data(), fuel), log)),
+            }
+        };
+        match tokio::time::timeout(budget, run).await {
+            Ok(Ok(answer)) => Ok(answer),
+            Ok(Err((error, log))) => Err(ChannelCallError { error, log }),
+            Err(_) => Err(ChannelCallError {
+                error: CallError::TimedOut {
+                    plugin: id,
+                    millis: budget.as_millis() as u64,
+                },
+                log: call_log.lock().unwrap_or_else(|e| e.into_inner()).clone(),
+            }),
+        }
+    }
+}
+
+/// Polls a future to completion on this thread without a runtime. For calls
+/// that do no I/O (a channel plugin's `describe` at load time), so loading
+/// works from sync code and from inside a tokio runtime alike.
+pub(crate) fn block_on<F: Future>(fut: F) -> F::Output {
+    let mut fut = std::pin::pin!(fut);
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    loop {
+        if let std::task::Poll::Ready(v) = fut.as_mut().poll(&mut cx) {
+            return v;
+        }
+        std::thread::yield_now();
     }
 }

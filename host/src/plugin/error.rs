@@ -211,6 +211,14 @@ pub enum CallError {
         /// The import's name, e.g. `wasi:clocks/wall-clock@0.2.6#now`.
         import: String,
     },
+    /// An async call (a channel send) ran past its wall-clock budget and was cut off.
+    #[error("plugin {plugin} did not answer within {millis} ms")]
+    TimedOut {
+        /// `name@version`.
+        plugin: String,
+        /// The budget, in ms.
+        millis: u64,
+    },
     /// A new instance could not be created.
     #[error("plugin {plugin} could not be instantiated: {reason}")]
     Instantiate {
@@ -230,6 +238,7 @@ impl CallError {
             | CallError::MemoryCap { plugin, .. }
             | CallError::Trap { plugin, .. }
             | CallError::Forbidden { plugin, .. }
+            | CallError::TimedOut { plugin, .. }
             | CallError::Instantiate { plugin, .. } => plugin,
         }
     }

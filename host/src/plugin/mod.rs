@@ -7,6 +7,8 @@
 //! - `registry`: loading files, refusing bad ones, semver resolution.
 //! - `key_policy` / `channel`: handles of loaded plugins; key policies call
 //!   `derive-key` on warm pooled instances.
+//! - `http`: the outbound HTTP capability of channel plugins (`wasi:http`
+//!   filtered by each channel instance's `OutboundPolicy`).
 //! - `call`: turning traps into errors that name the plugin and the cause.
 //! - `limits` / `error`: configuration and error types.
 
@@ -15,6 +17,7 @@ pub mod cache;
 mod call;
 pub mod channel;
 pub mod error;
+pub mod http;
 pub mod key_policy;
 pub mod limits;
 pub mod registry;
@@ -27,8 +30,9 @@ use std::time::Duration;
 
 pub use bindings::{Event, KeyDecision};
 pub use cache::CacheOutcome;
-pub use channel::ChannelPlugin;
+pub use channel::{ChannelCallError, ChannelInstance, ChannelPlugin, ChannelSettings};
 pub use error::{CallError, LoadError, ResolveError};
+pub use http::{AllowedHost, HttpClient, OutboundLog, OutboundPolicy};
 pub use key_policy::KeyPolicyPlugin;
 pub use limits::Limits;
 pub use registry::PluginRegistry;

@@ -134,7 +134,7 @@ impl PluginRegistry {
         let plugin = match world {
             World::KeyPolicy => {
                 let mut linker = self.runtime.key_linker.clone();
-                super::state::stub_other_imports(&mut linker, &component)
+                super::state::stub_other_imports(&mut linker, &component, &[])
                     .map_err(|e| mismatch(format!("{e:#}")))?;
                 let pre = linker
                     .instantiate_pre(&component)
@@ -153,14 +153,23 @@ impl PluginRegistry {
             }
             World::Channel => {
                 let mut linker = self.runtime.channel_linker.clone();
-                super::state::stub_other_imports(&mut linker, &component)
-                    .map_err(|e| mismatch(format!("{e:#}")))?;
+                super::state::stub_other_imports(
+                    &mut linker,
+                    &component,
+                    super::state::CHANNEL_EXTRA_INTERFACES,
+                )
+                .map_err(|e| mismatch(format!("{e:#}")))?;
                 let pre = linker
                     .instantiate_pre(&component)
                     .and_then(bindings::channel::ChannelPluginPre::new)
                     .map_err(|e| mismatch(format!("{e:#}")))?;
+                // Channel exports are async; `describe` does no I/O, so it
+                // completes by polling alone (no runtime needed, none nested).
                 let info = self.describe(file, |store| {
-                    pre.instantiate(&mut *store)?.call_describe(&mut *store)
+                    super::channel::block_on(async {
+                        let inst = pre.instantiate_async(&mut *store).await?;
+                        inst.call_describe(&mut *store).await
+                    })
                 })?;
                 self.fill_meta(&mut meta, info)?;
                 meta.load_time = started.elapsed();

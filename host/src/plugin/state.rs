@@ -9,6 +9,11 @@
 //! other import (clocks, random, filesystem, sockets) is defined per component
 //! as a trap: a key policy that reads a clock fails its call instead of
 //! silently becoming non-deterministic.
+//!
+//! Channel plugins get more, through their own linker: the async `wasi:io`
+//! (a send waits on the network), clocks and randomness, and
+//! `wasi:http/outgoing-handler` + `wasi:http/types`, whose every request goes
+//! through the store's [`OutboundHooks`] (the channel instance's policy).
 
 use std::collections::HashMap;
 use std::pin::Pin;
@@ -17,10 +22,12 @@ use std::sync::{Arc, Mutex};
 use wasmtime::component::{HasData, HasSelf, Linker, ResourceTable};
 use wasmtime::{ResourceLimiter, StoreLimits, StoreLimitsBuilder};
 use wasmtime_wasi::cli::{IsTerminal, StdoutStream, WasiCli, WasiCliView};
+use wasmtime_wasi::clocks::WasiClocksView;
 use wasmtime_wasi::p2::{OutputStream, Pollable, StreamError, StreamResult};
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 
 use super::bindings;
+use super::http::OutboundHooks;
 use super::limits::Limits;
 
 /// The data of one plugin instance's `Store`.
@@ -35,6 +42,10 @@ pub struct HostState {
     pub(crate) stderr: StderrCapture,
     /// Settings a channel plugin reads through the `config` import.
     config: HashMap<String, String>,
+    /// `wasi:http` context (field size limit).
+    http_ctx: wasmtime_wasi_http::WasiHttpCtx,
+    /// The outbound policy of this store's channel instance; deny-all for key policies.
+    pub(crate) hooks: OutboundHooks,
 }
 
 impl HostState {
@@ -49,6 +60,29 @@ impl HostState {
             limiter: CapLimiter::new(limits.memory_bytes),
             stderr,
             config,
+            http_ctx: wasmtime_wasi_http::WasiHttpCtx::new(),
+            hooks: OutboundHooks::deny_all(),
+        }
+    }
+
+    /// A fresh state for a channel plugin: settings `config`, outbound `hooks`.
+    pub fn for_channel(
+        limits: &Limits,
+        config: HashMap<String, String>,
+        hooks: OutboundHooks,
+    ) -> Self {
+        let mut state = Self::new(limits, config);
+        state.hooks = hooks;
+        state
+    }
+}
+
+impl wasmtime_wasi_http::WasiHttpView for HostState {
+    fn http(&mut self) -> wasmtime_wasi_http::WasiHttpCtxView<'_> {
+        wasmtime_wasi_http::WasiHttpCtxView {
+            ctx: &mut self.http_ctx,
+            table: &mut self.table,
+            hooks: &mut self.hooks,
         }
     }
 }
@@ -85,7 +119,7 @@ impl HasData for IoTable {
 }
 
 /// The interfaces `add_wasi` links (unversioned names); any other import of a
-/// plugin is defined as a trap by `stub_other_imports`.
+/// key-policy plugin is defined as a trap by `stub_other_imports`.
 pub(crate) const LINKED_INTERFACES: &[&str] = &[
     "wasi:io/error",
     "wasi:io/poll",
@@ -104,6 +138,18 @@ pub(crate) const LINKED_INTERFACES: &[&str] = &[
     "pushonce:plugin/config",
 ];
 
+/// What a channel plugin may import besides [`LINKED_INTERFACES`]; anything
+/// else (filesystem, sockets) is a trap.
+pub(crate) const CHANNEL_EXTRA_INTERFACES: &[&str] = &[
+    "wasi:clocks/wall-clock",
+    "wasi:clocks/monotonic-clock",
+    "wasi:random/random",
+    "wasi:random/insecure",
+    "wasi:random/insecure-seed",
+    "wasi:http/types",
+    "wasi:http/outgoing-handler",
+];
+
 /// Defines every import of `component` that the linker does not provide
 /// (clocks, random, filesystem, sockets...) as a function that traps with
 /// "unknown import: `<interface>#<function>` has not been defined".
@@ -115,13 +161,14 @@ pub(crate) const LINKED_INTERFACES: &[&str] = &[
 pub(crate) fn stub_other_imports(
     linker: &mut Linker<HostState>,
     component: &wasmtime::component::Component,
+    extra: &[&str],
 ) -> wasmtime::Result<()> {
     use wasmtime::component::types::ComponentItem;
     let engine = component.engine().clone();
     let ty = component.component_type();
     for (name, item) in ty.imports(&engine) {
         let unversioned = name.split('@').next().unwrap_or(name);
-        if LINKED_INTERFACES.contains(&unversioned) {
+        if LINKED_INTERFACES.contains(&unversioned) || extra.contains(&unversioned) {
             continue;
         }
         match item.ty {
@@ -185,14 +232,36 @@ pub fn key_policy_linker(engine: &wasmtime::Engine) -> wasmtime::Result<Linker<H
     Ok(linker)
 }
 
-/// The linker for channel plugins: WASI (partial, empty) and `config`.
-/// Channel sends will need `wasi:http` and async calls; that is added here
-/// (with `add_to_linker_async` variants) by the channel issue.
+/// The linker for channel plugins: async `wasi:io`, `wasi:cli` (empty),
+/// clocks, random, `wasi:http` (outgoing handler and types, filtered by the
+/// store's [`OutboundHooks`]) and `config`. Calls must be async.
 pub fn channel_linker(engine: &wasmtime::Engine) -> wasmtime::Result<Linker<HostState>> {
+    use wasmtime_wasi::clocks::WasiClocks;
+    use wasmtime_wasi::p2::bindings::{cli, clocks, io, random};
+    use wasmtime_wasi::random::WasiRandom;
     let mut linker = Linker::new(engine);
-    add_wasi(&mut linker)?;
+    let l = &mut linker;
+    io::error::add_to_linker::<HostState, IoTable>(l, |s| &mut s.table)?;
+    io::poll::add_to_linker::<HostState, IoTable>(l, |s| &mut s.table)?;
+    io::streams::add_to_linker::<HostState, IoTable>(l, |s| &mut s.table)?;
+    cli::environment::add_to_linker::<HostState, WasiCli>(l, HostState::cli)?;
+    cli::exit::add_to_linker::<HostState, WasiCli>(l, HostState::cli)?;
+    cli::stdin::add_to_linker::<HostState, WasiCli>(l, HostState::cli)?;
+    cli::stdout::add_to_linker::<HostState, WasiCli>(l, HostState::cli)?;
+    cli::stderr::add_to_linker::<HostState, WasiCli>(l, HostState::cli)?;
+    cli::terminal_input::add_to_linker::<HostState, WasiCli>(l, HostState::cli)?;
+    cli::terminal_output::add_to_linker::<HostState, WasiCli>(l, HostState::cli)?;
+    cli::terminal_stdin::add_to_linker::<HostState, WasiCli>(l, HostState::cli)?;
+    cli::terminal_stdout::add_to_linker::<HostState, WasiCli>(l, HostState::cli)?;
+    cli::terminal_stderr::add_to_linker::<HostState, WasiCli>(l, HostState::cli)?;
+    clocks::wall_clock::add_to_linker::<HostState, WasiClocks>(l, HostState::clocks)?;
+    clocks::monotonic_clock::add_to_linker::<HostState, WasiClocks>(l, HostState::clocks)?;
+    random::random::add_to_linker::<HostState, WasiRandom>(l, |s| s.wasi.random())?;
+    random::insecure::add_to_linker::<HostState, WasiRandom>(l, |s| s.wasi.random())?;
+    random::insecure_seed::add_to_linker::<HostState, WasiRandom>(l, |s| s.wasi.random())?;
+    wasmtime_wasi_http::p2::add_only_http_to_linker_async(l)?;
     bindings::channel::pushonce::plugin::config::add_to_linker::<HostState, HasSelf<HostState>>(
-        &mut linker,
+        l,
         |s| s,
     )?;
     Ok(linker)

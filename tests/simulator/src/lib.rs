@@ -135,6 +135,29 @@ impl SimState {
         self.0.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// Sets the faults of `provider` (one of [`PROVIDERS`]); false if unknown.
+    pub fn set_faults(&self, provider: &str, faults: Faults) -> bool {
+        let Some(p) = PROVIDERS.iter().find(|p| **p == provider) else {
+            return false;
+        };
+        self.lock().faults.insert(p, faults);
+        true
+    }
+
+    /// Expires every WeChat access token issued so far (as time passing would).
+    pub fn expire_tokens(&self) -> usize {
+        let mut sim = self.lock();
+        for exp in sim.tokens.values_mut() {
+            *exp = 0;
+        }
+        sim.tokens.len()
+    }
+
+    /// Requests seen per `provider.outcome`.
+    pub fn stats(&self) -> BTreeMap<String, u64> {
+        self.lock().stats.clone()
+    }
+
     /// Every message accepted, per provider.
     pub fn ledger(&self) -> BTreeMap<String, Vec<Accepted>> {
         self.lock()

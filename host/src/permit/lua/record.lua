@@ -1,6 +1,7 @@
 -- record: the outcome of an attempt, fenced by the lease token; acks the stream entry.
 -- KEYS[1] task, KEYS[2] permit, KEYS[3] ready stream, KEYS[4] delayed zset
--- ARGV[1] task id, ARGV[2] lease token, ARGV[3] outcome (sent|retry|unknown|failed|dead)
+-- ARGV[1] task id, ARGV[2] lease token, ARGV[3] outcome (sent|retry|resend|unknown|failed|dead)
+-- (resend = retry after an unknown outcome: also marks the task maybe_sent)
 -- ARGV[4] stream entry id or '', ARGV[5] consumer group, ARGV[6] retention ms,
 -- ARGV[7] permit grace ms, ARGV[8] retry delay ms, ARGV[9] provider message id, ARGV[10] reason
 -- Returns {'recorded', permit fate (kept|released|retaken|not_owner)} or {'fenced', status}.
@@ -31,7 +32,10 @@ if outcome == 'sent' then
   end
   redis.call('PEXPIRE', KEYS[1], retention)
   keep_index(KEYS[1], now, retention)
-elseif outcome == 'retry' then
+elseif outcome == 'retry' or outcome == 'resend' then
+  if outcome == 'resend' then
+    redis.call('HSET', KEYS[1], 'maybe_sent', '1')
+  end
   local due = now + tonumber(ARGV[8])
   redis.call('HSET', KEYS[1], 'status', 'retry_wait', 'next_due', n2s(due),
     'last_error', ARGV[10], 'lease_token', '', 'updated_at', n2s(now))

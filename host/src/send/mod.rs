@@ -1,10 +1,15 @@
 //! The `Sender` seam: what the dispatcher calls to hand one attempt of a task
 //! to a provider, and the classes of outcome it gets back.
 //!
-//! Channel plugins plug in behind [`Sender`]. Until then (and in tests)
-//! [`LedgerFileSender`] plays the provider: it appends one JSON line per call
-//! to a ledger file before it answers, so a test can count what reached "the
-//! provider" even when the sending process is killed with `kill -9`.
+//! Channel plugins plug in behind [`Sender`] as [`plugin::PluginSender`];
+//! [`receipts::apply_receipts`] settles tasks from providers' delivery
+//! callbacks. For development and tests [`LedgerFileSender`] plays the
+//! provider: it appends one JSON line per call to a ledger file before it
+//! answers, so a test can count what reached "the provider" even when the
+//! sending process is killed with `kill -9`.
+
+pub mod plugin;
+pub mod receipts;
 
 use std::fs::{File, OpenOptions};
 use std::future::Future;
@@ -48,10 +53,34 @@ pub enum SendOutcome {
     Unknown(String),
 }
 
+/// What to do about a send whose outcome is unknown, as the channel can tell.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum UnknownVerdict {
+    /// The provider has the message (a status query said so): record it sent.
+    Sent {
+        /// The provider's id, when the answer carried one.
+        provider_message_id: Option<String>,
+    },
+    /// Resending with the same key is safe (the provider honours the
+    /// reference, or a query said it does not have the message), or the
+    /// channel is configured `on_unknown = "resend"`.
+    Resend,
+    /// Nothing can tell: hold the task as `unknown` for a receipt or an operator.
+    Hold,
+}
+
 /// Sends one attempt. Object safe: the dispatcher holds an `Arc<dyn Sender>`.
 pub trait Sender: Send + Sync {
     /// Sends `msg` and classifies the result. Must not panic; every failure is an outcome.
     fn send<'a>(&'a self, msg: &'a OutgoingMessage) -> BoxFuture<'a, SendOutcome>;
+
+    /// After `send` answered [`SendOutcome::Unknown`]: can the channel find out
+    /// (status query) or make a resend harmless (client reference)? The
+    /// default knows nothing and holds.
+    fn settle_unknown<'a>(&'a self, msg: &'a OutgoingMessage) -> BoxFuture<'a, UnknownVerdict> {
+        let _ = msg;
+        Box::pin(async { UnknownVerdict::Hold })
+    }
 }
 
 /// Scripted faults of the [`LedgerFileSender`], for tests and demos.

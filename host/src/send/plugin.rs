@@ -1,0 +1,393 @@
+//! `PluginSender`: the [`Sender`] that sends through channel plugins.
+//!
+//! One `ChannelRuntime` per configured channel instance holds its settings
+//! (secrets read from the environment once, at construction), its outbound
+//! policy and pooled HTTP client, a concurrency limit and a rate limit. A send
+//! resolves the plugin — the version the task recorded at accept
+//! (`payload.plugin`), else the channel's requirement — against the *current*
+//! registry (a closure, so a hot swap is seen by the next send), binds it to
+//! the channel's settings (a `ChannelInstance`, cached per plugin file), and
+//! maps the plugin's answer to a [`SendOutcome`]. A call that traps or runs
+//! out of time is `Unknown` when one of its requests may have reached the
+//! provider, else `Retryable`.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::Semaphore;
+
+use super::{BoxFuture, OutgoingMessage, Payload, SendOutcome, Sender, UnknownVerdict};
+use crate::config::{ChannelConfig, OnUnknown};
+use crate::plugin::bindings::{Capabilities, DeliveryStatus, Message, SendError};
+use crate::plugin::channel::{ChannelCallError, ChannelInstance, ChannelSettings};
+use crate::plugin::http::AllowedHostError;
+use crate::plugin::{HttpClient, OutboundLog, PluginRegistry};
+
+/// Where the current plugin registry comes from (e.g. `route::Live::current().registry`).
+pub type RegistrySource = Arc<dyn Fn() -> Arc<PluginRegistry> + Send + Sync>;
+
+/// Why a `PluginSender` cannot be built.
+#[derive(Debug, thiserror::Error)]
+pub enum SenderSetupError {
+    /// A secret's environment variable is not set (its value is never shown).
+    #[error(
+        "channel {channel}: setting `{setting}` reads environment variable {var}, which is not set"
+    )]
+    MissingSecret {
+        /// The channel instance.
+        channel: String,
+        /// The setting.
+        setting: String,
+        /// The variable.
+        var: String,
+    },
+    /// An `allowed_hosts` entry does not parse.
+    #[error("channel {channel}: {source}")]
+    AllowedHost {
+        /// The channel instance.
+        channel: String,
+        /// What is wrong.
+        source: AllowedHostError,
+    },
+}
+
+/// Why no plugin instance could be had for a channel.
+#[derive(Debug, thiserror::Error)]
+pub enum InstanceError {
+    /// No channel instance of this name is configured.
+    #[error("no channel instance named `{0}` is configured")]
+    UnknownChannel(String),
+    /// The plugin is not loaded.
+    #[error("channel {channel}: {reason}")]
+    Plugin {
+        /// The channel instance.
+        channel: String,
+        /// The resolver's explanation.
+        reason: String,
+    },
+}
+
+/// A rate limit: one send every `1/qps`, spaced (no bursts).
+struct RateLimit {
+    /// Time between two sends.
+    every: Duration,
+    /// When the next send may start.
+    next: Mutex<tokio::time::Instant>,
+}
+
+impl RateLimit {
+    async fn wait(&self) {
+        let at = {
+            let mut next = self.next.lock().unwrap_or_else(|e| e.into_inner());
+            let now = tokio::time::Instant::now();
+            let at = (*next).max(now);
+            *next = at + self.every;
+            at
+        };
+        tokio::time::sleep_until(at).await;
+    }
+}
+
+/// One configured channel instance.
+struct ChannelRuntime {
+    /// Its name (what policies list).
+    name: String,
+    /// Its plugin requirement, `name@req`.
+    requirement: String,
+    /// What to do after an unresolvable `unknown`.
+    on_unknown: OnUnknown,
+    /// Settings, policy, client and budgets its plugin calls get.
+    settings: ChannelSettings,
+    /// Sends in flight at once.
+    slots: Arc<Semaphore>,
+    /// Sends per second, if limited.
+    rate: Option<RateLimit>,
+    /// Plugin instances bound to this channel, by `name@version` and file hash.
+    instances: Mutex<HashMap<String, Arc<ChannelInstance>>>,
+    /// Capabilities answered per plugin instance key.
+    capabilities: Mutex<HashMap<String, Capabilities>>,
+}
+
+/// Sends through channel plugins. Cheap to share as `Arc<PluginSender>`.
+pub struct PluginSender {
+    /// Channel instances by name.
+    channels: BTreeMap<String, Arc<ChannelRuntime>>,
+    /// The current registry.
+    registry: RegistrySource,
+}
+
+impl std::fmt::Debug for PluginSender {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PluginSender")
+            .field("channels", &self.channels.keys().collect::<Vec<_>>())
+            .finish()
+    }
+}
+
+impl PluginSender {
+    /// A sender for the channel instances `channels`, resolving plugins in
+    /// `registry()`; secrets are read with `env` (e.g. `|v| std::env::var(v).ok()`).
+    pub fn new(
+        channels: &BTreeMap<String, ChannelConfig>,
+        registry: RegistrySource,
+        env: impl Fn(&str) -> Option<String>,
+    ) -> Result<PluginSender, SenderSetupError> {
+        let mut out = BTreeMap::new();
+        for (name, cfg) in channels {
+            let mut config: HashMap<String, String> = cfg.settings.clone().into_iter().collect();
+            for (setting, var) in &cfg.secrets_from_env {
+                let value = env(var).ok_or_else(|| SenderSetupError::MissingSecret {
+                    channel: name.clone(),
+                    setting: setting.clone(),
+                    var: var.clone(),
+                })?;
+                config.insert(setting.clone(), value);
+            }
+            let policy = cfg
+                .outbound_policy()
+                .map_err(|source| SenderSetupError::AllowedHost {
+                    channel: name.clone(),
+                    source,
+                })?;
+            let settings = ChannelSettings {
+                config: Arc::new(config),
+                client: HttpClient::new(policy.connect_timeout),
+                policy: Arc::new(policy),
+                call_timeout: cfg.call_timeout,
+                warm_instances: cfg.concurrency.clamp(1, 64),
+            };
+            let rate = (cfg.rate_limit > 0.0).then(|| RateLimit {
+                every: Duration::from_secs_f64(1.0 / cfg.rate_limit),
+                next: Mutex::new(tokio::time::Instant::now()),
+            });
+            out.insert(
+                name.clone(),
+                Arc::new(ChannelRuntime {
+                    name: name.clone(),
+                    requirement: cfg.plugin.clone(),
+                    on_unknown: cfg.on_unknown,
+                    settings,
+                    slots: Arc::new(Semaphore::new(cfg.concurrency.max(1))),
+                    rate,
+                    instances: Mutex::new(HashMap::new()),
+                    capabilities: Mutex::new(HashMap::new()),
+                }),
+            );
+        }
+        Ok(PluginSender {
+            channels: out,
+            registry,
+        })
+    }
+
+    /// The configured channel instance names.
+    pub fn channels(&self) -> impl Iterator<Item = &str> {
+        self.channels.keys().map(String::as_str)
+    }
+
+    /// The plugin instance for `channel`: the exact `name@version` in
+    /// `pinned` when it is still loaded, else the channel's requirement.
+    pub fn instance(
+        &self,
+        channel: &str,
+        pinned: Option<&str>,
+    ) -> Result<Arc<ChannelInstance>, InstanceError> {
+        let rt = self
+            .channels
+            .get(channel)
+            .ok_or_else(|| InstanceError::UnknownChannel(channel.to_string()))?;
+        rt.instance(&(self.registry)(), pinned)
+    }
+
+    /// What `channel`'s current plugin offers after an unknown outcome.
+    pub async fn capabilities(
+        &self,
+        channel: &str,
+        pinned: Option<&str>,
+    ) -> Result<Capabilities, InstanceError> {
+        let rt = self
+            .channels
+            .get(channel)
+            .ok_or_else(|| InstanceError::UnknownChannel(channel.to_string()))?;
+        let inst = rt.instance(&(self.registry)(), pinned)?;
+        Ok(rt.capabilities_of(&inst).await)
+    }
+
+    async fn send_one(&self, msg: &OutgoingMessage) -> SendOutcome {
+        let Some(rt) = self.channels.get(&msg.channel) else {
+            return SendOutcome::Permanent(format!(
+                "no channel instance named `{}` is configured",
+                msg.channel
+            ));
+        };
+        let payload: Payload = match serde_json::from_str(&msg.payload) {
+            Ok(p) => p,
+            Err(e) => {
+                return SendOutcome::Permanent(format!("the task's payload is not valid: {e}"));
+            }
+        };
+        let inst = match rt.instance(&(self.registry)(), payload.plugin.as_deref()) {
+            Ok(i) => i,
+            Err(e) => return SendOutcome::Retryable(e.to_string()),
+        };
+        let _slot = rt.slots.acquire().await;
+        if let Some(rate) = &rt.rate {
+            rate.wait().await;
+        }
+        let message = Message {
+            task_id: msg.task_id.clone(),
+            idempotency_key: msg.idempotency_key.clone(),
+            recipient: payload.recipient,
+            template: payload.template,
+            params: payload.params,
+        };
+        match inst.send(message).await {
+            Ok(answer) => {
+                let log = answer.log;
+                match answer.value {
+                    Ok(receipt) => SendOutcome::Sent {
+                        provider_message_id: receipt.provider_message_id,
+                    },
+                    Err(SendError::Retryable(r)) => SendOutcome::Retryable(explain(r, &log)),
+                    Err(SendError::Permanent(r)) => SendOutcome::Permanent(explain(r, &log)),
+                    Err(SendError::Unknown(r)) => SendOutcome::Unknown(explain(r, &log)),
+                }
+            }
+            Err(e) => failed_call(&rt.name, e),
+        }
+    }
+
+    async fn settle(&self, msg: &OutgoingMessage) -> UnknownVerdict {
+        let Some(rt) = self.channels.get(&msg.channel) else {
+            return UnknownVerdict::Hold;
+        };
+        let pinned = serde_json::from_str::<Payload>(&msg.payload)
+            .ok()
+            .and_then(|p| p.plugin);
+        let Ok(inst) = rt.instance(&(self.registry)(), pinned.as_deref()) else {
+            return UnknownVerdict::Hold;
+        };
+        let caps = rt.capabilities_of(&inst).await;
+        if caps.can_query {
+            let _slot = rt.slots.acquire().await;
+            match inst.query(msg.idempotency_key.clone(), None).await {
+                Ok(a) => match a.value {
+                    Ok(DeliveryStatus::Delivered)
+                    | Ok(DeliveryStatus::Pending)
+                    | Ok(DeliveryStatus::Failed) => {
+                        return UnknownVerdict::Sent {
+                            provider_message_id: None,
+                        };
+                    }
+                    Ok(DeliveryStatus::Unknown) => return UnknownVerdict::Resend,
+                    Err(e) => {
+                        tracing::info!(task = %msg.task_id, error = ?e, "status query failed")
+                    }
+                },
+                Err(e) => tracing::warn!(task = %msg.task_id, error = %e, "status query failed"),
+            }
+        }
+        if caps.honours_reference {
+            return UnknownVerdict::Resend;
+        }
+        match rt.on_unknown {
+            OnUnknown::Hold => UnknownVerdict::Hold,
+            OnUnknown::Resend => UnknownVerdict::Resend,
+        }
+    }
+}
+
+/// The plugin's reason, with the outbound policy's refusals (host-side text,
+/// for the task's `last_error`; the plugin never sees it).
+fn explain(reason: String, log: &OutboundLog) -> String {
+    if log.denied.is_empty() {
+        reason
+    } else {
+        format!(
+            "{reason} (refused by the outbound policy: {})",
+            log.denied.join("; ")
+        )
+    }
+}
+
+/// A call that failed in the host's eyes (trap, fuel, memory, timeout).
+fn failed_call(channel: &str, e: ChannelCallError) -> SendOutcome {
+    tracing::warn!(channel, error = %e, may_have_sent = e.log.may_have_sent, "channel plugin call failed");
+    if e.log.may_have_sent {
+        SendOutcome::Unknown(format!("{e} after a request went out"))
+    } else {
+        SendOutcome::Retryable(e.to_string())
+    }
+}
+
+impl ChannelRuntime {
+    fn instance(
+        &self,
+        registry: &PluginRegistry,
+        pinned: Option<&str>,
+    ) -> Result<Arc<ChannelInstance>, InstanceError> {
+        let exact = pinned.and_then(|id| {
+            let (name, version) = id.split_once('@')?;
+            registry.resolve_channel(&format!("{name}@={version}")).ok()
+        });
+        let plugin =
+            match exact {
+                Some(p) => p,
+                None => registry.resolve_channel(&self.requirement).map_err(|e| {
+                    InstanceError::Plugin {
+                        channel: self.name.clone(),
+                        reason: e.to_string(),
+                    }
+                })?,
+            };
+        let key = format!("{}#{}", plugin.meta().id, plugin.meta().sha256);
+        let mut instances = self.instances.lock().unwrap_or_else(|e| e.into_inner());
+        Ok(instances
+            .entry(key)
+            .or_insert_with(|| Arc::new(ChannelInstance::new(plugin, self.settings.clone())))
+            .clone())
+    }
+
+    async fn capabilities_of(&self, inst: &ChannelInstance) -> Capabilities {
+        let key = format!(
+            "{}#{}",
+            inst.plugin().meta().id,
+            inst.plugin().meta().sha256
+        );
+        if let Some(c) = self
+            .capabilities
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&key)
+        {
+            return *c;
+        }
+        match inst.capabilities().await {
+            Ok(a) => {
+                self.capabilities
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .insert(key, a.value);
+                a.value
+            }
+            Err(e) => {
+                tracing::warn!(channel = %self.name, error = %e, "capabilities call failed");
+                Capabilities {
+                    honours_reference: false,
+                    can_query: false,
+                }
+            }
+        }
+    }
+}
+
+impl Sender for PluginSender {
+    fn send<'a>(&'a self, msg: &'a OutgoingMessage) -> BoxFuture<'a, SendOutcome> {
+        Box::pin(self.send_one(msg))
+    }
+
+    fn settle_unknown<'a>(&'a self, msg: &'a OutgoingMessage) -> BoxFuture<'a, UnknownVerdict> {
+        Box::pin(self.settle(msg))
+    }
+}

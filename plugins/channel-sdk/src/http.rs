@@ -1,0 +1,176 @@
+//! A blocking HTTP/1 client over `wasi:http/outgoing-handler`: enough for a
+//! provider API call in a few lines. The host decides where a request may go;
+//! this module reports what happened in terms a sender needs:
+//! refused by the host, not sent (safe to retry), or maybe sent (unknown).
+
+use crate::bindings::wasi::http::outgoing_handler;
+use crate::bindings::wasi::http::types::{
+    ErrorCode, Fields, Method, OutgoingBody, OutgoingRequest, Scheme,
+};
+use crate::bindings::wasi::io::streams::StreamError;
+
+/// A response read in full.
+#[derive(Debug, Clone)]
+pub struct Response {
+    /// HTTP status code.
+    pub status: u16,
+    /// Header names (lower case) and values.
+    pub headers: Vec<(String, String)>,
+    /// The body.
+    pub body: Vec<u8>,
+}
+
+impl Response {
+    /// The body as (lossy) UTF-8.
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.body).into_owned()
+    }
+}
+
+/// Why a request got no complete response.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HttpError {
+    /// The host's outbound policy refused the request (not on the allowlist,
+    /// a forbidden header, a private address): nothing was sent.
+    Denied(String),
+    /// The request certainly did not reach the provider (bad URL, connection
+    /// refused, name not found): safe to retry.
+    NotSent(String),
+    /// The request may have reached the provider, but no complete answer came
+    /// back (timeout, connection cut off mid-response).
+    MaybeSent(String),
+}
+
+impl std::fmt::Display for HttpError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            HttpError::Denied(m) => write!(f, "request denied by the host's outbound policy: {m}"),
+            HttpError::NotSent(m) => write!(f, "request not sent: {m}"),
+            HttpError::MaybeSent(m) => write!(f, "no complete answer: {m}"),
+        }
+    }
+}
+
+/// Sends `method url` with `headers` and `body`, and reads the whole response.
+/// `url` is `http://host[:port]/path?query`.
+pub fn request(
+    method: &str,
+    url: &str,
+    headers: &[(&str, &str)],
+    body: Option<&[u8]>,
+) -> Result<Response, HttpError> {
+    let (scheme, rest) = url
+        .split_once("://")
+        .ok_or_else(|| HttpError::NotSent(format!("`{url}` is not an absolute URL")))?;
+    let scheme = match scheme {
+        "http" => Scheme::Http,
+        "https" => Scheme::Https,
+        other => return Err(HttpError::NotSent(format!("unsupported scheme `{other}`"))),
+    };
+    let (authority, path) = match rest.find('/') {
+        Some(i) => (&rest[..i], &rest[i..]),
+        None => (rest, "/"),
+    };
+    let fields = Fields::new();
+    for (name, value) in headers {
+        fields
+            .append(name, value.as_bytes())
+            .map_err(|e| HttpError::Denied(format!("header `{name}` refused ({e:?})")))?;
+    }
+    if body.is_some() {
+        let len = body.map_or(0, <[u8]>::len).to_string();
+        let _ = fields.append("content-length", len.as_bytes());
+    }
+    let req = OutgoingRequest::new(fields);
+    let m = match method {
+        "GET" => Method::Get,
+        "POST" => Method::Post,
+        "PUT" => Method::Put,
+        "DELETE" => Method::Delete,
+        "PATCH" => Method::Patch,
+        "HEAD" => Method::Head,
+        other => Method::Other(other.to_string()),
+    };
+    let bad = |what: &str| HttpError::NotSent(format!("invalid {what} in `{url}`"));
+    req.set_method(&m).map_err(|()| bad("method"))?;
+    req.set_scheme(Some(&scheme)).map_err(|()| bad("scheme"))?;
+    req.set_authority(Some(authority))
+        .map_err(|()| bad("authority"))?;
+    req.set_path_with_query(Some(path))
+        .map_err(|()| bad("path"))?;
+    let out = req.body().map_err(|()| bad("body"))?;
+    let future = outgoing_handler::handle(req, None).map_err(|e| classify(&e))?;
+    if let Some(bytes) = body
+        && let Ok(stream) = out.write()
+    {
+        for chunk in bytes.chunks(4096) {
+            if stream.blocking_write_and_flush(chunk).is_err() {
+                break;
+            }
+        }
+    }
+    let _ = OutgoingBody::finish(out, None);
+    let pollable = future.subscribe();
+    pollable.block();
+    let resp = match future.get() {
+        Some(Ok(Ok(r))) => r,
+        Some(Ok(Err(e))) => return Err(classify(&e)),
+        Some(Err(())) | None => return Err(HttpError::MaybeSent("no response".into())),
+    };
+    let status = resp.status();
+    let headers = resp
+        .headers()
+        .entries()
+        .into_iter()
+        .map(|(k, v)| {
+            (
+                k.to_ascii_lowercase(),
+                String::from_utf8_lossy(&v).into_owned(),
+            )
+        })
+        .collect();
+    let incoming = resp
+        .consume()
+        .map_err(|()| HttpError::MaybeSent("response body unavailable".into()))?;
+    let mut body = Vec::new();
+    {
+        let stream = incoming
+            .stream()
+            .map_err(|()| HttpError::MaybeSent("response body unavailable".into()))?;
+        loop {
+            match stream.blocking_read(64 * 1024) {
+                Ok(chunk) => body.extend_from_slice(&chunk),
+                Err(StreamError::Closed) => break,
+                Err(StreamError::LastOperationFailed(_)) => {
+                    return Err(HttpError::MaybeSent(format!(
+                        "the response was cut off after status {status}"
+                    )));
+                }
+            }
+        }
+    }
+    Ok(Response {
+        status,
+        headers,
+        body,
+    })
+}
+
+/// Sorts a `wasi:http` error code into denied / not sent / maybe sent.
+fn classify(e: &ErrorCode) -> HttpError {
+    match e {
+        ErrorCode::HttpRequestDenied => HttpError::Denied("destination not allowed".into()),
+        ErrorCode::DnsTimeout
+        | ErrorCode::DnsError(_)
+        | ErrorCode::DestinationNotFound
+        | ErrorCode::DestinationUnavailable
+        | ErrorCode::DestinationIpProhibited
+        | ErrorCode::DestinationIpUnroutable
+        | ErrorCode::ConnectionRefused
+        | ErrorCode::HttpRequestUriInvalid
+        | ErrorCode::HttpRequestMethodInvalid
+        | ErrorCode::HttpProtocolError
+        | ErrorCode::HttpRequestBodySize(_) => HttpError::NotSent(format!("{e:?}")),
+        other => HttpError::MaybeSent(format!("{other:?}")),
+    }
+}

@@ -1,0 +1,590 @@
+//! Channels end to end, in process: real redis-server, the real provider
+//! simulator on 127.0.0.1 (`provider_sim::run`), the real channel plugins built
+//! by `build.rs`, the dispatcher sending through `PluginSender`. Counts are
+//! made at the receiving end — the simulator's ledger.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use provider_sim::{Faults, SimState};
+use pushonce::config::{ChannelConfig, OnUnknown};
+use pushonce::dispatch::{DispatchConfig, Dispatcher};
+use pushonce::permit::{AcceptRequest, Acceptance, PermitConfig, Permits, RetryPolicy, TaskStatus};
+use pushonce::plugin::PluginRegistry;
+use pushonce::plugin::bindings::{Message, SendError};
+use pushonce::send::plugin::PluginSender;
+use pushonce::send::{Fallback, Payload};
+use pushonce_tests::plugins::{limits, real_dir};
+use pushonce_tests::redis::RedisServer;
+use pushonce_tests::wait_until;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+const DEADLINE: Duration = Duration::from_secs(30);
+
+/// The simulator, served on a free loopback port until dropped.
+struct Sim {
+    state: SimState,
+    addr: SocketAddr,
+    _stop: tokio::sync::oneshot::Sender<()>,
+}
+
+async fn sim() -> Sim {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let state = SimState::new(provider_sim::Config::default());
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    tokio::spawn(provider_sim::run(listener, state.clone(), async {
+        let _ = rx.await;
+    }));
+    Sim {
+        state,
+        addr,
+        _stop: tx,
+    }
+}
+
+/// The four channel instances, pointing at the simulator, allowed by IP literal.
+fn channels(addr: SocketAddr) -> BTreeMap<String, ChannelConfig> {
+    let endpoint = format!("http://{addr}");
+    let mut out = BTreeMap::new();
+    for (name, extra) in [
+        ("inbox", vec![]),
+        ("sms", vec![("sign_name", "pushonce")]),
+        ("app-push", vec![("project", "pushonce-test")]),
+        ("wechat", vec![("app_id", "wx-test")]),
+    ] {
+        let mut c = ChannelConfig::new(&format!("{name}@^1"));
+        c.settings.insert("endpoint".into(), endpoint.clone());
+        for (k, v) in extra {
+            c.settings.insert(k.into(), v.into());
+        }
+        if name == "wechat" {
+            c.secrets_from_env
+                .insert("app_secret".into(), "TEST_WECHAT_SECRET".into());
+        }
+        c.allowed_hosts = vec![addr.to_string()];
+        c.call_timeout = Duration::from_secs(10);
+        out.insert(name.to_string(), c);
+    }
+    out
+}
+
+fn registry() -> Arc<PluginRegistry> {
+    let (registry, refused) = PluginRegistry::load_dir(&real_dir(), &limits(), None).unwrap();
+    assert!(refused.is_empty(), "refused: {refused:?}");
+    Arc::new(registry)
+}
+
+fn sender(channels: &BTreeMap<String, ChannelConfig>) -> PluginSender {
+    let registry = registry();
+    PluginSender::new(channels, Arc::new(move || registry.clone()), |var| {
+        (var == "TEST_WECHAT_SECRET").then(|| "s3cret".to_string())
+    })
+    .unwrap()
+}
+
+fn fast_retry() -> RetryPolicy {
+    RetryPolicy {
+        max_attempts: 12,
+        initial: Duration::from_millis(30),
+        factor: 1.5,
+        max_delay: Duration::from_millis(300),
+        jitter: true,
+    }
+}
+
+/// Redis, the simulator and a dispatcher sending through the plugins.
+struct Env {
+    _redis: RedisServer,
+    sim: Sim,
+    permits: Permits,
+    stop: watch::Sender<bool>,
+    handle: JoinHandle<()>,
+}
+
+impl Env {
+    async fn start(tweak: impl FnOnce(&mut BTreeMap<String, ChannelConfig>)) -> Env {
+        let redis = RedisServer::start().await.unwrap();
+        let sim = sim().await;
+        let mut chans = channels(sim.addr);
+        tweak(&mut chans);
+        let permits = redis.permits(PermitConfig::default()).await.unwrap();
+        permits.prepare().await.unwrap();
+        let (stop, rx) = watch::channel(false);
+        let dispatcher = Dispatcher::new(
+            redis.client(),
+            permits.clone(),
+            Arc::new(sender(&chans)),
+            DispatchConfig {
+                workers: 8,
+                lease: Duration::from_secs(5),
+                block: Duration::from_millis(100),
+                promote_every: Duration::from_millis(20),
+                ..DispatchConfig::default()
+            },
+            rx,
+        );
+        let handle = tokio::spawn(async move { dispatcher.run().await.unwrap() });
+        Env {
+            _redis: redis,
+            sim,
+            permits,
+            stop,
+            handle,
+        }
+    }
+
+    async fn stop(self) {
+        let _ = self.stop.send(true);
+        tokio::time::timeout(Duration::from_secs(10), self.handle)
+            .await
+            .expect("dispatcher stops")
+            .unwrap();
+    }
+
+    async fn accept(&self, channel: &str, key: &str, payload: &Payload) -> String {
+        let req = AcceptRequest {
+            key: format!("push:per-event@1:{channel}:{key}"),
+            channel: channel.into(),
+            window: Duration::from_secs(3600),
+            biz_type: "ORDER_SHIPPED".into(),
+            biz_id: key.into(),
+            event_json: "{}".into(),
+            payload: serde_json::to_string(payload).unwrap(),
+            policy_name: "per-event".into(),
+            policy_version: "1.0.0".into(),
+            retry: fast_retry(),
+        };
+        match self.permits.accept(&req).await.unwrap() {
+            Acceptance::Accepted { task_id } => task_id,
+            other => panic!("not accepted: {other:?}"),
+        }
+    }
+
+    async fn status(&self, task: &str) -> Option<TaskStatus> {
+        self.permits.task(task).await.unwrap().map(|t| t.status)
+    }
+
+    async fn wait_status(&self, task: &str, want: TaskStatus) {
+        let ok = wait_until(DEADLINE, || async { self.status(task).await == Some(want) }).await;
+        if ok.is_err() {
+            let t = self.permits.task(task).await.unwrap();
+            panic!("task {task} never became {want}: {t:?}");
+        }
+    }
+
+    fn ledger(&self, provider: &str) -> Vec<provider_sim::Accepted> {
+        self.sim.state.ledger().remove(provider).unwrap_or_default()
+    }
+}
+
+fn payload(recipient: &str, template: &str) -> Payload {
+    Payload {
+        recipient: recipient.into(),
+        template: template.into(),
+        params: vec![("order".into(), "o-1".into())],
+        plugin: None,
+        fallback: None,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_message_per_channel_reaches_the_provider_once() {
+    let env = Env::start(|_| {}).await;
+    let mut tasks = Vec::new();
+    for (channel, provider, recipient, template) in [
+        ("inbox", "inbox", "user-1", "order-shipped"),
+        ("sms", "sms", "+8613800000001", "SMS_1001"),
+        (
+            "app-push",
+            "app-push",
+            "device-token-1",
+            "Your order shipped",
+        ),
+        ("wechat", "wechat", "openid-1", "TPL-SHIPPED"),
+    ] {
+        let t = env
+            .accept(channel, "o-1:u-1", &payload(recipient, template))
+            .await;
+        tasks.push((t, provider, recipient, template));
+    }
+    for (t, ..) in &tasks {
+        env.wait_status(t, TaskStatus::Sent).await;
+    }
+    for (_, provider, recipient, template) in &tasks {
+        let ledger = env.ledger(provider);
+        assert_eq!(ledger.len(), 1, "{provider}: {ledger:?}");
+        assert_eq!(ledger[0].recipient, *recipient);
+        assert_eq!(ledger[0].template, *template);
+    }
+    env.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retryable_faults_still_deliver_each_message_once() {
+    let env = Env::start(|_| {}).await;
+    for provider in ["inbox", "sms", "app-push"] {
+        env.sim.state.set_faults(
+            provider,
+            Faults {
+                fail_5xx: 0.1,
+                fail_429: 0.1,
+                ..Faults::default()
+            },
+        );
+    }
+    let mut tasks = Vec::new();
+    for i in 0..10 {
+        for channel in ["inbox", "sms", "app-push"] {
+            let t = env
+                .accept(channel, &format!("o-{i}"), &payload(&format!("r-{i}"), "T"))
+                .await;
+            tasks.push(t);
+        }
+    }
+    for t in &tasks {
+        env.wait_status(t, TaskStatus::Sent).await;
+    }
+    let mut attempts = 0;
+    for t in &tasks {
+        attempts += env.permits.task(t).await.unwrap().unwrap().attempts;
+    }
+    assert!(
+        attempts > tasks.len() as u32,
+        "some attempts failed and were retried: {attempts}"
+    );
+    for provider in ["inbox", "sms", "app-push"] {
+        let ledger = env.ledger(provider);
+        assert_eq!(ledger.len(), 10, "{provider}: exactly one per message");
+        let mut r: Vec<_> = ledger.iter().map(|m| m.recipient.clone()).collect();
+        r.sort();
+        r.dedup();
+        assert_eq!(r.len(), 10, "{provider}: no duplicates");
+    }
+    let stats = env.sim.state.stats();
+    assert!(
+        stats
+            .keys()
+            .any(|k| k.ends_with(".5xx") || k.ends_with(".429")),
+        "{stats:?}"
+    );
+    env.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sms_arrears_falls_back_to_one_app_push() {
+    let env = Env::start(|_| {}).await;
+    let phone = "+8613800000099";
+    env.sim.state.set_faults(
+        "sms",
+        Faults {
+            permanent: [(phone.to_string(), "isv.AMOUNT_NOT_ENOUGH".to_string())].into(),
+            ..Faults::default()
+        },
+    );
+    let mut p = payload(phone, "SMS_1001");
+    p.fallback = Some(Box::new(Fallback {
+        channel: "app-push".into(),
+        key: "push:per-event@1:app-push:o-9:u-9".into(),
+        window_ms: 3_600_000,
+        payload: payload("device-9", "Your order shipped"),
+    }));
+    let sms_key = "push:per-event@1:sms:o-9:u-9";
+    let t = env.accept("sms", "o-9:u-9", &p).await;
+    env.wait_status(&t, TaskStatus::Failed).await;
+    let task = env.permits.task(&t).await.unwrap().unwrap();
+    assert!(task.last_error.unwrap().contains("AMOUNT_NOT_ENOUGH"));
+    assert_eq!(
+        env.permits.permit_owner(sms_key).await.unwrap(),
+        None,
+        "permit released"
+    );
+    let fb = env
+        .permits
+        .permit_owner("push:per-event@1:app-push:o-9:u-9")
+        .await
+        .unwrap()
+        .expect("fallback accepted");
+    env.wait_status(&fb, TaskStatus::Sent).await;
+    assert!(env.ledger("sms").is_empty());
+    let push = env.ledger("app-push");
+    assert_eq!(push.len(), 1);
+    assert_eq!(push[0].recipient, "device-9");
+    env.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn accept_then_drop_never_doubles_and_wechat_is_held() {
+    let env = Env::start(|_| {}).await;
+    for provider in ["inbox", "sms", "wechat"] {
+        env.sim.state.set_faults(
+            provider,
+            Faults {
+                drop_after_accept: 1.0,
+                ..Faults::default()
+            },
+        );
+    }
+    env.sim.state.set_faults(
+        "app-push",
+        Faults {
+            drop_after_accept: 0.5,
+            ..Faults::default()
+        },
+    );
+    let mut sent = Vec::new();
+    for i in 0..4 {
+        for channel in ["inbox", "sms", "app-push"] {
+            sent.push(
+                env.accept(channel, &format!("d-{i}"), &payload(&format!("r-{i}"), "T"))
+                    .await,
+            );
+        }
+    }
+    let wechat = env
+        .accept("wechat", "d-0", &payload("openid-d", "TPL"))
+        .await;
+    for t in &sent {
+        env.wait_status(t, TaskStatus::Sent).await;
+    }
+    env.wait_status(&wechat, TaskStatus::Unknown).await;
+    for provider in ["inbox", "sms", "app-push"] {
+        assert_eq!(
+            env.ledger(provider).len(),
+            4,
+            "{provider}: one message each"
+        );
+    }
+    assert_eq!(env.ledger("wechat").len(), 1);
+    // Held, not resent: the attempt count stays at one.
+    let task = env.permits.task(&wechat).await.unwrap().unwrap();
+    assert_eq!(task.attempts, 1, "{task:?}");
+    assert!(env.permits.permit_owner(&task.key).await.unwrap().is_some());
+    env.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wechat_on_unknown_resend_sends_again() {
+    let env = Env::start(|c| {
+        c.get_mut("wechat").unwrap().on_unknown = OnUnknown::Resend;
+    })
+    .await;
+    env.sim.state.set_faults(
+        "wechat",
+        Faults {
+            drop_after_accept: 1.0,
+            ..Faults::default()
+        },
+    );
+    let t = env
+        .accept("wechat", "r-0", &payload("openid-r", "TPL"))
+        .await;
+    wait_until(DEADLINE, || async { env.ledger("wechat").len() >= 2 })
+        .await
+        .expect("resent after unknown, as configured");
+    env.sim.state.set_faults("wechat", Faults::default());
+    env.wait_status(&t, TaskStatus::Sent).await;
+    env.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wechat_token_expiry_mid_run_loses_and_doubles_nothing() {
+    let env = Env::start(|_| {}).await;
+    let mut tasks = Vec::new();
+    for i in 0..6 {
+        tasks.push(
+            env.accept(
+                "wechat",
+                &format!("w-{i}"),
+                &payload(&format!("openid-{i}"), "TPL"),
+            )
+            .await,
+        );
+    }
+    for t in &tasks {
+        env.wait_status(t, TaskStatus::Sent).await;
+    }
+    assert!(env.sim.state.expire_tokens() >= 1);
+    for i in 6..12 {
+        tasks.push(
+            env.accept(
+                "wechat",
+                &format!("w-{i}"),
+                &payload(&format!("openid-{i}"), "TPL"),
+            )
+            .await,
+        );
+    }
+    for t in &tasks {
+        env.wait_status(t, TaskStatus::Sent).await;
+    }
+    let ledger = env.ledger("wechat");
+    assert_eq!(ledger.len(), 12);
+    let stats = env.sim.state.stats();
+    assert!(
+        stats.get("wechat.expired_token").copied().unwrap_or(0) >= 1,
+        "{stats:?}"
+    );
+    assert!(
+        stats.get("wechat.token").copied().unwrap_or(0) >= 2,
+        "{stats:?}"
+    );
+    env.stop().await;
+}
+
+fn message(key: &str) -> Message {
+    Message {
+        task_id: "t-1".into(),
+        idempotency_key: key.into(),
+        recipient: "user-x".into(),
+        template: "T".into(),
+        params: vec![],
+    }
+}
+
+/// Sends one inbox message through a channel instance configured by `tweak`.
+async fn inbox_send(
+    addr: SocketAddr,
+    tweak: impl FnOnce(&mut ChannelConfig),
+) -> (
+    Result<pushonce::plugin::bindings::Receipt, SendError>,
+    Vec<String>,
+) {
+    let mut chans = channels(addr);
+    tweak(chans.get_mut("inbox").unwrap());
+    let sender = sender(&chans);
+    let inst = sender.instance("inbox", None).unwrap();
+    let answer = inst
+        .send(message("k-1"))
+        .await
+        .expect("the call itself works");
+    (answer.value, answer.log.denied)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_outbound_policy_refuses_hosts_off_the_allowlist() {
+    let sim = sim().await;
+    let port = sim.addr.port();
+
+    // Allowed by IP literal: reaches the simulator.
+    let (ok, denied) = inbox_send(sim.addr, |_| {}).await;
+    assert!(ok.is_ok(), "{ok:?}");
+    assert!(denied.is_empty());
+
+    // Another loopback address, not on the list: refused, and the plugin says so.
+    let (res, denied) = inbox_send(sim.addr, |c| {
+        c.settings
+            .insert("endpoint".into(), format!("http://127.0.0.2:{port}"));
+    })
+    .await;
+    match res {
+        Err(SendError::Retryable(m)) => assert!(m.contains("denied"), "{m}"),
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+    assert!(
+        denied[0].contains("not in the channel's allowed_hosts"),
+        "{denied:?}"
+    );
+
+    // Only names listed: `localhost` resolves to loopback and is refused...
+    let (res, denied) = inbox_send(sim.addr, |c| {
+        c.settings
+            .insert("endpoint".into(), format!("http://localhost:{port}"));
+        c.allowed_hosts = vec![format!("localhost:{port}")];
+    })
+    .await;
+    assert!(
+        matches!(&res, Err(SendError::Retryable(m)) if m.contains("denied")),
+        "{res:?}"
+    );
+    assert!(denied[0].contains("loopback"), "{denied:?}");
+
+    // ...unless the operator allows private addresses.
+    let (res, _) = inbox_send(sim.addr, |c| {
+        c.settings
+            .insert("endpoint".into(), format!("http://localhost:{port}"));
+        c.allowed_hosts = vec![format!("localhost:{port}")];
+        c.allow_private = true;
+    })
+    .await;
+    assert!(res.is_ok(), "{res:?}");
+    assert_eq!(
+        sim.state.ledger()["inbox"].len(),
+        1,
+        "the refused calls sent nothing"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn receipts_settle_tasks_and_failed_after_accept_falls_back() {
+    let env = Env::start(|_| {}).await;
+    let chans = channels(env.sim.addr);
+    let receipts_sender = sender(&chans);
+    let inbox = env.accept("inbox", "rc-1", &payload("user-rc", "T")).await;
+    let mut p = payload("+8613800000077", "SMS_1001");
+    p.fallback = Some(Box::new(Fallback {
+        channel: "app-push".into(),
+        key: "push:per-event@1:app-push:rc-2".into(),
+        window_ms: 3_600_000,
+        payload: payload("device-rc", "Shipped"),
+    }));
+    let sms = env.accept("sms", "rc-2", &p).await;
+    env.wait_status(&inbox, TaskStatus::Sent).await;
+    env.wait_status(&sms, TaskStatus::Sent).await;
+
+    // Inbox receipts name the reference (the idempotency key).
+    let key = env.permits.task(&inbox).await.unwrap().unwrap().key;
+    let body = format!(r#"{{"receipts":[{{"reference":"{key}","status":"delivered"}}]}}"#);
+    let report = pushonce::send::receipts::apply_receipts(
+        &env.permits,
+        &receipts_sender,
+        "inbox",
+        &[],
+        body.as_bytes(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(report.updated, 1, "{report:?}");
+    assert_eq!(env.status(&inbox).await, Some(TaskStatus::Delivered));
+
+    // SMS receipts name the provider's BizId; failed after accept → fallback.
+    let biz_id = env.ledger("sms")[0].id.clone();
+    let body = format!(r#"{{"receipts":[{{"message_id":"{biz_id}","status":"failed"}}]}}"#);
+    for _ in 0..2 {
+        // Applying the same callback twice changes nothing more.
+        pushonce::send::receipts::apply_receipts(
+            &env.permits,
+            &receipts_sender,
+            "sms",
+            &[],
+            body.as_bytes(),
+        )
+        .await
+        .unwrap();
+    }
+    assert_eq!(env.status(&sms).await, Some(TaskStatus::Failed));
+    let fb = env
+        .permits
+        .permit_owner("push:per-event@1:app-push:rc-2")
+        .await
+        .unwrap()
+        .expect("fallback accepted");
+    env.wait_status(&fb, TaskStatus::Sent).await;
+    assert_eq!(env.ledger("app-push").len(), 1);
+
+    // A malformed callback is refused with the plugin's reason.
+    let err = pushonce::send::receipts::apply_receipts(
+        &env.permits,
+        &receipts_sender,
+        "sms",
+        &[],
+        b"not json",
+    )
+    .await
+    .unwrap_err();
+    assert!(err.to_string().contains("not JSON"), "{err}");
+    env.stop().await;
+}

@@ -68,6 +68,11 @@ pub struct ChannelConfig {
     /// Hosts (`name` or `name:port`) the plugin may reach over HTTP.
     #[serde(default)]
     pub allowed_hosts: Vec<String>,
+    /// Environment variable holding the shared secret the provider presents
+    /// (`Authorization: Bearer <secret>`) on `POST /v1/receipts/<channel>`;
+    /// unset: the receipts route of this channel is open (a warning at start).
+    #[serde(default)]
+    pub receipt_secret_env: Option<String>,
 }
 
 /// Where the API's bearer tokens come from.

@@ -22,6 +22,10 @@ enum Command {
     Bench(cli::bench::Args),
     /// Run dispatcher workers against a Redis.
     Worker(cli::worker::Args),
+    /// Run the whole host: HTTP API, dispatcher workers, embedded Redis if no URL.
+    Serve(cli::serve::Args),
+    /// Print the HTTP API's OpenAPI document.
+    Openapi(cli::openapi::Args),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -36,5 +40,7 @@ fn main() -> anyhow::Result<()> {
         Command::Keys(args) => cli::keys::run(args),
         Command::Bench(args) => cli::bench::run(args),
         Command::Worker(args) => cli::worker::run(args),
+        Command::Serve(args) => cli::serve::run(args),
+        Command::Openapi(args) => cli::openapi::run(args),
     }
 }

@@ -5,5 +5,7 @@
 
 pub mod bench;
 pub mod keys;
+pub mod openapi;
 pub mod plugins;
+pub mod serve;
 pub mod worker;

@@ -222,14 +222,21 @@ pub async fn start(
         permits: permits.clone(),
         limits: options.limits,
         api_token: token(&options.env, config.auth.api_token_env.as_deref(), "/v1"),
-        admin_token: token(&options.env, config.auth.admin_token_env.as_deref(), "/admin"),
+        admin_token: token(
+            &options.env,
+            config.auth.admin_token_env.as_deref(),
+            "/admin",
+        ),
         receipt_tokens: Arc::new(
             config
                 .channels
                 .iter()
                 .map(|(name, c)| {
                     let what = format!("/v1/receipts/{name}");
-                    (name.clone(), token(&options.env, c.receipt_secret_env.as_deref(), &what))
+                    (
+                        name.clone(),
+                        token(&options.env, c.receipt_secret_env.as_deref(), &what),
+                    )
                 })
                 .collect::<BTreeMap<_, _>>(),
         ),
@@ -238,7 +245,7 @@ pub async fn start(
     };
     let (stop, mut stop_rx) = watch::channel(false);
     let (dispatch_stop, dispatch_rx) = watch::channel(false);
-    let dispatcher = Dispatcher::new(
+    let dispatching = tokio::spawn(supervise(
         store.client().clone(),
         permits,
         sender,
@@ -250,8 +257,7 @@ pub async fn start(
             ..DispatchConfig::default()
         },
         dispatch_rx,
-    );
-    let dispatching = tokio::spawn(dispatcher.run());
+    ));
     let app = api::app(state);
     let task = tokio::spawn(async move {
         let served = axum::serve(listener, app)
@@ -282,6 +288,38 @@ pub async fn start(
     })
 }
 
+/// Runs the dispatcher until shutdown, starting it again (after a pause) if
+/// it stops with an error — e.g. Redis was unreachable while it prepared —
+/// so the API never runs without workers.
+async fn supervise(
+    client: redis::Client,
+    permits: Permits,
+    sender: Arc<dyn Sender>,
+    config: DispatchConfig,
+    mut stop: watch::Receiver<bool>,
+) -> Result<(), DispatchError> {
+    loop {
+        let dispatcher = Dispatcher::new(
+            client.clone(),
+            permits.clone(),
+            sender.clone(),
+            config.clone(),
+            stop.clone(),
+        );
+        match dispatcher.run().await {
+            Ok(()) => return Ok(()),
+            Err(e) if *stop.borrow() => return Err(e),
+            Err(e) => {
+                tracing::error!(error = %e, "dispatcher stopped; starting it again in 1 s");
+                tokio::select! {
+                    _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+                    _ = stop.changed() => return Ok(()),
+                }
+            }
+        }
+    }
+}
+
 /// Runs the host on `listener` until `shutdown` completes, then stops gracefully.
 pub async fn run(
     config: HostConfig,
@@ -303,10 +341,16 @@ fn token(env: &EnvLookup, var: Option<&str>, surface: &str) -> Token {
     let secret = var.and_then(|v| env(v)).filter(|s| !s.is_empty());
     if secret.is_none() {
         match var {
-            Some(v) => tracing::warn!(surface, variable = v, "token variable unset or empty: {surface} is open to anyone who can reach it"),
-            None => tracing::warn!(surface, "no token configured: {surface} is open to anyone who can reach it"),
+            Some(v) => tracing::warn!(
+                surface,
+                variable = v,
+                "token variable unset or empty: {surface} is open to anyone who can reach it"
+            ),
+            None => tracing::warn!(
+                surface,
+                "no token configured: {surface} is open to anyone who can reach it"
+            ),
         }
     }
     Token::new(secret.as_deref())
 }
-

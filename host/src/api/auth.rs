@@ -23,7 +23,11 @@ pub struct Token {
 
 impl std::fmt::Debug for Token {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(if self.digest.is_some() { "Token(set)" } else { "Token(open)" })
+        f.write_str(if self.digest.is_some() {
+            "Token(set)"
+        } else {
+            "Token(open)"
+        })
     }
 }
 
@@ -57,7 +61,9 @@ impl Token {
                 let (scheme, token) = v.trim().split_once(' ')?;
                 scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
             })
-            .ok_or_else(|| ApiError::Unauthorized("expected `Authorization: Bearer <token>`".into()))?;
+            .ok_or_else(|| {
+                ApiError::Unauthorized("expected `Authorization: Bearer <token>`".into())
+            })?;
         let digest: [u8; 32] = Sha256::digest(presented.as_bytes()).into();
         if bool::from(digest.ct_eq(expected.as_ref())) {
             Ok(())

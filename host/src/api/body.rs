@@ -58,7 +58,9 @@ pub fn check_json_media_type(value: Option<&header::HeaderValue>) -> Result<(), 
         .unwrap_or("")
         .trim()
         .to_ascii_lowercase();
-    if essence == "application/json" || (essence.starts_with("application/") && essence.ends_with("+json")) {
+    if essence == "application/json"
+        || (essence.starts_with("application/") && essence.ends_with("+json"))
+    {
         Ok(())
     } else {
         Err(ApiError::UnsupportedMediaType(format!(

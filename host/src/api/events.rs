@@ -8,21 +8,21 @@
 
 use std::time::{Duration, Instant};
 
+use axum::Json;
 use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::response::IntoResponse;
-use axum::Json;
 
 use super::AppState;
 use super::body::{JsonBody, from_value};
 use super::model::*;
 use super::problem::{ApiError, Problem};
-use crate::derive::{DeriveError, derive, event_from_parsed, EventJson, EventError};
+use crate::derive::{DeriveError, EventError, EventJson, derive, event_from_parsed};
 use crate::permit::{AcceptRequest, Acceptance, RetryPolicy, Task};
 use crate::plugin::{Event, KeyPolicyPlugin};
+use crate::route::Policy;
 use crate::route::Snapshot;
 use crate::route::policy::RetrySpec;
-use crate::route::Policy;
 use crate::send::{Fallback, Payload};
 
 /// Deepest fallback chain followed (policies refuse cycles; this is a guard).
@@ -288,7 +288,10 @@ fn check_text(field: &str, value: &str, max: usize) -> Result<(), ApiError> {
         ));
     }
     if value.chars().any(char::is_control) {
-        return Err(ApiError::invalid(field, "must not contain control characters"));
+        return Err(ApiError::invalid(
+            field,
+            "must not contain control characters",
+        ));
     }
     Ok(())
 }
@@ -303,7 +306,10 @@ fn validate(req: &EventRequest) -> Result<(), ApiError> {
     }
     if let Some(channels) = &req.channels {
         if channels.is_empty() {
-            return Err(ApiError::invalid("channels", "must name at least one channel when given"));
+            return Err(ApiError::invalid(
+                "channels",
+                "must name at least one channel when given",
+            ));
         }
         if channels.len() > MAX_CHANNELS {
             return Err(ApiError::invalid(
@@ -319,7 +325,11 @@ fn validate(req: &EventRequest) -> Result<(), ApiError> {
                 format!("{} entries; at most {MAX_ENTRIES}", entries.len()),
             ));
         }
-        let max_value = if map == "recipients" { MAX_RECIPIENT } else { MAX_VALUE };
+        let max_value = if map == "recipients" {
+            MAX_RECIPIENT
+        } else {
+            MAX_VALUE
+        };
         for (k, v) in entries.iter() {
             check_text(map, k, MAX_NAME)?;
             check_text(&format!("{map}.{k}"), v, max_value)?;
@@ -466,7 +476,12 @@ impl Context<'_> {
         Err(ApiError::invalid(format!("recipients.{channel}"), why))
     }
 
-    fn payload(&self, channel: &str, fallback_of: Option<&str>, depth: usize) -> Result<Payload, ApiError> {
+    fn payload(
+        &self,
+        channel: &str,
+        fallback_of: Option<&str>,
+        depth: usize,
+    ) -> Result<Payload, ApiError> {
         Ok(Payload {
             recipient: self.recipient(channel, fallback_of)?,
             template: self
@@ -503,7 +518,12 @@ impl Context<'_> {
 }
 
 /// Checks, routes and derives one event: everything but Redis.
-fn plan(snapshot: &Snapshot, state: &AppState, req: EventRequest, now: u64) -> Result<PlannedEvent, ApiError> {
+fn plan(
+    snapshot: &Snapshot,
+    state: &AppState,
+    req: EventRequest,
+    now: u64,
+) -> Result<PlannedEvent, ApiError> {
     validate(&req)?;
     let Some(policy) = snapshot.policies.get(&req.biz_type) else {
         return Err(ApiError::invalid(
@@ -528,10 +548,17 @@ fn plan(snapshot: &Snapshot, state: &AppState, req: EventRequest, now: u64) -> R
                     ));
                 }
                 if asked[..i].contains(c) {
-                    return Err(ApiError::invalid(format!("channels[{i}]"), format!("`{c}` is listed twice")));
+                    return Err(ApiError::invalid(
+                        format!("channels[{i}]"),
+                        format!("`{c}` is listed twice"),
+                    ));
                 }
             }
-            spec.channels.iter().filter(|c| asked.contains(c)).cloned().collect()
+            spec.channels
+                .iter()
+                .filter(|c| asked.contains(c))
+                .cloned()
+                .collect()
         }
     };
     for name in req.recipients.keys() {
@@ -555,7 +582,11 @@ fn plan(snapshot: &Snapshot, state: &AppState, req: EventRequest, now: u64) -> R
         policy,
         plugin: &plugin,
         event: &event,
-        params: spec.params.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
+        params: spec
+            .params
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect(),
         req: &req,
     };
     let meta = plugin.meta();

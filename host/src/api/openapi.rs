@@ -42,9 +42,15 @@ impl Modify for Security {
     fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
         let components = openapi.components.get_or_insert_with(Default::default);
         for (name, what) in [
-            ("api_token", "Business services' token (`auth.api_token_env`)"),
+            (
+                "api_token",
+                "Business services' token (`auth.api_token_env`)",
+            ),
             ("admin_token", "Operators' token (`auth.admin_token_env`)"),
-            ("receipt_secret", "The channel's shared secret (`channels.<name>.receipt_secret_env`)"),
+            (
+                "receipt_secret",
+                "The channel's shared secret (`channels.<name>.receipt_secret_env`)",
+            ),
         ] {
             components.add_security_scheme(
                 name,

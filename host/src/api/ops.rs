@@ -101,7 +101,10 @@ pub async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
     }
     state.metrics.run_upkeep();
     (
-        [(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")],
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
         state.metrics.render(),
     )
 }

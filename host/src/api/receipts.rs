@@ -86,7 +86,12 @@ pub async fn receipt(
     let headers: Vec<(String, String)> = headers
         .iter()
         .filter(|(name, _)| *name != axum::http::header::AUTHORIZATION)
-        .map(|(k, v)| (k.as_str().to_string(), String::from_utf8_lossy(v.as_bytes()).into_owned()))
+        .map(|(k, v)| {
+            (
+                k.as_str().to_string(),
+                String::from_utf8_lossy(v.as_bytes()).into_owned(),
+            )
+        })
         .collect();
     match handler.handle(&channel, headers, body.to_vec()).await {
         Ok(settled) => Ok(Json(ReceiptAnswer { settled })),

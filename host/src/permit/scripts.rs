@@ -33,5 +33,7 @@ pub static REQUEUE: LazyLock<Script> = LazyLock::new(|| script(include_str!("lua
 
 /// Every script, for loading them all up front.
 pub fn all() -> [&'static Script; 7] {
-    [&ACCEPT, &BEGIN, &EXTEND, &RECORD, &PROMOTE, &RECEIPT, &REQUEUE]
+    [
+        &ACCEPT, &BEGIN, &EXTEND, &RECORD, &PROMOTE, &RECEIPT, &REQUEUE,
+    ]
 }

@@ -155,8 +155,10 @@ pub struct DeadTasks {
 /// `?limit=` of the dead-task listing.
 #[derive(Debug, Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
 pub struct DeadQuery {
     /// At most this many (1..=1000, default 100).
+    #[param(minimum = 1, maximum = 1000)]
     pub limit: Option<usize>,
 }
 
@@ -174,8 +176,10 @@ pub struct RequeueView {
 /// `?key=` of the task search.
 #[derive(Debug, Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
 pub struct KeyQuery {
     /// The full idempotency key, `push:<policy>@<major>:<channel>:<body>`.
+    #[param(min_length = 1, max_length = 512)]
     pub key: String,
 }
 

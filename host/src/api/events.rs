@@ -204,6 +204,7 @@ pub async fn get_task(
         (status = 200, description = "The event's tasks", body = EventTasks),
         (status = 401, description = "Missing or wrong bearer token", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "No task of this event (or they expired)", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "Bad query", body = Problem, content_type = "application/problem+json"),
         (status = 503, description = "Redis unavailable", body = Problem, content_type = "application/problem+json"),
     ),
     security(("api_token" = []))
@@ -214,8 +215,11 @@ pub async fn get_event(
     query: Result<Query<EventQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Json<EventTasks>, ApiError> {
     let Query(query) = query.map_err(|e| ApiError::invalid("query", e.body_text()))?;
-    check_text("biz_type", &biz_type, MAX_ID)?;
-    check_text("biz_id", &biz_id, MAX_ID)?;
+    if biz_type.len() > MAX_ID || biz_id.len() > MAX_ID {
+        return Err(ApiError::NotFound(format!(
+            "no task of event {biz_type}/{biz_id}"
+        )));
+    }
     let ids = state.permits.tasks_of_event(&biz_type, &biz_id).await?;
     let mut tasks = Vec::new();
     for id in ids {
@@ -281,10 +285,11 @@ fn check_text(field: &str, value: &str, max: usize) -> Result<(), ApiError> {
     if value.is_empty() {
         return Err(ApiError::invalid(field, "must not be empty"));
     }
-    if value.len() > max {
+    let chars = value.chars().count();
+    if chars > max {
         return Err(ApiError::invalid(
             field,
-            format!("is {} bytes long; at most {max}", value.len()),
+            format!("is {chars} characters long; at most {max}"),
         ));
     }
     if value.chars().any(char::is_control) {
@@ -331,8 +336,18 @@ fn validate(req: &EventRequest) -> Result<(), ApiError> {
             MAX_VALUE
         };
         for (k, v) in entries.iter() {
-            check_text(map, k, MAX_NAME)?;
-            check_text(&format!("{map}.{k}"), v, max_value)?;
+            if k.len() > MAX_NAME {
+                return Err(ApiError::invalid(
+                    map,
+                    format!("a name is {} bytes long; at most {MAX_NAME}", k.len()),
+                ));
+            }
+            if v.len() > max_value {
+                return Err(ApiError::invalid(
+                    format!("{map}.{k}"),
+                    format!("is {} bytes long; at most {max_value}", v.len()),
+                ));
+            }
         }
     }
     if req.attributes.len() > MAX_ENTRIES {
@@ -342,7 +357,12 @@ fn validate(req: &EventRequest) -> Result<(), ApiError> {
         ));
     }
     for (k, v) in &req.attributes {
-        check_text("attributes", k, MAX_NAME)?;
+        if k.len() > MAX_NAME {
+            return Err(ApiError::invalid(
+                "attributes",
+                format!("a name is {} bytes long; at most {MAX_NAME}", k.len()),
+            ));
+        }
         if let AttributeValue::Text(t) = v
             && t.len() > MAX_VALUE
         {

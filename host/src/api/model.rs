@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
-/// Longest `biz_type`, `biz_id`, `user_id`, `template`, in bytes.
+/// Longest `biz_type`, `biz_id`, `user_id`, `template`, in characters.
 pub const MAX_ID: usize = 128;
 /// Most entries in `params`, `attributes`, `recipients`.
 pub const MAX_ENTRIES: usize = 64;
@@ -25,13 +25,28 @@ pub const MAX_CHANNELS: usize = 16;
 #[serde(deny_unknown_fields)]
 pub struct EventRequest {
     /// Business type, routed to the policy of the same name, e.g. `ORDER_SHIPPED`.
-    #[schema(min_length = 1, max_length = 128, example = "ORDER_SHIPPED")]
+    #[schema(
+        min_length = 1,
+        max_length = 128,
+        pattern = "^[^\\u0000-\\u001f\\u007f-\\u009f]+$",
+        example = "ORDER_SHIPPED"
+    )]
     pub biz_type: String,
     /// The business's id of the subject, e.g. an order id.
-    #[schema(min_length = 1, max_length = 128, example = "o-1001")]
+    #[schema(
+        min_length = 1,
+        max_length = 128,
+        pattern = "^[^\\u0000-\\u001f\\u007f-\\u009f]+$",
+        example = "o-1001"
+    )]
     pub biz_id: String,
     /// The user the notification is for.
-    #[schema(min_length = 1, max_length = 128, example = "u-42")]
+    #[schema(
+        min_length = 1,
+        max_length = 128,
+        pattern = "^[^\\u0000-\\u001f\\u007f-\\u009f]+$",
+        example = "u-42"
+    )]
     pub user_id: String,
     /// When it happened: RFC 3339 text or epoch milliseconds. Send it: when
     /// absent the host's clock at receipt is used, so a retry of the same
@@ -40,11 +55,15 @@ pub struct EventRequest {
     pub occurred_at: Option<OccurredAt>,
     /// A subset of the policy's channels; all of them when absent.
     #[serde(default)]
-    #[schema(max_items = 16)]
+    #[schema(min_items = 1, max_items = 16)]
     pub channels: Option<Vec<String>>,
     /// Template code or id the providers render; the `biz_type` when absent.
     #[serde(default)]
-    #[schema(max_length = 128)]
+    #[schema(
+        min_length = 1,
+        max_length = 128,
+        pattern = "^[^\\u0000-\\u001f\\u007f-\\u009f]+$"
+    )]
     pub template: Option<String>,
     /// Template parameters (sent in name order).
     #[serde(default)]
@@ -221,6 +240,7 @@ pub struct EventTasks {
 /// `?user_id=` of the event lookup.
 #[derive(Debug, Clone, Deserialize, utoipa::IntoParams)]
 #[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
 pub struct EventQuery {
     /// Only the tasks of this user's event.
     pub user_id: Option<String>,

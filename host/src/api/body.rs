@@ -70,23 +70,16 @@ pub fn check_json_media_type(value: Option<&header::HeaderValue>) -> Result<(), 
     }
 }
 
-/// Parses JSON text into `T`: syntax errors are 400, shape errors 422 naming the field.
+/// Parses JSON text into `T`: syntax errors are 400; a body that is not an
+/// object, or an object of the wrong shape, is 422 naming the field.
 pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
-    let de = &mut serde_json::Deserializer::from_slice(bytes);
-    match serde_path_to_error::deserialize::<_, T>(de) {
-        Ok(v) => Ok(v),
-        Err(e) => {
-            let path = e.path().to_string();
-            let inner = e.into_inner();
-            match inner.classify() {
-                serde_json::error::Category::Data => {
-                    let message = strip_position(&inner.to_string());
-                    Err(ApiError::invalid(field_of(&path, &message), message))
-                }
-                _ => Err(ApiError::BadJson(inner.to_string())),
-            }
-        }
+    let value: serde_json::Value =
+        serde_json::from_slice(bytes).map_err(|e| ApiError::BadJson(e.to_string()))?;
+    if !value.is_object() {
+        // serde would otherwise read a struct from an array of its fields.
+        return Err(ApiError::invalid("body", "must be a JSON object"));
     }
+    from_value(value)
 }
 
 /// Converts a value already parsed (a batch item) into `T`, naming the field on error.

@@ -122,7 +122,12 @@ pub async fn post_batch(
     let mut planned = Vec::new();
     let mut planned_index = Vec::new();
     for (index, value) in batch.events.into_iter().enumerate() {
-        let result = from_value::<EventRequest>(value)
+        let result = if value.is_object() {
+            from_value::<EventRequest>(value)
+        } else {
+            Err(ApiError::invalid("body", "must be a JSON object"))
+        };
+        let result = result
             .map_err(|e| prefix_field(e, index))
             .and_then(|req| plan(&snapshot, &state, req, now));
         match result {

@@ -71,6 +71,11 @@ pub struct ChannelConfig {
     /// Hosts (`name` or `name:port`) the plugin may reach over HTTP.
     #[serde(default)]
     pub allowed_hosts: Vec<String>,
+    /// Environment variable holding the shared secret the provider presents
+    /// (`Authorization: Bearer <secret>`) on `POST /v1/receipts/<channel>`;
+    /// unset: the receipts route of this channel is open (a warning at start).
+    #[serde(default)]
+    pub receipt_secret_env: Option<String>,
 
     // ---- delivery settings (channels issue) ----
     /// After an `unknown` outcome, when the provider has neither a client
@@ -145,6 +150,7 @@ impl ChannelConfig {
             settings: BTreeMap::new(),
             secrets_from_env: BTreeMap::new(),
             allowed_hosts: Vec::new(),
+            receipt_secret_env: None,
             on_unknown: OnUnknown::Hold,
             concurrency: default_concurrency(),
             rate_limit: 0.0,

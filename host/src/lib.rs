@@ -5,6 +5,7 @@
 //! serves `derive` and `send`; `store` owns the Redis connection (and the
 //! embedded `redis-server`). See `ARCHITECTURE.md` for the map and invariants.
 
+pub mod api;
 pub mod cli;
 pub mod config;
 pub mod derive;
@@ -13,4 +14,5 @@ pub mod permit;
 pub mod plugin;
 pub mod route;
 pub mod send;
+pub mod service;
 pub mod store;

@@ -24,6 +24,10 @@ enum Command {
     Bench(cli::bench::Args),
     /// Run dispatcher workers against a Redis.
     Worker(cli::worker::Args),
+    /// Run the whole host: HTTP API, dispatcher workers, embedded Redis if no URL.
+    Serve(cli::serve::Args),
+    /// Print the HTTP API's OpenAPI document.
+    Openapi(cli::openapi::Args),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -39,5 +43,7 @@ fn main() -> anyhow::Result<()> {
         Command::Policies(args) => cli::policies::run(args),
         Command::Bench(args) => cli::bench::run(args),
         Command::Worker(args) => cli::worker::run(args),
+        Command::Serve(args) => cli::serve::run(args),
+        Command::Openapi(args) => cli::openapi::run(args),
     }
 }

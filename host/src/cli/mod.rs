@@ -5,6 +5,8 @@
 
 pub mod bench;
 pub mod keys;
+pub mod openapi;
 pub mod plugins;
 pub mod policies;
+pub mod serve;
 pub mod worker;

@@ -74,6 +74,13 @@ impl Layout {
         format!("{}:delayed", self.tag(shard))
     }
 
+    /// The index of a shard's failed and dead tasks (scored by when they
+    /// ended), for operators: `{po:3}:dead`. Written by `record.lua`,
+    /// trimmed to the retention there, emptied by `requeue.lua`.
+    pub fn dead(&self, shard: u16) -> String {
+        format!("{}:dead", self.tag(shard))
+    }
+
     /// The event index of a shard: `{po:3}:event:<biz_type>:<biz_id>`, the set of
     /// task ids of that event whose keys landed in this shard. An event's
     /// channels land in different shards, so finding all its tasks reads this

@@ -331,6 +331,17 @@ impl Permits {
         &self,
         reqs: &[AcceptRequest],
     ) -> Result<Vec<Acceptance>, PermitError> {
+        self.accept_batch_with(reqs, &[]).await
+    }
+
+    /// [`Permits::accept_batch`] with `extra` commands appended to the same
+    /// pipeline (their answers are ignored), e.g. the API's sample of recent
+    /// events. The accepts do not depend on them.
+    pub async fn accept_batch_with(
+        &self,
+        reqs: &[AcceptRequest],
+        extra: &[redis::Cmd],
+    ) -> Result<Vec<Acceptance>, PermitError> {
         let mut pipe = redis::pipe();
         for req in reqs {
             let shard = self.layout.shard_of(&req.key);
@@ -341,6 +352,9 @@ impl Permits {
                 .arg(keys.len())
                 .arg(keys)
                 .arg(args);
+        }
+        for cmd in extra {
+            pipe.add_command(cmd.clone()).ignore();
         }
         let mut conn = self.conn.clone();
         let answers: Vec<Value> = match pipe.query_async(&mut conn).await {
@@ -703,6 +717,106 @@ impl Permits {
             .invoke_async(&mut self.conn.clone())
             .await?;
         Ok(n)
+    }
+}
+
+/// The answer to [`Permits::requeue`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Requeue {
+    /// The task is queued again under its key; it may make attempts up to `max_attempts`.
+    Requeued {
+        /// Attempts made before the requeue.
+        attempts: u32,
+        /// The task's new attempt limit (attempts made + its original budget).
+        max_attempts: u32,
+    },
+    /// Another task owns the permit of this key now: nothing changed.
+    Refused {
+        /// The owner.
+        owner: String,
+    },
+    /// The task is not `failed` or `dead`: nothing changed.
+    NotRequeueable(TaskStatus),
+    /// No such task (never existed, or expired).
+    Missing,
+}
+
+impl Permits {
+    /// Sends a `failed` or `dead` task again under the same key and task id:
+    /// re-takes the permit if it is free or still this task's, refuses if
+    /// another task owns it (`requeue.lua`).
+    pub async fn requeue(&self, task_id: &str) -> Result<Requeue, PermitError> {
+        let task_key = self.task_key(task_id)?;
+        let shard =
+            shard_of_task(task_id).ok_or_else(|| PermitError::BadTaskId(task_id.to_string()))?;
+        let Some(key) = self.task_idempotency_key(&task_key).await? else {
+            return Ok(Requeue::Missing);
+        };
+        let answer: Value = scripts::REQUEUE
+            .key(&task_key)
+            .key(self.layout.permit(&key))
+            .key(self.layout.ready(shard))
+            .key(self.layout.dead(shard))
+            .arg(task_id)
+            .arg(ms(self.config.retention).max(1))
+            .invoke_async(&mut self.conn.clone())
+            .await?;
+        let items = array(answer, "requeue")?;
+        match text(items.first()).as_str() {
+            "requeued" => Ok(Requeue::Requeued {
+                attempts: text(items.get(1)).parse().unwrap_or(0),
+                max_attempts: text(items.get(2)).parse().unwrap_or(0),
+            }),
+            "refused" => Ok(Requeue::Refused {
+                owner: text(items.get(1)),
+            }),
+            "not_requeueable" => TaskStatus::parse(&text(items.get(1)))
+                .map(Requeue::NotRequeueable)
+                .ok_or_else(|| unexpected("requeue", &items)),
+            "missing" => Ok(Requeue::Missing),
+            _ => Err(unexpected("requeue", &items)),
+        }
+    }
+
+    /// The most recently ended failed or dead tasks, newest first, across
+    /// every shard: `(task id, ended at ms)`, at most `limit`.
+    pub async fn dead_tasks(&self, limit: usize) -> Result<Vec<(String, u64)>, PermitError> {
+        let mut pipe = redis::pipe();
+        for shard in 0..self.layout.shards() {
+            pipe.cmd("ZREVRANGE")
+                .arg(self.layout.dead(shard))
+                .arg(0)
+                .arg(limit.saturating_sub(1))
+                .arg("WITHSCORES");
+        }
+        let per_shard: Vec<Vec<(String, f64)>> = pipe.query_async(&mut self.conn.clone()).await?;
+        let mut all: Vec<(String, u64)> = per_shard
+            .into_iter()
+            .flatten()
+            .map(|(id, at)| (id, at as u64))
+            .collect();
+        all.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+        all.truncate(limit);
+        Ok(all)
+    }
+
+    /// Tasks waiting for a retry, summed over every shard's delayed set (`ZCARD`).
+    pub async fn retry_queue_depth(&self) -> Result<u64, PermitError> {
+        self.zcard_all(|l, s| l.delayed(s)).await
+    }
+
+    /// Entries of the failed-and-dead index, summed over every shard (`ZCARD`).
+    pub async fn dead_count(&self) -> Result<u64, PermitError> {
+        self.zcard_all(|l, s| l.dead(s)).await
+    }
+
+    async fn zcard_all(&self, key: impl Fn(&Layout, u16) -> String) -> Result<u64, PermitError> {
+        let mut pipe = redis::pipe();
+        for shard in 0..self.layout.shards() {
+            pipe.cmd("ZCARD").arg(key(&self.layout, shard));
+        }
+        let counts: Vec<u64> = pipe.query_async(&mut self.conn.clone()).await?;
+        Ok(counts.into_iter().sum())
     }
 }
 

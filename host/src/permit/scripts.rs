@@ -28,7 +28,12 @@ pub static PROMOTE: LazyLock<Script> = LazyLock::new(|| script(include_str!("lua
 /// Settle a sent task from a receipt (`receipt.lua`).
 pub static RECEIPT: LazyLock<Script> = LazyLock::new(|| script(include_str!("lua/receipt.lua")));
 
+/// Send a failed or dead task again, owner-checked (`requeue.lua`).
+pub static REQUEUE: LazyLock<Script> = LazyLock::new(|| script(include_str!("lua/requeue.lua")));
+
 /// Every script, for loading them all up front.
-pub fn all() -> [&'static Script; 6] {
-    [&ACCEPT, &BEGIN, &EXTEND, &RECORD, &PROMOTE, &RECEIPT]
+pub fn all() -> [&'static Script; 7] {
+    [
+        &ACCEPT, &BEGIN, &EXTEND, &RECORD, &PROMOTE, &RECEIPT, &REQUEUE,
+    ]
 }

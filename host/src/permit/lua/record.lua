@@ -70,6 +70,12 @@ elseif outcome == 'failed' or outcome == 'dead' then
   end
   redis.call('PEXPIRE', KEYS[1], retention)
   keep_index(KEYS[1], now, retention)
+  -- The operators' index of failed and dead tasks ({ns:shard}:dead, same hash
+  -- tag as the delayed set), scored by when they ended; entries older than
+  -- the retention (their task records are gone) are trimmed here.
+  local dead = string.sub(KEYS[4], 1, #KEYS[4] - #'delayed') .. 'dead'
+  redis.call('ZADD', dead, n2s(now), id)
+  redis.call('ZREMRANGEBYSCORE', dead, '-inf', n2s(now - retention))
 else
   return redis.error_reply('unknown outcome ' .. outcome)
 end

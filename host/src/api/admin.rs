@@ -1,0 +1,433 @@
+//! `/admin`: what operators see and steer — plugins loaded, policies in force
+//! (and the last refused change), reload, failed/dead tasks and requeue, and
+//! a task search by idempotency key.
+
+use std::collections::BTreeMap;
+use std::time::SystemTime;
+
+use axum::Json;
+use axum::extract::{Path, Query, State};
+use serde::{Deserialize, Serialize};
+use utoipa::{IntoParams, ToSchema};
+
+use super::AppState;
+use super::events::task_view;
+use super::model::TaskView;
+use super::problem::{ApiError, Problem};
+use crate::permit::{Requeue, ms};
+use crate::plugin::Plugin;
+use crate::route::policy::RetrySpec;
+
+/// One loaded plugin.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct PluginView {
+    /// `name@version`.
+    pub id: String,
+    /// Name.
+    pub name: String,
+    /// Version.
+    pub version: String,
+    /// `key-policy` or `channel`.
+    pub world: String,
+    /// One-line description from the plugin.
+    pub description: String,
+    /// Hex SHA-256 of the `.wasm` file.
+    pub sha256: String,
+    /// Calls since loaded (key policies; channels: not counted yet).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub calls: Option<u64>,
+    /// Calls the plugin refused with its own error.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub refusals: Option<u64>,
+    /// Calls that trapped or ran over a limit.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub failures: Option<u64>,
+}
+
+/// The plugins of the snapshot in force.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct PluginsView {
+    /// Generation of the snapshot.
+    pub generation: u64,
+    /// Every loaded plugin.
+    pub plugins: Vec<PluginView>,
+    /// Plugin files refused at the last load, one line each.
+    pub refused: Vec<String>,
+}
+
+/// A retry schedule.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct RetryView {
+    /// Attempts in all.
+    pub max_attempts: u32,
+    /// First delay, ms.
+    pub initial_ms: u64,
+    /// Growth factor.
+    pub factor: f64,
+    /// Longest delay, ms.
+    pub max_ms: u64,
+    /// Jitter on.
+    pub jitter: bool,
+}
+
+/// One channel's overrides.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct OverrideView {
+    /// Its own window, ms.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub window_ms: Option<u64>,
+    /// Its own retry schedule.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub retry: Option<RetryView>,
+}
+
+/// One policy in force.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct PolicyView {
+    /// Business type.
+    pub biz_type: String,
+    /// The file.
+    pub file: String,
+    /// Key policy requirement, `name@req`.
+    pub key_policy: String,
+    /// The version it resolved to.
+    pub key_policy_version: String,
+    /// Params for the key policy.
+    pub params: BTreeMap<String, String>,
+    /// Channels.
+    pub channels: Vec<String>,
+    /// Dedup window, ms.
+    pub window_ms: u64,
+    /// Retry schedule.
+    pub retry: RetryView,
+    /// Fallback channel per channel.
+    pub fallback: BTreeMap<String, String>,
+    /// Per-channel overrides.
+    pub overrides: BTreeMap<String, OverrideView>,
+}
+
+/// A refused reload.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct RefusalView {
+    /// When (ms since the epoch).
+    pub at_ms: u64,
+    /// Every reason.
+    pub errors: Vec<String>,
+}
+
+/// The policies in force.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct PoliciesView {
+    /// Generation of the snapshot in force.
+    pub generation: u64,
+    /// When it was loaded (ms since the epoch).
+    pub loaded_at_ms: u64,
+    /// Every policy.
+    pub policies: Vec<PolicyView>,
+    /// The last refused reload since start.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub last_refused: Option<RefusalView>,
+}
+
+/// The answer to a reload.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ReloadView {
+    /// The generation now in force.
+    pub generation: u64,
+}
+
+/// One failed or dead task.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct DeadTask {
+    /// When it ended (ms since the epoch).
+    pub ended_at_ms: u64,
+    /// The task.
+    pub task: TaskView,
+}
+
+/// Failed and dead tasks, newest first.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct DeadTasks {
+    /// The tasks.
+    pub tasks: Vec<DeadTask>,
+}
+
+/// `?limit=` of the dead-task listing.
+#[derive(Debug, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct DeadQuery {
+    /// At most this many (1..=1000, default 100).
+    #[param(minimum = 1, maximum = 1000)]
+    pub limit: Option<usize>,
+}
+
+/// The answer to a requeue.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct RequeueView {
+    /// The task, queued again under its key.
+    pub task_id: String,
+    /// Attempts made before.
+    pub attempts: u32,
+    /// Attempts now allowed in all.
+    pub max_attempts: u32,
+}
+
+/// `?key=` of the task search.
+#[derive(Debug, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct KeyQuery {
+    /// The full idempotency key, `push:<policy>@<major>:<channel>:<body>`.
+    #[param(min_length = 1, max_length = 512)]
+    pub key: String,
+}
+
+/// The permit of a key and the task holding it.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct KeySearch {
+    /// The key.
+    pub key: String,
+    /// The task id holding the permit.
+    pub owner: String,
+    /// Milliseconds the permit still lives; absent when held without expiry.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub permit_ttl_ms: Option<u64>,
+    /// The owner task (absent if its record expired).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub task: Option<TaskView>,
+}
+
+fn epoch_ms(t: SystemTime) -> u64 {
+    t.duration_since(SystemTime::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+fn retry_view(r: &RetrySpec) -> RetryView {
+    RetryView {
+        max_attempts: r.max_attempts,
+        initial_ms: ms(r.backoff.initial),
+        factor: r.backoff.factor,
+        max_ms: ms(r.backoff.max),
+        jitter: r.backoff.jitter,
+    }
+}
+
+/// The plugins loaded.
+#[utoipa::path(get, path = "/admin/plugins", tag = "admin",
+    responses(
+        (status = 200, description = "Plugins of the snapshot in force", body = PluginsView),
+        (status = 401, description = "Missing or wrong admin token", body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("admin_token" = [])))]
+pub async fn plugins(State(state): State<AppState>) -> Json<PluginsView> {
+    let snapshot = state.live.current();
+    let plugins = snapshot
+        .registry
+        .plugins()
+        .into_iter()
+        .map(|p| {
+            let meta = p.meta().clone();
+            let stats = match &p {
+                Plugin::KeyPolicy(k) => Some(k.stats()),
+                Plugin::Channel(_) => None,
+            };
+            PluginView {
+                id: meta.id,
+                name: meta.name,
+                version: meta.version.to_string(),
+                world: meta.world.to_string(),
+                description: meta.description,
+                sha256: meta.sha256,
+                calls: stats.map(|s| s.calls),
+                refusals: stats.map(|s| s.refusals),
+                failures: stats.map(|s| s.failures),
+            }
+        })
+        .collect();
+    Json(PluginsView {
+        generation: snapshot.generation,
+        plugins,
+        refused: snapshot.plugin_refusals.clone(),
+    })
+}
+
+/// The policies in force and the last refused change.
+#[utoipa::path(get, path = "/admin/policies", tag = "admin",
+    responses(
+        (status = 200, description = "Policies in force", body = PoliciesView),
+        (status = 401, description = "Missing or wrong admin token", body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("admin_token" = [])))]
+pub async fn policies(State(state): State<AppState>) -> Json<PoliciesView> {
+    let snapshot = state.live.current();
+    let policies = snapshot
+        .policies
+        .by_biz_type
+        .values()
+        .map(|p| {
+            let s = &p.spec;
+            PolicyView {
+                biz_type: s.biz_type.clone(),
+                file: p.file.display().to_string(),
+                key_policy: s.key_policy.clone(),
+                key_policy_version: p.key_policy_version.to_string(),
+                params: s.params.clone(),
+                channels: s.channels.clone(),
+                window_ms: ms(s.window),
+                retry: retry_view(&s.retry),
+                fallback: s.fallback.clone(),
+                overrides: s
+                    .overrides
+                    .iter()
+                    .map(|(c, o)| {
+                        (
+                            c.clone(),
+                            OverrideView {
+                                window_ms: o.window.map(ms),
+                                retry: o.retry.as_ref().map(retry_view),
+                            },
+                        )
+                    })
+                    .collect(),
+            }
+        })
+        .collect();
+    Json(PoliciesView {
+        generation: snapshot.generation,
+        loaded_at_ms: epoch_ms(snapshot.loaded_at),
+        policies,
+        last_refused: state.live.last_refused().map(|r| RefusalView {
+            at_ms: epoch_ms(r.at),
+            errors: r.errors,
+        }),
+    })
+}
+
+/// Reload plugins and policies from their directories; all or nothing.
+#[utoipa::path(post, path = "/admin/reload", tag = "admin",
+    responses(
+        (status = 200, description = "Reloaded", body = ReloadView),
+        (status = 401, description = "Missing or wrong admin token", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "Refused; the running set stays in force", body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("admin_token" = [])))]
+pub async fn reload(State(state): State<AppState>) -> Result<Json<ReloadView>, ApiError> {
+    let live = state.live.clone();
+    // Compiling plugins blocks: off the async workers.
+    let result = tokio::task::spawn_blocking(move || live.reload())
+        .await
+        .map_err(|e| ApiError::Internal(format!("reload task: {e}")))?;
+    match result {
+        Ok(generation) => Ok(Json(ReloadView { generation })),
+        Err(refusal) => Err(ApiError::ReloadRefused(refusal.errors)),
+    }
+}
+
+/// Failed and dead tasks, newest first.
+#[utoipa::path(get, path = "/admin/tasks/dead", tag = "admin",
+    params(DeadQuery),
+    responses(
+        (status = 200, description = "Failed and dead tasks", body = DeadTasks),
+        (status = 401, description = "Missing or wrong admin token", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "Bad limit", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "Redis unavailable", body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("admin_token" = [])))]
+pub async fn dead_tasks(
+    State(state): State<AppState>,
+    query: Result<Query<DeadQuery>, axum::extract::rejection::QueryRejection>,
+) -> Result<Json<DeadTasks>, ApiError> {
+    let Query(query) = query.map_err(|e| ApiError::invalid("limit", e.body_text()))?;
+    let limit = query.limit.unwrap_or(100);
+    if !(1..=1000).contains(&limit) {
+        return Err(ApiError::invalid("limit", "must be in 1..=1000"));
+    }
+    let mut tasks = Vec::new();
+    for (id, ended_at_ms) in state.permits.dead_tasks(limit).await? {
+        if let Some(task) = state.permits.task(&id).await? {
+            tasks.push(DeadTask {
+                ended_at_ms,
+                task: task_view(&task),
+            });
+        }
+    }
+    Ok(Json(DeadTasks { tasks }))
+}
+
+/// Send a failed or dead task again under its key (owner-checked).
+#[utoipa::path(post, path = "/admin/tasks/{id}/requeue", tag = "admin",
+    params(("id" = String, Path, description = "Task id")),
+    responses(
+        (status = 200, description = "Queued again", body = RequeueView),
+        (status = 401, description = "Missing or wrong admin token", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such task", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "Not failed/dead, or another task owns the key's permit", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "Redis unavailable", body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("admin_token" = [])))]
+pub async fn requeue(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<Json<RequeueView>, ApiError> {
+    if id.len() > 64 {
+        return Err(ApiError::NotFound("no such task".into()));
+    }
+    match state.permits.requeue(&id).await? {
+        Requeue::Requeued {
+            attempts,
+            max_attempts,
+        } => {
+            tracing::info!(task = %id, attempts, max_attempts, "task requeued by an operator");
+            Ok(Json(RequeueView {
+                task_id: id,
+                attempts,
+                max_attempts,
+            }))
+        }
+        Requeue::Refused { owner } => Err(ApiError::Conflict(format!(
+            "task {owner} now holds the permit of this task's key; requeueing would send twice"
+        ))),
+        Requeue::NotRequeueable(status) => Err(ApiError::Conflict(format!(
+            "task {id} is {status}; only failed or dead tasks are requeued"
+        ))),
+        Requeue::Missing => Err(ApiError::NotFound(format!("no task {id:?}"))),
+    }
+}
+
+/// The task holding the permit of an idempotency key.
+#[utoipa::path(get, path = "/admin/tasks", tag = "admin",
+    params(KeyQuery),
+    responses(
+        (status = 200, description = "The permit and its task", body = KeySearch),
+        (status = 401, description = "Missing or wrong admin token", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No permit for this key", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "Missing key", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "Redis unavailable", body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("admin_token" = [])))]
+pub async fn task_by_key(
+    State(state): State<AppState>,
+    query: Result<Query<KeyQuery>, axum::extract::rejection::QueryRejection>,
+) -> Result<Json<KeySearch>, ApiError> {
+    let Query(query) = query.map_err(|e| ApiError::invalid("key", e.body_text()))?;
+    if query.key.is_empty() || query.key.len() > 512 {
+        return Err(ApiError::invalid("key", "must be 1..=512 bytes"));
+    }
+    let Some(owner) = state.permits.permit_owner(&query.key).await? else {
+        return Err(ApiError::NotFound("no permit is held for this key".into()));
+    };
+    let ttl = state.permits.permit_ttl(&query.key).await?.flatten();
+    let task = match state.permits.task(&owner).await {
+        Ok(t) => t.map(|t| task_view(&t)),
+        Err(crate::permit::PermitError::BadTaskId(_)) => None,
+        Err(e) => return Err(e.into()),
+    };
+    Ok(Json(KeySearch {
+        key: query.key,
+        owner,
+        permit_ttl_ms: ttl,
+        task,
+    }))
+}

@@ -1,0 +1,106 @@
+//! Bearer-token checks: one token for `/v1` (business services), one for
+//! `/admin` (operators), one shared secret per channel for receipts. Tokens
+//! are kept only as SHA-256 digests and compared in constant time; they are
+//! never logged. A surface without a token is open (the service warns at start).
+
+use std::sync::Arc;
+
+use axum::extract::{Request, State};
+use axum::http::{HeaderMap, header};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use sha2::{Digest, Sha256};
+use subtle::ConstantTimeEq;
+
+use super::problem::ApiError;
+
+/// An expected bearer token (its digest), or none: the surface is open.
+#[derive(Clone, Default)]
+pub struct Token {
+    /// SHA-256 of the token; comparing digests keeps the length secret too.
+    digest: Option<Arc<[u8; 32]>>,
+}
+
+impl std::fmt::Debug for Token {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.digest.is_some() {
+            "Token(set)"
+        } else {
+            "Token(open)"
+        })
+    }
+}
+
+impl Token {
+    /// A token; `None` or an empty string leaves the surface open.
+    pub fn new(secret: Option<&str>) -> Token {
+        Token {
+            digest: secret
+                .filter(|s| !s.is_empty())
+                .map(|s| Arc::new(Sha256::digest(s.as_bytes()).into())),
+        }
+    }
+
+    /// True when no token is required.
+    pub fn is_open(&self) -> bool {
+        self.digest.is_none()
+    }
+
+    /// Checks the `Authorization: Bearer <token>` header of a request.
+    pub fn check(&self, headers: &HeaderMap) -> Result<(), ApiError> {
+        let Some(expected) = &self.digest else {
+            return Ok(());
+        };
+        let Some(value) = headers.get(header::AUTHORIZATION) else {
+            return Err(ApiError::Unauthorized("missing bearer token".into()));
+        };
+        let presented = value
+            .to_str()
+            .ok()
+            .and_then(|v| {
+                let (scheme, token) = v.trim().split_once(' ')?;
+                scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
+            })
+            .ok_or_else(|| {
+                ApiError::Unauthorized("expected `Authorization: Bearer <token>`".into())
+            })?;
+        let digest: [u8; 32] = Sha256::digest(presented.as_bytes()).into();
+        if bool::from(digest.ct_eq(expected.as_ref())) {
+            Ok(())
+        } else {
+            Err(ApiError::Unauthorized("wrong bearer token".into()))
+        }
+    }
+}
+
+/// Middleware: refuses a request whose bearer token does not match `token`.
+pub async fn require(State(token): State<Token>, req: Request, next: Next) -> Response {
+    match token.check(req.headers()) {
+        Ok(()) => next.run(req).await,
+        Err(e) => e.into_response(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn headers(v: &str) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        h.insert(header::AUTHORIZATION, v.parse().unwrap());
+        h
+    }
+
+    #[test]
+    fn bearer_tokens() {
+        let t = Token::new(Some("s3cret"));
+        assert!(t.check(&headers("Bearer s3cret")).is_ok());
+        assert!(t.check(&headers("bearer s3cret")).is_ok());
+        assert!(t.check(&headers("Bearer s3cre")).is_err());
+        assert!(t.check(&headers("Basic s3cret")).is_err());
+        assert!(t.check(&HeaderMap::new()).is_err());
+        assert!(Token::new(None).check(&HeaderMap::new()).is_ok());
+        assert!(Token::new(Some("")).is_open());
+        assert_eq!(format!("{t:?}"), "Token(set)");
+    }
+}

@@ -1,0 +1,707 @@
+//! `/v1`: events in (single and batch), tasks and events out.
+//!
+//! An event is checked, routed by `biz_type` through the snapshot in force
+//! (one `live.current()` per request), a key is derived per channel (and per
+//! fallback channel) by the policy's key plugin, the payload is built, and
+//! every channel's permit is taken in ONE pipelined `accept_batch` — for a
+//! batch, one pipeline for all its events.
+
+use std::time::{Duration, Instant};
+
+use axum::Json;
+use axum::extract::{Path, Query, State};
+use axum::http::StatusCode;
+use axum::response::IntoResponse;
+
+use super::AppState;
+use super::body::{JsonBody, from_value};
+use super::model::*;
+use super::problem::{ApiError, Problem};
+use crate::derive::{DeriveError, EventError, EventJson, derive, event_from_parsed};
+use crate::permit::{AcceptRequest, Acceptance, RetryPolicy, Task};
+use crate::plugin::{Event, KeyPolicyPlugin};
+use crate::route::Policy;
+use crate::route::Snapshot;
+use crate::route::policy::RetrySpec;
+use crate::send::{Fallback, Payload};
+
+/// Deepest fallback chain followed (policies refuse cycles; this is a guard).
+const MAX_FALLBACK_DEPTH: usize = 8;
+
+/// One channel of one event, ready to accept.
+struct Planned {
+    /// The channel.
+    channel: String,
+    /// What the permit script gets.
+    request: AcceptRequest,
+}
+
+/// One event, checked and planned.
+struct PlannedEvent {
+    /// The event as echoed in the answer.
+    biz_type: String,
+    /// Business id.
+    biz_id: String,
+    /// User.
+    user_id: String,
+    /// Its channels.
+    channels: Vec<Planned>,
+    /// The event as JSON text (task field and corpus sample).
+    event_json: String,
+}
+
+/// Accept one event.
+#[utoipa::path(
+    post, path = "/v1/events", tag = "events",
+    request_body(content = EventRequest, content_type = "application/json"),
+    responses(
+        (status = 202, description = "One result per channel: accepted or duplicate", body = EventAccepted),
+        (status = 400, description = "Malformed JSON", body = Problem, content_type = "application/problem+json"),
+        (status = 401, description = "Missing or wrong bearer token", body = Problem, content_type = "application/problem+json"),
+        (status = 413, description = "Body too large", body = Problem, content_type = "application/problem+json"),
+        (status = 415, description = "Not application/json", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "Unknown biz_type, channel not allowed, bad field, key policy failed", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "Redis unavailable; retry (safe: accepted channels answer duplicate)", body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("api_token" = []))
+)]
+pub async fn post_event(
+    State(state): State<AppState>,
+    JsonBody(req): JsonBody<EventRequest>,
+) -> Result<impl IntoResponse, ApiError> {
+    let snapshot = state.live.current();
+    let planned = plan(&snapshot, &state, req, now_ms())?;
+    let mut answers = accept(&state, std::slice::from_ref(&planned))
+        .await
+        .map_err(|e| match e {
+            ApiError::Unavailable { detail, .. } => ApiError::Unavailable {
+                detail: format!(
+                    "{detail}; none of this event's channels is known to be accepted; \
+                     retrying the same event is safe (channels already accepted answer duplicate)"
+                ),
+                accepted: Some(Vec::new()),
+            },
+            other => other,
+        })?;
+    let accepted = answers.pop().expect("one answer per event");
+    Ok((StatusCode::ACCEPTED, Json(accepted)))
+}
+
+/// Accept many events in one request; one Redis pipeline for all.
+#[utoipa::path(
+    post, path = "/v1/events:batch", tag = "events",
+    request_body(content = BatchRequest, content_type = "application/json"),
+    responses(
+        (status = 200, description = "One item per event: 202 with results, or a 4xx problem", body = BatchResponse),
+        (status = 400, description = "Malformed JSON", body = Problem, content_type = "application/problem+json"),
+        (status = 401, description = "Missing or wrong bearer token", body = Problem, content_type = "application/problem+json"),
+        (status = 413, description = "Body too large", body = Problem, content_type = "application/problem+json"),
+        (status = 415, description = "Not application/json", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "Not a batch, empty, or more events than allowed", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "Redis unavailable; retry the batch (safe)", body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("api_token" = []))
+)]
+pub async fn post_batch(
+    State(state): State<AppState>,
+    JsonBody(batch): JsonBody<BatchRequest>,
+) -> Result<Json<BatchResponse>, ApiError> {
+    let max = state.limits.batch_max;
+    if batch.events.is_empty() {
+        return Err(ApiError::invalid("events", "must hold at least one event"));
+    }
+    if batch.events.len() > max {
+        return Err(ApiError::invalid(
+            "events",
+            format!("{} events; at most {max} per batch", batch.events.len()),
+        ));
+    }
+    let snapshot = state.live.current();
+    let now = now_ms();
+    let mut items: Vec<BatchItem> = Vec::with_capacity(batch.events.len());
+    let mut planned = Vec::new();
+    let mut planned_index = Vec::new();
+    for (index, value) in batch.events.into_iter().enumerate() {
+        let result = if value.is_object() {
+            from_value::<EventRequest>(value)
+        } else {
+            Err(ApiError::invalid("body", "must be a JSON object"))
+        };
+        let result = result
+            .map_err(|e| prefix_field(e, index))
+            .and_then(|req| plan(&snapshot, &state, req, now));
+        match result {
+            Ok(p) => {
+                planned_index.push(index);
+                planned.push(p);
+                items.push(BatchItem {
+                    index,
+                    status: 202,
+                    accepted: None,
+                    problem: None,
+                });
+            }
+            Err(e) => {
+                let problem = e.problem();
+                tracing::debug!(index, error = %e, "batch event refused");
+                items.push(BatchItem {
+                    index,
+                    status: problem.status,
+                    accepted: None,
+                    problem: Some(problem),
+                });
+            }
+        }
+    }
+    if !planned.is_empty() {
+        let answers = accept(&state, &planned).await?;
+        for (index, answer) in planned_index.into_iter().zip(answers) {
+            items[index].accepted = Some(answer);
+        }
+    }
+    Ok(Json(BatchResponse { results: items }))
+}
+
+fn prefix_field(e: ApiError, index: usize) -> ApiError {
+    match e {
+        ApiError::Invalid { field, detail } => ApiError::Invalid {
+            field: format!("events[{index}].{field}"),
+            detail,
+        },
+        other => other,
+    }
+}
+
+/// One task.
+#[utoipa::path(
+    get, path = "/v1/tasks/{id}", tag = "tasks",
+    params(("id" = String, Path, description = "Task id")),
+    responses(
+        (status = 200, description = "The task", body = TaskView),
+        (status = 401, description = "Missing or wrong bearer token", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such task (or it expired)", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "Redis unavailable", body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("api_token" = []))
+)]
+pub async fn get_task(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<Json<TaskView>, ApiError> {
+    if id.len() > 64 {
+        return Err(ApiError::NotFound("no such task".into()));
+    }
+    match state.permits.task(&id).await? {
+        Some(task) => Ok(Json(task_view(&task))),
+        None => Err(ApiError::NotFound(format!("no task {id:?}"))),
+    }
+}
+
+/// The tasks of one event, every channel.
+#[utoipa::path(
+    get, path = "/v1/events/{biz_type}/{biz_id}", tag = "tasks",
+    params(
+        ("biz_type" = String, Path, description = "Business type"),
+        ("biz_id" = String, Path, description = "Business id"),
+        EventQuery,
+    ),
+    responses(
+        (status = 200, description = "The event's tasks", body = EventTasks),
+        (status = 401, description = "Missing or wrong bearer token", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No task of this event (or they expired)", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "Bad query", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "Redis unavailable", body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("api_token" = []))
+)]
+pub async fn get_event(
+    State(state): State<AppState>,
+    Path((biz_type, biz_id)): Path<(String, String)>,
+    query: Result<Query<EventQuery>, axum::extract::rejection::QueryRejection>,
+) -> Result<Json<EventTasks>, ApiError> {
+    let Query(query) = query.map_err(|e| ApiError::invalid("query", e.body_text()))?;
+    if biz_type.len() > MAX_ID || biz_id.len() > MAX_ID {
+        return Err(ApiError::NotFound(format!(
+            "no task of event {biz_type}/{biz_id}"
+        )));
+    }
+    let ids = state.permits.tasks_of_event(&biz_type, &biz_id).await?;
+    let mut tasks = Vec::new();
+    for id in ids {
+        if let Some(task) = state.permits.task(&id).await? {
+            let view = task_view(&task);
+            let user = view.event.get("user_id").and_then(|v| v.as_str());
+            if query.user_id.as_deref().is_none_or(|u| Some(u) == user) {
+                tasks.push(view);
+            }
+        }
+    }
+    if tasks.is_empty() {
+        return Err(ApiError::NotFound(format!(
+            "no task of event {biz_type}/{biz_id}"
+        )));
+    }
+    tasks.sort_by(|a, b| a.accepted_at.cmp(&b.accepted_at).then(a.id.cmp(&b.id)));
+    Ok(Json(EventTasks {
+        biz_type,
+        biz_id,
+        tasks,
+    }))
+}
+
+/// A task as the API shows it.
+pub fn task_view(task: &Task) -> TaskView {
+    let num = |k: &str| task.fields.get(k).and_then(|v| v.parse::<u64>().ok());
+    let json = |text: &str| serde_json::from_str(text).unwrap_or(serde_json::Value::Null);
+    TaskView {
+        id: task.id.clone(),
+        key: task.key.clone(),
+        channel: task.channel.clone(),
+        status: task.status.to_string(),
+        biz_type: task.biz_type.clone(),
+        biz_id: task.biz_id.clone(),
+        attempts: task.attempts,
+        max_attempts: task.retry.max_attempts,
+        key_policy: format!("{}@{}", task.policy_name, task.policy_version),
+        window_ms: task.window_ms,
+        accepted_at: task.accepted_at_ms,
+        updated_at: num("updated_at"),
+        sent_at: num("sent_at"),
+        finished_at: num("finished_at"),
+        next_due: task.next_due_ms,
+        last_error: task.last_error.clone(),
+        provider_message_id: task.provider_message_id.clone(),
+        requeues: num("requeues").unwrap_or(0) as u32,
+        event: json(&task.event_json),
+        payload: json(&task.payload),
+    }
+}
+
+/// Milliseconds since the epoch, host clock.
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+/// Checks a text field: non-empty, at most `max` bytes, no control characters.
+fn check_text(field: &str, value: &str, max: usize) -> Result<(), ApiError> {
+    if value.is_empty() {
+        return Err(ApiError::invalid(field, "must not be empty"));
+    }
+    let chars = value.chars().count();
+    if chars > max {
+        return Err(ApiError::invalid(
+            field,
+            format!("is {chars} characters long; at most {max}"),
+        ));
+    }
+    if value.chars().any(char::is_control) {
+        return Err(ApiError::invalid(
+            field,
+            "must not contain control characters",
+        ));
+    }
+    Ok(())
+}
+
+/// Checks the request's fields against the limits.
+fn validate(req: &EventRequest) -> Result<(), ApiError> {
+    check_text("biz_type", &req.biz_type, MAX_ID)?;
+    check_text("biz_id", &req.biz_id, MAX_ID)?;
+    check_text("user_id", &req.user_id, MAX_ID)?;
+    if let Some(t) = &req.template {
+        check_text("template", t, MAX_ID)?;
+    }
+    if let Some(channels) = &req.channels {
+        if channels.is_empty() {
+            return Err(ApiError::invalid(
+                "channels",
+                "must name at least one channel when given",
+            ));
+        }
+        if channels.len() > MAX_CHANNELS {
+            return Err(ApiError::invalid(
+                "channels",
+                format!("{} channels; at most {MAX_CHANNELS}", channels.len()),
+            ));
+        }
+    }
+    for (map, entries) in [("params", &req.params), ("recipients", &req.recipients)] {
+        if entries.len() > MAX_ENTRIES {
+            return Err(ApiError::invalid(
+                map,
+                format!("{} entries; at most {MAX_ENTRIES}", entries.len()),
+            ));
+        }
+        let max_value = if map == "recipients" {
+            MAX_RECIPIENT
+        } else {
+            MAX_VALUE
+        };
+        for (k, v) in entries.iter() {
+            if k.len() > MAX_NAME {
+                return Err(ApiError::invalid(
+                    map,
+                    format!("a name is {} bytes long; at most {MAX_NAME}", k.len()),
+                ));
+            }
+            if v.len() > max_value {
+                return Err(ApiError::invalid(
+                    format!("{map}.{k}"),
+                    format!("is {} bytes long; at most {max_value}", v.len()),
+                ));
+            }
+        }
+    }
+    if req.attributes.len() > MAX_ENTRIES {
+        return Err(ApiError::invalid(
+            "attributes",
+            format!("{} entries; at most {MAX_ENTRIES}", req.attributes.len()),
+        ));
+    }
+    for (k, v) in &req.attributes {
+        if k.len() > MAX_NAME {
+            return Err(ApiError::invalid(
+                "attributes",
+                format!("a name is {} bytes long; at most {MAX_NAME}", k.len()),
+            ));
+        }
+        if let AttributeValue::Text(t) = v
+            && t.len() > MAX_VALUE
+        {
+            return Err(ApiError::invalid(
+                format!("attributes.{k}"),
+                format!("is {} bytes long; at most {MAX_VALUE}", t.len()),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The plugins' event from the request (occurred_at defaults to `now`).
+fn to_event(req: &EventRequest, now: u64) -> Result<Event, ApiError> {
+    let occurred_at = match &req.occurred_at {
+        None => serde_json::Value::from(now),
+        Some(OccurredAt::Millis(ms)) => serde_json::Value::from(*ms),
+        Some(OccurredAt::Text(t)) => serde_json::Value::from(t.clone()),
+    };
+    let attributes = req
+        .attributes
+        .iter()
+        .map(|(k, v)| {
+            let value = match v {
+                AttributeValue::Text(t) => serde_json::Value::from(t.clone()),
+                AttributeValue::Int(i) => serde_json::Value::from(*i),
+                AttributeValue::Float(f) => serde_json::Value::from(*f),
+                AttributeValue::Bool(b) => serde_json::Value::from(*b),
+            };
+            (k.clone(), value)
+        })
+        .collect();
+    event_from_parsed(EventJson {
+        biz_type: req.biz_type.clone(),
+        biz_id: req.biz_id.clone(),
+        user_id: req.user_id.clone(),
+        occurred_at,
+        attributes,
+    })
+    .map_err(|e| match e {
+        EventError::Field { field, reason } => ApiError::invalid(field, reason),
+        EventError::Json(e) => ApiError::invalid("body", e.to_string()),
+    })
+}
+
+/// The event as stored in tasks and in the corpus: the JSON form
+/// `derive::event_from_json` reads back.
+pub fn event_json(event: &Event) -> String {
+    let attributes: serde_json::Map<String, serde_json::Value> = event
+        .attributes
+        .iter()
+        .map(|(k, v)| (k.clone(), serde_json::Value::from(v.clone())))
+        .collect();
+    serde_json::json!({
+        "biz_type": event.biz_type,
+        "biz_id": event.biz_id,
+        "user_id": event.user_id,
+        "occurred_at": event.occurred_at_ms,
+        "attributes": attributes,
+    })
+    .to_string()
+}
+
+/// What every channel of one event shares while it is planned.
+struct Context<'a> {
+    /// The policy of the event's biz_type.
+    policy: &'a Policy,
+    /// Its key policy plugin.
+    plugin: &'a KeyPolicyPlugin,
+    /// The event.
+    event: &'a Event,
+    /// The policy's params for the plugin.
+    params: Vec<(String, String)>,
+    /// The request.
+    req: &'a EventRequest,
+}
+
+impl Context<'_> {
+    fn derive(&self, channel: &str) -> Result<crate::derive::DerivedKey, ApiError> {
+        derive(self.plugin, self.event, channel, &self.params).map_err(|e| match e {
+            DeriveError::Call(call) => ApiError::Plugin {
+                plugin: call.plugin().to_string(),
+                detail: call.to_string(),
+            },
+            DeriveError::BadKey { ref plugin, .. } => ApiError::Plugin {
+                plugin: plugin.clone(),
+                detail: e.to_string(),
+            },
+            DeriveError::BadChannel { .. } => ApiError::invalid("channels", e.to_string()),
+        })
+    }
+
+    fn window(&self, channel: &str, derived: &crate::derive::DerivedKey) -> Duration {
+        let spec = &self.policy.spec;
+        derived
+            .window_secs
+            .map(|s| Duration::from_secs(u64::from(s).max(1)))
+            .or_else(|| spec.overrides.get(channel).and_then(|o| o.window))
+            .unwrap_or(spec.window)
+    }
+
+    fn retry(&self, channel: &str) -> RetryPolicy {
+        let spec = &self.policy.spec;
+        let r: &RetrySpec = spec
+            .overrides
+            .get(channel)
+            .and_then(|o| o.retry.as_ref())
+            .unwrap_or(&spec.retry);
+        RetryPolicy {
+            max_attempts: r.max_attempts,
+            initial: r.backoff.initial,
+            factor: r.backoff.factor,
+            max_delay: r.backoff.max,
+            jitter: r.backoff.jitter,
+        }
+    }
+
+    fn recipient(&self, channel: &str, fallback_of: Option<&str>) -> Result<String, ApiError> {
+        if let Some(r) = self.req.recipients.get(channel) {
+            return Ok(r.clone());
+        }
+        if channel == "inbox" {
+            return Ok(self.req.user_id.clone());
+        }
+        let why = match fallback_of {
+            Some(from) => format!(
+                "required: the address on channel `{channel}` (the policy's fallback for `{from}`)"
+            ),
+            None => format!("required: the address on channel `{channel}`"),
+        };
+        Err(ApiError::invalid(format!("recipients.{channel}"), why))
+    }
+
+    fn payload(
+        &self,
+        channel: &str,
+        fallback_of: Option<&str>,
+        depth: usize,
+    ) -> Result<Payload, ApiError> {
+        Ok(Payload {
+            recipient: self.recipient(channel, fallback_of)?,
+            template: self
+                .req
+                .template
+                .clone()
+                .unwrap_or_else(|| self.req.biz_type.clone()),
+            params: self
+                .req
+                .params
+                .iter()
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect(),
+            plugin: None,
+            fallback: self.fallback(channel, depth)?,
+        })
+    }
+
+    fn fallback(&self, channel: &str, depth: usize) -> Result<Option<Box<Fallback>>, ApiError> {
+        let Some(to) = self.policy.spec.fallback.get(channel) else {
+            return Ok(None);
+        };
+        if depth >= MAX_FALLBACK_DEPTH {
+            return Ok(None);
+        }
+        let derived = self.derive(to)?;
+        Ok(Some(Box::new(Fallback {
+            channel: to.clone(),
+            key: derived.key.clone(),
+            window_ms: crate::permit::ms(self.window(to, &derived)),
+            payload: self.payload(to, Some(channel), depth + 1)?,
+        })))
+    }
+}
+
+/// Checks, routes and derives one event: everything but Redis.
+fn plan(
+    snapshot: &Snapshot,
+    state: &AppState,
+    req: EventRequest,
+    now: u64,
+) -> Result<PlannedEvent, ApiError> {
+    validate(&req)?;
+    let Some(policy) = snapshot.policies.get(&req.biz_type) else {
+        return Err(ApiError::invalid(
+            "biz_type",
+            format!("no policy routes biz_type `{}`", req.biz_type),
+        ));
+    };
+    let spec = &policy.spec;
+    let channels: Vec<String> = match &req.channels {
+        None => spec.channels.clone(),
+        Some(asked) => {
+            for (i, c) in asked.iter().enumerate() {
+                if !spec.channels.contains(c) {
+                    return Err(ApiError::invalid(
+                        format!("channels[{i}]"),
+                        format!(
+                            "channel `{}` is not allowed by the policy of {} (allowed: {})",
+                            c.chars().take(64).collect::<String>(),
+                            spec.biz_type,
+                            spec.channels.join(", ")
+                        ),
+                    ));
+                }
+                if asked[..i].contains(c) {
+                    return Err(ApiError::invalid(
+                        format!("channels[{i}]"),
+                        format!("`{c}` is listed twice"),
+                    ));
+                }
+            }
+            spec.channels
+                .iter()
+                .filter(|c| asked.contains(c))
+                .cloned()
+                .collect()
+        }
+    };
+    for name in req.recipients.keys() {
+        if !state.live.config().channels.contains_key(name) {
+            return Err(ApiError::invalid(
+                format!("recipients.{}", name.chars().take(64).collect::<String>()),
+                "not a channel of this host",
+            ));
+        }
+    }
+    let plugin = snapshot
+        .registry
+        .resolve_key_policy(&spec.key_policy)
+        .map_err(|e| ApiError::Plugin {
+            plugin: spec.key_policy.clone(),
+            detail: e.to_string(),
+        })?;
+    let event = to_event(&req, now)?;
+    let event_text = event_json(&event);
+    let ctx = Context {
+        policy,
+        plugin: &plugin,
+        event: &event,
+        params: spec
+            .params
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect(),
+        req: &req,
+    };
+    let meta = plugin.meta();
+    let mut planned = Vec::with_capacity(channels.len());
+    for channel in channels {
+        let derived = ctx.derive(&channel)?;
+        let payload = ctx.payload(&channel, None, 0)?;
+        let payload = serde_json::to_string(&payload)
+            .map_err(|e| ApiError::Internal(format!("payload JSON: {e}")))?;
+        planned.push(Planned {
+            request: AcceptRequest {
+                key: derived.key.clone(),
+                channel: channel.clone(),
+                window: ctx.window(&channel, &derived),
+                biz_type: req.biz_type.clone(),
+                biz_id: req.biz_id.clone(),
+                event_json: event_text.clone(),
+                payload,
+                policy_name: meta.name.clone(),
+                policy_version: meta.version.to_string(),
+                retry: ctx.retry(&channel),
+            },
+            channel,
+        });
+    }
+    Ok(PlannedEvent {
+        biz_type: req.biz_type.clone(),
+        biz_id: req.biz_id.clone(),
+        user_id: req.user_id.clone(),
+        channels: planned,
+        event_json: event_text,
+    })
+}
+
+/// Takes the permits of every channel of every event in one pipeline (with
+/// the corpus samples), counts the outcome, and answers per event.
+async fn accept(state: &AppState, events: &[PlannedEvent]) -> Result<Vec<EventAccepted>, ApiError> {
+    let requests: Vec<AcceptRequest> = events
+        .iter()
+        .flat_map(|e| e.channels.iter().map(|p| p.request.clone()))
+        .collect();
+    let namespace = state.permits.layout().namespace().to_string();
+    let extra: Vec<redis::Cmd> = events
+        .iter()
+        .flat_map(|e| crate::service::corpus_commands(&namespace, &e.event_json))
+        .collect();
+    let started = Instant::now();
+    let answers = state.permits.accept_batch_with(&requests, &extra).await;
+    metrics::histogram!(super::metrics::PERMIT_SECONDS).record(started.elapsed().as_secs_f64());
+    let answers = answers?;
+    let mut answers = answers.into_iter();
+    let mut out = Vec::with_capacity(events.len());
+    for event in events {
+        let mut results = Vec::with_capacity(event.channels.len());
+        for planned in &event.channels {
+            let answer = answers
+                .next()
+                .ok_or_else(|| ApiError::Internal("fewer answers than requests".into()))?;
+            let result = match answer {
+                Acceptance::Accepted { task_id } => {
+                    metrics::counter!(super::metrics::ACCEPTED, "channel" => planned.channel.clone())
+                        .increment(1);
+                    ChannelResult {
+                        channel: planned.channel.clone(),
+                        result: ResultKind::Accepted,
+                        task_id,
+                        key: planned.request.key.clone(),
+                        status: None,
+                    }
+                }
+                Acceptance::Duplicate { task_id, status } => {
+                    metrics::counter!(super::metrics::DUPLICATES, "channel" => planned.channel.clone())
+                        .increment(1);
+                    ChannelResult {
+                        channel: planned.channel.clone(),
+                        result: ResultKind::Duplicate,
+                        task_id,
+                        key: planned.request.key.clone(),
+                        status: status.map(|s| s.to_string()),
+                    }
+                }
+            };
+            results.push(result);
+        }
+        out.push(EventAccepted {
+            biz_type: event.biz_type.clone(),
+            biz_id: event.biz_id.clone(),
+            user_id: event.user_id.clone(),
+            results,
+        });
+    }
+    Ok(out)
+}

@@ -1,0 +1,132 @@
+//! The HTTP API (axum): the front door for business services (`/v1`), the
+//! operators (`/admin`), providers' callbacks (`/v1/receipts`), probes,
+//! metrics and the OpenAPI document.
+//!
+//! This is the only module that knows HTTP: handlers translate between JSON
+//! and the host's own types (`route`, `derive`, `permit`, `send`), and every
+//! refusal is an [`ApiError`] answered as RFC 9457 problem details.
+//! [`app`] builds the router from an [`AppState`]; `service` serves it.
+
+pub mod admin;
+pub mod auth;
+pub mod body;
+pub mod events;
+pub mod metrics;
+pub mod model;
+pub mod openapi;
+pub mod ops;
+pub mod problem;
+pub mod receipts;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Extension;
+use axum::Router;
+use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::middleware::{Next, from_fn_with_state};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+
+pub use auth::Token;
+pub use problem::{ApiError, Problem};
+pub use receipts::{ReceiptHandler, SharedReceiptHandler};
+
+use crate::permit::Permits;
+use crate::route::Live;
+
+/// Limits of the API.
+#[derive(Debug, Clone, Copy)]
+pub struct ApiLimits {
+    /// Largest request body in bytes (default 256 KiB); larger is 413.
+    pub body_bytes: usize,
+    /// Most events in one `POST /v1/events:batch` (default 100).
+    pub batch_max: usize,
+    /// Longest a request may take (default 10 s); then 503 with `Retry-After`.
+    pub request_timeout: Duration,
+}
+
+impl Default for ApiLimits {
+    fn default() -> Self {
+        ApiLimits {
+            body_bytes: 256 * 1024,
+            batch_max: 100,
+            request_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+/// What every handler shares. Cheap to clone.
+#[derive(Clone)]
+pub struct AppState {
+    /// The policies and plugins in force (one `current()` per request).
+    pub live: Arc<Live>,
+    /// The permit layer.
+    pub permits: Permits,
+    /// Limits.
+    pub limits: ApiLimits,
+    /// Token of `/v1` (open when unset).
+    pub api_token: Token,
+    /// Token of `/admin` (open when unset).
+    pub admin_token: Token,
+    /// Shared secret per configured channel for receipts (open when unset).
+    pub receipt_tokens: Arc<BTreeMap<String, Token>>,
+    /// Provider callbacks' handler; `None` answers 501.
+    pub receipts: Option<SharedReceiptHandler>,
+    /// The Prometheus recorder's handle.
+    pub metrics: metrics_exporter_prometheus::PrometheusHandle,
+}
+
+/// The router of the whole API.
+pub fn app(state: AppState) -> Router {
+    let v1 = Router::new()
+        .route("/v1/events", post(events::post_event))
+        .route("/v1/events:batch", post(events::post_batch))
+        .route("/v1/events/{biz_type}/{biz_id}", get(events::get_event))
+        .route("/v1/tasks/{id}", get(events::get_task))
+        .route_layer(from_fn_with_state(state.api_token.clone(), auth::require));
+    let admin = Router::new()
+        .route("/admin/plugins", get(admin::plugins))
+        .route("/admin/policies", get(admin::policies))
+        .route("/admin/reload", post(admin::reload))
+        .route("/admin/tasks", get(admin::task_by_key))
+        .route("/admin/tasks/dead", get(admin::dead_tasks))
+        .route("/admin/tasks/{id}/requeue", post(admin::requeue))
+        .route_layer(from_fn_with_state(state.admin_token.clone(), auth::require));
+    let open = Router::new()
+        .route("/v1/receipts/{channel}", post(receipts::receipt))
+        .route("/healthz", get(ops::healthz))
+        .route("/readyz", get(ops::readyz))
+        .route("/metrics", get(ops::metrics))
+        .route("/openapi.json", get(ops::openapi));
+    let limits = state.limits;
+    Router::new()
+        .merge(v1)
+        .merge(admin)
+        .merge(open)
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .with_state(state)
+        .layer(DefaultBodyLimit::max(limits.body_bytes))
+        .layer(Extension(body::BodyLimit(limits.body_bytes)))
+        .layer(from_fn_with_state(limits.request_timeout, timeout))
+}
+
+async fn not_found() -> ApiError {
+    ApiError::NotFound("no such route".into())
+}
+
+async fn method_not_allowed() -> ApiError {
+    ApiError::MethodNotAllowed
+}
+
+/// Answers 503 (problem, `Retry-After`) when a request takes longer than `limit`.
+/// The request's future is dropped, which is safe: a permit script either ran
+/// whole in Redis or not at all, and a retry of the event is answered `duplicate`.
+async fn timeout(State(limit): State<Duration>, req: Request, next: Next) -> Response {
+    match tokio::time::timeout(limit, next.run(req)).await {
+        Ok(response) => response,
+        Err(_) => ApiError::Timeout.into_response(),
+    }
+}

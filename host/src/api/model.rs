@@ -1,0 +1,247 @@
+//! The JSON shapes of the API: requests, answers, and their limits. Each type
+//! derives `ToSchema`, so the OpenAPI document is generated from these very
+//! definitions and cannot drift from them.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+/// Longest `biz_type`, `biz_id`, `user_id`, `template`, in characters.
+pub const MAX_ID: usize = 128;
+/// Most entries in `params`, `attributes`, `recipients`.
+pub const MAX_ENTRIES: usize = 64;
+/// Longest name of a param or attribute, in bytes.
+pub const MAX_NAME: usize = 64;
+/// Longest value of a param or attribute, in bytes.
+pub const MAX_VALUE: usize = 1024;
+/// Longest recipient address, in bytes.
+pub const MAX_RECIPIENT: usize = 256;
+/// Most channels one event may name.
+pub const MAX_CHANNELS: usize = 16;
+
+/// One business event: `POST /v1/events`.
+#[derive(Debug, Clone, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct EventRequest {
+    /// Business type, routed to the policy of the same name, e.g. `ORDER_SHIPPED`.
+    #[schema(
+        min_length = 1,
+        max_length = 128,
+        pattern = "^[^\\u0000-\\u001f\\u007f-\\u009f]+$",
+        example = "ORDER_SHIPPED"
+    )]
+    pub biz_type: String,
+    /// The business's id of the subject, e.g. an order id.
+    #[schema(
+        min_length = 1,
+        max_length = 128,
+        pattern = "^[^\\u0000-\\u001f\\u007f-\\u009f]+$",
+        example = "o-1001"
+    )]
+    pub biz_id: String,
+    /// The user the notification is for.
+    #[schema(
+        min_length = 1,
+        max_length = 128,
+        pattern = "^[^\\u0000-\\u001f\\u007f-\\u009f]+$",
+        example = "u-42"
+    )]
+    pub user_id: String,
+    /// When it happened: RFC 3339 text or epoch milliseconds. Send it: when
+    /// absent the host's clock at receipt is used, so a retry of the same
+    /// event may fall on another day for day-based key policies.
+    #[serde(default)]
+    pub occurred_at: Option<OccurredAt>,
+    /// A subset of the policy's channels; all of them when absent.
+    #[serde(default)]
+    #[schema(min_items = 1, max_items = 16)]
+    pub channels: Option<Vec<String>>,
+    /// Template code or id the providers render; the `biz_type` when absent.
+    #[serde(default)]
+    #[schema(
+        min_length = 1,
+        max_length = 128,
+        pattern = "^[^\\u0000-\\u001f\\u007f-\\u009f]+$"
+    )]
+    pub template: Option<String>,
+    /// Template parameters (sent in name order).
+    #[serde(default)]
+    pub params: BTreeMap<String, String>,
+    /// Attributes for the key policy (e.g. `job_id`); strings, numbers or booleans.
+    #[serde(default)]
+    pub attributes: BTreeMap<String, AttributeValue>,
+    /// The address per channel: phone number (`sms`), openid (`wechat`),
+    /// device token (`app-push`), inbox user (`inbox`, default: `user_id`).
+    /// Required for every channel the event is sent on, and for its fallback.
+    #[serde(default)]
+    pub recipients: BTreeMap<String, String>,
+}
+
+/// When an event happened.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(untagged)]
+pub enum OccurredAt {
+    /// Milliseconds since 1970-01-01T00:00:00Z.
+    Millis(u64),
+    /// RFC 3339, e.g. `2026-11-30T15:59:59Z`.
+    Text(String),
+}
+
+/// An attribute's value.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(untagged)]
+pub enum AttributeValue {
+    /// Text.
+    Text(String),
+    /// A whole number.
+    Int(i64),
+    /// A number with a fraction.
+    Float(f64),
+    /// A boolean.
+    Bool(bool),
+}
+
+/// Many events in one request: `POST /v1/events:batch`.
+#[derive(Debug, Clone, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct BatchRequest {
+    /// The events (at most the configured batch limit, 100 by default). Each is
+    /// checked on its own: one bad event does not refuse the others.
+    #[schema(value_type = Vec<EventRequest>, min_items = 1)]
+    pub events: Vec<serde_json::Value>,
+}
+
+/// What became of one channel of an event.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct ChannelResult {
+    /// The channel.
+    pub channel: String,
+    /// `accepted`: a new task; `duplicate`: the permit is held by an earlier task.
+    pub result: ResultKind,
+    /// The new task, or the task that holds the permit.
+    pub task_id: String,
+    /// The idempotency key.
+    pub key: String,
+    /// For a duplicate: the holding task's status (absent if its record expired).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub status: Option<String>,
+}
+
+/// Accepted or duplicate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum ResultKind {
+    /// A new task was created and queued.
+    Accepted,
+    /// An earlier task holds the permit; nothing new was created.
+    Duplicate,
+}
+
+/// The answer to `POST /v1/events` (202).
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct EventAccepted {
+    /// The event's business type.
+    pub biz_type: String,
+    /// The event's business id.
+    pub biz_id: String,
+    /// The event's user.
+    pub user_id: String,
+    /// One result per channel, in the policy's order.
+    pub results: Vec<ChannelResult>,
+}
+
+/// The result of one event of a batch.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct BatchItem {
+    /// Position of the event in the request.
+    pub index: usize,
+    /// The status `POST /v1/events` would have answered: 202 or 4xx.
+    pub status: u16,
+    /// The channels' results (status 202).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub accepted: Option<EventAccepted>,
+    /// Why the event was refused (status 4xx).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub problem: Option<super::problem::Problem>,
+}
+
+/// The answer to `POST /v1/events:batch` (200).
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct BatchResponse {
+    /// One item per event, in request order.
+    pub results: Vec<BatchItem>,
+}
+
+/// A task as the API shows it.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct TaskView {
+    /// Task id.
+    pub id: String,
+    /// Idempotency key.
+    pub key: String,
+    /// Channel.
+    pub channel: String,
+    /// `queued`, `sending`, `retry_wait`, `sent`, `unknown`, `delivered`, `failed`, `dead`, `superseded`.
+    pub status: String,
+    /// Business type of its event.
+    pub biz_type: String,
+    /// Business id of its event.
+    pub biz_id: String,
+    /// Attempts begun so far.
+    pub attempts: u32,
+    /// Attempts allowed.
+    pub max_attempts: u32,
+    /// Key policy `name@version` that derived the key.
+    pub key_policy: String,
+    /// Dedup window in ms.
+    pub window_ms: u64,
+    /// When accepted (ms since the epoch, Redis clock).
+    pub accepted_at: u64,
+    /// Last change (ms).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub updated_at: Option<u64>,
+    /// When the provider accepted it (ms).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sent_at: Option<u64>,
+    /// When it ended (ms).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub finished_at: Option<u64>,
+    /// When a `retry_wait` task is due (ms).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub next_due: Option<u64>,
+    /// The last error the sender reported.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub last_error: Option<String>,
+    /// The provider's id of the message.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub provider_message_id: Option<String>,
+    /// Times an operator requeued it.
+    pub requeues: u32,
+    /// The event, as accepted.
+    #[schema(value_type = Object)]
+    pub event: serde_json::Value,
+    /// What the channel sends (recipient, template, params, fallback).
+    #[schema(value_type = Object)]
+    pub payload: serde_json::Value,
+}
+
+/// The tasks of one event: `GET /v1/events/{biz_type}/{biz_id}`.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct EventTasks {
+    /// Business type.
+    pub biz_type: String,
+    /// Business id.
+    pub biz_id: String,
+    /// Its tasks (every channel, fallbacks included once created), oldest first.
+    pub tasks: Vec<TaskView>,
+}
+
+/// `?user_id=` of the event lookup.
+#[derive(Debug, Clone, Deserialize, utoipa::IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct EventQuery {
+    /// Only the tasks of this user's event.
+    pub user_id: Option<String>,
+}

@@ -1,0 +1,121 @@
+//! Probes and observability: `/healthz`, `/readyz`, `/metrics`, `/openapi.json`.
+
+use std::time::Duration;
+
+use axum::Json;
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::IntoResponse;
+use serde::Serialize;
+use utoipa::ToSchema;
+
+use super::AppState;
+use super::metrics as m;
+use super::problem::{ApiError, Problem};
+use crate::plugin::Plugin;
+
+/// How long `/readyz` waits for Redis to answer `PING`.
+const PING_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// The answer of the probes.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Health {
+    /// `ok`.
+    pub status: String,
+    /// Generation of the policies and plugins in force (readiness only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub generation: Option<u64>,
+    /// Number of policies in force (readiness only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub policies: Option<usize>,
+}
+
+/// The process is up.
+#[utoipa::path(get, path = "/healthz", tag = "ops",
+    responses((status = 200, description = "Up", body = Health)))]
+pub async fn healthz() -> Json<Health> {
+    Json(Health {
+        status: "ok".into(),
+        generation: None,
+        policies: None,
+    })
+}
+
+/// Redis answers and policies and plugins are loaded.
+#[utoipa::path(get, path = "/readyz", tag = "ops",
+    responses(
+        (status = 200, description = "Ready", body = Health),
+        (status = 503, description = "Redis unreachable", body = Problem, content_type = "application/problem+json"),
+    ))]
+pub async fn readyz(State(state): State<AppState>) -> Result<Json<Health>, ApiError> {
+    let mut conn = state.permits.connection();
+    let ping = tokio::time::timeout(
+        PING_TIMEOUT,
+        redis::cmd("PING").query_async::<String>(&mut conn),
+    )
+    .await;
+    match ping {
+        Ok(Ok(_)) => {}
+        Ok(Err(e)) => {
+            return Err(ApiError::Unavailable {
+                detail: format!("Redis does not answer PING: {e}"),
+                accepted: None,
+            });
+        }
+        Err(_) => {
+            return Err(ApiError::Unavailable {
+                detail: format!("Redis did not answer PING within {PING_TIMEOUT:?}"),
+                accepted: None,
+            });
+        }
+    }
+    let snapshot = state.live.current();
+    Ok(Json(Health {
+        status: "ok".into(),
+        generation: Some(snapshot.generation),
+        policies: Some(snapshot.policies.by_biz_type.len()),
+    }))
+}
+
+/// Prometheus text exposition.
+#[utoipa::path(get, path = "/metrics", tag = "ops",
+    responses((status = 200, description = "Prometheus text format", body = String, content_type = "text/plain")))]
+pub async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
+    // Gauges read from Redis; a Redis failure leaves the last values.
+    if let Ok(n) = state.permits.retry_queue_depth().await {
+        metrics::gauge!(m::RETRY_QUEUE_DEPTH).set(n as f64);
+    }
+    if let Ok(n) = state.permits.dead_count().await {
+        metrics::gauge!(m::FAILED_OR_DEAD).set(n as f64);
+    }
+    let snapshot = state.live.current();
+    metrics::gauge!(m::POLICY_GENERATION).set(snapshot.generation as f64);
+    for plugin in snapshot.registry.plugins() {
+        if let Plugin::KeyPolicy(p) = plugin {
+            let stats = p.stats();
+            let id = p.id().to_string();
+            metrics::counter!(m::PLUGIN_CALLS, "plugin" => id.clone()).absolute(stats.calls);
+            metrics::counter!(m::PLUGIN_FAILURES, "plugin" => id.clone()).absolute(stats.failures);
+            metrics::counter!(m::PLUGIN_REFUSALS, "plugin" => id).absolute(stats.refusals);
+        }
+    }
+    state.metrics.run_upkeep();
+    (
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        state.metrics.render(),
+    )
+}
+
+/// This API's OpenAPI 3.1 document.
+#[utoipa::path(get, path = "/openapi.json", tag = "ops",
+    responses((status = 200, description = "The OpenAPI document", body = Object)))]
+pub async fn openapi() -> impl IntoResponse {
+    (
+        StatusCode::OK,
+        [(header::CONTENT_TYPE, "application/json")],
+        super::openapi::document(),
+    )
+}

@@ -1,0 +1,260 @@
+//! The API's one error type, [`ApiError`], answered as RFC 9457 problem
+//! details (`application/problem+json`). Every refusal of the API goes
+//! through it: the cause is logged here (5xx at `error`, 4xx at `debug`) and
+//! the answer names the field, the plugin or the reason.
+
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use serde::Serialize;
+use utoipa::ToSchema;
+
+use super::model::ChannelResult;
+use crate::permit::PermitError;
+
+/// The media type of problem details.
+pub const PROBLEM_JSON: &str = "application/problem+json";
+
+/// How long a client should wait before retrying after a 503, in seconds.
+pub const RETRY_AFTER_SECS: u64 = 1;
+
+/// An RFC 9457 problem details body.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct Problem {
+    /// A URI naming the kind of problem, e.g. `urn:pushonce:problem:invalid-field`.
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// A short summary of the kind of problem.
+    pub title: String,
+    /// The HTTP status code.
+    pub status: u16,
+    /// What went wrong in this case, in plain words.
+    pub detail: String,
+    /// The request field at fault (dotted path, e.g. `recipients.sms`), when one is.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub field: Option<String>,
+    /// The plugin at fault (`name@version`), when one is.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub plugin: Option<String>,
+    /// Every reason, one line each (a refused reload).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub errors: Option<Vec<String>>,
+    /// On a 503 of `POST /v1/events`: the channels known to be accepted
+    /// before Redis failed (possibly none). Retrying the same event is safe:
+    /// accepted channels answer `duplicate`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub accepted: Option<Vec<ChannelResult>>,
+}
+
+/// Why a request was refused or failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    /// The body is not JSON (syntax error, truncated).
+    #[error("malformed JSON: {0}")]
+    BadJson(String),
+    /// The body is not `application/json`.
+    #[error("unsupported media type: {0}")]
+    UnsupportedMediaType(String),
+    /// The body is longer than the limit.
+    #[error("request body larger than {limit} bytes")]
+    TooLarge {
+        /// The limit in bytes.
+        limit: usize,
+    },
+    /// A field is missing, unknown, of the wrong type or has a value the API does not accept.
+    #[error("{field}: {detail}")]
+    Invalid {
+        /// The field (dotted path).
+        field: String,
+        /// What is wrong with it.
+        detail: String,
+    },
+    /// The key policy plugin refused the event or failed.
+    #[error("key policy {plugin}: {detail}")]
+    Plugin {
+        /// `name@version`.
+        plugin: String,
+        /// The plugin's error.
+        detail: String,
+    },
+    /// Missing or wrong bearer token.
+    #[error("unauthorized: {0}")]
+    Unauthorized(String),
+    /// No such resource.
+    #[error("not found: {0}")]
+    NotFound(String),
+    /// The request conflicts with the current state (e.g. requeue refused).
+    #[error("conflict: {0}")]
+    Conflict(String),
+    /// A reload was refused; the running policies stay in force.
+    #[error("reload refused: {}", .0.join("; "))]
+    ReloadRefused(Vec<String>),
+    /// Redis is unreachable: retry later; `accepted` lists what was accepted before.
+    #[error("service unavailable: {detail}")]
+    Unavailable {
+        /// What failed.
+        detail: String,
+        /// Channels known to be accepted before the failure.
+        accepted: Option<Vec<ChannelResult>>,
+    },
+    /// The route exists but what it needs is not built yet.
+    #[error("not implemented: {0}")]
+    NotImplemented(String),
+    /// The request took longer than the API's timeout.
+    #[error("request timed out")]
+    Timeout,
+    /// No route accepts this method.
+    #[error("method not allowed")]
+    MethodNotAllowed,
+    /// A bug or an unexpected answer.
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+impl ApiError {
+    /// A field error.
+    pub fn invalid(field: impl Into<String>, detail: impl Into<String>) -> ApiError {
+        ApiError::Invalid {
+            field: field.into(),
+            detail: detail.into(),
+        }
+    }
+
+    /// The HTTP status of this error.
+    pub fn status(&self) -> StatusCode {
+        match self {
+            ApiError::BadJson(_) => StatusCode::BAD_REQUEST,
+            ApiError::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            ApiError::TooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            ApiError::Invalid { .. } | ApiError::Plugin { .. } | ApiError::ReloadRefused(_) => {
+                StatusCode::UNPROCESSABLE_ENTITY
+            }
+            ApiError::Unauthorized(_) => StatusCode::UNAUTHORIZED,
+            ApiError::NotFound(_) => StatusCode::NOT_FOUND,
+            ApiError::Conflict(_) => StatusCode::CONFLICT,
+            ApiError::Unavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::NotImplemented(_) => StatusCode::NOT_IMPLEMENTED,
+            ApiError::Timeout => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
+            ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+
+    /// The problem details body of this error.
+    pub fn problem(&self) -> Problem {
+        let (slug, title) = match self {
+            ApiError::BadJson(_) => ("malformed-json", "Malformed JSON"),
+            ApiError::UnsupportedMediaType(_) => {
+                ("unsupported-media-type", "Unsupported media type")
+            }
+            ApiError::TooLarge { .. } => ("body-too-large", "Request body too large"),
+            ApiError::Invalid { .. } => ("invalid-field", "Invalid field"),
+            ApiError::Plugin { .. } => ("key-policy-failed", "Key policy failed"),
+            ApiError::Unauthorized(_) => ("unauthorized", "Unauthorized"),
+            ApiError::NotFound(_) => ("not-found", "Not found"),
+            ApiError::Conflict(_) => ("conflict", "Conflict"),
+            ApiError::ReloadRefused(_) => ("reload-refused", "Reload refused"),
+            ApiError::Unavailable { .. } => ("unavailable", "Service unavailable"),
+            ApiError::NotImplemented(_) => ("not-implemented", "Not implemented"),
+            ApiError::Timeout => ("timeout", "Request timed out"),
+            ApiError::MethodNotAllowed => ("method-not-allowed", "Method not allowed"),
+            ApiError::Internal(_) => ("internal", "Internal error"),
+        };
+        let detail = match self {
+            // Never echo internals to a client: the log has them.
+            ApiError::Internal(_) => "an internal error occurred; it was logged".to_string(),
+            ApiError::Invalid { detail, .. } | ApiError::Plugin { detail, .. } => detail.clone(),
+            other => other
+                .to_string()
+                .split_once(": ")
+                .map(|(_, d)| d.to_string())
+                .unwrap_or_else(|| other.to_string()),
+        };
+        Problem {
+            kind: format!("urn:pushonce:problem:{slug}"),
+            title: title.to_string(),
+            status: self.status().as_u16(),
+            detail,
+            field: match self {
+                ApiError::Invalid { field, .. } => Some(field.clone()),
+                _ => None,
+            },
+            plugin: match self {
+                ApiError::Plugin { plugin, .. } => Some(plugin.clone()),
+                _ => None,
+            },
+            errors: match self {
+                ApiError::ReloadRefused(e) => Some(e.clone()),
+                _ => None,
+            },
+            accepted: match self {
+                ApiError::Unavailable { accepted, .. } => accepted.clone(),
+                _ => None,
+            },
+        }
+    }
+}
+
+impl From<PermitError> for ApiError {
+    fn from(e: PermitError) -> ApiError {
+        match e {
+            PermitError::Redis(e) if redis_unavailable(&e) => ApiError::Unavailable {
+                detail: format!("Redis is unavailable ({e}); retry later"),
+                accepted: None,
+            },
+            PermitError::BadTaskId(id) => ApiError::NotFound(format!("no task {id:?}")),
+            other => ApiError::Internal(other.to_string()),
+        }
+    }
+}
+
+/// Whether a Redis error means "Redis cannot be reached or cannot serve now"
+/// (answer 503, retry later) rather than a bug.
+pub fn redis_unavailable(e: &redis::RedisError) -> bool {
+    use redis::{ErrorKind, ServerErrorKind};
+    e.is_io_error()
+        || e.is_timeout()
+        || e.is_connection_dropped()
+        || e.is_connection_refusal()
+        || e.is_unrecoverable_error()
+        || matches!(
+            e.kind(),
+            ErrorKind::Server(
+                ServerErrorKind::BusyLoading
+                    | ServerErrorKind::TryAgain
+                    | ServerErrorKind::ClusterDown
+                    | ServerErrorKind::MasterDown
+                    | ServerErrorKind::ReadOnly
+            )
+        )
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let status = self.status();
+        if status.is_server_error() {
+            tracing::error!(status = status.as_u16(), error = %self, "request failed");
+        } else {
+            tracing::debug!(status = status.as_u16(), error = %self, "request refused");
+        }
+        metrics::counter!(super::metrics::REFUSED, "status" => status.as_u16().to_string())
+            .increment(1);
+        let problem = self.problem();
+        let body = serde_json::to_vec(&problem).unwrap_or_else(|_| b"{}".to_vec());
+        let mut response = (status, body).into_response();
+        let headers = response.headers_mut();
+        headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(PROBLEM_JSON));
+        match self {
+            ApiError::Unauthorized(_) => {
+                headers.insert(
+                    header::WWW_AUTHENTICATE,
+                    HeaderValue::from_static("Bearer realm=\"pushonce\""),
+                );
+            }
+            ApiError::Unavailable { .. } | ApiError::Timeout => {
+                headers.insert(header::RETRY_AFTER, HeaderValue::from(RETRY_AFTER_SECS));
+            }
+            _ => {}
+        }
+        response
+    }
+}

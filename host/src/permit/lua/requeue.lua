@@ -1,0 +1,48 @@
+-- requeue: an operator sends a failed or dead task again, under the same key
+-- and task id, owner-checked: the permit is re-taken if it is free or still
+-- owned by this task; if another task owns it, nothing changes.
+-- KEYS[1] task, KEYS[2] permit, KEYS[3] ready stream, KEYS[4] dead zset
+-- ARGV[1] task id, ARGV[2] retention ms
+-- Returns {'requeued', attempts so far, new max attempts} | {'refused', owner id}
+--       | {'not_requeueable', status} | {'missing'}.
+local id, retention = ARGV[1], tonumber(ARGV[2])
+local status = redis.call('HGET', KEYS[1], 'status')
+if not status then
+  return {'missing'}
+end
+if status ~= 'dead' and status ~= 'failed' then
+  return {'not_requeueable', status}
+end
+local now = now_ms()
+local window = tonumber(redis.call('HGET', KEYS[1], 'window_ms') or '0')
+local owner = redis.call('GET', KEYS[2])
+if owner and owner ~= id then
+  return {'refused', owner}
+end
+if owner then
+  -- Still ours (kept for the window after a maybe-sent failure): a fresh window.
+  redis.call('PEXPIREAT', KEYS[2], n2s(now + window), 'GT')
+else
+  redis.call('SET', KEYS[2], id, 'PX', n2s(math.max(window, 1)))
+end
+-- A fresh attempt budget on top of the attempts made, so attempt numbers stay
+-- monotonic (the provider and the ledger see attempt n+1, not 1 again).
+local attempts = tonumber(redis.call('HGET', KEYS[1], 'attempts') or '0')
+local base = redis.call('HGET', KEYS[1], 'retry_max_attempts_base')
+if not base then
+  base = redis.call('HGET', KEYS[1], 'retry_max_attempts') or '1'
+end
+local max = attempts + tonumber(base)
+local requeues = tonumber(redis.call('HGET', KEYS[1], 'requeues') or '0') + 1
+redis.call('HSET', KEYS[1], 'status', 'queued', 'retry_max_attempts', n2s(max),
+  'retry_max_attempts_base', base, 'requeues', n2s(requeues),
+  'requeued_at', n2s(now), 'updated_at', n2s(now), 'lease_token', '',
+  'finished_at', '')
+redis.call('PERSIST', KEYS[1])
+redis.call('XADD', KEYS[3], '*', 'task', id, 'key', redis.call('HGET', KEYS[1], 'key'))
+redis.call('ZREM', KEYS[4], id)
+local ev = redis.call('HGET', KEYS[1], 'event_index')
+if ev and ev ~= '' then
+  extend_or_set(ev, now + window + retention)
+end
+return {'requeued', n2s(attempts), n2s(max)}

@@ -1,0 +1,356 @@
+//! The whole host assembled: configuration → Redis (a URL or the embedded
+//! server) → `Live` (plugins and policies) → `Permits` → `Dispatcher` (with a
+//! sender) → the HTTP API on a listener. [`start`] returns once the host
+//! serves, so tests run it in-process on `127.0.0.1:0`; `pushonce serve`
+//! calls it too.
+//!
+//! Shutdown is graceful and ordered: stop accepting connections, finish the
+//! requests in flight, then stop the dispatcher (its workers finish and
+//! record the attempts in flight, handing back nothing half-done), then stop
+//! the embedded Redis (AOF flushed).
+//!
+//! Also the corpus of recent events: every accepted request's event is
+//! sampled into a capped Redis list, `{<ns>:corpus}:events` (newest first,
+//! [`CORPUS_LEN`] kept), in the same pipeline as its permits; the reload's
+//! key-stability check reads it with [`recent_events`].
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use redis::aio::ConnectionManager;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use crate::api::{self, ApiLimits, AppState, SharedReceiptHandler, Token};
+use crate::config::HostConfig;
+use crate::dispatch::{DispatchConfig, DispatchError, Dispatcher, default_consumer_name};
+use crate::permit::{PermitConfig, PermitError, Permits};
+use crate::plugin::Event;
+use crate::route::Live;
+use crate::route::live::LiveError;
+use crate::send::{Faults, LedgerFileSender, Sender};
+use crate::store::{RedisTarget, Store, StoreError};
+
+/// How many recent events the corpus keeps.
+pub const CORPUS_LEN: usize = 1000;
+
+/// Why the host could not start or stopped with an error.
+#[derive(Debug, thiserror::Error)]
+pub enum ServiceError {
+    /// Redis could not be opened or prepared.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// Scripts or consumer groups could not be prepared.
+    #[error(transparent)]
+    Permit(#[from] PermitError),
+    /// Plugins or policies were refused at start.
+    #[error(transparent)]
+    Live(#[from] LiveError),
+    /// The dispatcher failed.
+    #[error(transparent)]
+    Dispatch(#[from] DispatchError),
+    /// The sender could not be set up (e.g. the ledger file).
+    #[error("sender: {0}")]
+    Sender(String),
+    /// Serving HTTP failed.
+    #[error("http server: {0}")]
+    Serve(std::io::Error),
+    /// A task of the host panicked.
+    #[error("host task failed: {0}")]
+    Join(#[from] tokio::task::JoinError),
+}
+
+/// Reads an environment variable by name (tests give their own).
+pub type EnvLookup = Arc<dyn Fn(&str) -> Option<String> + Send + Sync>;
+
+/// What the host is started with besides its configuration.
+#[derive(Clone)]
+pub struct ServiceOptions {
+    /// Where the tokens' environment variables are read.
+    pub env: EnvLookup,
+    /// The sender; [`default_sender`] when `None`.
+    pub sender: Option<Arc<dyn Sender>>,
+    /// Provider callbacks' handler; receipts answer 501 when `None`.
+    pub receipts: Option<SharedReceiptHandler>,
+    /// API limits.
+    pub limits: ApiLimits,
+    /// How long one dispatcher read blocks (bounds how fast it notices shutdown).
+    pub dispatch_block: Duration,
+}
+
+impl Default for ServiceOptions {
+    fn default() -> Self {
+        ServiceOptions {
+            env: Arc::new(|name| std::env::var(name).ok()),
+            sender: None,
+            receipts: None,
+            limits: ApiLimits::default(),
+            dispatch_block: Duration::from_secs(1),
+        }
+    }
+}
+
+/// The sender the host uses until channel plugins send: the development
+/// ledger (`<data_dir>/ledger.jsonl`, one JSON line per attempt, no faults).
+/// The channel work replaces this function.
+pub fn default_sender(config: &HostConfig) -> Result<Arc<dyn Sender>, ServiceError> {
+    std::fs::create_dir_all(&config.data_dir)
+        .map_err(|e| ServiceError::Sender(format!("{}: {e}", config.data_dir.display())))?;
+    let ledger = config.data_dir.join("ledger.jsonl");
+    let sender = LedgerFileSender::open(&ledger, Faults::default())
+        .map_err(|e| ServiceError::Sender(format!("{}: {e}", ledger.display())))?;
+    tracing::warn!(ledger = %ledger.display(), "no channel plugin sends yet: attempts go to the development ledger");
+    Ok(Arc::new(sender))
+}
+
+/// The Redis key of the corpus of recent events: `{<ns>:corpus}:events`.
+pub fn corpus_key(namespace: &str) -> String {
+    format!("{{{namespace}:corpus}}:events")
+}
+
+/// The commands that sample one event (its JSON text) into the corpus:
+/// `LPUSH` then `LTRIM` to [`CORPUS_LEN`].
+pub fn corpus_commands(namespace: &str, event_json: &str) -> [redis::Cmd; 2] {
+    let key = corpus_key(namespace);
+    let mut push = redis::cmd("LPUSH");
+    push.arg(&key).arg(event_json);
+    let mut trim = redis::cmd("LTRIM");
+    trim.arg(&key).arg(0).arg(CORPUS_LEN - 1);
+    [push, trim]
+}
+
+/// The `n` most recent events of the corpus, newest first (entries that do
+/// not parse are skipped). Events repeat when they were posted again.
+pub async fn recent_events(
+    conn: &mut ConnectionManager,
+    namespace: &str,
+    n: usize,
+) -> Result<Vec<Event>, redis::RedisError> {
+    if n == 0 {
+        return Ok(Vec::new());
+    }
+    let texts: Vec<String> = redis::cmd("LRANGE")
+        .arg(corpus_key(namespace))
+        .arg(0)
+        .arg(n - 1)
+        .query_async(conn)
+        .await?;
+    Ok(texts
+        .iter()
+        .filter_map(|t| crate::derive::event_from_json(t).ok())
+        .collect())
+}
+
+/// A host serving on a listener.
+pub struct Running {
+    /// The address it listens on.
+    addr: SocketAddr,
+    /// Its plugins and policies (for SIGHUP reloads).
+    live: Arc<Live>,
+    /// Turns true to shut down.
+    stop: watch::Sender<bool>,
+    /// The serving task; ends after the graceful shutdown.
+    task: JoinHandle<Result<(), ServiceError>>,
+}
+
+impl Running {
+    /// The address the API listens on.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// The plugins and policies in force.
+    pub fn live(&self) -> &Arc<Live> {
+        &self.live
+    }
+
+    /// A handle that asks the host to shut down when sent `true`.
+    pub fn stopper(&self) -> watch::Sender<bool> {
+        self.stop.clone()
+    }
+
+    /// Shuts down gracefully and waits until everything stopped.
+    pub async fn shutdown(self) -> Result<(), ServiceError> {
+        let _ = self.stop.send(true);
+        self.task.await?
+    }
+
+    /// Waits until the host stops (after a `stopper` was used, or an error).
+    pub async fn wait(self) -> Result<(), ServiceError> {
+        self.task.await?
+    }
+}
+
+/// Starts the whole host on `listener`: returns once Redis is prepared, the
+/// plugins and policies are loaded, the dispatcher runs and the API serves.
+pub async fn start(
+    config: HostConfig,
+    listener: TcpListener,
+    options: ServiceOptions,
+) -> Result<Running, ServiceError> {
+    let config = Arc::new(config);
+    let addr = listener.local_addr().map_err(ServiceError::Serve)?;
+    let target = match &config.redis_url {
+        Some(url) => RedisTarget::Url(url.clone()),
+        None => RedisTarget::Embedded {
+            data_dir: config.data_dir.join("redis"),
+        },
+    };
+    let store = Store::open(&target).await?;
+    let permits = Permits::new(
+        store.manager().await?,
+        PermitConfig {
+            shards: config.shards,
+            retention: config.task_retention,
+            ..PermitConfig::default()
+        },
+    );
+    permits.prepare().await?;
+    let live = {
+        let config = config.clone();
+        Arc::new(tokio::task::spawn_blocking(move || Live::load(config)).await??)
+    };
+    let sender = match &options.sender {
+        Some(s) => s.clone(),
+        None => default_sender(&config)?,
+    };
+    let state = AppState {
+        live: live.clone(),
+        permits: permits.clone(),
+        limits: options.limits,
+        api_token: token(&options.env, config.auth.api_token_env.as_deref(), "/v1"),
+        admin_token: token(
+            &options.env,
+            config.auth.admin_token_env.as_deref(),
+            "/admin",
+        ),
+        receipt_tokens: Arc::new(
+            config
+                .channels
+                .iter()
+                .map(|(name, c)| {
+                    let what = format!("/v1/receipts/{name}");
+                    (
+                        name.clone(),
+                        token(&options.env, c.receipt_secret_env.as_deref(), &what),
+                    )
+                })
+                .collect::<BTreeMap<_, _>>(),
+        ),
+        receipts: options.receipts.clone(),
+        metrics: api::metrics::handle(),
+    };
+    let (stop, mut stop_rx) = watch::channel(false);
+    let (dispatch_stop, dispatch_rx) = watch::channel(false);
+    let dispatching = tokio::spawn(supervise(
+        store.client().clone(),
+        permits,
+        sender,
+        DispatchConfig {
+            workers: config.workers,
+            lease: config.lease,
+            block: options.dispatch_block,
+            consumer: default_consumer_name(),
+            ..DispatchConfig::default()
+        },
+        dispatch_rx,
+    ));
+    let app = api::app(state);
+    let task = tokio::spawn(async move {
+        let served = axum::serve(listener, app)
+            .with_graceful_shutdown(async move {
+                while !*stop_rx.borrow_and_update() {
+                    if stop_rx.changed().await.is_err() {
+                        break;
+                    }
+                }
+                tracing::info!("shutting down: no new connections, finishing requests in flight");
+            })
+            .await
+            .map_err(ServiceError::Serve);
+        tracing::info!("API stopped; stopping the dispatcher (attempts in flight finish)");
+        let _ = dispatch_stop.send(true);
+        let dispatched = dispatching.await;
+        store.shutdown().await;
+        served?;
+        dispatched??;
+        Ok(())
+    });
+    tracing::info!(%addr, "pushonce serving");
+    Ok(Running {
+        addr,
+        live,
+        stop,
+        task,
+    })
+}
+
+/// Runs the dispatcher until shutdown, starting it again (after a pause) if
+/// it stops with an error — e.g. Redis was unreachable while it prepared —
+/// so the API never runs without workers.
+async fn supervise(
+    client: redis::Client,
+    permits: Permits,
+    sender: Arc<dyn Sender>,
+    config: DispatchConfig,
+    mut stop: watch::Receiver<bool>,
+) -> Result<(), DispatchError> {
+    loop {
+        let dispatcher = Dispatcher::new(
+            client.clone(),
+            permits.clone(),
+            sender.clone(),
+            config.clone(),
+            stop.clone(),
+        );
+        match dispatcher.run().await {
+            Ok(()) => return Ok(()),
+            Err(e) if *stop.borrow() => return Err(e),
+            Err(e) => {
+                tracing::error!(error = %e, "dispatcher stopped; starting it again in 1 s");
+                tokio::select! {
+                    _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+                    _ = stop.changed() => return Ok(()),
+                }
+            }
+        }
+    }
+}
+
+/// Runs the host on `listener` until `shutdown` completes, then stops gracefully.
+pub async fn run(
+    config: HostConfig,
+    listener: TcpListener,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+    options: ServiceOptions,
+) -> Result<(), ServiceError> {
+    let running = start(config, listener, options).await?;
+    let stopper = running.stopper();
+    tokio::spawn(async move {
+        shutdown.await;
+        let _ = stopper.send(true);
+    });
+    running.wait().await
+}
+
+/// The token named by `var` (read through `env`); warns when the surface is open.
+fn token(env: &EnvLookup, var: Option<&str>, surface: &str) -> Token {
+    let secret = var.and_then(|v| env(v)).filter(|s| !s.is_empty());
+    if secret.is_none() {
+        match var {
+            Some(v) => tracing::warn!(
+                surface,
+                variable = v,
+                "token variable unset or empty: {surface} is open to anyone who can reach it"
+            ),
+            None => tracing::warn!(
+                surface,
+                "no token configured: {surface} is open to anyone who can reach it"
+            ),
+        }
+    }
+    Token::new(secret.as_deref())
+}

@@ -1,0 +1,231 @@
+//! A whole pushonce host for API tests, started in-process on
+//! `127.0.0.1:0` against a test's `RedisServer`, with the real key-policy
+//! plugins, a private copy of the repository's policies, and the channels of
+//! the repository's `pushonce.toml`; plus a small JSON HTTP client.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use pushonce::api::ApiLimits;
+use pushonce::config::HostConfig;
+use pushonce::send::Sender;
+use pushonce::service::{self, Running, ServiceOptions};
+use reqwest::StatusCode;
+use reqwest::header::HeaderMap;
+use serde_json::Value;
+
+use crate::redis::RedisServer;
+
+/// The repository's root (the parent of `tests/`).
+pub fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("tests/ is below the root")
+        .to_path_buf()
+}
+
+/// How a test host is set up.
+pub struct Setup {
+    /// Environment seen by the host (token variables).
+    pub env: HashMap<String, String>,
+    /// `auth.api_token_env` / `auth.admin_token_env`.
+    pub auth: (Option<String>, Option<String>),
+    /// The sender (default: the development ledger in the host's data dir).
+    pub sender: Option<Arc<dyn Sender>>,
+    /// Policy files written into the host's policy dir instead of the
+    /// repository's (name, TOML text).
+    pub policies: Option<Vec<(String, String)>>,
+    /// API limits.
+    pub limits: ApiLimits,
+    /// Lease of the dispatcher.
+    pub lease: Duration,
+}
+
+impl Default for Setup {
+    fn default() -> Self {
+        Setup {
+            env: HashMap::new(),
+            auth: (None, None),
+            sender: None,
+            policies: None,
+            limits: ApiLimits::default(),
+            lease: Duration::from_secs(2),
+        }
+    }
+}
+
+/// A host running in this process, and a client for it.
+pub struct TestHost {
+    /// The running host (taken by `shutdown`).
+    running: Option<Running>,
+    /// `http://127.0.0.1:<port>`.
+    pub base: String,
+    /// Data, policies, cache.
+    pub dir: tempfile::TempDir,
+    /// The HTTP client.
+    pub client: reqwest::Client,
+}
+
+/// An HTTP answer: status, headers, body as JSON (`Null` if not JSON).
+#[derive(Debug)]
+pub struct Answer {
+    /// Status.
+    pub status: StatusCode,
+    /// Headers.
+    pub headers: HeaderMap,
+    /// Body parsed as JSON, or `Value::String` of the text when it is not JSON.
+    pub body: Value,
+}
+
+impl Answer {
+    /// The `content-type` header.
+    pub fn content_type(&self) -> &str {
+        self.headers
+            .get("content-type")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("")
+    }
+}
+
+impl TestHost {
+    /// A host with the defaults against `redis`.
+    pub async fn start(redis: &RedisServer) -> anyhow::Result<TestHost> {
+        Self::start_with(redis, Setup::default()).await
+    }
+
+    /// A host set up by `setup` against `redis`.
+    pub async fn start_with(redis: &RedisServer, setup: Setup) -> anyhow::Result<TestHost> {
+        let dir = tempfile::tempdir()?;
+        let policy_dir = dir.path().join("policies");
+        std::fs::create_dir_all(&policy_dir)?;
+        match &setup.policies {
+            Some(files) => {
+                for (name, text) in files {
+                    std::fs::write(policy_dir.join(name), text)?;
+                }
+            }
+            None => {
+                for entry in std::fs::read_dir(repo_root().join("policies"))? {
+                    let path = entry?.path();
+                    if path.extension().is_some_and(|e| e == "toml") {
+                        std::fs::copy(&path, policy_dir.join(path.file_name().unwrap()))?;
+                    }
+                }
+            }
+        }
+        let file = repo_root().join("pushonce.toml");
+        let mut config = HostConfig::parse(&file, &std::fs::read_to_string(&file)?)?;
+        config.redis_url = Some(redis.url());
+        config.data_dir = dir.path().join("data");
+        config.plugin_dir = crate::plugins::real_dir();
+        config.policy_dir = policy_dir;
+        config.shards = 4;
+        config.workers = 2;
+        config.lease = setup.lease;
+        config.auth.api_token_env = setup.auth.0.clone();
+        config.auth.admin_token_env = setup.auth.1.clone();
+        for (name, channel) in config.channels.iter_mut() {
+            channel.receipt_secret_env = Some(format!("RECEIPT_SECRET_{name}"));
+        }
+        let env = setup.env.clone();
+        let options = ServiceOptions {
+            env: Arc::new(move |name| env.get(name).cloned()),
+            sender: setup.sender.clone(),
+            receipts: None,
+            limits: setup.limits,
+            dispatch_block: Duration::from_millis(200),
+        };
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let running = service::start(config, listener, options)
+            .await
+            .context("starting the host")?;
+        let base = format!("http://{}", running.addr());
+        Ok(TestHost {
+            running: Some(running),
+            base,
+            dir,
+            client: reqwest::Client::builder()
+                .timeout(Duration::from_secs(30))
+                .build()?,
+        })
+    }
+
+    /// The host's policy directory.
+    pub fn policy_dir(&self) -> PathBuf {
+        self.dir.path().join("policies")
+    }
+
+    /// The development ledger of the default sender.
+    pub fn ledger(&self) -> PathBuf {
+        self.dir.path().join("data").join("ledger.jsonl")
+    }
+
+    /// `base + path`.
+    pub fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.base)
+    }
+
+    /// Sends a request and reads the answer.
+    pub async fn send(&self, req: reqwest::RequestBuilder) -> anyhow::Result<Answer> {
+        let res = req.send().await?;
+        let status = res.status();
+        let headers = res.headers().clone();
+        let text = res.text().await?;
+        let body = serde_json::from_str(&text).unwrap_or(Value::String(text));
+        Ok(Answer {
+            status,
+            headers,
+            body,
+        })
+    }
+
+    /// `POST path` with a JSON body and an optional bearer token.
+    pub async fn post(
+        &self,
+        path: &str,
+        body: &Value,
+        token: Option<&str>,
+    ) -> anyhow::Result<Answer> {
+        let mut req = self.client.post(self.url(path)).json(body);
+        if let Some(t) = token {
+            req = req.bearer_auth(t);
+        }
+        self.send(req).await
+    }
+
+    /// `GET path` with an optional bearer token.
+    pub async fn get(&self, path: &str, token: Option<&str>) -> anyhow::Result<Answer> {
+        let mut req = self.client.get(self.url(path));
+        if let Some(t) = token {
+            req = req.bearer_auth(t);
+        }
+        self.send(req).await
+    }
+
+    /// Stops the host gracefully.
+    pub async fn shutdown(mut self) -> anyhow::Result<()> {
+        if let Some(running) = self.running.take() {
+            tokio::time::timeout(Duration::from_secs(20), running.shutdown())
+                .await
+                .context("host did not stop within 20 s")??;
+        }
+        Ok(())
+    }
+}
+
+/// An `ORDER_SHIPPED` event for order `biz_id` with the recipients its
+/// policy needs (sms, wechat, app-push).
+pub fn order_shipped(biz_id: &str) -> Value {
+    serde_json::json!({
+        "biz_type": "ORDER_SHIPPED",
+        "biz_id": biz_id,
+        "user_id": "u-42",
+        "occurred_at": "2026-11-30T15:59:59Z",
+        "template": "SHIPPED_V1",
+        "params": {"order": biz_id},
+        "recipients": {"sms": "+8613800000000", "wechat": "openid-42", "app-push": "token-42"}
+    })
+}

@@ -6,7 +6,7 @@
 
 use pushonce::config::HostConfig;
 use pushonce::route::live::{Live, RegistryCatalog};
-use pushonce::route::watch::{Trigger, reload_loop, watch_dirs};
+use pushonce::route::watch::{Trigger, reload_loop, reloader, watch_dirs};
 use pushonce::route::{PolicySet, stability};
 use pushonce_tests::plugins::{event, fixture, real, real_registry};
 use pushonce_tests::wait_until;
@@ -190,10 +190,11 @@ async fn running(plugins: &[PathBuf], policy_text: &str) -> Running {
     let mut corpus_event = event("u-7", 1_764_000_000_000, &[]);
     corpus_event.biz_type = "RESUME_VIEWED".into();
     corpus_event.biz_id = "r-42".into();
-    tokio::spawn(reload_loop(live.clone(), rx, move || {
+    let reload = reloader(live.clone(), move || {
         let events = vec![corpus_event.clone()];
         async move { events }
-    }));
+    });
+    tokio::spawn(reload_loop(reload, rx));
     Running {
         live,
         plugins: plugin_dir,

@@ -21,9 +21,10 @@ use std::time::Duration;
 
 use redis::aio::ConnectionManager;
 use tokio::net::TcpListener;
-use tokio::sync::watch;
+use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 
+use crate::api::receipts::{ReceiptHandler, ReceiptRefusal};
 use crate::api::{self, ApiLimits, AppState, SharedReceiptHandler, Token};
 use crate::config::HostConfig;
 use crate::dispatch::{DispatchConfig, DispatchError, Dispatcher, default_consumer_name};
@@ -31,11 +32,17 @@ use crate::permit::{PermitConfig, PermitError, Permits};
 use crate::plugin::Event;
 use crate::route::Live;
 use crate::route::live::LiveError;
-use crate::send::{Faults, LedgerFileSender, Sender};
+use crate::route::watch::{Trigger, reload_loop, reloader, watch_dirs};
+use crate::send::plugin::PluginSender;
+use crate::send::receipts::{ReceiptError, apply_receipts};
+use crate::send::{BoxFuture, Sender};
 use crate::store::{RedisTarget, Store, StoreError};
 
 /// How many recent events the corpus keeps.
 pub const CORPUS_LEN: usize = 1000;
+
+/// Recent events a reload derives keys for, old and new, before swapping.
+pub const CORPUS_CHECK_LEN: usize = 200;
 
 /// Why the host could not start or stopped with an error.
 #[derive(Debug, thiserror::Error)]
@@ -93,17 +100,48 @@ impl Default for ServiceOptions {
     }
 }
 
-/// The sender the host uses until channel plugins send: the development
-/// ledger (`<data_dir>/ledger.jsonl`, one JSON line per attempt, no faults).
-/// The channel work replaces this function.
-pub fn default_sender(config: &HostConfig) -> Result<Arc<dyn Sender>, ServiceError> {
-    std::fs::create_dir_all(&config.data_dir)
-        .map_err(|e| ServiceError::Sender(format!("{}: {e}", config.data_dir.display())))?;
-    let ledger = config.data_dir.join("ledger.jsonl");
-    let sender = LedgerFileSender::open(&ledger, Faults::default())
-        .map_err(|e| ServiceError::Sender(format!("{}: {e}", ledger.display())))?;
-    tracing::warn!(ledger = %ledger.display(), "no channel plugin sends yet: attempts go to the development ledger");
-    Ok(Arc::new(sender))
+/// The host's sender: every configured channel instance through its channel
+/// plugin (resolved in the registry in force at each send), with secrets read
+/// through `env`.
+pub fn channel_sender(
+    config: &HostConfig,
+    live: &Arc<Live>,
+    env: &EnvLookup,
+) -> Result<Arc<PluginSender>, ServiceError> {
+    let live = live.clone();
+    let env = env.clone();
+    PluginSender::new(
+        &config.channels,
+        Arc::new(move || live.current().registry.clone()),
+        move |var| env(var),
+    )
+    .map(Arc::new)
+    .map_err(|e| ServiceError::Sender(e.to_string()))
+}
+
+/// Receipts handled by the channel plugins' `parse-callback`.
+struct PluginReceipts {
+    /// Where tasks are settled.
+    permits: Permits,
+    /// The channel instances.
+    sender: Arc<PluginSender>,
+}
+
+impl ReceiptHandler for PluginReceipts {
+    fn handle<'a>(
+        &'a self,
+        channel: &'a str,
+        headers: Vec<(String, String)>,
+        body: Vec<u8>,
+    ) -> BoxFuture<'a, Result<usize, ReceiptRefusal>> {
+        Box::pin(async move {
+            match apply_receipts(&self.permits, &self.sender, channel, &headers, &body).await {
+                Ok(report) => Ok(report.updated),
+                Err(ReceiptError::Permit(e)) => Err(ReceiptRefusal::Unavailable(e)),
+                Err(e) => Err(ReceiptRefusal::Refused(e.to_string())),
+            }
+        })
+    }
 }
 
 /// The Redis key of the corpus of recent events: `{<ns>:corpus}:events`.
@@ -148,8 +186,10 @@ pub async fn recent_events(
 pub struct Running {
     /// The address it listens on.
     addr: SocketAddr,
-    /// Its plugins and policies (for SIGHUP reloads).
+    /// Its plugins and policies.
     live: Arc<Live>,
+    /// Asks for a reload (SIGHUP).
+    triggers: mpsc::Sender<Trigger>,
     /// Turns true to shut down.
     stop: watch::Sender<bool>,
     /// The serving task; ends after the graceful shutdown.
@@ -165,6 +205,11 @@ impl Running {
     /// The plugins and policies in force.
     pub fn live(&self) -> &Arc<Live> {
         &self.live
+    }
+
+    /// Asks for a reload of plugins and policies, as SIGHUP does.
+    pub fn reload_trigger(&self) -> mpsc::Sender<Trigger> {
+        self.triggers.clone()
     }
 
     /// A handle that asks the host to shut down when sent `true`.
@@ -213,10 +258,47 @@ pub async fn start(
         let config = config.clone();
         Arc::new(tokio::task::spawn_blocking(move || Live::load(config)).await??)
     };
-    let sender = match &options.sender {
+    let plugins = channel_sender(&config, &live, &options.env)?;
+    let sender: Arc<dyn Sender> = match &options.sender {
         Some(s) => s.clone(),
-        None => default_sender(&config)?,
+        None => plugins.clone(),
     };
+    let receipts: SharedReceiptHandler = match &options.receipts {
+        Some(r) => r.clone(),
+        None => Arc::new(PluginReceipts {
+            permits: permits.clone(),
+            sender: plugins,
+        }),
+    };
+    // Reloads: watched directories, SIGHUP and the admin API share one
+    // trigger channel and one checked reload (key stability over the corpus).
+    let reload = {
+        let conn = permits.connection();
+        let namespace = permits.layout().namespace().to_string();
+        reloader(live.clone(), move || {
+            let (mut conn, namespace) = (conn.clone(), namespace.clone());
+            async move {
+                recent_events(&mut conn, &namespace, CORPUS_CHECK_LEN)
+                    .await
+                    .unwrap_or_else(|e| {
+                        tracing::warn!(error = %e, "could not read the event corpus; checking keys on none");
+                        Vec::new()
+                    })
+            }
+        })
+    };
+    let (triggers, trigger_rx) = mpsc::channel(4);
+    let watching = watch_dirs(
+        &[&config.plugin_dir, &config.policy_dir],
+        Duration::from_millis(300),
+        triggers.clone(),
+    )
+    .map_err(|e| {
+        ServiceError::Sender(format!(
+            "cannot watch the plugin and policy directories: {e}"
+        ))
+    })?;
+    let reloading = tokio::spawn(reload_loop(reload.clone(), trigger_rx));
     let state = AppState {
         live: live.clone(),
         permits: permits.clone(),
@@ -240,7 +322,8 @@ pub async fn start(
                 })
                 .collect::<BTreeMap<_, _>>(),
         ),
-        receipts: options.receipts.clone(),
+        receipts: Some(receipts),
+        reload,
         metrics: api::metrics::handle(),
     };
     let (stop, mut stop_rx) = watch::channel(false);
@@ -276,6 +359,8 @@ pub async fn start(
         let dispatched = dispatching.await;
         store.shutdown().await;
         served?;
+        drop(watching);
+        reloading.abort();
         dispatched??;
         Ok(())
     });
@@ -283,6 +368,7 @@ pub async fn start(
     Ok(Running {
         addr,
         live,
+        triggers,
         stop,
         task,
     })

@@ -11,7 +11,7 @@ use std::time::Duration;
 use anyhow::Context;
 use pushonce::api::ApiLimits;
 use pushonce::config::HostConfig;
-use pushonce::send::Sender;
+use pushonce::send::{Faults, LedgerFileSender, Sender};
 use pushonce::service::{self, Running, ServiceOptions};
 use reqwest::StatusCode;
 use reqwest::header::HeaderMap;
@@ -130,10 +130,23 @@ impl TestHost {
         for (name, channel) in config.channels.iter_mut() {
             channel.receipt_secret_env = Some(format!("RECEIPT_SECRET_{name}"));
         }
-        let env = setup.env.clone();
+        let mut env = setup.env.clone();
+        env.entry("PUSHONCE_WECHAT_SECRET".into())
+            .or_insert_with(|| "test-secret".into());
+        // API tests look at what was sent in the development ledger; the
+        // channel plugins against the provider simulator are `tests/channels.rs`
+        // and `tests/e2e.rs`.
+        let sender = match setup.sender.clone() {
+            Some(s) => s,
+            None => {
+                std::fs::create_dir_all(&config.data_dir)?;
+                let ledger = config.data_dir.join("ledger.jsonl");
+                Arc::new(LedgerFileSender::open(&ledger, Faults::default())?) as Arc<dyn Sender>
+            }
+        };
         let options = ServiceOptions {
             env: Arc::new(move |name| env.get(name).cloned()),
-            sender: setup.sender.clone(),
+            sender: Some(sender),
             receipts: None,
             limits: setup.limits,
             dispatch_block: Duration::from_millis(200),

@@ -305,7 +305,8 @@ pub async fn policies(State(state): State<AppState>) -> Json<PoliciesView> {
     })
 }
 
-/// Reload plugins and policies from their directories; all or nothing.
+/// Reload plugins and policies from their directories; all or nothing, and
+/// refused if a key policy upgrade within a major version would change keys.
 #[utoipa::path(post, path = "/admin/reload", tag = "admin",
     responses(
         (status = 200, description = "Reloaded", body = ReloadView),
@@ -314,12 +315,9 @@ pub async fn policies(State(state): State<AppState>) -> Json<PoliciesView> {
     ),
     security(("admin_token" = [])))]
 pub async fn reload(State(state): State<AppState>) -> Result<Json<ReloadView>, ApiError> {
-    let live = state.live.clone();
-    // Compiling plugins blocks: off the async workers.
-    let result = tokio::task::spawn_blocking(move || live.reload())
-        .await
-        .map_err(|e| ApiError::Internal(format!("reload task: {e}")))?;
-    match result {
+    // The same checked reload as file changes and SIGHUP: a key policy
+    // upgrade that would change keys of recent events is refused.
+    match (state.reload)().await {
         Ok(generation) => Ok(Json(ReloadView { generation })),
         Err(refusal) => Err(ApiError::ReloadRefused(refusal.errors)),
     }

@@ -74,6 +74,8 @@ pub struct AppState {
     pub receipt_tokens: Arc<BTreeMap<String, Token>>,
     /// Provider callbacks' handler; `None` answers 501.
     pub receipts: Option<SharedReceiptHandler>,
+    /// Runs one checked reload of plugins and policies (`POST /admin/reload`).
+    pub reload: crate::route::watch::Reloader,
     /// The Prometheus recorder's handle.
     pub metrics: metrics_exporter_prometheus::PrometheusHandle,
 }

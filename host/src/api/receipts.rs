@@ -3,8 +3,9 @@
 //! The route and its authentication (a shared secret per channel, from the
 //! environment variable named by `receipt_secret_env`) live here; what a
 //! callback means is the channel plugin's `parse-callback`, reached through
-//! [`ReceiptHandler`] — a seam with plain types (no HTTP types), which the
-//! channel work implements. Without a handler the route answers 501.
+//! [`ReceiptHandler`] — a seam with plain types (no HTTP types); the host's
+//! handler (in `service`) hands the body to the channel plugin and settles
+//! the tasks. Without a handler the route answers 501.
 
 use std::sync::Arc;
 
@@ -21,7 +22,7 @@ use crate::send::BoxFuture;
 
 /// Handles one provider callback of a channel: parse it (the channel
 /// plugin's `parse-callback`) and settle the tasks it names. Returns how
-/// many tasks were settled, or why the callback was refused (answered 422).
+/// many tasks were settled, or why not.
 pub trait ReceiptHandler: Send + Sync {
     /// `channel` is a configured channel; `headers` are lower-cased names
     /// with their (lossily decoded) values; `body` is the raw body.
@@ -30,7 +31,17 @@ pub trait ReceiptHandler: Send + Sync {
         channel: &'a str,
         headers: Vec<(String, String)>,
         body: Vec<u8>,
-    ) -> BoxFuture<'a, Result<usize, String>>;
+    ) -> BoxFuture<'a, Result<usize, ReceiptRefusal>>;
+}
+
+/// Why a callback was not applied.
+#[derive(Debug)]
+pub enum ReceiptRefusal {
+    /// The callback itself is wrong (answered 422: resending it will not help).
+    Refused(String),
+    /// Redis failed: answered 503 (or 500), so the provider sends it again;
+    /// applying a callback twice is safe.
+    Unavailable(crate::permit::PermitError),
 }
 
 /// A shared handler.
@@ -53,7 +64,7 @@ pub struct ReceiptAnswer {
         (status = 404, description = "No such channel", body = Problem, content_type = "application/problem+json"),
         (status = 413, description = "Body too large", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "The plugin refused the callback", body = Problem, content_type = "application/problem+json"),
-        (status = 501, description = "The channel plugin does not parse callbacks yet", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "Redis unavailable: send the callback again (applying it twice is safe)", body = Problem, content_type = "application/problem+json"),
     ),
     security(("receipt_secret" = [])))]
 pub async fn receipt(
@@ -95,6 +106,7 @@ pub async fn receipt(
         .collect();
     match handler.handle(&channel, headers, body.to_vec()).await {
         Ok(settled) => Ok(Json(ReceiptAnswer { settled })),
-        Err(reason) => Err(ApiError::invalid("body", reason)),
+        Err(ReceiptRefusal::Refused(reason)) => Err(ApiError::invalid("body", reason)),
+        Err(ReceiptRefusal::Unavailable(e)) => Err(ApiError::from(e)),
     }
 }

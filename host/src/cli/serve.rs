@@ -10,6 +10,7 @@ use anyhow::Context;
 use tokio::signal::unix::{SignalKind, signal};
 
 use crate::config::HostConfig;
+use crate::route::watch::Trigger;
 use crate::service::{self, ServiceOptions};
 
 /// Arguments of `pushonce serve`.
@@ -36,7 +37,7 @@ async fn serve(config: HostConfig) -> anyhow::Result<()> {
     let running = service::start(config, listener, ServiceOptions::default()).await?;
     println!("pushonce listening on http://{}", running.addr());
     let stopper = running.stopper();
-    let live = running.live().clone();
+    let reload = running.reload_trigger();
     let mut term = signal(SignalKind::terminate()).context("SIGTERM handler")?;
     let mut hup = signal(SignalKind::hangup()).context("SIGHUP handler")?;
     tokio::spawn(async move {
@@ -45,12 +46,9 @@ async fn serve(config: HostConfig) -> anyhow::Result<()> {
                 _ = term.recv() => break,
                 _ = tokio::signal::ctrl_c() => break,
                 _ = hup.recv() => {
-                    let live = live.clone();
-                    match tokio::task::spawn_blocking(move || live.reload()).await {
-                        Ok(Ok(generation)) => tracing::info!(generation, "SIGHUP: reloaded"),
-                        Ok(Err(refusal)) => tracing::warn!(errors = ?refusal.errors, "SIGHUP: reload refused"),
-                        Err(e) => tracing::error!(error = %e, "SIGHUP: reload task failed"),
-                    }
+                    // The reload loop logs the outcome; a full channel already
+                    // holds a pending reload.
+                    let _ = reload.try_send(Trigger::Signal);
                 }
             }
         }

@@ -4,7 +4,9 @@
 //! overlap and a burst of edits costs one reload.
 
 use super::Live;
+use super::live::Refusal;
 use crate::plugin::Event;
+use crate::send::BoxFuture;
 use notify_debouncer_mini::notify::{RecommendedWatcher, RecursiveMode};
 use notify_debouncer_mini::{DebounceEventResult, Debouncer, new_debouncer};
 use std::future::Future;
@@ -55,28 +57,48 @@ pub fn watch_dirs(
     })
 }
 
-/// Reloads `live` once per trigger until the channel closes. Before each
-/// reload, `corpus()` fetches recent real events for the key-stability check.
-pub async fn reload_loop<F, Fut>(live: Arc<Live>, mut triggers: mpsc::Receiver<Trigger>, corpus: F)
-where
-    F: Fn() -> Fut,
-    Fut: Future<Output = Vec<Event>>,
-{
-    while let Some(trigger) = triggers.recv().await {
-        // Coalesce triggers that queued up while the last reload ran.
-        while triggers.try_recv().is_ok() {}
-        let events = corpus().await;
-        let live = live.clone();
-        let result = tokio::task::spawn_blocking(move || {
-            live.reload_with(|old, new| super::stability::check(old, new, &events))
+/// Runs one checked reload: what every trigger (file change, SIGHUP, admin
+/// API) ends up calling. Returns the generation in force or the refusal.
+pub type Reloader = Arc<dyn Fn() -> BoxFuture<'static, Result<u64, Refusal>> + Send + Sync>;
+
+/// Rebuilds `live` off the async threads and swaps it in only if the key
+/// policies keep their keys over `corpus` (recent real events).
+pub async fn reload_checked(live: Arc<Live>, corpus: Vec<Event>) -> Result<u64, Refusal> {
+    tokio::task::spawn_blocking(move || {
+        live.reload_with(|old, new| super::stability::check(old, new, &corpus))
+    })
+    .await
+    .unwrap_or_else(|e| {
+        Err(Refusal {
+            at: std::time::SystemTime::now(),
+            errors: vec![format!("the reload task failed: {e}")],
         })
-        .await;
-        match result {
-            Ok(Ok(generation)) => tracing::info!(?trigger, generation, "reloaded"),
-            Ok(Err(refusal)) => {
+    })
+}
+
+/// A reloader for `live` that fetches the corpus with `corpus()` first.
+pub fn reloader<F, Fut>(live: Arc<Live>, corpus: F) -> Reloader
+where
+    F: Fn() -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Vec<Event>> + Send + 'static,
+{
+    let corpus = Arc::new(corpus);
+    Arc::new(move || {
+        let (live, corpus) = (live.clone(), corpus.clone());
+        Box::pin(async move { reload_checked(live, corpus().await).await })
+    })
+}
+
+/// Reloads once per trigger until the channel closes; triggers that queued
+/// up while a reload ran are coalesced into the next one.
+pub async fn reload_loop(reload: Reloader, mut triggers: mpsc::Receiver<Trigger>) {
+    while let Some(trigger) = triggers.recv().await {
+        while triggers.try_recv().is_ok() {}
+        match reload().await {
+            Ok(generation) => tracing::info!(?trigger, generation, "reloaded"),
+            Err(refusal) => {
                 tracing::warn!(?trigger, errors = refusal.errors.len(), "reload refused")
             }
-            Err(e) => tracing::error!(?trigger, error = %e, "reload task failed"),
         }
     }
 }

@@ -28,7 +28,7 @@ pub fn pushonce_bin() -> anyhow::Result<PathBuf> {
     Ok(bin)
 }
 
-/// A running `pushonce worker`; killed (SIGKILL) when dropped.
+/// A running `pushonce` process (`worker` or `serve`); killed (SIGKILL) when dropped.
 pub struct WorkerProcess {
     /// The child process.
     child: Option<Child>,
@@ -41,17 +41,34 @@ impl WorkerProcess {
     /// its stderr goes to `<ledger>.<n>.log`.
     pub fn spawn(url: &str, ledger: &Path, extra: &[&str]) -> anyhow::Result<WorkerProcess> {
         let log = ledger.with_extension(format!("{}.log", rand_suffix()));
-        let child = Command::new(pushonce_bin()?)
-            .arg("worker")
+        let mut cmd = Command::new(pushonce_bin()?);
+        cmd.arg("worker")
             .args(["--redis", url, "--ledger"])
             .arg(ledger)
-            .args(extra)
+            .args(extra);
+        Self::start(cmd, log)
+    }
+
+    /// Starts `pushonce serve --config <config>` with extra environment
+    /// variables; its stderr goes to `<config>.<n>.log`.
+    pub fn serve(config: &Path, env: &[(&str, &str)]) -> anyhow::Result<WorkerProcess> {
+        let log = config.with_extension(format!("{}.log", rand_suffix()));
+        let mut cmd = Command::new(pushonce_bin()?);
+        cmd.arg("serve").arg("--config").arg(config);
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        Self::start(cmd, log)
+    }
+
+    fn start(mut cmd: Command, log: PathBuf) -> anyhow::Result<WorkerProcess> {
+        let child = cmd
             .env("RUST_LOG", "pushonce=debug,info")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log)?)
             .spawn()
-            .context("starting pushonce worker")?;
+            .with_context(|| format!("starting {cmd:?}"))?;
         Ok(WorkerProcess {
             child: Some(child),
             log,

@@ -1,0 +1,238 @@
+//! End to end through a real `pushonce serve` process: real Redis, the real
+//! plugins, and the provider simulator as the providers. What a user checks
+//! is what the providers received: the simulator's ledger. Also: an edited
+//! policy file is picked up by the running process and the next event uses it.
+
+use provider_sim::{Config, SimState};
+use pushonce_tests::plugins::real_dir;
+use pushonce_tests::process::WorkerProcess;
+use pushonce_tests::redis::RedisServer;
+use pushonce_tests::wait_until;
+use serde_json::{Value, json};
+use std::path::Path;
+use std::time::Duration;
+
+/// The simulator, in this process, on a free loopback port.
+async fn simulator() -> (SimState, u16) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let state = SimState::new(Config::default());
+    tokio::spawn(provider_sim::run(
+        listener,
+        state.clone(),
+        std::future::pending(),
+    ));
+    (state, port)
+}
+
+fn config_text(listen: u16, redis: &str, dir: &Path, sim: u16) -> String {
+    let endpoint = format!("endpoint = \"http://127.0.0.1:{sim}\"");
+    let allowed = format!("allowed_hosts = [\"127.0.0.1:{sim}\"]");
+    format!(
+        r#"
+listen = "127.0.0.1:{listen}"
+redis_url = "{redis}"
+data_dir = "{data}"
+plugin_dir = "{plugins}"
+policy_dir = "{policies}"
+shards = 4
+workers = 4
+lease = "5s"
+
+[plugin_limits]
+instances = 64
+
+[channels.inbox]
+plugin = "inbox@^1"
+settings = {{ {endpoint} }}
+{allowed}
+
+[channels.sms]
+plugin = "sms@^1"
+settings = {{ {endpoint}, sign_name = "shop" }}
+{allowed}
+
+[channels.wechat]
+plugin = "wechat@^1"
+settings = {{ {endpoint}, app_id = "wx-test" }}
+secrets_from_env = {{ app_secret = "E2E_WECHAT_SECRET" }}
+{allowed}
+
+[channels.app-push]
+plugin = "app-push@^1"
+settings = {{ {endpoint}, project = "e2e" }}
+{allowed}
+"#,
+        data = dir.join("data").display(),
+        plugins = real_dir().display(),
+        policies = dir.join("policies").display(),
+    )
+}
+
+async fn get_json(client: &reqwest::Client, url: &str) -> Option<Value> {
+    client.get(url).send().await.ok()?.json().await.ok()
+}
+
+#[tokio::test]
+async fn one_event_reaches_each_provider_once_and_an_edited_policy_is_used() {
+    let redis = RedisServer::start().await.unwrap();
+    let (sim, sim_port) = simulator().await;
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(dir.path().join("policies")).unwrap();
+    let repo_policies = Path::new(env!("CARGO_MANIFEST_DIR")).join("../policies");
+    for entry in std::fs::read_dir(&repo_policies).unwrap() {
+        let path = entry.unwrap().path();
+        std::fs::copy(
+            &path,
+            dir.path().join("policies").join(path.file_name().unwrap()),
+        )
+        .unwrap();
+    }
+    let port = pushonce::store::free_loopback_port().unwrap();
+    let config = dir.path().join("pushonce.toml");
+    std::fs::write(
+        &config,
+        config_text(port, &redis.url(), dir.path(), sim_port),
+    )
+    .unwrap();
+    let host = WorkerProcess::serve(&config, &[("E2E_WECHAT_SECRET", "s3cret")]).unwrap();
+    let base = format!("http://127.0.0.1:{port}");
+    let client = reqwest::Client::new();
+    let ready = wait_until(Duration::from_secs(30), || {
+        let (client, url) = (client.clone(), format!("{base}/readyz"));
+        async move {
+            client
+                .get(url)
+                .send()
+                .await
+                .is_ok_and(|r| r.status().is_success())
+        }
+    })
+    .await;
+    assert!(
+        ready.is_ok(),
+        "the host never became ready; its log:\n{}",
+        host.log()
+    );
+
+    let event = json!({
+        "biz_type": "ORDER_SHIPPED", "biz_id": "o-1001", "user_id": "u-42",
+        "occurred_at": "2026-11-30T08:00:00Z", "template": "order_shipped",
+        "params": {"order": "o-1001"},
+        "recipients": {"sms": "13800000042", "wechat": "openid-42", "app-push": "device-42"}
+    });
+    let post = |body: Value| client.post(format!("{base}/v1/events")).json(&body).send();
+    let first: Value = post(event.clone()).await.unwrap().json().await.unwrap();
+    let results = first["results"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{first}"));
+    assert_eq!(results.len(), 3, "{first}");
+    assert!(results.iter().all(|r| r["result"] == "accepted"), "{first}");
+    let again: Value = post(event.clone()).await.unwrap().json().await.unwrap();
+    assert!(
+        again["results"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|r| r["result"] == "duplicate"),
+        "{again}"
+    );
+
+    // Every task reaches `sent`, and each provider holds exactly one message.
+    let task_urls: Vec<String> = results
+        .iter()
+        .map(|r| format!("{base}/v1/tasks/{}", r["task_id"].as_str().unwrap()))
+        .collect();
+    let sent = wait_until(Duration::from_secs(30), || {
+        let (client, urls) = (client.clone(), task_urls.clone());
+        async move {
+            for url in urls {
+                match get_json(&client, &url).await {
+                    Some(t) if t["status"] == "sent" || t["status"] == "delivered" => {}
+                    _ => return false,
+                }
+            }
+            true
+        }
+    })
+    .await;
+    assert!(sent.is_ok(), "tasks not sent; host log:\n{}", host.log());
+    let ledger = sim.ledger();
+    let one = |provider: &str| {
+        let list = &ledger[provider];
+        assert_eq!(list.len(), 1, "{provider}: {list:?}");
+        list[0].clone()
+    };
+    let (sms, wechat, push) = (one("sms"), one("wechat"), one("app-push"));
+    assert_eq!(
+        (sms.recipient.as_str(), sms.template.as_str()),
+        ("13800000042", "order_shipped")
+    );
+    assert_eq!(
+        (wechat.recipient.as_str(), wechat.template.as_str()),
+        ("openid-42", "order_shipped")
+    );
+    assert_eq!(
+        (push.recipient.as_str(), push.template.as_str()),
+        ("device-42", "order_shipped")
+    );
+    assert!(
+        ledger["inbox"].is_empty(),
+        "ORDER_SHIPPED has no inbox channel"
+    );
+    assert!(
+        sms.reference.is_some(),
+        "the SMS carries the idempotency reference (OutId)"
+    );
+
+    // An operator adds the inbox channel: the running host picks the file up
+    // by itself, and the next event is sent on the new channel too.
+    let file = dir.path().join("policies/order-shipped.toml");
+    let text = std::fs::read_to_string(&file).unwrap().replace(
+        r#"channels = ["sms", "wechat", "app-push"]"#,
+        r#"channels = ["inbox", "sms", "wechat", "app-push"]"#,
+    );
+    let tmp = file.with_extension("tmp~");
+    std::fs::write(&tmp, text).unwrap();
+    std::fs::rename(&tmp, &file).unwrap();
+    let reloaded = wait_until(Duration::from_secs(10), || {
+        let (client, url) = (client.clone(), format!("{base}/admin/policies"));
+        async move {
+            get_json(&client, &url)
+                .await
+                .is_some_and(|p| p["generation"] == 2)
+        }
+    })
+    .await;
+    assert!(
+        reloaded.is_ok(),
+        "the edit was not picked up; host log:\n{}",
+        host.log()
+    );
+    let mut next = event.clone();
+    next["biz_id"] = json!("o-1002");
+    let answer: Value = post(next).await.unwrap().json().await.unwrap();
+    let channels: Vec<&str> = answer["results"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["channel"].as_str().unwrap())
+        .collect();
+    assert_eq!(channels, ["inbox", "sms", "wechat", "app-push"], "{answer}");
+    let delivered = wait_until(Duration::from_secs(30), || {
+        let sim = sim.clone();
+        async move { sim.ledger()["inbox"].len() == 1 && sim.ledger()["sms"].len() == 2 }
+    })
+    .await;
+    assert!(
+        delivered.is_ok(),
+        "{:?}; host log:\n{}",
+        sim.ledger(),
+        host.log()
+    );
+    assert_eq!(
+        sim.ledger()["inbox"][0].recipient,
+        "u-42",
+        "inbox defaults to the user id"
+    );
+}

@@ -4,7 +4,9 @@
 //! - `plugins`: build every plugin in `plugins/` for `wasm32-wasip2` and copy the
 //!   components to `target/plugins/`.
 //! - `test`: `setup`, build the binaries, then the whole test suite (`cargo test --workspace`).
-//! - `run`: `setup`, `plugins`, then the host with its defaults.
+//! - `run`: `setup`, `plugins`, then the provider simulator on 127.0.0.1:9090
+//!   and the host with its defaults (`pushonce.toml`: embedded Redis, the
+//!   four channels pointing at the simulator).
 
 use anyhow::{Context, Result, bail};
 use std::path::{Path, PathBuf};
@@ -30,11 +32,7 @@ fn main() -> Result<()> {
         Some("run") => {
             setup()?;
             let dir = build_plugins(&root)?;
-            run(Command::new(cargo())
-                .current_dir(&root)
-                .args(["run", "--release", "--bin", "pushonce", "--", "serve"])
-                .env("PUSHONCE_PLUGIN_DIR", dir)
-                .args(&args[1..]))
+            run_service(&root, &dir, &args[1..])
         }
         _ => {
             eprintln!("usage: cargo xtask <setup|plugins|test|run> [args...]");
@@ -136,4 +134,40 @@ fn build_plugins(root: &Path) -> Result<PathBuf> {
     }
     eprintln!("xtask: {n} plugin(s) in {}", out.display());
     Ok(out)
+}
+
+/// Starts the provider simulator in the background, then the host in the
+/// foreground; stops the simulator when the host exits.
+fn run_service(root: &Path, plugin_dir: &Path, extra: &[String]) -> Result<()> {
+    run(Command::new(cargo()).current_dir(root).args([
+        "build",
+        "--release",
+        "--bin",
+        "pushonce",
+        "--bin",
+        "provider-sim",
+    ]))?;
+    let bin = root.join("target").join("release");
+    let mut sim = Command::new(bin.join("provider-sim"))
+        .args(["--listen", "127.0.0.1:9090"])
+        .spawn()
+        .context("could not start the provider simulator")?;
+    eprintln!("xtask: provider simulator on http://127.0.0.1:9090 (ledger: GET /_sim/ledger)");
+    let mut host = Command::new(bin.join("pushonce"));
+    host.current_dir(root)
+        .arg("serve")
+        .args(extra)
+        .env("PUSHONCE_PLUGIN_DIR", plugin_dir);
+    if std::env::var_os("PUSHONCE_WECHAT_SECRET").is_none() {
+        // The simulator accepts any secret; a real deployment sets its own.
+        host.env("PUSHONCE_WECHAT_SECRET", "dev-secret");
+    }
+    let status = host.status();
+    let _ = sim.kill();
+    let _ = sim.wait();
+    let status = status.context("could not start pushonce serve")?;
+    if !status.success() {
+        bail!("pushonce serve exited: {status}");
+    }
+    Ok(())
 }

@@ -1,7 +1,7 @@
 //! `/metrics` reflects what happened, in its own test binary because the
 //! Prometheus recorder is global to a process: accepted and duplicate
 //! channels, refusals, the permit latency histogram, plugin calls, and the
-//! retry-queue depth read from Redis.
+//! retry-queue depth read from Redis, and the dispatcher's outcomes.
 
 use pushonce_tests::host::{TestHost, order_shipped};
 use pushonce_tests::redis::RedisServer;
@@ -104,6 +104,33 @@ async fn metrics_reflect_what_happened() {
     );
     assert_eq!(
         sample(&text, "pushonce_policy_generation"),
+        Some(1.0),
+        "{text}"
+    );
+
+    // The dispatcher's outcomes: each accepted channel sent once, with its
+    // send latency observed.
+    let scrape = || async {
+        host.client
+            .get(host.url("/metrics"))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap()
+    };
+    let all_sent = pushonce_tests::wait_until(std::time::Duration::from_secs(20), || async {
+        let text = scrape().await;
+        ["sms", "wechat", "app-push"]
+            .iter()
+            .all(|c| sample(&text, &format!("pushonce_sent_total{{channel=\"{c}\"}}")) == Some(1.0))
+    })
+    .await;
+    let text = scrape().await;
+    assert!(all_sent.is_ok(), "{text}");
+    assert_eq!(
+        sample(&text, "pushonce_send_seconds_count{channel=\"sms\"}"),
         Some(1.0),
         "{text}"
     );

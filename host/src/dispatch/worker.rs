@@ -163,7 +163,10 @@ pub(crate) async fn process(shared: &Shared, entry: &Entry) {
         attempt: attempt.number,
         payload: attempt.task.payload.clone(),
     };
+    let sending = Instant::now();
     let result = with_lease(shared, &attempt, shared.sender.send(&msg)).await;
+    metrics::histogram!("pushonce_send_seconds", "channel" => msg.channel.clone())
+        .record(sending.elapsed().as_secs_f64());
     let outcome = match result {
         SendOutcome::Sent {
             provider_message_id,
@@ -208,6 +211,8 @@ async fn permanent(shared: &Shared, attempt: &Attempt, reason: String) -> Outcom
     if let Some(fb) = fallback {
         match super::fallback::accept_fallback(&shared.permits, &attempt.task, &fb).await {
             Ok(_) => {
+                metrics::counter!("pushonce_fallback_total", "channel" => attempt.task.channel.clone())
+                    .increment(1);
                 return Outcome::Failed {
                     reason: format!("{reason}; fallback to {}", fb.channel),
                 };
@@ -274,6 +279,7 @@ async fn record(shared: &Shared, attempt: &Attempt, outcome: &Outcome, entry: &E
         match shared.permits.record(attempt, outcome, Some(entry)).await {
             Ok(Recorded::Done(fate)) => {
                 tracing::debug!(task = %attempt.task_id, ?outcome, ?fate, "recorded");
+                count(outcome, &attempt.task.channel);
                 return;
             }
             Ok(Recorded::Fenced { status }) => {
@@ -290,6 +296,19 @@ async fn record(shared: &Shared, attempt: &Attempt, outcome: &Outcome, entry: &E
             }
         }
     }
+}
+
+/// Counts a recorded outcome per channel, for `/metrics`.
+fn count(outcome: &Outcome, channel: &str) {
+    let name = match outcome {
+        Outcome::Sent { .. } => "pushonce_sent_total",
+        Outcome::Retry { .. } => "pushonce_retried_total",
+        Outcome::Resend { .. } => "pushonce_resent_total",
+        Outcome::Unknown { .. } => "pushonce_unknown_total",
+        Outcome::Failed { .. } => "pushonce_failed_total",
+        Outcome::Dead { .. } => "pushonce_dead_total",
+    };
+    metrics::counter!(name, "channel" => channel.to_string()).increment(1);
 }
 
 /// Acks and deletes an entry whose task needs nothing more.

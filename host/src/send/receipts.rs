@@ -108,11 +108,19 @@ pub async fn apply_receipts(
                 .and_then(|p| p.fallback)
             {
                 crate::dispatch::fallback::accept_fallback(permits, &task, &fb).await?;
+                metrics::counter!("pushonce_fallback_total", "channel" => channel.to_string())
+                    .increment(1);
                 report.fallbacks += 1;
             }
         }
         let pmid = (id != task.key).then_some(id.as_str());
         if permits.record_receipt(&task.id, delivered, pmid).await? {
+            let name = if delivered {
+                "pushonce_delivered_total"
+            } else {
+                "pushonce_failed_after_accept_total"
+            };
+            metrics::counter!(name, "channel" => channel.to_string()).increment(1);
             report.updated += 1;
         } else {
             report.ignored += 1;

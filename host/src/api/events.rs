@@ -6,6 +6,7 @@
 //! every channel's permit is taken in ONE pipelined `accept_batch` — for a
 //! batch, one pipeline for all its events.
 
+use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use axum::Json;
@@ -443,6 +444,9 @@ struct Context<'a> {
     params: Vec<(String, String)>,
     /// The request.
     req: &'a EventRequest,
+    /// The channel plugin (`name@version`) each channel instance resolves to
+    /// now: pinned into the task so a send in flight keeps its version.
+    channel_plugins: BTreeMap<String, String>,
 }
 
 impl Context<'_> {
@@ -520,7 +524,7 @@ impl Context<'_> {
                 .iter()
                 .map(|(k, v)| (k.clone(), v.clone()))
                 .collect(),
-            plugin: None,
+            plugin: self.channel_plugins.get(channel).cloned(),
             fallback: self.fallback(channel, depth)?,
         })
     }
@@ -607,12 +611,18 @@ fn plan(
         policy,
         plugin: &plugin,
         event: &event,
-        params: spec
-            .params
-            .iter()
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect(),
+        params: crate::route::stability::params_of(policy),
         req: &req,
+        channel_plugins: state
+            .live
+            .config()
+            .channels
+            .iter()
+            .filter_map(|(name, c)| {
+                let plugin = snapshot.registry.resolve_channel(&c.plugin).ok()?;
+                Some((name.clone(), plugin.meta().id.clone()))
+            })
+            .collect(),
     };
     let meta = plugin.meta();
     let mut planned = Vec::with_capacity(channels.len());

@@ -84,3 +84,40 @@ pub fn params_json(params: &[(String, String)]) -> String {
         .collect();
     format!("{{{}}}", body.join(","))
 }
+
+/// A delivery status word of a receipt or a status answer: `delivered`,
+/// `failed`, `accepted`/`pending` (not yet known), anything else unknown.
+pub fn status_of(s: Option<&str>) -> DeliveryStatus {
+    match s {
+        Some("delivered") => DeliveryStatus::Delivered,
+        Some("failed") => DeliveryStatus::Failed,
+        Some("accepted") | Some("pending") => DeliveryStatus::Pending,
+        _ => DeliveryStatus::Unknown,
+    }
+}
+
+/// Parses the receipt callback shape the shipped plugins share,
+/// `{"receipts":[{"<by>": "...", "status": "delivered"|"failed"|...}]}`, into
+/// (the `by` field of each receipt, its status). `by` is `reference` for
+/// providers that echo the idempotency key, `message_id` for those that name
+/// their own message id.
+pub fn parse_receipts(body: &[u8], by: &str) -> Result<Vec<(String, DeliveryStatus)>, String> {
+    let json: serde_json::Value =
+        serde_json::from_slice(body).map_err(|e| format!("not JSON: {e}"))?;
+    let list = json
+        .get("receipts")
+        .and_then(serde_json::Value::as_array)
+        .ok_or("no `receipts` array")?;
+    list.iter()
+        .map(|r| {
+            let id = r
+                .get(by)
+                .and_then(serde_json::Value::as_str)
+                .ok_or_else(|| format!("a receipt without `{by}`"))?;
+            Ok((
+                id.to_string(),
+                status_of(r.get("status").and_then(serde_json::Value::as_str)),
+            ))
+        })
+        .collect()
+}

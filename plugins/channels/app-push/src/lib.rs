@@ -92,25 +92,7 @@ impl ChannelGuest for AppPush {
         _headers: Vec<(String, String)>,
         body: Vec<u8>,
     ) -> Result<Vec<(String, DeliveryStatus)>, String> {
-        let json: Value = serde_json::from_slice(&body).map_err(|e| format!("not JSON: {e}"))?;
-        let list = json
-            .get("receipts")
-            .and_then(Value::as_array)
-            .ok_or("no `receipts` array")?;
-        list.iter()
-            .map(|r| {
-                let id = r
-                    .get("reference")
-                    .and_then(Value::as_str)
-                    .ok_or("a receipt without `reference`")?;
-                let status = match r.get("status").and_then(Value::as_str) {
-                    Some("delivered") => DeliveryStatus::Delivered,
-                    Some("failed") => DeliveryStatus::Failed,
-                    _ => DeliveryStatus::Pending,
-                };
-                Ok((id.to_string(), status))
-            })
-            .collect()
+        channel_sdk::parse_receipts(&body, "reference")
     }
 }
 

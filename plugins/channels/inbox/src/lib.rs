@@ -93,7 +93,9 @@ impl ChannelGuest for Inbox {
             404 => Ok(DeliveryStatus::Unknown),
             200 => {
                 let json: Value = serde_json::from_slice(&resp.body).unwrap_or(Value::Null);
-                Ok(status_of(json.get("status").and_then(Value::as_str)))
+                Ok(channel_sdk::status_of(
+                    json.get("status").and_then(Value::as_str),
+                ))
             }
             s => Err(SendError::Retryable(format!("query answered {s}"))),
         }
@@ -103,38 +105,8 @@ impl ChannelGuest for Inbox {
         _headers: Vec<(String, String)>,
         body: Vec<u8>,
     ) -> Result<Vec<(String, DeliveryStatus)>, String> {
-        parse_receipts(&body, "reference")
+        channel_sdk::parse_receipts(&body, "reference")
     }
-}
-
-fn status_of(s: Option<&str>) -> DeliveryStatus {
-    match s {
-        Some("delivered") => DeliveryStatus::Delivered,
-        Some("failed") => DeliveryStatus::Failed,
-        Some("accepted") | Some("pending") => DeliveryStatus::Pending,
-        _ => DeliveryStatus::Unknown,
-    }
-}
-
-/// `{"receipts":[{...}]}` → (the field `by` of each, status).
-fn parse_receipts(body: &[u8], by: &str) -> Result<Vec<(String, DeliveryStatus)>, String> {
-    let json: Value = serde_json::from_slice(body).map_err(|e| format!("not JSON: {e}"))?;
-    let list = json
-        .get("receipts")
-        .and_then(Value::as_array)
-        .ok_or("no `receipts` array")?;
-    list.iter()
-        .map(|r| {
-            let id = r
-                .get(by)
-                .and_then(Value::as_str)
-                .ok_or_else(|| format!("a receipt without `{by}`"))?;
-            Ok((
-                id.to_string(),
-                status_of(r.get("status").and_then(Value::as_str)),
-            ))
-        })
-        .collect()
 }
 
 channel_sdk::export_channel!(Inbox);

@@ -205,7 +205,8 @@ fn forged(uri: String, host: String) -> http::Request<WasiBody> {
 }
 
 /// Even if a guest could set `Host` (the header is forbidden today), the
-/// policy hook decides on the URI: it is handed forged requests directly.
+/// policy hook decides on the URI, and sends the checked authority as `Host`:
+/// it is handed forged requests directly.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_policy_hook_ignores_a_forged_host_header() {
     let allowed = Listener::bind("127.0.0.1").await;
@@ -234,6 +235,11 @@ async fn the_policy_hook_ignores_a_forged_host_header() {
     let (resp, _) = res.unwrap_or_else(|e| panic!("the allowed destination: {e:?}"));
     assert_eq!(resp.status(), 200);
     assert_eq!(allowed.connections(), 1);
+    assert_eq!(
+        allowed.hosts(),
+        vec![allowed.addr.to_string()],
+        "the forged Host is replaced by the checked authority"
+    );
     assert_eq!(
         other.connections(),
         0,

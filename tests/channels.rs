@@ -1,20 +1,22 @@
 //! Channels end to end, in process: real redis-server, the real provider
 //! simulator on 127.0.0.1 (`provider_sim::run`), the real channel plugins built
 //! by `build.rs`, the dispatcher sending through `PluginSender`. Counts are
-//! made at the receiving end — the simulator's ledger.
+//! made at the receiving end — the simulator's ledger. Receipts come from the
+//! simulator itself, posted to a minimal route that calls `apply_receipts`.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use provider_sim::{Faults, SimState};
+use provider_sim::{Delivery, Faults, ReceiptConfig, SimState};
 use pushonce::config::{ChannelConfig, OnUnknown};
 use pushonce::dispatch::{DispatchConfig, Dispatcher};
 use pushonce::permit::{AcceptRequest, Acceptance, PermitConfig, Permits, RetryPolicy, TaskStatus};
 use pushonce::plugin::PluginRegistry;
 use pushonce::plugin::bindings::{Message, SendError};
 use pushonce::send::plugin::PluginSender;
+use pushonce::send::receipts::{ReceiptError, ReceiptReport, apply_receipts};
 use pushonce::send::{Fallback, Payload};
 use pushonce_tests::plugins::{limits, real_dir};
 use pushonce_tests::redis::RedisServer;
@@ -586,5 +588,182 @@ async fn receipts_settle_tasks_and_failed_after_accept_falls_back() {
     .await
     .unwrap_err();
     assert!(err.to_string().contains("not JSON"), "{err}");
+    env.stop().await;
+}
+
+/// What the test's receipts route did with each callback.
+#[derive(Debug, Clone)]
+struct Callback {
+    channel: String,
+    status: u16,
+    report: Option<ReceiptReport>,
+}
+
+/// A minimal stand-in for the API's `POST /v1/receipts/{channel}` on
+/// 127.0.0.1: checks the bearer secret, forwards to `apply_receipts`. It
+/// answers 503 when an entry names no task yet or a task not yet `sent`, so
+/// the simulator retries: a receipt can outrun the dispatcher's recording
+/// of the send it reports.
+async fn receipts_route(
+    permits: Permits,
+    sender: PluginSender,
+    secret: &'static str,
+) -> (String, Arc<Mutex<Vec<Callback>>>) {
+    use axum::extract::{Path, State};
+    use axum::http::{HeaderMap, StatusCode};
+    type Ctx = (Permits, Arc<PluginSender>, Arc<Mutex<Vec<Callback>>>);
+    let log: Arc<Mutex<Vec<Callback>>> = Arc::default();
+    let app = axum::Router::new()
+        .route(
+            "/v1/receipts/{channel}",
+            axum::routing::post(
+                move |State((permits, sender, log)): State<Ctx>,
+                      Path(channel): Path<String>,
+                      headers: HeaderMap,
+                      body: axum::body::Bytes| async move {
+                    let auth = headers.get("authorization").and_then(|v| v.to_str().ok());
+                    let (status, report) = if auth != Some(&format!("Bearer {secret}")) {
+                        (StatusCode::UNAUTHORIZED, None)
+                    } else {
+                        let headers: Vec<(String, String)> = headers
+                            .iter()
+                            .map(|(k, v)| {
+                                (k.to_string(), String::from_utf8_lossy(v.as_bytes()).into())
+                            })
+                            .collect();
+                        match apply_receipts(&permits, &sender, &channel, &headers, &body).await {
+                            Ok(r) if r.unmatched.is_empty() && r.ignored == 0 => {
+                                (StatusCode::OK, Some(r))
+                            }
+                            Ok(r) => (StatusCode::SERVICE_UNAVAILABLE, Some(r)),
+                            Err(ReceiptError::Permit(_)) => (StatusCode::SERVICE_UNAVAILABLE, None),
+                            Err(_) => (StatusCode::UNPROCESSABLE_ENTITY, None),
+                        }
+                    };
+                    log.lock().unwrap().push(Callback {
+                        channel,
+                        status: status.as_u16(),
+                        report,
+                    });
+                    status
+                },
+            ),
+        )
+        .with_state((permits, Arc::new(sender), log.clone()));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    (base, log)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn simulator_receipts_deliver_tasks_and_failed_after_accept_falls_back() {
+    const SECRET: &str = "receipt-secret";
+    let env = Env::start(|_| {}).await;
+    let (base, callbacks) =
+        receipts_route(env.permits.clone(), sender(&channels(env.sim.addr)), SECRET).await;
+    let failing_phone = "+8613800000088";
+    for provider in ["inbox", "sms", "app-push", "wechat"] {
+        env.sim.state.set_receipts(
+            provider,
+            Some(ReceiptConfig {
+                url: format!("{base}/v1/receipts/{provider}"),
+                delay_ms: 200,
+                secret: Some(SECRET.into()),
+                fail_after_accept: [failing_phone.to_string()].into(),
+            }),
+        );
+    }
+
+    let mut delivered = Vec::new();
+    for (channel, recipient, template) in [
+        ("inbox", "user-rx", "order-shipped"),
+        ("sms", "+8613800000001", "SMS_1001"),
+        ("app-push", "device-rx", "Shipped"),
+        ("wechat", "openid-rx", "TPL-SHIPPED"),
+    ] {
+        delivered.push(
+            env.accept(channel, "rx-1", &payload(recipient, template))
+                .await,
+        );
+    }
+    let mut p = payload(failing_phone, "SMS_1001");
+    p.fallback = Some(Box::new(Fallback {
+        channel: "app-push".into(),
+        key: "push:per-event@1:app-push:rx-2".into(),
+        window_ms: 3_600_000,
+        payload: payload("device-fb", "Shipped"),
+    }));
+    let failing = env.accept("sms", "rx-2", &p).await;
+
+    // Accepted by the providers, then settled by their receipts alone.
+    for t in &delivered {
+        env.wait_status(t, TaskStatus::Delivered).await;
+    }
+    env.wait_status(&failing, TaskStatus::Failed).await;
+    let fb = env
+        .permits
+        .permit_owner("push:per-event@1:app-push:rx-2")
+        .await
+        .unwrap()
+        .expect("the failed-after-accept SMS accepted its fallback");
+    // The fallback push is itself accepted, then delivered by its receipt.
+    env.wait_status(&fb, TaskStatus::Delivered).await;
+
+    let sms = env.ledger("sms");
+    assert_eq!(sms.len(), 2, "{sms:?}");
+    assert_eq!(
+        sms.iter()
+            .find(|m| m.recipient == failing_phone)
+            .map(|m| m.delivery),
+        Some(Delivery::Failed)
+    );
+    let push = env.ledger("app-push");
+    assert_eq!(push.len(), 2, "one direct push, one fallback: {push:?}");
+    assert_eq!(
+        push.iter().filter(|m| m.recipient == "device-fb").count(),
+        1,
+        "exactly one fallback push: {push:?}"
+    );
+    assert_eq!(env.ledger("inbox").len(), 1);
+    assert_eq!(env.ledger("wechat").len(), 1);
+
+    let task = env.permits.task(&failing).await.unwrap().unwrap();
+    assert_eq!(
+        task.attempts, 1,
+        "failed after accept is not resent: {task:?}"
+    );
+    // Counted once the simulator has read the route's answer.
+    let posted = || {
+        let stats = env.sim.state.stats();
+        ["inbox", "sms", "app-push", "wechat"]
+            .iter()
+            .map(|p| {
+                stats
+                    .get(&format!("{p}.receipt_posted"))
+                    .copied()
+                    .unwrap_or(0)
+            })
+            .sum::<u64>()
+    };
+    wait_until(DEADLINE, || async { posted() == 6 })
+        .await
+        .unwrap_or_else(|_| panic!("six receipts posted: {:?}", env.sim.state.stats()));
+    let callbacks = callbacks.lock().unwrap().clone();
+    assert!(
+        callbacks.iter().all(|c| c.status != 401 && c.status != 422),
+        "{callbacks:#?}"
+    );
+    let fallbacks: usize = callbacks
+        .iter()
+        .filter_map(|c| c.report.as_ref())
+        .map(|r| r.fallbacks)
+        .sum();
+    assert_eq!(fallbacks, 1, "{callbacks:#?}");
+    assert!(
+        callbacks
+            .iter()
+            .any(|c| c.channel == "wechat" && c.status == 200)
+    );
     env.stop().await;
 }

@@ -314,6 +314,16 @@ impl WasiHttpHooks for OutboundHooks {
                 IpAddr::V4(v4) => v4.to_string(),
                 IpAddr::V6(v6) => format!("[{v6}]"),
             };
+            // `Host` names the checked authority (without userinfo), whatever header came in.
+            let host_header = match authority.port() {
+                Some(p) => format!("{}:{p}", authority.host()),
+                None => authority.host().to_string(),
+            };
+            parts.headers.insert(
+                http::header::HOST,
+                http::HeaderValue::from_str(&host_header)
+                    .map_err(|_| HttpError::HttpRequestUriInvalid)?,
+            );
             parts.uri = format!("http://{ip}:{}{path}", addr.port())
                 .parse()
                 .map_err(|_| HttpError::HttpRequestUriInvalid)?;

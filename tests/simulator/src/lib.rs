@@ -16,6 +16,18 @@
 //! lists every message each provider accepted. A resend carrying an already
 //! accepted client reference is answered with the first message's id and is
 //! not a second ledger entry.
+//!
+//! Delivery receipts: `POST /_sim/receipts` gives a provider a callback URL
+//! (pushonce's `/v1/receipts/{channel}`), a delay, an optional bearer secret
+//! and the recipients whose messages fail after being accepted. Each newly
+//! accepted message is then reported once, after the delay, in the format the
+//! channel plugin's `parse-callback` reads —
+//! `{"receipts":[{"reference","message_id","status"}]}` — retried with backoff
+//! on a non-2xx answer or a connection error (bounded), counted in
+//! `/_sim/stats` as `<provider>.receipt_posted` / `receipt_retried` /
+//! `receipt_failed`. Status queries (SMS `QuerySendDetails`, inbox
+//! `GET /inbox/v1/messages?idempotency_key=`) report a failed-after-accept
+//! message as failed too.
 
 use axum::{
     Json, Router,
@@ -28,7 +40,7 @@ use axum::{
 use rand::{Rng, SeedableRng, rngs::StdRng};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -55,6 +67,46 @@ pub struct Faults {
     pub permanent: BTreeMap<String, String>,
 }
 
+/// Delivery receipts of one provider, set through `POST /_sim/receipts`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ReceiptConfig {
+    /// Where receipts are posted, e.g. `http://127.0.0.1:PORT/v1/receipts/sms`.
+    pub url: String,
+    /// Delay between accepting a message and posting its receipt, in milliseconds.
+    #[serde(default)]
+    pub delay_ms: u64,
+    /// Sent as `Authorization: Bearer <secret>` when set; never echoed back.
+    #[serde(default, skip_serializing)]
+    pub secret: Option<String>,
+    /// Recipients whose messages are accepted, then fail (receipt and queries
+    /// say `failed`).
+    #[serde(default)]
+    pub fail_after_accept: BTreeSet<String>,
+}
+
+/// What became of an accepted message at the provider.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum Delivery {
+    /// Reached the recipient.
+    Delivered,
+    /// Accepted, then failed (the recipient was in `fail_after_accept`).
+    Failed,
+}
+
+impl Delivery {
+    fn as_str(self) -> &'static str {
+        match self {
+            Delivery::Delivered => "delivered",
+            Delivery::Failed => "failed",
+        }
+    }
+}
+
+/// Attempts at posting one receipt before giving up.
+pub const RECEIPT_ATTEMPTS: u32 = 5;
+
 /// One message a provider accepted.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct Accepted {
@@ -72,6 +124,8 @@ pub struct Accepted {
     pub accepted_at_ms: u64,
     /// Resends of the same reference answered without a new message.
     pub replays: u32,
+    /// Delivered, or failed after accept; what receipts and queries report.
+    pub delivery: Delivery,
 }
 
 /// Everything the simulator remembers, behind one lock.
@@ -82,6 +136,8 @@ struct Sim {
     by_reference: HashMap<(&'static str, String), usize>,
     /// Faults per provider.
     faults: BTreeMap<&'static str, Faults>,
+    /// Receipt callbacks per provider.
+    receipts: BTreeMap<&'static str, ReceiptConfig>,
     /// Requests seen per provider and outcome, for tests and the operator.
     stats: BTreeMap<String, u64>,
     /// WeChat access tokens and when each expires (ms).
@@ -114,25 +170,52 @@ impl Default for Config {
 
 /// Shared handle to the simulator's state.
 #[derive(Clone)]
-pub struct SimState(Arc<Mutex<Sim>>);
+pub struct SimState {
+    /// Everything remembered.
+    sim: Arc<Mutex<Sim>>,
+    /// Posts receipts (plain HTTP, no proxy).
+    http: reqwest::Client,
+}
 
 impl SimState {
     /// A fresh simulator.
     pub fn new(config: Config) -> Self {
-        SimState(Arc::new(Mutex::new(Sim {
-            ledger: PROVIDERS.iter().map(|p| (*p, Vec::new())).collect(),
-            by_reference: HashMap::new(),
-            faults: BTreeMap::new(),
-            stats: BTreeMap::new(),
-            tokens: HashMap::new(),
-            token_ttl: config.token_ttl,
-            rng: StdRng::seed_from_u64(config.seed),
-            next_id: 1,
-        })))
+        let http = reqwest::Client::builder()
+            .no_proxy()
+            .timeout(Duration::from_secs(5))
+            .build()
+            .expect("a plain HTTP client builds");
+        SimState {
+            http,
+            sim: Arc::new(Mutex::new(Sim {
+                ledger: PROVIDERS.iter().map(|p| (*p, Vec::new())).collect(),
+                by_reference: HashMap::new(),
+                faults: BTreeMap::new(),
+                receipts: BTreeMap::new(),
+                stats: BTreeMap::new(),
+                tokens: HashMap::new(),
+                token_ttl: config.token_ttl,
+                rng: StdRng::seed_from_u64(config.seed),
+                next_id: 1,
+            })),
+        }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Sim> {
-        self.0.lock().unwrap_or_else(|e| e.into_inner())
+        self.sim.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Sets (or, with `None`, stops) the receipts of `provider`; false if unknown.
+    pub fn set_receipts(&self, provider: &str, receipts: Option<ReceiptConfig>) -> bool {
+        let Some(p) = PROVIDERS.iter().find(|p| **p == provider) else {
+            return false;
+        };
+        let mut sim = self.lock();
+        match receipts {
+            Some(r) => sim.receipts.insert(p, r),
+            None => sim.receipts.remove(p),
+        };
+        true
     }
 
     /// Sets the faults of `provider` (one of [`PROVIDERS`]); false if unknown.
@@ -178,6 +261,7 @@ pub fn app(state: SimState) -> Router {
         .route("/v1/projects/{project}/messages:send", post(push_send))
         .route("/inbox/v1/messages", post(inbox_send).get(inbox_query))
         .route("/_sim/faults", post(set_faults).get(get_faults))
+        .route("/_sim/receipts", post(set_receipts).get(get_receipts))
         .route("/_sim/ledger", get(ledger))
         .route("/_sim/stats", get(stats))
         .route("/_sim/wechat/expire-tokens", post(expire_tokens))
@@ -255,8 +339,9 @@ impl Sim {
         verdict
     }
 
-    /// Records a message unless its reference was seen; returns its id and
-    /// whether it was a replay.
+    /// Records a message unless its reference was seen; returns its id,
+    /// whether it was a replay, and the receipt to post for a new message
+    /// when receipts are configured for `provider`.
     fn accept(
         &mut self,
         provider: &'static str,
@@ -264,7 +349,7 @@ impl Sim {
         recipient: String,
         template: String,
         params: Value,
-    ) -> (String, bool) {
+    ) -> (String, bool, Option<ReceiptJob>) {
         if let Some(r) = &reference
             && let Some(&i) = self.by_reference.get(&(provider, r.clone()))
         {
@@ -273,10 +358,40 @@ impl Sim {
                 .get_mut(provider)
                 .expect("every provider has a ledger")[i];
             entry.replays += 1;
-            return (entry.id.clone(), true);
+            return (entry.id.clone(), true, None);
         }
         let id = format!("{provider}-{}", self.next_id);
         self.next_id += 1;
+        let receipts = self.receipts.get(provider);
+        let delivery = match receipts {
+            Some(r) if r.fail_after_accept.contains(&recipient) => Delivery::Failed,
+            _ => Delivery::Delivered,
+        };
+        let job = receipts.map(|r| {
+            // The id the plugin got back from the send: WeChat's `msgid` is a number.
+            let message_id = match provider {
+                "wechat" => id.trim_start_matches("wechat-").to_string(),
+                _ => id.clone(),
+            };
+            let mut entry = json!({
+                "message_id": message_id,
+                "recipient": recipient,
+                "status": delivery.as_str(),
+            });
+            if let Some(r) = &reference {
+                entry["reference"] = json!(r);
+            }
+            if delivery == Delivery::Failed {
+                entry["error_code"] = json!("UNDELIVERABLE");
+            }
+            ReceiptJob {
+                provider,
+                url: r.url.clone(),
+                secret: r.secret.clone(),
+                delay: Duration::from_millis(r.delay_ms),
+                body: json!({ "receipts": [entry] }),
+            }
+        });
         let list = self
             .ledger
             .get_mut(provider)
@@ -292,8 +407,9 @@ impl Sim {
             params,
             accepted_at_ms: now_ms(),
             replays: 0,
+            delivery,
         });
-        (id, false)
+        (id, false, job)
     }
 
     fn find(&self, provider: &'static str, reference: &str) -> Option<&Accepted> {
@@ -323,6 +439,57 @@ async fn pause(state: &SimState, provider: &str) {
     let d = state.lock().slow(provider);
     if !d.is_zero() {
         tokio::time::sleep(d).await;
+    }
+}
+
+// ---- Delivery receipts ----
+
+/// One receipt to post.
+struct ReceiptJob {
+    /// Whose receipt it is (for the stats).
+    provider: &'static str,
+    /// Where to post it.
+    url: String,
+    /// Bearer secret, if configured.
+    secret: Option<String>,
+    /// Wait before the first attempt.
+    delay: Duration,
+    /// The callback body, in the plugin's format.
+    body: Value,
+}
+
+impl SimState {
+    /// Posts `job` in the background: after its delay, then retried with
+    /// backoff (100 ms doubling, at most [`RECEIPT_ATTEMPTS`] attempts) until
+    /// the receiver answers 2xx.
+    fn spawn_receipt(&self, job: Option<ReceiptJob>) {
+        let Some(job) = job else { return };
+        let state = self.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(job.delay).await;
+            let mut backoff = Duration::from_millis(100);
+            for attempt in 1..=RECEIPT_ATTEMPTS {
+                let mut req = state.http.post(&job.url).json(&job.body);
+                if let Some(s) = &job.secret {
+                    req = req.bearer_auth(s);
+                }
+                let ok = match req.send().await {
+                    Ok(r) => r.status().is_success(),
+                    Err(_) => false,
+                };
+                if ok {
+                    state.lock().count(job.provider, "receipt_posted");
+                    return;
+                }
+                if attempt == RECEIPT_ATTEMPTS {
+                    break;
+                }
+                state.lock().count(job.provider, "receipt_retried");
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_secs(2));
+            }
+            state.lock().count(job.provider, "receipt_failed");
+        });
     }
 }
 
@@ -361,7 +528,9 @@ async fn sms_send(State(state): State<SimState>, Json(req): Json<SmsSend>) -> Re
         .into_response(),
         Verdict::Accept { drop } => {
             let params = json!({"sign": req.sign_name, "params": req.template_param});
-            let (id, _) = sim.accept("sms", req.out_id, req.phone_numbers, req.template_code, params);
+            let (id, _, job) =
+                sim.accept("sms", req.out_id, req.phone_numbers, req.template_code, params);
+            state.spawn_receipt(job);
             if drop {
                 return cut_off();
             }
@@ -381,7 +550,14 @@ async fn sms_query(State(state): State<SimState>, Json(req): Json<SmsQuery>) -> 
     let sim = state.lock();
     let details: Vec<Value> = sim
         .find("sms", &req.out_id)
-        .map(|m| json!({"OutId": req.out_id, "BizId": m.id, "SendStatus": 3, "PhoneNum": m.recipient}))
+        .map(|m| {
+            // SendStatus: 1 waiting, 2 failed, 3 delivered.
+            let status = match m.delivery {
+                Delivery::Delivered => 3,
+                Delivery::Failed => 2,
+            };
+            json!({"OutId": req.out_id, "BizId": m.id, "SendStatus": status, "PhoneNum": m.recipient})
+        })
         .into_iter()
         .collect();
     Json(json!({"Code": "OK", "SmsSendDetailDTOs": details})).into_response()
@@ -453,7 +629,8 @@ async fn wechat_send(
             Json(json!({"errcode": code, "errmsg": "require subscribe"})).into_response()
         }
         Verdict::Accept { drop } => {
-            let (id, _) = sim.accept("wechat", None, req.touser, req.template_id, req.data);
+            let (id, _, job) = sim.accept("wechat", None, req.touser, req.template_id, req.data);
+            state.spawn_receipt(job);
             if drop {
                 return cut_off();
             }
@@ -526,13 +703,14 @@ async fn push_send(
                 .and_then(Value::as_str)
                 .unwrap_or("")
                 .to_string();
-            let (id, _) = sim.accept(
+            let (id, _, job) = sim.accept(
                 "app-push",
                 reference,
                 req.message.token,
                 template,
                 req.message.data,
             );
+            state.spawn_receipt(job);
             if drop {
                 return cut_off();
             }
@@ -589,8 +767,9 @@ async fn inbox_send(
         )
             .into_response(),
         Verdict::Accept { drop } => {
-            let (id, replay) =
+            let (id, replay, job) =
                 sim.accept("inbox", Some(key), req.user_id, req.template, req.params);
+            state.spawn_receipt(job);
             if drop {
                 return cut_off();
             }
@@ -616,7 +795,7 @@ struct InboxQuery {
 
 async fn inbox_query(State(state): State<SimState>, Query(q): Query<InboxQuery>) -> Response {
     match state.lock().find("inbox", &q.idempotency_key) {
-        Some(m) => Json(json!({"id": m.id, "status": "delivered"})).into_response(),
+        Some(m) => Json(json!({"id": m.id, "status": m.delivery.as_str()})).into_response(),
         None => (
             StatusCode::NOT_FOUND,
             Json(json!({"error": "no such message"})),
@@ -655,4 +834,36 @@ async fn ledger(State(state): State<SimState>) -> Response {
 
 async fn stats(State(state): State<SimState>) -> Response {
     Json(state.lock().stats.clone()).into_response()
+}
+
+async fn set_receipts(
+    State(state): State<SimState>,
+    Json(req): Json<BTreeMap<String, Option<ReceiptConfig>>>,
+) -> Response {
+    if let Some(bad) = req.keys().find(|p| !PROVIDERS.contains(&p.as_str())) {
+        return (
+            StatusCode::UNPROCESSABLE_ENTITY,
+            Json(json!({"error": format!("unknown provider `{bad}`; known: {}", PROVIDERS.join(", "))})),
+        )
+            .into_response();
+    }
+    if let Some((p, _)) = req.iter().find(|(_, r)| {
+        r.as_ref()
+            .is_some_and(|r| !r.url.starts_with("http://") && !r.url.starts_with("https://"))
+    }) {
+        return (
+            StatusCode::UNPROCESSABLE_ENTITY,
+            Json(json!({"error": format!("{p}: `url` must be an absolute http(s) URL")})),
+        )
+            .into_response();
+    }
+    for (provider, receipts) in req {
+        state.set_receipts(&provider, receipts);
+    }
+    Json(json!({"ok": true})).into_response()
+}
+
+/// The receipt configuration per provider (secrets left out).
+async fn get_receipts(State(state): State<SimState>) -> Response {
+    Json(state.lock().receipts.clone()).into_response()
 }

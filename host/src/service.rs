@@ -136,6 +136,11 @@ impl ReceiptHandler for PluginReceipts {
     ) -> BoxFuture<'a, Result<usize, ReceiptRefusal>> {
         Box::pin(async move {
             match apply_receipts(&self.permits, &self.sender, channel, &headers, &body).await {
+                Ok(report) if !report.not_yet.is_empty() => Err(ReceiptRefusal::NotYet(format!(
+                    "{} receipt(s) confirm sends not recorded yet ({}); send the callback again",
+                    report.not_yet.len(),
+                    report.not_yet.join(", ")
+                ))),
                 Ok(report) => Ok(report.updated),
                 Err(ReceiptError::Permit(e)) => Err(ReceiptRefusal::Unavailable(e)),
                 Err(e) => Err(ReceiptRefusal::Refused(e.to_string())),

@@ -42,6 +42,9 @@ pub enum ReceiptRefusal {
     /// Redis failed: answered 503 (or 500), so the provider sends it again;
     /// applying a callback twice is safe.
     Unavailable(crate::permit::PermitError),
+    /// Some entries confirm sends not recorded yet (the receipt overtook the
+    /// dispatcher): answered 503 with `Retry-After`, the rest was applied.
+    NotYet(String),
 }
 
 /// A shared handler.
@@ -64,7 +67,7 @@ pub struct ReceiptAnswer {
         (status = 404, description = "No such channel", body = Problem, content_type = "application/problem+json"),
         (status = 413, description = "Body too large", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "The plugin refused the callback", body = Problem, content_type = "application/problem+json"),
-        (status = 503, description = "Redis unavailable: send the callback again (applying it twice is safe)", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "Redis unavailable, or the callback names a send not recorded yet: send it again (applying it twice is safe)", body = Problem, content_type = "application/problem+json"),
     ),
     security(("receipt_secret" = [])))]
 pub async fn receipt(
@@ -108,5 +111,9 @@ pub async fn receipt(
         Ok(settled) => Ok(Json(ReceiptAnswer { settled })),
         Err(ReceiptRefusal::Refused(reason)) => Err(ApiError::invalid("body", reason)),
         Err(ReceiptRefusal::Unavailable(e)) => Err(ApiError::from(e)),
+        Err(ReceiptRefusal::NotYet(detail)) => Err(ApiError::Unavailable {
+            detail,
+            accepted: None,
+        }),
     }
 }

@@ -46,6 +46,10 @@ pub struct ReceiptReport {
     pub ignored: usize,
     /// Entries naming no known task (key or provider id).
     pub unmatched: Vec<String>,
+    /// Entries that arrived before the send they confirm was recorded (the
+    /// provider id is not indexed yet, or the task is still being sent): the
+    /// provider should send the callback again later.
+    pub not_yet: Vec<String>,
     /// Fallback tasks accepted because of failed-after-accept receipts.
     pub fallbacks: usize,
 }
@@ -83,21 +87,37 @@ pub async fn apply_receipts(
                 continue;
             }
         };
-        let task_id = match permits.permit_owner(&id).await? {
-            Some(t) => Some(t),
-            None => permits.task_by_provider_id(channel, &id).await?,
+        // By idempotency key (the permit names its task from accept on), else
+        // by the provider's id (indexed only after the send is recorded).
+        let (task_id, by_key) = match permits.permit_owner(&id).await? {
+            Some(t) => (Some(t), true),
+            None => (permits.task_by_provider_id(channel, &id).await?, false),
         };
         let Some(task) = (match task_id {
             Some(t) => permits.task(&t).await?,
             None => None,
         }) else {
-            report.unmatched.push(id);
+            if by_key {
+                report.unmatched.push(id);
+            } else {
+                report.not_yet.push(id);
+            }
             continue;
         };
-        if task.channel != channel || !matches!(task.status, TaskStatus::Sent | TaskStatus::Unknown)
-        {
+        if task.channel != channel {
             report.ignored += 1;
             continue;
+        }
+        match task.status {
+            TaskStatus::Sent | TaskStatus::Unknown => {}
+            TaskStatus::Queued | TaskStatus::Sending | TaskStatus::RetryWait => {
+                report.not_yet.push(id);
+                continue;
+            }
+            _ => {
+                report.ignored += 1;
+                continue;
+            }
         }
         if !delivered {
             // Fallback first: if the host dies between the two writes, the

@@ -2,7 +2,7 @@
 //! the test-only plugins (`tests/fixtures/plugins/`) for `wasm32-wasip2` in
 //! release, with a target directory inside `OUT_DIR`, and tells the tests
 //! where the components are: `PUSHONCE_TEST_PLUGINS` (the real plugins) and
-//! `PUSHONCE_FIXTURE_PLUGINS` (misbehave, versioned, wrong-world).
+//! `PUSHONCE_FIXTURE_PLUGINS` (misbehave, versioned, stable, wrong-world, http-probe).
 //!
 //! The nested cargo gets a clean environment: the variables cargo sets for a
 //! build script (target, flags, wrappers, jobserver) would otherwise leak into

@@ -10,7 +10,7 @@ pub fn real_dir() -> PathBuf {
     PathBuf::from(env!("PUSHONCE_TEST_PLUGINS"))
 }
 
-/// The directory with the test-only plugins (misbehave, versioned, wrong-world).
+/// The directory with the test-only plugins (misbehave, versioned, stable, wrong-world, http-probe).
 pub fn fixture_dir() -> PathBuf {
     PathBuf::from(env!("PUSHONCE_FIXTURE_PLUGINS"))
 }

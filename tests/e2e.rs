@@ -4,12 +4,13 @@
 //! receipts come back through the API and settle the tasks. Also: an edited
 //! policy file is picked up by the running process and the next event uses it.
 
-use provider_sim::{Config, ReceiptConfig, SimState};
+use provider_sim::{Config, Faults, ReceiptConfig, SimState};
 use pushonce_tests::plugins::real_dir;
 use pushonce_tests::process::WorkerProcess;
 use pushonce_tests::redis::RedisServer;
 use pushonce_tests::wait_until;
 use serde_json::{Value, json};
+use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::Duration;
 
@@ -262,5 +263,187 @@ async fn one_event_reaches_each_provider_once_and_an_edited_policy_is_used() {
         sim.ledger()["inbox"][0].recipient,
         "u-42",
         "inbox defaults to the user id"
+    );
+}
+
+/// A policy for the faults test: short backoff so retries finish quickly,
+/// SMS falling back to app push.
+const FAULTY_POLICY: &str = r#"
+biz_type = "ORDER_SHIPPED"
+key_policy = "per-event@^1"
+channels = ["sms", "wechat", "app-push"]
+window = "1h"
+
+[retry]
+max_attempts = 12
+backoff = { initial = "50ms", factor = 2.0, max = "400ms", jitter = true }
+
+[fallback]
+sms = "app-push"
+"#;
+
+#[tokio::test]
+async fn under_provider_faults_every_message_arrives_once_through_a_real_host_process() {
+    let redis = RedisServer::start().await.unwrap();
+    let (sim, sim_port) = simulator().await;
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(dir.path().join("policies")).unwrap();
+    std::fs::write(
+        dir.path().join("policies/order-shipped.toml"),
+        FAULTY_POLICY,
+    )
+    .unwrap();
+    let port = pushonce::store::free_loopback_port().unwrap();
+    let config = dir.path().join("pushonce.toml");
+    std::fs::write(
+        &config,
+        config_text(port, &redis.url(), dir.path(), sim_port),
+    )
+    .unwrap();
+    let host = WorkerProcess::serve(&config, &[("E2E_WECHAT_SECRET", "s3cret")]).unwrap();
+    let base = format!("http://127.0.0.1:{port}");
+    let client = reqwest::Client::new();
+    let ready = wait_until(Duration::from_secs(30), || {
+        let (client, url) = (client.clone(), format!("{base}/readyz"));
+        async move {
+            client
+                .get(url)
+                .send()
+                .await
+                .is_ok_and(|r| r.status().is_success())
+        }
+    })
+    .await;
+    assert!(
+        ready.is_ok(),
+        "the host never became ready; its log:\n{}",
+        host.log()
+    );
+
+    // 20% of sends fail retryably on every provider; 10% of SMS and app
+    // pushes are accepted and then the answer is cut off; one phone is in
+    // arrears (permanent: no SMS, an app push instead).
+    let arrears = "13800009999";
+    let faulty = |drop: f64, permanent: &[(&str, &str)]| Faults {
+        fail_5xx: 0.1,
+        fail_429: 0.1,
+        drop_after_accept: drop,
+        permanent: permanent
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+        ..Faults::default()
+    };
+    sim.set_faults("sms", faulty(0.1, &[(arrears, "isv.AMOUNT_NOT_ENOUGH")]));
+    sim.set_faults("app-push", faulty(0.1, &[]));
+    sim.set_faults("wechat", faulty(0.0, &[]));
+
+    let events = 20;
+    let mut task_ids = Vec::new();
+    for i in 0..events {
+        if i == events / 2 {
+            // The WeChat token expires mid-run: the plugin fetches a new one.
+            sim.expire_tokens();
+        }
+        let phone = if i == 7 {
+            arrears.to_string()
+        } else {
+            format!("1380000{i:04}")
+        };
+        let body = json!({
+            "biz_type": "ORDER_SHIPPED", "biz_id": format!("o-{i}"), "user_id": format!("u-{i}"),
+            "occurred_at": "2026-11-30T08:00:00Z", "template": "order_shipped",
+            "recipients": {"sms": phone, "wechat": format!("openid-{i}"), "app-push": format!("device-{i}")}
+        });
+        let answer: Value = client
+            .post(format!("{base}/v1/events"))
+            .json(&body)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        for r in answer["results"]
+            .as_array()
+            .unwrap_or_else(|| panic!("{answer}"))
+        {
+            assert_eq!(r["result"], "accepted", "{answer}");
+            task_ids.push(r["task_id"].as_str().unwrap().to_string());
+        }
+    }
+
+    // Wait until every task has ended its sending: sent, or failed for good
+    // (the arrears SMS) — none left queued, retrying or sending.
+    let settled = wait_until(Duration::from_secs(60), || {
+        let (client, base, ids) = (client.clone(), base.clone(), task_ids.clone());
+        async move {
+            for id in ids {
+                match get_json(&client, &format!("{base}/v1/tasks/{id}")).await {
+                    Some(t)
+                        if ["sent", "delivered", "failed"]
+                            .contains(&t["status"].as_str().unwrap_or("")) => {}
+                    _ => return false,
+                }
+            }
+            true
+        }
+    })
+    .await;
+    assert!(
+        settled.is_ok(),
+        "tasks not settled; stats {:?}; host log:\n{}",
+        sim.stats(),
+        host.log()
+    );
+
+    // At the receiving end: exactly one message per (provider, recipient).
+    let ledger = sim.ledger();
+    let per_recipient = |provider: &str| {
+        let mut counts: BTreeMap<String, usize> = BTreeMap::new();
+        for m in &ledger[provider] {
+            *counts.entry(m.recipient.clone()).or_default() += 1;
+        }
+        counts
+    };
+    let (sms, wechat, push) = (
+        per_recipient("sms"),
+        per_recipient("wechat"),
+        per_recipient("app-push"),
+    );
+    assert!(
+        sms.values()
+            .chain(wechat.values())
+            .chain(push.values())
+            .all(|&n| n == 1),
+        "a duplicate: sms {sms:?} wechat {wechat:?} push {push:?}"
+    );
+    assert_eq!(
+        sms.len(),
+        events - 1,
+        "every SMS but the arrears one: {sms:?}"
+    );
+    assert!(!sms.contains_key(arrears));
+    assert_eq!(wechat.len(), events, "{wechat:?}");
+    // One app push per event. The arrears event's fallback push derives the
+    // same key as that event's own app push (the key is per event and
+    // channel), so the fallback is a duplicate of it, not a second message.
+    assert_eq!(push.len(), events, "{push:?}");
+    let stats = sim.stats();
+    let faults: u64 = [
+        "sms.5xx",
+        "sms.429",
+        "wechat.5xx",
+        "wechat.429",
+        "app-push.5xx",
+        "app-push.429",
+    ]
+    .iter()
+    .map(|k| stats.get(*k).copied().unwrap_or(0))
+    .sum();
+    assert!(faults > 0, "faults were injected and retried: {stats:?}");
+    assert!(
+        stats.get("wechat.token").copied().unwrap_or(0) >= 2,
+        "the token was refreshed: {stats:?}"
     );
 }

@@ -108,6 +108,16 @@ async fn metrics_reflect_what_happened() {
         "{text}"
     );
 
+    // A refused reload (a policy file that does not parse) is counted.
+    std::fs::write(
+        host.policy_dir().join("broken.toml"),
+        "biz_type = \"X\"\nwindow = 24h\n",
+    )
+    .unwrap();
+    let a = host.post("/admin/reload", &json!({}), None).await.unwrap();
+    assert_eq!(a.status.as_u16(), 422, "{:?}", a.body);
+    std::fs::remove_file(host.policy_dir().join("broken.toml")).unwrap();
+
     // The dispatcher's outcomes: each accepted channel sent once, with its
     // send latency observed.
     let scrape = || async {
@@ -132,6 +142,10 @@ async fn metrics_reflect_what_happened() {
     assert_eq!(
         sample(&text, "pushonce_send_seconds_count{channel=\"sms\"}"),
         Some(1.0),
+        "{text}"
+    );
+    assert!(
+        sample(&text, "pushonce_policy_reload_refused_total").unwrap_or(0.0) >= 1.0,
         "{text}"
     );
     host.shutdown().await.unwrap();

@@ -11,7 +11,8 @@
 //! `pushonce_permit_seconds` (histogram of one pipelined accept), and at
 //! scrape `pushonce_retry_queue_depth`, `pushonce_failed_or_dead_tasks`,
 //! `pushonce_plugin_calls_total{plugin}`, `pushonce_plugin_failures_total{plugin}`,
-//! `pushonce_plugin_refusals_total{plugin}`, `pushonce_policy_generation`.
+//! `pushonce_plugin_refusals_total{plugin}`, `pushonce_policy_generation`;
+//! `route::live` counts `pushonce_policy_reload_refused_total`.
 //! For the dispatcher to emit (same facade, label `channel`):
 //! `pushonce_sent_total`, `pushonce_delivered_total`, `pushonce_failed_total`,
 //! `pushonce_retried_total`, `pushonce_fallback_total`, `pushonce_dead_total`,

@@ -184,6 +184,7 @@ impl Live {
                 Ok(generation)
             }
             Err(errors) => {
+                metrics::counter!("pushonce_policy_reload_refused_total").increment(1);
                 for e in &errors {
                     tracing::warn!(error = %e, "reload refused; the running policies stay in force");
                 }

@@ -372,6 +372,7 @@ async fn bench(args: &Args, tmp: &Path) -> anyhow::Result<()> {
     )
     .await?;
     let _ = live_cell.set(running.live().clone());
+    let (rss_started, _) = rss();
     let url = format!("http://{}", running.addr());
     let client: HttpClient = Client::builder(TokioExecutor::new()).build_http();
     eprintln!("host on {url}, simulator on {sim}, redis {redis_url}");
@@ -457,6 +458,7 @@ async fn bench(args: &Args, tmp: &Path) -> anyhow::Result<()> {
         note: "latency per pipeline".into(),
     });
 
+    let (rss_direct, _) = rss();
     // HTTP: accepted events/s and latency; the backlog is delivered between runs.
     let mut expected = delivered(&client, &sim).await?;
     let mut peak_one: f64 = 0.0;
@@ -714,7 +716,7 @@ async fn bench(args: &Args, tmp: &Path) -> anyhow::Result<()> {
         us(calls[calls.len() * 99 / 100])
     );
     println!(
-        "host RSS (in-process: the bench process = host + bench driver; load generator and simulator are separate): VmRSS {rss_now:.1} MiB now, VmHWM {rss_peak:.1} MiB peak, {rss_before:.1} MiB before the host started"
+        "host RSS (in-process: the bench process = host + bench driver; load generator and simulator are separate): {rss_before:.1} MiB before the host started; {rss_started:.1} MiB once it serves (all plugins loaded, idle); {rss_direct:.1} MiB after the direct permit runs; {rss_now:.1} MiB after all HTTP runs (VmHWM peak {rss_peak:.1} MiB)"
     );
     println!(
         "redis memory per open permit (permit + task hash + stream entry + event index): {per_permit:.0} bytes (used_memory delta / {n}); redis used_memory_rss now {:.1} MiB",

@@ -156,15 +156,28 @@ pub struct Task {
 impl Task {
     /// Builds a task from its hash fields; `None` if the hash is empty or malformed.
     pub fn from_fields(id: &str, fields: HashMap<String, String>) -> Option<Task> {
-        let get = |k: &str| fields.get(k).cloned().unwrap_or_default();
-        let num = |k: &str| fields.get(k).and_then(|v| v.parse::<u64>().ok());
+        // Fields no script reads are packed in `spec` (JSON) since the accept
+        // script was made cheaper; tasks written before carry them one by one.
+        let spec: serde_json::Map<String, serde_json::Value> = fields
+            .get("spec")
+            .and_then(|s| serde_json::from_str(s).ok())
+            .unwrap_or_default();
+        let field = |k: &str| -> Option<String> {
+            match spec.get(k) {
+                Some(serde_json::Value::String(s)) => Some(s.clone()),
+                Some(serde_json::Value::Bool(b)) => Some(if *b { "1" } else { "0" }.into()),
+                Some(v) if !v.is_null() => Some(v.to_string()),
+                _ => fields.get(k).cloned(),
+            }
+        };
+        let get = |k: &str| field(k).unwrap_or_default();
+        let num = |k: &str| field(k).and_then(|v| v.parse::<u64>().ok());
         let opt = |k: &str| fields.get(k).filter(|v| !v.is_empty()).cloned();
         let status = TaskStatus::parse(fields.get("status")?)?;
         let retry = RetryPolicy {
             max_attempts: num("retry_max_attempts").unwrap_or(5) as u32,
             initial: Duration::from_millis(num("retry_initial_ms").unwrap_or(2000)),
-            factor: fields
-                .get("retry_factor")
+            factor: field("retry_factor")
                 .and_then(|v| v.parse().ok())
                 .unwrap_or(2.0),
             max_delay: Duration::from_millis(num("retry_max_delay_ms").unwrap_or(300_000)),
@@ -193,5 +206,62 @@ impl Task {
             maybe_sent: get("maybe_sent") == "1",
             fields,
         })
+    }
+}
+
+#[cfg(test)]
+mod spec_tests {
+    use super::*;
+
+    fn fields(pairs: &[(&str, &str)]) -> HashMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn packed_spec_and_separate_fields_read_the_same() {
+        let packed = fields(&[
+            ("status", "queued"),
+            ("key", "k"),
+            ("retry_max_attempts", "7"),
+            (
+                "spec",
+                r#"{"channel":"sms","biz_type":"T","biz_id":"b","policy":"per-event","policy_version":"1.0.0","retry_initial_ms":1500,"retry_factor":1.5,"retry_max_delay_ms":60000,"retry_jitter":false}"#,
+            ),
+        ]);
+        let separate = fields(&[
+            ("status", "queued"),
+            ("key", "k"),
+            ("retry_max_attempts", "7"),
+            ("channel", "sms"),
+            ("biz_type", "T"),
+            ("biz_id", "b"),
+            ("policy", "per-event"),
+            ("policy_version", "1.0.0"),
+            ("retry_initial_ms", "1500"),
+            ("retry_factor", "1.5"),
+            ("retry_max_delay_ms", "60000"),
+            ("retry_jitter", "0"),
+        ]);
+        let a = Task::from_fields("3-1-x", packed).unwrap();
+        let b = Task::from_fields("3-1-x", separate).unwrap();
+        for t in [&a, &b] {
+            assert_eq!(t.channel, "sms");
+            assert_eq!((t.biz_type.as_str(), t.biz_id.as_str()), ("T", "b"));
+            assert_eq!(t.policy_name, "per-event");
+            assert_eq!(t.policy_version, "1.0.0");
+            assert_eq!(
+                t.retry,
+                RetryPolicy {
+                    max_attempts: 7,
+                    initial: Duration::from_millis(1500),
+                    factor: 1.5,
+                    max_delay: Duration::from_secs(60),
+                    jitter: false,
+                }
+            );
+        }
     }
 }

@@ -34,15 +34,15 @@ pub struct Args {
 }
 
 /// One row of the table.
-struct Row {
+pub(super) struct Row {
     /// What was measured.
-    what: String,
+    pub what: String,
     /// Permits (script calls) per second.
-    rate: f64,
+    pub rate: f64,
     /// Median latency in ms.
-    p50: f64,
+    pub p50: f64,
     /// 99th percentile latency in ms.
-    p99: f64,
+    pub p99: f64,
 }
 
 /// Run `pushonce bench permit`.
@@ -155,7 +155,7 @@ async fn bench(args: Args) -> anyhow::Result<()> {
 }
 
 /// Runs `n` accepts (in pipelines of `batch`) from `c` concurrent tasks; latency per call.
-async fn host_accepts(
+pub(super) async fn host_accepts(
     permits: &Permits,
     n: usize,
     c: usize,
@@ -217,7 +217,7 @@ async fn host_accepts(
 }
 
 /// A realistic accept of a unique key.
-fn request(tag: &str, i: usize) -> AcceptRequest {
+pub(super) fn request(tag: &str, i: usize) -> AcceptRequest {
     let biz_id = format!("o-{tag}{i}");
     let user = format!("u-{}", i % 100_000);
     AcceptRequest {
@@ -240,7 +240,12 @@ fn request(tag: &str, i: usize) -> AcceptRequest {
 
 /// redis-benchmark running the host's accept script by SHA with the
 /// benchmark's request shape; `__rand_int__` makes every key unique.
-fn redis_benchmark_accept(url: &str, n: usize, c: usize, permits: &Permits) -> anyhow::Result<Row> {
+pub(super) fn redis_benchmark_accept(
+    url: &str,
+    n: usize,
+    c: usize,
+    permits: &Permits,
+) -> anyhow::Result<Row> {
     let req = request("f__rand_int__", 0);
     let shard = permits.layout().shard_of(&req.key);
     let task_id = format!("{shard}-0-__rand_int__");
@@ -256,7 +261,7 @@ fn redis_benchmark_accept(url: &str, n: usize, c: usize, permits: &Permits) -> a
 }
 
 /// Runs redis-benchmark (a bare SET NX PX script) against the server behind `url`.
-fn redis_benchmark(url: &str, n: usize, c: usize, ns: &str) -> anyhow::Result<Row> {
+pub(super) fn redis_benchmark(url: &str, n: usize, c: usize, ns: &str) -> anyhow::Result<Row> {
     let command = [
         "EVAL".to_string(),
         "return redis.call('SET',KEYS[1],ARGV[1],'NX','PX',ARGV[2])".to_string(),
@@ -269,7 +274,12 @@ fn redis_benchmark(url: &str, n: usize, c: usize, ns: &str) -> anyhow::Result<Ro
 }
 
 /// Runs `redis-benchmark -n N -c C -P 1 -r 10^9 --csv <command…>`; returns its rate and latencies.
-fn run_redis_benchmark(url: &str, n: usize, c: usize, command: &[String]) -> anyhow::Result<Row> {
+pub(super) fn run_redis_benchmark(
+    url: &str,
+    n: usize,
+    c: usize,
+    command: &[String],
+) -> anyhow::Result<Row> {
     let mut cmd = Command::new("redis-benchmark");
     if let Some(path) = url
         .strip_prefix("redis+unix://")
@@ -317,11 +327,11 @@ fn run_redis_benchmark(url: &str, n: usize, c: usize, command: &[String]) -> any
     })
 }
 
-async fn used_memory(conn: &mut ConnectionManager) -> anyhow::Result<u64> {
+pub(super) async fn used_memory(conn: &mut ConnectionManager) -> anyhow::Result<u64> {
     Ok(info_field(conn, "memory", "used_memory").await?.parse()?)
 }
 
-async fn info_field(
+pub(super) async fn info_field(
     conn: &mut ConnectionManager,
     section: &str,
     name: &str,

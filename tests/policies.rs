@@ -181,12 +181,7 @@ async fn running(plugins: &[PathBuf], policy_text: &str) -> Running {
     let config = config(plugin_dir.path(), policy_dir.path(), &shared_data());
     let live = Arc::new(Live::load(Arc::new(config)).unwrap_or_else(|e| panic!("{e}")));
     let (tx, rx) = mpsc::channel(4);
-    let watch = watch_dirs(
-        &[plugin_dir.path(), policy_dir.path()],
-        Duration::from_millis(100),
-        tx.clone(),
-    )
-    .unwrap();
+    let watch = watch_dirs(&[plugin_dir.path(), policy_dir.path()], tx.clone()).unwrap();
     let mut corpus_event = event("u-7", 1_764_000_000_000, &[]);
     corpus_event.biz_type = "RESUME_VIEWED".into();
     corpus_event.biz_id = "r-42".into();

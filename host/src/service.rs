@@ -293,16 +293,12 @@ pub async fn start(
         })
     };
     let (triggers, trigger_rx) = mpsc::channel(4);
-    let watching = watch_dirs(
-        &[&config.plugin_dir, &config.policy_dir],
-        Duration::from_millis(300),
-        triggers.clone(),
-    )
-    .map_err(|e| {
-        ServiceError::Sender(format!(
-            "cannot watch the plugin and policy directories: {e}"
-        ))
-    })?;
+    let watching = watch_dirs(&[&config.plugin_dir, &config.policy_dir], triggers.clone())
+        .map_err(|e| {
+            ServiceError::Sender(format!(
+                "cannot watch the plugin and policy directories: {e}"
+            ))
+        })?;
     let reloading = tokio::spawn(reload_loop(reload.clone(), trigger_rx));
     let state = AppState {
         live: live.clone(),

@@ -1,14 +1,17 @@
-//! Reload triggers: the policy and plugin directories are watched (debounced
-//! file events, `notify`), and SIGHUP and the admin API can ask too. Every
-//! trigger lands in one channel consumed by `reload_loop`, so reloads never
-//! overlap and a burst of edits costs one reload.
+//! Reload triggers: the policy and plugin directories are watched (`notify`),
+//! and SIGHUP and the admin API can ask too. Every trigger lands in one
+//! channel consumed by `reload_loop`, so reloads never overlap; a file change
+//! waits a short settle time and then drains the channel, so a burst of edits
+//! costs one reload. Only events that change a directory's content count:
+//! a reload *reads* every plugin and policy file, and counting those opens
+//! would make each reload trigger the next.
 
 use super::Live;
 use super::live::Refusal;
 use crate::plugin::Event;
 use crate::send::BoxFuture;
-use notify_debouncer_mini::notify::{RecommendedWatcher, RecursiveMode};
-use notify_debouncer_mini::{DebounceEventResult, Debouncer, new_debouncer};
+use notify::event::ModifyKind;
+use notify::{EventKind, RecommendedWatcher, RecursiveMode, Watcher};
 use std::future::Future;
 use std::path::Path;
 use std::sync::Arc;
@@ -26,35 +29,46 @@ pub enum Trigger {
     Admin,
 }
 
+/// How long a file change waits for the rest of its burst before reloading.
+pub const SETTLE: Duration = Duration::from_millis(200);
+
 /// Keeps the directory watch alive; dropping it stops watching.
 pub struct DirWatch {
-    /// The debouncer thread and its watcher.
-    _debouncer: Debouncer<RecommendedWatcher>,
+    /// The watcher (its thread stops when it is dropped).
+    _watcher: RecommendedWatcher,
 }
 
-/// Watches `dirs` (not recursively) and sends `Trigger::FileChange` once per
-/// burst of changes, `debounce` after the last one.
+/// Whether an event changes what a directory holds (a file created,
+/// written, renamed or removed) — not an open, a read or a metadata touch.
+fn changes_content(kind: &EventKind) -> bool {
+    match kind {
+        EventKind::Create(_) | EventKind::Remove(_) => true,
+        EventKind::Modify(ModifyKind::Metadata(_)) => false,
+        EventKind::Modify(_) => true,
+        _ => false,
+    }
+}
+
+/// Watches `dirs` (not recursively) and sends `Trigger::FileChange` when
+/// their content changes.
 pub fn watch_dirs(
     dirs: &[&Path],
-    debounce: Duration,
     triggers: mpsc::Sender<Trigger>,
-) -> Result<DirWatch, notify_debouncer_mini::notify::Error> {
-    let mut debouncer = new_debouncer(debounce, move |result: DebounceEventResult| match result {
-        Ok(events) if !events.is_empty() => {
-            // A full channel already holds a pending reload: nothing is lost.
-            let _ = triggers.try_send(Trigger::FileChange);
+) -> Result<DirWatch, notify::Error> {
+    let mut watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
+        match event {
+            Ok(e) if changes_content(&e.kind) => {
+                // A full channel already holds a pending reload: nothing is lost.
+                let _ = triggers.try_send(Trigger::FileChange);
+            }
+            Ok(_) => {}
+            Err(e) => tracing::warn!(error = %e, "watching the policy/plugin directories failed"),
         }
-        Ok(_) => {}
-        Err(e) => tracing::warn!(error = %e, "watching the policy/plugin directories failed"),
     })?;
     for dir in dirs {
-        debouncer
-            .watcher()
-            .watch(dir, RecursiveMode::NonRecursive)?;
+        watcher.watch(dir, RecursiveMode::NonRecursive)?;
     }
-    Ok(DirWatch {
-        _debouncer: debouncer,
-    })
+    Ok(DirWatch { _watcher: watcher })
 }
 
 /// Runs one checked reload: what every trigger (file change, SIGHUP, admin
@@ -93,6 +107,9 @@ where
 /// up while a reload ran are coalesced into the next one.
 pub async fn reload_loop(reload: Reloader, mut triggers: mpsc::Receiver<Trigger>) {
     while let Some(trigger) = triggers.recv().await {
+        if trigger == Trigger::FileChange {
+            tokio::time::sleep(SETTLE).await;
+        }
         while triggers.try_recv().is_ok() {}
         match reload().await {
             Ok(generation) => tracing::info!(?trigger, generation, "reloaded"),

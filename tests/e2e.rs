@@ -71,32 +71,17 @@ settings = {{ {endpoint}, project = "e2e" }}
     )
 }
 
-async fn get_json(client: &reqwest::Client, url: &str) -> Option<Value> {
-    client.get(url).send().await.ok()?.json().await.ok()
-}
-
-#[tokio::test]
-async fn one_event_reaches_each_provider_once_and_an_edited_policy_is_used() {
-    let redis = RedisServer::start().await.unwrap();
-    let (sim, sim_port) = simulator().await;
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::create_dir_all(dir.path().join("policies")).unwrap();
-    let repo_policies = Path::new(env!("CARGO_MANIFEST_DIR")).join("../policies");
-    for entry in std::fs::read_dir(&repo_policies).unwrap() {
-        let path = entry.unwrap().path();
-        std::fs::copy(
-            &path,
-            dir.path().join("policies").join(path.file_name().unwrap()),
-        )
-        .unwrap();
-    }
+/// Starts `pushonce serve` on a free loopback port with the configuration of
+/// `config_text` in `dir` (its `policies/` already written), and waits until
+/// it is ready. Returns the process, its base URL and a client.
+async fn serve(
+    redis: &RedisServer,
+    dir: &Path,
+    sim_port: u16,
+) -> (WorkerProcess, String, reqwest::Client) {
     let port = pushonce::store::free_loopback_port().unwrap();
-    let config = dir.path().join("pushonce.toml");
-    std::fs::write(
-        &config,
-        config_text(port, &redis.url(), dir.path(), sim_port),
-    )
-    .unwrap();
+    let config = dir.join("pushonce.toml");
+    std::fs::write(&config, config_text(port, &redis.url(), dir, sim_port)).unwrap();
     let host = WorkerProcess::serve(&config, &[("E2E_WECHAT_SECRET", "s3cret")]).unwrap();
     let base = format!("http://127.0.0.1:{port}");
     let client = reqwest::Client::new();
@@ -116,6 +101,29 @@ async fn one_event_reaches_each_provider_once_and_an_edited_policy_is_used() {
         "the host never became ready; its log:\n{}",
         host.log()
     );
+    (host, base, client)
+}
+
+async fn get_json(client: &reqwest::Client, url: &str) -> Option<Value> {
+    client.get(url).send().await.ok()?.json().await.ok()
+}
+
+#[tokio::test]
+async fn one_event_reaches_each_provider_once_and_an_edited_policy_is_used() {
+    let redis = RedisServer::start().await.unwrap();
+    let (sim, sim_port) = simulator().await;
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(dir.path().join("policies")).unwrap();
+    let repo_policies = Path::new(env!("CARGO_MANIFEST_DIR")).join("../policies");
+    for entry in std::fs::read_dir(&repo_policies).unwrap() {
+        let path = entry.unwrap().path();
+        std::fs::copy(
+            &path,
+            dir.path().join("policies").join(path.file_name().unwrap()),
+        )
+        .unwrap();
+    }
+    let (host, base, client) = serve(&redis, dir.path(), sim_port).await;
 
     // The providers post delivery receipts to the host's receipts route at
     // once: a receipt may overtake the dispatcher's record of the send, and
@@ -293,32 +301,7 @@ async fn under_provider_faults_every_message_arrives_once_through_a_real_host_pr
         FAULTY_POLICY,
     )
     .unwrap();
-    let port = pushonce::store::free_loopback_port().unwrap();
-    let config = dir.path().join("pushonce.toml");
-    std::fs::write(
-        &config,
-        config_text(port, &redis.url(), dir.path(), sim_port),
-    )
-    .unwrap();
-    let host = WorkerProcess::serve(&config, &[("E2E_WECHAT_SECRET", "s3cret")]).unwrap();
-    let base = format!("http://127.0.0.1:{port}");
-    let client = reqwest::Client::new();
-    let ready = wait_until(Duration::from_secs(30), || {
-        let (client, url) = (client.clone(), format!("{base}/readyz"));
-        async move {
-            client
-                .get(url)
-                .send()
-                .await
-                .is_ok_and(|r| r.status().is_success())
-        }
-    })
-    .await;
-    assert!(
-        ready.is_ok(),
-        "the host never became ready; its log:\n{}",
-        host.log()
-    );
+    let (host, base, client) = serve(&redis, dir.path(), sim_port).await;
 
     // 20% of sends fail retryably on every provider; 10% of SMS and app
     // pushes are accepted and then the answer is cut off; one phone is in

@@ -4,104 +4,29 @@
 //! receipts come back through the API and settle the tasks. Also: an edited
 //! policy file is picked up by the running process and the next event uses it.
 
-use provider_sim::{Config, Faults, ReceiptConfig, SimState};
-use pushonce_tests::plugins::real_dir;
-use pushonce_tests::process::WorkerProcess;
+use provider_sim::{Faults, ReceiptConfig};
 use pushonce_tests::redis::RedisServer;
+use pushonce_tests::stack::{ServeConfig, ServeProcess, copy_dir, simulator};
 use pushonce_tests::wait_until;
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::Duration;
 
-/// The simulator, in this process, on a free loopback port.
-async fn simulator() -> (SimState, u16) {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let port = listener.local_addr().unwrap().port();
-    let state = SimState::new(Config::default());
-    tokio::spawn(provider_sim::run(
-        listener,
-        state.clone(),
-        std::future::pending(),
-    ));
-    (state, port)
-}
-
-fn config_text(listen: u16, redis: &str, dir: &Path, sim: u16) -> String {
-    let endpoint = format!("endpoint = \"http://127.0.0.1:{sim}\"");
-    let allowed = format!("allowed_hosts = [\"127.0.0.1:{sim}\"]");
-    format!(
-        r#"
-listen = "127.0.0.1:{listen}"
-redis_url = "{redis}"
-data_dir = "{data}"
-plugin_dir = "{plugins}"
-policy_dir = "{policies}"
-shards = 4
-workers = 4
-lease = "5s"
-
-[plugin_limits]
-instances = 64
-
-[channels.inbox]
-plugin = "inbox@^1"
-settings = {{ {endpoint} }}
-{allowed}
-
-[channels.sms]
-plugin = "sms@^1"
-settings = {{ {endpoint}, sign_name = "shop" }}
-{allowed}
-
-[channels.wechat]
-plugin = "wechat@^1"
-settings = {{ {endpoint}, app_id = "wx-test" }}
-secrets_from_env = {{ app_secret = "E2E_WECHAT_SECRET" }}
-{allowed}
-
-[channels.app-push]
-plugin = "app-push@^1"
-settings = {{ {endpoint}, project = "e2e" }}
-{allowed}
-"#,
-        data = dir.join("data").display(),
-        plugins = real_dir().display(),
-        policies = dir.join("policies").display(),
-    )
-}
-
-/// Starts `pushonce serve` on a free loopback port with the configuration of
-/// `config_text` in `dir` (its `policies/` already written), and waits until
-/// it is ready. Returns the process, its base URL and a client.
+/// Starts `pushonce serve` with its data and `policies/` under `dir` (the
+/// policies already written) and waits until it is ready. Returns the
+/// process, its base URL and a client.
 async fn serve(
     redis: &RedisServer,
     dir: &Path,
     sim_port: u16,
-) -> (WorkerProcess, String, reqwest::Client) {
-    let port = pushonce::store::free_loopback_port().unwrap();
-    let config = dir.join("pushonce.toml");
-    std::fs::write(&config, config_text(port, &redis.url(), dir, sim_port)).unwrap();
-    let host = WorkerProcess::serve(&config, &[("E2E_WECHAT_SECRET", "s3cret")]).unwrap();
-    let base = format!("http://127.0.0.1:{port}");
-    let client = reqwest::Client::new();
-    let ready = wait_until(Duration::from_secs(30), || {
-        let (client, url) = (client.clone(), format!("{base}/readyz"));
-        async move {
-            client
-                .get(url)
-                .send()
-                .await
-                .is_ok_and(|r| r.status().is_success())
-        }
-    })
-    .await;
-    assert!(
-        ready.is_ok(),
-        "the host never became ready; its log:\n{}",
-        host.log()
-    );
-    (host, base, client)
+) -> (ServeProcess, String, reqwest::Client) {
+    let config = ServeConfig::new(&redis.url(), sim_port);
+    let host = ServeProcess::start(&config, dir, &dir.join("policies"))
+        .await
+        .unwrap();
+    let base = host.base().to_string();
+    (host, base, reqwest::Client::new())
 }
 
 async fn get_json(client: &reqwest::Client, url: &str) -> Option<Value> {
@@ -113,16 +38,8 @@ async fn one_event_reaches_each_provider_once_and_an_edited_policy_is_used() {
     let redis = RedisServer::start().await.unwrap();
     let (sim, sim_port) = simulator().await;
     let dir = tempfile::tempdir().unwrap();
-    std::fs::create_dir_all(dir.path().join("policies")).unwrap();
     let repo_policies = Path::new(env!("CARGO_MANIFEST_DIR")).join("../policies");
-    for entry in std::fs::read_dir(&repo_policies).unwrap() {
-        let path = entry.unwrap().path();
-        std::fs::copy(
-            &path,
-            dir.path().join("policies").join(path.file_name().unwrap()),
-        )
-        .unwrap();
-    }
+    copy_dir(&repo_policies, &dir.path().join("policies")).unwrap();
     let (host, base, client) = serve(&redis, dir.path(), sim_port).await;
 
     // The providers post delivery receipts to the host's receipts route at

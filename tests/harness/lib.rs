@@ -2,10 +2,12 @@
 //! services (redis-server, host processes) on loopback and waits on conditions
 //! with deadlines instead of sleeping.
 
+pub mod chaos;
 pub mod host;
 pub mod plugins;
 pub mod process;
 pub mod redis;
+pub mod stack;
 
 use std::future::Future;
 use std::time::{Duration, Instant};

@@ -11,17 +11,21 @@ use anyhow::{Context, bail};
 
 use crate::wait_until;
 
-/// `<target>/debug/pushonce`, found from the test executable (`<target>/debug/deps/<test>`).
+/// `<target>/<profile>/pushonce`, found from the running executable: a test
+/// (`<target>/<profile>/deps/<test>`) or a program such as `chaos`
+/// (`<target>/<profile>/chaos`).
 pub fn pushonce_bin() -> anyhow::Result<PathBuf> {
     let exe = std::env::current_exe()?;
-    let profile_dir = exe
-        .parent()
-        .and_then(Path::parent)
-        .context("test executable has no profile directory")?;
+    let dir = exe.parent().context("the executable has no directory")?;
+    let profile_dir = if dir.file_name().is_some_and(|n| n == "deps") {
+        dir.parent().context("deps/ has no profile directory")?
+    } else {
+        dir
+    };
     let bin = profile_dir.join("pushonce");
     if !bin.exists() {
         bail!(
-            "{} is missing: build it first: cargo build --bin pushonce",
+            "{} is missing: build it first: cargo build --bin pushonce (with --release for a release program)",
             bin.display()
         );
     }
@@ -62,8 +66,10 @@ impl WorkerProcess {
     }
 
     fn start(mut cmd: Command, log: PathBuf) -> anyhow::Result<WorkerProcess> {
+        if !cmd.get_envs().any(|(k, _)| k == "RUST_LOG") {
+            cmd.env("RUST_LOG", "pushonce=debug,info");
+        }
         let child = cmd
-            .env("RUST_LOG", "pushonce=debug,info")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log)?)

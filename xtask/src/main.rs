@@ -7,6 +7,8 @@
 //! - `run`: `setup`, `plugins`, then the provider simulator on 127.0.0.1:9090
 //!   and the host with its defaults (`pushonce.toml`: embedded Redis, the
 //!   four channels pointing at the simulator).
+//! - `chaos`: `setup`, build `pushonce` and the `chaos` program in release,
+//!   then run it (arguments after `chaos` go to it; `--help` lists them).
 
 use anyhow::{Context, Result, bail};
 use std::path::{Path, PathBuf};
@@ -40,8 +42,24 @@ fn main() -> Result<()> {
             let dir = build_plugins(&root)?;
             run_service(&root, &dir, &args[1..])
         }
+        Some("chaos") => {
+            setup()?;
+            run(Command::new(cargo()).current_dir(&root).args([
+                "build",
+                "--release",
+                "-p",
+                "pushonce",
+                "--bin",
+                "pushonce",
+                "-p",
+                "pushonce-tests",
+                "--bin",
+                "chaos",
+            ]))?;
+            run(Command::new(root.join("target/release/chaos")).args(&args[1..]))
+        }
         _ => {
-            eprintln!("usage: cargo xtask <setup|plugins|test|run> [args...]");
+            eprintln!("usage: cargo xtask <setup|plugins|test|run|chaos> [args...]");
             std::process::exit(2);
         }
     }

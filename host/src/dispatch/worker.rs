@@ -109,6 +109,11 @@ fn field(v: Option<&Value>) -> String {
     }
 }
 
+/// Why a re-claimed task is held: its previous worker died mid-attempt and
+/// the channel can neither find out nor make a resend harmless.
+pub const RECLAIMED_REASON: &str =
+    "the worker holding the lease died mid-send; the provider may have the message";
+
 /// Handles one stream entry: begin, send, record. Never fails: a Redis error
 /// leaves the entry pending, to be re-claimed after a lease.
 pub(crate) async fn process(shared: &Shared, entry: &Entry) {
@@ -153,9 +158,6 @@ pub(crate) async fn process(shared: &Shared, entry: &Entry) {
         tracing::warn!(task = %entry.task_id, "lease ran out before sending; left pending");
         return;
     }
-    if attempt.reclaimed {
-        tracing::info!(task = %entry.task_id, attempt = attempt.number, "re-claimed from a dead worker");
-    }
     let msg = OutgoingMessage {
         task_id: attempt.task_id.clone(),
         idempotency_key: attempt.task.key.clone(),
@@ -163,6 +165,18 @@ pub(crate) async fn process(shared: &Shared, entry: &Entry) {
         attempt: attempt.number,
         payload: attempt.task.payload.clone(),
     };
+    if attempt.reclaimed {
+        // The worker that held the lease died mid-attempt: the provider may
+        // have the message. Decide as for an unknown outcome before sending.
+        tracing::info!(task = %entry.task_id, attempt = attempt.number, "re-claimed from a dead worker");
+        let verdict = with_lease(shared, &attempt, shared.sender.settle_unknown(&msg)).await;
+        if verdict != UnknownVerdict::Resend {
+            let reason = RECLAIMED_REASON.to_string();
+            let outcome = unknown(&attempt, reason, verdict);
+            record(shared, &attempt, &outcome, entry).await;
+            return;
+        }
+    }
     let sending = Instant::now();
     let result = with_lease(shared, &attempt, shared.sender.send(&msg)).await;
     metrics::histogram!("pushonce_send_seconds", "channel" => msg.channel.clone())

@@ -187,6 +187,12 @@ impl Sender for LedgerFileSender {
             outcome
         })
     }
+
+    /// The ledger plays a provider that honours the idempotency key as a
+    /// client reference (its lines carry the key), so a resend is harmless.
+    fn settle_unknown<'a>(&'a self, _msg: &'a OutgoingMessage) -> BoxFuture<'a, UnknownVerdict> {
+        Box::pin(async { UnknownVerdict::Resend })
+    }
 }
 
 /// What a task's channel sends: the contract between the API (which writes it

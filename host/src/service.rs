@@ -327,6 +327,7 @@ pub async fn start(
         reload,
         metrics: api::metrics::handle(),
     };
+    api::metrics::register_channels(config.channels.keys().map(String::as_str));
     let (stop, mut stop_rx) = watch::channel(false);
     let (dispatch_stop, dispatch_rx) = watch::channel(false);
     let dispatching = tokio::spawn(supervise(

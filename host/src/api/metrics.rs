@@ -43,6 +43,38 @@ pub const PLUGIN_REFUSALS: &str = "pushonce_plugin_refusals_total";
 /// Generation of the policies and plugins in force.
 pub const POLICY_GENERATION: &str = "pushonce_policy_generation";
 
+/// Counters labelled by `channel`, registered at zero for every configured
+/// channel when a host starts ([`register_channels`]), so dashboards and
+/// alert rules find every series from the first scrape (a `rate()` over a
+/// series that appears only at its first increment misses that increment).
+pub const PER_CHANNEL: &[&str] = &[
+    ACCEPTED,
+    DUPLICATES,
+    "pushonce_sent_total",
+    "pushonce_delivered_total",
+    "pushonce_failed_total",
+    "pushonce_retried_total",
+    "pushonce_resent_total",
+    "pushonce_unknown_total",
+    "pushonce_dead_total",
+    "pushonce_fallback_total",
+];
+
+/// Reloads refused (counted by `route::live`).
+pub const RELOAD_REFUSED: &str = "pushonce_policy_reload_refused_total";
+
+/// Registers every [`PER_CHANNEL`] counter of each channel, and the unlabelled
+/// counters, at zero (an increment by zero: a counter other code already
+/// counted keeps its value).
+pub fn register_channels<'a>(channels: impl IntoIterator<Item = &'a str>) {
+    metrics::counter!(RELOAD_REFUSED).increment(0);
+    for channel in channels {
+        for name in PER_CHANNEL {
+            metrics::counter!(*name, "channel" => channel.to_string()).increment(0);
+        }
+    }
+}
+
 /// Histogram buckets in seconds (0.25 ms .. 5 s).
 const BUCKETS: [f64; 14] = [
     0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0,

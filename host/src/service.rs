@@ -30,6 +30,7 @@ use crate::config::HostConfig;
 use crate::dispatch::{DispatchConfig, DispatchError, Dispatcher, default_consumer_name};
 use crate::permit::{PermitConfig, PermitError, Permits};
 use crate::plugin::Event;
+use crate::reconcile::Reconciler;
 use crate::route::Live;
 use crate::route::live::LiveError;
 use crate::route::watch::{Trigger, reload_loop, reloader, watch_dirs};
@@ -255,6 +256,8 @@ pub async fn start(
         PermitConfig {
             shards: config.shards,
             retention: config.task_retention,
+            check_sent_after: config.reconcile.sent_age,
+            check_unknown_after: config.reconcile.unknown_age,
             ..PermitConfig::default()
         },
     );
@@ -329,6 +332,11 @@ pub async fn start(
     };
     let (stop, mut stop_rx) = watch::channel(false);
     let (dispatch_stop, dispatch_rx) = watch::channel(false);
+    // The reconciler stops on the dispatcher's signal: both after the API.
+    let reconciling = tokio::spawn(
+        Reconciler::new(permits.clone(), sender.clone(), config.reconcile.clone())
+            .run(dispatch_rx.clone()),
+    );
     let dispatching = tokio::spawn(supervise(
         store.client().clone(),
         permits,
@@ -358,11 +366,13 @@ pub async fn start(
         tracing::info!("API stopped; stopping the dispatcher (attempts in flight finish)");
         let _ = dispatch_stop.send(true);
         let dispatched = dispatching.await;
+        let reconciled = reconciling.await;
         store.shutdown().await;
         served?;
         drop(watching);
         reloading.abort();
         dispatched??;
+        reconciled?;
         Ok(())
     });
     tracing::info!(%addr, "pushonce serving");

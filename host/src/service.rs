@@ -1,12 +1,13 @@
 //! The whole host assembled: configuration → Redis (a URL or the embedded
 //! server) → `Live` (plugins and policies) → `Permits` → `Dispatcher` (with a
-//! sender) → the HTTP API on a listener. [`start`] returns once the host
+//! sender) and `Reconciler` (checking through the same sender) → the HTTP
+//! API on a listener. [`start`] returns once the host
 //! serves, so tests run it in-process on `127.0.0.1:0`; `pushonce serve`
 //! calls it too.
 //!
 //! Shutdown is graceful and ordered: stop accepting connections, finish the
-//! requests in flight, then stop the dispatcher (its workers finish and
-//! record the attempts in flight, handing back nothing half-done), then stop
+//! requests in flight, then stop the dispatcher and the reconciler (attempts
+//! and checks in flight finish and are recorded, nothing half-done), then stop
 //! the embedded Redis (AOF flushed).
 //!
 //! Also the corpus of recent events: every accepted request's event is

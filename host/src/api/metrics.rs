@@ -17,6 +17,10 @@
 //! `pushonce_sent_total`, `pushonce_delivered_total`, `pushonce_failed_total`,
 //! `pushonce_retried_total`, `pushonce_fallback_total`, `pushonce_dead_total`,
 //! `pushonce_unknown_total`, and the histogram `pushonce_send_seconds`.
+//! The reconciler (`crate::reconcile`) emits
+//! `pushonce_reconcile_checks_total{channel,result}`,
+//! `pushonce_reconcile_gave_up_total{channel,status}`, and each pass the
+//! gauges `pushonce_reconcile_lag_seconds` and `pushonce_awaiting_tasks`.
 
 use std::sync::OnceLock;
 

@@ -6,8 +6,9 @@
 //! Every host instance runs one [`Reconciler`]. A pass goes shard by shard:
 //! `claim.lua` takes up to `batch` due entries of that shard's awaiting index
 //! and re-scores them to now + `check_timeout`, so no other instance takes
-//! them while this one checks; each task is then checked (at most
-//! [`CONCURRENT_CHECKS`] at once, each under `check_timeout`) and the
+//! them while this one checks; each task is then checked (claimed
+//! [`CONCURRENT_CHECKS`] at a time and checked at once, each under
+//! `check_timeout`, so no check outlives its claim) and the
 //! decision ([`decide`]) applied: `delivered` / `failed` through the receipt
 //! path ([`settle_from_provider`]: fallback first), otherwise
 //! `reconcile.lua`, fenced by the status the check started from and by the
@@ -22,7 +23,7 @@ pub mod decide;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::{Semaphore, watch};
+use tokio::sync::watch;
 use tokio::task::JoinSet;
 
 pub use decide::{Decision, decide};
@@ -42,7 +43,7 @@ pub const LAG_SECONDS: &str = "pushonce_reconcile_lag_seconds";
 /// Tasks in the awaiting indexes of every shard, at the last pass.
 pub const AWAITING_TASKS: &str = "pushonce_awaiting_tasks";
 
-/// Checks in flight at once in one reconciler.
+/// Checks in flight at once in one reconciler (also how many entries one claim takes).
 pub const CONCURRENT_CHECKS: usize = 8;
 
 /// What one pass did (for logs and tests).
@@ -107,47 +108,19 @@ impl Reconciler {
 
     /// One pass over every shard: claim the due entries of each, check them,
     /// apply the decisions; then update the lag and awaiting gauges.
+    ///
+    /// A shard is claimed [`CONCURRENT_CHECKS`] entries at a time and those
+    /// are checked at once, so every check starts right after its claim and
+    /// ends within its hold (`check_timeout`); up to `batch` per shard.
     pub async fn pass(&self) -> Result<PassReport, PermitError> {
         let s = &self.shared;
         let token = format!("{:016x}", rand::random::<u64>());
-        let slots = Arc::new(Semaphore::new(CONCURRENT_CHECKS));
-        let mut running = JoinSet::new();
         let mut report = PassReport::default();
         let mut failure = None;
         for shard in 0..s.permits.layout().shards() {
-            let pass = match s
-                .permits
-                .claim_checks(shard, s.config.batch, s.config.check_timeout, &token)
-                .await
-            {
-                Ok(p) => p,
-                Err(e) => {
-                    // The other shards still get their pass.
-                    failure = Some(e);
-                    continue;
-                }
-            };
-            report.awaiting += pass.awaiting;
-            report.lag = report.lag.max(pass.lag());
-            for claimed in pass.claimed {
-                report.checked += 1;
-                let Ok(slot) = slots.clone().acquire_owned().await else {
-                    break;
-                };
-                let (shared, token) = (self.shared.clone(), token.clone());
-                running.spawn(async move {
-                    let settled = shared.check(&claimed, &token).await;
-                    drop(slot);
-                    settled
-                });
-            }
-        }
-        while let Some(done) = running.join_next().await {
-            match done {
-                Ok(Ok(true)) => report.settled += 1,
-                Ok(Ok(false)) => {}
-                Ok(Err(e)) => failure = Some(e),
-                Err(e) => tracing::error!(error = %e, "a reconcile check panicked"),
+            // A failing shard does not stop the others' pass.
+            if let Err(e) = self.pass_shard(shard, &token, &mut report).await {
+                failure = Some(e);
             }
         }
         if let Some(e) = failure {
@@ -156,6 +129,53 @@ impl Reconciler {
         metrics::gauge!(LAG_SECONDS).set(report.lag.as_secs_f64());
         metrics::gauge!(AWAITING_TASKS).set(report.awaiting as f64);
         Ok(report)
+    }
+
+    async fn pass_shard(
+        &self,
+        shard: u16,
+        token: &str,
+        report: &mut PassReport,
+    ) -> Result<(), PermitError> {
+        let s = &self.shared;
+        let mut taken = 0;
+        let mut first = true;
+        while taken < s.config.batch {
+            let want = CONCURRENT_CHECKS.min(s.config.batch - taken);
+            let pass = s
+                .permits
+                .claim_checks(shard, want, s.config.check_timeout, token)
+                .await?;
+            if first {
+                report.awaiting += pass.awaiting;
+                report.lag = report.lag.max(pass.lag());
+                first = false;
+            }
+            let n = pass.claimed.len();
+            let mut running = JoinSet::new();
+            for claimed in pass.claimed {
+                let (shared, token) = (s.clone(), token.to_string());
+                running.spawn(async move { shared.check(&claimed, &token).await });
+            }
+            let mut failure = None;
+            while let Some(done) = running.join_next().await {
+                report.checked += 1;
+                match done {
+                    Ok(Ok(true)) => report.settled += 1,
+                    Ok(Ok(false)) => {}
+                    Ok(Err(e)) => failure = Some(e),
+                    Err(e) => tracing::error!(error = %e, "a reconcile check panicked"),
+                }
+            }
+            if let Some(e) = failure {
+                return Err(e);
+            }
+            taken += n;
+            if n < want {
+                break;
+            }
+        }
+        Ok(())
     }
 }
 

@@ -538,6 +538,32 @@ async fn a_claimed_check_is_exclusive_and_its_outcome_fenced() {
         .await
         .unwrap();
     assert_eq!(ready, 2, "the accept's entry and one requeue entry");
+
+    // Lost again: the reconciler does not re-queue a task twice.
+    let a = begin(&permits, &id, key, Duration::from_secs(5)).await;
+    let lost = Outcome::Unknown {
+        reason: "no answer again".into(),
+    };
+    permits.record(&a, &lost, None).await.unwrap();
+    let pass = permits
+        .claim_checks(shard, 10, hold, "tok-c")
+        .await
+        .unwrap();
+    assert_eq!(pass.claimed[0].requeues, 1, "{pass:?}");
+    let task = permits.task(&id).await.unwrap().unwrap();
+    assert!(
+        !permits
+            .settle_check(
+                &task,
+                TaskStatus::Unknown,
+                "tok-c",
+                &CheckAction::Requeue,
+                "absent"
+            )
+            .await
+            .unwrap()
+    );
+    assert_eq!(permits.awaiting_count(shard).await.unwrap(), 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -20,6 +20,8 @@ pub struct Claimed {
     pub status: TaskStatus,
     /// Checks claimed since it entered the index, this one included.
     pub checks: u32,
+    /// Times the reconciler re-queued it already (the provider never got it).
+    pub requeues: u32,
 }
 
 /// What one claim on one shard found and took.
@@ -108,6 +110,7 @@ impl Permits {
                         status: TaskStatus::parse(&text(e.get(1)))
                             .ok_or_else(|| unexpected("claim", &items))?,
                         checks: text(e.get(2)).parse().unwrap_or(0),
+                        requeues: text(e.get(3)).parse().unwrap_or(0),
                     })
                 })
                 .collect::<Result<Vec<_>, _>>()?,

@@ -3,7 +3,7 @@
 //! whole table is tested here; `mod.rs` applies the decision.
 
 use crate::config::ReconcileConfig;
-use crate::permit::{CheckAction, TaskStatus};
+use crate::permit::{CheckAction, Claimed, TaskStatus};
 use crate::send::Check;
 
 /// What to do with a checked task.
@@ -19,24 +19,25 @@ pub enum Decision {
     Act(CheckAction),
 }
 
-/// The decision for a task in `status` (`sent` or `unknown`) after check
-/// number `checks`, whose provider answered `check`. Never resends what the
-/// provider may have: only `unknown` + [`Check::Absent`] re-queues.
-pub fn decide(
-    status: TaskStatus,
-    check: &Check,
-    checks: u32,
-    config: &ReconcileConfig,
-) -> Decision {
+/// The decision for the `claimed` task (`sent` or `unknown`, after check
+/// number `claimed.checks`), whose provider answered `check`. Never resends
+/// what the provider may have: only `unknown` + [`Check::Absent`] re-queues,
+/// and only once per task (a provider that keeps losing the message is not
+/// retried for ever: the task is checked on, then `dead`).
+pub fn decide(claimed: &Claimed, check: &Check, config: &ReconcileConfig) -> Decision {
+    let (status, checks) = (claimed.status, claimed.checks);
     match (status, check) {
         (_, Check::Delivered) => Decision::Settle { delivered: true },
         (_, Check::Failed) => Decision::Settle { delivered: false },
         (TaskStatus::Unknown, Check::Accepted) => Decision::Act(CheckAction::Sent {
             provider_message_id: None,
         }),
-        (TaskStatus::Unknown, Check::Absent) => Decision::Act(CheckAction::Requeue),
-        // Pending, nothing to tell from, or a sent message the provider no
-        // longer knows (records expired): ask again later, a bounded number of times.
+        (TaskStatus::Unknown, Check::Absent) if claimed.requeues == 0 => {
+            Decision::Act(CheckAction::Requeue)
+        }
+        // Pending, nothing to tell from, a sent message the provider no
+        // longer knows (records expired), or lost again after its re-queue:
+        // ask again later, a bounded number of times.
         _ if checks >= config.max_checks => Decision::Act(if status == TaskStatus::Unknown {
             CheckAction::Dead
         } else {
@@ -51,6 +52,15 @@ mod tests {
     use super::*;
     use std::time::Duration;
 
+    fn claimed(status: TaskStatus, checks: u32) -> Claimed {
+        Claimed {
+            task_id: "3-1-x".into(),
+            status,
+            checks,
+            requeues: 0,
+        }
+    }
+
     fn config() -> ReconcileConfig {
         ReconcileConfig {
             max_checks: 3,
@@ -63,23 +73,32 @@ mod tests {
         let c = config();
         for status in [TaskStatus::Sent, TaskStatus::Unknown] {
             assert_eq!(
-                decide(status, &Check::Delivered, 1, &c),
+                decide(&claimed(status, 1), &Check::Delivered, &c),
                 Decision::Settle { delivered: true }
             );
             assert_eq!(
-                decide(status, &Check::Failed, 1, &c),
+                decide(&claimed(status, 1), &Check::Failed, &c),
                 Decision::Settle { delivered: false }
             );
         }
         assert_eq!(
-            decide(TaskStatus::Unknown, &Check::Accepted, 1, &c),
+            decide(&claimed(TaskStatus::Unknown, 1), &Check::Accepted, &c),
             Decision::Act(CheckAction::Sent {
                 provider_message_id: None
             })
         );
         assert_eq!(
-            decide(TaskStatus::Unknown, &Check::Absent, 1, &c),
+            decide(&claimed(TaskStatus::Unknown, 1), &Check::Absent, &c),
             Decision::Act(CheckAction::Requeue)
+        );
+        let again = Claimed {
+            requeues: 1,
+            ..claimed(TaskStatus::Unknown, 1)
+        };
+        assert_eq!(
+            decide(&again, &Check::Absent, &c),
+            Decision::Act(CheckAction::Later(Duration::from_secs(30))),
+            "re-queued once only"
         );
     }
 
@@ -88,24 +107,24 @@ mod tests {
         let c = config();
         let cannot = Check::CannotTell("no query".into());
         assert_eq!(
-            decide(TaskStatus::Sent, &Check::Accepted, 1, &c),
+            decide(&claimed(TaskStatus::Sent, 1), &Check::Accepted, &c),
             Decision::Act(CheckAction::Later(Duration::from_secs(30)))
         );
         assert_eq!(
-            decide(TaskStatus::Unknown, &cannot, 2, &c),
+            decide(&claimed(TaskStatus::Unknown, 2), &cannot, &c),
             Decision::Act(CheckAction::Later(Duration::from_secs(60)))
         );
         assert_eq!(
-            decide(TaskStatus::Sent, &Check::Absent, 2, &c),
+            decide(&claimed(TaskStatus::Sent, 2), &Check::Absent, &c),
             Decision::Act(CheckAction::Later(Duration::from_secs(60))),
             "a sent task is never re-queued"
         );
         assert_eq!(
-            decide(TaskStatus::Sent, &cannot, 3, &c),
+            decide(&claimed(TaskStatus::Sent, 3), &cannot, &c),
             Decision::Act(CheckAction::Untrack)
         );
         assert_eq!(
-            decide(TaskStatus::Unknown, &cannot, 3, &c),
+            decide(&claimed(TaskStatus::Unknown, 3), &cannot, &c),
             Decision::Act(CheckAction::Dead)
         );
     }

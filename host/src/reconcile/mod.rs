@@ -206,7 +206,7 @@ impl Shared {
         .unwrap_or_else(|_| Check::CannotTell("the check timed out".into()));
         metrics::counter!(CHECKS_TOTAL, "channel" => task.channel.clone(), "result" => check.label())
             .increment(1);
-        let decision = decide(claimed.status, &check, claimed.checks, &self.config);
+        let decision = decide(claimed, &check, &self.config);
         tracing::info!(task = %task.id, status = %claimed.status, checks = claimed.checks, ?check, ?decision, "reconcile check");
         let action = match decision {
             Decision::Settle { delivered } => {

@@ -8,7 +8,7 @@
 -- it) and `reconcile_checks` + 1. Entries whose task is no longer sent/unknown
 -- (or is gone) are dropped.
 -- Returns {now, score of the oldest entry or '', entries left in the index,
---          {{id, status, checks}, ...}}.
+--          {{id, status, checks, re-queues by the reconciler so far}, ...}}.
 local now = now_ms()
 local hold = tonumber(ARGV[2])
 local oldest = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
@@ -22,7 +22,8 @@ for _, id in ipairs(due) do
     redis.call('ZADD', KEYS[1], n2s(now + hold), id)
     local checks = redis.call('HINCRBY', task, 'reconcile_checks', 1)
     redis.call('HSET', task, 'check_token', ARGV[3])
-    taken[#taken + 1] = {id, status, checks}
+    local requeues = redis.call('HGET', task, 'reconcile_requeues') or '0'
+    taken[#taken + 1] = {id, status, checks, requeues}
   else
     redis.call('ZREM', KEYS[1], id)
   end

@@ -10,7 +10,8 @@
 --   sent    - unknown -> sent: the provider has it, no resend; a receipt or a
 --             check ARGV[5] ms later confirms delivery
 --   requeue - unknown -> queued: the provider never got it; one new ready
---             entry under the same key and task id (the dispatcher resends)
+--             entry under the same key and task id (the dispatcher resends);
+--             once per task: a second one is refused ({'fenced', 'requeued'})
 --   dead    - unknown -> dead: checks exhausted and nothing could tell; listed
 --             for operators, permit kept for the window (it may have been sent)
 -- ARGV[5] ms (see action), ARGV[6] retention ms, ARGV[7] permit grace ms,
@@ -52,6 +53,9 @@ if action == 'sent' then
   keep_index(KEYS[1], now, retention)
   await(KEYS[1], KEYS[3], id, now, after)
 elseif action == 'requeue' then
+  if tonumber(redis.call('HGET', KEYS[1], 'reconcile_requeues') or '0') >= 1 then
+    return {'fenced', 'requeued'}
+  end
   -- One more attempt at least, even if the unknown one was the last allowed.
   local attempts = tonumber(redis.call('HGET', KEYS[1], 'attempts') or '0')
   local max = tonumber(redis.call('HGET', KEYS[1], 'retry_max_attempts') or '1')

@@ -3,195 +3,20 @@
 //! by `build.rs`, the dispatcher sending through `PluginSender`. Counts are
 //! made at the receiving end — the simulator's ledger. Receipts come from the
 //! simulator itself, posted to a minimal route that calls `apply_receipts`.
+//! The setup is shared with `reconcile.rs` (`pushonce_tests::channels`).
 
-use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
-use provider_sim::{Delivery, Faults, ReceiptConfig, SimState};
+use provider_sim::{Delivery, Faults, ReceiptConfig};
 use pushonce::config::{ChannelConfig, OnUnknown};
-use pushonce::dispatch::{DispatchConfig, Dispatcher};
-use pushonce::permit::{AcceptRequest, Acceptance, PermitConfig, Permits, RetryPolicy, TaskStatus};
-use pushonce::plugin::PluginRegistry;
+use pushonce::permit::{Permits, TaskStatus};
 use pushonce::plugin::bindings::{Message, SendError};
+use pushonce::send::Fallback;
 use pushonce::send::plugin::PluginSender;
 use pushonce::send::receipts::{ReceiptError, ReceiptReport, apply_receipts};
-use pushonce::send::{Fallback, Payload};
-use pushonce_tests::plugins::{limits, real_dir};
-use pushonce_tests::redis::RedisServer;
+use pushonce_tests::channels::{DEADLINE, Env, channels, payload, sender, sim};
 use pushonce_tests::wait_until;
-use tokio::sync::watch;
-use tokio::task::JoinHandle;
-
-const DEADLINE: Duration = Duration::from_secs(30);
-
-/// The simulator, served on a free loopback port until dropped.
-struct Sim {
-    state: SimState,
-    addr: SocketAddr,
-    _stop: tokio::sync::oneshot::Sender<()>,
-}
-
-async fn sim() -> Sim {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let state = SimState::new(provider_sim::Config::default());
-    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-    tokio::spawn(provider_sim::run(listener, state.clone(), async {
-        let _ = rx.await;
-    }));
-    Sim {
-        state,
-        addr,
-        _stop: tx,
-    }
-}
-
-/// The four channel instances, pointing at the simulator, allowed by IP literal.
-fn channels(addr: SocketAddr) -> BTreeMap<String, ChannelConfig> {
-    let endpoint = format!("http://{addr}");
-    let mut out = BTreeMap::new();
-    for (name, extra) in [
-        ("inbox", vec![]),
-        ("sms", vec![("sign_name", "pushonce")]),
-        ("app-push", vec![("project", "pushonce-test")]),
-        ("wechat", vec![("app_id", "wx-test")]),
-    ] {
-        let mut c = ChannelConfig::new(&format!("{name}@^1"));
-        c.settings.insert("endpoint".into(), endpoint.clone());
-        for (k, v) in extra {
-            c.settings.insert(k.into(), v.into());
-        }
-        if name == "wechat" {
-            c.secrets_from_env
-                .insert("app_secret".into(), "TEST_WECHAT_SECRET".into());
-        }
-        c.allowed_hosts = vec![addr.to_string()];
-        c.call_timeout = Duration::from_secs(10);
-        out.insert(name.to_string(), c);
-    }
-    out
-}
-
-fn registry() -> Arc<PluginRegistry> {
-    let (registry, refused) = PluginRegistry::load_dir(&real_dir(), &limits(), None).unwrap();
-    assert!(refused.is_empty(), "refused: {refused:?}");
-    Arc::new(registry)
-}
-
-fn sender(channels: &BTreeMap<String, ChannelConfig>) -> PluginSender {
-    let registry = registry();
-    PluginSender::new(channels, Arc::new(move || registry.clone()), |var| {
-        (var == "TEST_WECHAT_SECRET").then(|| "s3cret".to_string())
-    })
-    .unwrap()
-}
-
-fn fast_retry() -> RetryPolicy {
-    RetryPolicy {
-        max_attempts: 12,
-        initial: Duration::from_millis(30),
-        factor: 1.5,
-        max_delay: Duration::from_millis(300),
-        jitter: true,
-    }
-}
-
-/// Redis, the simulator and a dispatcher sending through the plugins.
-struct Env {
-    _redis: RedisServer,
-    sim: Sim,
-    permits: Permits,
-    stop: watch::Sender<bool>,
-    handle: JoinHandle<()>,
-}
-
-impl Env {
-    async fn start(tweak: impl FnOnce(&mut BTreeMap<String, ChannelConfig>)) -> Env {
-        let redis = RedisServer::start().await.unwrap();
-        let sim = sim().await;
-        let mut chans = channels(sim.addr);
-        tweak(&mut chans);
-        let permits = redis.permits(PermitConfig::default()).await.unwrap();
-        permits.prepare().await.unwrap();
-        let (stop, rx) = watch::channel(false);
-        let dispatcher = Dispatcher::new(
-            redis.client(),
-            permits.clone(),
-            Arc::new(sender(&chans)),
-            DispatchConfig {
-                workers: 8,
-                lease: Duration::from_secs(5),
-                block: Duration::from_millis(100),
-                promote_every: Duration::from_millis(20),
-                ..DispatchConfig::default()
-            },
-            rx,
-        );
-        let handle = tokio::spawn(async move { dispatcher.run().await.unwrap() });
-        Env {
-            _redis: redis,
-            sim,
-            permits,
-            stop,
-            handle,
-        }
-    }
-
-    async fn stop(self) {
-        let _ = self.stop.send(true);
-        tokio::time::timeout(Duration::from_secs(10), self.handle)
-            .await
-            .expect("dispatcher stops")
-            .unwrap();
-    }
-
-    async fn accept(&self, channel: &str, key: &str, payload: &Payload) -> String {
-        let req = AcceptRequest {
-            key: format!("push:per-event@1:{channel}:{key}"),
-            channel: channel.into(),
-            window: Duration::from_secs(3600),
-            biz_type: "ORDER_SHIPPED".into(),
-            biz_id: key.into(),
-            event_json: "{}".into(),
-            payload: serde_json::to_string(payload).unwrap(),
-            policy_name: "per-event".into(),
-            policy_version: "1.0.0".into(),
-            retry: fast_retry(),
-        };
-        match self.permits.accept(&req).await.unwrap() {
-            Acceptance::Accepted { task_id } => task_id,
-            other => panic!("not accepted: {other:?}"),
-        }
-    }
-
-    async fn status(&self, task: &str) -> Option<TaskStatus> {
-        self.permits.task(task).await.unwrap().map(|t| t.status)
-    }
-
-    async fn wait_status(&self, task: &str, want: TaskStatus) {
-        let ok = wait_until(DEADLINE, || async { self.status(task).await == Some(want) }).await;
-        if ok.is_err() {
-            let t = self.permits.task(task).await.unwrap();
-            panic!("task {task} never became {want}: {t:?}");
-        }
-    }
-
-    fn ledger(&self, provider: &str) -> Vec<provider_sim::Accepted> {
-        self.sim.state.ledger().remove(provider).unwrap_or_default()
-    }
-}
-
-fn payload(recipient: &str, template: &str) -> Payload {
-    Payload {
-        recipient: recipient.into(),
-        template: template.into(),
-        params: vec![("order".into(), "o-1".into())],
-        plugin: None,
-        fallback: None,
-    }
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_message_per_channel_reaches_the_provider_once() {

@@ -82,10 +82,12 @@ async fn the_dashboard_and_the_alert_rules_use_only_exported_series() {
             .unwrap()
     };
     wait_until(Duration::from_secs(20), || async {
-        metrics().await.contains("pushonce_send_seconds_bucket")
+        let text = metrics().await;
+        text.contains("pushonce_send_seconds_bucket")
+            && text.contains("pushonce_reconcile_lag_seconds")
     })
     .await
-    .expect("a send was recorded");
+    .expect("a send was recorded and the reconciler made a pass");
     let exported = metrics().await;
     let exported_names = names_in(&exported);
     let used = names_in(&exprs)

@@ -5,8 +5,8 @@
 use std::time::Duration;
 
 use pushonce::permit::{
-    AcceptRequest, Acceptance, Begin, Outcome, PermitConfig, PermitFate, Permits, Recorded,
-    RetryPolicy, TaskStatus,
+    AcceptRequest, Acceptance, Begin, CheckAction, Outcome, PermitConfig, PermitFate, Permits,
+    Recorded, Requeue, RetryPolicy, TaskStatus, shard_of_task,
 };
 use pushonce_tests::redis::RedisServer;
 use pushonce_tests::wait_until;
@@ -447,6 +447,182 @@ async fn an_unknown_outcome_holds_the_permit_until_a_receipt() {
     let task = permits.task(&id).await.unwrap().unwrap();
     assert_eq!(task.status, TaskStatus::Delivered);
     assert_eq!(task.provider_message_id.as_deref(), Some("p-9"));
+}
+
+/// A task accepted, attempted once and recorded `outcome`, on a permit
+/// layer whose awaiting entries are due at once.
+async fn recorded(permits: &Permits, key: &str, outcome: Outcome) -> String {
+    let id = accepted(
+        &permits
+            .accept(&request(key, Duration::from_secs(30)))
+            .await
+            .unwrap(),
+    );
+    let a = begin(permits, &id, key, Duration::from_secs(5)).await;
+    permits.record(&a, &outcome, None).await.unwrap();
+    id
+}
+
+fn due_at_once() -> PermitConfig {
+    PermitConfig {
+        check_sent_after: Duration::ZERO,
+        check_unknown_after: Duration::ZERO,
+        ..config()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claimed_check_is_exclusive_and_its_outcome_fenced() {
+    let server = RedisServer::start().await.unwrap();
+    let permits = server.permits(due_at_once()).await.unwrap();
+    let key = "awaiting-key";
+    let unknown = Outcome::Unknown {
+        reason: "timeout after send".into(),
+    };
+    let id = recorded(&permits, key, unknown).await;
+    let shard = shard_of_task(&id).unwrap();
+    let hold = Duration::from_secs(5);
+    let first = permits
+        .claim_checks(shard, 10, hold, "tok-a")
+        .await
+        .unwrap();
+    assert_eq!(first.claimed.len(), 1, "{first:?}");
+    assert_eq!(first.claimed[0].status, TaskStatus::Unknown);
+    assert_eq!(first.claimed[0].checks, 1);
+    assert_eq!(first.awaiting, 1);
+    // Held for the first claimant: another instance finds nothing due.
+    let second = permits
+        .claim_checks(shard, 10, hold, "tok-b")
+        .await
+        .unwrap();
+    assert!(second.claimed.is_empty(), "{second:?}");
+    let task = permits.task(&id).await.unwrap().unwrap();
+    // A stale token or a wrong status writes nothing.
+    for (from, token) in [(TaskStatus::Unknown, "tok-b"), (TaskStatus::Sent, "tok-a")] {
+        assert!(
+            !permits
+                .settle_check(&task, from, token, &CheckAction::Requeue, "absent")
+                .await
+                .unwrap()
+        );
+    }
+    // The claimant re-queues it, once.
+    for done in [true, false] {
+        assert_eq!(
+            permits
+                .settle_check(
+                    &task,
+                    TaskStatus::Unknown,
+                    "tok-a",
+                    &CheckAction::Requeue,
+                    "absent"
+                )
+                .await
+                .unwrap(),
+            done
+        );
+    }
+    let task = permits.task(&id).await.unwrap().unwrap();
+    assert_eq!(task.status, TaskStatus::Queued);
+    assert!(task.maybe_sent);
+    assert_eq!(task.retry.max_attempts, 5, "attempts left: {task:?}");
+    assert_eq!(permits.awaiting_count(shard).await.unwrap(), 0);
+    assert_eq!(permits.permit_owner(key).await.unwrap(), Some(id.clone()));
+    assert!(
+        permits.permit_ttl(key).await.unwrap().unwrap().is_some(),
+        "the permit has an expiry again"
+    );
+    let ready: u64 = redis::cmd("XLEN")
+        .arg(permits.layout().ready(shard))
+        .query_async(&mut permits.connection())
+        .await
+        .unwrap();
+    assert_eq!(ready, 2, "the accept's entry and one requeue entry");
+
+    // Lost again: the reconciler does not re-queue a task twice.
+    let a = begin(&permits, &id, key, Duration::from_secs(5)).await;
+    let lost = Outcome::Unknown {
+        reason: "no answer again".into(),
+    };
+    permits.record(&a, &lost, None).await.unwrap();
+    let pass = permits
+        .claim_checks(shard, 10, hold, "tok-c")
+        .await
+        .unwrap();
+    assert_eq!(pass.claimed[0].requeues, 1, "{pass:?}");
+    let task = permits.task(&id).await.unwrap().unwrap();
+    assert!(
+        !permits
+            .settle_check(
+                &task,
+                TaskStatus::Unknown,
+                "tok-c",
+                &CheckAction::Requeue,
+                "absent"
+            )
+            .await
+            .unwrap()
+    );
+    assert_eq!(permits.awaiting_count(shard).await.unwrap(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn receipts_and_checks_take_tasks_out_of_the_awaiting_index() {
+    let server = RedisServer::start().await.unwrap();
+    let permits = server.permits(due_at_once()).await.unwrap();
+    let sent = Outcome::Sent {
+        provider_message_id: "p-1".into(),
+    };
+    let a = recorded(&permits, "await-sent", sent).await;
+    let shard = shard_of_task(&a).unwrap();
+    assert_eq!(permits.awaiting_count(shard).await.unwrap(), 1);
+    assert!(permits.record_receipt(&a, true, None).await.unwrap());
+    assert_eq!(permits.awaiting_count(shard).await.unwrap(), 0);
+
+    // Unknown, nothing can tell: dead, listed, permit kept; requeue keeps the key.
+    let unknown = Outcome::Unknown {
+        reason: "no answer".into(),
+    };
+    let key = "await-dead";
+    let d = recorded(&permits, key, unknown).await;
+    let shard = shard_of_task(&d).unwrap();
+    let pass = permits
+        .claim_checks(shard, 10, Duration::from_secs(5), "t")
+        .await
+        .unwrap();
+    assert_eq!(pass.claimed.len(), 1);
+    let task = permits.task(&d).await.unwrap().unwrap();
+    assert!(
+        permits
+            .settle_check(
+                &task,
+                TaskStatus::Unknown,
+                "t",
+                &CheckAction::Dead,
+                "nothing can tell"
+            )
+            .await
+            .unwrap()
+    );
+    assert_eq!(
+        permits.task(&d).await.unwrap().map(|t| t.status),
+        Some(TaskStatus::Dead)
+    );
+    assert_eq!(permits.awaiting_count(shard).await.unwrap(), 0);
+    assert!(
+        permits
+            .dead_tasks(10)
+            .await
+            .unwrap()
+            .iter()
+            .any(|(id, _)| *id == d)
+    );
+    assert_eq!(permits.permit_owner(key).await.unwrap(), Some(d.clone()));
+    assert!(matches!(
+        permits.requeue(&d).await.unwrap(),
+        Requeue::Requeued { .. }
+    ));
+    assert_eq!(permits.permit_owner(key).await.unwrap(), Some(d.clone()));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

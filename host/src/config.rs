@@ -40,6 +40,86 @@ pub struct HostConfig {
     pub channels: BTreeMap<String, ChannelConfig>,
     /// Bearer tokens, by the names of the environment variables holding them.
     pub auth: AuthConfig,
+    /// The reconciler: when and how often tasks awaiting confirmation are checked.
+    pub reconcile: ReconcileConfig,
+}
+
+/// The reconciler (`[reconcile]`): tasks `sent` without a receipt, or
+/// `unknown`, are checked with the channel's status query once they are old
+/// enough, then again with backoff, a bounded number of times.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ReconcileConfig {
+    /// Pause between two passes over every shard's awaiting index.
+    #[serde(with = "humantime_serde")]
+    pub every: Duration,
+    /// A task `sent` this long ago without a receipt is checked.
+    #[serde(with = "humantime_serde")]
+    pub sent_age: Duration,
+    /// A task `unknown` this long is checked.
+    #[serde(with = "humantime_serde")]
+    pub unknown_age: Duration,
+    /// Checks of one task before the reconciler gives up: a `sent` task stays
+    /// `sent` and is no longer checked; an `unknown` one becomes `dead`
+    /// (listed for operators, its permit kept).
+    pub max_checks: u32,
+    /// Delay before the next check when a check could not settle the task.
+    pub backoff: ReconcileBackoff,
+    /// Most entries one pass claims per shard.
+    pub batch: usize,
+    /// Time budget of one check (the status query included); a claimed
+    /// entry is left to this instance for that long, so no other instance
+    /// checks the same task at the same time.
+    #[serde(with = "humantime_serde")]
+    pub check_timeout: Duration,
+}
+
+/// Exponential backoff between checks of one task, without jitter.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ReconcileBackoff {
+    /// Delay after the first check that could not settle the task.
+    #[serde(with = "humantime_serde")]
+    pub initial: Duration,
+    /// Each further delay is the previous one times this factor (at least 1).
+    pub factor: f64,
+    /// No delay is longer than this.
+    #[serde(with = "humantime_serde")]
+    pub max: Duration,
+}
+
+impl Default for ReconcileConfig {
+    fn default() -> Self {
+        ReconcileConfig {
+            every: Duration::from_secs(5),
+            sent_age: Duration::from_secs(600),
+            unknown_age: Duration::from_secs(30),
+            max_checks: 10,
+            backoff: ReconcileBackoff::default(),
+            batch: 100,
+            check_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+impl Default for ReconcileBackoff {
+    fn default() -> Self {
+        ReconcileBackoff {
+            initial: Duration::from_secs(30),
+            factor: 2.0,
+            max: Duration::from_secs(1800),
+        }
+    }
+}
+
+impl ReconcileBackoff {
+    /// The delay after check number `check` (1-based): `initial ·
+    /// factor^(check−1)`, capped at `max`.
+    pub fn delay_after(&self, check: u32) -> Duration {
+        let exp = check.saturating_sub(1).min(64) as i32;
+        let secs = self.initial.as_secs_f64() * self.factor.max(1.0).powi(exp);
+        Duration::from_secs_f64(secs.min(self.max.as_secs_f64()).max(0.0))
+    }
 }
 
 /// Budgets every plugin call runs under; a call over budget fails alone.
@@ -208,6 +288,7 @@ impl Default for HostConfig {
             plugin_limits: PluginLimits::default(),
             channels: BTreeMap::new(),
             auth: AuthConfig::default(),
+            reconcile: ReconcileConfig::default(),
         }
     }
 }
@@ -343,6 +424,22 @@ impl HostConfig {
         if self.plugin_limits.memory < bytesize::ByteSize::mib(1) {
             return Err(invalid("plugin_limits.memory", "must be at least 1 MiB"));
         }
+        let r = &self.reconcile;
+        if r.every < Duration::from_millis(10) {
+            return Err(invalid("reconcile.every", "must be at least 10ms"));
+        }
+        if r.max_checks == 0 {
+            return Err(invalid("reconcile.max_checks", "must be at least 1"));
+        }
+        if r.batch == 0 {
+            return Err(invalid("reconcile.batch", "must be at least 1"));
+        }
+        if r.check_timeout < Duration::from_millis(100) {
+            return Err(invalid("reconcile.check_timeout", "must be at least 100ms"));
+        }
+        if r.backoff.factor.is_nan() || r.backoff.factor < 1.0 {
+            return Err(invalid("reconcile.backoff.factor", "must be at least 1.0"));
+        }
         if let Some(url) = &self.redis_url {
             let known = ["redis://", "rediss://", "redis+unix://", "unix://"];
             if !known.iter().any(|p| url.starts_with(p)) {
@@ -460,6 +557,34 @@ mod tests {
             ..HostConfig::default()
         };
         assert!(c.check().unwrap_err().to_string().starts_with("shards:"));
+        let mut c = HostConfig::default();
+        c.reconcile.max_checks = 0;
+        let err = c.check().unwrap_err().to_string();
+        assert!(err.starts_with("reconcile.max_checks:"), "{err}");
+    }
+
+    #[test]
+    fn reconcile_table_reads_durations_and_refuses_unknown_keys() {
+        let c = HostConfig::parse(
+            Path::new("pushonce.toml"),
+            "[reconcile]\nunknown_age = \"2s\"\nmax_checks = 3\n[reconcile.backoff]\ninitial = \"1s\"\n",
+        )
+        .unwrap();
+        assert_eq!(c.reconcile.unknown_age, Duration::from_secs(2));
+        assert_eq!(c.reconcile.max_checks, 3);
+        assert_eq!(
+            c.reconcile.sent_age,
+            Duration::from_secs(600),
+            "default kept"
+        );
+        let b = &c.reconcile.backoff;
+        assert_eq!(b.delay_after(1), Duration::from_secs(1));
+        assert_eq!(b.delay_after(3), Duration::from_secs(4));
+        assert_eq!(b.delay_after(40), b.max);
+        let err = HostConfig::parse(Path::new("pushonce.toml"), "[reconcile]\nevery_ = \"1s\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(err.starts_with("pushonce.toml:2: "), "{err}");
     }
 }
 

@@ -12,6 +12,7 @@ pub mod derive;
 pub mod dispatch;
 pub mod permit;
 pub mod plugin;
+pub mod reconcile;
 pub mod route;
 pub mod send;
 pub mod service;

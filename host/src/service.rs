@@ -1,12 +1,13 @@
 //! The whole host assembled: configuration → Redis (a URL or the embedded
 //! server) → `Live` (plugins and policies) → `Permits` → `Dispatcher` (with a
-//! sender) → the HTTP API on a listener. [`start`] returns once the host
+//! sender) and `Reconciler` (checking through the same sender) → the HTTP
+//! API on a listener. [`start`] returns once the host
 //! serves, so tests run it in-process on `127.0.0.1:0`; `pushonce serve`
 //! calls it too.
 //!
 //! Shutdown is graceful and ordered: stop accepting connections, finish the
-//! requests in flight, then stop the dispatcher (its workers finish and
-//! record the attempts in flight, handing back nothing half-done), then stop
+//! requests in flight, then stop the dispatcher and the reconciler (attempts
+//! and checks in flight finish and are recorded, nothing half-done), then stop
 //! the embedded Redis (AOF flushed).
 //!
 //! Also the corpus of recent events: every accepted request's event is
@@ -30,6 +31,7 @@ use crate::config::HostConfig;
 use crate::dispatch::{DispatchConfig, DispatchError, Dispatcher, default_consumer_name};
 use crate::permit::{PermitConfig, PermitError, Permits};
 use crate::plugin::Event;
+use crate::reconcile::Reconciler;
 use crate::route::Live;
 use crate::route::live::LiveError;
 use crate::route::watch::{Trigger, reload_loop, reloader, watch_dirs};
@@ -255,6 +257,8 @@ pub async fn start(
         PermitConfig {
             shards: config.shards,
             retention: config.task_retention,
+            check_sent_after: config.reconcile.sent_age,
+            check_unknown_after: config.reconcile.unknown_age,
             ..PermitConfig::default()
         },
     );
@@ -330,6 +334,11 @@ pub async fn start(
     api::metrics::register_channels(config.channels.keys().map(String::as_str));
     let (stop, mut stop_rx) = watch::channel(false);
     let (dispatch_stop, dispatch_rx) = watch::channel(false);
+    // The reconciler stops on the dispatcher's signal: both after the API.
+    let reconciling = tokio::spawn(
+        Reconciler::new(permits.clone(), sender.clone(), config.reconcile.clone())
+            .run(dispatch_rx.clone()),
+    );
     let dispatching = tokio::spawn(supervise(
         store.client().clone(),
         permits,
@@ -359,11 +368,13 @@ pub async fn start(
         tracing::info!("API stopped; stopping the dispatcher (attempts in flight finish)");
         let _ = dispatch_stop.send(true);
         let dispatched = dispatching.await;
+        let reconciled = reconciling.await;
         store.shutdown().await;
         served?;
         drop(watching);
         reloading.abort();
         dispatched??;
+        reconciled?;
         Ok(())
     });
     tracing::info!(%addr, "pushonce serving");

@@ -383,6 +383,18 @@ pub async fn run(
     serve.shards = SHARDS;
     serve.workers = 16;
     serve.lease = "3s".into();
+    // The reconciler checks quickly, so held tasks reach `dead` within a run
+    // and sends whose receipt was lost (posted to a killed instance) are
+    // confirmed by a status query.
+    serve.extra = r#"
+[reconcile]
+every = "1s"
+sent_age = "5s"
+unknown_age = "2s"
+max_checks = 3
+backoff = { initial = "1s", factor = 2.0, max = "4s" }
+"#
+    .into();
     let mut hosts = Vec::new();
     for i in 0..config.instances.max(1) {
         hosts.push(

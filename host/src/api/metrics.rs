@@ -17,6 +17,10 @@
 //! `pushonce_sent_total`, `pushonce_delivered_total`, `pushonce_failed_total`,
 //! `pushonce_retried_total`, `pushonce_fallback_total`, `pushonce_dead_total`,
 //! `pushonce_unknown_total`, and the histogram `pushonce_send_seconds`.
+//! The reconciler (`crate::reconcile`) emits
+//! `pushonce_reconcile_checks_total{channel,result}`,
+//! `pushonce_reconcile_gave_up_total{channel,status}`, and each pass the
+//! gauges `pushonce_reconcile_lag_seconds` and `pushonce_awaiting_tasks`.
 
 use std::sync::OnceLock;
 
@@ -71,6 +75,14 @@ pub fn register_channels<'a>(channels: impl IntoIterator<Item = &'a str>) {
     for channel in channels {
         for name in PER_CHANNEL {
             metrics::counter!(*name, "channel" => channel.to_string()).increment(0);
+        }
+        for result in crate::send::Check::LABELS {
+            metrics::counter!(crate::reconcile::CHECKS_TOTAL, "channel" => channel.to_string(), "result" => result)
+                .increment(0);
+        }
+        for status in ["sent", "unknown"] {
+            metrics::counter!(crate::reconcile::GAVE_UP_TOTAL, "channel" => channel.to_string(), "status" => status)
+                .increment(0);
         }
     }
 }

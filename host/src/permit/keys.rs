@@ -81,6 +81,15 @@ impl Layout {
         format!("{}:dead", self.tag(shard))
     }
 
+    /// The index of a shard's tasks awaiting confirmation (`sent` without a
+    /// receipt, or `unknown`), scored by when the reconciler's next check of
+    /// each is due (Redis clock, ms): `{po:3}:awaiting`. Written by
+    /// `record.lua`, `claim.lua` and `reconcile.lua`; an entry leaves it when
+    /// its task moves on (`receipt.lua`, `requeue.lua`, `reconcile.lua`).
+    pub fn awaiting(&self, shard: u16) -> String {
+        format!("{}:awaiting", self.tag(shard))
+    }
+
     /// The event index of a shard: `{po:3}:event:<biz_type>:<biz_id>`, the set of
     /// task ids of that event whose keys landed in this shard. An event's
     /// channels land in different shards, so finding all its tasks reads this
@@ -119,6 +128,7 @@ mod tests {
         assert!(layout.task(&id).unwrap().starts_with(&tag));
         assert!(layout.ready(shard).starts_with(&tag));
         assert!(layout.delayed(shard).starts_with(&tag));
+        assert!(layout.awaiting(shard).starts_with(&tag));
         assert_eq!(shard_of_task(&id), Some(shard));
     }
 

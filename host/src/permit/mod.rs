@@ -8,6 +8,7 @@
 //! checks the expected status and, for a worker, its lease token (fencing),
 //! and touches the permit only while the task owns it. See `docs/arch-redis.md`.
 
+pub mod awaiting;
 pub mod keys;
 pub mod scripts;
 pub mod task;
@@ -18,6 +19,7 @@ use std::time::Duration;
 use redis::Value;
 use redis::aio::ConnectionManager;
 
+pub use awaiting::{CheckAction, ClaimPass, Claimed};
 pub use keys::{Layout, shard_of_task};
 pub use task::{RetryPolicy, Task, TaskStatus};
 
@@ -55,6 +57,12 @@ pub struct PermitConfig {
     pub grace: Duration,
     /// Consumer group of the ready streams (default `pushonce`).
     pub group: String,
+    /// How long after it was recorded `sent` a task without a receipt is
+    /// first checked by the reconciler (`[reconcile] sent_age`, default 10 minutes).
+    pub check_sent_after: Duration,
+    /// How long after it was recorded `unknown` a task is first checked by
+    /// the reconciler (`[reconcile] unknown_age`, default 30 s).
+    pub check_unknown_after: Duration,
 }
 
 impl Default for PermitConfig {
@@ -65,6 +73,8 @@ impl Default for PermitConfig {
             retention: Duration::from_secs(7 * 24 * 3600),
             grace: Duration::from_secs(300),
             group: "pushonce".into(),
+            check_sent_after: Duration::from_secs(600),
+            check_unknown_after: Duration::from_secs(30),
         }
     }
 }
@@ -609,6 +619,7 @@ impl Permits {
             .key(self.layout.permit(&attempt.task.key))
             .key(self.layout.ready(shard))
             .key(self.layout.delayed(shard))
+            .key(self.layout.awaiting(shard))
             .arg(&attempt.task_id)
             .arg(&attempt.token)
             .arg(name)
@@ -619,6 +630,8 @@ impl Permits {
             .arg(delay)
             .arg(provider_id)
             .arg(reason)
+            .arg(ms(self.config.check_sent_after))
+            .arg(ms(self.config.check_unknown_after))
             .invoke_async(&mut self.conn.clone())
             .await?;
         let items = array(answer, "record")?;
@@ -649,9 +662,12 @@ impl Permits {
         let Some(key) = self.task_idempotency_key(&task_key).await? else {
             return Ok(false);
         };
+        let shard =
+            shard_of_task(task_id).ok_or_else(|| PermitError::BadTaskId(task_id.to_string()))?;
         let answer: Value = scripts::RECEIPT
             .key(&task_key)
             .key(self.layout.permit(&key))
+            .key(self.layout.awaiting(shard))
             .arg(task_id)
             .arg(if delivered { "delivered" } else { "failed" })
             .arg(ms(self.config.retention).max(1))
@@ -754,6 +770,7 @@ impl Permits {
             .key(self.layout.permit(&key))
             .key(self.layout.ready(shard))
             .key(self.layout.dead(shard))
+            .key(self.layout.awaiting(shard))
             .arg(task_id)
             .arg(ms(self.config.retention).max(1))
             .invoke_async(&mut self.conn.clone())

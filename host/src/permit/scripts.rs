@@ -31,9 +31,16 @@ pub static RECEIPT: LazyLock<Script> = LazyLock::new(|| script(include_str!("lua
 /// Send a failed or dead task again, owner-checked (`requeue.lua`).
 pub static REQUEUE: LazyLock<Script> = LazyLock::new(|| script(include_str!("lua/requeue.lua")));
 
+/// Take due entries of a shard's awaiting index for the reconciler (`claim.lua`).
+pub static CLAIM: LazyLock<Script> = LazyLock::new(|| script(include_str!("lua/claim.lua")));
+
+/// Apply what a reconciler check decided, fenced by its claim (`reconcile.lua`).
+pub static RECONCILE: LazyLock<Script> =
+    LazyLock::new(|| script(include_str!("lua/reconcile.lua")));
+
 /// Every script, for loading them all up front.
-pub fn all() -> [&'static Script; 7] {
+pub fn all() -> [&'static Script; 9] {
     [
-        &ACCEPT, &BEGIN, &EXTEND, &RECORD, &PROMOTE, &RECEIPT, &REQUEUE,
+        &ACCEPT, &BEGIN, &EXTEND, &RECORD, &PROMOTE, &RECEIPT, &REQUEUE, &CLAIM, &RECONCILE,
     ]
 }

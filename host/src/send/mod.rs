@@ -69,6 +69,39 @@ pub enum UnknownVerdict {
     Hold,
 }
 
+/// What a provider says, when asked later, about a message that was sent
+/// (or may have been): the reconciler's question.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Check {
+    /// Delivered to the user.
+    Delivered,
+    /// The provider has it, not delivered yet.
+    Accepted,
+    /// The provider had it, and delivery failed.
+    Failed,
+    /// The provider never got it: sending it (again) is not a duplicate.
+    Absent,
+    /// Nothing to tell from: no status query, or the query failed (the reason).
+    CannotTell(String),
+}
+
+impl Check {
+    /// Every [`Check::label`], for registering the series up front.
+    pub const LABELS: [&'static str; 5] =
+        ["delivered", "pending", "failed", "absent", "cannot_tell"];
+
+    /// A short name, for metrics labels: `delivered`, `pending`, `failed`, `absent`, `cannot_tell`.
+    pub fn label(&self) -> &'static str {
+        match self {
+            Check::Delivered => "delivered",
+            Check::Accepted => "pending",
+            Check::Failed => "failed",
+            Check::Absent => "absent",
+            Check::CannotTell(_) => "cannot_tell",
+        }
+    }
+}
+
 /// Sends one attempt. Object safe: the dispatcher holds an `Arc<dyn Sender>`.
 pub trait Sender: Send + Sync {
     /// Sends `msg` and classifies the result. Must not panic; every failure is an outcome.
@@ -80,6 +113,17 @@ pub trait Sender: Send + Sync {
     fn settle_unknown<'a>(&'a self, msg: &'a OutgoingMessage) -> BoxFuture<'a, UnknownVerdict> {
         let _ = msg;
         Box::pin(async { UnknownVerdict::Hold })
+    }
+
+    /// Asks the provider what became of `msg` (by its idempotency key and,
+    /// when known, the provider's id). Must not resend. The default cannot tell.
+    fn check<'a>(
+        &'a self,
+        msg: &'a OutgoingMessage,
+        provider_message_id: Option<&'a str>,
+    ) -> BoxFuture<'a, Check> {
+        let _ = (msg, provider_message_id);
+        Box::pin(async { Check::CannotTell("this sender has no status query".into()) })
     }
 }
 
@@ -107,6 +151,8 @@ pub struct Faults {
 pub struct LedgerFileSender {
     /// The ledger, opened for appending; the lock keeps lines whole.
     file: Mutex<File>,
+    /// Where the ledger is, read back by [`Sender::check`].
+    path: std::path::PathBuf,
     /// Faults to inject.
     faults: Faults,
 }
@@ -117,6 +163,7 @@ impl LedgerFileSender {
         let file = OpenOptions::new().create(true).append(true).open(path)?;
         Ok(LedgerFileSender {
             file: Mutex::new(file),
+            path: path.to_path_buf(),
             faults,
         })
     }
@@ -170,6 +217,26 @@ impl LedgerFileSender {
     }
 }
 
+impl LedgerFileSender {
+    /// What "the provider" has of `key`: a ledger line that took it (`sent`,
+    /// or `unknown` — taken, answer lost) means delivered; none, absent.
+    fn look_up(&self, key: &str) -> Check {
+        let text = match std::fs::read_to_string(&self.path) {
+            Ok(t) => t,
+            Err(e) => return Check::CannotTell(format!("cannot read the ledger: {e}")),
+        };
+        let took = text
+            .lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .any(|l| l["key"] == key && (l["outcome"] == "sent" || l["outcome"] == "unknown"));
+        if took {
+            Check::Delivered
+        } else {
+            Check::Absent
+        }
+    }
+}
+
 impl Sender for LedgerFileSender {
     fn send<'a>(&'a self, msg: &'a OutgoingMessage) -> BoxFuture<'a, SendOutcome> {
         Box::pin(async move {
@@ -192,6 +259,10 @@ impl Sender for LedgerFileSender {
     /// client reference (its lines carry the key), so a resend is harmless.
     fn settle_unknown<'a>(&'a self, _msg: &'a OutgoingMessage) -> BoxFuture<'a, UnknownVerdict> {
         Box::pin(async { UnknownVerdict::Resend })
+    }
+
+    fn check<'a>(&'a self, msg: &'a OutgoingMessage, _: Option<&'a str>) -> BoxFuture<'a, Check> {
+        Box::pin(async move { self.look_up(&msg.idempotency_key) })
     }
 }
 

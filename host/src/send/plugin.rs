@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use tokio::sync::Semaphore;
 
-use super::{BoxFuture, OutgoingMessage, Payload, SendOutcome, Sender, UnknownVerdict};
+use super::{BoxFuture, Check, OutgoingMessage, Payload, SendOutcome, Sender, UnknownVerdict};
 use crate::config::{ChannelConfig, OnUnknown};
 use crate::plugin::bindings::{Capabilities, DeliveryStatus, Message, SendError};
 use crate::plugin::channel::{ChannelCallError, ChannelInstance, ChannelSettings};
@@ -258,37 +258,79 @@ impl PluginSender {
         }
     }
 
-    async fn settle(&self, msg: &OutgoingMessage) -> UnknownVerdict {
-        let Some(rt) = self.channels.get(&msg.channel) else {
-            return UnknownVerdict::Hold;
-        };
+    /// The channel runtime and plugin instance of `msg` (pinned version when still loaded).
+    fn runtime_of(
+        &self,
+        msg: &OutgoingMessage,
+    ) -> Result<(&Arc<ChannelRuntime>, Arc<ChannelInstance>), InstanceError> {
+        let rt = self
+            .channels
+            .get(&msg.channel)
+            .ok_or_else(|| InstanceError::UnknownChannel(msg.channel.clone()))?;
         let pinned = serde_json::from_str::<Payload>(&msg.payload)
             .ok()
             .and_then(|p| p.plugin);
-        let Ok(inst) = rt.instance(&(self.registry)(), pinned.as_deref()) else {
-            return UnknownVerdict::Hold;
-        };
-        let caps = rt.capabilities_of(&inst).await;
-        if caps.can_query {
-            let _slot = rt.slots.acquire().await;
-            match inst.query(msg.idempotency_key.clone(), None).await {
-                Ok(a) => match a.value {
-                    Ok(DeliveryStatus::Delivered)
-                    | Ok(DeliveryStatus::Pending)
-                    | Ok(DeliveryStatus::Failed) => {
-                        return UnknownVerdict::Sent {
-                            provider_message_id: None,
-                        };
-                    }
-                    Ok(DeliveryStatus::Unknown) => return UnknownVerdict::Resend,
-                    Err(e) => {
-                        tracing::info!(task = %msg.task_id, error = ?e, "status query failed")
-                    }
-                },
-                Err(e) => tracing::warn!(task = %msg.task_id, error = %e, "status query failed"),
+        let inst = rt.instance(&(self.registry)(), pinned.as_deref())?;
+        Ok((rt, inst))
+    }
+
+    /// Asks the provider through the plugin's `query`, if it has one.
+    async fn query(
+        &self,
+        rt: &ChannelRuntime,
+        inst: &ChannelInstance,
+        msg: &OutgoingMessage,
+        provider_message_id: Option<&str>,
+    ) -> Check {
+        if !rt.capabilities_of(inst).await.can_query {
+            return Check::CannotTell(format!("channel {} has no status query", rt.name));
+        }
+        let _slot = rt.slots.acquire().await;
+        let answer = inst
+            .query(
+                msg.idempotency_key.clone(),
+                provider_message_id.map(str::to_string),
+            )
+            .await;
+        match answer {
+            Ok(a) => match a.value {
+                Ok(DeliveryStatus::Delivered) => Check::Delivered,
+                Ok(DeliveryStatus::Pending) => Check::Accepted,
+                Ok(DeliveryStatus::Failed) => Check::Failed,
+                Ok(DeliveryStatus::Unknown) => Check::Absent,
+                Err(e) => {
+                    tracing::info!(task = %msg.task_id, error = ?e, "status query failed");
+                    Check::CannotTell(format!("status query failed: {e:?}"))
+                }
+            },
+            Err(e) => {
+                tracing::warn!(task = %msg.task_id, error = %e, "status query failed");
+                Check::CannotTell(format!("status query failed: {e}"))
             }
         }
-        if caps.honours_reference {
+    }
+
+    async fn check_one(&self, msg: &OutgoingMessage, provider_message_id: Option<&str>) -> Check {
+        match self.runtime_of(msg) {
+            Ok((rt, inst)) => self.query(rt, &inst, msg, provider_message_id).await,
+            Err(e) => Check::CannotTell(e.to_string()),
+        }
+    }
+
+    async fn settle(&self, msg: &OutgoingMessage) -> UnknownVerdict {
+        let Ok((rt, inst)) = self.runtime_of(msg) else {
+            return UnknownVerdict::Hold;
+        };
+        match self.query(rt, &inst, msg, None).await {
+            Check::Delivered | Check::Accepted | Check::Failed => {
+                return UnknownVerdict::Sent {
+                    provider_message_id: None,
+                };
+            }
+            Check::Absent => return UnknownVerdict::Resend,
+            Check::CannotTell(_) => {}
+        }
+        if rt.capabilities_of(&inst).await.honours_reference {
             return UnknownVerdict::Resend;
         }
         match rt.on_unknown {
@@ -389,5 +431,13 @@ impl Sender for PluginSender {
 
     fn settle_unknown<'a>(&'a self, msg: &'a OutgoingMessage) -> BoxFuture<'a, UnknownVerdict> {
         Box::pin(self.settle(msg))
+    }
+
+    fn check<'a>(
+        &'a self,
+        msg: &'a OutgoingMessage,
+        provider_message_id: Option<&'a str>,
+    ) -> BoxFuture<'a, Check> {
+        Box::pin(self.check_one(msg, provider_message_id))
     }
 }

@@ -12,7 +12,7 @@
 
 use super::Payload;
 use super::plugin::{InstanceError, PluginSender};
-use crate::permit::{PermitError, Permits, TaskStatus};
+use crate::permit::{PermitError, Permits, Task, TaskStatus};
 use crate::plugin::bindings::DeliveryStatus;
 
 /// Why a callback could not be applied (a 4xx for the provider, or a 5xx
@@ -119,32 +119,63 @@ pub async fn apply_receipts(
                 continue;
             }
         }
-        if !delivered {
-            // Fallback first: if the host dies between the two writes, the
-            // callback's retry finds the task still `sent` and does both again;
-            // the second accept is a duplicate, not a second task.
-            if let Some(fb) = serde_json::from_str::<Payload>(&task.payload)
-                .ok()
-                .and_then(|p| p.fallback)
-            {
-                crate::dispatch::fallback::accept_fallback(permits, &task, &fb).await?;
-                metrics::counter!("pushonce_fallback_total", "channel" => channel.to_string())
-                    .increment(1);
-                report.fallbacks += 1;
-            }
-        }
         let pmid = (id != task.key).then_some(id.as_str());
-        if permits.record_receipt(&task.id, delivered, pmid).await? {
-            let name = if delivered {
-                "pushonce_delivered_total"
-            } else {
-                "pushonce_failed_after_accept_total"
-            };
-            metrics::counter!(name, "channel" => channel.to_string()).increment(1);
+        let settled = settle_from_provider(permits, &task, delivered, pmid).await?;
+        if settled.fallback {
+            report.fallbacks += 1;
+        }
+        if settled.updated {
             report.updated += 1;
         } else {
             report.ignored += 1;
         }
     }
     Ok(report)
+}
+
+/// What [`settle_from_provider`] did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Settled {
+    /// The task was `sent`/`unknown` and is now `delivered` or `failed`.
+    pub updated: bool,
+    /// A fallback task was accepted (or found already accepted).
+    pub fallback: bool,
+}
+
+/// Settles a `sent` or `unknown` task from what its provider said (a receipt
+/// or a status query): `delivered`, or `failed` after the provider accepted
+/// it — then the payload's fallback is accepted first (idempotent: if the
+/// host dies between the two writes, the next receipt or check finds the task
+/// still `sent` and does both again; the second accept is a duplicate, not a
+/// second task), and only then the failure recorded.
+pub async fn settle_from_provider(
+    permits: &Permits,
+    task: &Task,
+    delivered: bool,
+    provider_message_id: Option<&str>,
+) -> Result<Settled, PermitError> {
+    let mut settled = Settled::default();
+    if !delivered
+        && let Some(fb) = serde_json::from_str::<Payload>(&task.payload)
+            .ok()
+            .and_then(|p| p.fallback)
+    {
+        crate::dispatch::fallback::accept_fallback(permits, task, &fb).await?;
+        metrics::counter!("pushonce_fallback_total", "channel" => task.channel.clone())
+            .increment(1);
+        settled.fallback = true;
+    }
+    if permits
+        .record_receipt(&task.id, delivered, provider_message_id)
+        .await?
+    {
+        let name = if delivered {
+            "pushonce_delivered_total"
+        } else {
+            "pushonce_failed_after_accept_total"
+        };
+        metrics::counter!(name, "channel" => task.channel.clone()).increment(1);
+        settled.updated = true;
+    }
+    Ok(settled)
 }

@@ -12,7 +12,9 @@
 //! - `inbox`: the business's own in-site message service (`/inbox/v1/messages`,
 //!   `Idempotency-Key` header, status by key).
 //!
-//! Faults are injected per provider through `POST /_sim/faults`; `GET /_sim/ledger`
+//! Faults are injected per provider through `POST /_sim/faults` (server
+//! errors, rate limits, answers cut off after or *before* accepting, slow
+//! answers, permanent refusals, failing status queries); `GET /_sim/ledger`
 //! lists every message each provider accepted. A resend carrying an already
 //! accepted client reference is answered with the first message's id and is
 //! not a second ledger entry.
@@ -58,6 +60,15 @@ pub struct Faults {
     pub fail_429: f64,
     /// Share of sends accepted, whose answer is then cut off mid-response.
     pub drop_after_accept: f64,
+    /// Share of sends cut off *without* being accepted: the client sees the
+    /// same broken answer as `drop_after_accept` (an unknown outcome), but
+    /// the provider never got the message (no ledger entry).
+    pub drop_before_accept: f64,
+    /// Status queries (SMS `QuerySendDetails`, inbox `GET`) answer a server
+    /// error while true.
+    pub fail_queries: bool,
+    /// The next N status queries answer a server error.
+    pub fail_queries_next: u32,
     /// The next N sends get a server error, whatever the rates say.
     pub fail_next: u32,
     /// Delay before answering any send, in milliseconds.
@@ -296,6 +307,8 @@ enum Verdict {
     Permanent(String),
     /// Accept (or replay); `drop` cuts the answer off.
     Accept { drop: bool },
+    /// Cut the answer off without accepting.
+    DropBeforeAccept,
 }
 
 impl Sim {
@@ -321,6 +334,8 @@ impl Sim {
                 Verdict::ServerError
             } else if x < f.fail_5xx + f.fail_429 {
                 Verdict::RateLimited
+            } else if x < f.fail_5xx + f.fail_429 + f.drop_before_accept {
+                Verdict::DropBeforeAccept
             } else {
                 let y: f64 = self.rng.random();
                 Verdict::Accept {
@@ -334,6 +349,7 @@ impl Sim {
             Verdict::Permanent(_) => "permanent",
             Verdict::Accept { drop: true } => "dropped_after_accept",
             Verdict::Accept { drop: false } => "accepted",
+            Verdict::DropBeforeAccept => "dropped_before_accept",
         };
         self.count(provider, outcome);
         verdict
@@ -415,6 +431,19 @@ impl Sim {
     fn find(&self, provider: &'static str, reference: &str) -> Option<&Accepted> {
         let i = *self.by_reference.get(&(provider, reference.to_string()))?;
         self.ledger.get(provider)?.get(i)
+    }
+
+    /// True if this status query of `provider` must fail (counted as `query_5xx`).
+    fn query_fails(&mut self, provider: &'static str) -> bool {
+        let Some(f) = self.faults.get_mut(provider) else {
+            return false;
+        };
+        let fail = f.fail_queries || f.fail_queries_next > 0;
+        f.fail_queries_next = f.fail_queries_next.saturating_sub(1);
+        if fail {
+            self.count(provider, "query_5xx");
+        }
+        fail
     }
 
     fn slow(&self, provider: &str) -> Duration {
@@ -526,6 +555,7 @@ async fn sms_send(State(state): State<SimState>, Json(req): Json<SmsSend>) -> Re
             "Code": code, "Message": "refused for this recipient", "RequestId": request_id
         }))
         .into_response(),
+        Verdict::DropBeforeAccept => cut_off(),
         Verdict::Accept { drop } => {
             let params = json!({"sign": req.sign_name, "params": req.template_param});
             let (id, _, job) =
@@ -547,7 +577,14 @@ struct SmsQuery {
 }
 
 async fn sms_query(State(state): State<SimState>, Json(req): Json<SmsQuery>) -> Response {
-    let sim = state.lock();
+    let mut sim = state.lock();
+    if sim.query_fails("sms") {
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            Json(json!({"Code": "ServiceUnavailable", "Message": "simulated query outage"})),
+        )
+            .into_response();
+    }
     let details: Vec<Value> = sim
         .find("sms", &req.out_id)
         .map(|m| {
@@ -628,6 +665,7 @@ async fn wechat_send(
             let code: i64 = code.parse().unwrap_or(43004);
             Json(json!({"errcode": code, "errmsg": "require subscribe"})).into_response()
         }
+        Verdict::DropBeforeAccept => cut_off(),
         Verdict::Accept { drop } => {
             let (id, _, job) = sim.accept("wechat", None, req.touser, req.template_id, req.data);
             state.spawn_receipt(job);
@@ -695,6 +733,7 @@ async fn push_send(
             "QUOTA_EXCEEDED",
         ),
         Verdict::Permanent(code) => fcm_error(StatusCode::NOT_FOUND, "NOT_FOUND", &code),
+        Verdict::DropBeforeAccept => cut_off(),
         Verdict::Accept { drop } => {
             let template = req
                 .message
@@ -766,6 +805,7 @@ async fn inbox_send(
             Json(json!({"error": code})),
         )
             .into_response(),
+        Verdict::DropBeforeAccept => cut_off(),
         Verdict::Accept { drop } => {
             let (id, replay, job) =
                 sim.accept("inbox", Some(key), req.user_id, req.template, req.params);
@@ -794,7 +834,15 @@ struct InboxQuery {
 }
 
 async fn inbox_query(State(state): State<SimState>, Query(q): Query<InboxQuery>) -> Response {
-    match state.lock().find("inbox", &q.idempotency_key) {
+    let mut sim = state.lock();
+    if sim.query_fails("inbox") {
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            Json(json!({"error": "simulated query outage"})),
+        )
+            .into_response();
+    }
+    match sim.find("inbox", &q.idempotency_key) {
         Some(m) => Json(json!({"id": m.id, "status": m.delivery.as_str()})).into_response(),
         None => (
             StatusCode::NOT_FOUND,

@@ -39,3 +39,10 @@ local function keep_index(task, now, retention)
     extend_or_set(ev, now + retention)
   end
 end
+
+-- Puts task `id` (hash `task`) in the awaiting index `awaiting`, due for a
+-- reconciler check `after` ms from `now`; the check count starts again.
+local function await(task, awaiting, id, now, after)
+  redis.call('ZADD', awaiting, n2s(now + after), id)
+  redis.call('HSET', task, 'awaiting_since', n2s(now), 'reconcile_checks', '0')
+end

@@ -1,9 +1,12 @@
 -- record: the outcome of an attempt, fenced by the lease token; acks the stream entry.
--- KEYS[1] task, KEYS[2] permit, KEYS[3] ready stream, KEYS[4] delayed zset
+-- KEYS[1] task, KEYS[2] permit, KEYS[3] ready stream, KEYS[4] delayed zset,
+-- KEYS[5] awaiting zset (tasks the reconciler checks, scored by when the next check is due)
 -- ARGV[1] task id, ARGV[2] lease token, ARGV[3] outcome (sent|retry|resend|unknown|failed|dead)
 -- (resend = retry after an unknown outcome: also marks the task maybe_sent)
 -- ARGV[4] stream entry id or '', ARGV[5] consumer group, ARGV[6] retention ms,
--- ARGV[7] permit grace ms, ARGV[8] retry delay ms, ARGV[9] provider message id, ARGV[10] reason
+-- ARGV[7] permit grace ms, ARGV[8] retry delay ms, ARGV[9] provider message id, ARGV[10] reason,
+-- ARGV[11] ms after which a sent task without receipt is checked,
+-- ARGV[12] ms after which an unknown task is checked
 -- Returns {'recorded', permit fate (kept|released|retaken|not_owner)} or {'fenced', status}.
 local id, token, outcome, entry = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local retention, grace = tonumber(ARGV[6]), tonumber(ARGV[7])
@@ -32,6 +35,8 @@ if outcome == 'sent' then
   end
   redis.call('PEXPIRE', KEYS[1], retention)
   keep_index(KEYS[1], now, retention)
+  -- Awaiting its receipt: the reconciler asks the provider if none comes.
+  await(KEYS[1], KEYS[5], id, now, tonumber(ARGV[11]))
 elseif outcome == 'retry' or outcome == 'resend' then
   if outcome == 'resend' then
     redis.call('HSET', KEYS[1], 'maybe_sent', '1')
@@ -52,6 +57,7 @@ elseif outcome == 'unknown' then
     redis.call('PERSIST', KEYS[2])
     fate = 'kept'
   end
+  await(KEYS[1], KEYS[5], id, now, tonumber(ARGV[12]))
 elseif outcome == 'failed' or outcome == 'dead' then
   redis.call('HSET', KEYS[1], 'status', outcome, 'last_error', ARGV[10],
     'finished_at', n2s(now), 'lease_token', '', 'updated_at', n2s(now))
@@ -78,5 +84,9 @@ elseif outcome == 'failed' or outcome == 'dead' then
   redis.call('ZREMRANGEBYSCORE', dead, '-inf', n2s(now - retention))
 else
   return redis.error_reply('unknown outcome ' .. outcome)
+end
+if outcome ~= 'sent' and outcome ~= 'unknown' then
+  -- Out of sent/unknown (a task the reconciler re-queued, sent again): not awaited.
+  redis.call('ZREM', KEYS[5], id)
 end
 return {'recorded', fate}

@@ -1,7 +1,7 @@
 -- requeue: an operator sends a failed or dead task again, under the same key
 -- and task id, owner-checked: the permit is re-taken if it is free or still
 -- owned by this task; if another task owns it, nothing changes.
--- KEYS[1] task, KEYS[2] permit, KEYS[3] ready stream, KEYS[4] dead zset
+-- KEYS[1] task, KEYS[2] permit, KEYS[3] ready stream, KEYS[4] dead zset, KEYS[5] awaiting zset
 -- ARGV[1] task id, ARGV[2] retention ms
 -- Returns {'requeued', attempts so far, new max attempts} | {'refused', owner id}
 --       | {'not_requeueable', status} | {'missing'}.
@@ -41,6 +41,7 @@ redis.call('HSET', KEYS[1], 'status', 'queued', 'retry_max_attempts', n2s(max),
 redis.call('PERSIST', KEYS[1])
 redis.call('XADD', KEYS[3], '*', 'task', id, 'key', redis.call('HGET', KEYS[1], 'key'))
 redis.call('ZREM', KEYS[4], id)
+redis.call('ZREM', KEYS[5], id)
 local ev = redis.call('HGET', KEYS[1], 'event_index')
 if ev and ev ~= '' then
   extend_or_set(ev, now + window + retention)

@@ -1,0 +1,89 @@
+-- reconcile: what one reconciler check of a sent or unknown task decided,
+-- fenced by the status the check started from and by its claim's token (a
+-- check that outlived its claim, or raced a receipt, writes nothing).
+-- Delivered / failed-after-accept go through receipt.lua instead.
+-- KEYS[1] task, KEYS[2] permit, KEYS[3] awaiting zset, KEYS[4] ready stream, KEYS[5] dead zset
+-- ARGV[1] task id, ARGV[2] check token, ARGV[3] expected status (sent|unknown),
+-- ARGV[4] action:
+--   later   - check again in ARGV[5] ms (pending, or nothing could tell)
+--   untrack - stop checking a sent task (checks exhausted); it stays sent
+--   sent    - unknown -> sent: the provider has it, no resend; a receipt or a
+--             check ARGV[5] ms later confirms delivery
+--   requeue - unknown -> queued: the provider never got it; one new ready
+--             entry under the same key and task id (the dispatcher resends);
+--             once per task: a second one is refused ({'fenced', 'requeued'})
+--   dead    - unknown -> dead: checks exhausted and nothing could tell; listed
+--             for operators, permit kept for the window (it may have been sent)
+-- ARGV[5] ms (see action), ARGV[6] retention ms, ARGV[7] permit grace ms,
+-- ARGV[8] reason, ARGV[9] provider message id or ''
+-- Returns {'done', action} | {'fenced', current status}.
+local id, action = ARGV[1], ARGV[4]
+local after, retention, grace = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
+local status = redis.call('HGET', KEYS[1], 'status')
+if status ~= ARGV[3] or redis.call('HGET', KEYS[1], 'check_token') ~= ARGV[2] then
+  return {'fenced', status or ''}
+end
+local now = now_ms()
+local at = n2s(now)
+if action == 'later' then
+  redis.call('ZADD', KEYS[3], n2s(now + after), id)
+  return {'done', action}
+elseif action == 'untrack' then
+  redis.call('ZREM', KEYS[3], id)
+  redis.call('HSET', KEYS[1], 'reconcile_untracked_at', at, 'check_token', '')
+  return {'done', action}
+elseif status ~= 'unknown' then
+  return redis.error_reply('action ' .. action .. ' applies to unknown tasks only')
+end
+local owner = redis.call('GET', KEYS[2])
+if action == 'sent' then
+  redis.call('HSET', KEYS[1], 'status', 'sent', 'ever_sent', '1', 'sent_at', at,
+    'finished_at', at, 'updated_at', at, 'last_error', ARGV[8], 'check_token', '')
+  if ARGV[9] ~= '' then
+    redis.call('HSET', KEYS[1], 'provider_message_id', ARGV[9])
+  end
+  local until_ms = n2s(window_end(KEYS[1], now))
+  if owner == id then
+    -- Held without expiry while unknown: the window from accept again.
+    redis.call('PEXPIREAT', KEYS[2], until_ms)
+  elseif not owner then
+    redis.call('SET', KEYS[2], id, 'NX', 'PXAT', until_ms)
+  end
+  redis.call('PEXPIRE', KEYS[1], retention)
+  keep_index(KEYS[1], now, retention)
+  await(KEYS[1], KEYS[3], id, now, after)
+elseif action == 'requeue' then
+  if tonumber(redis.call('HGET', KEYS[1], 'reconcile_requeues') or '0') >= 1 then
+    return {'fenced', 'requeued'}
+  end
+  -- One more attempt at least, even if the unknown one was the last allowed.
+  local attempts = tonumber(redis.call('HGET', KEYS[1], 'attempts') or '0')
+  local max = tonumber(redis.call('HGET', KEYS[1], 'retry_max_attempts') or '1')
+  redis.call('HSET', KEYS[1], 'status', 'queued', 'maybe_sent', '1', 'last_error', ARGV[8],
+    'retry_max_attempts', n2s(math.max(max, attempts + 1)), 'updated_at', at,
+    'lease_token', '', 'check_token', '')
+  redis.call('HINCRBY', KEYS[1], 'reconcile_requeues', 1)
+  local until_ms = n2s(math.max(window_end(KEYS[1], now), now + grace))
+  if owner == id then
+    redis.call('PEXPIREAT', KEYS[2], until_ms)
+  elseif not owner then
+    redis.call('SET', KEYS[2], id, 'NX', 'PXAT', until_ms)
+  end
+  redis.call('XADD', KEYS[4], '*', 'task', id, 'key', redis.call('HGET', KEYS[1], 'key'))
+  redis.call('ZREM', KEYS[3], id)
+elseif action == 'dead' then
+  redis.call('HSET', KEYS[1], 'status', 'dead', 'last_error', ARGV[8], 'finished_at', at,
+    'updated_at', at, 'check_token', '')
+  if owner == id then
+    -- It may have reached the provider: the permit keeps the window.
+    redis.call('PEXPIREAT', KEYS[2], n2s(window_end(KEYS[1], now)))
+  end
+  redis.call('PEXPIRE', KEYS[1], retention)
+  keep_index(KEYS[1], now, retention)
+  redis.call('ZREM', KEYS[3], id)
+  redis.call('ZADD', KEYS[5], at, id)
+  redis.call('ZREMRANGEBYSCORE', KEYS[5], '-inf', n2s(now - retention))
+else
+  return redis.error_reply('unknown action ' .. action)
+end
+return {'done', action}

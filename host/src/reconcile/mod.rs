@@ -1,0 +1,233 @@
+//! The reconciler: finds out what became of tasks awaiting confirmation —
+//! `sent` without a receipt for `sent_age`, or `unknown` for `unknown_age` —
+//! by asking the channel's provider ([`Sender::check`], the plugin's
+//! `query`), and settles them through owner-checked permit scripts.
+//!
+//! Every host instance runs one [`Reconciler`]. A pass goes shard by shard:
+//! `claim.lua` takes up to `batch` due entries of that shard's awaiting index
+//! and re-scores them to now + `check_timeout`, so no other instance takes
+//! them while this one checks; each task is then checked (claimed
+//! [`CONCURRENT_CHECKS`] at a time and checked at once, each under
+//! `check_timeout`, so no check outlives its claim) and the
+//! decision ([`decide`]) applied: `delivered` / `failed` through the receipt
+//! path ([`settle_from_provider`]: fallback first), otherwise
+//! `reconcile.lua`, fenced by the status the check started from and by the
+//! claim's token. Nothing is ever resent unless the provider said it never
+//! got the message (`unknown` → re-queued under the same key and task).
+//!
+//! Metrics: [`CHECKS_TOTAL`], [`GAVE_UP_TOTAL`], and, each pass,
+//! [`LAG_SECONDS`] and [`AWAITING_TASKS`].
+
+pub mod decide;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+
+pub use decide::{Decision, decide};
+
+use crate::config::ReconcileConfig;
+use crate::permit::{CheckAction, Claimed, PermitError, Permits};
+use crate::send::receipts::settle_from_provider;
+use crate::send::{Check, OutgoingMessage, Sender};
+
+/// Checks per channel and result (`delivered`, `pending`, `failed`, `absent`, `cannot_tell`).
+pub const CHECKS_TOTAL: &str = "pushonce_reconcile_checks_total";
+/// Tasks the reconciler gave up on after `max_checks`, per channel and status
+/// (`sent`: no longer checked, stays sent; `unknown`: made `dead`).
+pub const GAVE_UP_TOTAL: &str = "pushonce_reconcile_gave_up_total";
+/// How late the oldest due entry of any shard's awaiting index was, at the last pass.
+pub const LAG_SECONDS: &str = "pushonce_reconcile_lag_seconds";
+/// Tasks in the awaiting indexes of every shard, at the last pass.
+pub const AWAITING_TASKS: &str = "pushonce_awaiting_tasks";
+
+/// Checks in flight at once in one reconciler (also how many entries one claim takes).
+pub const CONCURRENT_CHECKS: usize = 8;
+
+/// What one pass did (for logs and tests).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PassReport {
+    /// Tasks claimed and checked.
+    pub checked: usize,
+    /// Checks whose outcome changed the task's status.
+    pub settled: usize,
+    /// Entries in every awaiting index, after the claims.
+    pub awaiting: u64,
+    /// How late the oldest due entry was, across shards.
+    pub lag: Duration,
+}
+
+/// The reconciler of one host process.
+pub struct Reconciler {
+    /// Everything its checks share.
+    shared: Arc<Shared>,
+}
+
+/// What every check of one reconciler shares.
+struct Shared {
+    /// The permit layer (claim and settle scripts).
+    permits: Permits,
+    /// Asks the providers.
+    sender: Arc<dyn Sender>,
+    /// Settings.
+    config: ReconcileConfig,
+}
+
+impl Reconciler {
+    /// A reconciler over `permits`, asking providers through `sender`.
+    pub fn new(permits: Permits, sender: Arc<dyn Sender>, config: ReconcileConfig) -> Reconciler {
+        Reconciler {
+            shared: Arc::new(Shared {
+                permits,
+                sender,
+                config,
+            }),
+        }
+    }
+
+    /// Runs a pass every `every` until `shutdown` turns true; a pass in
+    /// progress finishes (its checks are recorded). A failed pass is logged
+    /// and the next one runs as usual: the reconciler never stops on its own.
+    pub async fn run(self, mut shutdown: watch::Receiver<bool>) {
+        tracing::info!(every = ?self.shared.config.every, "reconciler started");
+        while !*shutdown.borrow() {
+            match self.pass().await {
+                Ok(r) if r.checked > 0 => tracing::debug!(?r, "reconcile pass"),
+                Ok(_) => {}
+                Err(e) => tracing::warn!(error = %e, "reconcile pass failed; next pass as usual"),
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(self.shared.config.every) => {}
+                _ = shutdown.changed() => {}
+            }
+        }
+        tracing::info!("reconciler stopped");
+    }
+
+    /// One pass over every shard: claim the due entries of each, check them,
+    /// apply the decisions; then update the lag and awaiting gauges.
+    ///
+    /// A shard is claimed [`CONCURRENT_CHECKS`] entries at a time and those
+    /// are checked at once, so every check starts right after its claim and
+    /// ends within its hold (`check_timeout`); up to `batch` per shard.
+    pub async fn pass(&self) -> Result<PassReport, PermitError> {
+        let s = &self.shared;
+        let token = format!("{:016x}", rand::random::<u64>());
+        let mut report = PassReport::default();
+        let mut failure = None;
+        for shard in 0..s.permits.layout().shards() {
+            // A failing shard does not stop the others' pass.
+            if let Err(e) = self.pass_shard(shard, &token, &mut report).await {
+                failure = Some(e);
+            }
+        }
+        if let Some(e) = failure {
+            return Err(e);
+        }
+        metrics::gauge!(LAG_SECONDS).set(report.lag.as_secs_f64());
+        metrics::gauge!(AWAITING_TASKS).set(report.awaiting as f64);
+        Ok(report)
+    }
+
+    async fn pass_shard(
+        &self,
+        shard: u16,
+        token: &str,
+        report: &mut PassReport,
+    ) -> Result<(), PermitError> {
+        let s = &self.shared;
+        let mut taken = 0;
+        let mut first = true;
+        while taken < s.config.batch {
+            let want = CONCURRENT_CHECKS.min(s.config.batch - taken);
+            let pass = s
+                .permits
+                .claim_checks(shard, want, s.config.check_timeout, token)
+                .await?;
+            if first {
+                report.awaiting += pass.awaiting;
+                report.lag = report.lag.max(pass.lag());
+                first = false;
+            }
+            let n = pass.claimed.len();
+            let mut running = JoinSet::new();
+            for claimed in pass.claimed {
+                let (shared, token) = (s.clone(), token.to_string());
+                running.spawn(async move { shared.check(&claimed, &token).await });
+            }
+            let mut failure = None;
+            while let Some(done) = running.join_next().await {
+                report.checked += 1;
+                match done {
+                    Ok(Ok(true)) => report.settled += 1,
+                    Ok(Ok(false)) => {}
+                    Ok(Err(e)) => failure = Some(e),
+                    Err(e) => tracing::error!(error = %e, "a reconcile check panicked"),
+                }
+            }
+            if let Some(e) = failure {
+                return Err(e);
+            }
+            taken += n;
+            if n < want {
+                break;
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Shared {
+    /// Checks one claimed task and applies the decision; true if the task's
+    /// status changed. An entry left unsettled (an error, a crash) comes due
+    /// again when its claim's hold runs out.
+    async fn check(&self, claimed: &Claimed, token: &str) -> Result<bool, PermitError> {
+        let Some(task) = self.permits.task(&claimed.task_id).await? else {
+            return Ok(false);
+        };
+        if task.status != claimed.status {
+            // Settled meanwhile (a receipt); the next claim drops the entry.
+            return Ok(false);
+        }
+        let msg = OutgoingMessage {
+            task_id: task.id.clone(),
+            idempotency_key: task.key.clone(),
+            channel: task.channel.clone(),
+            attempt: task.attempts,
+            payload: task.payload.clone(),
+        };
+        let check = tokio::time::timeout(
+            self.config.check_timeout,
+            self.sender.check(&msg, task.provider_message_id.as_deref()),
+        )
+        .await
+        .unwrap_or_else(|_| Check::CannotTell("the check timed out".into()));
+        metrics::counter!(CHECKS_TOTAL, "channel" => task.channel.clone(), "result" => check.label())
+            .increment(1);
+        let decision = decide(claimed, &check, &self.config);
+        tracing::info!(task = %task.id, status = %claimed.status, checks = claimed.checks, ?check, ?decision, "reconcile check");
+        let action = match decision {
+            Decision::Settle { delivered } => {
+                let settled = settle_from_provider(&self.permits, &task, delivered, None).await?;
+                return Ok(settled.updated);
+            }
+            Decision::Act(action) => action,
+        };
+        let reason = match &check {
+            Check::CannotTell(why) => format!("reconcile check {}: {why}", claimed.checks),
+            other => format!("reconcile check {}: {}", claimed.checks, other.label()),
+        };
+        let done = self
+            .permits
+            .settle_check(&task, claimed.status, token, &action, &reason)
+            .await?;
+        if done && matches!(action, CheckAction::Untrack | CheckAction::Dead) {
+            metrics::counter!(GAVE_UP_TOTAL, "channel" => task.channel.clone(), "status" => claimed.status.as_str())
+                .increment(1);
+            tracing::warn!(task = %task.id, status = %claimed.status, checks = claimed.checks, "reconciler gave up: {reason}");
+        }
+        Ok(done && !matches!(action, CheckAction::Later(_) | CheckAction::Untrack))
+    }
+}

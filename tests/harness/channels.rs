@@ -1,0 +1,256 @@
+//! Channels set up for end-to-end tests in process (`channels.rs`,
+//! `reconcile.rs`): a real redis-server, the real provider simulator on
+//! 127.0.0.1, the four real channel plugins pointing at it, a dispatcher
+//! sending through a `PluginSender` and, when asked, a reconciler checking
+//! through the same sender.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use provider_sim::SimState;
+use pushonce::config::{ChannelConfig, ReconcileConfig};
+use pushonce::dispatch::{DispatchConfig, Dispatcher};
+use pushonce::permit::{AcceptRequest, Acceptance, PermitConfig, Permits, RetryPolicy, TaskStatus};
+use pushonce::plugin::PluginRegistry;
+use pushonce::reconcile::Reconciler;
+use pushonce::send::Payload;
+use pushonce::send::plugin::PluginSender;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use crate::plugins::{limits, real_dir};
+use crate::redis::RedisServer;
+use crate::wait_until;
+
+/// How long a test waits for a task to reach a status.
+pub const DEADLINE: Duration = Duration::from_secs(30);
+
+/// The simulator, served on a free loopback port until dropped.
+pub struct Sim {
+    /// Its state: faults, ledger, stats.
+    pub state: SimState,
+    /// Where it listens.
+    pub addr: SocketAddr,
+    /// Stops it when dropped.
+    _stop: tokio::sync::oneshot::Sender<()>,
+}
+
+/// Starts the simulator on 127.0.0.1, a free port.
+pub async fn sim() -> Sim {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let state = SimState::new(provider_sim::Config::default());
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    tokio::spawn(provider_sim::run(listener, state.clone(), async {
+        let _ = rx.await;
+    }));
+    Sim {
+        state,
+        addr,
+        _stop: tx,
+    }
+}
+
+/// The four channel instances, pointing at the simulator, allowed by IP literal.
+pub fn channels(addr: SocketAddr) -> BTreeMap<String, ChannelConfig> {
+    let endpoint = format!("http://{addr}");
+    let mut out = BTreeMap::new();
+    for (name, extra) in [
+        ("inbox", vec![]),
+        ("sms", vec![("sign_name", "pushonce")]),
+        ("app-push", vec![("project", "pushonce-test")]),
+        ("wechat", vec![("app_id", "wx-test")]),
+    ] {
+        let mut c = ChannelConfig::new(&format!("{name}@^1"));
+        c.settings.insert("endpoint".into(), endpoint.clone());
+        for (k, v) in extra {
+            c.settings.insert(k.into(), v.into());
+        }
+        if name == "wechat" {
+            c.secrets_from_env
+                .insert("app_secret".into(), "TEST_WECHAT_SECRET".into());
+        }
+        c.allowed_hosts = vec![addr.to_string()];
+        c.call_timeout = Duration::from_secs(10);
+        out.insert(name.to_string(), c);
+    }
+    out
+}
+
+/// A registry of the real plugins.
+pub fn registry() -> Arc<PluginRegistry> {
+    let (registry, refused) = PluginRegistry::load_dir(&real_dir(), &limits(), None).unwrap();
+    assert!(refused.is_empty(), "refused: {refused:?}");
+    Arc::new(registry)
+}
+
+/// A sender over `channels` with the real plugins (the WeChat secret given).
+pub fn sender(channels: &BTreeMap<String, ChannelConfig>) -> PluginSender {
+    let registry = registry();
+    PluginSender::new(channels, Arc::new(move || registry.clone()), |var| {
+        (var == "TEST_WECHAT_SECRET").then(|| "s3cret".to_string())
+    })
+    .unwrap()
+}
+
+/// Quick retries, many attempts.
+pub fn fast_retry() -> RetryPolicy {
+    RetryPolicy {
+        max_attempts: 12,
+        initial: Duration::from_millis(30),
+        factor: 1.5,
+        max_delay: Duration::from_millis(300),
+        jitter: true,
+    }
+}
+
+/// How an [`Env`] is started besides its channels.
+#[derive(Debug, Clone)]
+pub struct EnvOptions {
+    /// The retry schedule of accepted tasks.
+    pub retry: RetryPolicy,
+    /// Runs a reconciler with these settings (their ages go into the permit
+    /// layer, which schedules the checks).
+    pub reconcile: Option<ReconcileConfig>,
+}
+
+impl Default for EnvOptions {
+    fn default() -> Self {
+        EnvOptions {
+            retry: fast_retry(),
+            reconcile: None,
+        }
+    }
+}
+
+/// Redis, the simulator, a dispatcher (and a reconciler) sending through the plugins.
+pub struct Env {
+    /// The Redis server, stopped when dropped.
+    _redis: RedisServer,
+    /// The provider simulator.
+    pub sim: Sim,
+    /// The permit layer on that Redis.
+    pub permits: Permits,
+    /// The retry schedule of accepted tasks.
+    retry: RetryPolicy,
+    /// Stops the dispatcher and the reconciler.
+    stop: watch::Sender<bool>,
+    /// The dispatcher's and reconciler's tasks.
+    handles: Vec<JoinHandle<()>>,
+}
+
+impl Env {
+    /// Starts everything with default options; `tweak` adjusts the channels.
+    pub async fn start(tweak: impl FnOnce(&mut BTreeMap<String, ChannelConfig>)) -> Env {
+        Env::start_with(tweak, EnvOptions::default()).await
+    }
+
+    /// Starts everything with `options`; `tweak` adjusts the channels.
+    pub async fn start_with(
+        tweak: impl FnOnce(&mut BTreeMap<String, ChannelConfig>),
+        options: EnvOptions,
+    ) -> Env {
+        let redis = RedisServer::start().await.unwrap();
+        let sim = sim().await;
+        let mut chans = channels(sim.addr);
+        tweak(&mut chans);
+        let mut config = PermitConfig::default();
+        if let Some(r) = &options.reconcile {
+            config.check_sent_after = r.sent_age;
+            config.check_unknown_after = r.unknown_age;
+        }
+        let permits = redis.permits(config).await.unwrap();
+        permits.prepare().await.unwrap();
+        let sender = Arc::new(sender(&chans));
+        let (stop, rx) = watch::channel(false);
+        let dispatcher = Dispatcher::new(
+            redis.client(),
+            permits.clone(),
+            sender.clone(),
+            DispatchConfig {
+                workers: 8,
+                lease: Duration::from_secs(5),
+                block: Duration::from_millis(100),
+                promote_every: Duration::from_millis(20),
+                ..DispatchConfig::default()
+            },
+            rx.clone(),
+        );
+        let mut handles = vec![tokio::spawn(async move { dispatcher.run().await.unwrap() })];
+        if let Some(r) = options.reconcile {
+            let reconciler = Reconciler::new(permits.clone(), sender, r);
+            handles.push(tokio::spawn(reconciler.run(rx)));
+        }
+        Env {
+            _redis: redis,
+            sim,
+            permits,
+            retry: options.retry,
+            stop,
+            handles,
+        }
+    }
+
+    /// Stops the dispatcher (and reconciler) and waits for them.
+    pub async fn stop(self) {
+        let _ = self.stop.send(true);
+        for handle in self.handles {
+            tokio::time::timeout(Duration::from_secs(10), handle)
+                .await
+                .expect("dispatcher and reconciler stop")
+                .unwrap();
+        }
+    }
+
+    /// Accepts a task on `channel` under key `push:per-event@1:<channel>:<key>`.
+    pub async fn accept(&self, channel: &str, key: &str, payload: &Payload) -> String {
+        let req = AcceptRequest {
+            key: format!("push:per-event@1:{channel}:{key}"),
+            channel: channel.into(),
+            window: Duration::from_secs(3600),
+            biz_type: "ORDER_SHIPPED".into(),
+            biz_id: key.into(),
+            event_json: "{}".into(),
+            payload: serde_json::to_string(payload).unwrap(),
+            policy_name: "per-event".into(),
+            policy_version: "1.0.0".into(),
+            retry: self.retry,
+        };
+        match self.permits.accept(&req).await.unwrap() {
+            Acceptance::Accepted { task_id } => task_id,
+            other => panic!("not accepted: {other:?}"),
+        }
+    }
+
+    /// The task's status, if it exists.
+    pub async fn status(&self, task: &str) -> Option<TaskStatus> {
+        self.permits.task(task).await.unwrap().map(|t| t.status)
+    }
+
+    /// Waits until the task is in `want` (panics with the task after [`DEADLINE`]).
+    pub async fn wait_status(&self, task: &str, want: TaskStatus) {
+        let ok = wait_until(DEADLINE, || async { self.status(task).await == Some(want) }).await;
+        if ok.is_err() {
+            let t = self.permits.task(task).await.unwrap();
+            panic!("task {task} never became {want}: {t:?}");
+        }
+    }
+
+    /// What `provider` accepted, per the simulator's ledger.
+    pub fn ledger(&self, provider: &str) -> Vec<provider_sim::Accepted> {
+        self.sim.state.ledger().remove(provider).unwrap_or_default()
+    }
+}
+
+/// A payload to `recipient` with `template` and one parameter.
+pub fn payload(recipient: &str, template: &str) -> Payload {
+    Payload {
+        recipient: recipient.into(),
+        template: template.into(),
+        params: vec![("order".into(), "o-1".into())],
+        plugin: None,
+        fallback: None,
+    }
+}

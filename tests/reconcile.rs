@@ -1,0 +1,256 @@
+//! The reconciler end to end, in process: real redis-server, the real
+//! provider simulator on 127.0.0.1, the real channel plugins, a dispatcher and
+//! a reconciler sending and checking through one `PluginSender`
+//! (`pushonce_tests::channels`). Counts are made at the receiving end — the
+//! simulator's ledger.
+
+use std::time::Duration;
+
+use provider_sim::Faults;
+use pushonce::config::{ReconcileBackoff, ReconcileConfig};
+use pushonce::permit::{Requeue, RetryPolicy, TaskStatus, shard_of_task};
+use pushonce::reconcile::Reconciler;
+use pushonce_tests::channels::{DEADLINE, Env, EnvOptions, channels, fast_retry, payload, sender};
+use pushonce_tests::wait_until;
+
+/// A reconciler that checks soon and often: `unknown` tasks after 1 s (time
+/// for a test to change the simulator's faults first), `sent` ones after 300 ms.
+fn quick(max_checks: u32) -> ReconcileConfig {
+    ReconcileConfig {
+        every: Duration::from_millis(50),
+        sent_age: Duration::from_millis(300),
+        unknown_age: Duration::from_secs(1),
+        max_checks,
+        backoff: ReconcileBackoff {
+            initial: Duration::from_millis(100),
+            factor: 1.5,
+            max: Duration::from_millis(300),
+        },
+        batch: 100,
+        check_timeout: Duration::from_secs(5),
+    }
+}
+
+/// One attempt only: an unknown outcome the dispatcher cannot settle at once
+/// is held `unknown`, for the reconciler.
+fn options(max_checks: u32) -> EnvOptions {
+    EnvOptions {
+        retry: RetryPolicy {
+            max_attempts: 1,
+            ..fast_retry()
+        },
+        reconcile: Some(quick(max_checks)),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unknown_task_the_provider_has_is_settled_without_a_resend() {
+    let env = Env::start_with(|_| {}, options(20)).await;
+    // Accepted, answer cut off; the dispatcher's own query fails too.
+    env.sim.state.set_faults(
+        "inbox",
+        Faults {
+            drop_after_accept: 1.0,
+            fail_queries: true,
+            ..Faults::default()
+        },
+    );
+    let t = env.accept("inbox", "u-1", &payload("user-u1", "T")).await;
+    env.wait_status(&t, TaskStatus::Unknown).await;
+    env.sim.state.set_faults("inbox", Faults::default());
+
+    env.wait_status(&t, TaskStatus::Delivered).await;
+    let ledger = env.ledger("inbox");
+    assert_eq!(ledger.len(), 1, "{ledger:?}");
+    assert_eq!(ledger[0].replays, 0, "never resent: {ledger:?}");
+    let task = env.permits.task(&t).await.unwrap().unwrap();
+    assert_eq!(task.attempts, 1, "{task:?}");
+    assert_eq!(
+        env.permits.permit_owner(&task.key).await.unwrap(),
+        Some(t.clone()),
+        "the permit is kept for the window"
+    );
+    let shard = shard_of_task(&t).unwrap();
+    assert_eq!(env.permits.awaiting_count(shard).await.unwrap(), 0);
+    env.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unknown_task_the_provider_never_got_is_resent_exactly_once() {
+    let env = Env::start_with(|_| {}, options(20)).await;
+    // Cut off before the provider took it: the host sees unknown, the
+    // provider has nothing (its query says so, but the one attempt is spent).
+    env.sim.state.set_faults(
+        "sms",
+        Faults {
+            drop_before_accept: 1.0,
+            ..Faults::default()
+        },
+    );
+    let t = env
+        .accept("sms", "n-1", &payload("+8613800000021", "SMS_1001"))
+        .await;
+    env.wait_status(&t, TaskStatus::Unknown).await;
+    assert!(env.ledger("sms").is_empty());
+    env.sim.state.set_faults("sms", Faults::default());
+
+    let settled = wait_until(DEADLINE, || async {
+        matches!(
+            env.status(&t).await,
+            Some(TaskStatus::Sent | TaskStatus::Delivered)
+        )
+    })
+    .await;
+    let task = env.permits.task(&t).await.unwrap().unwrap();
+    assert!(settled.is_ok(), "never sent again: {task:?}");
+    let ledger = env.ledger("sms");
+    assert_eq!(ledger.len(), 1, "{ledger:?}");
+    assert_eq!(ledger[0].replays, 0, "{ledger:?}");
+    assert_eq!(task.attempts, 2, "one resend: {task:?}");
+    assert_eq!(
+        task.fields.get("reconcile_requeues").map(String::as_str),
+        Some("1"),
+        "{task:?}"
+    );
+    env.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sent_task_without_receipt_is_delivered_by_a_query() {
+    let env = Env::start_with(|_| {}, options(20)).await;
+    let t = env
+        .accept("sms", "s-1", &payload("+8613800000031", "SMS_1001"))
+        .await;
+    env.wait_status(&t, TaskStatus::Delivered).await;
+    let task = env.permits.task(&t).await.unwrap().unwrap();
+    assert_eq!(task.attempts, 1);
+    assert!(task.fields.contains_key("receipt_at"), "{task:?}");
+    assert_eq!(env.ledger("sms").len(), 1);
+    let shard = shard_of_task(&t).unwrap();
+    assert_eq!(env.permits.awaiting_count(shard).await.unwrap(), 0);
+    env.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unknown_task_nothing_can_tell_goes_dead_after_max_checks_and_requeue_keeps_its_key() {
+    let metrics = pushonce::api::metrics::handle();
+    let env = Env::start_with(|_| {}, options(3)).await;
+    // WeChat: no reference, no query, on_unknown = hold (the default).
+    env.sim.state.set_faults(
+        "wechat",
+        Faults {
+            drop_after_accept: 1.0,
+            ..Faults::default()
+        },
+    );
+    let t = env
+        .accept("wechat", "h-1", &payload("openid-h1", "TPL"))
+        .await;
+    env.wait_status(&t, TaskStatus::Dead).await;
+    let task = env.permits.task(&t).await.unwrap().unwrap();
+    assert_eq!(task.attempts, 1, "never resent: {task:?}");
+    assert_eq!(
+        task.fields.get("reconcile_checks").map(String::as_str),
+        Some("3")
+    );
+    assert!(
+        task.last_error
+            .as_deref()
+            .is_some_and(|e| e.contains("no status query")),
+        "{task:?}"
+    );
+    assert_eq!(env.ledger("wechat").len(), 1);
+    // Listed for operators, permit kept (it may have been sent).
+    let dead = env.permits.dead_tasks(10).await.unwrap();
+    assert!(dead.iter().any(|(id, _)| *id == t), "{dead:?}");
+    assert_eq!(
+        env.permits.permit_owner(&task.key).await.unwrap(),
+        Some(t.clone())
+    );
+    let text = metrics.render();
+    assert!(
+        text.contains(r#"pushonce_reconcile_checks_total{channel="wechat",result="cannot_tell"}"#),
+        "{text}"
+    );
+    assert!(
+        text.contains(r#"pushonce_reconcile_gave_up_total{channel="wechat",status="unknown"}"#),
+        "{text}"
+    );
+
+    // The operator sends it again: same task, same key, same permit.
+    env.sim.state.set_faults("wechat", Faults::default());
+    assert!(matches!(
+        env.permits.requeue(&t).await.unwrap(),
+        Requeue::Requeued { .. }
+    ));
+    env.wait_status(&t, TaskStatus::Sent).await;
+    let again = env.permits.task(&t).await.unwrap().unwrap();
+    assert_eq!(again.key, task.key);
+    assert_eq!(
+        env.permits.permit_owner(&task.key).await.unwrap(),
+        Some(t.clone())
+    );
+    assert!(
+        !env.permits
+            .dead_tasks(10)
+            .await
+            .unwrap()
+            .iter()
+            .any(|(id, _)| *id == t)
+    );
+    assert_eq!(env.ledger("wechat").len(), 2, "the operator's resend");
+    env.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_reconcilers_requeue_each_absent_task_once() {
+    let env = Env::start_with(|_| {}, options(20)).await;
+    // A second host instance's reconciler on the same Redis.
+    let (stop, rx) = tokio::sync::watch::channel(false);
+    let other = Reconciler::new(
+        env.permits.clone(),
+        std::sync::Arc::new(sender(&channels(env.sim.addr))),
+        quick(20),
+    );
+    let other = tokio::spawn(other.run(rx));
+    env.sim.state.set_faults(
+        "sms",
+        Faults {
+            drop_before_accept: 1.0,
+            ..Faults::default()
+        },
+    );
+    let mut tasks = Vec::new();
+    for i in 0..12 {
+        tasks.push(
+            env.accept(
+                "sms",
+                &format!("m-{i}"),
+                &payload(&format!("+86138000001{i:02}"), "SMS_1001"),
+            )
+            .await,
+        );
+    }
+    for t in &tasks {
+        env.wait_status(t, TaskStatus::Unknown).await;
+    }
+    env.sim.state.set_faults("sms", Faults::default());
+    for t in &tasks {
+        env.wait_status(t, TaskStatus::Delivered).await;
+    }
+    let ledger = env.ledger("sms");
+    assert_eq!(ledger.len(), tasks.len(), "{ledger:?}");
+    assert!(ledger.iter().all(|m| m.replays == 0), "{ledger:?}");
+    for t in &tasks {
+        let task = env.permits.task(t).await.unwrap().unwrap();
+        assert_eq!(
+            task.fields.get("reconcile_requeues").map(String::as_str),
+            Some("1"),
+            "{task:?}"
+        );
+        assert_eq!(task.attempts, 2, "{task:?}");
+    }
+    let _ = stop.send(true);
+    other.await.unwrap();
+    env.stop().await;
+}

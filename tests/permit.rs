@@ -618,8 +618,12 @@ async fn receipts_and_checks_take_tasks_out_of_the_awaiting_index() {
             .any(|(id, _)| *id == d)
     );
     assert_eq!(permits.permit_owner(key).await.unwrap(), Some(d.clone()));
+    assert_eq!(
+        permits.requeue(&d, false).await.unwrap(),
+        Requeue::MaybeSent
+    );
     assert!(matches!(
-        permits.requeue(&d).await.unwrap(),
+        permits.requeue(&d, true).await.unwrap(),
         Requeue::Requeued { .. }
     ));
     assert_eq!(permits.permit_owner(key).await.unwrap(), Some(d.clone()));

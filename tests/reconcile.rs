@@ -177,10 +177,18 @@ async fn unknown_task_nothing_can_tell_goes_dead_after_max_checks_and_requeue_ke
         "{text}"
     );
 
-    // The operator sends it again: same task, same key, same permit.
+    // Compensation does not double-send by accident: the message may be at
+    // the provider, so a plain requeue is refused.
+    assert_eq!(
+        env.permits.requeue(&t, false).await.unwrap(),
+        Requeue::MaybeSent
+    );
+    assert_eq!(env.ledger("wechat").len(), 1);
+    // The operator checked and sends it again on purpose: same task, same
+    // key, same permit.
     env.sim.state.set_faults("wechat", Faults::default());
     assert!(matches!(
-        env.permits.requeue(&t).await.unwrap(),
+        env.permits.requeue(&t, true).await.unwrap(),
         Requeue::Requeued { .. }
     ));
     env.wait_status(&t, TaskStatus::Sent).await;
@@ -198,7 +206,11 @@ async fn unknown_task_nothing_can_tell_goes_dead_after_max_checks_and_requeue_ke
             .iter()
             .any(|(id, _)| *id == t)
     );
-    assert_eq!(env.ledger("wechat").len(), 2, "the operator's resend");
+    assert_eq!(
+        env.ledger("wechat").len(),
+        2,
+        "the operator's forced resend"
+    );
     env.stop().await;
 }
 

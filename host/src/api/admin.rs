@@ -162,6 +162,17 @@ pub struct DeadQuery {
     pub limit: Option<usize>,
 }
 
+/// `?force=` of a requeue.
+#[derive(Debug, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct RequeueQuery {
+    /// Requeue even if the task's message may already be at the provider
+    /// (an attempt's outcome was unknown and nothing settled it): the
+    /// operator accepts that the user may get it twice. Default false.
+    pub force: Option<bool>,
+}
+
 /// The answer to a requeue.
 #[derive(Debug, Serialize, ToSchema)]
 pub struct RequeueView {
@@ -356,23 +367,30 @@ pub async fn dead_tasks(
 
 /// Send a failed or dead task again under its key (owner-checked).
 #[utoipa::path(post, path = "/admin/tasks/{id}/requeue", tag = "admin",
-    params(("id" = String, Path, description = "Task id")),
+    params(("id" = String, Path, description = "Task id"), RequeueQuery),
     responses(
         (status = 200, description = "Queued again", body = RequeueView),
+        (status = 422, description = "A malformed query", body = Problem, content_type = "application/problem+json"),
         (status = 401, description = "Missing or wrong admin token", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "No such task", body = Problem, content_type = "application/problem+json"),
-        (status = 409, description = "Not failed/dead, or another task owns the key's permit", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "Not failed/dead, another task owns the key's permit, or the message may be at the provider already (repeat with force=true)", body = Problem, content_type = "application/problem+json"),
         (status = 503, description = "Redis unavailable", body = Problem, content_type = "application/problem+json"),
     ),
     security(("admin_token" = [])))]
 pub async fn requeue(
     State(state): State<AppState>,
     Path(id): Path<String>,
+    query: Result<Query<RequeueQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Json<RequeueView>, ApiError> {
+    let Query(query) = query.map_err(|e| ApiError::invalid("force", e.body_text()))?;
     if id.len() > 64 {
         return Err(ApiError::NotFound("no such task".into()));
     }
-    match state.permits.requeue(&id).await? {
+    match state
+        .permits
+        .requeue(&id, query.force.unwrap_or(false))
+        .await?
+    {
         Requeue::Requeued {
             attempts,
             max_attempts,
@@ -389,6 +407,10 @@ pub async fn requeue(
         ))),
         Requeue::NotRequeueable(status) => Err(ApiError::Conflict(format!(
             "task {id} is {status}; only failed or dead tasks are requeued"
+        ))),
+        Requeue::MaybeSent => Err(ApiError::Conflict(format!(
+            "task {id}'s message may already be at the provider (an attempt's outcome was unknown and nothing could settle it); \
+             requeueing can send it twice. Check with the provider or the user, then repeat with ?force=true to send again"
         ))),
         Requeue::Missing => Err(ApiError::NotFound(format!("no task {id:?}"))),
     }

@@ -750,6 +750,9 @@ pub enum Requeue {
     },
     /// The task is not `failed` or `dead`: nothing changed.
     NotRequeueable(TaskStatus),
+    /// The task's message may be at the provider (an attempt's outcome was
+    /// unknown and nothing settled it): requeued only with `force`.
+    MaybeSent,
     /// No such task (never existed, or expired).
     Missing,
 }
@@ -758,7 +761,9 @@ impl Permits {
     /// Sends a `failed` or `dead` task again under the same key and task id:
     /// re-takes the permit if it is free or still this task's, refuses if
     /// another task owns it (`requeue.lua`).
-    pub async fn requeue(&self, task_id: &str) -> Result<Requeue, PermitError> {
+    /// `force` requeues a task whose message may already be at the provider
+    /// ([`Requeue::MaybeSent`] without it).
+    pub async fn requeue(&self, task_id: &str, force: bool) -> Result<Requeue, PermitError> {
         let task_key = self.task_key(task_id)?;
         let shard =
             shard_of_task(task_id).ok_or_else(|| PermitError::BadTaskId(task_id.to_string()))?;
@@ -773,6 +778,7 @@ impl Permits {
             .key(self.layout.awaiting(shard))
             .arg(task_id)
             .arg(ms(self.config.retention).max(1))
+            .arg(if force { "1" } else { "0" })
             .invoke_async(&mut self.conn.clone())
             .await?;
         let items = array(answer, "requeue")?;
@@ -787,6 +793,7 @@ impl Permits {
             "not_requeueable" => TaskStatus::parse(&text(items.get(1)))
                 .map(Requeue::NotRequeueable)
                 .ok_or_else(|| unexpected("requeue", &items)),
+            "maybe_sent" => Ok(Requeue::MaybeSent),
             "missing" => Ok(Requeue::Missing),
             _ => Err(unexpected("requeue", &items)),
         }

@@ -73,7 +73,7 @@ elseif action == 'requeue' then
   redis.call('ZREM', KEYS[3], id)
 elseif action == 'dead' then
   redis.call('HSET', KEYS[1], 'status', 'dead', 'last_error', ARGV[8], 'finished_at', at,
-    'updated_at', at, 'check_token', '')
+    'updated_at', at, 'check_token', '', 'maybe_sent', '1')
   if owner == id then
     -- It may have reached the provider: the permit keeps the window.
     redis.call('PEXPIREAT', KEYS[2], n2s(window_end(KEYS[1], now)))

@@ -2,9 +2,10 @@
 -- and task id, owner-checked: the permit is re-taken if it is free or still
 -- owned by this task; if another task owns it, nothing changes.
 -- KEYS[1] task, KEYS[2] permit, KEYS[3] ready stream, KEYS[4] dead zset, KEYS[5] awaiting zset
--- ARGV[1] task id, ARGV[2] retention ms
+-- ARGV[1] task id, ARGV[2] retention ms, ARGV[3] '1' to requeue a task that may
+-- have reached the provider (an unknown outcome nothing could settle)
 -- Returns {'requeued', attempts so far, new max attempts} | {'refused', owner id}
---       | {'not_requeueable', status} | {'missing'}.
+--       | {'not_requeueable', status} | {'maybe_sent'} | {'missing'}.
 local id, retention = ARGV[1], tonumber(ARGV[2])
 local status = redis.call('HGET', KEYS[1], 'status')
 if not status then
@@ -12,6 +13,13 @@ if not status then
 end
 if status ~= 'dead' and status ~= 'failed' then
   return {'not_requeueable', status}
+end
+-- Compensation must not double-send by accident: a task whose message may
+-- be at the provider (never confirmed sent, but an attempt's outcome was
+-- unknown) is requeued only when the operator says so.
+if ARGV[3] ~= '1' and redis.call('HGET', KEYS[1], 'maybe_sent') == '1'
+    and redis.call('HGET', KEYS[1], 'ever_sent') ~= '1' then
+  return {'maybe_sent'}
 end
 local now = now_ms()
 local window = tonumber(redis.call('HGET', KEYS[1], 'window_ms') or '0')

@@ -2,6 +2,8 @@
 //! services (redis-server, host processes) on loopback and waits on conditions
 //! with deadlines instead of sleeping.
 
+pub mod cluster;
+pub mod dispatcher;
 pub mod host;
 pub mod plugins;
 pub mod process;

@@ -11,8 +11,8 @@ use pushonce::permit::{AcceptRequest, Acceptance, PermitConfig, Permits, RetryPo
 use pushonce::send::Faults;
 use pushonce_tests::cluster::RedisCluster;
 use pushonce_tests::dispatcher::RunningDispatcher;
-use pushonce_tests::host::{Backend, Setup, TestHost, order_shipped};
-use pushonce_tests::process::{read_ledger, sent_by_key};
+use pushonce_tests::host::{Backend, Setup, TestHost, order_shipped, repo_root};
+use pushonce_tests::process::{WorkerProcess, read_ledger, sent_by_key};
 use pushonce_tests::wait_until;
 use reqwest::StatusCode;
 use tokio::task::JoinSet;
@@ -328,4 +328,77 @@ async fn the_http_api_on_a_cluster_accepts_and_delivers() {
     let ready = host.get("/readyz", None).await.unwrap();
     assert_eq!(ready.status, StatusCode::OK, "{}", ready.body);
     host.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_serve_process_runs_on_the_cluster_named_by_its_environment() {
+    let cluster = RedisCluster::start(3).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let port = pushonce::store::free_loopback_port().unwrap();
+    let listen = format!("127.0.0.1:{port}");
+    let data = dir.path().join("data");
+    let plugins = pushonce_tests::plugins::real_dir();
+    let policies = repo_root().join("policies");
+    let urls = cluster.urls_env();
+    // The repository's configuration, every location and the cluster given
+    // by the environment, as a deployment (or a chaos harness) would.
+    let mut host = WorkerProcess::serve(
+        &repo_root().join("pushonce.toml"),
+        &[
+            ("PUSHONCE_REDIS_CLUSTER", urls.as_str()),
+            ("PUSHONCE_LISTEN", listen.as_str()),
+            ("PUSHONCE_DATA_DIR", data.to_str().unwrap()),
+            ("PUSHONCE_PLUGIN_DIR", plugins.to_str().unwrap()),
+            ("PUSHONCE_POLICY_DIR", policies.to_str().unwrap()),
+            ("PUSHONCE_WECHAT_SECRET", "s3cret"),
+        ],
+    )
+    .unwrap();
+    let base = format!("http://{listen}");
+    let client = reqwest::Client::new();
+    let ready = wait_until(Duration::from_secs(30), || {
+        let (client, url) = (client.clone(), format!("{base}/readyz"));
+        async move {
+            client
+                .get(url)
+                .send()
+                .await
+                .is_ok_and(|r| r.status().is_success())
+        }
+    })
+    .await;
+    assert!(ready.is_ok(), "never ready; log:\n{}", host.log());
+    let post = || {
+        client
+            .post(format!("{base}/v1/events"))
+            .json(&order_shipped("o-serve"))
+            .send()
+    };
+    let first: serde_json::Value = post().await.unwrap().json().await.unwrap();
+    let again: serde_json::Value = post().await.unwrap().json().await.unwrap();
+    let results = |v: &serde_json::Value| -> Vec<String> {
+        v["results"]
+            .as_array()
+            .unwrap_or_else(|| panic!("{v}"))
+            .iter()
+            .map(|r| r["result"].as_str().unwrap_or_default().to_string())
+            .collect()
+    };
+    assert_eq!(results(&first), ["accepted"; 3], "{first}");
+    assert_eq!(results(&again), ["duplicate"; 3], "{again}");
+    // The tasks are in the cluster, one index part per shard.
+    let permits = cluster
+        .permits(PermitConfig {
+            shards: 16,
+            ..config()
+        })
+        .await
+        .unwrap();
+    let ids = permits
+        .tasks_of_event("ORDER_SHIPPED", "o-serve")
+        .await
+        .unwrap();
+    assert_eq!(ids.len(), 3, "{ids:?}");
+    let status = host.terminate(Duration::from_secs(30)).await.unwrap();
+    assert!(status.success(), "{status}; log:\n{}", host.log());
 }

@@ -60,7 +60,8 @@ pub struct DispatchConfig {
     /// Lease of one attempt; extended every third of it while a send is in
     /// flight, and an entry idle longer than it is re-claimed (default 30 s).
     pub lease: Duration,
-    /// How long one `XREADGROUP` blocks; also bounds how fast shutdown is noticed (default 1 s).
+    /// How long one `XREADGROUP` blocks on one Redis (a cluster is polled, see
+    /// [`worker::CLUSTER_POLL_MAX`]); also bounds how fast shutdown is noticed (default 1 s).
     pub block: Duration,
     /// This process's consumer name in every group (unique per process).
     pub consumer: String,

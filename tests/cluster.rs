@@ -342,8 +342,11 @@ async fn a_serve_process_runs_on_the_cluster_named_by_its_environment() {
     let urls = cluster.urls_env();
     // The repository's configuration, every location and the cluster given
     // by the environment, as a deployment (or a chaos harness) would.
+    // (A copy, so the process's log lands in the temporary directory.)
+    let config_file = dir.path().join("pushonce.toml");
+    std::fs::copy(repo_root().join("pushonce.toml"), &config_file).unwrap();
     let mut host = WorkerProcess::serve(
-        &repo_root().join("pushonce.toml"),
+        &config_file,
         &[
             ("PUSHONCE_REDIS_CLUSTER", urls.as_str()),
             ("PUSHONCE_LISTEN", listen.as_str()),

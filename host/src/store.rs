@@ -28,6 +28,9 @@ use redis::{Cmd, Pipeline, RedisFuture, RedisResult, Value};
 /// Longest unix socket path the kernel accepts (`sun_path` is 108 bytes with its NUL).
 const MAX_UNIX_SOCKET_PATH: usize = 107;
 
+/// How long opening a connection to one Redis (or one cluster node) may take.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+
 /// How long the embedded `redis-server` may take to answer `PING` after start.
 const READY_DEADLINE: Duration = Duration::from_secs(10);
 
@@ -125,15 +128,20 @@ impl RedisClient {
     }
 
     /// A new reconnecting connection whose requests time out after
-    /// `response_timeout` (a cluster connection ignores the timeout given at
-    /// its client's build and keeps its own, see [`open_cluster_client`]).
+    /// `response_timeout` (on a cluster: per node; retries and redirections
+    /// are bounded as [`open_cluster_client`] set them).
     pub async fn connect(&self, response_timeout: Duration) -> Result<RedisConn, StoreError> {
         match self {
             RedisClient::Single(client) => {
                 Ok(RedisConn::Single(manager(client, response_timeout).await?))
             }
             RedisClient::Cluster(client) => {
-                Ok(RedisConn::Cluster(client.get_async_connection().await?))
+                let config = redis::cluster::ClusterConfig::new()
+                    .set_connection_timeout(CONNECT_TIMEOUT)
+                    .set_response_timeout(response_timeout);
+                Ok(RedisConn::Cluster(
+                    client.get_async_connection_with_config(config).await?,
+                ))
             }
         }
     }
@@ -229,7 +237,7 @@ pub fn open_cluster_client(urls: &[String]) -> Result<ClusterClient, StoreError>
         }
     }
     ClusterClient::builder(urls.iter().map(String::as_str))
-        .connection_timeout(Duration::from_secs(2))
+        .connection_timeout(CONNECT_TIMEOUT)
         .response_timeout(Duration::from_secs(5))
         .retries(6)
         .min_retry_wait(20)
@@ -248,7 +256,7 @@ pub async fn manager(
 ) -> Result<ConnectionManager, StoreError> {
     let config = ConnectionManagerConfig::new()
         .set_response_timeout(Some(response_timeout))
-        .set_connection_timeout(Some(Duration::from_secs(2)))
+        .set_connection_timeout(Some(CONNECT_TIMEOUT))
         .set_number_of_retries(3)
         .set_max_delay(Duration::from_millis(500));
     Ok(client.get_connection_manager_with_config(config).await?)

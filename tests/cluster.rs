@@ -369,19 +369,10 @@ async fn a_serve_process_runs_on_the_cluster_named_by_its_environment() {
     )
     .unwrap();
     let base = format!("http://{listen}");
+    host.wait_ready(&base, Duration::from_secs(30))
+        .await
+        .unwrap();
     let client = reqwest::Client::new();
-    let ready = wait_until(Duration::from_secs(30), || {
-        let (client, url) = (client.clone(), format!("{base}/readyz"));
-        async move {
-            client
-                .get(url)
-                .send()
-                .await
-                .is_ok_and(|r| r.status().is_success())
-        }
-    })
-    .await;
-    assert!(ready.is_ok(), "never ready; log:\n{}", host.log());
     let post = || {
         client
             .post(format!("{base}/v1/events"))

@@ -84,24 +84,10 @@ async fn serve(
     std::fs::write(&config, config_text(port, &redis.url(), dir, sim_port)).unwrap();
     let host = WorkerProcess::serve(&config, &[("E2E_WECHAT_SECRET", "s3cret")]).unwrap();
     let base = format!("http://127.0.0.1:{port}");
-    let client = reqwest::Client::new();
-    let ready = wait_until(Duration::from_secs(30), || {
-        let (client, url) = (client.clone(), format!("{base}/readyz"));
-        async move {
-            client
-                .get(url)
-                .send()
-                .await
-                .is_ok_and(|r| r.status().is_success())
-        }
-    })
-    .await;
-    assert!(
-        ready.is_ok(),
-        "the host never became ready; its log:\n{}",
-        host.log()
-    );
-    (host, base, client)
+    host.wait_ready(&base, Duration::from_secs(30))
+        .await
+        .unwrap();
+    (host, base, reqwest::Client::new())
 }
 
 async fn get_json(client: &reqwest::Client, url: &str) -> Option<Value> {

@@ -85,6 +85,25 @@ impl WorkerProcess {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
+    /// Waits until `GET <base>/readyz` answers 2xx (a `serve` process);
+    /// fails after `within` with the process's log.
+    pub async fn wait_ready(&self, base: &str, within: Duration) -> anyhow::Result<()> {
+        let client = reqwest::Client::new();
+        let url = format!("{base}/readyz");
+        wait_until(within, || {
+            let (client, url) = (client.clone(), url.clone());
+            async move {
+                client
+                    .get(url)
+                    .send()
+                    .await
+                    .is_ok_and(|r| r.status().is_success())
+            }
+        })
+        .await
+        .with_context(|| format!("{base} never became ready; log:\n{}", self.log()))
+    }
+
     /// `kill -9`: SIGKILL, then reap.
     pub fn kill9(&mut self) {
         if let Some(mut child) = self.child.take() {

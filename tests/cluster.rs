@@ -407,3 +407,29 @@ async fn a_serve_process_runs_on_the_cluster_named_by_its_environment() {
     let status = host.terminate(Duration::from_secs(30)).await.unwrap();
     assert!(status.success(), "{status}; log:\n{}", host.log());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_worker_processes_share_the_cluster_and_send_each_task_once() {
+    let cluster = RedisCluster::start(3).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let ledger = dir.path().join("ledger.jsonl");
+    let permits = cluster.permits(config()).await.unwrap();
+    let keys = keys_over_every_shard(&permits, "procs", 120);
+    let urls = cluster.urls_env();
+    let args = ["--workers", "4", "--lease", "5s", "--block", "200ms"];
+    let mut workers = [
+        WorkerProcess::spawn_cluster(&urls, &ledger, &args).unwrap(),
+        WorkerProcess::spawn_cluster(&urls, &ledger, &args).unwrap(),
+    ];
+    for chunk in keys.chunks(12) {
+        let reqs: Vec<AcceptRequest> = chunk.iter().map(|k| request(k, "o-p")).collect();
+        permits.accept_batch(&reqs).await.unwrap();
+    }
+    assert_each_sent_once(&ledger, &keys, Duration::from_secs(60)).await;
+    let pids: HashSet<u32> = read_ledger(&ledger).iter().map(|l| l.pid).collect();
+    eprintln!("sending processes: {pids:?}");
+    for w in &mut workers {
+        let status = w.terminate(Duration::from_secs(20)).await.unwrap();
+        assert!(status.success(), "{status}; log:\n{}", w.log());
+    }
+}

@@ -40,10 +40,25 @@ impl WorkerProcess {
     /// Starts `pushonce worker --redis <url> --ledger <ledger> <extra…>`;
     /// its stderr goes to `<ledger>.<n>.log`.
     pub fn spawn(url: &str, ledger: &Path, extra: &[&str]) -> anyhow::Result<WorkerProcess> {
+        Self::worker(["--redis", url], ledger, extra)
+    }
+
+    /// Starts `pushonce worker --redis-cluster <urls> --ledger <ledger> <extra…>`
+    /// (`urls` separated by commas, e.g. `RedisCluster::urls_env`).
+    pub fn spawn_cluster(
+        urls: &str,
+        ledger: &Path,
+        extra: &[&str],
+    ) -> anyhow::Result<WorkerProcess> {
+        Self::worker(["--redis-cluster", urls], ledger, extra)
+    }
+
+    fn worker(redis: [&str; 2], ledger: &Path, extra: &[&str]) -> anyhow::Result<WorkerProcess> {
         let log = ledger.with_extension(format!("{}.log", rand_suffix()));
         let mut cmd = Command::new(pushonce_bin()?);
         cmd.arg("worker")
-            .args(["--redis", url, "--ledger"])
+            .args(redis)
+            .arg("--ledger")
             .arg(ledger)
             .args(extra);
         Self::start(cmd, log)

@@ -4,18 +4,15 @@
 //! finishes the send in flight.
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::time::Duration;
 
 use pushonce::dispatch::backoff::min_delay_after;
-use pushonce::dispatch::{DispatchConfig, Dispatcher};
 use pushonce::permit::{AcceptRequest, Acceptance, PermitConfig, Permits, RetryPolicy, TaskStatus};
-use pushonce::send::{Faults, LedgerFileSender};
+use pushonce::send::Faults;
+use pushonce_tests::dispatcher::RunningDispatcher;
 use pushonce_tests::process::{read_ledger, sent_by_key};
 use pushonce_tests::redis::RedisServer;
 use pushonce_tests::wait_until;
-use tokio::sync::watch;
-use tokio::task::JoinHandle;
 
 fn config() -> PermitConfig {
     PermitConfig {
@@ -50,41 +47,16 @@ fn request(key: &str, window: Duration, retry: RetryPolicy) -> AcceptRequest {
     }
 }
 
-/// A dispatcher running in this process, stopped with `stop`.
-struct Running {
-    stop: watch::Sender<bool>,
-    handle: JoinHandle<()>,
-}
-
-impl Running {
-    async fn stop(self) {
-        let _ = self.stop.send(true);
-        tokio::time::timeout(Duration::from_secs(10), self.handle)
-            .await
-            .expect("dispatcher stops within 10 s")
-            .expect("dispatcher task did not panic");
-    }
-}
-
-async fn start(server: &RedisServer, ledger: &Path, faults: Faults) -> Running {
+async fn start(server: &RedisServer, ledger: &Path, faults: Faults) -> RunningDispatcher {
     let permits = server.permits(config()).await.unwrap();
-    let sender = LedgerFileSender::open(ledger, faults).unwrap();
-    let (stop, rx) = watch::channel(false);
-    let dispatcher = Dispatcher::new(
+    RunningDispatcher::start(
         server.client(),
         permits,
-        Arc::new(sender),
-        DispatchConfig {
-            workers: 4,
-            lease: Duration::from_secs(1),
-            block: Duration::from_millis(200),
-            promote_every: Duration::from_millis(20),
-            ..DispatchConfig::default()
-        },
-        rx,
-    );
-    let handle = tokio::spawn(async move { dispatcher.run().await.expect("dispatcher runs") });
-    Running { stop, handle }
+        ledger,
+        faults,
+        4,
+        Duration::from_secs(1),
+    )
 }
 
 async fn wait_status(permits: &Permits, id: &str, status: TaskStatus, within: Duration) {

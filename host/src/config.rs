@@ -15,9 +15,15 @@ use std::time::Duration;
 pub struct HostConfig {
     /// Address the HTTP API listens on.
     pub listen: SocketAddr,
-    /// Redis to use (`redis://`, `rediss://`, `redis+unix://`); absent means the
-    /// host starts its own `redis-server` (AOF on) with data in `data_dir`.
+    /// Redis to use (`redis://`, `rediss://`, `redis+unix://`); absent (and no
+    /// `redis_cluster`) means the host starts its own `redis-server` (AOF on)
+    /// with data in `data_dir`. Env: `PUSHONCE_REDIS_URL`.
     pub redis_url: Option<String>,
+    /// A Redis Cluster instead: some of its masters' URLs
+    /// (`["redis://10.0.0.1:7000", "redis://10.0.0.2:7000"]`), from which the
+    /// client learns the rest. Exclusive with `redis_url`. Env:
+    /// `PUSHONCE_REDIS_CLUSTER`, the URLs separated by commas.
+    pub redis_cluster: Vec<String>,
     /// Directory for the embedded Redis's data and the compiled-plugin cache.
     pub data_dir: PathBuf,
     /// Directory of plugin components (`*.wasm`).
@@ -278,6 +284,7 @@ impl Default for HostConfig {
         HostConfig {
             listen: "127.0.0.1:8080".parse().expect("a valid literal address"),
             redis_url: None,
+            redis_cluster: Vec::new(),
             data_dir: PathBuf::from("data"),
             plugin_dir: PathBuf::from("target/plugins"),
             policy_dir: PathBuf::from("policies"),
@@ -388,6 +395,14 @@ impl HostConfig {
         if let Some(v) = get("PUSHONCE_REDIS_URL") {
             self.redis_url = (!v.is_empty()).then_some(v);
         }
+        if let Some(v) = get("PUSHONCE_REDIS_CLUSTER") {
+            self.redis_cluster = v
+                .split(',')
+                .map(str::trim)
+                .filter(|u| !u.is_empty())
+                .map(String::from)
+                .collect();
+        }
         for (var, dir) in [
             ("PUSHONCE_DATA_DIR", &mut self.data_dir),
             ("PUSHONCE_PLUGIN_DIR", &mut self.plugin_dir),
@@ -449,7 +464,41 @@ impl HostConfig {
                 ));
             }
         }
+        if !self.redis_cluster.is_empty() {
+            if self.redis_url.is_some() {
+                return Err(invalid(
+                    "redis_cluster",
+                    "set either redis_url (one Redis) or redis_cluster (a Redis Cluster), not both",
+                ));
+            }
+            if let Some(bad) = self
+                .redis_cluster
+                .iter()
+                .find(|u| !u.starts_with("redis://"))
+            {
+                return Err(ConfigError::Invalid {
+                    field: "redis_cluster".into(),
+                    reason: format!(
+                        "`{}`: every node URL must start with redis:// (host:port)",
+                        bad.split('@').next_back().unwrap_or_default()
+                    ),
+                });
+            }
+        }
         Ok(())
+    }
+
+    /// The Redis this configuration names: a cluster, one URL, or the
+    /// embedded server under `<data_dir>/redis`.
+    pub fn redis_target(&self) -> crate::store::RedisTarget {
+        use crate::store::RedisTarget;
+        match (&self.redis_url, self.redis_cluster.is_empty()) {
+            (None, false) => RedisTarget::Cluster(self.redis_cluster.clone()),
+            (Some(url), _) => RedisTarget::Url(url.clone()),
+            (None, true) => RedisTarget::Embedded {
+                data_dir: self.data_dir.join("redis"),
+            },
+        }
     }
 
     /// Where compiled plugins are cached.
@@ -499,6 +548,46 @@ pub fn parse_toml<T: serde::de::DeserializeOwned>(file: &Path, text: &str) -> Re
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn redis_cluster_from_file_and_env_and_never_with_redis_url() {
+        let file = Path::new("pushonce.toml");
+        let mut c = HostConfig::parse(
+            file,
+            "redis_cluster = [\"redis://127.0.0.1:7000\", \"redis://127.0.0.1:7001\"]\n",
+        )
+        .unwrap();
+        c.check().unwrap();
+        assert!(matches!(
+            c.redis_target(),
+            crate::store::RedisTarget::Cluster(urls) if urls.len() == 2
+        ));
+        c.apply_env(|v| {
+            (v == "PUSHONCE_REDIS_CLUSTER")
+                .then(|| "redis://10.0.0.1:7000, redis://10.0.0.2:7000".into())
+        })
+        .unwrap();
+        assert_eq!(
+            c.redis_cluster,
+            ["redis://10.0.0.1:7000", "redis://10.0.0.2:7000"]
+        );
+        c.redis_url = Some("redis://127.0.0.1:6379".into());
+        let err = c.check().unwrap_err().to_string();
+        assert!(
+            err.starts_with("redis_cluster:") && err.contains("not both"),
+            "{err}"
+        );
+        c.redis_url = None;
+        c.redis_cluster = vec!["redis+unix:///tmp/r.sock".into()];
+        let err = c.check().unwrap_err().to_string();
+        assert!(err.contains("redis://"), "{err}");
+        c.apply_env(|v| (v == "PUSHONCE_REDIS_CLUSTER").then(String::new))
+            .unwrap();
+        assert!(
+            c.redis_cluster.is_empty(),
+            "an empty value means no cluster"
+        );
+    }
 
     #[test]
     fn unknown_key_names_file_line_and_field() {

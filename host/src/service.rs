@@ -20,7 +20,6 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use redis::aio::ConnectionManager;
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
@@ -38,7 +37,7 @@ use crate::route::watch::{Trigger, reload_loop, reloader, watch_dirs};
 use crate::send::plugin::PluginSender;
 use crate::send::receipts::{ReceiptError, apply_receipts};
 use crate::send::{BoxFuture, Sender};
-use crate::store::{RedisTarget, Store, StoreError};
+use crate::store::{RedisClient, Store, StoreError};
 
 /// How many recent events the corpus keeps.
 pub const CORPUS_LEN: usize = 1000;
@@ -170,7 +169,7 @@ pub fn corpus_commands(namespace: &str, event_json: &str) -> [redis::Cmd; 2] {
 /// The `n` most recent events of the corpus, newest first (entries that do
 /// not parse are skipped). Events repeat when they were posted again.
 pub async fn recent_events(
-    conn: &mut ConnectionManager,
+    conn: &mut impl redis::aio::ConnectionLike,
     namespace: &str,
     n: usize,
 ) -> Result<Vec<Event>, redis::RedisError> {
@@ -245,12 +244,7 @@ pub async fn start(
 ) -> Result<Running, ServiceError> {
     let config = Arc::new(config);
     let addr = listener.local_addr().map_err(ServiceError::Serve)?;
-    let target = match &config.redis_url {
-        Some(url) => RedisTarget::Url(url.clone()),
-        None => RedisTarget::Embedded {
-            data_dir: config.data_dir.join("redis"),
-        },
-    };
+    let target = config.redis_target();
     let store = Store::open(&target).await?;
     let permits = Permits::new(
         store.manager().await?,
@@ -391,7 +385,7 @@ pub async fn start(
 /// it stops with an error — e.g. Redis was unreachable while it prepared —
 /// so the API never runs without workers.
 async fn supervise(
-    client: redis::Client,
+    client: RedisClient,
     permits: Permits,
     sender: Arc<dyn Sender>,
     config: DispatchConfig,

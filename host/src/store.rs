@@ -1,19 +1,35 @@
-//! The Redis the host stands on: a configured URL used as is, or an embedded
-//! `redis-server` child process that the host starts, waits for and stops.
+//! The Redis the host stands on: a configured URL used as is, a Redis
+//! Cluster named by its nodes' URLs, or an embedded `redis-server` child
+//! process that the host starts, waits for and stops.
 //!
-//! Everything else reaches Redis through a [`Store`]: a [`redis::Client`] for
+//! Everything else reaches Redis through a [`Store`]: a [`RedisClient`] for
 //! new connections plus, when embedded, the child process it owns. Connection
 //! helpers here set the response timeouts the rest of the host relies on
 //! (a blocking `XREADGROUP` needs a longer one than a script call).
+//!
+//! [`RedisConn`] is the one connection type of the host: a reconnecting
+//! multiplexed connection to one Redis, or a cluster connection that routes
+//! each command to the master owning its key's slot. [`Batch`] is the one way
+//! to send several commands together: one pipeline on a single Redis, one
+//! pipeline per hash slot (sent concurrently) on a cluster, where a pipeline
+//! must not cross slots.
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+use redis::cluster::ClusterClient;
+use redis::cluster_async::ClusterConnection;
+use redis::cluster_routing::Slot;
+use redis::{Cmd, Pipeline, RedisFuture, RedisResult, Value};
 
 /// Longest unix socket path the kernel accepts (`sun_path` is 108 bytes with its NUL).
 const MAX_UNIX_SOCKET_PATH: usize = 107;
+
+/// How long opening a connection to one Redis (or one cluster node) may take.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// How long the embedded `redis-server` may take to answer `PING` after start.
 const READY_DEADLINE: Duration = Duration::from_secs(10);
@@ -60,6 +76,9 @@ pub enum StoreError {
         /// The last error seen while waiting.
         last_error: String,
     },
+    /// A Redis Cluster was configured without any node URL.
+    #[error("a Redis Cluster needs at least one node URL")]
+    NoClusterNodes,
     /// A Redis command or connection failed.
     #[error("redis: {0}")]
     Redis(#[from] redis::RedisError),
@@ -71,6 +90,9 @@ pub enum RedisTarget {
     /// A Redis URL used as is: `redis://`, `rediss://` (needs TLS compiled in),
     /// `redis+unix:///path/to.sock` or `unix:///path/to.sock`.
     Url(String),
+    /// A Redis Cluster, reached through any of these nodes (`redis://host:port`);
+    /// the client discovers the others and follows the slot map.
+    Cluster(Vec<String>),
     /// Start a `redis-server` child with AOF on, its data in `data_dir`.
     Embedded {
         /// Directory of the AOF files, the socket and the server's log.
@@ -78,12 +100,60 @@ pub enum RedisTarget {
     },
 }
 
+/// A client of one Redis or of a Redis Cluster, for opening connections.
+#[derive(Debug, Clone)]
+pub enum RedisClient {
+    /// One Redis server.
+    Single(redis::Client),
+    /// A Redis Cluster (boxed: its client is large, and rarely moved).
+    Cluster(Box<ClusterClient>),
+}
+
+impl From<redis::Client> for RedisClient {
+    fn from(client: redis::Client) -> Self {
+        RedisClient::Single(client)
+    }
+}
+
+impl From<ClusterClient> for RedisClient {
+    fn from(client: ClusterClient) -> Self {
+        RedisClient::Cluster(Box::new(client))
+    }
+}
+
+impl RedisClient {
+    /// True for a Redis Cluster.
+    pub fn is_cluster(&self) -> bool {
+        matches!(self, RedisClient::Cluster(_))
+    }
+
+    /// A new reconnecting connection whose requests time out after
+    /// `response_timeout` (on a cluster: per node; retries and redirections
+    /// are bounded as [`open_cluster_client`] set them).
+    pub async fn connect(&self, response_timeout: Duration) -> Result<RedisConn, StoreError> {
+        match self {
+            RedisClient::Single(client) => {
+                Ok(RedisConn::Single(manager(client, response_timeout).await?))
+            }
+            RedisClient::Cluster(client) => {
+                let config = redis::cluster::ClusterConfig::new()
+                    .set_connection_timeout(CONNECT_TIMEOUT)
+                    .set_response_timeout(response_timeout);
+                Ok(RedisConn::Cluster(
+                    client.get_async_connection_with_config(config).await?,
+                ))
+            }
+        }
+    }
+}
+
 /// A reachable Redis: the client, and the embedded server when the host owns one.
 #[derive(Debug)]
 pub struct Store {
     /// Client for opening new connections (multiplexed or dedicated).
-    client: redis::Client,
-    /// The URL the client was opened with (for tools such as `redis-benchmark`).
+    client: RedisClient,
+    /// The URL the client was opened with (for tools such as `redis-benchmark`;
+    /// a cluster: its first node).
     url: String,
     /// The embedded server, when this store started it; stopped on shutdown or drop.
     embedded: Option<EmbeddedRedis>,
@@ -95,15 +165,20 @@ impl Store {
     pub async fn open(target: &RedisTarget) -> Result<Store, StoreError> {
         match target {
             RedisTarget::Url(url) => Ok(Store {
-                client: open_client(url)?,
+                client: open_client(url)?.into(),
                 url: url.clone(),
+                embedded: None,
+            }),
+            RedisTarget::Cluster(urls) => Ok(Store {
+                client: open_cluster_client(urls)?.into(),
+                url: urls.first().cloned().unwrap_or_default(),
                 embedded: None,
             }),
             RedisTarget::Embedded { data_dir } => {
                 let embedded = EmbeddedRedis::start(data_dir).await?;
                 let url = embedded.url.clone();
                 Ok(Store {
-                    client: open_client(&url)?,
+                    client: open_client(&url)?.into(),
                     url,
                     embedded: Some(embedded),
                 })
@@ -112,18 +187,20 @@ impl Store {
     }
 
     /// The Redis client, for opening further connections.
-    pub fn client(&self) -> &redis::Client {
+    pub fn client(&self) -> &RedisClient {
         &self.client
     }
 
-    /// The URL of the Redis in use (embedded: a `redis+unix://` or loopback `redis://` URL).
+    /// The URL of the Redis in use (embedded: a `redis+unix://` or loopback
+    /// `redis://` URL; a cluster: its first configured node).
     pub fn url(&self) -> &str {
         &self.url
     }
 
-    /// A shared, reconnecting, multiplexed connection for script calls.
-    pub async fn manager(&self) -> Result<ConnectionManager, StoreError> {
-        manager(&self.client, Duration::from_secs(5)).await
+    /// A shared, reconnecting, multiplexed connection for script calls (to
+    /// one Redis, or to every master of a cluster).
+    pub async fn manager(&self) -> Result<RedisConn, StoreError> {
+        self.client.connect(Duration::from_secs(5)).await
     }
 
     /// Stops the embedded server (if any) with `SHUTDOWN`, which flushes the AOF.
@@ -146,6 +223,32 @@ pub fn open_client(url: &str) -> Result<redis::Client, StoreError> {
     })
 }
 
+/// Opens a Redis Cluster client from its nodes' URLs (`redis://` only: the
+/// build has no TLS and a cluster is not reached over a unix socket). Each
+/// request times out after 5 s, retries included; MOVED/ASK and a master
+/// that is down for a moment are retried by the client.
+pub fn open_cluster_client(urls: &[String]) -> Result<ClusterClient, StoreError> {
+    if urls.is_empty() {
+        return Err(StoreError::NoClusterNodes);
+    }
+    for url in urls {
+        if url.starts_with("rediss://") || url.starts_with("valkeys://") {
+            return Err(StoreError::TlsNotCompiledIn(redact(url)));
+        }
+    }
+    ClusterClient::builder(urls.iter().map(String::as_str))
+        .connection_timeout(CONNECT_TIMEOUT)
+        .response_timeout(Duration::from_secs(5))
+        .retries(6)
+        .min_retry_wait(20)
+        .max_retry_wait(500)
+        .build()
+        .map_err(|source| StoreError::BadUrl {
+            url: urls.iter().map(|u| redact(u)).collect::<Vec<_>>().join(","),
+            source,
+        })
+}
+
 /// A reconnecting multiplexed connection whose requests time out after `response_timeout`.
 pub async fn manager(
     client: &redis::Client,
@@ -153,10 +256,187 @@ pub async fn manager(
 ) -> Result<ConnectionManager, StoreError> {
     let config = ConnectionManagerConfig::new()
         .set_response_timeout(Some(response_timeout))
-        .set_connection_timeout(Some(Duration::from_secs(2)))
+        .set_connection_timeout(Some(CONNECT_TIMEOUT))
         .set_number_of_retries(3)
         .set_max_delay(Duration::from_millis(500));
     Ok(client.get_connection_manager_with_config(config).await?)
+}
+
+/// The host's connection to Redis: one server or a cluster. Cheap to clone
+/// (clones share the multiplexed connections).
+#[derive(Clone)]
+pub enum RedisConn {
+    /// A reconnecting multiplexed connection to one Redis.
+    Single(ConnectionManager),
+    /// A cluster connection: each command goes to the master of its key's slot.
+    Cluster(ClusterConnection),
+}
+
+impl std::fmt::Debug for RedisConn {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            RedisConn::Single(_) => "RedisConn::Single",
+            RedisConn::Cluster(_) => "RedisConn::Cluster",
+        })
+    }
+}
+
+impl From<ConnectionManager> for RedisConn {
+    fn from(conn: ConnectionManager) -> Self {
+        RedisConn::Single(conn)
+    }
+}
+
+impl From<ClusterConnection> for RedisConn {
+    fn from(conn: ClusterConnection) -> Self {
+        RedisConn::Cluster(conn)
+    }
+}
+
+impl RedisConn {
+    /// True for a Redis Cluster.
+    pub fn is_cluster(&self) -> bool {
+        matches!(self, RedisConn::Cluster(_))
+    }
+}
+
+impl ConnectionLike for RedisConn {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        match self {
+            RedisConn::Single(c) => c.req_packed_command(cmd),
+            RedisConn::Cluster(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        match self {
+            RedisConn::Single(c) => c.req_packed_commands(pipeline, offset, count),
+            RedisConn::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            RedisConn::Single(c) => c.get_db(),
+            RedisConn::Cluster(c) => c.get_db(),
+        }
+    }
+}
+
+/// Commands sent together, each naming a key of the slot it touches: on a
+/// single Redis one pipeline (one round trip, in order); on a cluster one
+/// pipeline per hash slot, the pipelines sent concurrently (a pipeline that
+/// crosses slots is refused there). Answers come back in the order added.
+/// Not a transaction: each command stands alone, as in any pipeline.
+#[derive(Debug, Default)]
+pub struct Batch {
+    /// The commands with the slot of their keys.
+    cmds: Vec<(Slot, Cmd)>,
+}
+
+impl Batch {
+    /// An empty batch.
+    pub fn new() -> Batch {
+        Batch::default()
+    }
+
+    /// Adds `cmd`; every key it touches must share `key`'s hash slot (in
+    /// pushonce: the same `{ns:shard}` hash tag).
+    pub fn add(&mut self, key: &str, cmd: Cmd) -> &mut Batch {
+        self.cmds.push((Slot::for_key(key), cmd));
+        self
+    }
+
+    /// Adds `cmd` whose first argument is its key (`LPUSH`, `LTRIM`,
+    /// `SMEMBERS`, `ZCARD`…; not `EVALSHA`: use [`Batch::add`]).
+    pub fn add_keyed(&mut self, cmd: Cmd) -> &mut Batch {
+        let key = match cmd.args_iter().nth(1) {
+            Some(redis::Arg::Simple(key)) => key.to_vec(),
+            _ => Vec::new(),
+        };
+        self.cmds.push((Slot::for_key(key), cmd));
+        self
+    }
+
+    /// Number of commands.
+    pub fn len(&self) -> usize {
+        self.cmds.len()
+    }
+
+    /// True when no command was added.
+    pub fn is_empty(&self) -> bool {
+        self.cmds.is_empty()
+    }
+
+    /// Sends the batch and answers one value per command, in order; any
+    /// command's error fails the whole answer (the commands of other slots may
+    /// have run). On `NOSCRIPT`, `reload` (when given) is loaded — on every
+    /// master of a cluster — and the failed pipeline sent once more.
+    pub async fn query(
+        self,
+        conn: &mut RedisConn,
+        reload: Option<&redis::Script>,
+    ) -> RedisResult<Vec<Value>> {
+        let n = self.cmds.len();
+        if n == 0 {
+            return Ok(Vec::new());
+        }
+        if !conn.is_cluster() {
+            let cmds = self.cmds.into_iter().map(|(_, c)| c).collect();
+            return pipeline(cmds, conn.clone(), reload.cloned()).await;
+        }
+        // Group by slot, keeping each command's position.
+        let mut groups: HashMap<Slot, (Vec<usize>, Vec<Cmd>)> = HashMap::new();
+        for (i, (slot, cmd)) in self.cmds.into_iter().enumerate() {
+            let group = groups.entry(slot).or_default();
+            group.0.push(i);
+            group.1.push(cmd);
+        }
+        let mut runs = tokio::task::JoinSet::new();
+        for (idx, cmds) in groups.into_values() {
+            let (conn, reload) = (conn.clone(), reload.cloned());
+            runs.spawn(async move { (idx, pipeline(cmds, conn, reload).await) });
+        }
+        let mut answers: Vec<Value> = vec![Value::Nil; n];
+        while let Some(joined) = runs.join_next().await {
+            let (idx, result) = joined.map_err(|e| {
+                redis::RedisError::from((
+                    redis::ErrorKind::Client,
+                    "batch task failed",
+                    e.to_string(),
+                ))
+            })?;
+            for (i, value) in idx.into_iter().zip(result?) {
+                answers[i] = value;
+            }
+        }
+        Ok(answers)
+    }
+}
+
+/// Sends `cmds` as one pipeline; on `NOSCRIPT` loads `reload` (on every
+/// master of a cluster) and sends it once more.
+async fn pipeline(
+    cmds: Vec<Cmd>,
+    mut conn: RedisConn,
+    reload: Option<redis::Script>,
+) -> RedisResult<Vec<Value>> {
+    let mut pipe = redis::pipe();
+    for cmd in cmds {
+        pipe.add_command(cmd);
+    }
+    match (pipe.query_async(&mut conn).await, reload) {
+        (Err(e), Some(script)) if e.code() == Some("NOSCRIPT") => {
+            script.load_async(&mut conn).await?;
+            pipe.query_async(&mut conn).await
+        }
+        (result, _) => result,
+    }
 }
 
 /// Removes a password from a URL before it goes into an error message.
@@ -327,6 +607,30 @@ mod tests {
         let text = err.to_string();
         assert!(text.contains("TLS"), "{text}");
         assert!(!text.contains("secret"), "{text}");
+    }
+
+    #[test]
+    fn a_keyed_command_is_routed_by_its_first_argument() {
+        let mut batch = Batch::new();
+        let mut push = redis::cmd("LPUSH");
+        push.arg("{po:corpus}:events").arg("x");
+        let mut eval = redis::cmd("EVALSHA");
+        eval.arg("0123").arg(1).arg("{po:3}:permit:k");
+        batch.add_keyed(push).add("{po:3}:permit:k", eval);
+        assert_eq!(batch.len(), 2);
+        assert_eq!(batch.cmds[0].0, Slot::for_key("{po:corpus}"));
+        assert_eq!(batch.cmds[1].0, Slot::for_key("{po:3}:ready"));
+    }
+
+    #[test]
+    fn cluster_urls_are_checked() {
+        assert!(matches!(
+            open_cluster_client(&[]),
+            Err(StoreError::NoClusterNodes)
+        ));
+        let err = open_cluster_client(&["rediss://u:secret@h:7000".into()]).unwrap_err();
+        assert!(!err.to_string().contains("secret"), "{err}");
+        open_cluster_client(&["redis://127.0.0.1:7000".into()]).unwrap();
     }
 
     #[test]

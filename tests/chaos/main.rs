@@ -44,6 +44,10 @@ struct Args {
     /// Seed of the kills' choices.
     #[arg(long, default_value_t = 7)]
     seed: u64,
+    /// Run on a Redis Cluster of three local masters (a "Redis restart"
+    /// restarts one master in turn).
+    #[arg(long)]
+    cluster: bool,
 }
 
 #[tokio::main]
@@ -60,11 +64,19 @@ async fn main() -> ExitCode {
         fail_rate: args.fail_rate,
         drop_rate: args.drop_rate,
         seed: args.seed,
+        cluster: args.cluster,
         ..ChaosConfig::default()
     };
     let title = format!(
-        "chaos: one Redis, {} instances, {} events × {} posts",
-        config.instances, config.events, config.posts
+        "chaos: {}, {} instances, {} events × {} posts",
+        if config.cluster {
+            "Redis Cluster (3 masters)"
+        } else {
+            "one Redis"
+        },
+        config.instances,
+        config.events,
+        config.posts
     );
     match run(&config, &|line| eprintln!("{line}")).await {
         Ok(report) => {

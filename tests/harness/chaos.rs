@@ -25,9 +25,11 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use provider_sim::{Faults, ReceiptConfig, SimState};
 use pushonce::permit::Layout;
+use pushonce::store::RedisConn;
 use serde_json::{Value, json};
 use tokio::sync::{Mutex, Semaphore};
 
+use crate::cluster::RedisCluster;
 use crate::redis::RedisServer;
 use crate::stack::{ServeConfig, ServeProcess, simulator};
 
@@ -59,6 +61,8 @@ pub struct ChaosConfig {
     pub seed: u64,
     /// Print a progress line every this often.
     pub progress_every: Duration,
+    /// Run on a Redis Cluster of three masters instead of one Redis.
+    pub cluster: bool,
 }
 
 impl Default for ChaosConfig {
@@ -76,6 +80,7 @@ impl Default for ChaosConfig {
             quiescence_timeout: Duration::from_secs(600),
             seed: 7,
             progress_every: Duration::from_secs(5),
+            cluster: false,
         }
     }
 }
@@ -179,49 +184,81 @@ impl ChaosReport {
 pub enum Backend {
     /// One `redis-server` with AOF.
     Single(RedisServer),
+    /// A Redis Cluster of three masters (AOF, `appendfsync always`); a
+    /// "Redis restart" restarts the next master in turn.
+    Cluster {
+        /// The cluster.
+        cluster: RedisCluster,
+        /// The master restarted next.
+        next: usize,
+    },
 }
 
 impl Backend {
-    /// Starts the backend.
-    pub async fn start() -> anyhow::Result<Backend> {
-        Ok(Backend::Single(RedisServer::start().await?))
+    /// Starts one Redis, or a cluster of three masters.
+    pub async fn start(cluster: bool) -> anyhow::Result<Backend> {
+        Ok(if cluster {
+            Backend::Cluster {
+                cluster: RedisCluster::start(3).await?,
+                next: 0,
+            }
+        } else {
+            Backend::Single(RedisServer::start().await?)
+        })
     }
 
     /// The Redis lines of a host's configuration.
     fn config_lines(&self) -> String {
         match self {
             Backend::Single(r) => format!("redis_url = \"{}\"", r.url()),
+            Backend::Cluster { cluster, .. } => {
+                let urls: Vec<String> = cluster.urls().iter().map(|u| format!("\"{u}\"")).collect();
+                format!("redis_cluster = [{}]", urls.join(", "))
+            }
         }
     }
 
-    /// Restarts Redis (`SHUTDOWN`, which fsyncs the AOF, then a new process on the same data).
+    /// What the table calls this backend.
+    pub fn describe(&self) -> &'static str {
+        match self {
+            Backend::Single(_) => "one Redis",
+            Backend::Cluster { .. } => "Redis Cluster (3 masters)",
+        }
+    }
+
+    /// Restarts Redis (`SHUTDOWN`, which fsyncs the AOF, then a new process
+    /// on the same data); on a cluster, the next master in turn.
     async fn restart(&mut self) -> anyhow::Result<()> {
         match self {
             Backend::Single(r) => r.restart().await,
+            Backend::Cluster { cluster, next } => {
+                let i = *next % cluster.len();
+                *next += 1;
+                cluster.restart_node(i).await
+            }
         }
     }
 
     /// Entries still in the ready streams plus retries waiting, over every
     /// shard (one command per key, so no command crosses a shard).
     async fn backlog(&self, layout: &Layout) -> anyhow::Result<u64> {
-        match self {
-            Backend::Single(r) => {
-                let mut conn = r.manager().await?;
-                let mut total = 0u64;
-                for shard in 0..layout.shards() {
-                    let ready: u64 = redis::cmd("XLEN")
-                        .arg(layout.ready(shard))
-                        .query_async(&mut conn)
-                        .await?;
-                    let delayed: u64 = redis::cmd("ZCARD")
-                        .arg(layout.delayed(shard))
-                        .query_async(&mut conn)
-                        .await?;
-                    total += ready + delayed;
-                }
-                Ok(total)
-            }
+        let mut conn: RedisConn = match self {
+            Backend::Single(r) => r.manager().await?.into(),
+            Backend::Cluster { cluster, .. } => cluster.connection().await?,
+        };
+        let mut total = 0u64;
+        for shard in 0..layout.shards() {
+            let ready: u64 = redis::cmd("XLEN")
+                .arg(layout.ready(shard))
+                .query_async(&mut conn)
+                .await?;
+            let delayed: u64 = redis::cmd("ZCARD")
+                .arg(layout.delayed(shard))
+                .query_async(&mut conn)
+                .await?;
+            total += ready + delayed;
         }
+        Ok(total)
     }
 }
 
@@ -376,7 +413,7 @@ pub async fn run(
     for (name, text) in POLICIES {
         std::fs::write(policies.join(name), text)?;
     }
-    let mut backend = Backend::start().await?;
+    let mut backend = Backend::start(config.cluster).await?;
     let (sim, sim_port) = simulator().await;
     let mut serve = ServeConfig::new("", sim_port);
     serve.redis = backend.config_lines();
@@ -404,10 +441,11 @@ backoff = { initial = "1s", factor = 2.0, max = "4s" }
     let bases: Vec<String> = hosts.iter().map(|h| h.base().to_string()).collect();
     inject_faults(&sim, config, &bases[0]);
     progress(&format!(
-        "chaos: {} events × {} posts to {} instances; Redis {}; simulator :{sim_port}",
+        "chaos: {} events × {} posts to {} instances; {} ({}); simulator :{sim_port}",
         config.events,
         config.posts,
         hosts.len(),
+        backend.describe(),
         serve.redis
     ));
 
@@ -439,7 +477,10 @@ backoff = { initial = "1s", factor = 2.0, max = "4s" }
             report.load_seconds = started.elapsed().as_secs_f64();
             progress("chaos: load done; draining the backlog under kills");
         }
-        if load_done && Instant::now() >= next_backlog_check {
+        // Scheduled restarts and kills that the load outran happen while draining.
+        let scheduled_left =
+            restarts_done < config.redis_restarts || progress_kills < config.kills;
+        if load_done && !scheduled_left && Instant::now() >= next_backlog_check {
             next_backlog_check = Instant::now() + Duration::from_millis(500);
             if backend.backlog(&layout).await.unwrap_or(1) == 0 {
                 break;
@@ -456,18 +497,16 @@ backoff = { initial = "1s", factor = 2.0, max = "4s" }
         // Restart k of n falls at k/(n+1) of the events; so do the kills
         // spread over the load, on top of one every `kill_every`.
         let share = |k: usize, n: usize| config.events * (k + 1) / (n + 1);
-        if !load_done
-            && restarts_done < config.redis_restarts
-            && done >= share(restarts_done, config.redis_restarts)
+        if restarts_done < config.redis_restarts
+            && (load_done || done >= share(restarts_done, config.redis_restarts))
         {
-            progress("chaos: restarting Redis");
+            progress(&format!("chaos: restarting {}", backend.describe()));
             backend.restart().await.context("restarting Redis")?;
             restarts_done += 1;
             report.redis_restarts += 1;
         }
-        let by_progress = !load_done
-            && progress_kills < config.kills
-            && done >= share(progress_kills, config.kills);
+        let by_progress = progress_kills < config.kills
+            && (load_done || done >= share(progress_kills, config.kills));
         if by_progress || Instant::now() >= next_kill {
             progress_kills += usize::from(by_progress);
             rng ^= rng << 13;

@@ -17,7 +17,17 @@ use reqwest::StatusCode;
 use reqwest::header::HeaderMap;
 use serde_json::Value;
 
+use crate::cluster::RedisCluster;
 use crate::redis::RedisServer;
+
+/// The Redis a test host runs against.
+#[derive(Clone, Copy)]
+pub enum Backend<'a> {
+    /// One `redis-server` (`redis_url`).
+    Server(&'a RedisServer),
+    /// A Redis Cluster (`redis_cluster`).
+    Cluster(&'a RedisCluster),
+}
 
 /// The repository's root (the parent of `tests/`).
 pub fn repo_root() -> PathBuf {
@@ -98,6 +108,11 @@ impl TestHost {
 
     /// A host set up by `setup` against `redis`.
     pub async fn start_with(redis: &RedisServer, setup: Setup) -> anyhow::Result<TestHost> {
+        Self::start_on(Backend::Server(redis), setup).await
+    }
+
+    /// A host set up by `setup` against `backend` (one server or a cluster).
+    pub async fn start_on(backend: Backend<'_>, setup: Setup) -> anyhow::Result<TestHost> {
         let dir = tempfile::tempdir()?;
         let policy_dir = dir.path().join("policies");
         std::fs::create_dir_all(&policy_dir)?;
@@ -118,7 +133,10 @@ impl TestHost {
         }
         let file = repo_root().join("pushonce.toml");
         let mut config = HostConfig::parse(&file, &std::fs::read_to_string(&file)?)?;
-        config.redis_url = Some(redis.url());
+        match backend {
+            Backend::Server(redis) => config.redis_url = Some(redis.url()),
+            Backend::Cluster(cluster) => config.redis_cluster = cluster.urls(),
+        }
         config.data_dir = dir.path().join("data");
         config.plugin_dir = crate::plugins::real_dir();
         config.policy_dir = policy_dir;

@@ -4,6 +4,8 @@
 
 pub mod channels;
 pub mod chaos;
+pub mod cluster;
+pub mod dispatcher;
 pub mod host;
 pub mod plugins;
 pub mod process;

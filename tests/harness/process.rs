@@ -44,10 +44,25 @@ impl WorkerProcess {
     /// Starts `pushonce worker --redis <url> --ledger <ledger> <extra…>`;
     /// its stderr goes to `<ledger>.<n>.log`.
     pub fn spawn(url: &str, ledger: &Path, extra: &[&str]) -> anyhow::Result<WorkerProcess> {
+        Self::worker(["--redis", url], ledger, extra)
+    }
+
+    /// Starts `pushonce worker --redis-cluster <urls> --ledger <ledger> <extra…>`
+    /// (`urls` separated by commas, e.g. `RedisCluster::urls_env`).
+    pub fn spawn_cluster(
+        urls: &str,
+        ledger: &Path,
+        extra: &[&str],
+    ) -> anyhow::Result<WorkerProcess> {
+        Self::worker(["--redis-cluster", urls], ledger, extra)
+    }
+
+    fn worker(redis: [&str; 2], ledger: &Path, extra: &[&str]) -> anyhow::Result<WorkerProcess> {
         let log = ledger.with_extension(format!("{}.log", rand_suffix()));
         let mut cmd = Command::new(pushonce_bin()?);
         cmd.arg("worker")
-            .args(["--redis", url, "--ledger"])
+            .args(redis)
+            .arg("--ledger")
             .arg(ledger)
             .args(extra);
         Self::start(cmd, log)
@@ -89,6 +104,25 @@ impl WorkerProcess {
     /// What the process wrote to stderr so far.
     pub fn log(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Waits until `GET <base>/readyz` answers 2xx (a `serve` process);
+    /// fails after `within` with the process's log.
+    pub async fn wait_ready(&self, base: &str, within: Duration) -> anyhow::Result<()> {
+        let client = reqwest::Client::new();
+        let url = format!("{base}/readyz");
+        wait_until(within, || {
+            let (client, url) = (client.clone(), url.clone());
+            async move {
+                client
+                    .get(url)
+                    .send()
+                    .await
+                    .is_ok_and(|r| r.status().is_success())
+            }
+        })
+        .await
+        .with_context(|| format!("{base} never became ready; log:\n{}", self.log()))
     }
 
     /// `kill -9`: SIGKILL, then reap.

@@ -67,34 +67,8 @@ impl RedisServer {
             .spawn()
             .context("starting redis-server (apt-get install redis-server)")?;
         self.child = Some(child);
-        let client = redis::Client::open(self.url())?;
-        let child = self.child.as_mut().expect("just set");
-        let mut exited = None;
-        let ready = wait_until(Duration::from_secs(10), || {
-            let client = client.clone();
-            if let Ok(Some(status)) = child.try_wait() {
-                exited = Some(status);
-            }
-            let gone = exited.is_some();
-            async move {
-                if gone {
-                    return true;
-                }
-                match client.get_multiplexed_async_connection().await {
-                    Ok(mut con) => redis::cmd("PING")
-                        .query_async::<String>(&mut con)
-                        .await
-                        .is_ok(),
-                    Err(_) => false,
-                }
-            }
-        })
-        .await;
-        if let Some(status) = exited {
-            self.child = None;
-            bail!("redis-server exited: {status}; log: {}", self.log());
-        }
-        ready.with_context(|| format!("redis-server not ready; log: {}", self.log()))
+        let (url, log) = (self.url(), self.dir.path().join("redis.log"));
+        await_ping(&mut self.child, &url, &log).await
     }
 
     /// The server's log, for error messages.
@@ -138,23 +112,71 @@ impl RedisServer {
 
     /// `SHUTDOWN` and wait for the process to exit.
     pub async fn stop(&mut self) -> anyhow::Result<()> {
-        if let Ok(mut con) = self.client().get_multiplexed_async_connection().await {
-            let _ = redis::cmd("SHUTDOWN").query_async::<()>(&mut con).await;
-        }
-        if let Some(mut child) = self.child.take() {
-            let mut done = false;
-            let _ = wait_until(Duration::from_secs(10), || {
-                done = done || matches!(child.try_wait(), Ok(Some(_)));
-                let d = done;
-                async move { d }
-            })
-            .await;
-            if !done {
-                let _ = child.kill();
-            }
-            let _ = child.wait();
-        }
+        let url = self.url();
+        shutdown(&mut self.child, &url).await;
         Ok(())
+    }
+}
+
+/// Waits until the server `child` at `url` answers `PING` (10 s deadline);
+/// fails with its log (at `log`) if it exits or does not answer (the child is
+/// then `None` when it exited).
+pub(crate) async fn await_ping(
+    child_slot: &mut Option<Child>,
+    url: &str,
+    log: &Path,
+) -> anyhow::Result<()> {
+    let client = redis::Client::open(url)?;
+    let child = child_slot.as_mut().context("no server process")?;
+    let mut exited = None;
+    let ready = wait_until(Duration::from_secs(10), || {
+        let client = client.clone();
+        if let Ok(Some(status)) = child.try_wait() {
+            exited = Some(status);
+        }
+        let gone = exited.is_some();
+        async move {
+            if gone {
+                return true;
+            }
+            match client.get_multiplexed_async_connection().await {
+                Ok(mut con) => redis::cmd("PING")
+                    .query_async::<String>(&mut con)
+                    .await
+                    .is_ok(),
+                Err(_) => false,
+            }
+        }
+    })
+    .await;
+    let log = || std::fs::read_to_string(log).unwrap_or_default();
+    if let Some(status) = exited {
+        *child_slot = None;
+        bail!("redis-server exited: {status}; log: {}", log());
+    }
+    ready.with_context(|| format!("redis-server not ready; log: {}", log()))
+}
+
+/// `SHUTDOWN` to the server at `url` (it writes and fsyncs its AOF), then
+/// waits up to 10 s for `child` to exit (killed after that).
+pub(crate) async fn shutdown(child_slot: &mut Option<Child>, url: &str) {
+    if let Ok(client) = redis::Client::open(url)
+        && let Ok(mut con) = client.get_multiplexed_async_connection().await
+    {
+        let _ = redis::cmd("SHUTDOWN").query_async::<()>(&mut con).await;
+    }
+    if let Some(mut child) = child_slot.take() {
+        let mut done = false;
+        let _ = wait_until(Duration::from_secs(10), || {
+            done = done || matches!(child.try_wait(), Ok(Some(_)));
+            let d = done;
+            async move { d }
+        })
+        .await;
+        if !done {
+            let _ = child.kill();
+        }
+        let _ = child.wait();
     }
 }
 

@@ -9,7 +9,6 @@ use provider_sim::{Config, SimState};
 
 use crate::plugins::real_dir;
 use crate::process::WorkerProcess;
-use crate::wait_until;
 
 /// The environment variable the generated configuration names for the
 /// WeChat app secret, and its value in tests.
@@ -150,26 +149,9 @@ impl ServeProcess {
     /// until it is ready.
     pub async fn restart(&mut self) -> anyhow::Result<()> {
         let process = WorkerProcess::serve(&self.config, &[WECHAT_SECRET])?;
-        let client = reqwest::Client::new();
-        let url = format!("{}/readyz", self.base);
-        let ready = wait_until(Duration::from_secs(60), || {
-            let (client, url) = (client.clone(), url.clone());
-            async move {
-                client
-                    .get(url)
-                    .send()
-                    .await
-                    .is_ok_and(|r| r.status().is_success())
-            }
-        })
-        .await;
-        if ready.is_err() {
-            anyhow::bail!(
-                "{} never became ready; its log:\n{}",
-                self.base,
-                process.log()
-            );
-        }
+        process
+            .wait_ready(&self.base, Duration::from_secs(60))
+            .await?;
         self.process = Some(process);
         Ok(())
     }

@@ -30,6 +30,14 @@ struct Options {
     /// Redis URL (`redis://`, `redis+unix://`); without it an embedded redis-server is started.
     #[arg(long, env = "PUSHONCE_REDIS_URL")]
     redis: Option<String>,
+    /// A Redis Cluster instead: node URLs (`redis://host:port`), separated by commas.
+    #[arg(
+        long,
+        env = "PUSHONCE_REDIS_CLUSTER",
+        value_delimiter = ',',
+        conflicts_with = "redis"
+    )]
+    redis_cluster: Vec<String>,
     /// Data directory of the embedded redis-server.
     #[arg(long, default_value = "data/redis")]
     data_dir: PathBuf,
@@ -88,6 +96,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
 async fn serve(args: Options) -> anyhow::Result<()> {
     let target = match &args.redis {
         Some(url) => RedisTarget::Url(url.clone()),
+        None if !args.redis_cluster.is_empty() => RedisTarget::Cluster(args.redis_cluster.clone()),
         None => RedisTarget::Embedded {
             data_dir: args.data_dir.clone(),
         },

@@ -3,7 +3,8 @@
 //! One [`Dispatcher`] per host process runs:
 //! - a reader and up to `workers` worker tasks ([`worker`]): the reader takes
 //!   entries from every shard's ready stream with `XREADGROUP` (its own
-//!   connection, short `BLOCK`) when a worker is free; a worker begins an
+//!   connection, short `BLOCK`; on a cluster one non-blocking read per shard)
+//!   when a worker is free; a worker begins an
 //!   attempt (lease), calls the [`Sender`], records the outcome (which acks the entry);
 //! - a reclaimer ([`reclaim`]): `XAUTOCLAIM`s entries idle longer than a lease
 //!   (their worker died, in any process) and begins them again;
@@ -35,7 +36,7 @@ use tokio::task::JoinSet;
 
 use crate::permit::{PermitError, Permits};
 use crate::send::Sender;
-use crate::store::StoreError;
+use crate::store::{RedisClient, StoreError};
 
 /// Errors that stop a dispatcher.
 #[derive(Debug, thiserror::Error)]
@@ -59,7 +60,8 @@ pub struct DispatchConfig {
     /// Lease of one attempt; extended every third of it while a send is in
     /// flight, and an entry idle longer than it is re-claimed (default 30 s).
     pub lease: Duration,
-    /// How long one `XREADGROUP` blocks; also bounds how fast shutdown is noticed (default 1 s).
+    /// How long one `XREADGROUP` blocks on one Redis (a cluster is polled, see
+    /// [`worker::CLUSTER_POLL_MAX`]); also bounds how fast shutdown is noticed (default 1 s).
     pub block: Duration,
     /// This process's consumer name in every group (unique per process).
     pub consumer: String,
@@ -108,8 +110,8 @@ pub(crate) struct Shared {
     pub sender: Arc<dyn Sender>,
     /// Settings.
     pub config: DispatchConfig,
-    /// For opening each worker's own blocking connection.
-    pub client: redis::Client,
+    /// For opening the reader's own blocking connection (one Redis only).
+    pub client: RedisClient,
     /// Turns true on shutdown.
     pub shutdown: watch::Receiver<bool>,
 }
@@ -127,9 +129,10 @@ pub struct Dispatcher {
 }
 
 impl Dispatcher {
-    /// A dispatcher sending through `sender`; `client` opens the workers' connections.
+    /// A dispatcher sending through `sender`; `client` (a `redis::Client` or
+    /// a [`RedisClient`]) opens the reader's connection.
     pub fn new(
-        client: redis::Client,
+        client: impl Into<RedisClient>,
         permits: Permits,
         sender: Arc<dyn Sender>,
         config: DispatchConfig,
@@ -140,7 +143,7 @@ impl Dispatcher {
                 permits,
                 sender,
                 config,
-                client,
+                client: client.into(),
                 shutdown,
             }),
         }
@@ -159,10 +162,17 @@ impl Dispatcher {
             "dispatcher started"
         );
         let mut set = JoinSet::new();
-        // The reader blocks in XREADGROUP: its own connection, with a timeout longer than the block.
-        let conn =
-            crate::store::manager(&shared.client, shared.config.block + Duration::from_secs(5))
-                .await?;
+        // One Redis: the reader blocks in XREADGROUP, so its own connection,
+        // with a timeout longer than the block. A cluster: the reader polls
+        // without blocking, on the shared connection.
+        let conn = if shared.permits.connection().is_cluster() {
+            shared.permits.connection()
+        } else {
+            shared
+                .client
+                .connect(shared.config.block + Duration::from_secs(5))
+                .await?
+        };
         set.spawn(worker::run(shared.clone(), conn));
         set.spawn(reclaim::run(shared.clone()));
         set.spawn(schedule::run(shared.clone()));

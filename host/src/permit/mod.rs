@@ -17,7 +17,8 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use redis::Value;
-use redis::aio::ConnectionManager;
+
+use crate::store::{Batch, RedisConn};
 
 pub use awaiting::{CheckAction, ClaimPass, Claimed};
 pub use keys::{Layout, shard_of_task};
@@ -250,8 +251,8 @@ pub struct Entry {
 /// The permit layer over one Redis connection (cheap to clone).
 #[derive(Clone)]
 pub struct Permits {
-    /// Shared multiplexed connection for script calls.
-    conn: ConnectionManager,
+    /// Shared multiplexed connection for script calls (one Redis or a cluster).
+    conn: RedisConn,
     /// The key layout.
     layout: Layout,
     /// Settings.
@@ -268,10 +269,10 @@ impl std::fmt::Debug for Permits {
 }
 
 impl Permits {
-    /// A permit layer on `conn` with `config`.
-    pub fn new(conn: ConnectionManager, config: PermitConfig) -> Permits {
+    /// A permit layer on `conn` (a `ConnectionManager` or a [`RedisConn`]) with `config`.
+    pub fn new(conn: impl Into<RedisConn>, config: PermitConfig) -> Permits {
         Permits {
-            conn,
+            conn: conn.into(),
             layout: Layout::new(config.namespace.clone(), config.shards),
             config,
         }
@@ -288,7 +289,7 @@ impl Permits {
     }
 
     /// A clone of the connection, for plain commands of other layers.
-    pub fn connection(&self) -> ConnectionManager {
+    pub fn connection(&self) -> RedisConn {
         self.conn.clone()
     }
 
@@ -345,36 +346,34 @@ impl Permits {
     }
 
     /// [`Permits::accept_batch`] with `extra` commands appended to the same
-    /// pipeline (their answers are ignored), e.g. the API's sample of recent
-    /// events. The accepts do not depend on them.
+    /// batch (their answers are ignored; each one's first argument is its
+    /// key), e.g. the API's sample of recent events. The accepts do not
+    /// depend on them. One pipeline on a single Redis; on a cluster one per
+    /// hash slot, sent concurrently ([`Batch`]).
     pub async fn accept_batch_with(
         &self,
         reqs: &[AcceptRequest],
         extra: &[redis::Cmd],
     ) -> Result<Vec<Acceptance>, PermitError> {
-        let mut pipe = redis::pipe();
+        let mut batch = Batch::new();
         for req in reqs {
             let shard = self.layout.shard_of(&req.key);
             let task_id = self.layout.new_task_id(shard);
             let (keys, args) = self.accept_keys_and_args(req, &task_id);
-            pipe.cmd("EVALSHA")
-                .arg(scripts::ACCEPT.get_hash())
+            let mut cmd = redis::cmd("EVALSHA");
+            cmd.arg(scripts::ACCEPT.get_hash())
                 .arg(keys.len())
-                .arg(keys)
+                .arg(&keys)
                 .arg(args);
+            batch.add(&keys[0], cmd);
         }
         for cmd in extra {
-            pipe.add_command(cmd.clone()).ignore();
+            batch.add_keyed(cmd.clone());
         }
-        let mut conn = self.conn.clone();
-        let answers: Vec<Value> = match pipe.query_async(&mut conn).await {
-            Ok(v) => v,
-            Err(e) if e.code() == Some("NOSCRIPT") => {
-                scripts::ACCEPT.load_async(&mut conn).await?;
-                pipe.query_async(&mut conn).await?
-            }
-            Err(e) => return Err(e.into()),
-        };
+        let mut answers = batch
+            .query(&mut self.conn.clone(), Some(&scripts::ACCEPT))
+            .await?;
+        answers.truncate(reqs.len());
         answers.into_iter().map(parse_acceptance).collect()
     }
 
@@ -488,12 +487,13 @@ impl Permits {
         biz_type: &str,
         biz_id: &str,
     ) -> Result<Vec<String>, PermitError> {
-        let mut pipe = redis::pipe();
-        for shard in 0..self.layout.shards() {
-            pipe.cmd("SMEMBERS")
-                .arg(self.layout.event_index(shard, biz_type, biz_id));
-        }
-        let sets: Vec<Vec<String>> = pipe.query_async(&mut self.conn.clone()).await?;
+        let sets: Vec<Vec<String>> = self
+            .per_shard(|shard| {
+                let mut cmd = redis::cmd("SMEMBERS");
+                cmd.arg(self.layout.event_index(shard, biz_type, biz_id));
+                cmd
+            })
+            .await?;
         Ok(sets.into_iter().flatten().collect())
     }
 
@@ -802,15 +802,16 @@ impl Permits {
     /// The most recently ended failed or dead tasks, newest first, across
     /// every shard: `(task id, ended at ms)`, at most `limit`.
     pub async fn dead_tasks(&self, limit: usize) -> Result<Vec<(String, u64)>, PermitError> {
-        let mut pipe = redis::pipe();
-        for shard in 0..self.layout.shards() {
-            pipe.cmd("ZREVRANGE")
-                .arg(self.layout.dead(shard))
-                .arg(0)
-                .arg(limit.saturating_sub(1))
-                .arg("WITHSCORES");
-        }
-        let per_shard: Vec<Vec<(String, f64)>> = pipe.query_async(&mut self.conn.clone()).await?;
+        let per_shard: Vec<Vec<(String, f64)>> = self
+            .per_shard(|shard| {
+                let mut cmd = redis::cmd("ZREVRANGE");
+                cmd.arg(self.layout.dead(shard))
+                    .arg(0)
+                    .arg(limit.saturating_sub(1))
+                    .arg("WITHSCORES");
+                cmd
+            })
+            .await?;
         let mut all: Vec<(String, u64)> = per_shard
             .into_iter()
             .flatten()
@@ -832,12 +833,28 @@ impl Permits {
     }
 
     async fn zcard_all(&self, key: impl Fn(&Layout, u16) -> String) -> Result<u64, PermitError> {
-        let mut pipe = redis::pipe();
-        for shard in 0..self.layout.shards() {
-            pipe.cmd("ZCARD").arg(key(&self.layout, shard));
-        }
-        let counts: Vec<u64> = pipe.query_async(&mut self.conn.clone()).await?;
+        let counts: Vec<u64> = self
+            .per_shard(|shard| {
+                let mut cmd = redis::cmd("ZCARD");
+                cmd.arg(key(&self.layout, shard));
+                cmd
+            })
+            .await?;
         Ok(counts.into_iter().sum())
+    }
+
+    /// Runs `cmd(shard)` (its first argument a key of that shard) for every
+    /// shard as one [`Batch`], answers in shard order.
+    async fn per_shard<T: redis::FromRedisValue>(
+        &self,
+        cmd: impl Fn(u16) -> redis::Cmd,
+    ) -> Result<Vec<T>, PermitError> {
+        let mut batch = Batch::new();
+        for shard in 0..self.layout.shards() {
+            batch.add_keyed(cmd(shard));
+        }
+        let answers = batch.query(&mut self.conn.clone(), None).await?;
+        Ok(redis::from_redis_value(Value::Array(answers)).map_err(redis::RedisError::from)?)
     }
 }
 

@@ -8,10 +8,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
-use redis::aio::ConnectionManager;
 
 use crate::permit::{AcceptRequest, Acceptance, PermitConfig, Permits, RetryPolicy};
-use crate::store::{RedisTarget, Store};
+use crate::store::{RedisConn, RedisTarget, Store};
 
 /// Arguments of `pushonce bench permit`.
 #[derive(Debug, clap::Args)]
@@ -327,12 +326,12 @@ pub(super) fn run_redis_benchmark(
     })
 }
 
-pub(super) async fn used_memory(conn: &mut ConnectionManager) -> anyhow::Result<u64> {
+pub(super) async fn used_memory(conn: &mut RedisConn) -> anyhow::Result<u64> {
     Ok(info_field(conn, "memory", "used_memory").await?.parse()?)
 }
 
 pub(super) async fn info_field(
-    conn: &mut ConnectionManager,
+    conn: &mut RedisConn,
     section: &str,
     name: &str,
 ) -> anyhow::Result<String> {
@@ -344,7 +343,7 @@ pub(super) async fn info_field(
 }
 
 /// Deletes every key of this run (SCAN + UNLINK).
-async fn cleanup(conn: &mut ConnectionManager, ns: &str) -> anyhow::Result<()> {
+async fn cleanup(conn: &mut RedisConn, ns: &str) -> anyhow::Result<()> {
     for pattern in [format!("{ns}:floor:*"), format!("{{{ns}:*")] {
         let mut cursor: u64 = 0;
         loop {

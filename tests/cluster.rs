@@ -1,0 +1,435 @@
+//! The host against a real Redis Cluster (three masters from `redis-server`,
+//! joined with `redis-cli --cluster create`): the permit scripts, batches
+//! that span every shard, the dispatcher (which reads shard by shard on a
+//! cluster), the HTTP API, and a master restarted mid-run.
+
+use std::collections::{HashMap, HashSet};
+use std::path::Path;
+use std::time::Duration;
+
+use pushonce::permit::{AcceptRequest, Acceptance, PermitConfig, Permits, RetryPolicy, TaskStatus};
+use pushonce::send::Faults;
+use pushonce_tests::cluster::RedisCluster;
+use pushonce_tests::dispatcher::RunningDispatcher;
+use pushonce_tests::host::{Backend, Setup, TestHost, order_shipped, repo_root};
+use pushonce_tests::process::{WorkerProcess, read_ledger, sent_by_key};
+use pushonce_tests::wait_until;
+use reqwest::StatusCode;
+use tokio::task::JoinSet;
+
+fn config() -> PermitConfig {
+    PermitConfig {
+        retention: Duration::from_secs(3600),
+        grace: Duration::from_secs(60),
+        ..PermitConfig::default()
+    }
+}
+
+fn request(key: &str, biz_id: &str) -> AcceptRequest {
+    AcceptRequest {
+        key: key.to_string(),
+        channel: "sms".into(),
+        window: Duration::from_secs(600),
+        biz_type: "ORDER".into(),
+        biz_id: biz_id.into(),
+        event_json: "{}".into(),
+        payload: r#"{"template":"t"}"#.into(),
+        policy_name: "per-event".into(),
+        policy_version: "1.0.0".into(),
+        retry: RetryPolicy {
+            max_attempts: 5,
+            initial: Duration::from_millis(100),
+            factor: 2.0,
+            max_delay: Duration::from_secs(2),
+            jitter: true,
+        },
+    }
+}
+
+/// At least `n` keys named `<prefix>-<i>`, as many more as it takes for them
+/// to fall in every shard.
+fn keys_over_every_shard(permits: &Permits, prefix: &str, n: usize) -> Vec<String> {
+    let mut keys = Vec::new();
+    let mut shards = HashSet::new();
+    while keys.len() < n || shards.len() < usize::from(permits.layout().shards()) {
+        let key = format!("{prefix}-{}", keys.len());
+        shards.insert(permits.layout().shard_of(&key));
+        keys.push(key);
+    }
+    keys
+}
+
+/// A dispatcher on the cluster with 8 workers, sending to the ledger `ledger`.
+async fn dispatcher(cluster: &RedisCluster, ledger: &Path, lease: Duration) -> RunningDispatcher {
+    let permits = cluster.permits(config()).await.unwrap();
+    RunningDispatcher::start(
+        cluster.client(),
+        permits,
+        ledger,
+        Faults::default(),
+        8,
+        lease,
+    )
+}
+
+/// Waits until every key of `keys` was sent (ledger), then checks that each
+/// was sent exactly once and that nothing else was.
+async fn assert_each_sent_once(ledger: &Path, keys: &[String], within: Duration) {
+    let want: HashSet<&String> = keys.iter().collect();
+    let done = wait_until(within, || {
+        let sent = sent_by_key(&read_ledger(ledger));
+        let all = want.iter().all(|k| sent.contains_key(*k));
+        async move { all }
+    })
+    .await;
+    let sent = sent_by_key(&read_ledger(ledger));
+    let missing: Vec<&&String> = want.iter().filter(|k| !sent.contains_key(**k)).collect();
+    assert!(
+        done.is_ok(),
+        "{} of {} keys never sent, e.g. {:?}",
+        missing.len(),
+        keys.len(),
+        missing.iter().take(3).collect::<Vec<_>>()
+    );
+    let twice: Vec<(&String, usize)> = sent
+        .iter()
+        .filter(|(_, lines)| lines.len() > 1)
+        .map(|(k, lines)| (k, lines.len()))
+        .collect();
+    assert!(twice.is_empty(), "sent more than once: {twice:?}");
+    assert_eq!(sent.len(), keys.len(), "only the accepted keys were sent");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_thousand_concurrent_accepts_of_one_key_take_one_permit() {
+    let cluster = RedisCluster::start(3).await.unwrap();
+    let permits = cluster.permits(config()).await.unwrap();
+    let mut set = JoinSet::new();
+    for _ in 0..1000 {
+        let permits = permits.clone();
+        set.spawn(async move { permits.accept(&request("one-key", "o-1")).await });
+    }
+    let mut accepted = Vec::new();
+    let mut owners = HashSet::new();
+    let mut duplicates = 0;
+    while let Some(res) = set.join_next().await {
+        match res.unwrap().unwrap() {
+            Acceptance::Accepted { task_id } => accepted.push(task_id),
+            Acceptance::Duplicate { task_id, .. } => {
+                duplicates += 1;
+                owners.insert(task_id);
+            }
+        }
+    }
+    assert_eq!(accepted.len(), 1, "exactly one accept wins");
+    assert_eq!(duplicates, 999);
+    assert_eq!(owners, HashSet::from([accepted[0].clone()]));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batches_over_every_shard_and_cross_shard_reads_work() {
+    let cluster = RedisCluster::start(3).await.unwrap();
+    let permits = cluster.permits(config()).await.unwrap();
+    // One event's channels spread over every shard (and so every master).
+    let keys = keys_over_every_shard(&permits, "batch", 64);
+    let reqs: Vec<AcceptRequest> = keys.iter().map(|k| request(k, "o-batch")).collect();
+    let corpus = pushonce::service::corpus_commands("po", "{\"biz_type\":\"ORDER\"}");
+    let first = permits.accept_batch_with(&reqs, &corpus).await.unwrap();
+    assert_eq!(first.len(), keys.len());
+    assert!(
+        first
+            .iter()
+            .all(|a| matches!(a, Acceptance::Accepted { .. })),
+        "{first:?}"
+    );
+    // Answers keep the order of the requests: each names a task of its key's shard.
+    for (key, a) in keys.iter().zip(&first) {
+        assert_eq!(
+            pushonce::permit::shard_of_task(a.task_id()),
+            Some(permits.layout().shard_of(key))
+        );
+    }
+    let again = permits.accept_batch(&reqs).await.unwrap();
+    for (a, b) in again.iter().zip(&first) {
+        match a {
+            Acceptance::Duplicate { task_id, status } => {
+                assert_eq!(task_id, b.task_id());
+                assert_eq!(*status, Some(TaskStatus::Queued));
+            }
+            other => panic!("expected a duplicate, got {other:?}"),
+        }
+    }
+    // Reads that visit every shard.
+    let mut of_event = permits.tasks_of_event("ORDER", "o-batch").await.unwrap();
+    of_event.sort();
+    let mut ids: Vec<String> = first.iter().map(|a| a.task_id().to_string()).collect();
+    ids.sort();
+    assert_eq!(of_event, ids);
+    assert_eq!(permits.retry_queue_depth().await.unwrap(), 0);
+    assert_eq!(permits.dead_count().await.unwrap(), 0);
+    assert!(permits.dead_tasks(10).await.unwrap().is_empty());
+    let mut conn = permits.connection();
+    let corpus: usize = redis::cmd("LLEN")
+        .arg(pushonce::service::corpus_key("po"))
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(corpus, 1, "the corpus sample went with the batch");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_dispatcher_sends_every_shards_tasks_exactly_once() {
+    let cluster = RedisCluster::start(3).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let ledger = dir.path().join("ledger.jsonl");
+    let permits = cluster.permits(config()).await.unwrap();
+    let keys = keys_over_every_shard(&permits, "dispatch", 200);
+    // Half before the dispatcher starts, half while it runs.
+    let (before, during) = keys.split_at(100);
+    let reqs: Vec<AcceptRequest> = before.iter().map(|k| request(k, "o-d")).collect();
+    permits.accept_batch(&reqs).await.unwrap();
+    let run = dispatcher(&cluster, &ledger, Duration::from_secs(5)).await;
+    for chunk in during.chunks(10) {
+        let reqs: Vec<AcceptRequest> = chunk.iter().map(|k| request(k, "o-d")).collect();
+        permits.accept_batch(&reqs).await.unwrap();
+    }
+    assert_each_sent_once(&ledger, &keys, Duration::from_secs(60)).await;
+    run.stop().await;
+    let ids = permits.tasks_of_event("ORDER", "o-d").await.unwrap();
+    assert_eq!(ids.len(), keys.len());
+    for id in ids {
+        let task = permits.task(&id).await.unwrap().unwrap();
+        assert_eq!(task.status, TaskStatus::Sent, "{id}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn masters_restarted_or_killed_mid_run_lose_nothing() {
+    let mut cluster = RedisCluster::start(3).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let ledger = dir.path().join("ledger.jsonl");
+    let permits = cluster.permits(config()).await.unwrap();
+    let keys = keys_over_every_shard(&permits, "restart", 300);
+    // A lease longer than the restart: an attempt in flight records after it.
+    let run = dispatcher(&cluster, &ledger, Duration::from_secs(10)).await;
+    let accepting = {
+        let permits = permits.clone();
+        let keys = keys.clone();
+        tokio::spawn(async move {
+            let (mut ids, mut refused) = (HashMap::new(), 0);
+            for chunk in keys.chunks(5) {
+                let reqs: Vec<AcceptRequest> = chunk.iter().map(|k| request(k, "o-r")).collect();
+                // A batch refused while a master restarts is sent again (same
+                // answer for what was already taken: safe to retry).
+                let answers = loop {
+                    match permits.accept_batch(&reqs).await {
+                        Ok(a) => break a,
+                        Err(_) => {
+                            refused += 1;
+                            tokio::time::sleep(Duration::from_millis(50)).await
+                        }
+                    }
+                };
+                for (k, a) in chunk.iter().zip(answers) {
+                    ids.entry(k.clone()).or_insert(a.task_id().to_string());
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            (ids, refused)
+        })
+    };
+    // Restart a master once part of the tasks was sent.
+    wait_until(Duration::from_secs(30), || {
+        let n = read_ledger(&ledger).len();
+        async move { n >= 50 }
+    })
+    .await
+    .unwrap();
+    let restarting = std::time::Instant::now();
+    cluster.restart_node(1).await.unwrap();
+    eprintln!("master 1 restarted in {:?}", restarting.elapsed());
+    // Then another master is killed (SIGKILL) and started again: with
+    // `appendfsync always` nothing it acknowledged is lost either.
+    let killing = std::time::Instant::now();
+    cluster.kill_node(2);
+    cluster.start_node(2).await.unwrap();
+    eprintln!("master 2 killed and back in {:?}", killing.elapsed());
+    let accepting_done = accepting.is_finished();
+    let (ids, refused) = accepting.await.unwrap();
+    eprintln!(
+        "accept batches refused during the restarts and sent again: {refused}; \
+         accepting was still running after them: {}",
+        !accepting_done
+    );
+    assert_eq!(ids.len(), keys.len());
+    assert_each_sent_once(&ledger, &keys, Duration::from_secs(90)).await;
+    run.stop().await;
+    // Every permit survived the restart: the same keys again are duplicates
+    // of the very tasks that were sent.
+    let reqs: Vec<AcceptRequest> = keys.iter().map(|k| request(k, "o-r")).collect();
+    let again = permits.accept_batch(&reqs).await.unwrap();
+    for (k, a) in keys.iter().zip(again) {
+        match a {
+            Acceptance::Duplicate { task_id, status } => {
+                assert_eq!(&task_id, &ids[k], "{k}");
+                assert_eq!(status, Some(TaskStatus::Sent), "{k}");
+            }
+            other => panic!("{k}: expected a duplicate after the restart, got {other:?}"),
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_http_api_on_a_cluster_accepts_and_delivers() {
+    let cluster = RedisCluster::start(3).await.unwrap();
+    let host = TestHost::start_on(Backend::Cluster(&cluster), Setup::default())
+        .await
+        .unwrap();
+    let mut ids = Vec::new();
+    for i in 0..10 {
+        let a = host
+            .post("/v1/events", &order_shipped(&format!("o-{i}")), None)
+            .await
+            .unwrap();
+        assert_eq!(a.status, StatusCode::ACCEPTED, "{}", a.body);
+        for r in a.body["results"].as_array().unwrap() {
+            assert_eq!(r["result"], "accepted", "{}", a.body);
+            ids.push(r["task_id"].as_str().unwrap().to_string());
+        }
+    }
+    assert_eq!(ids.len(), 30, "three channels per event");
+    let again = host
+        .post("/v1/events", &order_shipped("o-3"), None)
+        .await
+        .unwrap();
+    assert!(
+        again.body["results"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|r| r["result"] == "duplicate"),
+        "{}",
+        again.body
+    );
+    let event = host
+        .get("/v1/events/ORDER_SHIPPED/o-3?user_id=u-42", None)
+        .await
+        .unwrap();
+    assert_eq!(event.status, StatusCode::OK, "{}", event.body);
+    assert_eq!(event.body["tasks"].as_array().unwrap().len(), 3);
+    // Every task is sent once through the development ledger.
+    let ledger = host.ledger();
+    wait_until(Duration::from_secs(60), || {
+        let sent = read_ledger(&ledger)
+            .into_iter()
+            .filter(|l| l.outcome == "sent")
+            .count();
+        async move { sent >= 30 }
+    })
+    .await
+    .unwrap();
+    let lines = read_ledger(&ledger);
+    let sent: HashSet<&str> = lines
+        .iter()
+        .filter(|l| l.outcome == "sent")
+        .map(|l| l.task_id.as_str())
+        .collect();
+    assert_eq!(sent.len(), 30);
+    assert!(ids.iter().all(|id| sent.contains(id.as_str())));
+    let ready = host.get("/readyz", None).await.unwrap();
+    assert_eq!(ready.status, StatusCode::OK, "{}", ready.body);
+    host.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_serve_process_runs_on_the_cluster_named_by_its_environment() {
+    let cluster = RedisCluster::start(3).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let port = pushonce::store::free_loopback_port().unwrap();
+    let listen = format!("127.0.0.1:{port}");
+    let data = dir.path().join("data");
+    let plugins = pushonce_tests::plugins::real_dir();
+    let policies = repo_root().join("policies");
+    let urls = cluster.urls_env();
+    // The repository's configuration, every location and the cluster given
+    // by the environment, as a deployment (or a chaos harness) would.
+    // (A copy, so the process's log lands in the temporary directory.)
+    let config_file = dir.path().join("pushonce.toml");
+    std::fs::copy(repo_root().join("pushonce.toml"), &config_file).unwrap();
+    let mut host = WorkerProcess::serve(
+        &config_file,
+        &[
+            ("PUSHONCE_REDIS_CLUSTER", urls.as_str()),
+            ("PUSHONCE_LISTEN", listen.as_str()),
+            ("PUSHONCE_DATA_DIR", data.to_str().unwrap()),
+            ("PUSHONCE_PLUGIN_DIR", plugins.to_str().unwrap()),
+            ("PUSHONCE_POLICY_DIR", policies.to_str().unwrap()),
+            ("PUSHONCE_WECHAT_SECRET", "s3cret"),
+        ],
+    )
+    .unwrap();
+    let base = format!("http://{listen}");
+    host.wait_ready(&base, Duration::from_secs(30))
+        .await
+        .unwrap();
+    let client = reqwest::Client::new();
+    let post = || {
+        client
+            .post(format!("{base}/v1/events"))
+            .json(&order_shipped("o-serve"))
+            .send()
+    };
+    let first: serde_json::Value = post().await.unwrap().json().await.unwrap();
+    let again: serde_json::Value = post().await.unwrap().json().await.unwrap();
+    let results = |v: &serde_json::Value| -> Vec<String> {
+        v["results"]
+            .as_array()
+            .unwrap_or_else(|| panic!("{v}"))
+            .iter()
+            .map(|r| r["result"].as_str().unwrap_or_default().to_string())
+            .collect()
+    };
+    assert_eq!(results(&first), ["accepted"; 3], "{first}");
+    assert_eq!(results(&again), ["duplicate"; 3], "{again}");
+    // The tasks are in the cluster, one index part per shard.
+    let permits = cluster
+        .permits(PermitConfig {
+            shards: 16,
+            ..config()
+        })
+        .await
+        .unwrap();
+    let ids = permits
+        .tasks_of_event("ORDER_SHIPPED", "o-serve")
+        .await
+        .unwrap();
+    assert_eq!(ids.len(), 3, "{ids:?}");
+    let status = host.terminate(Duration::from_secs(30)).await.unwrap();
+    assert!(status.success(), "{status}; log:\n{}", host.log());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_worker_processes_share_the_cluster_and_send_each_task_once() {
+    let cluster = RedisCluster::start(3).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let ledger = dir.path().join("ledger.jsonl");
+    let permits = cluster.permits(config()).await.unwrap();
+    let keys = keys_over_every_shard(&permits, "procs", 120);
+    let urls = cluster.urls_env();
+    let args = ["--workers", "4", "--lease", "5s", "--block", "200ms"];
+    let mut workers = [
+        WorkerProcess::spawn_cluster(&urls, &ledger, &args).unwrap(),
+        WorkerProcess::spawn_cluster(&urls, &ledger, &args).unwrap(),
+    ];
+    for chunk in keys.chunks(12) {
+        let reqs: Vec<AcceptRequest> = chunk.iter().map(|k| request(k, "o-p")).collect();
+        permits.accept_batch(&reqs).await.unwrap();
+    }
+    assert_each_sent_once(&ledger, &keys, Duration::from_secs(60)).await;
+    let pids: HashSet<u32> = read_ledger(&ledger).iter().map(|l| l.pid).collect();
+    eprintln!("sending processes: {pids:?}");
+    for w in &mut workers {
+        let status = w.terminate(Duration::from_secs(20)).await.unwrap();
+        assert!(status.success(), "{status}; log:\n{}", w.log());
+    }
+}

@@ -23,6 +23,7 @@ async fn small_run(cluster: bool, events: usize) {
         kill_every: Duration::from_secs(3),
         redis_restarts: 1,
         progress_every: Duration::from_secs(10),
+        quiescence_timeout: Duration::from_secs(180),
         ..ChaosConfig::default()
     };
     let report = run(&config, &|line| eprintln!("{line}"))

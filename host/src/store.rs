@@ -17,8 +17,10 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use arc_swap::ArcSwap;
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
@@ -135,14 +137,9 @@ impl RedisClient {
             RedisClient::Single(client) => {
                 Ok(RedisConn::Single(manager(client, response_timeout).await?))
             }
-            RedisClient::Cluster(client) => {
-                let config = redis::cluster::ClusterConfig::new()
-                    .set_connection_timeout(CONNECT_TIMEOUT)
-                    .set_response_timeout(response_timeout);
-                Ok(RedisConn::Cluster(
-                    client.get_async_connection_with_config(config).await?,
-                ))
-            }
+            RedisClient::Cluster(client) => Ok(RedisConn::Cluster(
+                HealingCluster::connect(client, response_timeout).await?,
+            )),
         }
     }
 }
@@ -262,14 +259,136 @@ pub async fn manager(
     Ok(client.get_connection_manager_with_config(config).await?)
 }
 
+/// Least time between two replacements of a cluster connection.
+const HEAL_EVERY: Duration = Duration::from_secs(1);
+
+/// A cluster connection that replaces itself when it stops answering.
+///
+/// The redis crate's cluster connection repairs lost node connections in
+/// the background, but after a master restarts it can stay broken — every
+/// command timing out — for good (seen in the chaos run: one host of three
+/// never recovered). Like [`ConnectionManager`] for one Redis, this opens a
+/// new cluster connection (fresh topology, fresh node connections) when a
+/// command fails with a timeout or a connection error, at most once per
+/// [`HEAL_EVERY`]; the failed command's error is returned as it was (callers
+/// retry), and later commands use the new connection.
+#[derive(Clone)]
+pub struct HealingCluster {
+    /// Opens replacements.
+    client: Arc<ClusterClient>,
+    /// Connect and response timeouts of every connection opened.
+    config: redis::cluster::ClusterConfig,
+    /// The connection in use (cloning one shares its node connections).
+    current: Arc<ArcSwap<ClusterConnection>>,
+    /// When a replacement was last opened; held while one is being opened.
+    healing: Arc<tokio::sync::Mutex<Option<Instant>>>,
+}
+
+impl HealingCluster {
+    /// Opens a cluster connection whose requests time out after `response_timeout`.
+    pub async fn connect(
+        client: &ClusterClient,
+        response_timeout: Duration,
+    ) -> Result<HealingCluster, StoreError> {
+        let config = redis::cluster::ClusterConfig::new()
+            .set_connection_timeout(CONNECT_TIMEOUT)
+            .set_response_timeout(response_timeout);
+        let conn = client
+            .get_async_connection_with_config(config.clone())
+            .await?;
+        Ok(HealingCluster {
+            client: Arc::new(client.clone()),
+            config,
+            current: Arc::new(ArcSwap::from_pointee(conn)),
+            healing: Arc::new(tokio::sync::Mutex::new(None)),
+        })
+    }
+
+    /// The connection in use.
+    fn conn(&self) -> ClusterConnection {
+        (**self.current.load()).clone()
+    }
+
+    /// After `error`: opens a replacement in the background if the error says
+    /// the connection may be broken, no replacement is under way and the last
+    /// one is older than [`HEAL_EVERY`].
+    fn heal_after(&self, error: &redis::RedisError) {
+        let broken = error.is_timeout()
+            || error.is_io_error()
+            || error.is_connection_dropped()
+            || error.is_connection_refusal();
+        if !broken {
+            return;
+        }
+        let this = self.clone();
+        tokio::spawn(async move {
+            let Ok(mut last) = this.healing.try_lock() else {
+                return;
+            };
+            if last.is_some_and(|at| at.elapsed() < HEAL_EVERY) {
+                return;
+            }
+            *last = Some(Instant::now());
+            let opening = this
+                .client
+                .get_async_connection_with_config(this.config.clone());
+            match tokio::time::timeout(CONNECT_TIMEOUT * 3, opening).await {
+                Ok(Ok(conn)) => {
+                    this.current.store(Arc::new(conn));
+                    tracing::warn!("the cluster connection stopped answering; replaced it");
+                }
+                Ok(Err(e)) => {
+                    tracing::warn!(error = %e, "could not replace the cluster connection")
+                }
+                Err(_) => tracing::warn!("replacing the cluster connection timed out"),
+            }
+        });
+    }
+}
+
+impl ConnectionLike for HealingCluster {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        Box::pin(async move {
+            let result = self.conn().req_packed_command(cmd).await;
+            if let Err(e) = &result {
+                self.heal_after(e);
+            }
+            result
+        })
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        Box::pin(async move {
+            let result = self
+                .conn()
+                .req_packed_commands(pipeline, offset, count)
+                .await;
+            if let Err(e) = &result {
+                self.heal_after(e);
+            }
+            result
+        })
+    }
+
+    fn get_db(&self) -> i64 {
+        0
+    }
+}
+
 /// The host's connection to Redis: one server or a cluster. Cheap to clone
 /// (clones share the multiplexed connections).
 #[derive(Clone)]
 pub enum RedisConn {
     /// A reconnecting multiplexed connection to one Redis.
     Single(ConnectionManager),
-    /// A cluster connection: each command goes to the master of its key's slot.
-    Cluster(ClusterConnection),
+    /// A cluster connection: each command goes to the master of its key's
+    /// slot; replaced when it stops answering.
+    Cluster(HealingCluster),
 }
 
 impl std::fmt::Debug for RedisConn {
@@ -287,8 +406,8 @@ impl From<ConnectionManager> for RedisConn {
     }
 }
 
-impl From<ClusterConnection> for RedisConn {
-    fn from(conn: ClusterConnection) -> Self {
+impl From<HealingCluster> for RedisConn {
+    fn from(conn: HealingCluster) -> Self {
         RedisConn::Cluster(conn)
     }
 }

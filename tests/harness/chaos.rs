@@ -478,8 +478,7 @@ backoff = { initial = "1s", factor = 2.0, max = "4s" }
             progress("chaos: load done; draining the backlog under kills");
         }
         // Scheduled restarts and kills that the load outran happen while draining.
-        let scheduled_left =
-            restarts_done < config.redis_restarts || progress_kills < config.kills;
+        let scheduled_left = restarts_done < config.redis_restarts || progress_kills < config.kills;
         if load_done && !scheduled_left && Instant::now() >= next_backlog_check {
             next_backlog_check = Instant::now() + Duration::from_millis(500);
             if backend.backlog(&layout).await.unwrap_or(1) == 0 {
@@ -723,7 +722,9 @@ async fn post_one(
 
 /// Every task of every event, read through the API (`GET /v1/events/…`).
 async fn collect_tasks(config: &ChaosConfig, bases: &[String]) -> anyhow::Result<Vec<Value>> {
-    let client = reqwest::Client::new();
+    let client = reqwest::Client::builder()
+        .timeout(Duration::from_secs(10))
+        .build()?;
     let slots = Arc::new(Semaphore::new(32));
     let mut set = tokio::task::JoinSet::new();
     for i in 0..config.events {

@@ -298,9 +298,12 @@ pub async fn start(
             ))
         })?;
     let reloading = tokio::spawn(reload_loop(reload.clone(), trigger_rx));
+    // The API takes permits on its own multiplexed connection, so an accept
+    // never queues behind the dispatcher's scripts on the same socket.
+    let api_permits = Permits::new(store.manager().await?, permits.config().clone());
     let state = AppState {
         live: live.clone(),
-        permits: permits.clone(),
+        permits: api_permits,
         limits: options.limits,
         api_token: token(&options.env, config.auth.api_token_env.as_deref(), "/v1"),
         admin_token: token(
@@ -329,23 +332,30 @@ pub async fn start(
     let (stop, mut stop_rx) = watch::channel(false);
     let (dispatch_stop, dispatch_rx) = watch::channel(false);
     // The reconciler stops on the dispatcher's signal: both after the API.
-    let reconciling = tokio::spawn(
-        Reconciler::new(permits.clone(), sender.clone(), config.reconcile.clone())
-            .run(dispatch_rx.clone()),
-    );
-    let dispatching = tokio::spawn(supervise(
-        store.client().clone(),
-        permits,
-        sender,
-        DispatchConfig {
-            workers: config.workers,
-            lease: config.lease,
-            block: options.dispatch_block,
-            consumer: default_consumer_name(),
-            ..DispatchConfig::default()
-        },
-        dispatch_rx,
-    ));
+    // An API-only instance (`dispatch = false`) runs neither.
+    let (reconciling, dispatching) = if config.dispatch {
+        let reconciling = tokio::spawn(
+            Reconciler::new(permits.clone(), sender.clone(), config.reconcile.clone())
+                .run(dispatch_rx.clone()),
+        );
+        let dispatching = tokio::spawn(supervise(
+            store.client().clone(),
+            permits,
+            sender,
+            DispatchConfig {
+                workers: config.workers,
+                lease: config.lease,
+                block: options.dispatch_block,
+                consumer: default_consumer_name(),
+                ..DispatchConfig::default()
+            },
+            dispatch_rx,
+        ));
+        (Some(reconciling), Some(dispatching))
+    } else {
+        tracing::info!("dispatch = false: API only, no dispatcher or reconciler in this process");
+        (None, None)
+    };
     let app = api::app(state);
     let task = tokio::spawn(async move {
         let served = axum::serve(listener, app)
@@ -361,8 +371,14 @@ pub async fn start(
             .map_err(ServiceError::Serve);
         tracing::info!("API stopped; stopping the dispatcher (attempts in flight finish)");
         let _ = dispatch_stop.send(true);
-        let dispatched = dispatching.await;
-        let reconciled = reconciling.await;
+        let dispatched = match dispatching {
+            Some(task) => task.await,
+            None => Ok(Ok(())),
+        };
+        let reconciled = match reconciling {
+            Some(task) => task.await,
+            None => Ok(()),
+        };
         store.shutdown().await;
         served?;
         drop(watching);

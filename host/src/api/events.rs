@@ -657,7 +657,8 @@ fn plan(
 }
 
 /// Takes the permits of every channel of every event in one pipeline (with
-/// the corpus samples), counts the outcome, and answers per event.
+/// the corpus samples the sampler lets through), counts the outcome, and
+/// answers per event.
 async fn accept(state: &AppState, events: &[PlannedEvent]) -> Result<Vec<EventAccepted>, ApiError> {
     let requests: Vec<AcceptRequest> = events
         .iter()
@@ -666,6 +667,7 @@ async fn accept(state: &AppState, events: &[PlannedEvent]) -> Result<Vec<EventAc
     let namespace = state.permits.layout().namespace().to_string();
     let extra: Vec<redis::Cmd> = events
         .iter()
+        .filter(|_| state.corpus.sample())
         .flat_map(|e| crate::service::corpus_commands(&namespace, &e.event_json))
         .collect();
     let started = Instant::now();

@@ -78,6 +78,8 @@ pub struct AppState {
     pub reload: crate::route::watch::Reloader,
     /// The Prometheus recorder's handle.
     pub metrics: metrics_exporter_prometheus::PrometheusHandle,
+    /// Which accepted events are sampled into the corpus of recent events.
+    pub corpus: Arc<crate::service::CorpusSampler>,
 }
 
 /// The router of the whole API.

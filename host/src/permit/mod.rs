@@ -416,17 +416,7 @@ impl Permits {
         let r = &req.retry;
         // The fields no script reads travel packed in one JSON field (`spec`):
         // fewer hash fields make the accept script cheaper inside Redis.
-        let spec = serde_json::json!({
-            "channel": req.channel,
-            "biz_type": req.biz_type,
-            "biz_id": req.biz_id,
-            "policy": req.policy_name,
-            "policy_version": req.policy_version,
-            "retry_initial_ms": ms(r.initial),
-            "retry_factor": r.factor,
-            "retry_max_delay_ms": ms(r.max_delay),
-            "retry_jitter": r.jitter,
-        });
+        let spec = spec_json(req);
         vec![
             task_id.to_string(),
             ms(req.window).max(1).to_string(),
@@ -436,7 +426,7 @@ impl Permits {
             "retry_max_attempts".into(),
             r.max_attempts.to_string(),
             "spec".into(),
-            spec.to_string(),
+            spec,
             "event".into(),
             req.event_json.clone(),
             "payload".into(),
@@ -858,6 +848,37 @@ impl Permits {
     }
 }
 
+/// The task's `spec` field: the fields no script reads, as one JSON object
+/// (names sorted). Serialized straight from the request (no `Value` tree:
+/// this runs for every accept).
+fn spec_json(req: &AcceptRequest) -> String {
+    let r = &req.retry;
+    #[derive(serde::Serialize)]
+    struct Spec<'a> {
+        biz_id: &'a str,
+        biz_type: &'a str,
+        channel: &'a str,
+        policy: &'a str,
+        policy_version: &'a str,
+        retry_factor: f64,
+        retry_initial_ms: u64,
+        retry_jitter: bool,
+        retry_max_delay_ms: u64,
+    }
+    serde_json::to_string(&Spec {
+        biz_id: &req.biz_id,
+        biz_type: &req.biz_type,
+        channel: &req.channel,
+        policy: &req.policy_name,
+        policy_version: &req.policy_version,
+        retry_factor: r.factor,
+        retry_initial_ms: ms(r.initial),
+        retry_jitter: r.jitter,
+        retry_max_delay_ms: ms(r.max_delay),
+    })
+    .expect("plain fields always serialize")
+}
+
 /// A duration in whole milliseconds.
 pub fn ms(d: Duration) -> u64 {
     d.as_millis().min(u128::from(u64::MAX)) as u64
@@ -902,5 +923,46 @@ fn text(v: Option<&Value>) -> String {
         Some(Value::Int(i)) => i.to_string(),
         Some(Value::Okay) => "OK".into(),
         _ => String::new(),
+    }
+}
+
+#[cfg(test)]
+mod spec_json_tests {
+    use super::*;
+
+    #[test]
+    fn spec_json_is_the_value_form() {
+        let req = AcceptRequest {
+            key: "push:p@1:sms:k".into(),
+            channel: "sms".into(),
+            window: Duration::from_secs(60),
+            biz_type: "ORDER".into(),
+            biz_id: "o-\"1\"".into(),
+            event_json: "{}".into(),
+            payload: "{}".into(),
+            policy_name: "per-event".into(),
+            policy_version: "1.2.0".into(),
+            retry: RetryPolicy {
+                max_attempts: 5,
+                initial: Duration::from_millis(1500),
+                factor: 2.5,
+                max_delay: Duration::from_secs(60),
+                jitter: true,
+            },
+        };
+        let r = &req.retry;
+        let reference = serde_json::json!({
+            "channel": req.channel,
+            "biz_type": req.biz_type,
+            "biz_id": req.biz_id,
+            "policy": req.policy_name,
+            "policy_version": req.policy_version,
+            "retry_initial_ms": ms(r.initial),
+            "retry_factor": r.factor,
+            "retry_max_delay_ms": ms(r.max_delay),
+            "retry_jitter": r.jitter,
+        })
+        .to_string();
+        assert_eq!(spec_json(&req), reference);
     }
 }

@@ -26,7 +26,7 @@ use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 
 use crate::api::receipts::{ReceiptHandler, ReceiptRefusal};
-use crate::api::{self, ApiLimits, AppState, SharedReceiptHandler, Token};
+use crate::api::{self, ApiLimits, AppState, SharedReceiptHandler, SharedState, Token};
 use crate::config::HostConfig;
 use crate::dispatch::{DispatchConfig, DispatchError, Dispatcher, default_consumer_name};
 use crate::permit::{PermitConfig, PermitError, Permits};
@@ -358,7 +358,7 @@ pub async fn start(
     // The API takes permits on its own multiplexed connection, so an accept
     // never queues behind the dispatcher's scripts on the same socket.
     let api_permits = Permits::new(store.manager().await?, permits.config().clone());
-    let state = AppState {
+    let state = AppState::new(SharedState {
         live: live.clone(),
         permits: api_permits,
         limits: options.limits,
@@ -385,7 +385,7 @@ pub async fn start(
         reload,
         metrics: api::metrics::handle(),
         corpus: Arc::new(CorpusSampler::default()),
-    };
+    });
     api::metrics::register_channels(config.channels.keys().map(String::as_str));
     let (stop, mut stop_rx) = watch::channel(false);
     let (dispatch_stop, dispatch_rx) = watch::channel(false);

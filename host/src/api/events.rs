@@ -454,12 +454,26 @@ struct Context<'a> {
     params: Vec<(String, String)>,
     /// The request.
     req: &'a EventRequest,
-    /// The channel plugin (`name@version`) each channel instance resolves to
-    /// now: pinned into the task so a send in flight keeps its version.
-    channel_plugins: BTreeMap<String, String>,
+    /// The snapshot of the request (its registry resolves channel plugins).
+    snapshot: &'a Snapshot,
+    /// The host's channel instances.
+    channels: &'a BTreeMap<String, crate::config::ChannelConfig>,
 }
 
 impl Context<'_> {
+    /// The channel plugin (`name@version`) the channel instance resolves to
+    /// now: pinned into the task so a send in flight keeps its version.
+    /// Resolved for the channels of this event only.
+    fn channel_plugin(&self, channel: &str) -> Option<String> {
+        let config = self.channels.get(channel)?;
+        let plugin = self
+            .snapshot
+            .registry
+            .resolve_channel(&config.plugin)
+            .ok()?;
+        Some(plugin.meta().id.clone())
+    }
+
     fn derive(&self, channel: &str) -> Result<crate::derive::DerivedKey, ApiError> {
         derive(self.plugin, self.event, channel, &self.params).map_err(|e| match e {
             DeriveError::Call(call) => ApiError::Plugin {
@@ -534,7 +548,7 @@ impl Context<'_> {
                 .iter()
                 .map(|(k, v)| (k.clone(), v.clone()))
                 .collect(),
-            plugin: self.channel_plugins.get(channel).cloned(),
+            plugin: self.channel_plugin(channel),
             fallback: self.fallback(channel, depth)?,
         })
     }
@@ -623,16 +637,8 @@ fn plan(
         event: &event,
         params: crate::route::stability::params_of(policy),
         req: &req,
-        channel_plugins: state
-            .live
-            .config()
-            .channels
-            .iter()
-            .filter_map(|(name, c)| {
-                let plugin = snapshot.registry.resolve_channel(&c.plugin).ok()?;
-                Some((name.clone(), plugin.meta().id.clone()))
-            })
-            .collect(),
+        snapshot,
+        channels: &state.live.config().channels,
     };
     let meta = plugin.meta();
     let mut planned = Vec::with_capacity(channels.len());
@@ -670,9 +676,9 @@ fn plan(
 /// the corpus samples the sampler lets through), counts the outcome, and
 /// answers per event.
 async fn accept(state: &AppState, events: &[PlannedEvent]) -> Result<Vec<EventAccepted>, ApiError> {
-    let requests: Vec<AcceptRequest> = events
+    let requests: Vec<&AcceptRequest> = events
         .iter()
-        .flat_map(|e| e.channels.iter().map(|p| p.request.clone()))
+        .flat_map(|e| e.channels.iter().map(|p| &p.request))
         .collect();
     let namespace = state.permits.layout().namespace().to_string();
     let extra: Vec<redis::Cmd> = events
@@ -681,7 +687,10 @@ async fn accept(state: &AppState, events: &[PlannedEvent]) -> Result<Vec<EventAc
         .flat_map(|e| crate::service::corpus_commands(&namespace, &e.event_json))
         .collect();
     let started = Instant::now();
-    let answers = state.permits.accept_batch_with(&requests, &extra).await;
+    let answers = state
+        .permits
+        .accept_batch_with(requests.iter().copied(), &extra)
+        .await;
     metrics::histogram!(super::metrics::PERMIT_SECONDS).record(started.elapsed().as_secs_f64());
     let answers = answers?;
     let mut answers = answers.into_iter();

@@ -4,13 +4,6 @@
 use clap::{Parser, Subcommand};
 use pushonce::cli;
 
-/// The process's allocator. Under HTTP load glibc's malloc took about a
-/// quarter of the host's CPU samples (`_int_malloc`, `_int_free`,
-/// `malloc_consolidate`, arena locks across the tokio threads; see
-/// BENCHMARKS.md); mimalloc's thread-local free lists avoid most of it.
-#[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 /// pushonce: push delivery exactly once per channel.
 #[derive(Debug, Parser)]
 #[command(name = "pushonce", version, about)]

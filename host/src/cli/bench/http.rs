@@ -418,237 +418,241 @@ struct PhaseReport {
     rss_after: (f64, f64),
 }
 
-/// The HTTP runs of one phase against the host at `host`. `dispatch`: the
-/// host dispatches (its backlog is delivered between runs, end-to-end rows).
-#[allow(clippy::too_many_arguments)]
-async fn http_runs(
-    args: &Args,
-    host: &HostProcess,
-    client: &HttpClient,
-    sim: &str,
-    dispatch: bool,
-    floor_of: &dyn Fn(usize) -> f64,
-    lines: &mut Vec<Line>,
-    notes: &mut Vec<String>,
-) -> anyhow::Result<()> {
-    let url = &host.url;
-    let phase = if dispatch { "" } else { "API only, " };
-    let mut expected = delivered(client, sim).await?;
-    let mut peak_one: f64 = 0.0;
-    let mut kinds = vec![
-        ("1 channel", "BENCH_ONE", "sms", false),
-        (
-            "4 channels",
-            "BENCH_FOUR",
-            "inbox,sms,wechat,app-push",
+/// What every phase shares: the options, the client, the simulator, the
+/// floors, and the table and notes being written.
+struct Phases<'a> {
+    /// The options.
+    args: &'a Args,
+    /// HTTP client for the simulator and the host's `/metrics`.
+    client: &'a HttpClient,
+    /// The simulator's address.
+    sim: &'a str,
+    /// The floor at a concurrency.
+    floor_of: &'a dyn Fn(usize) -> f64,
+    /// The table's lines.
+    lines: &'a mut Vec<Line>,
+    /// Notes printed under the table.
+    notes: &'a mut Vec<String>,
+}
+
+impl Phases<'_> {
+    /// The HTTP runs of one phase against the host at `host`. `dispatch`: the
+    /// host dispatches (its backlog is delivered between runs, end-to-end rows).
+    async fn http_runs(&mut self, host: &HostProcess, dispatch: bool) -> anyhow::Result<()> {
+        let (args, client, sim, floor_of) = (self.args, self.client, self.sim, self.floor_of);
+        let url = &host.url;
+        let phase = if dispatch { "" } else { "API only, " };
+        let mut expected = delivered(client, sim).await?;
+        let mut peak_one: f64 = 0.0;
+        let mut kinds = vec![
+            ("1 channel", "BENCH_ONE", "sms", false),
+            (
+                "4 channels",
+                "BENCH_FOUR",
+                "inbox,sms,wechat,app-push",
+                false,
+            ),
+        ];
+        if !args.no_dup && !dispatch {
+            kinds.push(("1 channel, half dup", "BENCH_ONE", "sms", true));
+            kinds.push((
+                "4 channels, half dup",
+                "BENCH_FOUR",
+                "inbox,sms,wechat,app-push",
+                true,
+            ));
+        }
+        let p = if dispatch { "f" } else { "a" };
+        for (i, (label, biz_type, chans, dup)) in kinds.iter().enumerate() {
+            for &c in &args.concurrency {
+                let tag = format!("{p}h{i}c{c}");
+                let r = load(
+                    url,
+                    biz_type,
+                    chans,
+                    c,
+                    args.requests,
+                    args.duration,
+                    *dup,
+                    &tag,
+                    0.0,
+                )
+                .await?;
+                let events = if *dup { r.ok / 2 } else { r.ok };
+                let rate = events as f64 / r.elapsed_s;
+                if !dup && *biz_type == "BENCH_ONE" {
+                    peak_one = peak_one.max(rate);
+                }
+                eprintln!(
+                    "http {phase}{label} c={c}: {:.0} req/s, {} accepted, {} duplicate, {} errors",
+                    r.rps, r.accepted, r.duplicates, r.errors
+                );
+                self.lines.push(Line {
+                    what: format!("HTTP /v1/events {label}, {phase}accepted events/s"),
+                    c,
+                    rate,
+                    p50: r.p50_ms,
+                    p99: r.p99_ms,
+                    p999: r.p999_ms,
+                    floor: floor_of(c),
+                    note: format!(
+                        "{:.0} req/s, {} errors{}",
+                        r.rps,
+                        r.errors,
+                        if *dup {
+                            format!(", {} dup answers", r.duplicates)
+                        } else {
+                            String::new()
+                        }
+                    ),
+                });
+                if dispatch {
+                    expected += r.accepted as u64;
+                    let t = Instant::now();
+                    if !drain(client, sim, expected, args.drain_timeout).await? {
+                        self.notes.push(format!(
+                            "{tag}: backlog not delivered in {:?}",
+                            args.drain_timeout
+                        ));
+                        expected = delivered(client, sim).await?;
+                    } else {
+                        eprintln!("  delivered in {:.1} s", t.elapsed().as_secs_f64());
+                    }
+                }
+            }
+        }
+
+        // Permit latency at half of the 1-channel peak (paced load, 64 connections).
+        let half = (peak_one / 2.0).max(1.0);
+        let buckets_before = permit_buckets(client, url).await?;
+        let r = load(
+            url,
+            "BENCH_ONE",
+            "sms",
+            64,
+            args.requests,
+            args.duration,
             false,
-        ),
-    ];
-    if !args.no_dup && !dispatch {
-        kinds.push(("1 channel, half dup", "BENCH_ONE", "sms", true));
-        kinds.push((
-            "4 channels, half dup",
-            "BENCH_FOUR",
-            "inbox,sms,wechat,app-push",
-            true,
-        ));
-    }
-    let p = if dispatch { "f" } else { "a" };
-    for (i, (label, biz_type, chans, dup)) in kinds.iter().enumerate() {
-        for &c in &args.concurrency {
-            let tag = format!("{p}h{i}c{c}");
+            &format!("{p}half"),
+            half,
+        )
+        .await?;
+        let buckets_after = permit_buckets(client, url).await?;
+        let permit_p50 = bucket_quantile(&buckets_before, &buckets_after, 0.50);
+        let permit_p99 = bucket_quantile(&buckets_before, &buckets_after, 0.99);
+        self.lines.push(Line {
+            what: format!("HTTP 1 channel, {phase}paced at half peak, events/s"),
+            c: 64,
+            rate: r.ok as f64 / r.elapsed_s,
+            p50: r.p50_ms,
+            p99: r.p99_ms,
+            p999: r.p999_ms,
+            floor: floor_of(64),
+            note: format!("target {half:.0}/s"),
+        });
+        self.lines.push(Line {
+            what: "  its permit pipeline (host histogram), ms".into(),
+            c: 64,
+            rate: f64::NAN,
+            p50: permit_p50,
+            p99: permit_p99,
+            p999: f64::NAN,
+            floor: f64::NAN,
+            note: "bucket upper bounds".into(),
+        });
+        if !dispatch {
+            return Ok(());
+        }
+        expected += r.accepted as u64;
+        if !drain(client, sim, expected, args.drain_timeout).await? {
+            self.notes.push("half: backlog not delivered".into());
+            expected = delivered(client, sim).await?;
+        }
+
+        // End to end: post → the simulator accepted the message.
+        for (label, biz_type, chans, per) in [
+            ("1 channel", "BENCH_ONE", "sms", 1),
+            ("4 channels", "BENCH_FOUR", "inbox,sms,wechat,app-push", 4),
+        ] {
+            let tag = format!("e2e{per}");
             let r = load(
                 url,
                 biz_type,
                 chans,
-                c,
-                args.requests,
-                args.duration,
-                *dup,
+                16,
+                args.e2e_events,
+                Duration::from_secs(60),
+                false,
                 &tag,
                 0.0,
             )
             .await?;
-            let events = if *dup { r.ok / 2 } else { r.ok };
-            let rate = events as f64 / r.elapsed_s;
-            if !dup && *biz_type == "BENCH_ONE" {
-                peak_one = peak_one.max(rate);
-            }
-            eprintln!(
-                "http {phase}{label} c={c}: {:.0} req/s, {} accepted, {} duplicate, {} errors",
-                r.rps, r.accepted, r.duplicates, r.errors
-            );
-            lines.push(Line {
-                what: format!("HTTP /v1/events {label}, {phase}accepted events/s"),
-                c,
-                rate,
-                p50: r.p50_ms,
-                p99: r.p99_ms,
-                p999: r.p999_ms,
-                floor: floor_of(c),
-                note: format!(
-                    "{:.0} req/s, {} errors{}",
-                    r.rps,
-                    r.errors,
-                    if *dup {
-                        format!(", {} dup answers", r.duplicates)
-                    } else {
-                        String::new()
+            expected += r.accepted as u64;
+            let all = drain(client, sim, expected, args.drain_timeout).await?;
+            let ledger = get_json(client, &format!("http://{sim}/_sim/ledger")).await?;
+            let mut lat = Vec::new();
+            let mut last = 0u64;
+            for list in ledger.as_object().into_iter().flat_map(|m| m.values()) {
+                for m in list.as_array().into_iter().flatten() {
+                    let at = m["accepted_at_ms"].as_u64().unwrap_or(0);
+                    if at < r.first_post_ms {
+                        continue;
                     }
+                    let text = m["params"].to_string();
+                    let posted = text.split("@@").nth(1).and_then(|t| t.parse::<u64>().ok());
+                    if let Some(p) = posted.filter(|p| *p >= r.first_post_ms) {
+                        lat.push(at.saturating_sub(p));
+                        last = last.max(at);
+                    }
+                }
+            }
+            lat.sort_unstable();
+            let pct = |q: f64| {
+                lat.get(((lat.len() as f64 * q) as usize).min(lat.len().saturating_sub(1)))
+                    .map(|v| *v as f64)
+                    .unwrap_or(f64::NAN)
+            };
+            let span = last.saturating_sub(r.first_post_ms).max(1) as f64 / 1000.0;
+            self.lines.push(Line {
+                what: format!("end to end {label}: post → simulator, messages/s"),
+                c: 16,
+                rate: lat.len() as f64 / span,
+                p50: pct(0.50),
+                p99: pct(0.99),
+                p999: pct(0.999),
+                floor: floor_of(16),
+                note: format!(
+                    "{} msgs of {} events{}",
+                    lat.len(),
+                    r.ok,
+                    if all { "" } else { ", NOT all delivered" }
                 ),
             });
-            if dispatch {
-                expected += r.accepted as u64;
-                let t = Instant::now();
-                if !drain(client, sim, expected, args.drain_timeout).await? {
-                    notes.push(format!(
-                        "{tag}: backlog not delivered in {:?}",
-                        args.drain_timeout
-                    ));
-                    expected = delivered(client, sim).await?;
-                } else {
-                    eprintln!("  delivered in {:.1} s", t.elapsed().as_secs_f64());
-                }
-            }
         }
+        Ok(())
     }
 
-    // Permit latency at half of the 1-channel peak (paced load, 64 connections).
-    let half = (peak_one / 2.0).max(1.0);
-    let buckets_before = permit_buckets(client, url).await?;
-    let r = load(
-        url,
-        "BENCH_ONE",
-        "sms",
-        64,
-        args.requests,
-        args.duration,
-        false,
-        &format!("{p}half"),
-        half,
-    )
-    .await?;
-    let buckets_after = permit_buckets(client, url).await?;
-    let permit_p50 = bucket_quantile(&buckets_before, &buckets_after, 0.50);
-    let permit_p99 = bucket_quantile(&buckets_before, &buckets_after, 0.99);
-    lines.push(Line {
-        what: format!("HTTP 1 channel, {phase}paced at half peak, events/s"),
-        c: 64,
-        rate: r.ok as f64 / r.elapsed_s,
-        p50: r.p50_ms,
-        p99: r.p99_ms,
-        p999: r.p999_ms,
-        floor: floor_of(64),
-        note: format!("target {half:.0}/s"),
-    });
-    lines.push(Line {
-        what: "  its permit pipeline (host histogram), ms".into(),
-        c: 64,
-        rate: f64::NAN,
-        p50: permit_p50,
-        p99: permit_p99,
-        p999: f64::NAN,
-        floor: f64::NAN,
-        note: "bucket upper bounds".into(),
-    });
-    if !dispatch {
-        return Ok(());
+    /// Runs one phase: starts its host, runs [`Phases::http_runs`], stops the host.
+    async fn phase(
+        &mut self,
+        tmp: &Path,
+        config: String,
+        name: &str,
+        dispatch: bool,
+    ) -> anyhow::Result<PhaseReport> {
+        let config_file = tmp.join(format!("{name}.toml"));
+        std::fs::write(&config_file, config)?;
+        let host = HostProcess::start(&config_file, &tmp.join(format!("{name}.log"))).await?;
+        eprintln!("host ({name}) on {}", host.url);
+        let (rss_idle, _) = host.rss();
+        self.http_runs(&host, dispatch).await?;
+        let rss_after = host.rss();
+        host.stop().await?;
+        Ok(PhaseReport {
+            rss_idle,
+            rss_after,
+        })
     }
-    expected += r.accepted as u64;
-    if !drain(client, sim, expected, args.drain_timeout).await? {
-        notes.push("half: backlog not delivered".into());
-        expected = delivered(client, sim).await?;
-    }
-
-    // End to end: post → the simulator accepted the message.
-    for (label, biz_type, chans, per) in [
-        ("1 channel", "BENCH_ONE", "sms", 1),
-        ("4 channels", "BENCH_FOUR", "inbox,sms,wechat,app-push", 4),
-    ] {
-        let tag = format!("e2e{per}");
-        let r = load(
-            url,
-            biz_type,
-            chans,
-            16,
-            args.e2e_events,
-            Duration::from_secs(60),
-            false,
-            &tag,
-            0.0,
-        )
-        .await?;
-        expected += r.accepted as u64;
-        let all = drain(client, sim, expected, args.drain_timeout).await?;
-        let ledger = get_json(client, &format!("http://{sim}/_sim/ledger")).await?;
-        let mut lat = Vec::new();
-        let mut last = 0u64;
-        for list in ledger.as_object().into_iter().flat_map(|m| m.values()) {
-            for m in list.as_array().into_iter().flatten() {
-                let at = m["accepted_at_ms"].as_u64().unwrap_or(0);
-                if at < r.first_post_ms {
-                    continue;
-                }
-                let text = m["params"].to_string();
-                let posted = text.split("@@").nth(1).and_then(|t| t.parse::<u64>().ok());
-                if let Some(p) = posted.filter(|p| *p >= r.first_post_ms) {
-                    lat.push(at.saturating_sub(p));
-                    last = last.max(at);
-                }
-            }
-        }
-        lat.sort_unstable();
-        let pct = |q: f64| {
-            lat.get(((lat.len() as f64 * q) as usize).min(lat.len().saturating_sub(1)))
-                .map(|v| *v as f64)
-                .unwrap_or(f64::NAN)
-        };
-        let span = last.saturating_sub(r.first_post_ms).max(1) as f64 / 1000.0;
-        lines.push(Line {
-            what: format!("end to end {label}: post → simulator, messages/s"),
-            c: 16,
-            rate: lat.len() as f64 / span,
-            p50: pct(0.50),
-            p99: pct(0.99),
-            p999: pct(0.999),
-            floor: floor_of(16),
-            note: format!(
-                "{} msgs of {} events{}",
-                lat.len(),
-                r.ok,
-                if all { "" } else { ", NOT all delivered" }
-            ),
-        });
-    }
-    Ok(())
-}
-
-/// Runs one phase: starts its host, runs [`http_runs`], stops the host.
-#[allow(clippy::too_many_arguments)]
-async fn phase(
-    args: &Args,
-    tmp: &Path,
-    config: String,
-    name: &str,
-    client: &HttpClient,
-    sim: &str,
-    dispatch: bool,
-    floor_of: &dyn Fn(usize) -> f64,
-    lines: &mut Vec<Line>,
-    notes: &mut Vec<String>,
-) -> anyhow::Result<PhaseReport> {
-    let config_file = tmp.join(format!("{name}.toml"));
-    std::fs::write(&config_file, config)?;
-    let host = HostProcess::start(&config_file, &tmp.join(format!("{name}.log"))).await?;
-    eprintln!("host ({name}) on {}", host.url);
-    let (rss_idle, _) = host.rss();
-    http_runs(args, &host, client, sim, dispatch, floor_of, lines, notes).await?;
-    let rss_after = host.rss();
-    host.stop().await?;
-    Ok(PhaseReport {
-        rss_idle,
-        rss_after,
-    })
 }
 
 async fn bench(args: &Args, tmp: &Path) -> anyhow::Result<()> {
@@ -771,6 +775,14 @@ async fn bench(args: &Args, tmp: &Path) -> anyhow::Result<()> {
     // The host, as its own process, in each phase.
     let mut notes = Vec::new();
     let mut rss = Vec::new();
+    let mut phases = Phases {
+        args,
+        client: &client,
+        sim: &sim,
+        floor_of: &floor_of,
+        lines: &mut lines,
+        notes: &mut notes,
+    };
     for name in &args.phases {
         let dispatch = match name.as_str() {
             "api" => false,
@@ -786,10 +798,7 @@ async fn bench(args: &Args, tmp: &Path) -> anyhow::Result<()> {
             args.workers,
             dispatch,
         );
-        let report = phase(
-            args, tmp, config, name, &client, &sim, dispatch, &floor_of, &mut lines, &mut notes,
-        )
-        .await?;
+        let report = phases.phase(tmp, config, name, dispatch).await?;
         rss.push((name.clone(), report));
         if !dispatch {
             // The API-only phase's backlog is not delivered: drop it, so the

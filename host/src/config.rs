@@ -34,6 +34,11 @@ pub struct HostConfig {
     pub shards: u16,
     /// Dispatcher workers in this process.
     pub workers: usize,
+    /// Whether this process dispatches: runs the dispatcher (its `workers`)
+    /// and the reconciler. `false`: an API-only instance that accepts events
+    /// and leaves their delivery to instances with `dispatch = true`, so API
+    /// and workers scale (and are measured) separately.
+    pub dispatch: bool,
     /// How long a worker's claim on a task lasts without being extended.
     #[serde(with = "humantime_serde")]
     pub lease: Duration,
@@ -290,6 +295,7 @@ impl Default for HostConfig {
             policy_dir: PathBuf::from("policies"),
             shards: 16,
             workers: 8,
+            dispatch: true,
             lease: Duration::from_secs(30),
             task_retention: Duration::from_secs(7 * 24 * 3600),
             plugin_limits: PluginLimits::default(),
@@ -548,6 +554,15 @@ pub fn parse_toml<T: serde::de::DeserializeOwned>(file: &Path, text: &str) -> Re
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn dispatch_defaults_to_on_and_can_be_switched_off() {
+        let file = Path::new("pushonce.toml");
+        assert!(HostConfig::parse(file, "workers = 4\n").unwrap().dispatch);
+        let api_only = HostConfig::parse(file, "dispatch = false\n").unwrap();
+        assert!(!api_only.dispatch);
+        api_only.check().unwrap();
+    }
 
     #[test]
     fn redis_cluster_from_file_and_env_and_never_with_redis_url() {

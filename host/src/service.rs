@@ -10,9 +10,10 @@
 //! and checks in flight finish and are recorded, nothing half-done), then stop
 //! the embedded Redis (AOF flushed).
 //!
-//! Also the corpus of recent events: every accepted request's event is
-//! sampled into a capped Redis list, `{<ns>:corpus}:events` (newest first,
-//! [`CORPUS_LEN`] kept), in the same pipeline as its permits; the reload's
+//! Also the corpus of recent events: accepted requests' events are sampled
+//! ([`CorpusSampler`]: all of them at low rates, about 100 a second under
+//! load) into a capped Redis list, `{<ns>:corpus}:events` (newest first,
+//! [`CORPUS_LEN`] kept), in the same pipeline as their permits; the reload's
 //! key-stability check reads it with [`recent_events`].
 
 use std::collections::BTreeMap;
@@ -25,7 +26,7 @@ use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 
 use crate::api::receipts::{ReceiptHandler, ReceiptRefusal};
-use crate::api::{self, ApiLimits, AppState, SharedReceiptHandler, Token};
+use crate::api::{self, ApiLimits, AppState, SharedReceiptHandler, SharedState, Token};
 use crate::config::HostConfig;
 use crate::dispatch::{DispatchConfig, DispatchError, Dispatcher, default_consumer_name};
 use crate::permit::{PermitConfig, PermitError, Permits};
@@ -166,6 +167,62 @@ pub fn corpus_commands(namespace: &str, event_json: &str) -> [redis::Cmd; 2] {
     [push, trim]
 }
 
+/// Decides which accepted events are sampled into the corpus: every event
+/// while the host accepts fewer than [`CorpusSampler::PER_SECOND`] a second
+/// (after a burst of as many), then about that many a second. The corpus
+/// only needs recent, real events (the reload check reads the last
+/// [`CORPUS_CHECK_LEN`]); writing every one added two commands on the one
+/// corpus key to each accept. A GCRA rate limiter on one atomic: lock-free.
+#[derive(Debug)]
+pub struct CorpusSampler {
+    /// Theoretical arrival time of the next sample, µs since `epoch`.
+    tat: std::sync::atomic::AtomicU64,
+    /// The sampler's clock origin.
+    epoch: std::time::Instant,
+}
+
+impl Default for CorpusSampler {
+    fn default() -> Self {
+        CorpusSampler {
+            tat: std::sync::atomic::AtomicU64::new(0),
+            epoch: std::time::Instant::now(),
+        }
+    }
+}
+
+impl CorpusSampler {
+    /// Samples kept per second under load (and the burst allowed at once).
+    pub const PER_SECOND: u64 = 100;
+
+    /// Whether the event accepted now goes into the corpus.
+    pub fn sample(&self) -> bool {
+        self.sample_at(self.epoch.elapsed().as_micros() as u64)
+    }
+
+    /// [`CorpusSampler::sample`] at `now`, µs on the sampler's clock.
+    fn sample_at(&self, now: u64) -> bool {
+        use std::sync::atomic::Ordering;
+        const INTERVAL_US: u64 = 1_000_000 / CorpusSampler::PER_SECOND;
+        const BURST_US: u64 = 1_000_000;
+        let mut tat = self.tat.load(Ordering::Relaxed);
+        loop {
+            let start = tat.max(now);
+            if start - now > BURST_US {
+                return false;
+            }
+            match self.tat.compare_exchange_weak(
+                tat,
+                start + INTERVAL_US,
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => return true,
+                Err(current) => tat = current,
+            }
+        }
+    }
+}
+
 /// The `n` most recent events of the corpus, newest first (entries that do
 /// not parse are skipped). Events repeat when they were posted again.
 pub async fn recent_events(
@@ -298,9 +355,12 @@ pub async fn start(
             ))
         })?;
     let reloading = tokio::spawn(reload_loop(reload.clone(), trigger_rx));
-    let state = AppState {
+    // The API takes permits on its own multiplexed connection, so an accept
+    // never queues behind the dispatcher's scripts on the same socket.
+    let api_permits = Permits::new(store.manager().await?, permits.config().clone());
+    let state = AppState::new(SharedState {
         live: live.clone(),
-        permits: permits.clone(),
+        permits: api_permits,
         limits: options.limits,
         api_token: token(&options.env, config.auth.api_token_env.as_deref(), "/v1"),
         admin_token: token(
@@ -324,28 +384,36 @@ pub async fn start(
         receipts: Some(receipts),
         reload,
         metrics: api::metrics::handle(),
-    };
+        corpus: Arc::new(CorpusSampler::default()),
+    });
     api::metrics::register_channels(config.channels.keys().map(String::as_str));
     let (stop, mut stop_rx) = watch::channel(false);
     let (dispatch_stop, dispatch_rx) = watch::channel(false);
     // The reconciler stops on the dispatcher's signal: both after the API.
-    let reconciling = tokio::spawn(
-        Reconciler::new(permits.clone(), sender.clone(), config.reconcile.clone())
-            .run(dispatch_rx.clone()),
-    );
-    let dispatching = tokio::spawn(supervise(
-        store.client().clone(),
-        permits,
-        sender,
-        DispatchConfig {
-            workers: config.workers,
-            lease: config.lease,
-            block: options.dispatch_block,
-            consumer: default_consumer_name(),
-            ..DispatchConfig::default()
-        },
-        dispatch_rx,
-    ));
+    // An API-only instance (`dispatch = false`) runs neither.
+    let (reconciling, dispatching) = if config.dispatch {
+        let reconciling = tokio::spawn(
+            Reconciler::new(permits.clone(), sender.clone(), config.reconcile.clone())
+                .run(dispatch_rx.clone()),
+        );
+        let dispatching = tokio::spawn(supervise(
+            store.client().clone(),
+            permits,
+            sender,
+            DispatchConfig {
+                workers: config.workers,
+                lease: config.lease,
+                block: options.dispatch_block,
+                consumer: default_consumer_name(),
+                ..DispatchConfig::default()
+            },
+            dispatch_rx,
+        ));
+        (Some(reconciling), Some(dispatching))
+    } else {
+        tracing::info!("dispatch = false: API only, no dispatcher or reconciler in this process");
+        (None, None)
+    };
     let app = api::app(state);
     let task = tokio::spawn(async move {
         let served = axum::serve(listener, app)
@@ -361,8 +429,14 @@ pub async fn start(
             .map_err(ServiceError::Serve);
         tracing::info!("API stopped; stopping the dispatcher (attempts in flight finish)");
         let _ = dispatch_stop.send(true);
-        let dispatched = dispatching.await;
-        let reconciled = reconciling.await;
+        let dispatched = match dispatching {
+            Some(task) => task.await,
+            None => Ok(Ok(())),
+        };
+        let reconciled = match reconciling {
+            Some(task) => task.await,
+            None => Ok(()),
+        };
         store.shutdown().await;
         served?;
         drop(watching);
@@ -446,4 +520,23 @@ fn token(env: &EnvLookup, var: Option<&str>, surface: &str) -> Token {
         }
     }
     Token::new(secret.as_deref())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::CorpusSampler;
+
+    #[test]
+    fn corpus_sampler_keeps_everything_at_low_rates_and_about_100_a_second_under_load() {
+        let s = CorpusSampler::default();
+        // One event every 20 ms: all sampled.
+        assert!((0..500u64).all(|i| s.sample_at(i * 20_000)));
+        // 10 000 events within one second after that: a burst of about 100,
+        // then one per 10 ms.
+        let t0 = 10_000_000;
+        let kept = (0..10_000u64).filter(|i| s.sample_at(t0 + i * 100)).count();
+        assert!((150..=220).contains(&kept), "{kept}");
+        // Quiet again: sampled again after the backlog of the burst passed.
+        assert!(s.sample_at(t0 + 5_000_000));
+    }
 }

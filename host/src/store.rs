@@ -507,7 +507,7 @@ impl Batch {
         }
         if !conn.is_cluster() {
             let cmds = self.cmds.into_iter().map(|(_, c)| c).collect();
-            return pipeline(cmds, conn.clone(), reload.cloned()).await;
+            return pipeline(cmds, conn.clone(), reload).await;
         }
         // Group by slot, keeping each command's position.
         let mut groups: HashMap<Slot, (Vec<usize>, Vec<Cmd>)> = HashMap::new();
@@ -519,7 +519,7 @@ impl Batch {
         let mut runs = tokio::task::JoinSet::new();
         for (idx, cmds) in groups.into_values() {
             let (conn, reload) = (conn.clone(), reload.cloned());
-            runs.spawn(async move { (idx, pipeline(cmds, conn, reload).await) });
+            runs.spawn(async move { (idx, pipeline(cmds, conn, reload.as_ref()).await) });
         }
         let mut answers: Vec<Value> = vec![Value::Nil; n];
         while let Some(joined) = runs.join_next().await {
@@ -543,7 +543,7 @@ impl Batch {
 async fn pipeline(
     cmds: Vec<Cmd>,
     mut conn: RedisConn,
-    reload: Option<redis::Script>,
+    reload: Option<&redis::Script>,
 ) -> RedisResult<Vec<Value>> {
     let mut pipe = redis::pipe();
     for cmd in cmds {

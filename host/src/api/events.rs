@@ -415,21 +415,31 @@ fn to_event(req: &EventRequest, now: u64) -> Result<Event, ApiError> {
 }
 
 /// The event as stored in tasks and in the corpus: the JSON form
-/// `derive::event_from_json` reads back.
+/// `derive::event_from_json` reads back. Serialized straight from borrowed
+/// fields (no `serde_json::Value` tree: this runs for every event); fields
+/// and attributes come out sorted by name and a repeated attribute keeps its
+/// last value, as the `Value` form did.
 pub fn event_json(event: &Event) -> String {
-    let attributes: serde_json::Map<String, serde_json::Value> = event
-        .attributes
-        .iter()
-        .map(|(k, v)| (k.clone(), serde_json::Value::from(v.clone())))
-        .collect();
-    serde_json::json!({
-        "biz_type": event.biz_type,
-        "biz_id": event.biz_id,
-        "user_id": event.user_id,
-        "occurred_at": event.occurred_at_ms,
-        "attributes": attributes,
+    #[derive(serde::Serialize)]
+    struct Stored<'a> {
+        attributes: BTreeMap<&'a str, &'a str>,
+        biz_id: &'a str,
+        biz_type: &'a str,
+        occurred_at: u64,
+        user_id: &'a str,
+    }
+    serde_json::to_string(&Stored {
+        attributes: event
+            .attributes
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect(),
+        biz_id: &event.biz_id,
+        biz_type: &event.biz_type,
+        occurred_at: event.occurred_at_ms,
+        user_id: &event.user_id,
     })
-    .to_string()
+    .expect("string fields always serialize")
 }
 
 /// What every channel of one event shares while it is planned.
@@ -444,12 +454,26 @@ struct Context<'a> {
     params: Vec<(String, String)>,
     /// The request.
     req: &'a EventRequest,
-    /// The channel plugin (`name@version`) each channel instance resolves to
-    /// now: pinned into the task so a send in flight keeps its version.
-    channel_plugins: BTreeMap<String, String>,
+    /// The snapshot of the request (its registry resolves channel plugins).
+    snapshot: &'a Snapshot,
+    /// The host's channel instances.
+    channels: &'a BTreeMap<String, crate::config::ChannelConfig>,
 }
 
 impl Context<'_> {
+    /// The channel plugin (`name@version`) the channel instance resolves to
+    /// now: pinned into the task so a send in flight keeps its version.
+    /// Resolved for the channels of this event only.
+    fn channel_plugin(&self, channel: &str) -> Option<String> {
+        let config = self.channels.get(channel)?;
+        let plugin = self
+            .snapshot
+            .registry
+            .resolve_channel(&config.plugin)
+            .ok()?;
+        Some(plugin.meta().id.clone())
+    }
+
     fn derive(&self, channel: &str) -> Result<crate::derive::DerivedKey, ApiError> {
         derive(self.plugin, self.event, channel, &self.params).map_err(|e| match e {
             DeriveError::Call(call) => ApiError::Plugin {
@@ -524,7 +548,7 @@ impl Context<'_> {
                 .iter()
                 .map(|(k, v)| (k.clone(), v.clone()))
                 .collect(),
-            plugin: self.channel_plugins.get(channel).cloned(),
+            plugin: self.channel_plugin(channel),
             fallback: self.fallback(channel, depth)?,
         })
     }
@@ -613,16 +637,8 @@ fn plan(
         event: &event,
         params: crate::route::stability::params_of(policy),
         req: &req,
-        channel_plugins: state
-            .live
-            .config()
-            .channels
-            .iter()
-            .filter_map(|(name, c)| {
-                let plugin = snapshot.registry.resolve_channel(&c.plugin).ok()?;
-                Some((name.clone(), plugin.meta().id.clone()))
-            })
-            .collect(),
+        snapshot,
+        channels: &state.live.config().channels,
     };
     let meta = plugin.meta();
     let mut planned = Vec::with_capacity(channels.len());
@@ -657,19 +673,24 @@ fn plan(
 }
 
 /// Takes the permits of every channel of every event in one pipeline (with
-/// the corpus samples), counts the outcome, and answers per event.
+/// the corpus samples the sampler lets through), counts the outcome, and
+/// answers per event.
 async fn accept(state: &AppState, events: &[PlannedEvent]) -> Result<Vec<EventAccepted>, ApiError> {
-    let requests: Vec<AcceptRequest> = events
+    let requests: Vec<&AcceptRequest> = events
         .iter()
-        .flat_map(|e| e.channels.iter().map(|p| p.request.clone()))
+        .flat_map(|e| e.channels.iter().map(|p| &p.request))
         .collect();
     let namespace = state.permits.layout().namespace().to_string();
     let extra: Vec<redis::Cmd> = events
         .iter()
+        .filter(|_| state.corpus.sample())
         .flat_map(|e| crate::service::corpus_commands(&namespace, &e.event_json))
         .collect();
     let started = Instant::now();
-    let answers = state.permits.accept_batch_with(&requests, &extra).await;
+    let answers = state
+        .permits
+        .accept_batch_with(requests.iter().copied(), &extra)
+        .await;
     metrics::histogram!(super::metrics::PERMIT_SECONDS).record(started.elapsed().as_secs_f64());
     let answers = answers?;
     let mut answers = answers.into_iter();
@@ -714,4 +735,36 @@ async fn accept(state: &AppState, events: &[PlannedEvent]) -> Result<Vec<EventAc
         });
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn event_json_is_the_value_form_sorted_with_the_last_repeated_attribute() {
+        let event = Event {
+            biz_type: "ORDER_SHIPPED".into(),
+            biz_id: "o-\"1\"".into(),
+            user_id: "u-42".into(),
+            occurred_at_ms: 1_796_054_399_000,
+            attributes: vec![
+                ("z".into(), "last".into()),
+                ("a".into(), "first".into()),
+                ("z".into(), "again".into()),
+            ],
+        };
+        let reference = serde_json::json!({
+            "biz_type": event.biz_type,
+            "biz_id": event.biz_id,
+            "user_id": event.user_id,
+            "occurred_at": event.occurred_at_ms,
+            "attributes": {"z": "again", "a": "first"},
+        })
+        .to_string();
+        assert_eq!(event_json(&event), reference);
+        let back = crate::derive::event_from_json(&event_json(&event)).unwrap();
+        assert_eq!(back.biz_id, event.biz_id);
+        assert_eq!(back.occurred_at_ms, event.occurred_at_ms);
+    }
 }

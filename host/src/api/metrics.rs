@@ -94,6 +94,9 @@ const BUCKETS: [f64; 14] = [
 
 static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
 
+/// How often histogram samples are folded into their buckets.
+const UPKEEP_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// The process's Prometheus recorder, installed as the global `metrics`
 /// recorder on first use (one per process: several hosts started in one test
 /// process share it).
@@ -107,6 +110,22 @@ pub fn handle() -> PrometheusHandle {
             let handle = recorder.handle();
             if metrics::set_global_recorder(recorder).is_err() {
                 tracing::warn!("a metrics recorder was already installed; /metrics shows only what this one records");
+            }
+            // Histogram samples wait in a buffer until they are folded into
+            // the buckets, which a scrape of /metrics does; without a scrape
+            // the buffer grows with every request (8 bytes a sample). Fold
+            // them every few seconds whatever the scrapes.
+            let upkeep = handle.clone();
+            let spawned = std::thread::Builder::new()
+                .name("metrics-upkeep".into())
+                .spawn(move || {
+                    loop {
+                        std::thread::sleep(UPKEEP_EVERY);
+                        upkeep.run_upkeep();
+                    }
+                });
+            if let Err(e) = spawned {
+                tracing::warn!(error = %e, "no metrics upkeep thread: histogram samples wait for a scrape");
             }
             handle
         })

@@ -57,9 +57,29 @@ impl Default for ApiLimits {
     }
 }
 
-/// What every handler shares. Cheap to clone.
+/// What every handler shares: one `Arc`, so the clone axum makes for every
+/// request (and every `State` extractor) is one reference count, not a copy
+/// of each field (the permit layer's strings, tokens, handles).
 #[derive(Clone)]
-pub struct AppState {
+pub struct AppState(Arc<SharedState>);
+
+impl AppState {
+    /// The state shared by every handler.
+    pub fn new(shared: SharedState) -> AppState {
+        AppState(Arc::new(shared))
+    }
+}
+
+impl std::ops::Deref for AppState {
+    type Target = SharedState;
+
+    fn deref(&self) -> &SharedState {
+        &self.0
+    }
+}
+
+/// The fields of [`AppState`].
+pub struct SharedState {
     /// The policies and plugins in force (one `current()` per request).
     pub live: Arc<Live>,
     /// The permit layer.
@@ -78,6 +98,8 @@ pub struct AppState {
     pub reload: crate::route::watch::Reloader,
     /// The Prometheus recorder's handle.
     pub metrics: metrics_exporter_prometheus::PrometheusHandle,
+    /// Which accepted events are sampled into the corpus of recent events.
+    pub corpus: Arc<crate::service::CorpusSampler>,
 }
 
 /// The router of the whole API.

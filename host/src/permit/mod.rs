@@ -330,7 +330,7 @@ impl Permits {
         let shard = self.layout.shard_of(&req.key);
         let task_id = self.layout.new_task_id(shard);
         let mut inv = scripts::ACCEPT.prepare_invoke();
-        self.accept_invocation(&mut inv, req, shard, &task_id);
+        self.accept_invocation(&mut inv, req, &task_id);
         let answer: Value = inv.invoke_async(&mut self.conn.clone()).await?;
         parse_acceptance(answer)
     }
@@ -350,22 +350,28 @@ impl Permits {
     /// key), e.g. the API's sample of recent events. The accepts do not
     /// depend on them. One pipeline on a single Redis; on a cluster one per
     /// hash slot, sent concurrently ([`Batch`]).
-    pub async fn accept_batch_with(
+    pub async fn accept_batch_with<'r>(
         &self,
-        reqs: &[AcceptRequest],
+        reqs: impl IntoIterator<Item = &'r AcceptRequest>,
         extra: &[redis::Cmd],
     ) -> Result<Vec<Acceptance>, PermitError> {
         let mut batch = Batch::new();
+        let mut n = 0;
         for req in reqs {
             let shard = self.layout.shard_of(&req.key);
             let task_id = self.layout.new_task_id(shard);
-            let (keys, args) = self.accept_keys_and_args(req, &task_id);
+            let keys = self.accept_keys(req, &task_id);
             let mut cmd = redis::cmd("EVALSHA");
             cmd.arg(scripts::ACCEPT.get_hash())
                 .arg(keys.len())
-                .arg(&keys)
-                .arg(args);
+                .arg(&keys);
+            // Written straight into the command: no copy of the event and
+            // payload texts in between.
+            self.for_each_accept_arg(req, &task_id, |a| {
+                cmd.arg(a);
+            });
             batch.add(&keys[0], cmd);
+            n += 1;
         }
         for cmd in extra {
             batch.add_keyed(cmd.clone());
@@ -373,7 +379,7 @@ impl Permits {
         let mut answers = batch
             .query(&mut self.conn.clone(), Some(&scripts::ACCEPT))
             .await?;
-        answers.truncate(reqs.len());
+        answers.truncate(n);
         answers.into_iter().map(parse_acceptance).collect()
     }
 
@@ -381,16 +387,14 @@ impl Permits {
         &self,
         inv: &mut redis::ScriptInvocation<'_>,
         req: &AcceptRequest,
-        shard: u16,
         task_id: &str,
     ) {
-        inv.key(self.layout.permit(&req.key))
-            .key(format!("{}{}", self.layout.task_prefix(shard), task_id))
-            .key(self.layout.ready(shard));
-        if !req.biz_type.is_empty() {
-            inv.key(self.layout.event_index(shard, &req.biz_type, &req.biz_id));
+        for key in self.accept_keys(req, task_id) {
+            inv.key(key);
         }
-        inv.arg(self.accept_args(req, task_id));
+        self.for_each_accept_arg(req, task_id, |a| {
+            inv.arg(a);
+        });
     }
 
     /// The `KEYS` and `ARGV` of the accept script for `req` under `task_id`
@@ -400,6 +404,13 @@ impl Permits {
         req: &AcceptRequest,
         task_id: &str,
     ) -> (Vec<String>, Vec<String>) {
+        let mut args = Vec::with_capacity(13);
+        self.for_each_accept_arg(req, task_id, |a| args.push(a.to_string()));
+        (self.accept_keys(req, task_id), args)
+    }
+
+    /// The accept script's `KEYS` for `req` under `task_id`.
+    fn accept_keys(&self, req: &AcceptRequest, task_id: &str) -> Vec<String> {
         let shard = self.layout.shard_of(&req.key);
         let mut keys = vec![
             self.layout.permit(&req.key),
@@ -409,39 +420,34 @@ impl Permits {
         if !req.biz_type.is_empty() {
             keys.push(self.layout.event_index(shard, &req.biz_type, &req.biz_id));
         }
-        (keys, self.accept_args(req, task_id))
+        keys
     }
 
-    fn accept_args(&self, req: &AcceptRequest, task_id: &str) -> Vec<String> {
-        let r = &req.retry;
+    /// Calls `f` with each of the accept script's `ARGV` for `req`, in order.
+    fn for_each_accept_arg(&self, req: &AcceptRequest, task_id: &str, mut f: impl FnMut(&str)) {
+        let window = ms(req.window).max(1).to_string();
+        let retention = ms(self.config.retention).to_string();
+        let attempts = req.retry.max_attempts.to_string();
         // The fields no script reads travel packed in one JSON field (`spec`):
         // fewer hash fields make the accept script cheaper inside Redis.
-        let spec = serde_json::json!({
-            "channel": req.channel,
-            "biz_type": req.biz_type,
-            "biz_id": req.biz_id,
-            "policy": req.policy_name,
-            "policy_version": req.policy_version,
-            "retry_initial_ms": ms(r.initial),
-            "retry_factor": r.factor,
-            "retry_max_delay_ms": ms(r.max_delay),
-            "retry_jitter": r.jitter,
-        });
-        vec![
-            task_id.to_string(),
-            ms(req.window).max(1).to_string(),
-            ms(self.config.retention).to_string(),
-            "key".into(),
-            req.key.clone(),
-            "retry_max_attempts".into(),
-            r.max_attempts.to_string(),
-            "spec".into(),
-            spec.to_string(),
-            "event".into(),
-            req.event_json.clone(),
-            "payload".into(),
-            req.payload.clone(),
-        ]
+        let spec = spec_json(req);
+        for arg in [
+            task_id,
+            &window,
+            &retention,
+            "key",
+            &req.key,
+            "retry_max_attempts",
+            &attempts,
+            "spec",
+            &spec,
+            "event",
+            &req.event_json,
+            "payload",
+            &req.payload,
+        ] {
+            f(arg);
+        }
     }
 
     fn task_key(&self, task_id: &str) -> Result<String, PermitError> {
@@ -858,6 +864,37 @@ impl Permits {
     }
 }
 
+/// The task's `spec` field: the fields no script reads, as one JSON object
+/// (names sorted). Serialized straight from the request (no `Value` tree:
+/// this runs for every accept).
+fn spec_json(req: &AcceptRequest) -> String {
+    let r = &req.retry;
+    #[derive(serde::Serialize)]
+    struct Spec<'a> {
+        biz_id: &'a str,
+        biz_type: &'a str,
+        channel: &'a str,
+        policy: &'a str,
+        policy_version: &'a str,
+        retry_factor: f64,
+        retry_initial_ms: u64,
+        retry_jitter: bool,
+        retry_max_delay_ms: u64,
+    }
+    serde_json::to_string(&Spec {
+        biz_id: &req.biz_id,
+        biz_type: &req.biz_type,
+        channel: &req.channel,
+        policy: &req.policy_name,
+        policy_version: &req.policy_version,
+        retry_factor: r.factor,
+        retry_initial_ms: ms(r.initial),
+        retry_jitter: r.jitter,
+        retry_max_delay_ms: ms(r.max_delay),
+    })
+    .expect("plain fields always serialize")
+}
+
 /// A duration in whole milliseconds.
 pub fn ms(d: Duration) -> u64 {
     d.as_millis().min(u128::from(u64::MAX)) as u64
@@ -902,5 +939,46 @@ fn text(v: Option<&Value>) -> String {
         Some(Value::Int(i)) => i.to_string(),
         Some(Value::Okay) => "OK".into(),
         _ => String::new(),
+    }
+}
+
+#[cfg(test)]
+mod spec_json_tests {
+    use super::*;
+
+    #[test]
+    fn spec_json_is_the_value_form() {
+        let req = AcceptRequest {
+            key: "push:p@1:sms:k".into(),
+            channel: "sms".into(),
+            window: Duration::from_secs(60),
+            biz_type: "ORDER".into(),
+            biz_id: "o-\"1\"".into(),
+            event_json: "{}".into(),
+            payload: "{}".into(),
+            policy_name: "per-event".into(),
+            policy_version: "1.2.0".into(),
+            retry: RetryPolicy {
+                max_attempts: 5,
+                initial: Duration::from_millis(1500),
+                factor: 2.5,
+                max_delay: Duration::from_secs(60),
+                jitter: true,
+            },
+        };
+        let r = &req.retry;
+        let reference = serde_json::json!({
+            "channel": req.channel,
+            "biz_type": req.biz_type,
+            "biz_id": req.biz_id,
+            "policy": req.policy_name,
+            "policy_version": req.policy_version,
+            "retry_initial_ms": ms(r.initial),
+            "retry_factor": r.factor,
+            "retry_max_delay_ms": ms(r.max_delay),
+            "retry_jitter": r.jitter,
+        })
+        .to_string();
+        assert_eq!(spec_json(&req), reference);
     }
 }

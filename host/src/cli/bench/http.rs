@@ -1,17 +1,25 @@
 //! `pushonce bench http`: the whole host measured the way its users see it,
 //! against the floor Redis sets on the same machine in the same run. Starts an
 //! embedded Redis (AOF on, as in production), the provider simulator (the
-//! `provider-sim` binary, a separate process), and the host in-process
-//! (`service::start` on 127.0.0.1:0, channel plugins sending to the
-//! simulator); drives `POST /v1/events` from `pushonce bench load` run as a
-//! separate process; prints one table where every rate is also a ratio to
-//! `redis-benchmark`'s bare `SET NX PX` script at the same concurrency.
+//! `provider-sim` binary, a separate process), and the host as its own
+//! `pushonce serve` process (a generated configuration: the channel plugins
+//! send to the simulator); drives `POST /v1/events` from `pushonce bench load`
+//! run as a separate process; prints one table where every rate is also a
+//! ratio to `redis-benchmark`'s bare `SET NX PX` script at the same
+//! concurrency.
+//!
+//! Two phases, each with its own host process: `api` — the host with
+//! `dispatch = false` (the accept path alone: no dispatcher competing for the
+//! cores; its backlog is dropped with `FLUSHALL` afterwards), then `full` —
+//! the host as deployed by default, dispatching while it accepts, its
+//! backlog delivered between runs, and the end-to-end rows. The host's RSS is
+//! its own process's.
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
@@ -21,13 +29,13 @@ use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 
+use tokio::io::AsyncBufReadExt;
+
 use super::load::Report;
 use super::permit::{self, Row};
-use crate::config::{ChannelConfig, HostConfig};
+use crate::config::HostConfig;
 use crate::permit::{PermitConfig, Permits};
 use crate::route::Live;
-use crate::send::plugin::PluginSender;
-use crate::service::{self, ServiceOptions};
 use crate::store::{RedisTarget, Store};
 
 /// Arguments of `pushonce bench http`.
@@ -63,6 +71,10 @@ pub struct Args {
     /// Skip the half-duplicate runs.
     #[arg(long)]
     no_dup: bool,
+    /// Phases to run: `api` (host with `dispatch = false`: the accept path
+    /// alone) and `full` (the host dispatching while it accepts, end to end).
+    #[arg(long, value_delimiter = ',', default_value = "api,full")]
+    phases: Vec<String>,
 }
 
 /// One line of the table.
@@ -153,28 +165,111 @@ fn write_policies(dir: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn channels(sim: &str) -> BTreeMap<String, ChannelConfig> {
-    let endpoint = format!("http://{sim}");
-    let mut out = BTreeMap::new();
-    for (name, extra) in [
-        ("inbox", vec![]),
-        ("sms", vec![("sign_name", "pushonce")]),
-        ("app-push", vec![("project", "pushonce-bench")]),
-        ("wechat", vec![("app_id", "wx-bench")]),
+/// A TOML string literal.
+fn toml_str(s: &str) -> String {
+    toml::Value::String(s.to_string()).to_string()
+}
+
+/// The host's configuration file: Redis at `redis_url`, the bench policies,
+/// the four channels sending to the simulator at `sim`.
+fn host_config(
+    tmp: &Path,
+    name: &str,
+    redis_url: &str,
+    plugin_dir: &Path,
+    sim: &str,
+    workers: usize,
+    dispatch: bool,
+) -> String {
+    let dir = |p: PathBuf| toml_str(&p.to_string_lossy());
+    let mut text = format!(
+        "listen = \"127.0.0.1:0\"\nredis_url = {}\ndata_dir = {}\nplugin_dir = {}\npolicy_dir = {}\nworkers = {workers}\ndispatch = {dispatch}\n",
+        toml_str(redis_url),
+        dir(tmp.join(format!("data-{name}"))),
+        dir(plugin_dir.to_path_buf()),
+        dir(tmp.join("policies")),
+    );
+    let endpoint = toml_str(&format!("http://{sim}"));
+    for (channel, extra) in [
+        ("inbox", ""),
+        ("sms", ", sign_name = \"pushonce\""),
+        ("app-push", ", project = \"pushonce-bench\""),
+        ("wechat", ", app_id = \"wx-bench\""),
     ] {
-        let mut c = ChannelConfig::new(&format!("{name}@^1"));
-        c.settings.insert("endpoint".into(), endpoint.clone());
-        for (k, v) in extra {
-            c.settings.insert(k.into(), v.into());
+        text.push_str(&format!(
+            "\n[channels.{channel}]\nplugin = \"{channel}@^1\"\nsettings = {{ endpoint = {endpoint}{extra} }}\nallowed_hosts = [{}]\n",
+            toml_str(sim)
+        ));
+        if channel == "wechat" {
+            text.push_str("secrets_from_env = { app_secret = \"BENCH_WECHAT_SECRET\" }\n");
         }
-        if name == "wechat" {
-            c.secrets_from_env
-                .insert("app_secret".into(), "BENCH_WECHAT_SECRET".into());
-        }
-        c.allowed_hosts = vec![sim.to_string()];
-        out.insert(name.to_string(), c);
     }
-    out
+    text
+}
+
+/// The host under test: a `pushonce serve` process (killed when dropped).
+struct HostProcess {
+    /// The process.
+    child: tokio::process::Child,
+    /// Its base URL.
+    url: String,
+}
+
+impl HostProcess {
+    /// Starts `pushonce serve --config <config>` and waits until it serves.
+    async fn start(config: &Path, log: &Path) -> anyhow::Result<HostProcess> {
+        let mut child = tokio::process::Command::new(std::env::current_exe()?)
+            .args(["serve", "--config"])
+            .arg(config)
+            .env("BENCH_WECHAT_SECRET", "bench-secret")
+            .stdout(Stdio::piped())
+            .stderr(std::fs::File::create(log)?)
+            .kill_on_drop(true)
+            .spawn()
+            .context("starting the host (pushonce serve)")?;
+        let stdout = child.stdout.take().context("host stdout")?;
+        let mut lines = tokio::io::BufReader::new(stdout).lines();
+        let first = tokio::time::timeout(Duration::from_secs(60), lines.next_line())
+            .await
+            .context("the host did not start within 60 s")??;
+        let Some(url) = first
+            .as_deref()
+            .and_then(|l| l.trim().strip_prefix("pushonce listening on "))
+        else {
+            bail!(
+                "the host did not start ({first:?}); its log: {}",
+                std::fs::read_to_string(log).unwrap_or_default()
+            );
+        };
+        Ok(HostProcess {
+            url: url.to_string(),
+            child,
+        })
+    }
+
+    /// `VmRSS` and `VmHWM` of the host process, MiB.
+    fn rss(&self) -> (f64, f64) {
+        match self.child.id() {
+            Some(pid) => rss_of(&format!("/proc/{pid}/status")),
+            None => (f64::NAN, f64::NAN),
+        }
+    }
+
+    /// Stops the host with SIGTERM (graceful) and waits for it.
+    async fn stop(mut self) -> anyhow::Result<()> {
+        if let Some(pid) = self.child.id() {
+            let _ = Command::new("kill")
+                .args(["-TERM", &pid.to_string()])
+                .status();
+        }
+        if tokio::time::timeout(Duration::from_secs(60), self.child.wait())
+            .await
+            .is_err()
+        {
+            self.child.kill().await?;
+        }
+        Ok(())
+    }
 }
 
 type HttpClient = Client<HttpConnector, Empty<Bytes>>;
@@ -258,9 +353,9 @@ async fn load(
     Ok(report)
 }
 
-/// `VmRSS` and `VmHWM` of this process, MiB.
-fn rss() -> (f64, f64) {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+/// `VmRSS` and `VmHWM` in a `/proc/<pid>/status` file, MiB.
+fn rss_of(file: &str) -> (f64, f64) {
+    let status = std::fs::read_to_string(file).unwrap_or_default();
     let field = |name: &str| {
         status
             .lines()
@@ -272,11 +367,15 @@ fn rss() -> (f64, f64) {
     (field("VmRSS:"), field("VmHWM:"))
 }
 
-/// Cumulative counts of the host's permit-latency histogram, by bucket bound (s).
-fn permit_buckets() -> Vec<(f64, f64)> {
-    let text = crate::api::metrics::handle().render();
+/// Cumulative counts of the host's permit-latency histogram, by bucket bound
+/// (s), from its `/metrics`.
+async fn permit_buckets(client: &HttpClient, host: &str) -> anyhow::Result<Vec<(f64, f64)>> {
+    let res = client.get(format!("{host}/metrics").parse()?).await?;
+    let bytes = res.into_body().collect().await?.to_bytes();
+    let text = String::from_utf8_lossy(&bytes);
     let name = format!("{}_bucket{{le=\"", crate::api::metrics::PERMIT_SECONDS);
-    text.lines()
+    Ok(text
+        .lines()
         .filter_map(|l| {
             let rest = l.strip_prefix(&name)?;
             let (le, count) = rest.split_once("\"} ")?;
@@ -287,7 +386,7 @@ fn permit_buckets() -> Vec<(f64, f64)> {
             };
             Some((le, count.trim().parse().ok()?))
         })
-        .collect()
+        .collect())
 }
 
 /// The bucket bound (ms) under which fraction `q` of the calls between two snapshots fell.
@@ -311,8 +410,261 @@ fn bucket_quantile(before: &[(f64, f64)], after: &[(f64, f64)], q: f64) -> f64 {
         .unwrap_or(f64::NAN)
 }
 
+/// What one phase's host measured besides its table lines.
+struct PhaseReport {
+    /// Host RSS once it serves, idle (MiB).
+    rss_idle: f64,
+    /// Host RSS after the phase's runs, and its peak (MiB).
+    rss_after: (f64, f64),
+}
+
+/// What every phase shares: the options, the client, the simulator, the
+/// floors, and the table and notes being written.
+struct Phases<'a> {
+    /// The options.
+    args: &'a Args,
+    /// HTTP client for the simulator and the host's `/metrics`.
+    client: &'a HttpClient,
+    /// The simulator's address.
+    sim: &'a str,
+    /// The floor at a concurrency.
+    floor_of: &'a dyn Fn(usize) -> f64,
+    /// The table's lines.
+    lines: &'a mut Vec<Line>,
+    /// Notes printed under the table.
+    notes: &'a mut Vec<String>,
+}
+
+impl Phases<'_> {
+    /// The HTTP runs of one phase against the host at `host`. `dispatch`: the
+    /// host dispatches (its backlog is delivered between runs, end-to-end rows).
+    async fn http_runs(&mut self, host: &HostProcess, dispatch: bool) -> anyhow::Result<()> {
+        let (args, client, sim, floor_of) = (self.args, self.client, self.sim, self.floor_of);
+        let url = &host.url;
+        let phase = if dispatch { "" } else { "API only, " };
+        let mut expected = delivered(client, sim).await?;
+        let mut peak_one: f64 = 0.0;
+        let mut kinds = vec![
+            ("1 channel", "BENCH_ONE", "sms", false),
+            (
+                "4 channels",
+                "BENCH_FOUR",
+                "inbox,sms,wechat,app-push",
+                false,
+            ),
+        ];
+        if !args.no_dup && !dispatch {
+            kinds.push(("1 channel, half dup", "BENCH_ONE", "sms", true));
+            kinds.push((
+                "4 channels, half dup",
+                "BENCH_FOUR",
+                "inbox,sms,wechat,app-push",
+                true,
+            ));
+        }
+        let p = if dispatch { "f" } else { "a" };
+        for (i, (label, biz_type, chans, dup)) in kinds.iter().enumerate() {
+            for &c in &args.concurrency {
+                let tag = format!("{p}h{i}c{c}");
+                let r = load(
+                    url,
+                    biz_type,
+                    chans,
+                    c,
+                    args.requests,
+                    args.duration,
+                    *dup,
+                    &tag,
+                    0.0,
+                )
+                .await?;
+                let events = if *dup { r.ok / 2 } else { r.ok };
+                let rate = events as f64 / r.elapsed_s;
+                if !dup && *biz_type == "BENCH_ONE" {
+                    peak_one = peak_one.max(rate);
+                }
+                eprintln!(
+                    "http {phase}{label} c={c}: {:.0} req/s, {} accepted, {} duplicate, {} errors",
+                    r.rps, r.accepted, r.duplicates, r.errors
+                );
+                self.lines.push(Line {
+                    what: format!("HTTP /v1/events {label}, {phase}accepted events/s"),
+                    c,
+                    rate,
+                    p50: r.p50_ms,
+                    p99: r.p99_ms,
+                    p999: r.p999_ms,
+                    floor: floor_of(c),
+                    note: format!(
+                        "{:.0} req/s, {} errors{}",
+                        r.rps,
+                        r.errors,
+                        if *dup {
+                            format!(", {} dup answers", r.duplicates)
+                        } else {
+                            String::new()
+                        }
+                    ),
+                });
+                if dispatch {
+                    expected += r.accepted as u64;
+                    let t = Instant::now();
+                    if !drain(client, sim, expected, args.drain_timeout).await? {
+                        self.notes.push(format!(
+                            "{tag}: backlog not delivered in {:?}",
+                            args.drain_timeout
+                        ));
+                        expected = delivered(client, sim).await?;
+                    } else {
+                        eprintln!("  delivered in {:.1} s", t.elapsed().as_secs_f64());
+                    }
+                }
+            }
+        }
+
+        // Permit latency at half of the 1-channel peak (paced load, 64 connections).
+        let half = (peak_one / 2.0).max(1.0);
+        let buckets_before = permit_buckets(client, url).await?;
+        let r = load(
+            url,
+            "BENCH_ONE",
+            "sms",
+            64,
+            args.requests,
+            args.duration,
+            false,
+            &format!("{p}half"),
+            half,
+        )
+        .await?;
+        let buckets_after = permit_buckets(client, url).await?;
+        let permit_p50 = bucket_quantile(&buckets_before, &buckets_after, 0.50);
+        let permit_p99 = bucket_quantile(&buckets_before, &buckets_after, 0.99);
+        self.lines.push(Line {
+            what: format!("HTTP 1 channel, {phase}paced at half peak, events/s"),
+            c: 64,
+            rate: r.ok as f64 / r.elapsed_s,
+            p50: r.p50_ms,
+            p99: r.p99_ms,
+            p999: r.p999_ms,
+            floor: floor_of(64),
+            note: format!("target {half:.0}/s"),
+        });
+        self.lines.push(Line {
+            what: "  its permit pipeline (host histogram), ms".into(),
+            c: 64,
+            rate: f64::NAN,
+            p50: permit_p50,
+            p99: permit_p99,
+            p999: f64::NAN,
+            floor: f64::NAN,
+            note: "bucket upper bounds".into(),
+        });
+        if !dispatch {
+            return Ok(());
+        }
+        expected += r.accepted as u64;
+        if !drain(client, sim, expected, args.drain_timeout).await? {
+            self.notes.push("half: backlog not delivered".into());
+            expected = delivered(client, sim).await?;
+        }
+
+        // End to end: post → the simulator accepted the message.
+        for (label, biz_type, chans, per) in [
+            ("1 channel", "BENCH_ONE", "sms", 1),
+            ("4 channels", "BENCH_FOUR", "inbox,sms,wechat,app-push", 4),
+        ] {
+            let tag = format!("e2e{per}");
+            let r = load(
+                url,
+                biz_type,
+                chans,
+                16,
+                args.e2e_events,
+                Duration::from_secs(60),
+                false,
+                &tag,
+                0.0,
+            )
+            .await?;
+            expected += r.accepted as u64;
+            let all = drain(client, sim, expected, args.drain_timeout).await?;
+            let ledger = get_json(client, &format!("http://{sim}/_sim/ledger")).await?;
+            let mut lat = Vec::new();
+            let mut last = 0u64;
+            for list in ledger.as_object().into_iter().flat_map(|m| m.values()) {
+                for m in list.as_array().into_iter().flatten() {
+                    let at = m["accepted_at_ms"].as_u64().unwrap_or(0);
+                    if at < r.first_post_ms {
+                        continue;
+                    }
+                    let text = m["params"].to_string();
+                    let posted = text.split("@@").nth(1).and_then(|t| t.parse::<u64>().ok());
+                    if let Some(p) = posted.filter(|p| *p >= r.first_post_ms) {
+                        lat.push(at.saturating_sub(p));
+                        last = last.max(at);
+                    }
+                }
+            }
+            lat.sort_unstable();
+            let pct = |q: f64| {
+                lat.get(((lat.len() as f64 * q) as usize).min(lat.len().saturating_sub(1)))
+                    .map(|v| *v as f64)
+                    .unwrap_or(f64::NAN)
+            };
+            let span = last.saturating_sub(r.first_post_ms).max(1) as f64 / 1000.0;
+            self.lines.push(Line {
+                what: format!("end to end {label}: post → simulator, messages/s"),
+                c: 16,
+                rate: lat.len() as f64 / span,
+                p50: pct(0.50),
+                p99: pct(0.99),
+                p999: pct(0.999),
+                floor: floor_of(16),
+                note: format!(
+                    "{} msgs of {} events{}",
+                    lat.len(),
+                    r.ok,
+                    if all { "" } else { ", NOT all delivered" }
+                ),
+            });
+        }
+        Ok(())
+    }
+
+    /// Runs one phase: starts its host, runs [`Phases::http_runs`], stops the host.
+    async fn phase(
+        &mut self,
+        tmp: &Path,
+        config: String,
+        name: &str,
+        dispatch: bool,
+    ) -> anyhow::Result<PhaseReport> {
+        let config_file = tmp.join(format!("{name}.toml"));
+        std::fs::write(&config_file, config)?;
+        let host = HostProcess::start(&config_file, &tmp.join(format!("{name}.log"))).await?;
+        eprintln!("host ({name}) on {}", host.url);
+        let (rss_idle, _) = host.rss();
+        self.http_runs(&host, dispatch).await?;
+        let rss_after = host.rss();
+        host.stop().await?;
+        Ok(PhaseReport {
+            rss_idle,
+            rss_after,
+        })
+    }
+}
+
 async fn bench(args: &Args, tmp: &Path) -> anyhow::Result<()> {
-    let load_avg = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    let load_avg = || {
+        std::fs::read_to_string("/proc/loadavg")
+            .unwrap_or_default()
+            .split_whitespace()
+            .take(3)
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
+    let load_start = load_avg();
     let sim_path = match &args.sim {
         Some(p) => p.clone(),
         None => sibling("provider-sim")?,
@@ -327,7 +679,6 @@ async fn bench(args: &Args, tmp: &Path) -> anyhow::Result<()> {
     let version = permit::info_field(&mut conn, "server", "redis_version").await?;
     let aof = permit::info_field(&mut conn, "persistence", "aof_enabled").await?;
 
-    // The host, in-process, channel plugins sending to the simulator.
     let policy_dir = tmp.join("policies");
     write_policies(&policy_dir)?;
     let plugin_dir = args.plugin_dir.clone().unwrap_or_else(|| {
@@ -335,47 +686,10 @@ async fn bench(args: &Args, tmp: &Path) -> anyhow::Result<()> {
             .map(PathBuf::from)
             .unwrap_or_else(|| PathBuf::from("target/plugins"))
     });
-    let chans = channels(&sim);
-    let config = HostConfig {
-        listen: "127.0.0.1:0".parse()?,
-        redis_url: Some(redis_url.clone()),
-        data_dir: tmp.join("data"),
-        plugin_dir,
-        policy_dir,
-        workers: args.workers,
-        channels: chans.clone(),
-        ..HostConfig::default()
-    };
-    let (rss_before, _) = rss();
-    let live_cell: Arc<OnceLock<Arc<Live>>> = Arc::new(OnceLock::new());
-    let source = {
-        let cell = live_cell.clone();
-        Arc::new(move || {
-            cell.get()
-                .expect("no task is sent before the host has started (fresh Redis)")
-                .current()
-                .registry
-                .clone()
-        })
-    };
-    let env = |var: &str| (var == "BENCH_WECHAT_SECRET").then(|| "bench-secret".to_string());
-    let sender = PluginSender::new(&chans, source, env)?;
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-    let running = service::start(
-        config,
-        listener,
-        ServiceOptions {
-            env: Arc::new(env),
-            sender: Some(Arc::new(sender)),
-            ..ServiceOptions::default()
-        },
-    )
-    .await?;
-    let _ = live_cell.set(running.live().clone());
-    let (rss_started, _) = rss();
-    let url = format!("http://{}", running.addr());
+    let plugin_dir = std::fs::canonicalize(&plugin_dir)
+        .with_context(|| format!("plugin directory {}", plugin_dir.display()))?;
     let client: HttpClient = Client::builder(TokioExecutor::new()).build_http();
-    eprintln!("host on {url}, simulator on {sim}, redis {redis_url}");
+    eprintln!("simulator on {sim}, redis {redis_url}");
 
     let mut lines: Vec<Line> = Vec::new();
     // The floor at each concurrency: redis-benchmark, bare SET NX PX script, unique keys.
@@ -458,193 +772,49 @@ async fn bench(args: &Args, tmp: &Path) -> anyhow::Result<()> {
         note: "latency per pipeline".into(),
     });
 
-    let (rss_direct, _) = rss();
-    // HTTP: accepted events/s and latency; the backlog is delivered between runs.
-    let mut expected = delivered(&client, &sim).await?;
-    let mut peak_one: f64 = 0.0;
-    let mut kinds = vec![
-        ("1 channel", "BENCH_ONE", "sms", false),
-        (
-            "4 channels",
-            "BENCH_FOUR",
-            "inbox,sms,wechat,app-push",
-            false,
-        ),
-    ];
-    if !args.no_dup {
-        kinds.push(("1 channel, half dup", "BENCH_ONE", "sms", true));
-        kinds.push((
-            "4 channels, half dup",
-            "BENCH_FOUR",
-            "inbox,sms,wechat,app-push",
-            true,
-        ));
-    }
-    let mut drain_notes = Vec::new();
-    for (i, (label, biz_type, chans, dup)) in kinds.iter().enumerate() {
-        for &c in &args.concurrency {
-            let tag = format!("h{i}c{c}");
-            let r = load(
-                &url,
-                biz_type,
-                chans,
-                c,
-                args.requests,
-                args.duration,
-                *dup,
-                &tag,
-                0.0,
-            )
-            .await?;
-            let events = if *dup { r.ok / 2 } else { r.ok };
-            let rate = events as f64 / r.elapsed_s;
-            if !dup && *biz_type == "BENCH_ONE" {
-                peak_one = peak_one.max(rate);
-            }
-            eprintln!(
-                "http {label} c={c}: {:.0} req/s, {} accepted, {} duplicate, {} errors",
-                r.rps, r.accepted, r.duplicates, r.errors
-            );
-            lines.push(Line {
-                what: format!("HTTP /v1/events {label}, accepted events/s"),
-                c,
-                rate,
-                p50: r.p50_ms,
-                p99: r.p99_ms,
-                p999: r.p999_ms,
-                floor: floor_of(c),
-                note: format!(
-                    "{:.0} req/s, {} errors{}",
-                    r.rps,
-                    r.errors,
-                    if *dup {
-                        format!(", {} dup answers", r.duplicates)
-                    } else {
-                        String::new()
-                    }
-                ),
-            });
-            expected += r.accepted as u64;
-            let t = Instant::now();
-            if !drain(&client, &sim, expected, args.drain_timeout).await? {
-                drain_notes.push(format!(
-                    "{tag}: backlog not delivered in {:?}",
-                    args.drain_timeout
-                ));
-                expected = delivered(&client, &sim).await?;
-            } else {
-                eprintln!("  delivered in {:.1} s", t.elapsed().as_secs_f64());
-            }
-        }
-    }
-
-    // Permit latency at half of the 1-channel peak (paced load, 64 connections).
-    let half = (peak_one / 2.0).max(1.0);
-    let buckets_before = permit_buckets();
-    let r = load(
-        &url,
-        "BENCH_ONE",
-        "sms",
-        64,
-        args.requests,
-        args.duration,
-        false,
-        "half",
-        half,
-    )
-    .await?;
-    let buckets_after = permit_buckets();
-    let permit_p50 = bucket_quantile(&buckets_before, &buckets_after, 0.50);
-    let permit_p99 = bucket_quantile(&buckets_before, &buckets_after, 0.99);
-    lines.push(Line {
-        what: "HTTP 1 channel paced at half peak, events/s".into(),
-        c: 64,
-        rate: r.ok as f64 / r.elapsed_s,
-        p50: r.p50_ms,
-        p99: r.p99_ms,
-        p999: r.p999_ms,
-        floor: floor_of(64),
-        note: format!("target {half:.0}/s"),
-    });
-    lines.push(Line {
-        what: "  its permit pipeline (host histogram), ms".into(),
-        c: 64,
-        rate: f64::NAN,
-        p50: permit_p50,
-        p99: permit_p99,
-        p999: f64::NAN,
-        floor: f64::NAN,
-        note: "bucket upper bounds".into(),
-    });
-    expected += r.accepted as u64;
-    if !drain(&client, &sim, expected, args.drain_timeout).await? {
-        drain_notes.push("half: backlog not delivered".into());
-        expected = delivered(&client, &sim).await?;
-    }
-
-    // End to end: post → the simulator accepted the message.
-    for (label, biz_type, chans, per) in [
-        ("1 channel", "BENCH_ONE", "sms", 1),
-        ("4 channels", "BENCH_FOUR", "inbox,sms,wechat,app-push", 4),
-    ] {
-        let tag = format!("e2e{per}");
-        let r = load(
-            &url,
-            biz_type,
-            chans,
-            16,
-            args.e2e_events,
-            Duration::from_secs(60),
-            false,
-            &tag,
-            0.0,
-        )
-        .await?;
-        expected += r.accepted as u64;
-        let all = drain(&client, &sim, expected, args.drain_timeout).await?;
-        let ledger = get_json(&client, &format!("http://{sim}/_sim/ledger")).await?;
-        let mut lat = Vec::new();
-        let mut last = 0u64;
-        for list in ledger.as_object().into_iter().flat_map(|m| m.values()) {
-            for m in list.as_array().into_iter().flatten() {
-                let at = m["accepted_at_ms"].as_u64().unwrap_or(0);
-                if at < r.first_post_ms {
-                    continue;
-                }
-                let text = m["params"].to_string();
-                let posted = text.split("@@").nth(1).and_then(|t| t.parse::<u64>().ok());
-                if let Some(p) = posted.filter(|p| *p >= r.first_post_ms) {
-                    lat.push(at.saturating_sub(p));
-                    last = last.max(at);
-                }
-            }
-        }
-        lat.sort_unstable();
-        let pct = |q: f64| {
-            lat.get(((lat.len() as f64 * q) as usize).min(lat.len().saturating_sub(1)))
-                .map(|v| *v as f64)
-                .unwrap_or(f64::NAN)
+    // The host, as its own process, in each phase.
+    let mut notes = Vec::new();
+    let mut rss = Vec::new();
+    let mut phases = Phases {
+        args,
+        client: &client,
+        sim: &sim,
+        floor_of: &floor_of,
+        lines: &mut lines,
+        notes: &mut notes,
+    };
+    for name in &args.phases {
+        let dispatch = match name.as_str() {
+            "api" => false,
+            "full" => true,
+            other => bail!("unknown phase {other:?} (api, full)"),
         };
-        let span = last.saturating_sub(r.first_post_ms).max(1) as f64 / 1000.0;
-        lines.push(Line {
-            what: format!("end to end {label}: post → simulator, messages/s"),
-            c: 16,
-            rate: lat.len() as f64 / span,
-            p50: pct(0.50),
-            p99: pct(0.99),
-            p999: pct(0.999),
-            floor: floor_of(16),
-            note: format!(
-                "{} msgs of {} events{}",
-                lat.len(),
-                r.ok,
-                if all { "" } else { ", NOT all delivered" }
-            ),
-        });
+        let config = host_config(
+            tmp,
+            name,
+            &redis_url,
+            &plugin_dir,
+            &sim,
+            args.workers,
+            dispatch,
+        );
+        let report = phases.phase(tmp, config, name, dispatch).await?;
+        rss.push((name.clone(), report));
+        if !dispatch {
+            // The API-only phase's backlog is not delivered: drop it, so the
+            // next phase's host starts on an empty Redis (it prepares its
+            // scripts and groups again).
+            let _: () = redis::cmd("FLUSHALL").query_async(&mut conn).await?;
+        }
     }
 
-    // Warm derive-key cost on the live registry.
-    let snapshot = running.live().current();
+    // Warm derive-key cost, on a registry loaded in this process.
+    let live = {
+        let text = host_config(tmp, "bench", &redis_url, &plugin_dir, &sim, 1, false);
+        let config = Arc::new(HostConfig::parse(Path::new("bench.toml"), &text)?);
+        tokio::task::spawn_blocking(move || Live::load(config)).await??
+    };
+    let snapshot = live.current();
     let plugin = snapshot.registry.resolve_key_policy("per-event@^1")?;
     let event = crate::cli::keys::sample_event();
     for _ in 0..1000 {
@@ -661,22 +831,17 @@ async fn bench(args: &Args, tmp: &Path) -> anyhow::Result<()> {
     let mean = calls.iter().sum::<Duration>() / calls.len() as u32;
     drop(snapshot);
 
-    let (rss_now, rss_peak) = rss();
     let redis_rss = permit::info_field(&mut conn, "memory", "used_memory_rss").await?;
 
     println!(
-        "pushonce bench http: redis {version} (aof_enabled={aof}, embedded), {} cores, loadavg at start {}",
+        "pushonce bench http: redis {version} (aof_enabled={aof}, embedded), {} cores, loadavg at start {load_start}, at end {}",
         std::thread::available_parallelism()
             .map(|n| n.get())
             .unwrap_or(0),
-        load_avg
-            .split_whitespace()
-            .take(3)
-            .collect::<Vec<_>>()
-            .join(" ")
+        load_avg()
     );
     println!(
-        "runs: ≤{} requests or ≤{:?} each; host workers={}; load generator = separate process, 1 thread",
+        "runs: ≤{} requests or ≤{:?} each; host = separate `pushonce serve` process, workers={} (phase api: dispatch = false; full: dispatching); load generator = separate process, 1 thread",
         args.requests, args.duration, args.workers
     );
     let f = |v: f64, p: usize| {
@@ -715,17 +880,19 @@ async fn bench(args: &Args, tmp: &Path) -> anyhow::Result<()> {
         us(calls[calls.len() / 2]),
         us(calls[calls.len() * 99 / 100])
     );
-    println!(
-        "host RSS (in-process: the bench process = host + bench driver; load generator and simulator are separate): {rss_before:.1} MiB before the host started; {rss_started:.1} MiB once it serves (all plugins loaded, idle); {rss_direct:.1} MiB after the direct permit runs; {rss_now:.1} MiB after all HTTP runs (VmHWM peak {rss_peak:.1} MiB)"
-    );
+    for (name, r) in &rss {
+        println!(
+            "host RSS, phase {name} (the `pushonce serve` process alone, all plugins loaded): {:.1} MiB once it serves (idle); {:.1} MiB after the phase's HTTP runs (VmHWM peak {:.1} MiB)",
+            r.rss_idle, r.rss_after.0, r.rss_after.1
+        );
+    }
     println!(
         "redis memory per open permit (permit + task hash + stream entry + event index): {per_permit:.0} bytes (used_memory delta / {n}); redis used_memory_rss now {:.1} MiB",
         redis_rss.parse::<f64>().unwrap_or(0.0) / 1048576.0
     );
-    for n in drain_notes {
+    for n in notes {
         println!("note: {n}");
     }
-    running.shutdown().await?;
     store.shutdown().await;
     Ok(())
 }

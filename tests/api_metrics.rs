@@ -47,15 +47,7 @@ async fn metrics_reflect_what_happened() {
         .await
         .unwrap();
 
-    let text = host
-        .client
-        .get(host.url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = host.metrics().await.unwrap();
     for channel in ["sms", "wechat", "app-push"] {
         assert_eq!(
             sample(
@@ -120,16 +112,7 @@ async fn metrics_reflect_what_happened() {
 
     // The dispatcher's outcomes: each accepted channel sent once, with its
     // send latency observed.
-    let scrape = || async {
-        host.client
-            .get(host.url("/metrics"))
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap()
-    };
+    let scrape = || async { host.metrics().await.unwrap() };
     let all_sent = pushonce_tests::wait_until(std::time::Duration::from_secs(20), || async {
         let text = scrape().await;
         ["sms", "wechat", "app-push"]

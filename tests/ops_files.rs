@@ -71,16 +71,7 @@ async fn the_dashboard_and_the_alert_rules_use_only_exported_series() {
         .await
         .unwrap();
     assert_eq!(refused.status.as_u16(), 422);
-    let metrics = || async {
-        host.client
-            .get(host.url("/metrics"))
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap()
-    };
+    let metrics = || async { host.metrics().await.unwrap() };
     wait_until(Duration::from_secs(20), || async {
         let text = metrics().await;
         text.contains("pushonce_send_seconds_bucket")

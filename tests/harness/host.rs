@@ -236,6 +236,18 @@ impl TestHost {
         self.send(req).await
     }
 
+    /// The Prometheus text of `GET /metrics`.
+    pub async fn metrics(&self) -> anyhow::Result<String> {
+        Ok(self
+            .client
+            .get(self.url("/metrics"))
+            .send()
+            .await?
+            .error_for_status()?
+            .text()
+            .await?)
+    }
+
     /// Stops the host gracefully.
     pub async fn shutdown(mut self) -> anyhow::Result<()> {
         if let Some(running) = self.running.take() {

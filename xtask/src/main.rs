@@ -56,7 +56,12 @@ fn main() -> Result<()> {
                 "--bin",
                 "chaos",
             ]))?;
-            run(Command::new(root.join("target/release/chaos")).args(&args[1..]))
+            // `cargo xtask chaos -- --cluster`: the `--` only separates.
+            let rest = match args.get(1).map(String::as_str) {
+                Some("--") => &args[2..],
+                _ => &args[1..],
+            };
+            run(Command::new(root.join("target/release/chaos")).args(rest))
         }
         _ => {
             eprintln!("usage: cargo xtask <setup|plugins|test|run|chaos> [args...]");

@@ -39,6 +39,15 @@ impl Sim {
         Ok((status, r.json().await?))
     }
 
+    async fn get(&self, path: &str) -> reqwest::Result<Value> {
+        self.http
+            .get(format!("{}{path}", self.base))
+            .send()
+            .await?
+            .json()
+            .await
+    }
+
     fn count(&self, provider: &str) -> usize {
         self.state.ledger()[provider].len()
     }
@@ -165,15 +174,7 @@ async fn accept_then_drop_leaves_one_message_and_a_client_that_cannot_tell() {
 async fn wechat_tokens_expire_and_sends_have_no_reference() {
     let sim = start().await;
     let token: Value = sim
-        .http
-        .get(format!(
-            "{}/cgi-bin/token?grant_type=client_credential&appid=wx1&secret=s",
-            sim.base
-        ))
-        .send()
-        .await
-        .unwrap()
-        .json()
+        .get("/cgi-bin/token?grant_type=client_credential&appid=wx1&secret=s")
         .await
         .unwrap();
     let token = token["access_token"].as_str().unwrap().to_string();
@@ -336,15 +337,7 @@ async fn receipts_are_posted_once_per_message_in_the_plugins_format() {
         .await
         .unwrap();
     assert_eq!(s, 200);
-    let shown: Value = sim
-        .http
-        .get(format!("{}/_sim/receipts", sim.base))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let shown: Value = sim.get("/_sim/receipts").await.unwrap();
     assert_eq!(shown["sms"]["delay_ms"], 50);
     assert!(
         !shown.to_string().contains("rcpt-secret"),
@@ -386,15 +379,7 @@ async fn receipts_are_posted_once_per_message_in_the_plugins_format() {
         .await
         .unwrap();
     assert_eq!(r.status().as_u16(), 200);
-    let token: Value = sim
-        .http
-        .get(format!("{}/cgi-bin/token?appid=wx1&secret=s", sim.base))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let token: Value = sim.get("/cgi-bin/token?appid=wx1&secret=s").await.unwrap();
     let (_, wx) = sim
         .post(
             &format!(
@@ -482,15 +467,7 @@ async fn receipts_are_posted_once_per_message_in_the_plugins_format() {
     assert_eq!(q["SmsSendDetailDTOs"][0]["SendStatus"], 3, "delivered: {q}");
     for (key, want) in [("key-ok", "delivered"), ("key-bad", "failed")] {
         let q: Value = sim
-            .http
-            .get(format!(
-                "{}/inbox/v1/messages?idempotency_key={key}",
-                sim.base
-            ))
-            .send()
-            .await
-            .unwrap()
-            .json()
+            .get(&format!("/inbox/v1/messages?idempotency_key={key}"))
             .await
             .unwrap();
         assert_eq!(q["status"], want, "{key}: {q}");

@@ -27,7 +27,7 @@ use provider_sim::{Faults, ReceiptConfig, SimState};
 use pushonce::permit::Layout;
 use pushonce::store::RedisConn;
 use serde_json::{Value, json};
-use tokio::sync::{Mutex, Semaphore};
+use tokio::sync::Semaphore;
 
 use crate::cluster::RedisCluster;
 use crate::redis::RedisServer;
@@ -239,27 +239,32 @@ impl Backend {
         }
     }
 
-    /// Entries still in the ready streams plus retries waiting, over every
-    /// shard (one command per key, so no command crosses a shard).
-    async fn backlog(&self, layout: &Layout) -> anyhow::Result<u64> {
-        let mut conn: RedisConn = match self {
+    /// A connection for the backlog polls (reconnecting; on a cluster,
+    /// replaced when it stops answering).
+    async fn connection(&self) -> anyhow::Result<RedisConn> {
+        Ok(match self {
             Backend::Single(r) => r.manager().await?.into(),
             Backend::Cluster { cluster, .. } => cluster.connection().await?,
-        };
-        let mut total = 0u64;
-        for shard in 0..layout.shards() {
-            let ready: u64 = redis::cmd("XLEN")
-                .arg(layout.ready(shard))
-                .query_async(&mut conn)
-                .await?;
-            let delayed: u64 = redis::cmd("ZCARD")
-                .arg(layout.delayed(shard))
-                .query_async(&mut conn)
-                .await?;
-            total += ready + delayed;
-        }
-        Ok(total)
+        })
     }
+}
+
+/// Entries still in the ready streams plus retries waiting, over every
+/// shard (one command per key, so no command crosses a shard).
+async fn backlog(conn: &mut RedisConn, layout: &Layout) -> anyhow::Result<u64> {
+    let mut total = 0u64;
+    for shard in 0..layout.shards() {
+        let ready: u64 = redis::cmd("XLEN")
+            .arg(layout.ready(shard))
+            .query_async(conn)
+            .await?;
+        let delayed: u64 = redis::cmd("ZCARD")
+            .arg(layout.delayed(shard))
+            .query_async(conn)
+            .await?;
+        total += ready + delayed;
+    }
+    Ok(total)
 }
 
 /// Shards of the chaos hosts' key layout.
@@ -432,7 +437,7 @@ max_checks = 3
 backoff = { initial = "1s", factor = 2.0, max = "4s" }
 "#
     .into();
-    let mut hosts = Vec::new();
+    let mut hosts: Vec<ServeProcess> = Vec::new();
     for i in 0..config.instances.max(1) {
         hosts.push(
             ServeProcess::start(&serve, &dir.path().join(format!("host-{i}")), &policies).await?,
@@ -449,7 +454,6 @@ backoff = { initial = "1s", factor = 2.0, max = "4s" }
         serve.redis
     ));
 
-    let hosts = Arc::new(Mutex::new(hosts));
     let counts = Arc::new(PostCounts::default());
     let mut report = ChaosReport {
         events: config.events,
@@ -463,6 +467,7 @@ backoff = { initial = "1s", factor = 2.0, max = "4s" }
     // They go on after the load, while the dispatchers drain the backlog:
     // kills then hit sends in flight.
     let layout = Layout::new("po", SHARDS);
+    let mut conn = backend.connection().await?;
     let mut rng = config.seed.max(1);
     let mut next_kill = Instant::now() + config.kill_every;
     let mut next_progress = Instant::now() + config.progress_every;
@@ -481,7 +486,7 @@ backoff = { initial = "1s", factor = 2.0, max = "4s" }
         let scheduled_left = restarts_done < config.redis_restarts || progress_kills < config.kills;
         if load_done && !scheduled_left && Instant::now() >= next_backlog_check {
             next_backlog_check = Instant::now() + Duration::from_millis(500);
-            if backend.backlog(&layout).await.unwrap_or(1) == 0 {
+            if backlog(&mut conn, &layout).await.unwrap_or(1) == 0 {
                 break;
             }
             if started.elapsed().as_secs_f64()
@@ -511,7 +516,6 @@ backoff = { initial = "1s", factor = 2.0, max = "4s" }
             rng ^= rng << 13;
             rng ^= rng >> 7;
             rng ^= rng << 17;
-            let mut hosts = hosts.lock().await;
             let i = ((rng >> 33) as usize) % hosts.len();
             progress(&format!("chaos: kill -9 {}", hosts[i].base()));
             hosts[i].kill9();
@@ -548,7 +552,7 @@ backoff = { initial = "1s", factor = 2.0, max = "4s" }
     let mut stable = 0;
     let mut next_progress = Instant::now() + config.progress_every;
     loop {
-        let backlog = backend.backlog(&layout).await.unwrap_or(u64::MAX);
+        let backlog = backlog(&mut conn, &layout).await.unwrap_or(u64::MAX);
         let ledger_len: usize = sim.ledger().values().map(Vec::len).sum();
         stable = if backlog == 0 && (backlog, ledger_len) == last {
             stable + 1
@@ -578,7 +582,7 @@ backoff = { initial = "1s", factor = 2.0, max = "4s" }
     progress("chaos: comparing the ledger with the plan");
     let tasks = collect_tasks(config, &bases).await?;
     account(config, &sim, &tasks, &mut report);
-    for host in hosts.lock().await.iter_mut() {
+    for host in hosts.iter_mut() {
         let _ = host.terminate(Duration::from_secs(10)).await;
     }
     Ok(report)

@@ -320,15 +320,18 @@ impl HealingCluster {
         if !broken {
             return;
         }
+        // Under a storm of failures only the first takes the lock; the rest
+        // return here without spawning anything.
+        let Ok(mut last) = self.healing.clone().try_lock_owned() else {
+            return;
+        };
+        if last.is_some_and(|at| at.elapsed() < HEAL_EVERY) {
+            return;
+        }
+        *last = Some(Instant::now());
         let this = self.clone();
         tokio::spawn(async move {
-            let Ok(mut last) = this.healing.try_lock() else {
-                return;
-            };
-            if last.is_some_and(|at| at.elapsed() < HEAL_EVERY) {
-                return;
-            }
-            *last = Some(Instant::now());
+            let _held = last;
             let opening = this
                 .client
                 .get_async_connection_with_config(this.config.clone());

@@ -1,7 +1,10 @@
-//! A blocking HTTP/1 client over `wasi:http/outgoing-handler`: enough for a
-//! provider API call in a few lines. The host decides where a request may go;
+//! A blocking HTTP client over `wasi:http/outgoing-handler`: enough for a
+//! provider API call in a few lines. `https://` is the norm (the host speaks
+//! TLS, and HTTP/2 where the provider offers it); `http://` only reaches a
+//! channel that allows plaintext. The host decides where a request may go;
 //! this module reports what happened in terms a sender needs:
 //! refused by the host, not sent (safe to retry), or maybe sent (unknown).
+//! Errors never carry the URL: a query string may hold a token or a secret.
 
 use crate::bindings::wasi::http::outgoing_handler;
 use crate::bindings::wasi::http::types::{
@@ -24,6 +27,26 @@ impl Response {
     /// The body as (lossy) UTF-8.
     pub fn text(&self) -> String {
         String::from_utf8_lossy(&self.body).into_owned()
+    }
+
+    /// The first value of header `name` (lower case).
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.as_str())
+    }
+
+    /// `Retry-After` in milliseconds, when given as delta-seconds.
+    pub fn retry_after_ms(&self) -> Option<u64> {
+        self.header("retry-after")
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .map(|s| s.saturating_mul(1000))
+    }
+
+    /// The body parsed as JSON (`Null` when it is not JSON).
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_slice(&self.body).unwrap_or(serde_json::Value::Null)
     }
 }
 
@@ -59,9 +82,9 @@ pub fn request(
     headers: &[(&str, &str)],
     body: Option<&[u8]>,
 ) -> Result<Response, HttpError> {
-    let (scheme, rest) = url
-        .split_once("://")
-        .ok_or_else(|| HttpError::NotSent(format!("`{url}` is not an absolute URL")))?;
+    let (scheme, rest) = url.split_once("://").ok_or_else(|| {
+        HttpError::NotSent("the endpoint is not an absolute URL (scheme://host/path)".into())
+    })?;
     let scheme = match scheme {
         "http" => Scheme::Http,
         "https" => Scheme::Https,
@@ -91,7 +114,7 @@ pub fn request(
         "HEAD" => Method::Head,
         other => Method::Other(other.to_string()),
     };
-    let bad = |what: &str| HttpError::NotSent(format!("invalid {what} in `{url}`"));
+    let bad = |what: &str| HttpError::NotSent(format!("invalid {what} in the request URL"));
     req.set_method(&m).map_err(|()| bad("method"))?;
     req.set_scheme(Some(&scheme)).map_err(|()| bad("scheme"))?;
     req.set_authority(Some(authority))
@@ -170,6 +193,9 @@ fn classify(e: &ErrorCode) -> HttpError {
         | ErrorCode::HttpRequestUriInvalid
         | ErrorCode::HttpRequestMethodInvalid
         | ErrorCode::HttpProtocolError
+        | ErrorCode::TlsProtocolError
+        | ErrorCode::TlsCertificateError
+        | ErrorCode::TlsAlertReceived(_)
         | ErrorCode::HttpRequestBodySize(_) => HttpError::NotSent(format!("{e:?}")),
         other => HttpError::MaybeSent(format!("{other:?}")),
     }

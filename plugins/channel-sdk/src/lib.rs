@@ -1,40 +1,158 @@
-//! The small SDK for pushonce channel plugins (`wasm32-wasip2`).
+//! The SDK for pushonce channel plugins (`wasm32-wasip2`, contract
+//! `pushonce:channel@2`).
 //!
-//! - [`bindings`]: the `channel-plugin` world of `wit/plugin.wit`, generated
-//!   once here; a plugin implements [`Guest`] and [`ChannelGuest`] and calls
-//!   `channel_sdk::export_channel!(MyPlugin);`.
-//! - [`http`]: a blocking HTTP/1 client over `wasi:http/outgoing-handler` whose
+//! A plugin implements [`Channel`] — `send`, and what its provider offers
+//! beyond it — and calls `channel_sdk::export_channel!(MyPlugin);`, which
+//! also answers `describe` from the crate's own metadata (name, version,
+//! description in `Cargo.toml`). The defaults are what a provider without
+//! them gets: no capabilities, no status query, no callbacks.
+//!
+//! - [`http`]: a blocking HTTP client over `wasi:http/outgoing-handler` whose
 //!   errors say whether the request may have reached the provider
 //!   ([`http::HttpError::NotSent`] vs [`http::HttpError::MaybeSent`]) — the
-//!   difference between `retryable` and `unknown`.
+//!   difference between `retryable` and `unknown` (`?` converts them).
+//! - [`cache`]: the shared cache (one access token for every instance).
+//! - [`callback`]: reading a provider's callback and answering it.
 //! - [`setting`] / [`require`]: the channel instance's settings (secrets
 //!   included) through the host's `config` import.
-//! - [`json_escape`], [`url_encode`]: the little text encoding plugins need.
 
+pub mod cache;
+pub mod callback;
 pub mod http;
 
 /// The generated bindings of the `channel-plugin` world.
 pub mod bindings {
     wit_bindgen::generate!({
-        world: "channel-plugin",
+        world: "pushonce:channel/channel-plugin",
         path: "../../wit",
         pub_export_macro: true,
-        export_macro_name: "export_channel",
+        export_macro_name: "export_channel_world",
         default_bindings_module: "channel_sdk::bindings",
         generate_all,
     });
 }
 
 pub use bindings::Guest;
-pub use bindings::export_channel;
-pub use bindings::exports::pushonce::plugin::channel::{
-    DeliveryStatus, Guest as ChannelGuest, Message, ProviderCapabilities, Receipt, SendError,
+pub use bindings::exports::pushonce::channel::channel::Guest as ChannelGuest;
+pub use bindings::pushonce::channel::types::{
+    CallbackAnswer, CallbackError, CallbackReply, CallbackRequest, DeliveryStatus, Message,
+    PluginInfo, ProviderCapabilities, Receipt, Retry, SendError, SentMessage, Settlement,
 };
-pub use bindings::pushonce::plugin::types::PluginInfo;
+pub use serde_json;
+
+/// A channel plugin. Only `send` is required; the defaults describe a
+/// provider with no reference, no status query and no callbacks.
+pub trait Channel {
+    /// What the provider offers. Every `true` must be true of the real
+    /// provider, with its documentation cited in the plugin's module doc.
+    fn capabilities() -> ProviderCapabilities {
+        ProviderCapabilities::NONE
+    }
+
+    /// Send one message.
+    fn send(msg: Message) -> Result<Receipt, SendError>;
+
+    /// Ask the provider about a sent message (only called when
+    /// `capabilities().can_query`).
+    fn query(_msg: SentMessage) -> Result<DeliveryStatus, SendError> {
+        Err(SendError::Permanent(
+            "this provider has no status query".into(),
+        ))
+    }
+
+    /// Handle a request the provider sent to the channel's callback URL
+    /// (only routed when `capabilities().callbacks`).
+    fn handle_callback(_req: CallbackRequest) -> Result<CallbackAnswer, CallbackError> {
+        Err(CallbackError::Malformed(
+            "this channel takes no callbacks".into(),
+        ))
+    }
+}
+
+impl ProviderCapabilities {
+    /// A provider that offers nothing: no reference, no query, no callbacks.
+    pub const NONE: ProviderCapabilities = ProviderCapabilities {
+        honours_reference: false,
+        reference_window_secs: None,
+        can_query: false,
+        query_lag_secs: 0,
+        callbacks: false,
+    };
+}
+
+/// Exports `$t: Channel` as the plugin's `channel` interface, with a
+/// `describe` built from the calling crate's `Cargo.toml` (name, version,
+/// description).
+#[macro_export]
+macro_rules! export_channel {
+    ($t:ty) => {
+        const _: () = {
+            struct __PushonceChannel;
+            impl $crate::Guest for __PushonceChannel {
+                fn describe() -> $crate::PluginInfo {
+                    $crate::PluginInfo {
+                        name: env!("CARGO_PKG_NAME").into(),
+                        version: env!("CARGO_PKG_VERSION").into(),
+                        description: env!("CARGO_PKG_DESCRIPTION").into(),
+                    }
+                }
+            }
+            impl $crate::ChannelGuest for __PushonceChannel {
+                fn capabilities() -> $crate::ProviderCapabilities {
+                    <$t as $crate::Channel>::capabilities()
+                }
+                fn send(msg: $crate::Message) -> Result<$crate::Receipt, $crate::SendError> {
+                    <$t as $crate::Channel>::send(msg)
+                }
+                fn query(
+                    msg: $crate::SentMessage,
+                ) -> Result<$crate::DeliveryStatus, $crate::SendError> {
+                    <$t as $crate::Channel>::query(msg)
+                }
+                fn handle_callback(
+                    req: $crate::CallbackRequest,
+                ) -> Result<$crate::CallbackAnswer, $crate::CallbackError> {
+                    <$t as $crate::Channel>::handle_callback(req)
+                }
+            }
+            $crate::bindings::export_channel_world!(__PushonceChannel with_types_in $crate::bindings);
+        };
+    };
+}
+
+impl SendError {
+    /// A retryable error without a retry-after hint.
+    pub fn retryable(reason: impl Into<String>) -> SendError {
+        SendError::Retryable(Retry {
+            reason: reason.into(),
+            after_ms: None,
+        })
+    }
+
+    /// A retryable error the provider asked to wait `after_ms` for.
+    pub fn retry_after(reason: impl Into<String>, after_ms: Option<u64>) -> SendError {
+        SendError::Retryable(Retry {
+            reason: reason.into(),
+            after_ms,
+        })
+    }
+}
+
+impl From<http::HttpError> for SendError {
+    /// Refused by the host's outbound policy: permanent (an operator must
+    /// change `allowed_hosts`); not sent: retryable; maybe sent: unknown.
+    fn from(e: http::HttpError) -> SendError {
+        match e {
+            http::HttpError::Denied(_) => SendError::Permanent(e.to_string()),
+            http::HttpError::NotSent(_) => SendError::retryable(e.to_string()),
+            http::HttpError::MaybeSent(_) => SendError::Unknown(e.to_string()),
+        }
+    }
+}
 
 /// The setting `name` of this channel instance, if configured.
 pub fn setting(name: &str) -> Option<String> {
-    bindings::pushonce::plugin::config::get(name)
+    bindings::pushonce::channel::config::get(name)
 }
 
 /// The setting `name`, or a permanent error naming the missing setting (never its value).
@@ -42,25 +160,6 @@ pub fn require(name: &str) -> Result<String, SendError> {
     setting(name)
         .filter(|v| !v.is_empty())
         .ok_or_else(|| SendError::Permanent(format!("channel setting `{name}` is not configured")))
-}
-
-/// `s` as a JSON string literal, quotes included.
-pub fn json_escape(s: &str) -> String {
-    let mut out = String::with_capacity(s.len() + 2);
-    out.push('"');
-    for c in s.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            '\n' => out.push_str("\\n"),
-            '\r' => out.push_str("\\r"),
-            '\t' => out.push_str("\\t"),
-            c if (c as u32) < 0x20 => out.push_str(&format!("\\u{:04x}", c as u32)),
-            c => out.push(c),
-        }
-    }
-    out.push('"');
-    out
 }
 
 /// Percent-encodes `s` for a URL query component (RFC 3986 unreserved kept).
@@ -76,48 +175,21 @@ pub fn url_encode(s: &str) -> String {
     out
 }
 
-/// Template parameters as a JSON object `{"k":"v",...}` (order kept).
-pub fn params_json(params: &[(String, String)]) -> String {
-    let body: Vec<String> = params
-        .iter()
-        .map(|(k, v)| format!("{}:{}", json_escape(k), json_escape(v)))
-        .collect();
-    format!("{{{}}}", body.join(","))
+/// Template parameters as a JSON object (order kept by the list).
+pub fn params_json(params: &[(String, String)]) -> serde_json::Value {
+    serde_json::Value::Object(
+        params
+            .iter()
+            .map(|(k, v)| (k.clone(), serde_json::Value::String(v.clone())))
+            .collect(),
+    )
 }
 
-/// A delivery status word of a receipt or a status answer: `delivered`,
-/// `failed`, `accepted`/`pending` (not yet known), anything else unknown.
-pub fn status_of(s: Option<&str>) -> DeliveryStatus {
-    match s {
-        Some("delivered") => DeliveryStatus::Delivered,
-        Some("failed") => DeliveryStatus::Failed,
-        Some("accepted") | Some("pending") => DeliveryStatus::Pending,
-        _ => DeliveryStatus::Unknown,
-    }
-}
-
-/// Parses the receipt callback shape the shipped plugins share,
-/// `{"receipts":[{"<by>": "...", "status": "delivered"|"failed"|...}]}`, into
-/// (the `by` field of each receipt, its status). `by` is `reference` for
-/// providers that echo the idempotency key, `message_id` for those that name
-/// their own message id.
-pub fn parse_receipts(body: &[u8], by: &str) -> Result<Vec<(String, DeliveryStatus)>, String> {
-    let json: serde_json::Value =
-        serde_json::from_slice(body).map_err(|e| format!("not JSON: {e}"))?;
-    let list = json
-        .get("receipts")
-        .and_then(serde_json::Value::as_array)
-        .ok_or("no `receipts` array")?;
-    list.iter()
-        .map(|r| {
-            let id = r
-                .get(by)
-                .and_then(serde_json::Value::as_str)
-                .ok_or_else(|| format!("a receipt without `{by}`"))?;
-            Ok((
-                id.to_string(),
-                status_of(r.get("status").and_then(serde_json::Value::as_str)),
-            ))
-        })
-        .collect()
+/// The current time in ms since the Unix epoch (the host lends channel
+/// plugins a wall clock).
+pub fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
 }

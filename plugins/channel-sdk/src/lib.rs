@@ -13,12 +13,17 @@
 //!   difference between `retryable` and `unknown` (`?` converts them).
 //! - [`cache`]: the shared cache (one access token for every instance).
 //! - [`callback`]: reading a provider's callback and answering it.
+//! - [`provider`]: what real providers need: JSON/form requests, refusals
+//!   as errors (honouring `Retry-After`), a shared access token refreshed once
+//!   when refused, nonces; the pure signatures and error tables of
+//!   `provider-auth` as [`provider::auth`].
 //! - [`setting`] / [`require`]: the channel instance's settings (secrets
 //!   included) through the host's `config` import.
 
 pub mod cache;
 pub mod callback;
 pub mod http;
+pub mod provider;
 
 /// The generated bindings of the `channel-plugin` world.
 pub mod bindings {
@@ -164,15 +169,7 @@ pub fn require(name: &str) -> Result<String, SendError> {
 
 /// Percent-encodes `s` for a URL query component (RFC 3986 unreserved kept).
 pub fn url_encode(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for b in s.bytes() {
-        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
-            out.push(b as char);
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
+    provider::auth::percent_encode(s)
 }
 
 /// Template parameters as a JSON object (order kept by the list).

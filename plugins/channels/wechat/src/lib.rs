@@ -1,169 +1,230 @@
 //! Channel plugin `wechat`: WeChat official-account template messages.
 //!
-//! An access token is fetched with `app_id` + `app_secret`
-//! (`GET /cgi-bin/token`), cached in the instance until 5 minutes before it
-//! expires, and refreshed when a send answers 40001 (invalid) or 42001
-//! (expired) — then the send is retried once. Send:
-//! `POST /cgi-bin/message/template/send?access_token=` with
-//! `{"touser","template_id","data":{k:{"value":v}}}`; errcode 0 sent (`msgid`),
-//! 43004 (not subscribed) and 40003 (bad openid) permanent, -1 (busy) and
-//! 45009 (quota) retryable, a cut-off answer unknown. Like the real API there is
-//! no client reference and no status query: an unknown stays unknown (the
-//! host's `on_unknown` decides). Receipts match by `message_id` (msgid).
+//! Token: `POST /cgi-bin/stable_token` `{"grant_type":"client_credential",
+//! "appid","secret","force_refresh":false}` ("获取稳定版接口调用凭据",
+//! <https://developers.weixin.qq.com/doc/offiaccount/Basic_Information/getStableAccessToken.html>):
+//! unlike `/cgi-bin/token` it does not rotate in normal mode, so one token kept
+//! in the shared cache (until 5 minutes before `expires_in`) serves every
+//! instance. Errcode 40001 / 40014 / 42001 on a send → a new token and one
+//! more try.
+//!
+//! Send: `POST /cgi-bin/message/template/send?access_token=` with
+//! `{"touser","template_id","client_msg_id","data":{k:{"value":v}}}`
+//! ("发送模板消息", <https://developers.weixin.qq.com/doc/offiaccount/Message_Management/Template_Message_Interface.html>);
+//! errcode 0 sent (provider id = `msgid`); the errcode table is
+//! `provider_auth::wechat::classify` (that page and "全局返回码"); a cut-off
+//! answer unknown. 45065 ("clientmsgid exist", documented for mass sends) is
+//! taken as the message already sent.
+//!
+//! Capability `honours_reference`, `reference_window_secs = 540`: the send
+//! API's `client_msg_id` parameter is documented as "防重入id。对于同一个openid +
+//! client_msg_id, 只发送一条消息,10分钟有效,超过10分钟不保证效果" (one message per
+//! openid + client_msg_id, valid for 10 minutes, not guaranteed beyond). The
+//! current official page (<https://developers.weixin.qq.com/doc/service/api/notify/template/api_sendtemplatemessage.html>)
+//! could not be read in full here; the sentence is quoted verbatim from the
+//! official documentation by silenceper/wechat (`officialaccount/message/template.go`,
+//! PR #651) and binarywang/WxJava (`WxMpTemplateMessage.clientMsgId`). The
+//! window declared is 9 minutes: WeChat's 10 start when it first sees the
+//! id, which is after our first attempt began; one minute is left for
+//! transit. The id is 20 hex digits of the key's SHA-256 (WeChat refuses
+//! over-long ids). What WeChat answers to the duplicate inside the window is
+//! not documented (assumed: success or 45065).
+//!
+//! Capability `callbacks`: the `TEMPLATESENDJOBFINISH` event ("模板消息 / 事件推送")
+//! POSTed as XML to the server URL, plain mode; the query's `signature` =
+//! sha1 of the sorted `[token, timestamp, nonce]` ("接入概述", <https://developers.weixin.qq.com/doc/offiaccount/Basic_Information/Access_Overview.html>),
+//! token = setting `callback_token`. GET with `echostr` is the URL check
+//! (echoed when the signature verifies); every verified POST is answered
+//! `success`. Events settle by `MsgID` (= the send's `msgid`): `Status`
+//! `success` delivered, `failed:user block` / `failed: system failed` failed.
+//! No status query exists.
 
-use std::sync::Mutex;
-use std::time::{SystemTime, UNIX_EPOCH};
-
-use channel_sdk::http::{self, HttpError};
+use channel_sdk::callback::{self, answer};
+use channel_sdk::provider::auth::wechat;
+use channel_sdk::provider::{Attempt, post_json, refused_by, setting_or, with_token};
+use channel_sdk::serde_json::{Map, Value, json};
 use channel_sdk::{
-    ChannelGuest, DeliveryStatus, Guest, Message, PluginInfo, ProviderCapabilities, Receipt,
-    SendError, json_escape, require, url_encode,
+    CallbackAnswer, CallbackError, CallbackRequest, Channel, DeliveryStatus, Message,
+    ProviderCapabilities, Receipt, SendError, Settlement, http, require, setting,
 };
-use serde_json::Value;
 
-/// The plugin; its methods are the world's exports.
+/// The real endpoint; setting `endpoint` overrides it.
+const ENDPOINT: &str = "https://api.weixin.qq.com";
+/// Shared-cache key of the stable access token.
+const TOKEN_KEY: &str = "stable_token";
+
+/// The plugin.
 struct Wechat;
 
-/// The cached access token and when it stops being used (ms since the epoch).
-static TOKEN: Mutex<Option<(String, u64)>> = Mutex::new(None);
-
-fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
-}
-
-impl Guest for Wechat {
-    fn describe() -> PluginInfo {
-        PluginInfo {
-            name: "wechat".into(),
-            version: env!("CARGO_PKG_VERSION").into(),
-            description: env!("CARGO_PKG_DESCRIPTION").into(),
-        }
-    }
-}
-
-/// A valid cached token, or a new one.
-fn token(endpoint: &str, refresh: bool) -> Result<String, SendError> {
-    let mut cached = TOKEN.lock().unwrap_or_else(|e| e.into_inner());
-    if !refresh
-        && let Some((t, until)) = cached.as_ref()
-        && *until > now_ms()
-    {
-        return Ok(t.clone());
-    }
-    let app_id = require("app_id")?;
-    let secret = require("app_secret")?;
-    let resp = http::request(
-        "GET",
-        &format!(
-            "{endpoint}/cgi-bin/token?grant_type=client_credential&appid={}&secret={}",
-            url_encode(&app_id),
-            url_encode(&secret)
-        ),
-        &[],
-        None,
-    )
-    .map_err(|e| SendError::Retryable(format!("token: {e}")))?;
-    let json: Value = serde_json::from_slice(&resp.body).unwrap_or(Value::Null);
-    match json.get("access_token").and_then(Value::as_str) {
-        Some(t) => {
-            let ttl = json
-                .get("expires_in")
-                .and_then(Value::as_u64)
-                .unwrap_or(7200);
-            let until = now_ms() + ttl.saturating_sub(300).max(1) * 1000;
-            *cached = Some((t.to_string(), until));
-            Ok(t.to_string())
-        }
-        None => {
-            *cached = None;
-            let code = json.get("errcode").and_then(Value::as_i64).unwrap_or(0);
-            // Never echo the answer: it could mention the credentials.
-            Err(SendError::Retryable(format!(
-                "token refused (errcode {code})"
-            )))
-        }
-    }
-}
-
-fn transport(e: HttpError) -> SendError {
-    match e {
-        HttpError::Denied(_) | HttpError::NotSent(_) => SendError::Retryable(e.to_string()),
-        HttpError::MaybeSent(_) => SendError::Unknown(e.to_string()),
-    }
-}
-
-impl ChannelGuest for Wechat {
+impl Channel for Wechat {
     fn capabilities() -> ProviderCapabilities {
         ProviderCapabilities {
-            honours_reference: false,
-            can_query: false,
+            honours_reference: true,
+            reference_window_secs: Some(540),
+            callbacks: true,
+            ..ProviderCapabilities::NONE
         }
     }
 
     fn send(msg: Message) -> Result<Receipt, SendError> {
-        let endpoint = require("endpoint")?;
-        let data: Vec<String> = msg
+        let endpoint = endpoint();
+        let client_msg_id = wechat::client_msg_id(&msg.idempotency_key);
+        let data: Map<String, Value> = msg
             .params
             .iter()
-            .map(|(k, v)| format!("{}:{{\"value\":{}}}", json_escape(k), json_escape(v)))
+            .map(|(k, v)| (k.clone(), json!({ "value": v })))
             .collect();
-        let body = format!(
-            "{{\"touser\":{},\"template_id\":{},\"data\":{{{}}}}}",
-            json_escape(&msg.recipient),
-            json_escape(&msg.template),
-            data.join(",")
-        );
-        let mut refreshed = false;
-        loop {
-            let t = token(&endpoint, refreshed)?;
-            let resp = http::request(
-                "POST",
-                &format!(
-                    "{endpoint}/cgi-bin/message/template/send?access_token={}",
-                    url_encode(&t)
-                ),
-                &[("content-type", "application/json")],
-                Some(body.as_bytes()),
-            )
-            .map_err(transport)?;
-            if resp.status >= 500 {
-                return Err(SendError::Retryable(format!("status {}", resp.status)));
-            }
-            let json: Value = serde_json::from_slice(&resp.body).unwrap_or(Value::Null);
-            let code = json.get("errcode").and_then(Value::as_i64).unwrap_or(-1);
-            let text = json.get("errmsg").and_then(Value::as_str).unwrap_or("");
-            match code {
-                0 => {
-                    let id = json.get("msgid").map(|v| v.to_string()).unwrap_or_default();
-                    return Ok(Receipt {
-                        provider_message_id: id,
-                    });
+        let body = json!({
+            "touser": msg.recipient,
+            "template_id": msg.template,
+            "client_msg_id": client_msg_id,
+            "data": data,
+        });
+        with_token(
+            "WeChat",
+            TOKEN_KEY,
+            || mint(&endpoint),
+            |token| {
+                let url = format!("{endpoint}/cgi-bin/message/template/send?access_token={token}");
+                match post_json(&url, &[], &body) {
+                    Ok(resp) => sent(&resp, &client_msg_id),
+                    Err(e) => Attempt::Done(Err(e.into())),
                 }
-                40001 | 42001 if !refreshed => {
-                    // The token was refused before anything was sent: refresh, retry once.
-                    refreshed = true;
-                }
-                43004 | 40003 => return Err(SendError::Permanent(format!("{code}: {text}"))),
-                _ => return Err(SendError::Retryable(format!("{code}: {text}"))),
-            }
+            },
+        )
+    }
+
+    fn handle_callback(req: CallbackRequest) -> Result<CallbackAnswer, CallbackError> {
+        verify(&req)?;
+        if req.method == "GET" {
+            let echo = req
+                .query_param("echostr")
+                .ok_or_else(|| CallbackError::Malformed("a URL check without `echostr`".into()))?;
+            return Ok(answer(vec![], callback::text(echo)));
+        }
+        let xml = String::from_utf8_lossy(&req.body);
+        let settled = match wechat::xml_field(&xml, "Event").as_deref() {
+            Some("TEMPLATESENDJOBFINISH") => vec![job_finished(&xml)?],
+            _ => vec![],
+        };
+        Ok(answer(settled, callback::text("success")))
+    }
+}
+
+/// The endpoint without a trailing `/`.
+fn endpoint() -> String {
+    setting_or("endpoint", ENDPOINT)
+        .trim_end_matches('/')
+        .to_string()
+}
+
+/// What a template-send answer comes to.
+fn sent(resp: &http::Response, client_msg_id: &str) -> Attempt<Receipt> {
+    if resp.status != 200 {
+        let class = channel_sdk::provider::auth::class_of_status(resp.status);
+        let refusal =
+            channel_sdk::provider::auth::Refusal::new(class, format!("status {}", resp.status));
+        return Attempt::Done(Err(refused_by("WeChat", &refusal, resp)));
+    }
+    let body = resp.json();
+    let errcode = body.get("errcode").and_then(Value::as_i64).unwrap_or(0);
+    let msgid = body
+        .get("msgid")
+        .or_else(|| body.get("msg_id"))
+        .and_then(|v| {
+            v.as_u64()
+                .map(|n| n.to_string())
+                .or_else(|| v.as_str().map(str::to_string))
+        });
+    if errcode == 0 || errcode == wechat::DUPLICATE {
+        let receipt = |id: String| Receipt {
+            provider_message_id: id,
+            reference: Some(client_msg_id.to_string()),
+        };
+        return Attempt::Done(match msgid {
+            Some(id) => Ok(receipt(id)),
+            None if errcode == wechat::DUPLICATE => Ok(receipt(client_msg_id.to_string())),
+            None => Err(SendError::Unknown(
+                "WeChat answered errcode 0 without a msgid".into(),
+            )),
+        });
+    }
+    let refusal = wechat::classify(errcode);
+    match refusal.class {
+        channel_sdk::provider::auth::Class::Refresh => Attempt::TokenRefused(refusal),
+        _ => Attempt::Done(Err(refused_by("WeChat", &refusal, resp))),
+    }
+}
+
+/// A new stable access token and how long to keep it (ms).
+fn mint(endpoint: &str) -> Result<(String, u64), SendError> {
+    let body = json!({
+        "grant_type": "client_credential",
+        "appid": require("app_id")?,
+        "secret": require("app_secret")?,
+        "force_refresh": false,
+    });
+    let resp = post_json(&format!("{endpoint}/cgi-bin/stable_token"), &[], &body)
+        .map_err(|e| SendError::retryable(format!("stable_token: {e}")))?;
+    let json = resp.json();
+    match json.get("access_token").and_then(Value::as_str) {
+        Some(token) if resp.status == 200 => {
+            let secs = json
+                .get("expires_in")
+                .and_then(Value::as_u64)
+                .unwrap_or(7200);
+            Ok((token.to_string(), secs.saturating_sub(300).max(60) * 1000))
+        }
+        _ => {
+            let errcode = json.get("errcode").and_then(Value::as_i64).unwrap_or(-1);
+            let refusal = wechat::classify(errcode);
+            Err(refused_by("WeChat stable_token", &refusal, &resp))
         }
     }
+}
 
-    fn query(_key: String, _id: Option<String>) -> Result<DeliveryStatus, SendError> {
-        Err(SendError::Retryable(
-            "WeChat template messages have no status query".into(),
+/// Checks the query's `signature` against the configured `callback_token`.
+fn verify(req: &CallbackRequest) -> Result<(), CallbackError> {
+    if req.query_param("encrypt_type").is_some_and(|t| t == "aes") {
+        return Err(CallbackError::Malformed(
+            "safe (encrypted) mode is not supported: set the server URL to plain mode".into(),
+        ));
+    }
+    let token = setting("callback_token")
+        .filter(|t| !t.is_empty())
+        .ok_or_else(|| {
+            CallbackError::Forbidden("channel setting `callback_token` is not configured".into())
+        })?;
+    let param = |n: &str| req.query_param(n).unwrap_or_default();
+    if wechat::verify(
+        &token,
+        &param("timestamp"),
+        &param("nonce"),
+        &param("signature"),
+    ) {
+        Ok(())
+    } else {
+        Err(CallbackError::Forbidden(
+            "the signature does not verify".into(),
         ))
     }
+}
 
-    fn parse_callback(
-        _headers: Vec<(String, String)>,
-        body: Vec<u8>,
-    ) -> Result<Vec<(String, DeliveryStatus)>, String> {
-        channel_sdk::parse_receipts(&body, "message_id")
-    }
+/// The settlement of a `TEMPLATESENDJOBFINISH` event.
+fn job_finished(xml: &str) -> Result<Settlement, CallbackError> {
+    let id = wechat::xml_field(xml, "MsgID")
+        .ok_or_else(|| CallbackError::Malformed("TEMPLATESENDJOBFINISH without MsgID".into()))?;
+    let status = wechat::xml_field(xml, "Status")
+        .ok_or_else(|| CallbackError::Malformed("TEMPLATESENDJOBFINISH without Status".into()))?;
+    Ok(Settlement {
+        id,
+        status: if wechat::delivered(&status) {
+            DeliveryStatus::Delivered
+        } else {
+            DeliveryStatus::Failed
+        },
+        detail: Some(status),
+    })
 }
 
 channel_sdk::export_channel!(Wechat);

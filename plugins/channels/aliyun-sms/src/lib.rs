@@ -1,0 +1,263 @@
+//! Channel plugin `aliyun-sms`: Aliyun SMS, API dysmsapi 2017-05-25, RPC
+//! style over HTTPS, signed with signature V3 (`ACS3-HMAC-SHA256`, see
+//! `provider_auth::aliyun`).
+//!
+//! Send: `SendSms` (<https://help.aliyun.com/zh/sms/developer-reference/api-dysmsapi-2017-05-25-sendsms>)
+//! with `PhoneNumbers`, `SignName`, `TemplateCode`, `TemplateParam` (a string
+//! holding JSON) and `OutId` = 32 hex digits of the idempotency key's SHA-256,
+//! every parameter in the query of `POST /`, empty body. `Code` `OK` is sent
+//! (provider id = `BizId`); other codes follow the error table in
+//! `provider_auth::aliyun::classify` (SendSms "错误码" and the SMS API error
+//! codes page); 5xx retryable; a cut-off answer unknown.
+//!
+//! Capabilities:
+//! - `honours_reference = false`: SendSms is not idempotent — the same OutId
+//!   twice is two SMS; `OutId` is only echoed back ("外部流水扩展字段", SendSms
+//!   request parameters; FACTS.md).
+//! - `can_query = true`: `QuerySendDetails`
+//!   (<https://help.aliyun.com/zh/sms/developer-reference/api-dysmsapi-2017-05-25-querysenddetails>)
+//!   by `PhoneNumber` + `SendDate` (`yyyyMMdd`, China Standard Time, ≤ 30 days
+//!   back) + `BizId` when known, 50 rows a page; rows are matched by `OutId`,
+//!   `SendStatus` 1 waiting / 2 failed / 3 delivered. How soon a sent message
+//!   shows in the query is not documented: `query_lag_secs` is the setting
+//!   `query_lag` (default 60 s, conservative).
+//! - `callbacks = true`: SmsReport, HTTP batch push
+//!   (<https://help.aliyun.com/zh/sms/developer-reference/smsreport-2>): a JSON
+//!   array of `{phone_number, send_time, report_time, success, err_code,
+//!   err_msg, sms_size, biz_id, out_id}`, answered `{"code":0,"msg":"成功"}`
+//!   (Aliyun checks that `code` is a number and the status is 200; else it
+//!   pushes again after 1, 5, 10 minutes). The push carries **no signature**
+//!   (none is documented), so the unguessable path token of the channel's
+//!   callback URL is the only gate. Reports may repeat ("回执消息无法保证幂等性"):
+//!   settlements are idempotent at the host.
+
+use channel_sdk::callback::{self, answer};
+use channel_sdk::provider::auth::aliyun::{self, Status};
+use channel_sdk::provider::auth::{Class, Refusal, sha256_hex, time};
+use channel_sdk::provider::{authority, nonce, number_setting, refused_by, setting_or};
+use channel_sdk::serde_json::{Value, json};
+use channel_sdk::{
+    CallbackAnswer, CallbackError, CallbackRequest, Channel, DeliveryStatus, Message,
+    ProviderCapabilities, Receipt, SendError, SentMessage, Settlement, http, now_ms, params_json,
+    require,
+};
+
+/// The real endpoint; setting `endpoint` overrides it.
+const ENDPOINT: &str = "https://dysmsapi.aliyuncs.com";
+/// Rows per QuerySendDetails page (the API's maximum).
+const PAGE_SIZE: usize = 50;
+/// Pages read per date before giving up (2,500 messages to one number a day).
+const MAX_PAGES: usize = 50;
+/// China Standard Time, in which `SendDate` is given.
+const CST: i64 = 8 * 3600;
+
+/// The plugin.
+struct AliyunSms;
+
+impl Channel for AliyunSms {
+    fn capabilities() -> ProviderCapabilities {
+        let lag = number_setting("query_lag", 60).unwrap_or(60);
+        ProviderCapabilities {
+            honours_reference: false,
+            can_query: true,
+            query_lag_secs: u32::try_from(lag).unwrap_or(u32::MAX),
+            callbacks: true,
+            ..ProviderCapabilities::NONE
+        }
+    }
+
+    fn send(msg: Message) -> Result<Receipt, SendError> {
+        let out_id = aliyun::out_id(&msg.idempotency_key);
+        let params = [
+            ("PhoneNumbers", msg.recipient.clone()),
+            ("SignName", require("sign_name")?),
+            ("TemplateCode", msg.template.clone()),
+            ("TemplateParam", params_json(&msg.params).to_string()),
+            ("OutId", out_id.clone()),
+        ];
+        let body = call("SendSms", &params)?;
+        match body.get("BizId").and_then(Value::as_str) {
+            Some(biz_id) => Ok(Receipt {
+                provider_message_id: biz_id.to_string(),
+                reference: Some(out_id),
+            }),
+            None => Err(SendError::Unknown(
+                "SendSms answered OK without a BizId".into(),
+            )),
+        }
+    }
+
+    fn query(msg: SentMessage) -> Result<DeliveryStatus, SendError> {
+        let out_id = msg
+            .reference
+            .clone()
+            .unwrap_or_else(|| aliyun::out_id(&msg.idempotency_key));
+        let mut dates = vec![time::ymd(msg.first_attempt_ms, CST)];
+        let last = time::ymd(msg.last_attempt_ms, CST);
+        if !dates.contains(&last) {
+            dates.push(last);
+        }
+        let mut best: Option<Status> = None;
+        for date in &dates {
+            best = best.max(status_on(&msg, date, &out_id).map_err(as_retryable)?);
+        }
+        Ok(match best {
+            Some(Status::Delivered) => DeliveryStatus::Delivered,
+            Some(Status::Pending) => DeliveryStatus::Pending,
+            Some(Status::Failed) => DeliveryStatus::Failed,
+            None => DeliveryStatus::Unknown,
+        })
+    }
+
+    fn handle_callback(req: CallbackRequest) -> Result<CallbackAnswer, CallbackError> {
+        if req.method != "POST" {
+            return Err(CallbackError::Malformed("SmsReport is a POST".into()));
+        }
+        let reports: Vec<Value> = channel_sdk::serde_json::from_slice(&req.body)
+            .map_err(|e| CallbackError::Malformed(format!("not a JSON array of reports: {e}")))?;
+        let settled = reports.iter().map(settlement).collect::<Result<_, _>>()?;
+        Ok(answer(
+            settled,
+            callback::json(&json!({"code": 0, "msg": "成功"})),
+        ))
+    }
+}
+
+/// One SmsReport entry as a settlement, by `out_id` (our reference) or else `biz_id`.
+fn settlement(report: &Value) -> Result<Settlement, CallbackError> {
+    let field = |k| {
+        report
+            .get(k)
+            .and_then(Value::as_str)
+            .filter(|s| !s.is_empty())
+    };
+    let id = field("out_id")
+        .or_else(|| field("biz_id"))
+        .ok_or_else(|| CallbackError::Malformed("a report without `out_id` or `biz_id`".into()))?;
+    let status = match report.get("success").and_then(Value::as_bool) {
+        Some(true) => DeliveryStatus::Delivered,
+        Some(false) => DeliveryStatus::Failed,
+        None => {
+            return Err(CallbackError::Malformed(
+                "a report without `success`".into(),
+            ));
+        }
+    };
+    Ok(Settlement {
+        id: id.to_string(),
+        status,
+        detail: field("err_code").map(str::to_string),
+    })
+}
+
+/// The best status of the rows for `out_id` sent on `date`.
+fn status_on(msg: &SentMessage, date: &str, out_id: &str) -> Result<Option<Status>, SendError> {
+    let mut best = None;
+    for page in 1..=MAX_PAGES {
+        let mut params = vec![
+            ("PhoneNumber", msg.recipient.clone()),
+            ("SendDate", date.to_string()),
+            ("PageSize", PAGE_SIZE.to_string()),
+            ("CurrentPage", page.to_string()),
+        ];
+        if let Some(biz_id) = &msg.provider_message_id {
+            params.push(("BizId", biz_id.clone()));
+        }
+        let body = call("QuerySendDetails", &params)?;
+        let rows = body
+            .pointer("/SmsSendDetailDTOs/SmsSendDetailDTO")
+            .and_then(Value::as_array)
+            .cloned()
+            .unwrap_or_default();
+        let mine = rows
+            .iter()
+            .filter(|r| r.get("OutId").and_then(Value::as_str) == Some(out_id))
+            .filter_map(|r| {
+                r.get("SendStatus")
+                    .and_then(Value::as_i64)
+                    .and_then(aliyun::send_status)
+            });
+        best = best.max(mine.max());
+        if rows.len() < PAGE_SIZE {
+            break;
+        }
+    }
+    Ok(best)
+}
+
+/// A query that could not tell: asking again later is always safe.
+fn as_retryable(e: SendError) -> SendError {
+    match e {
+        SendError::Unknown(m) | SendError::Permanent(m) => SendError::retryable(m),
+        retry => retry,
+    }
+}
+
+/// Calls `action` with `params`, signed V3; the answer's JSON when `Code` is `OK`.
+fn call(action: &str, params: &[(&str, String)]) -> Result<Value, SendError> {
+    let endpoint = setting_or("endpoint", ENDPOINT);
+    let endpoint = endpoint.trim_end_matches('/');
+    let host = authority(endpoint).ok_or_else(|| {
+        SendError::Permanent("channel setting `endpoint` is not an absolute URL".into())
+    })?;
+    let query: Vec<(String, String)> = params
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.clone()))
+        .collect();
+    let headers = signed_headers(action, host, &query)?;
+    let header_refs: Vec<(&str, &str)> = headers
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect();
+    let url = format!("{endpoint}/?{}", aliyun::canonical_query(&query));
+    let resp = http::request("POST", &url, &header_refs, Some(b""))?;
+    let body = resp.json();
+    let code = body.get("Code").and_then(Value::as_str);
+    match (resp.status, code) {
+        (200, Some("OK")) => Ok(body),
+        (s, _) if s >= 500 => Err(refused_by(
+            "Aliyun",
+            &Refusal::new(Class::Retryable, format!("status {s}")),
+            &resp,
+        )),
+        (_, Some(code)) => Err(refused_by("Aliyun", &aliyun::classify(code), &resp)),
+        (200, None) => Err(SendError::Unknown(format!(
+            "{action} answered 200 without a Code"
+        ))),
+        (s, None) => Err(SendError::Permanent(format!(
+            "Aliyun answered {action} with status {s} and no Code"
+        ))),
+    }
+}
+
+/// The `x-acs-*` headers and `Authorization` of one call (`host` is signed
+/// as the authority the host sends, not sent as a header).
+fn signed_headers(
+    action: &str,
+    host: &str,
+    query: &[(String, String)],
+) -> Result<Vec<(String, String)>, SendError> {
+    let key_id = require("access_key_id")?;
+    let secret = require("access_key_secret")?;
+    let mut headers = vec![
+        ("x-acs-action".to_string(), action.to_string()),
+        ("x-acs-version".to_string(), "2017-05-25".to_string()),
+        ("x-acs-date".to_string(), time::iso8601(now_ms())),
+        ("x-acs-signature-nonce".to_string(), nonce()),
+        ("x-acs-content-sha256".to_string(), sha256_hex(b"")),
+    ];
+    let mut to_sign = headers.clone();
+    to_sign.push(("host".to_string(), host.to_string()));
+    let req = aliyun::Request {
+        method: "POST",
+        path: "/",
+        query,
+        headers: &to_sign,
+        body: b"",
+    };
+    let signed = aliyun::sign_v3(&req, &key_id, &secret);
+    headers.push(("authorization".to_string(), signed.authorization));
+    Ok(headers)
+}
+
+channel_sdk::export_channel!(AliyunSms);

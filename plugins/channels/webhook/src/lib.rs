@@ -1,0 +1,100 @@
+//! Channel plugin `webhook`: a customer's HTTPS endpoint, signed per the
+//! Standard Webhooks specification 1.0.0
+//! (<https://github.com/standard-webhooks/standard-webhooks/blob/main/spec/standard-webhooks.md>).
+//!
+//! Send: `POST <url>` with body `{"type": <template>, "timestamp": <RFC 3339>,
+//! "data": {params}}` and the headers of the spec's section "Webhook
+//! headers": `webhook-id` (`msg_` + a digest of the idempotency key, the same
+//! on every attempt), `webhook-timestamp` (unix seconds of this attempt) and
+//! `webhook-signature: v1,<base64 HMAC-SHA256(key, "{id}.{timestamp}.{body}")>`
+//! (section "Signature scheme"; the key is the base64 part of the `whsec_`
+//! secret). The recipient is an endpoint name mapped by setting
+//! `endpoint.<name>`, or an absolute `https://` URL (the host's allowlist
+//! decides whether it may be reached).
+//!
+//! Answers (spec section "Retry schedule" / delivery): 2xx sent (provider id =
+//! the webhook-id); 429 and 5xx retryable, honouring `Retry-After`; 410 Gone
+//! and other 4xx permanent; a cut-off answer unknown.
+//!
+//! Capability `honours_reference`: the spec defines `webhook-id` as "the
+//! unique message identifier for the webhook message. This identifier is
+//! unique across all messages, but will be the same when the same webhook is
+//! being resent (e.g. due to a previous failure)", and its section
+//! "Idempotency" tells receivers to use it to dedupe. It rests on the receiver
+//! following the spec; the spec sets no window, so none is declared unless
+//! the operator sets `dedupe_window` (seconds the receiver keeps ids). No
+//! status query, no callbacks.
+
+use channel_sdk::provider::auth::{Refusal, class_of_status, time, webhooks};
+use channel_sdk::provider::{number_setting, refused_by};
+use channel_sdk::serde_json::json;
+use channel_sdk::{
+    Channel, Message, ProviderCapabilities, Receipt, SendError, http, now_ms, params_json, require,
+    setting,
+};
+
+/// The plugin.
+struct Webhook;
+
+impl Channel for Webhook {
+    fn capabilities() -> ProviderCapabilities {
+        let window = number_setting("dedupe_window", 0).unwrap_or(0);
+        ProviderCapabilities {
+            honours_reference: true,
+            reference_window_secs: (window > 0).then(|| u32::try_from(window).unwrap_or(u32::MAX)),
+            ..ProviderCapabilities::NONE
+        }
+    }
+
+    fn send(msg: Message) -> Result<Receipt, SendError> {
+        let url = endpoint(&msg.recipient)?;
+        let secret = require("secret")?;
+        let id = webhooks::message_id(&msg.idempotency_key);
+        let now = now_ms();
+        let body = json!({
+            "type": msg.template,
+            "timestamp": time::iso8601(now),
+            "data": params_json(&msg.params),
+        })
+        .to_string();
+        let timestamp = now / 1000;
+        let signature = webhooks::sign(&secret, &id, timestamp, body.as_bytes())
+            .map_err(|e| SendError::Permanent(e.to_string()))?;
+        let headers = [
+            ("content-type", "application/json"),
+            ("webhook-id", id.as_str()),
+            ("webhook-timestamp", &timestamp.to_string()),
+            ("webhook-signature", signature.as_str()),
+        ];
+        let resp = http::request("POST", &url, &headers, Some(body.as_bytes()))?;
+        if (200..300).contains(&resp.status) {
+            return Ok(Receipt {
+                provider_message_id: id.clone(),
+                reference: Some(id),
+            });
+        }
+        let refusal = Refusal::new(
+            class_of_status(resp.status),
+            format!("status {}", resp.status),
+        );
+        Err(refused_by("the webhook endpoint", &refusal, &resp))
+    }
+}
+
+/// The URL of `recipient`: setting `endpoint.<recipient>`, or the recipient
+/// itself when it is an `https://` URL.
+fn endpoint(recipient: &str) -> Result<String, SendError> {
+    if let Some(url) = setting(&format!("endpoint.{recipient}")).filter(|u| !u.is_empty()) {
+        return Ok(url);
+    }
+    if recipient.starts_with("https://") {
+        return Ok(recipient.to_string());
+    }
+    let shown: String = recipient.chars().take(64).collect();
+    let shown = shown.split(['?', '#']).next().unwrap_or_default();
+    Err(SendError::Permanent(format!(
+        "recipient `{shown}` is neither a configured endpoint name (setting `endpoint.<name>`) nor an https:// URL"
+    )))
+}
+
+channel_sdk::export_channel!(Webhook);

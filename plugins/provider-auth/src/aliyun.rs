@@ -1,0 +1,277 @@
+//! Aliyun OpenAPI signature V3 (`ACS3-HMAC-SHA256`) and the SMS error table.
+//!
+//! Signature: Aliyun "V3 request structure and signature"
+//! (<https://help.aliyun.com/zh/sdk/product-overview/v3-request-structure-and-signature>,
+//! sections "CanonicalRequest", "StringToSign", "Authorization"), as in
+//! aliyun/darabonba-openapi-util `service.go`:
+//! canonical request = method, path, sorted RFC 3986 query, canonical headers
+//! (`host`, `content-type`, every `x-acs-*`; lower case, sorted, `k:v\n`),
+//! signed header list, hex SHA-256 of the body; string to sign =
+//! `ACS3-HMAC-SHA256\n` + hex SHA-256 of the canonical request; signature =
+//! hex HMAC-SHA256(secret, string to sign).
+//!
+//! Errors: SendSms API reference, "错误码" (<https://help.aliyun.com/zh/sms/developer-reference/api-dysmsapi-2017-05-25-sendsms>)
+//! and the SMS error-code list (<https://help.aliyun.com/zh/sms/developer-reference/api-error-codes>).
+
+use crate::{Class, Refusal, hex, hmac_sha256, percent_encode, sha256_hex};
+
+/// The algorithm name of signature V3.
+pub const ALGORITHM: &str = "ACS3-HMAC-SHA256";
+
+/// One request to sign.
+#[derive(Debug, Clone)]
+pub struct Request<'a> {
+    /// `POST`, `GET`...
+    pub method: &'a str,
+    /// The path, `/` for RPC-style APIs.
+    pub path: &'a str,
+    /// Query parameters (unencoded; encoded and sorted here).
+    pub query: &'a [(String, String)],
+    /// Headers to sign: `host`, `x-acs-*` and `content-type` when present
+    /// (names in any case; values as sent).
+    pub headers: &'a [(String, String)],
+    /// The body (empty for RPC style with every parameter in the query).
+    pub body: &'a [u8],
+}
+
+/// A computed V3 signature.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Signed {
+    /// Hex SHA-256 of the canonical request (the documentation shows it).
+    pub hashed_canonical_request: String,
+    /// Hex signature.
+    pub signature: String,
+    /// The `Authorization` header value.
+    pub authorization: String,
+}
+
+/// The query string in canonical form: RFC 3986-encoded `k=v`, sorted, `&`-joined
+/// (the same string serves as the request's own query).
+pub fn canonical_query(params: &[(String, String)]) -> String {
+    let mut pairs: Vec<(String, String)> = params
+        .iter()
+        .map(|(k, v)| (percent_encode(k), percent_encode(v)))
+        .collect();
+    pairs.sort();
+    pairs
+        .iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect::<Vec<_>>()
+        .join("&")
+}
+
+/// Signs `req` with the access key pair.
+pub fn sign_v3(req: &Request<'_>, access_key_id: &str, secret: &str) -> Signed {
+    let mut headers: Vec<(String, String)> = req
+        .headers
+        .iter()
+        .map(|(k, v)| (k.to_ascii_lowercase(), v.trim().to_string()))
+        .filter(|(k, _)| k == "host" || k == "content-type" || k.starts_with("x-acs-"))
+        .collect();
+    headers.sort();
+    let canonical_headers: String = headers.iter().map(|(k, v)| format!("{k}:{v}\n")).collect();
+    let signed_headers = headers
+        .iter()
+        .map(|(k, _)| k.as_str())
+        .collect::<Vec<_>>()
+        .join(";");
+    let canonical_request = format!(
+        "{}\n{}\n{}\n{}\n{}\n{}",
+        req.method,
+        req.path,
+        canonical_query(req.query),
+        canonical_headers,
+        signed_headers,
+        sha256_hex(req.body)
+    );
+    let hashed_canonical_request = sha256_hex(canonical_request.as_bytes());
+    let string_to_sign = format!("{ALGORITHM}\n{hashed_canonical_request}");
+    let signature = hex(&hmac_sha256(secret.as_bytes(), string_to_sign.as_bytes()));
+    let authorization = format!(
+        "{ALGORITHM} Credential={access_key_id},SignedHeaders={signed_headers},Signature={signature}"
+    );
+    Signed {
+        hashed_canonical_request,
+        signature,
+        authorization,
+    }
+}
+
+/// The `OutId` of a message: 32 hex digits of the key's SHA-256 (Aliyun
+/// only echoes it, in receipts and QuerySendDetails rows).
+pub fn out_id(idempotency_key: &str) -> String {
+    crate::key_digest(idempotency_key, 32)
+}
+
+/// Sorts a `Code` other than `OK` (from a 200 body or an error status) by
+/// the SMS error table. Unknown codes are permanent: the message was not
+/// accepted, and nothing says a retry would be.
+pub fn classify(code: &str) -> Refusal {
+    use Class::{Permanent, Retryable};
+    let r = |class| Refusal::new(class, code);
+    match code {
+        // Flow control and quotas that reset: later may work.
+        "isv.BUSINESS_LIMIT_CONTROL" | "Throttling.User" | "isv.DAY_LIMIT_CONTROL" => r(Retryable),
+        "SignatureNonceUsed" => r(Retryable),
+        "InvalidTimeStamp.Expired" => r(Retryable)
+            .because("the host's clock is more than 15 minutes off Aliyun's; fix the clock"),
+        c if c.starts_with("isp.") || c.starts_with("ServiceUnavailable") => r(Retryable),
+        // Account, content, recipient: never.
+        "isv.AMOUNT_NOT_ENOUGH" => r(Permanent).because("the Aliyun account is out of credit"),
+        "isv.OUT_OF_SERVICE" => r(Permanent).because("the Aliyun account is suspended (arrears)"),
+        "isv.MOBILE_NUMBER_ILLEGAL"
+        | "isv.SMS_CONTENT_ILLEGAL"
+        | "isv.MONTH_LIMIT_CONTROL"
+        | "isv.BLACK_KEY_CONTROL_LIMIT"
+        | "isv.TEMPLATE_MISSING_PARAMETERS"
+        | "isv.INVALID_PARAMETERS"
+        | "isv.INVALID_JSON_PARAM"
+        | "isv.PARAM_LENGTH_LIMIT"
+        | "isv.MOBILE_COUNT_OVER_LIMIT" => r(Permanent),
+        "isv.SMS_TEMPLATE_ILLEGAL" => {
+            r(Permanent).because("the template code is not approved for this account")
+        }
+        "isv.SMS_SIGNATURE_ILLEGAL" | "isv.SMS_SIGN_ILLEGAL" => {
+            r(Permanent).because("the sign name (`sign_name`) is not approved for this account")
+        }
+        // Credentials: an operator must act.
+        "SignatureDoesNotMatch" | "IncompleteSignature" => {
+            r(Permanent).because("the request signature was refused: check `access_key_secret`")
+        }
+        c if c.starts_with("InvalidAccessKeyId") => {
+            r(Permanent).because("the access key id is unknown or disabled: check `access_key_id`")
+        }
+        c if c.starts_with("Forbidden") || c == "isp.RAM_PERMISSION_DENY" => {
+            r(Permanent).because("the access key may not call dysmsapi (RAM policy)")
+        }
+        _ => r(Permanent),
+    }
+}
+
+/// What a `SendStatus` of a QuerySendDetails row means: 1 waiting for the
+/// handset's receipt, 2 failed, 3 delivered.
+pub fn send_status(code: i64) -> Option<crate::aliyun::Status> {
+    match code {
+        1 => Some(Status::Pending),
+        2 => Some(Status::Failed),
+        3 => Some(Status::Delivered),
+        _ => None,
+    }
+}
+
+/// A message's state in QuerySendDetails rows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Status {
+    /// Failed (a later row may still say delivered).
+    Failed,
+    /// Waiting for the handset's receipt.
+    Pending,
+    /// Delivered.
+    Delivered,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn s(k: &str, v: &str) -> (String, String) {
+        (k.to_string(), v.to_string())
+    }
+
+    /// The documentation's own example (FACTS.md; Aliyun "V3 request
+    /// structure and signature", section "示例").
+    #[test]
+    fn v3_documentation_vector() {
+        let query = [
+            s(
+                "ImageId",
+                "win2019_1809_x64_dtc_zh-cn_40G_alibase_20230811.vhd",
+            ),
+            s("RegionId", "cn-shanghai"),
+        ];
+        let headers = [
+            s("host", "ecs.cn-shanghai.aliyuncs.com"),
+            s("x-acs-action", "RunInstances"),
+            s("x-acs-version", "2014-05-26"),
+            s("x-acs-date", "2023-10-26T10:22:32Z"),
+            s("x-acs-signature-nonce", "3156853299f313e23d1673dc12e1703d"),
+            s("x-acs-content-sha256", &sha256_hex(b"")),
+        ];
+        let req = Request {
+            method: "POST",
+            path: "/",
+            query: &query,
+            headers: &headers,
+            body: b"",
+        };
+        let signed = sign_v3(&req, "YourAccessKeyId", "YourAccessKeySecret");
+        assert_eq!(
+            signed.hashed_canonical_request,
+            "7ea06492da5221eba5297e897ce16e55f964061054b7695beedaac1145b1e259"
+        );
+        assert_eq!(
+            signed.signature,
+            "06563a9e1b43f5dfe96b81484da74bceab24a1d853912eee15083a6f0f3283c0"
+        );
+        assert_eq!(
+            signed.authorization,
+            "ACS3-HMAC-SHA256 Credential=YourAccessKeyId,SignedHeaders=host;x-acs-action;x-acs-content-sha256;x-acs-date;x-acs-signature-nonce;x-acs-version,Signature=06563a9e1b43f5dfe96b81484da74bceab24a1d853912eee15083a6f0f3283c0"
+        );
+    }
+
+    #[test]
+    fn canonical_query_sorts_and_encodes() {
+        let q = [
+            s("b", "x y"),
+            s("TemplateParam", "{\"code\":\"1\"}"),
+            s("a", "~*"),
+        ];
+        assert_eq!(
+            canonical_query(&q),
+            "TemplateParam=%7B%22code%22%3A%221%22%7D&a=~%2A&b=x%20y"
+        );
+    }
+
+    /// The SendSms error table: code → class.
+    #[test]
+    fn error_table() {
+        use Class::*;
+        let table = [
+            ("isv.AMOUNT_NOT_ENOUGH", Permanent),
+            ("isv.OUT_OF_SERVICE", Permanent),
+            ("isv.MOBILE_NUMBER_ILLEGAL", Permanent),
+            ("isv.SMS_CONTENT_ILLEGAL", Permanent),
+            ("isv.SMS_TEMPLATE_ILLEGAL", Permanent),
+            ("isv.SMS_SIGNATURE_ILLEGAL", Permanent),
+            ("isv.MONTH_LIMIT_CONTROL", Permanent),
+            ("isv.BUSINESS_LIMIT_CONTROL", Retryable),
+            ("isv.DAY_LIMIT_CONTROL", Retryable),
+            ("Throttling.User", Retryable),
+            ("isp.SYSTEM_ERROR", Retryable),
+            ("SignatureNonceUsed", Retryable),
+            ("InvalidTimeStamp.Expired", Retryable),
+            ("SignatureDoesNotMatch", Permanent),
+            ("IncompleteSignature", Permanent),
+            ("InvalidAccessKeyId.NotFound", Permanent),
+            ("isv.SOMETHING_NEW", Permanent),
+        ];
+        for (code, class) in table {
+            assert_eq!(classify(code).class, class, "{code}");
+        }
+        assert!(
+            classify("SignatureDoesNotMatch")
+                .cause
+                .unwrap()
+                .contains("access_key_secret")
+        );
+    }
+
+    #[test]
+    fn send_status_codes() {
+        assert_eq!(send_status(1), Some(Status::Pending));
+        assert_eq!(send_status(2), Some(Status::Failed));
+        assert_eq!(send_status(3), Some(Status::Delivered));
+        assert_eq!(send_status(0), None);
+        assert_eq!(out_id("k").len(), 32);
+    }
+}

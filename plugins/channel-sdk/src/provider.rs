@@ -104,6 +104,22 @@ pub fn shared_token(
     }
 }
 
+/// The `access_token` of an OAuth2-style token answer (200 only) and how
+/// long to keep it: its `expires_in` (else `default_secs`) less 5 minutes,
+/// at least one. `None` when the answer holds no token.
+pub fn token_answer(resp: &Response, default_secs: u64) -> Option<(String, u64)> {
+    let body = resp.json();
+    let token = body.get("access_token")?.as_str()?;
+    if resp.status != 200 {
+        return None;
+    }
+    let secs = body
+        .get("expires_in")
+        .and_then(serde_json::Value::as_u64)
+        .unwrap_or(default_secs);
+    Some((token.to_string(), secs.saturating_sub(300).max(60) * 1000))
+}
+
 /// 32 random hex digits (a request nonce).
 pub fn nonce() -> String {
     let mut bytes = [0u8; 16];

@@ -52,6 +52,11 @@ impl Refusal {
         }
     }
 
+    /// A refusal known only by its HTTP status (see [`class_of_status`]).
+    pub fn of_status(status: u16) -> Refusal {
+        Refusal::new(class_of_status(status), format!("status {status}"))
+    }
+
     /// The same refusal with an operator-facing cause.
     pub fn because(mut self, cause: &'static str) -> Refusal {
         self.cause = Some(cause);

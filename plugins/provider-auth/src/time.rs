@@ -6,16 +6,7 @@
 pub fn civil(ms: u64, offset_secs: i64) -> (i64, u32, u32, u32, u32, u32) {
     let secs = (ms / 1000) as i64 + offset_secs;
     let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
-    // Howard Hinnant's days-to-civil algorithm.
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = (doy - (153 * mp + 2) / 5 + 1) as u32;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
-    let year = yoe + era * 400 + i64::from(month <= 2);
+    let (year, month, day) = key_util::civil_from_days(days);
     let (h, m, s) = (rem / 3600, rem % 3600 / 60, rem % 60);
     (year, month, day, h as u32, m as u32, s as u32)
 }

@@ -33,7 +33,7 @@
 
 use channel_sdk::callback::{self, answer};
 use channel_sdk::provider::auth::aliyun::{self, Status};
-use channel_sdk::provider::auth::{Class, Refusal, sha256_hex, time};
+use channel_sdk::provider::auth::{Refusal, sha256_hex, time};
 use channel_sdk::provider::{authority, nonce, number_setting, refused_by, setting_or};
 use channel_sdk::serde_json::{Value, json};
 use channel_sdk::{
@@ -215,11 +215,7 @@ fn call(action: &str, params: &[(&str, String)]) -> Result<Value, SendError> {
     let code = body.get("Code").and_then(Value::as_str);
     match (resp.status, code) {
         (200, Some("OK")) => Ok(body),
-        (s, _) if s >= 500 => Err(refused_by(
-            "Aliyun",
-            &Refusal::new(Class::Retryable, format!("status {s}")),
-            &resp,
-        )),
+        (s, _) if s >= 500 => Err(refused_by("Aliyun", &Refusal::of_status(s), &resp)),
         (_, Some(code)) => Err(refused_by("Aliyun", &aliyun::classify(code), &resp)),
         (200, None) => Err(SendError::Unknown(format!(
             "{action} answered 200 without a Code"

@@ -28,7 +28,9 @@
 //! notification, so unknown outcomes follow the host's `on_unknown`.
 
 use channel_sdk::provider::auth::{self, Class, fcm, jwt};
-use channel_sdk::provider::{Attempt, post_form, post_json, refused_by, setting_or, with_token};
+use channel_sdk::provider::{
+    Attempt, post_form, post_json, refused_by, setting_or, token_answer, with_token,
+};
 use channel_sdk::serde_json::{self, Map, Value, json};
 use channel_sdk::{Channel, Message, Receipt, SendError, http, now_ms, require, setting};
 
@@ -179,33 +181,26 @@ fn mint(sa: &ServiceAccount) -> Result<(String, u64), SendError> {
         ],
     )
     .map_err(|e| SendError::retryable(format!("token endpoint: {e}")))?;
-    let body = resp.json();
-    match body.get("access_token").and_then(Value::as_str) {
-        Some(token) if resp.status == 200 => {
-            let secs = body
-                .get("expires_in")
-                .and_then(Value::as_u64)
-                .unwrap_or(3599);
-            Ok((token.to_string(), secs.saturating_sub(300).max(60) * 1000))
-        }
-        _ => {
-            let error = body
-                .get("error")
-                .and_then(Value::as_str)
-                .unwrap_or("no error code");
-            let refusal = auth::Refusal::new(
-                auth::class_of_status(resp.status),
-                format!("status {} ({error})", resp.status),
-            );
-            let refusal = match refusal.class {
-                Class::Permanent => {
-                    refusal.because("the service account key was refused: check `service_account`")
-                }
-                _ => refusal,
-            };
-            Err(refused_by("the OAuth2 token endpoint", &refusal, &resp))
-        }
+    if let Some(token) = token_answer(&resp, 3599) {
+        return Ok(token);
     }
+    let error = resp
+        .json()
+        .get("error")
+        .and_then(Value::as_str)
+        .unwrap_or("no error code")
+        .to_string();
+    let refusal = auth::Refusal::new(
+        auth::class_of_status(resp.status),
+        format!("status {} ({error})", resp.status),
+    );
+    let refusal = match refusal.class {
+        Class::Permanent => {
+            refusal.because("the service account key was refused: check `service_account`")
+        }
+        _ => refusal,
+    };
+    Err(refused_by("the OAuth2 token endpoint", &refusal, &resp))
 }
 
 channel_sdk::export_channel!(Fcm);

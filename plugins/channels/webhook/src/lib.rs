@@ -25,7 +25,7 @@
 //! the operator sets `dedupe_window` (seconds the receiver keeps ids). No
 //! status query, no callbacks.
 
-use channel_sdk::provider::auth::{Refusal, class_of_status, time, webhooks};
+use channel_sdk::provider::auth::{Refusal, time, webhooks};
 use channel_sdk::provider::{number_setting, refused_by};
 use channel_sdk::serde_json::json;
 use channel_sdk::{
@@ -73,10 +73,7 @@ impl Channel for Webhook {
                 reference: Some(id),
             });
         }
-        let refusal = Refusal::new(
-            class_of_status(resp.status),
-            format!("status {}", resp.status),
-        );
+        let refusal = Refusal::of_status(resp.status);
         Err(refused_by("the webhook endpoint", &refusal, &resp))
     }
 }

@@ -40,8 +40,8 @@
 //! No status query exists.
 
 use channel_sdk::callback::{self, answer};
-use channel_sdk::provider::auth::wechat;
-use channel_sdk::provider::{Attempt, post_json, refused_by, setting_or, with_token};
+use channel_sdk::provider::auth::{Class, Refusal, wechat};
+use channel_sdk::provider::{Attempt, post_json, refused_by, setting_or, token_answer, with_token};
 use channel_sdk::serde_json::{Map, Value, json};
 use channel_sdk::{
     CallbackAnswer, CallbackError, CallbackRequest, Channel, DeliveryStatus, Message,
@@ -121,9 +121,7 @@ fn endpoint() -> String {
 /// What a template-send answer comes to.
 fn sent(resp: &http::Response, client_msg_id: &str) -> Attempt<Receipt> {
     if resp.status != 200 {
-        let class = channel_sdk::provider::auth::class_of_status(resp.status);
-        let refusal =
-            channel_sdk::provider::auth::Refusal::new(class, format!("status {}", resp.status));
+        let refusal = Refusal::of_status(resp.status);
         return Attempt::Done(Err(refused_by("WeChat", &refusal, resp)));
     }
     let body = resp.json();
@@ -151,7 +149,7 @@ fn sent(resp: &http::Response, client_msg_id: &str) -> Attempt<Receipt> {
     }
     let refusal = wechat::classify(errcode);
     match refusal.class {
-        channel_sdk::provider::auth::Class::Refresh => Attempt::TokenRefused(refusal),
+        Class::Refresh => Attempt::TokenRefused(refusal),
         _ => Attempt::Done(Err(refused_by("WeChat", &refusal, resp))),
     }
 }
@@ -166,21 +164,19 @@ fn mint(endpoint: &str) -> Result<(String, u64), SendError> {
     });
     let resp = post_json(&format!("{endpoint}/cgi-bin/stable_token"), &[], &body)
         .map_err(|e| SendError::retryable(format!("stable_token: {e}")))?;
-    let json = resp.json();
-    match json.get("access_token").and_then(Value::as_str) {
-        Some(token) if resp.status == 200 => {
-            let secs = json
-                .get("expires_in")
-                .and_then(Value::as_u64)
-                .unwrap_or(7200);
-            Ok((token.to_string(), secs.saturating_sub(300).max(60) * 1000))
-        }
-        _ => {
-            let errcode = json.get("errcode").and_then(Value::as_i64).unwrap_or(-1);
-            let refusal = wechat::classify(errcode);
-            Err(refused_by("WeChat stable_token", &refusal, &resp))
-        }
+    if let Some(token) = token_answer(&resp, 7200) {
+        return Ok(token);
     }
+    let errcode = resp
+        .json()
+        .get("errcode")
+        .and_then(Value::as_i64)
+        .unwrap_or(-1);
+    Err(refused_by(
+        "WeChat stable_token",
+        &wechat::classify(errcode),
+        &resp,
+    ))
 }
 
 /// Checks the query's `signature` against the configured `callback_token`.

@@ -170,6 +170,47 @@ pub enum Status {
     Delivered,
 }
 
+/// One entry of an SmsReport push, as far as settling it needs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Report {
+    /// Our `out_id` when the report carries one, else Aliyun's `biz_id`.
+    pub id: String,
+    /// `success`: delivered to the handset.
+    pub delivered: bool,
+    /// `err_code` (`DELIVERED` or the carrier's code).
+    pub err_code: Option<String>,
+}
+
+/// The entries of an SmsReport push body (a JSON array,
+/// <https://help.aliyun.com/zh/sms/developer-reference/smsreport-2>), or what
+/// is wrong with it.
+pub fn reports(body: &[u8]) -> Result<Vec<Report>, String> {
+    let list: Vec<serde_json::Value> =
+        serde_json::from_slice(body).map_err(|e| format!("not a JSON array of reports: {e}"))?;
+    list.iter().map(report).collect()
+}
+
+/// One SmsReport entry.
+fn report(v: &serde_json::Value) -> Result<Report, String> {
+    let field = |k| {
+        v.get(k)
+            .and_then(serde_json::Value::as_str)
+            .filter(|s| !s.is_empty())
+    };
+    let id = field("out_id")
+        .or_else(|| field("biz_id"))
+        .ok_or("a report without `out_id` or `biz_id`")?;
+    let delivered = v
+        .get("success")
+        .and_then(serde_json::Value::as_bool)
+        .ok_or("a report without `success`")?;
+    Ok(Report {
+        id: id.to_string(),
+        delivered,
+        err_code: field("err_code").map(str::to_string),
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -264,6 +305,25 @@ mod tests {
                 .unwrap()
                 .contains("access_key_secret")
         );
+    }
+
+    /// The documentation's example push, plus a failure and a bad entry.
+    #[test]
+    fn sms_reports() {
+        let body = r#"[{"phone_number":"1381111****","send_time":"2017-01-01 00:00:00","report_time":"2017-01-01 00:00:00","success":true,"err_code":"DELIVERED","err_msg":"用户接收成功","sms_size":"1","biz_id":"12345","out_id":"67890"},
+                      {"phone_number":"1","success":false,"err_code":"MK:0001","biz_id":"999","out_id":""}]"#;
+        let got = reports(body.as_bytes()).unwrap();
+        assert_eq!(got[0].id, "67890");
+        assert!(got[0].delivered);
+        assert_eq!(got[0].err_code.as_deref(), Some("DELIVERED"));
+        assert_eq!(got[1].id, "999");
+        assert!(!got[1].delivered);
+        assert!(
+            reports(br#"[{"success":true}]"#)
+                .unwrap_err()
+                .contains("out_id")
+        );
+        assert!(reports(br#"{"a":1}"#).is_err());
     }
 
     #[test]

@@ -113,41 +113,24 @@ impl Channel for AliyunSms {
         if req.method != "POST" {
             return Err(CallbackError::Malformed("SmsReport is a POST".into()));
         }
-        let reports: Vec<Value> = channel_sdk::serde_json::from_slice(&req.body)
-            .map_err(|e| CallbackError::Malformed(format!("not a JSON array of reports: {e}")))?;
-        let settled = reports.iter().map(settlement).collect::<Result<_, _>>()?;
+        let settled = aliyun::reports(&req.body)
+            .map_err(CallbackError::Malformed)?
+            .into_iter()
+            .map(|r| Settlement {
+                id: r.id,
+                status: if r.delivered {
+                    DeliveryStatus::Delivered
+                } else {
+                    DeliveryStatus::Failed
+                },
+                detail: r.err_code,
+            })
+            .collect();
         Ok(answer(
             settled,
             callback::json(&json!({"code": 0, "msg": "成功"})),
         ))
     }
-}
-
-/// One SmsReport entry as a settlement, by `out_id` (our reference) or else `biz_id`.
-fn settlement(report: &Value) -> Result<Settlement, CallbackError> {
-    let field = |k| {
-        report
-            .get(k)
-            .and_then(Value::as_str)
-            .filter(|s| !s.is_empty())
-    };
-    let id = field("out_id")
-        .or_else(|| field("biz_id"))
-        .ok_or_else(|| CallbackError::Malformed("a report without `out_id` or `biz_id`".into()))?;
-    let status = match report.get("success").and_then(Value::as_bool) {
-        Some(true) => DeliveryStatus::Delivered,
-        Some(false) => DeliveryStatus::Failed,
-        None => {
-            return Err(CallbackError::Malformed(
-                "a report without `success`".into(),
-            ));
-        }
-    };
-    Ok(Settlement {
-        id: id.to_string(),
-        status,
-        detail: field("err_code").map(str::to_string),
-    })
 }
 
 /// The best status of the rows for `out_id` sent on `date`.

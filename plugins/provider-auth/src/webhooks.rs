@@ -38,8 +38,9 @@ fn secret_key(secret: &str) -> Result<Vec<u8>, AuthError> {
     let key = STANDARD
         .decode(b64)
         .map_err(|_| bad("the part after `whsec_` is not base64"))?;
-    if key.len() < 16 {
-        return Err(bad("the key is shorter than 16 bytes"));
+    // Spec table "Signing secret": random, 24 to 64 bytes (192 to 512 bits).
+    if !(24..=64).contains(&key.len()) {
+        return Err(bad("the key is not 24 to 64 bytes long"));
     }
     Ok(key)
 }
@@ -67,6 +68,8 @@ mod tests {
         assert!(e.to_string().contains("whsec_"));
         assert!(!e.to_string().contains("MfKQ9r8"));
         assert!(sign("whsec_!!!", "i", 1, b"").is_err());
+        // 16 bytes: below the spec's 24.
+        assert!(sign("whsec_MfKQ9r8GKYqrTwjUPD8ILA==", "i", 1, b"").is_err());
     }
 
     #[test]

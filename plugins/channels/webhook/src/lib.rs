@@ -12,36 +12,43 @@
 //! `endpoint.<name>`, or an absolute `https://` URL (the host's allowlist
 //! decides whether it may be reached).
 //!
-//! Answers (spec section "Retry schedule" / delivery): 2xx sent (provider id =
-//! the webhook-id); 429 and 5xx retryable, honouring `Retry-After`; 410 Gone
-//! and other 4xx permanent; a cut-off answer unknown.
+//! Answers (spec section "Delivery success and failure"): 2xx sent (provider
+//! id = the webhook-id); 429 and 5xx retryable, honouring `Retry-After`; 410
+//! Gone ("no longer interested"), 3xx (redirects are not followed) and other
+//! 4xx permanent; a cut-off answer unknown. The secret must decode to 24–64
+//! bytes (table "Signing secret").
 //!
-//! Capability `honours_reference`: the spec defines `webhook-id` as "the
-//! unique message identifier for the webhook message. This identifier is
-//! unique across all messages, but will be the same when the same webhook is
-//! being resent (e.g. due to a previous failure)", and its section
-//! "Idempotency" tells receivers to use it to dedupe. It rests on the receiver
-//! following the spec; the spec sets no window, so none is declared unless
-//! the operator sets `dedupe_window` (seconds the receiver keeps ids). No
-//! status query, no callbacks.
+//! Capability `honours_reference`: the spec's section "Webhook metadata"
+//! defines the id as "a unique identifier associated with a specific event
+//! triggered, and it remains the same no matter how many times a webhook that
+//! has failed is retried. The ID is often used as an idempotency key", and
+//! "Verifying signatures" tells consumers: "Use the `webhook-id` header as an
+//! idempotency key to prevent accidentally processing the same webhook more
+//! than once (e.g. save the IDs in redis for 5 minutes)". It rests on the
+//! receiver following the spec, and the spec's own example keeps ids only 5
+//! minutes: `reference_window_secs` is the setting `dedupe_window` (seconds a
+//! receiver keeps ids, or `forever`), default 240 — the spec's 5 minutes less
+//! one for transit. No status query, no callbacks.
 
 use channel_sdk::provider::auth::{Refusal, time, webhooks};
-use channel_sdk::provider::{number_setting, refused_by};
+use channel_sdk::provider::refused_by;
 use channel_sdk::serde_json::json;
 use channel_sdk::{
     Channel, Message, ProviderCapabilities, Receipt, SendError, http, now_ms, params_json, require,
     setting,
 };
 
+/// The spec's example retention of ids (5 minutes) less a minute for transit.
+const DEFAULT_WINDOW_SECS: u32 = 240;
+
 /// The plugin.
 struct Webhook;
 
 impl Channel for Webhook {
     fn capabilities() -> ProviderCapabilities {
-        let window = number_setting("dedupe_window", 0).unwrap_or(0);
         ProviderCapabilities {
             honours_reference: true,
-            reference_window_secs: (window > 0).then(|| u32::try_from(window).unwrap_or(u32::MAX)),
+            reference_window_secs: dedupe_window(),
             ..ProviderCapabilities::NONE
         }
     }
@@ -75,6 +82,16 @@ impl Channel for Webhook {
         }
         let refusal = Refusal::of_status(resp.status);
         Err(refused_by("the webhook endpoint", &refusal, &resp))
+    }
+}
+
+/// How long receivers dedupe on `webhook-id` (setting `dedupe_window`:
+/// seconds, or `forever`); 240 s unless set or when unreadable.
+fn dedupe_window() -> Option<u32> {
+    match setting("dedupe_window").as_deref().map(str::trim) {
+        Some("forever") => None,
+        Some(secs) => Some(secs.parse().unwrap_or(DEFAULT_WINDOW_SECS)),
+        None => Some(DEFAULT_WINDOW_SECS),
     }
 }
 

@@ -25,6 +25,25 @@ pub fn apns_id(idempotency_key: &str) -> String {
     )
 }
 
+/// The notification payload: params `title` / `body` make `aps.alert`, the
+/// others (but `aps`) and `template` are custom top-level keys.
+pub fn payload(template: &str, params: &[(String, String)]) -> serde_json::Value {
+    use serde_json::{Map, Value};
+    let mut alert = Map::new();
+    let mut root = Map::new();
+    for (k, v) in params {
+        let value = Value::String(v.clone());
+        match k.as_str() {
+            "title" | "body" => alert.insert(k.clone(), value),
+            "aps" => None,
+            _ => root.insert(k.clone(), value),
+        };
+    }
+    root.insert("template".into(), Value::String(template.to_string()));
+    root.insert("aps".into(), serde_json::json!({ "alert": alert }));
+    Value::Object(root)
+}
+
 /// Sorts a non-200 answer by its `reason`, else by the status.
 pub fn classify(status: u16, reason: Option<&str>) -> Refusal {
     use Class::{Permanent, Refresh, Retryable};
@@ -56,6 +75,16 @@ pub fn classify(status: u16, reason: Option<&str>) -> Refusal {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn payload_shape() {
+        let p = |k: &str, v: &str| (k.to_string(), v.to_string());
+        let body = payload("t", &[p("title", "Hi"), p("aps", "x"), p("order", "7")]);
+        assert_eq!(
+            body,
+            serde_json::json!({"aps": {"alert": {"title": "Hi"}}, "order": "7", "template": "t"})
+        );
+    }
 
     /// The reasons table: (status, reason) → class.
     #[test]

@@ -14,6 +14,27 @@ pub const SCOPE: &str = "https://www.googleapis.com/auth/firebase.messaging";
 /// The `@type` of FCM's own error detail.
 const FCM_ERROR: &str = "type.googleapis.com/google.firebase.fcm.v1.FcmError";
 
+/// The FCM `message` for device `token`: params `title` / `body` make the
+/// notification; every param and `template` go in `data` (FCM data values
+/// are strings).
+pub fn message(token: &str, template: &str, params: &[(String, String)]) -> Value {
+    let mut data: serde_json::Map<String, Value> = params
+        .iter()
+        .map(|(k, v)| (k.clone(), Value::String(v.clone())))
+        .collect();
+    data.insert("template".into(), Value::String(template.to_string()));
+    let notification: serde_json::Map<String, Value> = params
+        .iter()
+        .filter(|(k, _)| k == "title" || k == "body")
+        .map(|(k, v)| (k.clone(), Value::String(v.clone())))
+        .collect();
+    let mut message = serde_json::json!({ "token": token, "data": data });
+    if !notification.is_empty() {
+        message["notification"] = Value::Object(notification);
+    }
+    message
+}
+
 /// The `errorCode` of an FCM error body, if it carries one.
 pub fn error_code(body: &Value) -> Option<&str> {
     body.pointer("/error/details")?
@@ -56,6 +77,18 @@ mod tests {
         json!({"error": {"code": status, "message": "m", "status": "S", "details": [
             {"@type": "type.googleapis.com/google.rpc.BadRequest"},
             {"@type": FCM_ERROR, "errorCode": code}]}})
+    }
+
+    #[test]
+    fn message_shape() {
+        let p = |k: &str, v: &str| (k.to_string(), v.to_string());
+        let m = message("dev", "order.paid", &[p("title", "Paid"), p("n", "3")]);
+        assert_eq!(
+            m,
+            json!({"token": "dev", "notification": {"title": "Paid"},
+                   "data": {"title": "Paid", "n": "3", "template": "order.paid"}})
+        );
+        assert!(message("dev", "t", &[]).get("notification").is_none());
     }
 
     /// The error table: (status, errorCode) → class.

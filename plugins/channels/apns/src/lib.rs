@@ -30,7 +30,7 @@
 
 use channel_sdk::provider::auth::{Class, apns, jwt};
 use channel_sdk::provider::{Attempt, number_setting, refused_by, setting_or, with_token};
-use channel_sdk::serde_json::{Map, Value, json};
+use channel_sdk::serde_json::{Value, json};
 use channel_sdk::{Channel, Message, Receipt, SendError, http, now_ms, require};
 
 /// The production endpoint; setting `endpoint` overrides it (sandbox:
@@ -59,7 +59,7 @@ impl Channel for Apns {
         let priority = number_setting("priority", 10)?.to_string();
         let topic = require("topic")?;
         let push_type = setting_or("push_type", "alert");
-        let body = payload(&msg).to_string();
+        let body = apns::payload(&msg.template, &msg.params).to_string();
         let key_id = require("key_id")?;
         with_token(
             "APNs",
@@ -83,22 +83,6 @@ impl Channel for Apns {
             },
         )
     }
-}
-
-/// The notification payload of `msg`.
-fn payload(msg: &Message) -> Value {
-    let mut alert = Map::new();
-    let mut root = Map::new();
-    for (k, v) in &msg.params {
-        match k.as_str() {
-            "title" | "body" => alert.insert(k.clone(), Value::String(v.clone())),
-            "aps" => None,
-            _ => root.insert(k.clone(), Value::String(v.clone())),
-        };
-    }
-    root.insert("template".into(), Value::String(msg.template.clone()));
-    root.insert("aps".into(), json!({ "alert": alert }));
-    Value::Object(root)
 }
 
 /// What a push answer comes to.

@@ -31,7 +31,7 @@ use channel_sdk::provider::auth::{self, Class, fcm, jwt};
 use channel_sdk::provider::{
     Attempt, post_form, post_json, refused_by, setting_or, token_answer, with_token,
 };
-use channel_sdk::serde_json::{self, Map, Value, json};
+use channel_sdk::serde_json::{self, Value, json};
 use channel_sdk::{Channel, Message, Receipt, SendError, http, now_ms, require, setting};
 
 /// The real send endpoint; setting `endpoint` overrides it.
@@ -59,7 +59,7 @@ impl Channel for Fcm {
             .trim_end_matches('/')
             .to_string();
         let url = format!("{endpoint}/v1/projects/{}/messages:send", sa.project_id);
-        let body = json!({ "message": message(&msg) });
+        let body = json!({ "message": fcm::message(&msg.recipient, &msg.template, &msg.params) });
         let cache_key = format!("oauth2:{}", auth::key_digest(&sa.client_email, 16));
         with_token(
             "FCM",
@@ -74,33 +74,6 @@ impl Channel for Fcm {
             },
         )
     }
-}
-
-/// The FCM `message` of `msg`.
-fn message(msg: &Message) -> Value {
-    let mut data: Map<String, Value> = msg
-        .params
-        .iter()
-        .map(|(k, v)| (k.clone(), Value::String(v.clone())))
-        .collect();
-    data.insert("template".into(), Value::String(msg.template.clone()));
-    let mut message = json!({ "token": msg.recipient, "data": data });
-    let param = |name: &str| {
-        msg.params
-            .iter()
-            .find(|(k, _)| k == name)
-            .map(|(_, v)| v.clone())
-    };
-    let mut notification = Map::new();
-    for name in ["title", "body"] {
-        if let Some(v) = param(name) {
-            notification.insert(name.into(), Value::String(v));
-        }
-    }
-    if !notification.is_empty() {
-        message["notification"] = Value::Object(notification);
-    }
-    message
 }
 
 /// What a send answer comes to.

@@ -405,7 +405,7 @@ struct Receiver {
     seen: Arc<Mutex<Vec<Arrived>>>,
 }
 
-async fn receiver(refuse_first: usize, refuse: &'static str, ok: &'static str) -> Receiver {
+async fn receiver(refuse_first: usize, refuse: (u16, &'static str), ok: &'static str) -> Receiver {
     let seen: Arc<Mutex<Vec<Arrived>>> = Default::default();
     let calls = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let log = seen.clone();
@@ -418,10 +418,11 @@ async fn receiver(refuse_first: usize, refuse: &'static str, ok: &'static str) -
                     query: uri.query().unwrap_or("").to_string(),
                     body,
                 });
+                let status = |s| axum::http::StatusCode::from_u16(s).unwrap();
                 if calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst) < refuse_first {
-                    refuse
+                    (status(refuse.0), refuse.1)
                 } else {
-                    ok
+                    (status(200), ok)
                 }
             }
         },
@@ -452,7 +453,7 @@ async fn aliyun_receipts_are_sms_report_arrays_retried_until_code_0() {
     let sim = start().await;
     let rx = receiver(
         1,
-        r#"{"code":1,"msg":"busy"}"#,
+        (200, r#"{"code":1,"msg":"busy"}"#),
         r#"{"code":0,"msg":"成功"}"#,
     )
     .await;
@@ -662,7 +663,7 @@ fn sha1_signature(token: &str, timestamp: &str, nonce: &str) -> String {
 #[tokio::test]
 async fn wechat_receipts_are_signed_xml_events_retried_until_success() {
     let sim = start().await;
-    let rx = receiver(1, "fail", "success").await;
+    let rx = receiver(1, (200, "fail"), "success").await;
     assert!(
         sim.state
             .set_receipts("wechat", Some(receipts_to(&rx, &["o-bad"])))
@@ -1131,6 +1132,51 @@ async fn webhook_receiver_verifies_signatures_and_dedupes_by_id() {
 }
 
 // ---- Inbox and the control API ----
+
+async fn inbox_send(sim: &Sim, key: &str, user: &str) -> reqwest::Response {
+    sim.http
+        .post(format!("{}/inbox/v1/messages", sim.base))
+        .header("Idempotency-Key", key)
+        .json(&json!({"user_id": user, "template": "shipped"}))
+        .send()
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn inbox_receipts_carry_the_key_and_are_given_up_when_bounded() {
+    let sim = start().await;
+    let rx = receiver(1, (503, "down"), "").await;
+    let config = ReceiptConfig {
+        secret: Some("s3cret".into()),
+        ..receipts_to(&rx, &["u-bad"])
+    };
+    assert!(sim.state.set_receipts("inbox", Some(config)));
+    inbox_send(&sim, "k-1", "u-1").await;
+    wait_for("the receipt after one refusal", || {
+        sim.stat("inbox.receipt_posted") == 1
+    })
+    .await;
+    let body: Value = serde_json::from_str(&rx.arrived()[1].body).unwrap();
+    let r = &body["receipts"][0];
+    assert_eq!(
+        (r["reference"].as_str(), r["status"].as_str()),
+        (Some("k-1"), Some("delivered"))
+    );
+    assert_eq!(r["message_id"], json!(sim.state.ledger()["inbox"][0].id));
+
+    let down = receiver(usize::MAX, (503, "down"), "").await;
+    sim.state
+        .set_receipts("inbox", Some(receipts_to(&down, &["u-bad"])));
+    inbox_send(&sim, "k-2", "u-bad").await;
+    wait_for("the receipt given up", || {
+        sim.stat("inbox.receipt_failed") == 1
+    })
+    .await;
+    assert_eq!(down.arrived().len() as u32, provider_sim::RECEIPT_ATTEMPTS);
+    let failed: Value = serde_json::from_str(&down.arrived()[0].body).unwrap();
+    assert_eq!(failed["receipts"][0]["status"], "failed");
+}
 
 #[tokio::test]
 async fn inbox_honours_idempotency_keys_and_a_cut_off_answer_leaves_one_message() {

@@ -91,18 +91,23 @@ fn mint(state: &SimState, stable: bool) -> (String, u64) {
     (token, ttl.as_secs())
 }
 
+/// The parameters of both token endpoints (query of `/cgi-bin/token`, JSON
+/// body of `stable_token`).
 #[derive(Deserialize)]
-struct TokenQuery {
+struct TokenRequest {
     #[serde(default)]
     grant_type: String,
     #[serde(default)]
     appid: String,
     #[serde(default)]
     secret: String,
+    /// `stable_token` only.
+    #[serde(default)]
+    force_refresh: bool,
 }
 
 /// `/cgi-bin/token`: rotates; the previous tokens keep a short overlap.
-async fn token(State(state): State<SimState>, Query(q): Query<TokenQuery>) -> Response {
+async fn token(State(state): State<SimState>, Query(q): Query<TokenRequest>) -> Response {
     if q.grant_type != "client_credential" {
         return errcode(40002, "invalid grant_type");
     }
@@ -122,21 +127,9 @@ async fn token(State(state): State<SimState>, Query(q): Query<TokenQuery>) -> Re
     Json(json!({"access_token": token, "expires_in": expires_in})).into_response()
 }
 
-#[derive(Deserialize)]
-struct StableRequest {
-    #[serde(default)]
-    grant_type: String,
-    #[serde(default)]
-    appid: String,
-    #[serde(default)]
-    secret: String,
-    #[serde(default)]
-    force_refresh: bool,
-}
-
 /// `/cgi-bin/stable_token`: the current token while valid (normal mode).
 async fn stable_token(State(state): State<SimState>, body: Bytes) -> Response {
-    let Ok(req) = serde_json::from_slice::<StableRequest>(&body) else {
+    let Ok(req) = serde_json::from_slice::<TokenRequest>(&body) else {
         return errcode(47001, "data format error");
     };
     if req.grant_type != "client_credential" {

@@ -749,12 +749,17 @@ async fn fcm_token(sim: &Sim, tweak: impl Fn(&mut Value)) -> (u16, Value) {
     tweak(&mut claims);
     let header = json!({"alg": "RS256", "typ": "JWT", "kid": sa["private_key_id"]});
     let assertion = jws(&header, &claims, rs256(sa["private_key"].as_str().unwrap()));
+    post_assertion(sim, &sa, &assertion).await
+}
+
+/// The OAuth jwt-bearer grant: the assertion POSTed as a form to `token_uri`.
+async fn post_assertion(sim: &Sim, sa: &Value, assertion: &str) -> (u16, Value) {
     let r = sim
         .http
         .post(sa["token_uri"].as_str().unwrap())
         .form(&[
             ("grant_type", "urn:ietf:params:oauth:grant-type:jwt-bearer"),
-            ("assertion", &assertion),
+            ("assertion", assertion),
         ])
         .send()
         .await
@@ -844,17 +849,7 @@ async fn fcm_assertion_with_a_tampered_signature_is_refused() {
         s[10] ^= 1;
         s
     });
-    let r = sim
-        .http
-        .post(sa["token_uri"].as_str().unwrap())
-        .form(&[
-            ("grant_type", "urn:ietf:params:oauth:grant-type:jwt-bearer"),
-            ("assertion", &assertion),
-        ])
-        .send()
-        .await
-        .unwrap();
-    let (status, body) = json_of(r).await;
+    let (status, body) = post_assertion(&sim, &sa, &assertion).await;
     assert_eq!(
         (status, body["error_description"].as_str()),
         (400, Some("Invalid JWT Signature."))

@@ -3,15 +3,16 @@
 //! The provider token (`authorization: bearer <JWT ES256>`, header `kid` =
 //! key id, claims `iss` = team id, `iat`) is verified with the team key's
 //! public half; `ExpiredProviderToken` (403) once its `iat` is older than an
-//! hour; `TooManyProviderTokenUpdates` (429) for a new token less than 20
-//! minutes after the previous one. An HTTP/1.1 request is refused (505): Apple
+//! hour; `TooManyProviderTokenUpdates` (429) for a new token on a connection
+//! less than 20 minutes after that connection's previous one. An HTTP/1.1 request is refused (505): Apple
 //! serves HTTP/2 only. No dedupe: `apns-id` is echoed, a resend is a second
 //! notification.
 
 use crate::ledger::{Dedupe, Incoming, Verdict, cut_off, pause, with_retry_after};
+use crate::tls::ConnectionId;
 use crate::{SimState, now_ms, now_secs};
 use axum::{
-    Json, Router,
+    Extension, Json, Router,
     body::Bytes,
     extract::{Path, State},
     http::{HeaderMap, HeaderValue, StatusCode, Version},
@@ -45,7 +46,11 @@ fn header<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
 }
 
 /// Verifies the provider token; `Err` is Apple's answer.
-fn check_provider_token(state: &SimState, headers: &HeaderMap) -> Result<(), Refusal> {
+fn check_provider_token(
+    state: &SimState,
+    connection: ConnectionId,
+    headers: &HeaderMap,
+) -> Result<(), Refusal> {
     let forbidden = |r: &'static str| Refusal(StatusCode::FORBIDDEN, r);
     let token = header(headers, "authorization")
         .and_then(|v| {
@@ -74,7 +79,7 @@ fn check_provider_token(state: &SimState, headers: &HeaderMap) -> Result<(), Ref
         return Err(forbidden("ExpiredProviderToken"));
     }
     let mut sim = state.lock();
-    match sim.apns_token {
+    match sim.apns_tokens.get(&connection).copied() {
         Some((seen, _)) if seen == iat => Ok(()),
         Some((_, since))
             if now_ms().saturating_sub(since)
@@ -86,7 +91,7 @@ fn check_provider_token(state: &SimState, headers: &HeaderMap) -> Result<(), Ref
             ))
         }
         _ => {
-            sim.apns_token = Some((iat, now_ms()));
+            sim.apns_tokens.insert(connection, (iat, now_ms()));
             Ok(())
         }
     }
@@ -128,6 +133,7 @@ async fn send(
     State(state): State<SimState>,
     Path(device): Path<String>,
     version: Version,
+    connection: Option<Extension<ConnectionId>>,
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
@@ -135,7 +141,11 @@ async fn send(
         state.lock().count(PROVIDER, "http1_refused");
         return reason(StatusCode::HTTP_VERSION_NOT_SUPPORTED, "HTTP/2 required");
     }
-    if let Err(refused) = check_provider_token(&state, &headers) {
+    if let Err(refused) = check_provider_token(
+        &state,
+        connection.map_or(ConnectionId(u64::MAX), |c| c.0),
+        &headers,
+    ) {
         state.lock().count(PROVIDER, "bad_token");
         return refused.into_response();
     }

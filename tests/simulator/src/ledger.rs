@@ -132,8 +132,9 @@ pub struct Sim {
     pub wechat_token_calls: HashMap<(bool, u64), u32>,
     /// FCM OAuth access tokens and when each expires (ms).
     pub fcm_tokens: HashMap<String, u64>,
-    /// The APNs provider token in use: its `iat` and when it was first seen (ms).
-    pub apns_token: Option<(i64, u64)>,
+    /// The APNs provider token in use per connection: its `iat` and when it
+    /// was first seen (ms).
+    pub apns_tokens: HashMap<crate::tls::ConnectionId, (i64, u64)>,
     /// Aliyun signature nonces already used.
     pub aliyun_nonces: HashSet<String>,
     /// Source of ids and of fault dice; seeded for repeatable runs.
@@ -171,7 +172,7 @@ impl Sim {
             wechat_tokens: HashMap::new(),
             wechat_token_calls: HashMap::new(),
             fcm_tokens: HashMap::new(),
-            apns_token: None,
+            apns_tokens: HashMap::new(),
             aliyun_nonces: HashSet::new(),
             rng: StdRng::seed_from_u64(seed),
             next_id: 1,

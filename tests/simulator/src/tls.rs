@@ -183,13 +183,13 @@ pub async fn serve(
 ) -> std::io::Result<()> {
     let acceptor = tokio_rustls::TlsAcceptor::from(config);
     let mut shutdown = std::pin::pin!(shutdown);
-    loop {
+    for n in 0u64.. {
         let (tcp, _) = tokio::select! {
             accepted = listener.accept() => accepted?,
             () = &mut shutdown => return Ok(()),
         };
         let acceptor = acceptor.clone();
-        let app = app.clone();
+        let app = app.clone().layer(axum::Extension(ConnectionId(n)));
         tokio::spawn(async move {
             // A failed handshake costs that connection only.
             let Ok(tls) = acceptor.accept(tcp).await else {
@@ -201,4 +201,10 @@ pub async fn serve(
                 .await;
         });
     }
+    Ok(())
 }
+
+/// Which TLS connection a request came on (APNs tracks provider-token
+/// updates per connection).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct ConnectionId(pub u64);

@@ -42,18 +42,7 @@ async fn start_with(config: Config) -> Sim {
         state.clone(),
         std::future::pending(),
     ));
-    let client = |http1: bool| {
-        let ca = reqwest::Certificate::from_pem(state.ca_pem().as_bytes()).unwrap();
-        let mut b = reqwest::Client::builder()
-            .no_proxy()
-            .add_root_certificate(ca)
-            .resolve("api.push.apple.com", addr)
-            .timeout(Duration::from_secs(10));
-        if http1 {
-            b = b.http1_only();
-        }
-        b.build().unwrap()
-    };
+    let client = |http1: bool| tls_client(&state, addr, http1);
     Sim {
         base,
         control: control_base,
@@ -61,6 +50,21 @@ async fn start_with(config: Config) -> Sim {
         http1: client(true),
         state,
     }
+}
+
+/// A client trusting only the simulator's CA, `api.push.apple.com` resolved
+/// to it; HTTP/2 or HTTP/1.1 by ALPN, or HTTP/1.1 only.
+fn tls_client(state: &SimState, addr: std::net::SocketAddr, http1: bool) -> reqwest::Client {
+    let ca = reqwest::Certificate::from_pem(state.ca_pem().as_bytes()).unwrap();
+    let mut b = reqwest::Client::builder()
+        .no_proxy()
+        .add_root_certificate(ca)
+        .resolve("api.push.apple.com", addr)
+        .timeout(Duration::from_secs(10));
+    if http1 {
+        b = b.http1_only();
+    }
+    b.build().unwrap()
 }
 
 async fn start() -> Sim {
@@ -1046,6 +1050,16 @@ async fn apns_refuses_provider_token_updates_more_often_than_every_20_minutes() 
         (status, body["reason"].as_str()),
         (429, Some("TooManyProviderTokenUpdates"))
     );
+    let addr = format!("127.0.0.1:{}", sim.port()).parse().unwrap();
+    let other_connection = tls_client(&sim.state, addr, false);
+    let (status, _, _) = apns_send(
+        &sim,
+        &other_connection,
+        &apns_jwt(&sim, now(), &pem),
+        DEVICE,
+    )
+    .await;
+    assert_eq!(status, 200, "the limit is per connection");
 }
 
 // ---- Standard Webhooks receiver ----

@@ -25,6 +25,7 @@ pub fn routes() -> Router<SimState> {
         .route("/_sim/wechat/expire-tokens", post(expire_tokens))
         .route("/_sim/credentials", get(credentials))
         .route("/_sim/ca.pem", get(ca))
+        .route("/_sim/wechat/verify-url", post(wechat_verify_url))
 }
 
 fn unprocessable(message: String) -> Response {
@@ -119,4 +120,29 @@ async fn ca(State(state): State<SimState>) -> Response {
         state.ca_pem().to_string(),
     )
         .into_response()
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct VerifyUrl {
+    /// The server URL to check.
+    url: String,
+    /// The WeChat token to sign with (default: the simulator's callback token).
+    #[serde(default)]
+    token: Option<String>,
+}
+
+/// Runs WeChat's server-URL check against `url`: `{"echoed": bool}`.
+async fn wechat_verify_url(State(state): State<SimState>, Json(req): Json<VerifyUrl>) -> Response {
+    match state
+        .wechat_verify_url(&req.url, req.token.as_deref())
+        .await
+    {
+        Ok(echoed) => Json(json!({ "echoed": echoed })).into_response(),
+        Err(e) => (
+            StatusCode::BAD_GATEWAY,
+            Json(json!({ "error": format!("the URL check could not reach the server: {}", e.without_url()) })),
+        )
+            .into_response(),
+    }
 }

@@ -127,6 +127,30 @@ fn inbox_body(m: &Accepted) -> Value {
 }
 
 impl SimState {
+    /// WeChat's server-URL check, as the WeChat console does it when the URL
+    /// is configured: `GET url?signature&timestamp&nonce&echostr`, signed with
+    /// `token` (default: [`crate::Credentials::wechat_callback_token`]); true
+    /// if the server answered 200 with exactly `echostr`.
+    pub async fn wechat_verify_url(&self, url: &str, token: Option<&str>) -> reqwest::Result<bool> {
+        let token = token.unwrap_or(&self.credentials().wechat_callback_token);
+        let timestamp = now_secs().to_string();
+        let nonce = rand::rng().random::<u32>().to_string();
+        let echostr = rand::rng().random::<u64>().to_string();
+        let signature = wechat_signature(token, &timestamp, &nonce);
+        let r = self
+            .http
+            .get(url)
+            .query(&[
+                ("signature", &signature),
+                ("timestamp", &timestamp),
+                ("nonce", &nonce),
+                ("echostr", &echostr),
+            ])
+            .send()
+            .await?;
+        Ok(r.status().is_success() && r.text().await? == echostr)
+    }
+
     /// Posts the receipt of `accepted` in `provider`'s format, in the background.
     pub(crate) fn spawn_receipt(
         &self,

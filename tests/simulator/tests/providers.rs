@@ -710,6 +710,37 @@ async fn wechat_receipts_are_signed_xml_events_retried_until_success() {
     );
 }
 
+#[tokio::test]
+async fn wechat_url_check_signs_the_get_and_expects_the_echostr_back() {
+    let sim = start().await;
+    let token = sim.state.credentials().wechat_callback_token.clone();
+    let app = axum::Router::new().route(
+        "/wx",
+        axum::routing::get(move |uri: axum::http::Uri| {
+            let token = token.clone();
+            async move {
+                let q = url_pairs(uri.query().unwrap_or(""));
+                let ok = q["signature"] == sha1_signature(&token, &q["timestamp"], &q["nonce"]);
+                if ok {
+                    q["echostr"].clone()
+                } else {
+                    "bad signature".into()
+                }
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/wx", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    assert!(sim.state.wechat_verify_url(&url, None).await.unwrap());
+    assert!(
+        !sim.state
+            .wechat_verify_url(&url, Some("another-token"))
+            .await
+            .unwrap()
+    );
+}
+
 fn url_pairs(q: &str) -> BTreeMap<String, String> {
     q.split('&')
         .filter_map(|p| p.split_once('='))

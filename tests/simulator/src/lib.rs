@@ -142,6 +142,9 @@ pub struct Config {
     pub apns_min_token_interval: Duration,
     /// Clock skew Aliyun accepts in `x-acs-date` / `Timestamp` (15 minutes).
     pub aliyun_max_skew: Duration,
+    /// Credentials to accept (e.g. kept from an earlier run's
+    /// `credentials.json`); `None` generates fresh ones.
+    pub credentials: Option<Credentials>,
 }
 
 impl Default for Config {
@@ -157,13 +160,16 @@ impl Default for Config {
             apns_token_max_age: Duration::from_secs(3600),
             apns_min_token_interval: Duration::from_secs(20 * 60),
             aliyun_max_skew: Duration::from_secs(15 * 60),
+            credentials: None,
         }
     }
 }
 
-/// The credentials the simulated providers accept, generated at start. Tests
-/// hand them to the host's channel settings (e.g. through env vars).
-#[derive(Debug, Clone, Serialize)]
+/// The credentials the simulated providers accept, generated at start (or
+/// given in [`Config::credentials`]). Tests hand them to the host's channel
+/// settings (e.g. through env vars). Its `Debug` shows ids only, never a secret.
+#[derive(Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Credentials {
     /// Aliyun AccessKey id.
     pub aliyun_access_key_id: String,
@@ -193,6 +199,18 @@ pub struct Credentials {
     pub apns_private_key_pem: String,
     /// Standard Webhooks secret, `whsec_` + base64.
     pub webhook_secret: String,
+}
+
+impl std::fmt::Debug for Credentials {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Credentials")
+            .field("aliyun_access_key_id", &self.aliyun_access_key_id)
+            .field("wechat_appid", &self.wechat_appid)
+            .field("fcm_client_email", &self.fcm_client_email)
+            .field("apns_team_id", &self.apns_team_id)
+            .field("apns_key_id", &self.apns_key_id)
+            .finish_non_exhaustive()
+    }
 }
 
 /// Failures starting a simulator.
@@ -234,7 +252,7 @@ impl SimState {
 
     /// A fresh simulator with a new CA and new keys.
     pub fn try_new(config: Config) -> Result<Self, SimError> {
-        let keys = tls::Keys::generate()?;
+        let keys = tls::Keys::generate(config.credentials.clone())?;
         let http = receipts::client(&keys.ca_pem);
         Ok(SimState {
             sim: Arc::new(Mutex::new(Sim::new(config.seed))),

@@ -25,6 +25,10 @@ struct Args {
     /// Write `fcm-service-account.json`, `apns-key.p8` and `credentials.json` here.
     #[arg(long)]
     keys_dir: Option<PathBuf>,
+    /// Accept the credentials in this `credentials.json` (from an earlier
+    /// `--keys-dir`) instead of generating new ones.
+    #[arg(long)]
+    credentials: Option<PathBuf>,
     /// Seed of the fault dice.
     #[arg(long, default_value_t = 7)]
     seed: u64,
@@ -63,7 +67,19 @@ fn write_keys(state: &SimState, dir: &std::path::Path, base_url: &str) -> anyhow
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
+    let credentials = match &args.credentials {
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("reading {}", path.display()))?;
+            Some(
+                serde_json::from_str(&text)
+                    .with_context(|| format!("parsing {}", path.display()))?,
+            )
+        }
+        None => None,
+    };
     let state = SimState::try_new(Config {
+        credentials,
         seed: args.seed,
         token_ttl: Duration::from_secs(args.token_ttl_secs),
         query_lag: Duration::from_millis(args.query_lag_ms),

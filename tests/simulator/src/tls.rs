@@ -14,7 +14,7 @@ use rcgen::{
     BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
     KeyUsagePurpose, PKCS_ECDSA_P256_SHA256,
 };
-use rsa::pkcs8::{EncodePrivateKey, LineEnding};
+use rsa::pkcs8::{DecodePrivateKey, EncodePrivateKey, LineEnding};
 use rsa::traits::PublicKeyParts;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
 use std::future::Future;
@@ -70,41 +70,62 @@ pub struct Keys {
 }
 
 impl Keys {
-    /// A fresh CA, server certificate and credentials.
-    pub fn generate() -> Result<Self, KeyError> {
+    /// A fresh CA and server certificate; the given credentials, or fresh ones.
+    pub fn generate(given: Option<Credentials>) -> Result<Self, KeyError> {
         let (ca_pem, server_config) = pki()?;
-        let (fcm_pem, fcm_public) = rsa_key()?;
-        let apns_key = KeyPair::generate_for(&PKCS_ECDSA_P256_SHA256)?;
-        let mut rng = rand::rng();
-        let mut hex = |n: usize| -> String {
-            (0..n)
-                .map(|_| char::from_digit(rng.random_range(0..16), 16).unwrap_or('0'))
-                .collect()
+        let credentials = match given {
+            Some(c) => c,
+            None => fresh_credentials()?,
         };
-        let credentials = Credentials {
-            aliyun_access_key_id: format!("LTAI{}", hex(20)),
-            aliyun_access_key_secret: hex(30),
-            wechat_appid: format!("wx{}", hex(16)),
-            wechat_secret: hex(32),
-            wechat_callback_token: hex(24),
-            wechat_account: format!("gh_{}", hex(12)),
-            fcm_project_id: format!("sim-{}", hex(6)),
-            fcm_client_email: format!("push@sim-{}.iam.gserviceaccount.com", hex(6)),
-            fcm_private_key_id: hex(40),
-            fcm_private_key_pem: fcm_pem,
-            apns_team_id: hex(10).to_uppercase(),
-            apns_key_id: hex(10).to_uppercase(),
-            apns_private_key_pem: apns_key.serialize_pem(),
-            webhook_secret: webhook_secret(),
-        };
+        let fcm_public = rsa_public(&credentials.fcm_private_key_pem)?;
+        let apns_public = KeyPair::from_pem(&credentials.apns_private_key_pem)?
+            .public_key_raw()
+            .to_vec();
         Ok(Keys {
             ca_pem,
             server_config,
             credentials,
             fcm_public,
-            apns_public: apns_key.public_key_raw().to_vec(),
+            apns_public,
         })
     }
+}
+
+/// New random credentials and keys.
+fn fresh_credentials() -> Result<Credentials, KeyError> {
+    let fcm_pem = rsa_key()?;
+    let apns_key = KeyPair::generate_for(&PKCS_ECDSA_P256_SHA256)?;
+    let mut rng = rand::rng();
+    let mut hex = |n: usize| -> String {
+        (0..n)
+            .map(|_| char::from_digit(rng.random_range(0..16), 16).unwrap_or('0'))
+            .collect()
+    };
+    Ok(Credentials {
+        aliyun_access_key_id: format!("LTAI{}", hex(20)),
+        aliyun_access_key_secret: hex(30),
+        wechat_appid: format!("wx{}", hex(16)),
+        wechat_secret: hex(32),
+        wechat_callback_token: hex(24),
+        wechat_account: format!("gh_{}", hex(12)),
+        fcm_project_id: format!("sim-{}", hex(6)),
+        fcm_client_email: format!("push@sim-{}.iam.gserviceaccount.com", hex(6)),
+        fcm_private_key_id: hex(40),
+        fcm_private_key_pem: fcm_pem,
+        apns_team_id: hex(10).to_uppercase(),
+        apns_key_id: hex(10).to_uppercase(),
+        apns_private_key_pem: apns_key.serialize_pem(),
+        webhook_secret: webhook_secret(),
+    })
+}
+
+/// The public half of a PKCS#8 PEM RSA key.
+fn rsa_public(pem: &str) -> Result<RsaPublic, KeyError> {
+    let key = rsa::PrivateKey::from_pkcs8_pem(pem).map_err(|e| KeyError::Rsa(e.to_string()))?;
+    Ok(RsaPublic {
+        n: key.n_bytes().to_vec(),
+        e: key.e_bytes().to_vec(),
+    })
 }
 
 fn webhook_secret() -> String {
@@ -153,21 +174,15 @@ fn pki() -> Result<(String, Arc<rustls::ServerConfig>), KeyError> {
     Ok((ca_cert.pem(), Arc::new(config)))
 }
 
-/// The FCM service account's RSA 2048 key as PKCS#8 PEM and its public half.
-/// Generated once per process (RSA generation is the slow part of a start).
-fn rsa_key() -> Result<(String, RsaPublic), KeyError> {
-    static KEY: OnceLock<Result<(String, RsaPublic), String>> = OnceLock::new();
+/// The FCM service account's RSA 2048 key as PKCS#8 PEM. Generated once per
+/// process (RSA generation is the slow part of a start).
+fn rsa_key() -> Result<String, KeyError> {
+    static KEY: OnceLock<Result<String, String>> = OnceLock::new();
     KEY.get_or_init(|| {
         let key = rsa::PrivateKey::new(&mut getrandom::SysRng, 2048).map_err(|e| e.to_string())?;
-        let pem = key
-            .to_pkcs8_pem(LineEnding::LF)
-            .map_err(|e| e.to_string())?
-            .to_string();
-        let public = RsaPublic {
-            n: key.n_bytes().to_vec(),
-            e: key.e_bytes().to_vec(),
-        };
-        Ok((pem, public))
+        key.to_pkcs8_pem(LineEnding::LF)
+            .map(|pem| pem.to_string())
+            .map_err(|e| e.to_string())
     })
     .clone()
     .map_err(KeyError::Rsa)

@@ -1316,3 +1316,33 @@ async fn the_control_api_is_served_over_plain_http_and_tls() {
         .unwrap();
     assert_eq!(ca, sim.state.ca_pem());
 }
+
+#[tokio::test]
+async fn given_credentials_are_the_ones_accepted() {
+    let first = start().await;
+    let kept = first.state.credentials().clone();
+    let sim = start_with(Config {
+        credentials: Some(kept.clone()),
+        ..Config::default()
+    })
+    .await;
+    assert_eq!(
+        sim.state.credentials().fcm_private_key_pem,
+        kept.fcm_private_key_pem
+    );
+    assert_eq!(
+        fcm_token(&sim, |_| {}).await.0,
+        200,
+        "the kept RSA key verifies"
+    );
+    let jwt = apns_jwt(&sim, now(), &kept.apns_private_key_pem);
+    assert_eq!(
+        apns_send(&sim, &sim.http, &jwt, DEVICE).await.0,
+        200,
+        "the kept P-256 key verifies"
+    );
+    assert!(
+        !format!("{kept:?}").contains(&kept.wechat_secret),
+        "Debug hides secrets"
+    );
+}

@@ -1,11 +1,13 @@
 //! The control API (`/_sim/*`): faults, receipts, ledger, stats, token
-//! expiry, credentials and the CA. Served on the TLS listener and, for
+//! expiry, the CA and WeChat's URL check. Credentials are not served: tests
+//! read them from [`crate::SimState::credentials`], the binary writes them
+//! to files (`--keys-dir`). Served on the TLS listener and, for
 //! clients without TLS, on a plain-HTTP loopback listener ([`crate::run_control`]).
 
 use crate::{Faults, PROVIDERS, ReceiptConfig, SimState, provider_name, receipts};
 use axum::{
     Json, Router,
-    extract::{Query, State},
+    extract::State,
     http::StatusCode,
     response::{IntoResponse, Response},
     routing::{get, post},
@@ -23,7 +25,6 @@ pub fn routes() -> Router<SimState> {
         .route("/_sim/stats", get(stats))
         .route("/_sim/expire-tokens", post(expire_tokens))
         .route("/_sim/wechat/expire-tokens", post(expire_tokens))
-        .route("/_sim/credentials", get(credentials))
         .route("/_sim/ca.pem", get(ca))
         .route("/_sim/wechat/verify-url", post(wechat_verify_url))
 }
@@ -93,25 +94,6 @@ async fn set_receipts(
 /// The receipt configuration per provider (secrets left out).
 async fn get_receipts(State(state): State<SimState>) -> Response {
     Json(state.lock().receipts.clone()).into_response()
-}
-
-#[derive(Deserialize)]
-struct Base {
-    /// Base URL the service account's `token_uri` points at.
-    base_url: Option<String>,
-}
-
-/// The credentials the providers accept and the FCM service-account JSON
-/// (test-only keys, generated at start; this is a loopback test tool).
-async fn credentials(State(state): State<SimState>, Query(q): Query<Base>) -> Response {
-    let base = q
-        .base_url
-        .unwrap_or_else(|| "https://127.0.0.1".to_string());
-    Json(json!({
-        "credentials": state.credentials(),
-        "service_account": crate::fcm::service_account(state.credentials(), &base),
-    }))
-    .into_response()
 }
 
 async fn ca(State(state): State<SimState>) -> Response {

@@ -1,294 +1,440 @@
-//! The simulator behaves like the providers it imitates: client references
-//! deduplicate, faults are injected as configured, WeChat tokens expire, and
-//! the ledger counts what was accepted — over real HTTP on 127.0.0.1.
+//! The simulator behaves like the providers it imitates, over real TLS on
+//! 127.0.0.1 with a client that trusts only the generated CA. The signing
+//! code here is written from the providers' documentation, independently of
+//! the simulator's verifiers and of the plugins.
 
-use provider_sim::{Config, SimState};
+use base64::Engine;
+use base64::engine::general_purpose::{STANDARD, URL_SAFE_NO_PAD};
+use provider_sim::{Config, Delivery, Faults, ReceiptConfig, SimState};
+use ring::{digest, hmac, rand::SystemRandom, signature};
+use rustls::pki_types::{PrivatePkcs8KeyDer, pem::PemObject};
 use serde_json::{Value, json};
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 struct Sim {
+    /// `https://127.0.0.1:PORT`.
     base: String,
+    /// `http://127.0.0.1:PORT` of the plain control listener.
+    control: String,
     state: SimState,
+    /// Trusts the simulator's CA; HTTP/2 or HTTP/1.1 by ALPN.
     http: reqwest::Client,
+    /// The same, HTTP/1.1 only.
+    http1: reqwest::Client,
 }
 
-async fn start() -> Sim {
+async fn start_with(config: Config) -> Sim {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let base = format!("http://{}", listener.local_addr().unwrap());
-    let state = SimState::new(Config::default());
+    let control = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let state = SimState::new(config);
+    let base = format!("https://{addr}");
+    let control_base = format!("http://{}", control.local_addr().unwrap());
     tokio::spawn(provider_sim::run(
         listener,
         state.clone(),
         std::future::pending(),
     ));
+    tokio::spawn(provider_sim::run_control(
+        control,
+        state.clone(),
+        std::future::pending(),
+    ));
+    let client = |http1: bool| tls_client(&state, addr, http1);
     Sim {
         base,
+        control: control_base,
+        http: client(false),
+        http1: client(true),
         state,
-        http: reqwest::Client::new(),
     }
+}
+
+/// A client trusting only the simulator's CA, `api.push.apple.com` resolved
+/// to it; HTTP/2 or HTTP/1.1 by ALPN, or HTTP/1.1 only.
+fn tls_client(state: &SimState, addr: std::net::SocketAddr, http1: bool) -> reqwest::Client {
+    let ca = reqwest::Certificate::from_pem(state.ca_pem().as_bytes()).unwrap();
+    let mut b = reqwest::Client::builder()
+        .no_proxy()
+        .add_root_certificate(ca)
+        .resolve("api.push.apple.com", addr)
+        .timeout(Duration::from_secs(10));
+    if http1 {
+        b = b.http1_only();
+    }
+    b.build().unwrap()
+}
+
+async fn start() -> Sim {
+    start_with(Config::default()).await
 }
 
 impl Sim {
-    async fn post(&self, path: &str, body: Value) -> reqwest::Result<(u16, Value)> {
-        let r = self
-            .http
-            .post(format!("{}{path}", self.base))
-            .json(&body)
-            .send()
-            .await?;
-        let status = r.status().as_u16();
-        Ok((status, r.json().await?))
-    }
-
-    async fn get(&self, path: &str) -> reqwest::Result<Value> {
-        self.http
-            .get(format!("{}{path}", self.base))
-            .send()
-            .await?
-            .json()
-            .await
-    }
-
     fn count(&self, provider: &str) -> usize {
         self.state.ledger()[provider].len()
     }
-}
 
-fn sms(out_id: &str, phone: &str) -> Value {
-    json!({"PhoneNumbers": phone, "SignName": "Shop", "TemplateCode": "SMS_1",
-           "TemplateParam": {"order": "o-1"}, "OutId": out_id})
-}
-
-#[tokio::test]
-async fn sms_out_id_makes_a_resend_harmless() {
-    let sim = start().await;
-    let (_, a) = sim
-        .post("/sms/SendSms", sms("k1", "13800000001"))
-        .await
-        .unwrap();
-    let (_, b) = sim
-        .post("/sms/SendSms", sms("k1", "13800000001"))
-        .await
-        .unwrap();
-    assert_eq!(a["Code"], "OK");
-    assert_eq!(
-        a["BizId"], b["BizId"],
-        "the same OutId answers the same message"
-    );
-    assert_eq!(sim.count("sms"), 1);
-    assert_eq!(sim.state.ledger()["sms"][0].replays, 1);
-    let (_, q) = sim
-        .post("/sms/QuerySendDetails", json!({"OutId": "k1"}))
-        .await
-        .unwrap();
-    assert_eq!(q["SmsSendDetailDTOs"][0]["BizId"], a["BizId"]);
-    let (_, q) = sim
-        .post("/sms/QuerySendDetails", json!({"OutId": "never"}))
-        .await
-        .unwrap();
-    assert_eq!(q["SmsSendDetailDTOs"].as_array().unwrap().len(), 0);
-}
-
-#[tokio::test]
-async fn injected_faults_refuse_without_accepting() {
-    let sim = start().await;
-    let (s, _) = sim
-        .post(
-            "/_sim/faults",
-            json!({"sms": {"fail_next": 2, "permanent": {"13800000009": "isv.AMOUNT_NOT_ENOUGH"}}}),
-        )
-        .await
-        .unwrap();
-    assert_eq!(s, 200);
-    for _ in 0..2 {
-        let (s, body) = sim
-            .post("/sms/SendSms", sms("k2", "13800000001"))
-            .await
-            .unwrap();
-        assert_eq!(
-            (s, body["Code"].as_str()),
-            (503, Some("ServiceUnavailable"))
-        );
+    fn stat(&self, key: &str) -> u64 {
+        self.state.stats().get(key).copied().unwrap_or(0)
     }
-    let (_, body) = sim
-        .post("/sms/SendSms", sms("k3", "13800000009"))
-        .await
-        .unwrap();
-    assert_eq!(body["Code"], "isv.AMOUNT_NOT_ENOUGH");
-    assert_eq!(sim.count("sms"), 0, "refused sends are not in the ledger");
-    let (_, body) = sim
-        .post("/sms/SendSms", sms("k2", "13800000001"))
-        .await
-        .unwrap();
-    assert_eq!(body["Code"], "OK");
-    assert_eq!(sim.count("sms"), 1);
-    let (s, body) = sim.post("/_sim/faults", json!({"fax": {}})).await.unwrap();
-    assert_eq!(s, 422);
-    assert!(
-        body["error"]
-            .as_str()
-            .unwrap()
-            .contains("unknown provider `fax`")
-    );
+
+    fn port(&self) -> &str {
+        self.base.rsplit(':').next().unwrap()
+    }
+}
+
+async fn json_of(r: reqwest::Response) -> (u16, Value) {
+    let status = r.status().as_u16();
+    (status, r.json().await.unwrap_or(Value::Null))
+}
+
+fn now() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as i64
+}
+
+/// Polls `check` every 20 ms; panics with `what` after 10 s.
+async fn wait_for(what: &str, mut check: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !check() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+// ---- Aliyun: a V3 signing client written from the documentation ----
+
+fn rfc3986(s: &str) -> String {
+    s.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+fn hex_sha256(data: &[u8]) -> String {
+    hex::encode(digest::digest(&digest::SHA256, data))
+}
+
+struct AliyunCall<'a> {
+    action: &'a str,
+    params: Vec<(&'a str, String)>,
+    date: String,
+    nonce: String,
+    secret: String,
+    key_id: String,
+}
+
+impl<'a> AliyunCall<'a> {
+    fn new(sim: &Sim, action: &'a str, params: &[(&'a str, &str)]) -> Self {
+        let c = sim.state.credentials();
+        AliyunCall {
+            action,
+            params: params.iter().map(|(k, v)| (*k, v.to_string())).collect(),
+            date: acs_date(0),
+            nonce: format!("{:032x}", rand_u128()),
+            secret: c.aliyun_access_key_secret.clone(),
+            key_id: c.aliyun_access_key_id.clone(),
+        }
+    }
+
+    async fn send(&self, sim: &Sim) -> (u16, Value) {
+        let mut query: Vec<(String, String)> = self
+            .params
+            .iter()
+            .map(|(k, v)| (rfc3986(k), rfc3986(v)))
+            .collect();
+        query.sort();
+        let query: String = query
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect::<Vec<_>>()
+            .join("&");
+        let body_hash = hex_sha256(b"");
+        let headers = [
+            ("host", format!("127.0.0.1:{}", sim.port())),
+            ("x-acs-action", self.action.to_string()),
+            ("x-acs-content-sha256", body_hash.clone()),
+            ("x-acs-date", self.date.clone()),
+            ("x-acs-signature-nonce", self.nonce.clone()),
+            ("x-acs-version", "2017-05-25".to_string()),
+        ];
+        let canonical_headers: String = headers.iter().map(|(k, v)| format!("{k}:{v}\n")).collect();
+        let signed = headers
+            .iter()
+            .map(|(k, _)| *k)
+            .collect::<Vec<_>>()
+            .join(";");
+        let canonical = format!("POST\n/\n{query}\n{canonical_headers}\n{signed}\n{body_hash}");
+        let to_sign = format!("ACS3-HMAC-SHA256\n{}", hex_sha256(canonical.as_bytes()));
+        let key = hmac::Key::new(hmac::HMAC_SHA256, self.secret.as_bytes());
+        let sig = hex::encode(hmac::sign(&key, to_sign.as_bytes()));
+        let mut req = sim.http.post(format!("{}/?{query}", sim.base)).header(
+            "authorization",
+            format!(
+                "ACS3-HMAC-SHA256 Credential={},SignedHeaders={signed},Signature={sig}",
+                self.key_id
+            ),
+        );
+        for (k, v) in headers.iter().skip(1) {
+            req = req.header(*k, v);
+        }
+        json_of(req.send().await.unwrap()).await
+    }
+}
+
+fn rand_u128() -> u128 {
+    let mut b = [0u8; 16];
+    ring::rand::SecureRandom::fill(&SystemRandom::new(), &mut b).unwrap();
+    u128::from_le_bytes(b)
+}
+
+fn acs_date(offset_secs: i64) -> String {
+    let t = time::OffsetDateTime::from_unix_timestamp(now() + offset_secs).unwrap();
+    t.format(time::macros::format_description!(
+        "[year]-[month]-[day]T[hour]:[minute]:[second]Z"
+    ))
+    .unwrap()
+}
+
+fn china_day() -> String {
+    let t = time::OffsetDateTime::from_unix_timestamp(now() + 8 * 3600).unwrap();
+    t.format(time::macros::format_description!("[year][month][day]"))
+        .unwrap()
+}
+
+fn send_sms<'a>(sim: &Sim, phone: &'a str, out_id: &'a str) -> AliyunCall<'a> {
+    AliyunCall::new(
+        sim,
+        "SendSms",
+        &[
+            ("PhoneNumbers", phone),
+            ("SignName", "Shop"),
+            ("TemplateCode", "SMS_1"),
+            ("TemplateParam", r#"{"order":"o-1"}"#),
+            ("OutId", out_id),
+        ],
+    )
 }
 
 #[tokio::test]
-async fn accept_then_drop_leaves_one_message_and_a_client_that_cannot_tell() {
+async fn aliyun_signed_send_is_accepted_and_the_same_out_id_twice_is_two_sms() {
     let sim = start().await;
-    sim.post("/_sim/faults", json!({"inbox": {"drop_after_accept": 1.0}}))
-        .await
-        .unwrap();
-    let send = || {
-        sim.http
-            .post(format!("{}/inbox/v1/messages", sim.base))
-            .header("Idempotency-Key", "push:per-event@1:inbox:x")
-            .json(&json!({"user_id": "u-1", "template": "shipped"}))
-            .send()
-    };
-    let first = match send().await {
-        Ok(r) => r.bytes().await.map(|_| ()),
-        Err(e) => Err(e),
-    };
-    assert!(first.is_err(), "the answer must be cut off");
-    sim.post("/_sim/faults", json!({"inbox": {}}))
-        .await
-        .unwrap();
-    let again = send().await.unwrap();
+    let (s1, a) = send_sms(&sim, "13800000001", "k1").send(&sim).await;
+    let (s2, b) = send_sms(&sim, "13800000001", "k1").send(&sim).await;
+    assert_eq!((s1, s2), (200, 200));
     assert_eq!(
-        again.status().as_u16(),
-        200,
-        "a replay answers 200, not 201"
+        (a["Code"].as_str(), b["Code"].as_str()),
+        (Some("OK"), Some("OK"))
     );
-    assert_eq!(again.headers()["idempotent-replayed"], "true");
-    assert_eq!(sim.count("inbox"), 1);
-    let missing = sim
+    assert_ne!(a["BizId"], b["BizId"], "SendSms is not idempotent");
+    let ledger = &sim.state.ledger()["aliyun-sms"];
+    assert_eq!(ledger.len(), 2, "two SMS reach the phone");
+    assert_eq!(ledger[0].reference.as_deref(), Some("k1"));
+    assert_eq!(ledger[0].params["TemplateParam"]["order"], "o-1");
+}
+
+#[tokio::test]
+async fn aliyun_refuses_forged_stale_replayed_and_unknown_key_requests() {
+    let sim = start().await;
+    let mut forged = send_sms(&sim, "13800000001", "k1");
+    forged.secret = "not-the-secret".into();
+    assert_eq!(forged.send(&sim).await.1["Code"], "SignatureDoesNotMatch");
+    let mut unknown = send_sms(&sim, "13800000001", "k1");
+    unknown.key_id = "LTAInobody".into();
+    let (status, body) = unknown.send(&sim).await;
+    assert_eq!(
+        (status, body["Code"].as_str()),
+        (404, Some("InvalidAccessKeyId.NotFound"))
+    );
+    let mut stale = send_sms(&sim, "13800000001", "k1");
+    stale.date = acs_date(-16 * 60);
+    let (status, body) = stale.send(&sim).await;
+    assert_eq!(
+        (status, body["Code"].as_str()),
+        (400, Some("InvalidTimeStamp.Expired"))
+    );
+    let first = send_sms(&sim, "13800000001", "k1");
+    assert_eq!(first.send(&sim).await.1["Code"], "OK");
+    let (status, body) = first.send(&sim).await;
+    assert_eq!(
+        (status, body["Code"].as_str()),
+        (400, Some("SignatureNonceUsed"))
+    );
+    let unsigned = sim
         .http
-        .post(format!("{}/inbox/v1/messages", sim.base))
-        .json(&json!({"user_id": "u-1", "template": "t"}))
+        .post(format!("{}/?PhoneNumbers=1", sim.base))
         .send()
         .await
         .unwrap();
-    assert_eq!(missing.status().as_u16(), 400);
-}
-
-#[tokio::test]
-async fn wechat_tokens_expire_and_sends_have_no_reference() {
-    let sim = start().await;
-    let token: Value = sim
-        .get("/cgi-bin/token?grant_type=client_credential&appid=wx1&secret=s")
-        .await
-        .unwrap();
-    let token = token["access_token"].as_str().unwrap().to_string();
-    let msg =
-        json!({"touser": "openid-1", "template_id": "T1", "data": {"order": {"value": "o-1"}}});
-    let path = format!("/cgi-bin/message/template/send?access_token={token}");
-    let (_, a) = sim.post(&path, msg.clone()).await.unwrap();
-    assert_eq!(a["errcode"], 0);
-    let (_, b) = sim.post(&path, msg.clone()).await.unwrap();
-    assert_eq!(b["errcode"], 0);
+    assert_eq!(json_of(unsigned).await.1["Code"], "MissingAuthorization");
     assert_eq!(
-        sim.count("wechat"),
-        2,
-        "WeChat has no client reference: a resend is a second message"
+        sim.count("aliyun-sms"),
+        1,
+        "only the good request sent an SMS"
     );
-    sim.post("/_sim/wechat/expire-tokens", json!({}))
-        .await
-        .unwrap();
-    let (_, c) = sim.post(&path, msg).await.unwrap();
-    assert_eq!(c["errcode"], 42001);
-    assert_eq!(sim.count("wechat"), 2);
 }
 
 #[tokio::test]
-async fn app_push_maps_unregistered_and_quota_like_fcm() {
+async fn aliyun_faults_answer_like_aliyun() {
     let sim = start().await;
-    sim.post(
-        "/_sim/faults",
-        json!({"app-push": {"fail_429": 1.0, "permanent": {"dead-token": "UNREGISTERED"}}}),
+    let permanent = BTreeMap::from([(
+        "13800000009".to_string(),
+        "isv.AMOUNT_NOT_ENOUGH".to_string(),
+    )]);
+    sim.state.set_faults(
+        "aliyun-sms",
+        Faults {
+            fail_next: 1,
+            retry_after_secs: Some(7),
+            permanent,
+            ..Faults::default()
+        },
+    );
+    let (status, body) = send_sms(&sim, "13800000001", "k").send(&sim).await;
+    assert_eq!(
+        (status, body["Code"].as_str()),
+        (503, Some("ServiceUnavailable"))
+    );
+    let (status, body) = send_sms(&sim, "13800000009", "k").send(&sim).await;
+    assert_eq!(
+        (status, body["Code"].as_str()),
+        (200, Some("isv.AMOUNT_NOT_ENOUGH"))
+    );
+    sim.state.set_faults(
+        "aliyun-sms",
+        Faults {
+            fail_429: 1.0,
+            ..Faults::default()
+        },
+    );
+    let (status, body) = send_sms(&sim, "13800000001", "k").send(&sim).await;
+    assert_eq!(
+        (status, body["Code"].as_str()),
+        (200, Some("isv.BUSINESS_LIMIT_CONTROL"))
+    );
+    let (_, body) = send_sms(&sim, "1380000000x", "k").send(&sim).await;
+    assert_eq!(body["Code"], "isv.MOBILE_NUMBER_ILLEGAL");
+    assert_eq!(
+        sim.count("aliyun-sms"),
+        0,
+        "refused sends are not in the ledger"
+    );
+}
+
+#[tokio::test]
+async fn aliyun_query_shows_a_message_only_after_the_lag() {
+    let sim = start_with(Config {
+        query_lag: Duration::from_millis(400),
+        ..Config::default()
+    })
+    .await;
+    let (_, sent) = send_sms(&sim, "13800000001", "out-1").send(&sim).await;
+    let day = china_day();
+    let query = |phone: &'static str| {
+        AliyunCall::new(
+            &sim,
+            "QuerySendDetails",
+            &[
+                ("PhoneNumber", phone),
+                ("SendDate", &day),
+                ("PageSize", "10"),
+                ("CurrentPage", "1"),
+            ],
+        )
+    };
+    let (_, lagging) = query("13800000001").send(&sim).await;
+    assert_eq!(lagging["Code"], "OK");
+    assert_eq!(lagging["TotalCount"], 0, "not visible yet");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let visible = loop {
+        let (_, q) = query("13800000001").send(&sim).await;
+        if q["TotalCount"] == 1 {
+            break q;
+        }
+        assert!(Instant::now() < deadline, "message never became visible");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let row = &visible["SmsSendDetailDTOs"]["SmsSendDetailDTO"][0];
+    assert_eq!(
+        (row["OutId"].as_str(), row["SendStatus"].as_i64()),
+        (Some("out-1"), Some(3))
+    );
+    assert_eq!(row["PhoneNum"], "13800000001");
+    assert!(sent["BizId"].is_string());
+    let (_, absent) = query("13900000000").send(&sim).await;
+    assert_eq!(absent["TotalCount"], 0);
+    sim.state.set_faults(
+        "aliyun-sms",
+        Faults {
+            fail_queries_next: 1,
+            ..Faults::default()
+        },
+    );
+    assert_eq!(query("13800000001").send(&sim).await.0, 503);
+    let (_, bad) = AliyunCall::new(
+        &sim,
+        "QuerySendDetails",
+        &[
+            ("PhoneNumber", "1"),
+            ("SendDate", &day),
+            ("PageSize", "51"),
+            ("CurrentPage", "1"),
+        ],
     )
-    .await
-    .unwrap();
-    let body = json!({"message": {"token": "dead-token", "notification": {"title": "t"}}});
-    let (s, e) = sim
-        .post("/v1/projects/p1/messages:send", body)
-        .await
-        .unwrap();
-    assert_eq!(
-        (s, e["error"]["details"][0]["errorCode"].as_str()),
-        (404, Some("UNREGISTERED"))
-    );
-    let body = json!({"message": {"token": "tok-1", "notification": {"title": "t"}}});
-    let (s, e) = sim
-        .post("/v1/projects/p1/messages:send", body.clone())
-        .await
-        .unwrap();
-    assert_eq!(
-        (s, e["error"]["status"].as_str()),
-        (429, Some("RESOURCE_EXHAUSTED"))
-    );
-    sim.post("/_sim/faults", json!({"app-push": {}}))
-        .await
-        .unwrap();
-    let (s, ok) = sim
-        .post("/v1/projects/p1/messages:send", body)
-        .await
-        .unwrap();
-    assert_eq!(s, 200);
-    assert!(
-        ok["name"]
-            .as_str()
-            .unwrap()
-            .starts_with("projects/p1/messages/")
-    );
-    assert_eq!(sim.count("app-push"), 1);
+    .send(&sim)
+    .await;
+    assert_eq!(bad["Code"], "InvalidPageSize");
 }
 
-// ---- Delivery receipts ----
+// ---- Receipts ----
 
-/// One callback as the receiver saw it.
 #[derive(Debug, Clone)]
 struct Arrived {
-    path: String,
-    authorization: Option<String>,
-    body: Value,
+    query: String,
+    body: String,
 }
 
-/// A tiny receiver on 127.0.0.1 recording every callback; it answers 503 to
-/// the first `refuse_first` of them.
+/// A receiver on 127.0.0.1 recording every callback; it answers `refuse`
+/// to the first `refuse_first` of them and `ok` afterwards.
 struct Receiver {
-    base: String,
-    seen: std::sync::Arc<std::sync::Mutex<Vec<Arrived>>>,
+    url: String,
+    seen: Arc<Mutex<Vec<Arrived>>>,
 }
 
-async fn receiver(refuse_first: usize) -> Receiver {
-    use axum::{extract::State, http::HeaderMap, http::Uri};
-    type Seen = std::sync::Arc<std::sync::Mutex<Vec<Arrived>>>;
-    let seen: Seen = Default::default();
-    let calls = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let app = axum::Router::new()
-        .fallback(axum::routing::post(
-            move |State(seen): State<Seen>, uri: Uri, headers: HeaderMap, body: String| {
-                let calls = calls.clone();
-                async move {
-                    seen.lock().unwrap().push(Arrived {
-                        path: uri.path().to_string(),
-                        authorization: headers
-                            .get("authorization")
-                            .map(|v| v.to_str().unwrap().to_string()),
-                        body: serde_json::from_str(&body).unwrap_or(Value::Null),
-                    });
-                    if calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst) < refuse_first {
-                        axum::http::StatusCode::SERVICE_UNAVAILABLE
-                    } else {
-                        axum::http::StatusCode::OK
-                    }
+async fn receiver(refuse_first: usize, refuse: (u16, &'static str), ok: &'static str) -> Receiver {
+    let seen: Arc<Mutex<Vec<Arrived>>> = Default::default();
+    let calls = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let log = seen.clone();
+    let app = axum::Router::new().fallback(axum::routing::post(
+        move |uri: axum::http::Uri, body: String| {
+            let calls = calls.clone();
+            let log = log.clone();
+            async move {
+                log.lock().unwrap().push(Arrived {
+                    query: uri.query().unwrap_or("").to_string(),
+                    body,
+                });
+                let status = |s| axum::http::StatusCode::from_u16(s).unwrap();
+                if calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst) < refuse_first {
+                    (status(refuse.0), refuse.1)
+                } else {
+                    (status(200), ok)
                 }
-            },
-        ))
-        .with_state(seen.clone());
+            }
+        },
+    ));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let base = format!("http://{}", listener.local_addr().unwrap());
+    let url = format!("http://{}/v1/receipts/x", listener.local_addr().unwrap());
     tokio::spawn(async move { axum::serve(listener, app).await });
-    Receiver { base, seen }
+    Receiver { url, seen }
 }
 
 impl Receiver {
@@ -297,266 +443,906 @@ impl Receiver {
     }
 }
 
-/// Polls `check` every 20 ms; panics with `what` after 10 s.
-async fn wait_for(what: &str, mut check: impl FnMut() -> bool) {
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    while !check() {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "timed out waiting for {what}"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    }
-}
-
-impl Sim {
-    fn stat(&self, key: &str) -> u64 {
-        self.state.stats().get(key).copied().unwrap_or(0)
+fn receipts_to(rx: &Receiver, fail: &[&str]) -> ReceiptConfig {
+    ReceiptConfig {
+        url: rx.url.clone(),
+        delay_ms: 10,
+        secret: None,
+        fail_after_accept: fail.iter().map(|s| s.to_string()).collect(),
     }
 }
 
 #[tokio::test]
-async fn receipts_are_posted_once_per_message_in_the_plugins_format() {
+async fn aliyun_receipts_are_sms_report_arrays_retried_until_code_0() {
     let sim = start().await;
-    let rx = receiver(0).await;
-    let mut config = serde_json::Map::new();
-    for (provider, channel) in [
-        ("sms", "sms"),
-        ("wechat", "wechat"),
-        ("app-push", "app-push"),
-        ("inbox", "inbox"),
+    let rx = receiver(
+        1,
+        (200, r#"{"code":1,"msg":"busy"}"#),
+        r#"{"code":0,"msg":"成功"}"#,
+    )
+    .await;
+    assert!(
+        sim.state
+            .set_receipts("aliyun-sms", Some(receipts_to(&rx, &["13800000002"])))
+    );
+    send_sms(&sim, "13800000001", "ok-1").send(&sim).await;
+    wait_for(
+        "the refused receipt retried and the second accepted",
+        || sim.stat("aliyun-sms.receipt_posted") == 1,
+    )
+    .await;
+    send_sms(&sim, "13800000002", "bad-1").send(&sim).await;
+    wait_for("the failed-after-accept receipt", || {
+        sim.stat("aliyun-sms.receipt_posted") == 2
+    })
+    .await;
+    assert_eq!(sim.stat("aliyun-sms.receipt_retried"), 1);
+    let arrived = rx.arrived();
+    assert_eq!(arrived.len(), 3, "one retry, then one post per message");
+    let first: Value = serde_json::from_str(&arrived[1].body).unwrap();
+    let report = &first[0];
+    assert_eq!(
+        (report["phone_number"].as_str(), report["success"].as_bool()),
+        (Some("13800000001"), Some(true))
+    );
+    assert_eq!(report["out_id"], "ok-1");
+    assert_eq!(
+        report["biz_id"],
+        json!(sim.state.ledger()["aliyun-sms"][0].id)
+    );
+    for field in [
+        "send_time",
+        "report_time",
+        "err_code",
+        "err_msg",
+        "sms_size",
     ] {
-        config.insert(
-            provider.into(),
-            json!({"url": format!("{}/v1/receipts/{channel}", rx.base), "delay_ms": 50,
-                   "secret": "rcpt-secret", "fail_after_accept": ["13800000066", "u-fail"]}),
+        assert!(report.get(field).is_some(), "SmsReport has {field}");
+    }
+    let failed: Value = serde_json::from_str(&arrived[2].body).unwrap();
+    assert_eq!(failed[0]["success"], false);
+    assert_eq!(
+        sim.state.ledger()["aliyun-sms"][1].delivery,
+        Delivery::Failed
+    );
+    assert!(
+        !sim.state.set_receipts("fcm", Some(receipts_to(&rx, &[]))),
+        "FCM has no receipts"
+    );
+}
+
+// ---- WeChat ----
+
+async fn wechat_token(sim: &Sim, rotate: bool) -> (u16, Value) {
+    let c = sim.state.credentials();
+    let r = if rotate {
+        sim.http
+            .get(format!("{}/cgi-bin/token", sim.base))
+            .query(&[
+                ("grant_type", "client_credential"),
+                ("appid", &c.wechat_appid),
+                ("secret", &c.wechat_secret),
+            ])
+            .send()
+    } else {
+        sim.http
+            .post(format!("{}/cgi-bin/stable_token", sim.base))
+            .json(&json!({"grant_type": "client_credential", "appid": c.wechat_appid, "secret": c.wechat_secret, "force_refresh": false}))
+            .send()
+    };
+    json_of(r.await.unwrap()).await
+}
+
+async fn wechat_send(sim: &Sim, token: &str, openid: &str, client_msg_id: Option<&str>) -> Value {
+    let mut body = json!({"touser": openid, "template_id": "T1", "data": {"k": {"value": "v"}}});
+    if let Some(id) = client_msg_id {
+        body["client_msg_id"] = json!(id);
+    }
+    let r = sim
+        .http
+        .post(format!("{}/cgi-bin/message/template/send", sim.base))
+        .query(&[("access_token", token)])
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    json_of(r).await.1
+}
+
+fn token_of(v: &(u16, Value)) -> String {
+    v.1["access_token"].as_str().unwrap().to_string()
+}
+
+#[tokio::test]
+async fn wechat_stable_token_stays_and_cgi_token_rotates_with_an_overlap() {
+    let sim = start_with(Config {
+        wechat_rotation_overlap: Duration::from_millis(300),
+        wechat_token_daily_cap: 3,
+        ..Config::default()
+    })
+    .await;
+    let s1 = token_of(&wechat_token(&sim, false).await);
+    let s2 = token_of(&wechat_token(&sim, false).await);
+    assert_eq!(s1, s2, "stable_token does not rotate");
+    let r1 = token_of(&wechat_token(&sim, true).await);
+    let r2 = token_of(&wechat_token(&sim, true).await);
+    assert_ne!(r1, r2);
+    assert_eq!(
+        wechat_send(&sim, &r1, "o-1", None).await["errcode"],
+        0,
+        "the old token works during the overlap"
+    );
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert_eq!(
+        wechat_send(&sim, &r1, "o-1", None).await["errcode"],
+        40001,
+        "rotated out"
+    );
+    assert_eq!(wechat_send(&sim, &r2, "o-1", None).await["errcode"], 0);
+    assert_eq!(
+        wechat_send(&sim, &s1, "o-1", None).await["errcode"],
+        0,
+        "the stable token is untouched"
+    );
+    wechat_token(&sim, true).await;
+    assert_eq!(
+        wechat_token(&sim, true).await.1["errcode"],
+        45009,
+        "daily cap"
+    );
+    assert!(sim.state.expire_tokens() >= 2);
+    assert_eq!(wechat_send(&sim, &s1, "o-1", None).await["errcode"], 42001);
+    let s3 = token_of(&wechat_token(&sim, false).await);
+    assert_ne!(s3, s1, "a new stable token after expiry");
+    assert_eq!(
+        wechat_send(&sim, "not-a-token", "o-1", None).await["errcode"],
+        40014
+    );
+    let c = sim.state.credentials();
+    let (_, bad) = json_of(
+        sim.http
+            .post(format!("{}/cgi-bin/stable_token", sim.base))
+            .json(&json!({"grant_type": "client_credential", "appid": c.wechat_appid, "secret": "wrong"}))
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(bad["errcode"], 40125);
+}
+
+#[tokio::test]
+async fn wechat_client_msg_id_dedupes_per_openid_inside_its_window_only() {
+    let sim = start_with(Config {
+        wechat_client_msg_id_window: Duration::from_millis(500),
+        ..Config::default()
+    })
+    .await;
+    let token = token_of(&wechat_token(&sim, false).await);
+    let a = wechat_send(&sim, &token, "o-1", Some("m-1")).await;
+    let b = wechat_send(&sim, &token, "o-1", Some("m-1")).await;
+    assert_eq!(a["msgid"], b["msgid"]);
+    assert_eq!(sim.count("wechat"), 1);
+    wechat_send(&sim, &token, "o-2", Some("m-1")).await;
+    assert_eq!(sim.count("wechat"), 2, "another openid is another message");
+    wechat_send(&sim, &token, "o-1", None).await;
+    wechat_send(&sim, &token, "o-1", None).await;
+    assert_eq!(
+        sim.count("wechat"),
+        4,
+        "without client_msg_id a resend is a second message"
+    );
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let c = wechat_send(&sim, &token, "o-1", Some("m-1")).await;
+    assert_ne!(a["msgid"], c["msgid"]);
+    assert_eq!(
+        sim.count("wechat"),
+        5,
+        "outside the window it is a new message"
+    );
+    sim.state.set_faults(
+        "wechat",
+        Faults {
+            fail_next: 1,
+            permanent: BTreeMap::from([("o-9".into(), "43004".into())]),
+            ..Faults::default()
+        },
+    );
+    assert_eq!(wechat_send(&sim, &token, "o-1", None).await["errcode"], -1);
+    assert_eq!(
+        wechat_send(&sim, &token, "o-9", None).await["errcode"],
+        43004
+    );
+}
+
+fn sha1_signature(token: &str, timestamp: &str, nonce: &str) -> String {
+    let mut parts = [token, timestamp, nonce];
+    parts.sort();
+    hex::encode(digest::digest(
+        &digest::SHA1_FOR_LEGACY_USE_ONLY,
+        parts.concat().as_bytes(),
+    ))
+}
+
+#[tokio::test]
+async fn wechat_receipts_are_signed_xml_events_retried_until_success() {
+    let sim = start().await;
+    let rx = receiver(1, (200, "fail"), "success").await;
+    assert!(
+        sim.state
+            .set_receipts("wechat", Some(receipts_to(&rx, &["o-bad"])))
+    );
+    let token = token_of(&wechat_token(&sim, false).await);
+    let sent = wechat_send(&sim, &token, "o-1", None).await;
+    wechat_send(&sim, &token, "o-bad", None).await;
+    wait_for("both receipts accepted", || {
+        sim.stat("wechat.receipt_posted") == 2
+    })
+    .await;
+    assert_eq!(sim.stat("wechat.receipt_retried"), 1);
+    let arrived = rx.arrived();
+    let token = &sim.state.credentials().wechat_callback_token;
+    for a in &arrived {
+        let q: BTreeMap<String, String> = url_pairs(&a.query);
+        assert_eq!(
+            q["signature"],
+            sha1_signature(token, &q["timestamp"], &q["nonce"]),
+            "signed with the callback token"
+        );
+        assert!(
+            a.body
+                .contains("<Event><![CDATA[TEMPLATESENDJOBFINISH]]></Event>")
         );
     }
-    let (s, _) = sim
-        .post("/_sim/receipts", Value::Object(config))
-        .await
+    let ok = arrived
+        .iter()
+        .find(|a| a.body.contains("<FromUserName><![CDATA[o-1]]>"))
         .unwrap();
-    assert_eq!(s, 200);
-    let shown: Value = sim.get("/_sim/receipts").await.unwrap();
-    assert_eq!(shown["sms"]["delay_ms"], 50);
     assert!(
-        !shown.to_string().contains("rcpt-secret"),
-        "the secret is not echoed: {shown}"
+        ok.body
+            .contains(&format!("<MsgID>{}</MsgID>", sent["msgid"]))
     );
+    assert!(ok.body.contains("<Status><![CDATA[success]]></Status>"));
+    let bad = arrived.iter().find(|a| a.body.contains("o-bad")).unwrap();
+    assert!(
+        bad.body
+            .contains("<Status><![CDATA[failed:user block]]></Status>")
+    );
+}
 
-    // SMS: one delivered, one failed after accept; a resend of the same OutId
-    // is neither a message nor a receipt.
-    let (_, ok) = sim
-        .post("/sms/SendSms", sms("out-1", "13800000001"))
+#[tokio::test]
+async fn wechat_url_check_signs_the_get_and_expects_the_echostr_back() {
+    let sim = start().await;
+    let token = sim.state.credentials().wechat_callback_token.clone();
+    let app = axum::Router::new().route(
+        "/wx",
+        axum::routing::get(move |uri: axum::http::Uri| {
+            let token = token.clone();
+            async move {
+                let q = url_pairs(uri.query().unwrap_or(""));
+                let ok = q["signature"] == sha1_signature(&token, &q["timestamp"], &q["nonce"]);
+                if ok {
+                    q["echostr"].clone()
+                } else {
+                    "bad signature".into()
+                }
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/wx", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    assert!(sim.state.wechat_verify_url(&url, None).await.unwrap());
+    assert!(
+        !sim.state
+            .wechat_verify_url(&url, Some("another-token"))
+            .await
+            .unwrap()
+    );
+}
+
+fn url_pairs(q: &str) -> BTreeMap<String, String> {
+    q.split('&')
+        .filter_map(|p| p.split_once('='))
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+// ---- FCM ----
+
+fn jws(header: &Value, claims: &Value, sign: impl Fn(&[u8]) -> Vec<u8>) -> String {
+    let input = format!(
+        "{}.{}",
+        URL_SAFE_NO_PAD.encode(header.to_string()),
+        URL_SAFE_NO_PAD.encode(claims.to_string())
+    );
+    let sig = sign(input.as_bytes());
+    format!("{input}.{}", URL_SAFE_NO_PAD.encode(sig))
+}
+
+fn rs256(pem: &str) -> impl Fn(&[u8]) -> Vec<u8> {
+    let der = PrivatePkcs8KeyDer::from_pem_slice(pem.as_bytes()).unwrap();
+    let key = signature::RsaKeyPair::from_pkcs8(der.secret_pkcs8_der()).unwrap();
+    move |msg| {
+        let mut sig = vec![0; key.public().modulus_len()];
+        key.sign(
+            &signature::RSA_PKCS1_SHA256,
+            &SystemRandom::new(),
+            msg,
+            &mut sig,
+        )
+        .unwrap();
+        sig
+    }
+}
+
+async fn fcm_token(sim: &Sim, tweak: impl Fn(&mut Value)) -> (u16, Value) {
+    let sa: Value = serde_json::from_str(&sim.state.service_account_json(&sim.base)).unwrap();
+    let iat = now();
+    let mut claims = json!({"iss": sa["client_email"], "scope": "https://www.googleapis.com/auth/firebase.messaging",
+                            "aud": sa["token_uri"], "iat": iat, "exp": iat + 3600});
+    tweak(&mut claims);
+    let header = json!({"alg": "RS256", "typ": "JWT", "kid": sa["private_key_id"]});
+    let assertion = jws(&header, &claims, rs256(sa["private_key"].as_str().unwrap()));
+    post_assertion(sim, &sa, &assertion).await
+}
+
+/// The OAuth jwt-bearer grant: the assertion POSTed as a form to `token_uri`.
+async fn post_assertion(sim: &Sim, sa: &Value, assertion: &str) -> (u16, Value) {
+    let r = sim
+        .http
+        .post(sa["token_uri"].as_str().unwrap())
+        .form(&[
+            ("grant_type", "urn:ietf:params:oauth:grant-type:jwt-bearer"),
+            ("assertion", assertion),
+        ])
+        .send()
         .await
         .unwrap();
-    sim.post("/sms/SendSms", sms("out-1", "13800000001"))
+    json_of(r).await
+}
+
+async fn fcm_send(sim: &Sim, bearer: &str, device: &str) -> reqwest::Response {
+    let project = &sim.state.credentials().fcm_project_id;
+    sim.http
+        .post(format!("{}/v1/projects/{project}/messages:send", sim.base))
+        .bearer_auth(bearer)
+        .json(&json!({"message": {"token": device, "notification": {"title": "Shipped"}, "data": {"order": "o-1"}}}))
+        .send()
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn fcm_oauth_verifies_the_assertion_and_sends_need_a_live_token() {
+    let sim = start().await;
+    let (status, tok) = fcm_token(&sim, |_| {}).await;
+    assert_eq!(status, 200, "{tok}");
+    assert_eq!(
+        (tok["token_type"].as_str(), tok["expires_in"].as_u64()),
+        (Some("Bearer"), Some(3599))
+    );
+    let bearer = tok["access_token"].as_str().unwrap().to_string();
+    let (status, first) = json_of(fcm_send(&sim, &bearer, "dev-1").await).await;
+    assert_eq!(status, 200);
+    assert!(first["name"].as_str().unwrap().starts_with(&format!(
+        "projects/{}/messages/",
+        sim.state.credentials().fcm_project_id
+    )));
+    let (_, second) = json_of(fcm_send(&sim, &bearer, "dev-1").await).await;
+    assert_ne!(first["name"], second["name"]);
+    assert_eq!(
+        sim.count("fcm"),
+        2,
+        "no reference: a resend is a second notification"
+    );
+    let (status, forged) = fcm_token(&sim, |c| {
+        c["iss"] = json!("someone@else.iam.gserviceaccount.com")
+    })
+    .await;
+    assert_eq!(
+        (status, forged["error"].as_str()),
+        (400, Some("invalid_grant"))
+    );
+    let (_, long) = fcm_token(&sim, |c| c["exp"] = json!(now() + 7200)).await;
+    assert_eq!(long["error"], "invalid_grant");
+    let (_, scope) = fcm_token(&sim, |c| {
+        c["scope"] = json!("https://www.googleapis.com/auth/cloud-platform.read-only")
+    })
+    .await;
+    assert_eq!(scope["error"], "invalid_scope");
+    let (status, _) = json_of(fcm_send(&sim, "ya29.made-up", "dev-1").await).await;
+    assert_eq!(status, 401);
+    sim.state.expire_tokens();
+    let (status, expired) = json_of(fcm_send(&sim, &bearer, "dev-1").await).await;
+    assert_eq!(
+        (status, expired["error"]["status"].as_str()),
+        (401, Some("UNAUTHENTICATED"))
+    );
+    let fresh = fcm_token(&sim, |_| {}).await.1["access_token"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert_eq!(
+        fcm_send(&sim, &fresh, "dev-1").await.status(),
+        200,
+        "a refreshed token works"
+    );
+}
+
+/// The signature check itself: one flipped bit in the signature is refused.
+#[tokio::test]
+async fn fcm_assertion_with_a_tampered_signature_is_refused() {
+    let sim = start().await;
+    let sa: Value = serde_json::from_str(&sim.state.service_account_json(&sim.base)).unwrap();
+    let header = json!({"alg": "RS256", "typ": "JWT", "kid": sa["private_key_id"]});
+    let claims = json!({"iss": sa["client_email"], "scope": "https://www.googleapis.com/auth/firebase.messaging",
+                        "aud": sa["token_uri"], "iat": now(), "exp": now() + 600});
+    let sign = rs256(sa["private_key"].as_str().unwrap());
+    let assertion = jws(&header, &claims, |m| {
+        let mut s = sign(m);
+        s[10] ^= 1;
+        s
+    });
+    let (status, body) = post_assertion(&sim, &sa, &assertion).await;
+    assert_eq!(
+        (status, body["error_description"].as_str()),
+        (400, Some("Invalid JWT Signature."))
+    );
+    assert_eq!(sim.stat("fcm.token"), 0);
+}
+
+#[tokio::test]
+async fn fcm_errors_carry_fcm_error_details_and_retry_after() {
+    let sim = start().await;
+    let bearer = fcm_token(&sim, |_| {}).await.1["access_token"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    sim.state.set_faults(
+        "fcm",
+        Faults {
+            fail_429: 1.0,
+            retry_after_secs: Some(9),
+            permanent: BTreeMap::from([("gone".into(), "UNREGISTERED".into())]),
+            ..Faults::default()
+        },
+    );
+    let r = fcm_send(&sim, &bearer, "dev-1").await;
+    assert_eq!(r.headers()["retry-after"], "9");
+    let (status, body) = json_of(r).await;
+    assert_eq!(
+        (status, body["error"]["details"][0]["errorCode"].as_str()),
+        (429, Some("QUOTA_EXCEEDED"))
+    );
+    let (status, body) = json_of(fcm_send(&sim, &bearer, "gone").await).await;
+    assert_eq!(
+        (status, body["error"]["details"][0]["errorCode"].as_str()),
+        (404, Some("UNREGISTERED"))
+    );
+    assert_eq!(
+        body["error"]["details"][0]["@type"],
+        "type.googleapis.com/google.firebase.fcm.v1.FcmError"
+    );
+    sim.state.set_faults(
+        "fcm",
+        Faults {
+            fail_5xx: 1.0,
+            ..Faults::default()
+        },
+    );
+    let r = fcm_send(&sim, &bearer, "dev-1").await;
+    assert_eq!(
+        (r.status().as_u16(), r.headers().contains_key("retry-after")),
+        (503, true)
+    );
+    assert_eq!(sim.count("fcm"), 0);
+}
+
+// ---- APNs ----
+
+fn es256(pem: &str) -> impl Fn(&[u8]) -> Vec<u8> {
+    let der = PrivatePkcs8KeyDer::from_pem_slice(pem.as_bytes()).unwrap();
+    let rng = SystemRandom::new();
+    let key = signature::EcdsaKeyPair::from_pkcs8(
+        &signature::ECDSA_P256_SHA256_FIXED_SIGNING,
+        der.secret_pkcs8_der(),
+        &rng,
+    )
+    .unwrap();
+    move |msg| {
+        key.sign(&SystemRandom::new(), msg)
+            .unwrap()
+            .as_ref()
+            .to_vec()
+    }
+}
+
+fn apns_jwt(sim: &Sim, iat: i64, pem: &str) -> String {
+    let c = sim.state.credentials();
+    jws(
+        &json!({"alg": "ES256", "kid": c.apns_key_id}),
+        &json!({"iss": c.apns_team_id, "iat": iat}),
+        es256(pem),
+    )
+}
+
+const DEVICE: &str = "6c1ad4b3e3a3b8a9e9f0f61a7f8b9c0d1e2f3a4b5c6d7e8f9a0b1c2d3e4f5a6b";
+
+async fn apns_send(
+    sim: &Sim,
+    client: &reqwest::Client,
+    jwt: &str,
+    device: &str,
+) -> (u16, Option<String>, Value) {
+    let port = sim.port();
+    let r = client
+        .post(format!(
+            "https://api.push.apple.com:{port}/3/device/{device}"
+        ))
+        .header("authorization", format!("bearer {jwt}"))
+        .header("apns-topic", "com.example.shop")
+        .header("apns-push-type", "alert")
+        .header("apns-id", "123e4567-e89b-12d3-a456-426614174000")
+        .json(&json!({"aps": {"alert": {"title": "Shipped", "body": "o-1"}}}))
+        .send()
         .await
         .unwrap();
-    let (_, bad) = sim
-        .post("/sms/SendSms", sms("out-2", "13800000066"))
-        .await
+    let id = r
+        .headers()
+        .get("apns-id")
+        .map(|v| v.to_str().unwrap().to_string());
+    let status = r.status().as_u16();
+    (status, id, r.json().await.unwrap_or(Value::Null))
+}
+
+#[tokio::test]
+async fn apns_verifies_es256_tokens_over_http2_and_never_dedupes() {
+    let sim = start_with(Config {
+        apns_min_token_interval: Duration::ZERO,
+        ..Config::default()
+    })
+    .await;
+    let pem = sim.state.credentials().apns_private_key_pem.clone();
+    let jwt = apns_jwt(&sim, now(), &pem);
+    let (status, id, _) = apns_send(&sim, &sim.http, &jwt, DEVICE).await;
+    assert_eq!(
+        (status, id.as_deref()),
+        (200, Some("123e4567-e89b-12d3-a456-426614174000"))
+    );
+    apns_send(&sim, &sim.http, &jwt, DEVICE).await;
+    assert_eq!(
+        sim.count("apns"),
+        2,
+        "apns-id is no dedup key: a resend is a second notification"
+    );
+    let (status, _, body) = apns_send(&sim, &sim.http1, &jwt, DEVICE).await;
+    assert_eq!(status, 505, "HTTP/1.1 refused: {body}");
+    let other = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256)
+        .unwrap()
+        .serialize_pem();
+    let (status, _, body) =
+        apns_send(&sim, &sim.http, &apns_jwt(&sim, now(), &other), DEVICE).await;
+    assert_eq!(
+        (status, body["reason"].as_str()),
+        (403, Some("InvalidProviderToken"))
+    );
+    let (status, _, body) =
+        apns_send(&sim, &sim.http, &apns_jwt(&sim, now() - 3601, &pem), DEVICE).await;
+    assert_eq!(
+        (status, body["reason"].as_str()),
+        (403, Some("ExpiredProviderToken"))
+    );
+    let (status, _, body) = apns_send(&sim, &sim.http, &jwt, "not-hex").await;
+    assert_eq!(
+        (status, body["reason"].as_str()),
+        (400, Some("BadDeviceToken"))
+    );
+    sim.state.set_faults(
+        "apns",
+        Faults {
+            permanent: BTreeMap::from([(DEVICE.into(), "Unregistered".into())]),
+            ..Faults::default()
+        },
+    );
+    let (status, _, body) = apns_send(&sim, &sim.http, &jwt, DEVICE).await;
+    assert_eq!(
+        (status, body["reason"].as_str()),
+        (410, Some("Unregistered"))
+    );
+    assert!(body["timestamp"].is_number());
+    sim.state.set_faults(
+        "apns",
+        Faults {
+            fail_429: 1.0,
+            ..Faults::default()
+        },
+    );
+    let (status, _, body) = apns_send(&sim, &sim.http, &jwt, DEVICE).await;
+    assert_eq!(
+        (status, body["reason"].as_str()),
+        (429, Some("TooManyRequests"))
+    );
+    assert_eq!(sim.count("apns"), 2);
+}
+
+#[tokio::test]
+async fn apns_refuses_provider_token_updates_more_often_than_every_20_minutes() {
+    let sim = start().await;
+    let pem = sim.state.credentials().apns_private_key_pem.clone();
+    assert_eq!(
+        apns_send(&sim, &sim.http, &apns_jwt(&sim, now() - 5, &pem), DEVICE)
+            .await
+            .0,
+        200
+    );
+    let (status, _, body) = apns_send(&sim, &sim.http, &apns_jwt(&sim, now(), &pem), DEVICE).await;
+    assert_eq!(
+        (status, body["reason"].as_str()),
+        (429, Some("TooManyProviderTokenUpdates"))
+    );
+    let addr = format!("127.0.0.1:{}", sim.port()).parse().unwrap();
+    let other_connection = tls_client(&sim.state, addr, false);
+    let (status, _, _) = apns_send(
+        &sim,
+        &other_connection,
+        &apns_jwt(&sim, now(), &pem),
+        DEVICE,
+    )
+    .await;
+    assert_eq!(status, 200, "the limit is per connection");
+}
+
+// ---- Standard Webhooks receiver ----
+
+fn webhook_request(
+    sim: &Sim,
+    id: &str,
+    ts: i64,
+    secret: &str,
+    body: &str,
+) -> reqwest::RequestBuilder {
+    let key = STANDARD
+        .decode(secret.strip_prefix("whsec_").unwrap())
         .unwrap();
-    // Inbox: delivered and failed, by Idempotency-Key.
-    for (key, user) in [("key-ok", "u-1"), ("key-bad", "u-fail")] {
-        let r = sim
-            .http
-            .post(format!("{}/inbox/v1/messages", sim.base))
-            .header("Idempotency-Key", key)
-            .json(&json!({"user_id": user, "template": "shipped"}))
+    let mac = hmac::sign(
+        &hmac::Key::new(hmac::HMAC_SHA256, &key),
+        format!("{id}.{ts}.{body}").as_bytes(),
+    );
+    sim.http
+        .post(format!("{}/webhook/orders", sim.base))
+        .header("webhook-id", id)
+        .header("webhook-timestamp", ts.to_string())
+        .header("webhook-signature", format!("v1,{}", STANDARD.encode(mac)))
+        .header("content-type", "application/json")
+        .body(body.to_string())
+}
+
+#[tokio::test]
+async fn webhook_receiver_verifies_signatures_and_dedupes_by_id() {
+    let sim = start().await;
+    let secret = sim.state.credentials().webhook_secret.clone();
+    let body =
+        r#"{"type":"order.shipped","timestamp":"2026-12-01T00:00:00Z","data":{"order":"o-1"}}"#;
+    for _ in 0..2 {
+        let r = webhook_request(&sim, "msg_1", now(), &secret, body)
             .send()
             .await
             .unwrap();
-        assert_eq!(r.status().as_u16(), 201);
+        assert_eq!(r.status(), 200);
     }
-    // App push with an Idempotency-Key; WeChat with a numeric msgid.
-    let r = sim
-        .http
-        .post(format!("{}/v1/projects/p1/messages:send", sim.base))
-        .header("Idempotency-Key", "push-key-1")
-        .json(&json!({"message": {"token": "tok-1", "notification": {"title": "t"}}}))
+    let ledger = &sim.state.ledger()["webhook"];
+    assert_eq!(ledger.len(), 1, "the same webhook-id is delivered once");
+    assert_eq!(
+        (ledger[0].replays, ledger[0].template.as_str()),
+        (1, "order.shipped")
+    );
+    let forged = webhook_request(
+        &sim,
+        "msg_2",
+        now(),
+        "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw",
+        body,
+    )
+    .send()
+    .await
+    .unwrap();
+    assert_eq!(forged.status(), 401);
+    let stale = webhook_request(&sim, "msg_3", now() - 301, &secret, body)
         .send()
         .await
         .unwrap();
-    assert_eq!(r.status().as_u16(), 200);
-    let token: Value = sim.get("/cgi-bin/token?appid=wx1&secret=s").await.unwrap();
-    let (_, wx) = sim
-        .post(
-            &format!(
-                "/cgi-bin/message/template/send?access_token={}",
-                token["access_token"].as_str().unwrap()
-            ),
-            json!({"touser": "openid-1", "template_id": "T1", "data": {}}),
-        )
+    assert_eq!(stale.status(), 400);
+    sim.state.set_faults(
+        "webhook",
+        Faults {
+            fail_next: 1,
+            ..Faults::default()
+        },
+    );
+    let r = webhook_request(&sim, "msg_4", now(), &secret, body)
+        .send()
         .await
         .unwrap();
-    assert_eq!(wx["errcode"], 0);
+    assert_eq!(
+        (r.status().as_u16(), r.headers().contains_key("retry-after")),
+        (503, true)
+    );
+    assert_eq!(sim.count("webhook"), 1);
+}
 
-    wait_for("six receipts", || rx.arrived().len() >= 6).await;
-    // Nothing more comes (the replay posted none): every counted receipt arrived.
-    wait_for("the posted counts", || {
-        ["sms", "inbox", "app-push", "wechat"]
-            .iter()
-            .map(|p| sim.stat(&format!("{p}.receipt_posted")))
-            .sum::<u64>()
-            == 6
-    })
-    .await;
-    let arrived = rx.arrived();
-    assert_eq!(arrived.len(), 6, "{arrived:#?}");
-    for a in &arrived {
-        assert_eq!(a.authorization.as_deref(), Some("Bearer rcpt-secret"));
-        assert_eq!(a.body["receipts"].as_array().unwrap().len(), 1, "{a:?}");
-    }
-    let find = |path: &str, field: &str, value: &str| -> Value {
-        arrived
-            .iter()
-            .find(|a| a.path == path && a.body["receipts"][0][field] == value)
-            .unwrap_or_else(|| panic!("no receipt at {path} with {field}={value}: {arrived:#?}"))
-            .body["receipts"][0]
-            .clone()
-    };
-    let r = find(
-        "/v1/receipts/sms",
-        "message_id",
-        ok["BizId"].as_str().unwrap(),
-    );
-    assert_eq!(
-        (r["status"].as_str(), r["reference"].as_str()),
-        (Some("delivered"), Some("out-1"))
-    );
-    let r = find(
-        "/v1/receipts/sms",
-        "message_id",
-        bad["BizId"].as_str().unwrap(),
-    );
-    assert_eq!(r["status"], "failed");
-    assert_eq!(
-        find("/v1/receipts/inbox", "reference", "key-ok")["status"],
-        "delivered"
-    );
-    assert_eq!(
-        find("/v1/receipts/inbox", "reference", "key-bad")["status"],
-        "failed"
-    );
-    assert_eq!(
-        find("/v1/receipts/app-push", "reference", "push-key-1")["status"],
-        "delivered"
-    );
-    let r = find(
-        "/v1/receipts/wechat",
-        "message_id",
-        &wx["msgid"].to_string(),
-    );
-    assert_eq!(r["status"], "delivered");
-    assert!(
-        r.get("reference").is_none(),
-        "WeChat has no client reference"
-    );
+// ---- Inbox and the control API ----
 
-    // Queries agree with the receipts.
-    let (_, q) = sim
-        .post("/sms/QuerySendDetails", json!({"OutId": "out-2"}))
+async fn inbox_send(sim: &Sim, key: &str, user: &str) -> reqwest::Response {
+    sim.http
+        .post(format!("{}/inbox/v1/messages", sim.base))
+        .header("Idempotency-Key", key)
+        .json(&json!({"user_id": user, "template": "shipped"}))
+        .send()
         .await
-        .unwrap();
-    assert_eq!(q["SmsSendDetailDTOs"][0]["SendStatus"], 2, "failed: {q}");
-    let (_, q) = sim
-        .post("/sms/QuerySendDetails", json!({"OutId": "out-1"}))
-        .await
-        .unwrap();
-    assert_eq!(q["SmsSendDetailDTOs"][0]["SendStatus"], 3, "delivered: {q}");
-    for (key, want) in [("key-ok", "delivered"), ("key-bad", "failed")] {
-        let q: Value = sim
-            .get(&format!("/inbox/v1/messages?idempotency_key={key}"))
-            .await
-            .unwrap();
-        assert_eq!(q["status"], want, "{key}: {q}");
-    }
-    assert_eq!(
-        sim.state.ledger()["sms"][1].delivery,
-        provider_sim::Delivery::Failed
-    );
+        .unwrap()
 }
 
 #[tokio::test]
-async fn receipts_are_retried_with_backoff_and_given_up_when_bounded() {
+async fn inbox_receipts_carry_the_key_and_are_given_up_when_bounded() {
     let sim = start().await;
-    // A receiver that refuses twice, then accepts: posted once after two retries.
-    let rx = receiver(2).await;
-    sim.post(
-        "/_sim/receipts",
-        json!({"sms": {"url": format!("{}/v1/receipts/sms", rx.base)}}),
-    )
-    .await
-    .unwrap();
-    sim.post("/sms/SendSms", sms("r-1", "13800000001"))
-        .await
-        .unwrap();
-    wait_for("the receipt to be posted", || {
-        sim.stat("sms.receipt_posted") == 1
+    let rx = receiver(1, (503, "down"), "").await;
+    let config = ReceiptConfig {
+        secret: Some("s3cret".into()),
+        ..receipts_to(&rx, &["u-bad"])
+    };
+    assert!(sim.state.set_receipts("inbox", Some(config)));
+    inbox_send(&sim, "k-1", "u-1").await;
+    wait_for("the receipt after one refusal", || {
+        sim.stat("inbox.receipt_posted") == 1
     })
     .await;
-    assert_eq!(rx.arrived().len(), 3);
-    assert_eq!(rx.arrived()[0].authorization, None, "no secret configured");
-    assert_eq!(sim.stat("sms.receipt_retried"), 2);
-    assert_eq!(sim.stat("sms.receipt_failed"), 0);
+    let body: Value = serde_json::from_str(&rx.arrived()[1].body).unwrap();
+    let r = &body["receipts"][0];
+    assert_eq!(
+        (r["reference"].as_str(), r["status"].as_str()),
+        (Some("k-1"), Some("delivered"))
+    );
+    assert_eq!(r["message_id"], json!(sim.state.ledger()["inbox"][0].id));
 
-    // Nobody listening: a bounded number of attempts, then counted as failed.
-    let closed = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let dead = closed.local_addr().unwrap();
-    drop(closed);
-    sim.post(
-        "/_sim/receipts",
-        json!({"inbox": {"url": format!("http://{dead}/v1/receipts/inbox")}}),
-    )
-    .await
-    .unwrap();
-    let r = sim
-        .http
-        .post(format!("{}/inbox/v1/messages", sim.base))
-        .header("Idempotency-Key", "k-dead")
-        .json(&json!({"user_id": "u-1", "template": "t"}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status().as_u16(), 201);
-    wait_for("the receipt to be given up", || {
+    let down = receiver(usize::MAX, (503, "down"), "").await;
+    sim.state
+        .set_receipts("inbox", Some(receipts_to(&down, &["u-bad"])));
+    inbox_send(&sim, "k-2", "u-bad").await;
+    wait_for("the receipt given up", || {
         sim.stat("inbox.receipt_failed") == 1
     })
     .await;
-    assert_eq!(
-        sim.stat("inbox.receipt_retried"),
-        u64::from(provider_sim::RECEIPT_ATTEMPTS - 1)
-    );
-    assert_eq!(sim.stat("inbox.receipt_posted"), 0);
+    assert_eq!(down.arrived().len() as u32, provider_sim::RECEIPT_ATTEMPTS);
+    let failed: Value = serde_json::from_str(&down.arrived()[0].body).unwrap();
+    assert_eq!(failed["receipts"][0]["status"], "failed");
+}
 
-    // Switched off (null): no more receipts; bad configurations are refused.
-    let (s, _) = sim
-        .post("/_sim/receipts", json!({"sms": null}))
+#[tokio::test]
+async fn inbox_honours_idempotency_keys_and_a_cut_off_answer_leaves_one_message() {
+    let sim = start().await;
+    sim.state.set_faults(
+        "inbox",
+        Faults {
+            drop_after_accept: 1.0,
+            ..Faults::default()
+        },
+    );
+    let send = || {
+        sim.http
+            .post(format!("{}/inbox/v1/messages", sim.base))
+            .header("Idempotency-Key", "k-1")
+            .json(&json!({"user_id": "u-1", "template": "shipped"}))
+            .send()
+    };
+    let first = match send().await {
+        Ok(r) => r.bytes().await.map(|_| ()),
+        Err(e) => Err(e),
+    };
+    assert!(first.is_err(), "the answer was cut off");
+    assert_eq!(sim.count("inbox"), 1);
+    sim.state.set_faults("inbox", Faults::default());
+    let r = send().await.unwrap();
+    assert_eq!(
+        (
+            r.status().as_u16(),
+            r.headers()["idempotent-replayed"].to_str().unwrap()
+        ),
+        (200, "true")
+    );
+    assert_eq!(sim.count("inbox"), 1);
+    let q = sim
+        .http
+        .get(format!(
+            "{}/inbox/v1/messages?idempotency_key=k-1",
+            sim.base
+        ))
+        .send()
         .await
         .unwrap();
-    assert_eq!(s, 200);
-    sim.post("/sms/SendSms", sms("r-2", "13800000002"))
+    assert_eq!(json_of(q).await.1["status"], "delivered");
+}
+
+#[tokio::test]
+async fn the_control_api_is_served_over_plain_http_and_tls() {
+    let sim = start().await;
+    let plain = reqwest::Client::builder().no_proxy().build().unwrap();
+    let r = plain
+        .post(format!("{}/_sim/faults", sim.control))
+        .json(&json!({"fax": {}}))
+        .send()
         .await
         .unwrap();
-    assert_eq!(sim.count("sms"), 2);
-    let (s, body) = sim
-        .post(
-            "/_sim/receipts",
-            json!({"fax": {"url": "http://127.0.0.1:1/"}}),
-        )
-        .await
-        .unwrap();
-    assert_eq!(s, 422);
+    let (status, body) = json_of(r).await;
+    assert_eq!(status, 422);
     assert!(
         body["error"]
             .as_str()
             .unwrap()
             .contains("unknown provider `fax`")
     );
-    let (s, _) = sim
-        .post("/_sim/receipts", json!({"sms": {"url": "ftp://x"}}))
+    let r = plain
+        .post(format!("{}/_sim/faults", sim.control))
+        .json(&json!({"apns": {"fail_next": 1}}))
+        .send()
         .await
         .unwrap();
-    assert_eq!(s, 422);
+    assert_eq!(r.status(), 200);
+    let (_, ledger) = json_of(
+        sim.http
+            .get(format!("{}/_sim/ledger", sim.base))
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    for p in provider_sim::PROVIDERS {
+        assert!(ledger[p].is_array(), "{p} in the ledger");
+    }
+    let r = plain
+        .post(format!("{}/_sim/receipts", sim.control))
+        .json(&json!({"apns": {"url": "http://127.0.0.1:1/"}}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 422, "APNs sends no receipts");
+    let ca = plain
+        .get(format!("{}/_sim/ca.pem", sim.control))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert_eq!(ca, sim.state.ca_pem());
+}
+
+#[tokio::test]
+async fn given_credentials_are_the_ones_accepted() {
+    let first = start().await;
+    let kept = first.state.credentials().clone();
+    let sim = start_with(Config {
+        credentials: Some(kept.clone()),
+        ..Config::default()
+    })
+    .await;
+    assert_eq!(
+        sim.state.credentials().fcm_private_key_pem,
+        kept.fcm_private_key_pem
+    );
+    assert_eq!(
+        fcm_token(&sim, |_| {}).await.0,
+        200,
+        "the kept RSA key verifies"
+    );
+    let jwt = apns_jwt(&sim, now(), &kept.apns_private_key_pem);
+    assert_eq!(
+        apns_send(&sim, &sim.http, &jwt, DEVICE).await.0,
+        200,
+        "the kept P-256 key verifies"
+    );
+    assert!(
+        !format!("{kept:?}").contains(&kept.wechat_secret),
+        "Debug hides secrets"
+    );
 }

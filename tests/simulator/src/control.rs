@@ -1,0 +1,130 @@
+//! The control API (`/_sim/*`): faults, receipts, ledger, stats, token
+//! expiry, the CA and WeChat's URL check. Credentials are not served: tests
+//! read them from [`crate::SimState::credentials`], the binary writes them
+//! to files (`--keys-dir`). Served on the TLS listener and, for
+//! clients without TLS, on a plain-HTTP loopback listener ([`crate::run_control`]).
+
+use crate::{Faults, PROVIDERS, ReceiptConfig, SimState, provider_name, receipts};
+use axum::{
+    Json, Router,
+    extract::State,
+    http::StatusCode,
+    response::{IntoResponse, Response},
+    routing::{get, post},
+};
+use serde::Deserialize;
+use serde_json::json;
+use std::collections::BTreeMap;
+
+/// The control routes.
+pub fn routes() -> Router<SimState> {
+    Router::new()
+        .route("/_sim/faults", post(set_faults).get(get_faults))
+        .route("/_sim/receipts", post(set_receipts).get(get_receipts))
+        .route("/_sim/ledger", get(ledger))
+        .route("/_sim/stats", get(stats))
+        .route("/_sim/expire-tokens", post(expire_tokens))
+        .route("/_sim/wechat/expire-tokens", post(expire_tokens))
+        .route("/_sim/ca.pem", get(ca))
+        .route("/_sim/wechat/verify-url", post(wechat_verify_url))
+}
+
+fn unprocessable(message: String) -> Response {
+    (
+        StatusCode::UNPROCESSABLE_ENTITY,
+        Json(json!({ "error": message })),
+    )
+        .into_response()
+}
+
+async fn set_faults(
+    State(state): State<SimState>,
+    Json(req): Json<BTreeMap<String, Faults>>,
+) -> Response {
+    if let Some(bad) = req.keys().find(|p| provider_name(p).is_none()) {
+        return unprocessable(format!(
+            "unknown provider `{bad}`; known: {}",
+            PROVIDERS.join(", ")
+        ));
+    }
+    for (provider, faults) in req {
+        state.set_faults(&provider, faults);
+    }
+    Json(json!({"ok": true})).into_response()
+}
+
+async fn get_faults(State(state): State<SimState>) -> Response {
+    Json(state.lock().faults.clone()).into_response()
+}
+
+async fn ledger(State(state): State<SimState>) -> Response {
+    Json(state.ledger()).into_response()
+}
+
+async fn stats(State(state): State<SimState>) -> Response {
+    Json(state.stats()).into_response()
+}
+
+async fn expire_tokens(State(state): State<SimState>) -> Response {
+    Json(json!({"expired": state.expire_tokens()})).into_response()
+}
+
+async fn set_receipts(
+    State(state): State<SimState>,
+    Json(req): Json<BTreeMap<String, Option<ReceiptConfig>>>,
+) -> Response {
+    if let Some(bad) = req.keys().find(|p| receipts::provider(p).is_none()) {
+        return unprocessable(format!(
+            "provider `{bad}` sends no receipts; those that do: {}",
+            receipts::WITH_RECEIPTS.join(", ")
+        ));
+    }
+    if let Some((p, _)) = req.iter().find(|(_, r)| {
+        r.as_ref()
+            .is_some_and(|r| !r.url.starts_with("http://") && !r.url.starts_with("https://"))
+    }) {
+        return unprocessable(format!("{p}: `url` must be an absolute http(s) URL"));
+    }
+    for (provider, receipts) in req {
+        state.set_receipts(&provider, receipts);
+    }
+    Json(json!({"ok": true})).into_response()
+}
+
+/// The receipt configuration per provider (secrets left out).
+async fn get_receipts(State(state): State<SimState>) -> Response {
+    Json(state.lock().receipts.clone()).into_response()
+}
+
+async fn ca(State(state): State<SimState>) -> Response {
+    (
+        [("content-type", "application/x-pem-file")],
+        state.ca_pem().to_string(),
+    )
+        .into_response()
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct VerifyUrl {
+    /// The server URL to check.
+    url: String,
+    /// The WeChat token to sign with (default: the simulator's callback token).
+    #[serde(default)]
+    token: Option<String>,
+}
+
+/// Runs WeChat's server-URL check against `url`: `{"echoed": bool}`.
+async fn wechat_verify_url(State(state): State<SimState>, Json(req): Json<VerifyUrl>) -> Response {
+    match state
+        .wechat_verify_url(&req.url, req.token.as_deref())
+        .await
+    {
+        Ok(echoed) => Json(json!({ "echoed": echoed })).into_response(),
+        Err(e) => (
+            StatusCode::BAD_GATEWAY,
+            Json(json!({ "error": format!("the URL check could not reach the server: {}", e.without_url()) })),
+        )
+            .into_response(),
+    }
+}

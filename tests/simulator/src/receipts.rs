@@ -1,0 +1,248 @@
+//! Delivery receipts, posted to the configured callback URL in each
+//! provider's own format and retried until answered the way that provider
+//! expects (bounded by [`crate::RECEIPT_ATTEMPTS`], 100 ms doubling backoff):
+//!
+//! - `aliyun-sms`: the SmsReport HTTP batch push, a JSON array of
+//!   `{phone_number, send_time, report_time, success, err_code, err_msg,
+//!   sms_size, biz_id, out_id}`; expects `{"code":0,...}`. No signature.
+//! - `wechat`: the `TEMPLATESENDJOBFINISH` XML event, with `signature`,
+//!   `timestamp`, `nonce` in the query (`sha1(sort(token, timestamp,
+//!   nonce))`); expects the text `success` (or an empty answer).
+//! - `inbox`: `{"receipts":[{reference, message_id, recipient, status}]}`
+//!   with `Authorization: Bearer <secret>` when set; expects any 2xx.
+//!
+//! Counted in the stats as `<provider>.receipt_posted` / `receipt_retried` /
+//! `receipt_failed`.
+
+use crate::{Accepted, Delivery, RECEIPT_ATTEMPTS, ReceiptConfig, SimState, now_secs};
+use rand::Rng;
+use ring::digest;
+use serde_json::{Value, json};
+use std::time::Duration;
+
+/// Providers that send receipts.
+pub const WITH_RECEIPTS: [&str; 3] = ["aliyun-sms", "wechat", "inbox"];
+
+/// The static name of a provider that sends receipts.
+pub fn provider(name: &str) -> Option<&'static str> {
+    WITH_RECEIPTS.iter().find(|p| **p == name).copied()
+}
+
+/// The client that posts receipts: no proxy, trusting only the simulator's CA for HTTPS.
+pub fn client(ca_pem: &str) -> reqwest::Client {
+    let mut builder = reqwest::Client::builder()
+        .no_proxy()
+        .timeout(Duration::from_secs(5));
+    if let Ok(ca) = reqwest::Certificate::from_pem(ca_pem.as_bytes()) {
+        builder = builder.add_root_certificate(ca);
+    }
+    builder.build().expect("the receipts client builds")
+}
+
+/// The WeChat server-URL signature: hex SHA-1 of the sorted, joined
+/// `token`, `timestamp`, `nonce`.
+pub fn wechat_signature(token: &str, timestamp: &str, nonce: &str) -> String {
+    let mut parts = [token, timestamp, nonce];
+    parts.sort_unstable();
+    hex::encode(digest::digest(
+        &digest::SHA1_FOR_LEGACY_USE_ONLY,
+        parts.concat().as_bytes(),
+    ))
+}
+
+/// One receipt, ready to post.
+struct Job {
+    provider: &'static str,
+    request: Request,
+    delay: Duration,
+}
+
+enum Request {
+    Aliyun {
+        url: String,
+        body: Value,
+    },
+    Wechat {
+        url: String,
+        token: String,
+        xml: String,
+    },
+    Inbox {
+        url: String,
+        secret: Option<String>,
+        body: Value,
+    },
+}
+
+fn aliyun_body(m: &Accepted) -> Value {
+    let ok = m.delivery == Delivery::Delivered;
+    json!([{
+        "phone_number": m.recipient,
+        "send_time": crate::aliyun::china_time(m.accepted_at_ms),
+        "report_time": crate::aliyun::china_time(crate::now_ms()),
+        "success": ok,
+        "err_code": if ok { "DELIVERED" } else { "UNDELIVERABLE" },
+        "err_msg": if ok { "用户接收成功" } else { "用户接收失败" },
+        "sms_size": "1",
+        "biz_id": m.id,
+        "out_id": m.reference,
+    }])
+}
+
+fn cdata(s: &str) -> String {
+    format!("<![CDATA[{}]]>", s.replace("]]>", "]]]]><![CDATA[>"))
+}
+
+fn wechat_xml(account: &str, m: &Accepted) -> String {
+    let status = match m.delivery {
+        Delivery::Delivered => "success",
+        Delivery::Failed => "failed:user block",
+    };
+    format!(
+        "<xml><ToUserName>{}</ToUserName><FromUserName>{}</FromUserName><CreateTime>{}</CreateTime>\
+         <MsgType>{}</MsgType><Event>{}</Event><MsgID>{}</MsgID><Status>{}</Status></xml>",
+        cdata(account),
+        cdata(&m.recipient),
+        now_secs(),
+        cdata("event"),
+        cdata("TEMPLATESENDJOBFINISH"),
+        m.id,
+        cdata(status)
+    )
+}
+
+fn inbox_body(m: &Accepted) -> Value {
+    let mut entry = json!({
+        "message_id": m.id,
+        "recipient": m.recipient,
+        "status": m.delivery.as_str(),
+    });
+    if let Some(r) = &m.reference {
+        entry["reference"] = json!(r);
+    }
+    if m.delivery == Delivery::Failed {
+        entry["error_code"] = json!("UNDELIVERABLE");
+    }
+    json!({ "receipts": [entry] })
+}
+
+impl SimState {
+    /// WeChat's server-URL check, as the WeChat console does it when the URL
+    /// is configured: `GET url?signature&timestamp&nonce&echostr`, signed with
+    /// `token` (default: [`crate::Credentials::wechat_callback_token`]); true
+    /// if the server answered 200 with exactly `echostr`.
+    pub async fn wechat_verify_url(&self, url: &str, token: Option<&str>) -> reqwest::Result<bool> {
+        let token = token.unwrap_or(&self.credentials().wechat_callback_token);
+        let timestamp = now_secs().to_string();
+        let nonce = rand::rng().random::<u32>().to_string();
+        let echostr = rand::rng().random::<u64>().to_string();
+        let signature = wechat_signature(token, &timestamp, &nonce);
+        let r = self
+            .http
+            .get(url)
+            .query(&[
+                ("signature", &signature),
+                ("timestamp", &timestamp),
+                ("nonce", &nonce),
+                ("echostr", &echostr),
+            ])
+            .send()
+            .await?;
+        Ok(r.status().is_success() && r.text().await? == echostr)
+    }
+
+    /// Posts the receipt of `accepted` in `provider`'s format, in the background.
+    pub(crate) fn spawn_receipt(
+        &self,
+        provider: &'static str,
+        (config, accepted): (ReceiptConfig, Accepted),
+    ) {
+        let url = config.url.clone();
+        let request = match provider {
+            "aliyun-sms" => Request::Aliyun {
+                url,
+                body: aliyun_body(&accepted),
+            },
+            "wechat" => Request::Wechat {
+                url,
+                token: config
+                    .secret
+                    .clone()
+                    .unwrap_or_else(|| self.credentials().wechat_callback_token.clone()),
+                xml: wechat_xml(&self.credentials().wechat_account, &accepted),
+            },
+            _ => Request::Inbox {
+                url,
+                secret: config.secret.clone(),
+                body: inbox_body(&accepted),
+            },
+        };
+        let job = Job {
+            provider,
+            request,
+            delay: Duration::from_millis(config.delay_ms),
+        };
+        let state = self.clone();
+        tokio::spawn(async move { state.post_receipt(job).await });
+    }
+
+    async fn post_receipt(&self, job: Job) {
+        tokio::time::sleep(job.delay).await;
+        let mut backoff = Duration::from_millis(100);
+        for attempt in 1..=RECEIPT_ATTEMPTS {
+            if self.post_once(&job.request).await {
+                self.lock().count(job.provider, "receipt_posted");
+                return;
+            }
+            if attempt == RECEIPT_ATTEMPTS {
+                break;
+            }
+            self.lock().count(job.provider, "receipt_retried");
+            tokio::time::sleep(backoff).await;
+            backoff = (backoff * 2).min(Duration::from_secs(2));
+        }
+        self.lock().count(job.provider, "receipt_failed");
+    }
+
+    /// One attempt; true if answered as the provider expects.
+    async fn post_once(&self, request: &Request) -> bool {
+        match request {
+            Request::Aliyun { url, body } => {
+                let Ok(r) = self.http.post(url).json(body).send().await else {
+                    return false;
+                };
+                r.status().is_success()
+                    && r.json::<Value>().await.is_ok_and(|v| v["code"] == json!(0))
+            }
+            Request::Wechat { url, token, xml } => {
+                let timestamp = now_secs().to_string();
+                let nonce = rand::rng().random::<u32>().to_string();
+                let signature = wechat_signature(token, &timestamp, &nonce);
+                let sent = self
+                    .http
+                    .post(url)
+                    .query(&[
+                        ("signature", signature),
+                        ("timestamp", timestamp),
+                        ("nonce", nonce),
+                    ])
+                    .header("content-type", "text/xml")
+                    .body(xml.clone())
+                    .send()
+                    .await;
+                let Ok(r) = sent else { return false };
+                r.status().is_success()
+                    && r.text()
+                        .await
+                        .is_ok_and(|t| matches!(t.trim(), "success" | ""))
+            }
+            Request::Inbox { url, secret, body } => {
+                let mut req = self.http.post(url).json(body);
+                if let Some(s) = secret {
+                    req = req.bearer_auth(s);
+                }
+                req.send().await.is_ok_and(|r| r.status().is_success())
+            }
+        }
+    }
+}

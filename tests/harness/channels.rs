@@ -1,15 +1,13 @@
 //! Channels set up for end-to-end tests in process (`channels.rs`,
 //! `reconcile.rs`): a real redis-server, the real provider simulator on
-//! 127.0.0.1, the four real channel plugins pointing at it, a dispatcher
+//! 127.0.0.1 over TLS, the real channel plugins pointing at it, a dispatcher
 //! sending through a `PluginSender` and, when asked, a reconciler checking
 //! through the same sender.
 
 use std::collections::BTreeMap;
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use provider_sim::SimState;
 use pushonce::config::{ChannelConfig, ReconcileConfig};
 use pushonce::dispatch::{DispatchConfig, Dispatcher};
 use pushonce::permit::{AcceptRequest, Acceptance, PermitConfig, Permits, RetryPolicy, TaskStatus};
@@ -27,57 +25,7 @@ use crate::wait_until;
 /// How long a test waits for a task to reach a status.
 pub const DEADLINE: Duration = Duration::from_secs(30);
 
-/// The simulator, served on a free loopback port until dropped.
-pub struct Sim {
-    /// Its state: faults, ledger, stats.
-    pub state: SimState,
-    /// Where it listens.
-    pub addr: SocketAddr,
-    /// Stops it when dropped.
-    _stop: tokio::sync::oneshot::Sender<()>,
-}
-
-/// Starts the simulator on 127.0.0.1, a free port.
-pub async fn sim() -> Sim {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let state = SimState::new(provider_sim::Config::default());
-    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-    tokio::spawn(provider_sim::run(listener, state.clone(), async {
-        let _ = rx.await;
-    }));
-    Sim {
-        state,
-        addr,
-        _stop: tx,
-    }
-}
-
-/// The four channel instances, pointing at the simulator, allowed by IP literal.
-pub fn channels(addr: SocketAddr) -> BTreeMap<String, ChannelConfig> {
-    let endpoint = format!("http://{addr}");
-    let mut out = BTreeMap::new();
-    for (name, extra) in [
-        ("inbox", vec![]),
-        ("sms", vec![("sign_name", "pushonce")]),
-        ("app-push", vec![("project", "pushonce-test")]),
-        ("wechat", vec![("app_id", "wx-test")]),
-    ] {
-        let mut c = ChannelConfig::new(&format!("{name}@^1"));
-        c.settings.insert("endpoint".into(), endpoint.clone());
-        for (k, v) in extra {
-            c.settings.insert(k.into(), v.into());
-        }
-        if name == "wechat" {
-            c.secrets_from_env
-                .insert("app_secret".into(), "TEST_WECHAT_SECRET".into());
-        }
-        c.allowed_hosts = vec![addr.to_string()];
-        c.call_timeout = Duration::from_secs(10);
-        out.insert(name.to_string(), c);
-    }
-    out
-}
+pub use crate::providers::{Sim, sim};
 
 /// A registry of the real plugins.
 pub fn registry() -> Arc<PluginRegistry> {
@@ -86,11 +34,12 @@ pub fn registry() -> Arc<PluginRegistry> {
     Arc::new(registry)
 }
 
-/// A sender over `channels` with the real plugins (the WeChat secret given).
-pub fn sender(channels: &BTreeMap<String, ChannelConfig>) -> PluginSender {
+/// A sender over `channels` with the real plugins, the secrets from `sim`'s environment.
+pub fn sender(sim: &Sim, channels: &BTreeMap<String, ChannelConfig>) -> PluginSender {
     let registry = registry();
-    PluginSender::new(channels, Arc::new(move || registry.clone()), |var| {
-        (var == "TEST_WECHAT_SECRET").then(|| "s3cret".to_string())
+    let env = sim.env();
+    PluginSender::new(channels, Arc::new(move || registry.clone()), move |var| {
+        env.iter().find(|(k, _)| k == var).map(|(_, v)| v.clone())
     })
     .unwrap()
 }
@@ -154,7 +103,7 @@ impl Env {
     ) -> Env {
         let redis = RedisServer::start().await.unwrap();
         let sim = sim().await;
-        let mut chans = channels(sim.addr);
+        let mut chans = sim.channels();
         tweak(&mut chans);
         let mut config = PermitConfig::default();
         if let Some(r) = &options.reconcile {
@@ -163,7 +112,7 @@ impl Env {
         }
         let permits = redis.permits(config).await.unwrap();
         permits.prepare().await.unwrap();
-        let sender = Arc::new(sender(&chans));
+        let sender = Arc::new(sender(&sim, &chans));
         let (stop, rx) = watch::channel(false);
         let dispatcher = Dispatcher::new(
             redis.client(),
@@ -238,9 +187,9 @@ impl Env {
         }
     }
 
-    /// What `provider` accepted, per the simulator's ledger.
-    pub fn ledger(&self, provider: &str) -> Vec<provider_sim::Accepted> {
-        self.sim.state.ledger().remove(provider).unwrap_or_default()
+    /// What the provider of `channel` accepted, per the simulator's ledger.
+    pub fn ledger(&self, channel: &str) -> Vec<provider_sim::Accepted> {
+        self.sim.ledger(channel)
     }
 }
 

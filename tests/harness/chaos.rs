@@ -23,7 +23,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use provider_sim::{Faults, ReceiptConfig, SimState};
+use provider_sim::Faults;
 use pushonce::permit::Layout;
 use pushonce::store::RedisConn;
 use serde_json::{Value, json};
@@ -31,7 +31,8 @@ use tokio::sync::Semaphore;
 
 use crate::cluster::RedisCluster;
 use crate::redis::RedisServer;
-use crate::stack::{ServeConfig, ServeProcess, simulator};
+use crate::providers::{self, Sim};
+use crate::stack::{ServeConfig, ServeProcess};
 
 /// What a chaos run does.
 #[derive(Debug, Clone)]
@@ -108,6 +109,8 @@ pub struct ChaosReport {
     pub misses: u64,
     /// Tasks held for an operator (`unknown` or `dead`).
     pub held: u64,
+    /// Held tasks per (channel, cause).
+    pub held_by: BTreeMap<(String, String), u64>,
     /// Expected messages not at the provider whose task is visibly held.
     pub held_missing: u64,
     /// Held tasks not explained by an injected fault (on a channel that can
@@ -152,6 +155,16 @@ impl ChaosReport {
                 "  of which not at the provider",
                 self.held_missing.to_string(),
             ),
+        ];
+        let held_rows: Vec<(String, String)> = self
+            .held_by
+            .iter()
+            .map(|((channel, cause), n)| (format!("  held on {channel}: {cause}"), n.to_string()))
+            .collect();
+        let rows: Vec<(&str, String)> = rows
+            .into_iter()
+            .chain(held_rows.iter().map(|(k, v)| (k.as_str(), v.clone())))
+            .chain(vec![
             ("retries", self.retries.to_string()),
             ("fallbacks", self.fallbacks.to_string()),
             ("kills (kill -9)", self.kills.to_string()),
@@ -161,7 +174,8 @@ impl ChaosReport {
                 "time to quiescence",
                 format!("{:.1} s", self.quiescence_seconds),
             ),
-        ];
+        ])
+        .collect();
         let width = rows.iter().map(|(k, _)| k.len()).max().unwrap_or(0);
         let mut out = format!(
             "{title}\n\n| {:width$} | value |\n|{}|-------|\n",
@@ -419,8 +433,8 @@ pub async fn run(
         std::fs::write(policies.join(name), text)?;
     }
     let mut backend = Backend::start(config.cluster).await?;
-    let (sim, sim_port) = simulator().await;
-    let mut serve = ServeConfig::new("", sim_port);
+    let sim = providers::sim().await;
+    let mut serve = ServeConfig::new("", &sim);
     serve.redis = backend.config_lines();
     serve.shards = SHARDS;
     serve.workers = 16;
@@ -446,12 +460,13 @@ backoff = { initial = "1s", factor = 2.0, max = "4s" }
     let bases: Vec<String> = hosts.iter().map(|h| h.base().to_string()).collect();
     inject_faults(&sim, config, &bases[0]);
     progress(&format!(
-        "chaos: {} events × {} posts to {} instances; {} ({}); simulator :{sim_port}",
+        "chaos: {} events × {} posts to {} instances; {} ({}); simulator {}",
         config.events,
         config.posts,
         hosts.len(),
         backend.describe(),
-        serve.redis
+        serve.redis,
+        sim.base()
     ));
 
     let counts = Arc::new(PostCounts::default());
@@ -553,7 +568,7 @@ backoff = { initial = "1s", factor = 2.0, max = "4s" }
     let mut next_progress = Instant::now() + config.progress_every;
     loop {
         let backlog = backlog(&mut conn, &layout).await.unwrap_or(u64::MAX);
-        let ledger_len: usize = sim.ledger().values().map(Vec::len).sum();
+        let ledger_len: usize = sim.state.ledger().values().map(Vec::len).sum();
         stable = if backlog == 0 && (backlog, ledger_len) == last {
             stable + 1
         } else {
@@ -589,8 +604,8 @@ backoff = { initial = "1s", factor = 2.0, max = "4s" }
 }
 
 /// Faults on every provider, SMS arrears for the planned phones, and
-/// receipts (to the first instance) from the three providers that send them.
-fn inject_faults(sim: &SimState, config: &ChaosConfig, receipts_base: &str) {
+/// receipts (to the first instance) from the providers that send them.
+fn inject_faults(sim: &Sim, config: &ChaosConfig, receipts_base: &str) {
     let arrears: BTreeMap<String, String> = (0..config.events)
         .filter(|i| i % 3 == 0 && (i / 3) % 97 == 5)
         .map(|i| {
@@ -605,30 +620,16 @@ fn inject_faults(sim: &SimState, config: &ChaosConfig, receipts_base: &str) {
             fail_5xx: config.fail_rate,
             fail_429: config.fail_rate / 2.0,
             drop_after_accept: config.drop_rate,
-            permanent: if provider == "sms" {
+            permanent: if provider == "aliyun-sms" {
                 arrears.clone()
             } else {
                 BTreeMap::new()
             },
             ..Faults::default()
         };
-        sim.set_faults(provider, faults);
+        sim.state.set_faults(provider, faults);
     }
-    for (provider, channel) in [
-        ("sms", "sms"),
-        ("wechat", "wechat"),
-        ("app-push", "app-push"),
-    ] {
-        sim.set_receipts(
-            provider,
-            Some(ReceiptConfig {
-                url: format!("{receipts_base}/v1/receipts/{channel}"),
-                delay_ms: 200,
-                secret: None,
-                fail_after_accept: Default::default(),
-            }),
-        );
-    }
+    sim.send_receipts_to(receipts_base, 200, &[]);
 }
 
 /// Posts every event `posts` times, concurrently, to different instances.
@@ -770,8 +771,23 @@ async fn collect_tasks(config: &ChaosConfig, bases: &[String]) -> anyhow::Result
     Ok(tasks)
 }
 
+/// Why a held task is held, in the words of the chaos table.
+fn hold_cause(task: &Value) -> String {
+    let error = task["last_error"].as_str().unwrap_or_default();
+    let cause = if task["reclaims"].as_u64().unwrap_or(0) > 0 {
+        "kill mid-send"
+    } else if error.contains("no complete answer") || error.contains("cut off") {
+        "cut-off answer"
+    } else if error.contains("query") {
+        "query could not tell"
+    } else {
+        "other"
+    };
+    cause.to_string()
+}
+
 /// Compares the plan with the ledger and the tasks' final states.
-fn account(config: &ChaosConfig, sim: &SimState, tasks: &[Value], report: &mut ChaosReport) {
+fn account(config: &ChaosConfig, sim: &Sim, tasks: &[Value], report: &mut ChaosReport) {
     // Expected: distinct dedup units per (provider, recipient).
     let mut units: HashMap<(String, String), BTreeSet<String>> = HashMap::new();
     for i in 0..config.events {
@@ -783,9 +799,9 @@ fn account(config: &ChaosConfig, sim: &SimState, tasks: &[Value], report: &mut C
         }
     }
     let mut got: HashMap<(String, String), u64> = HashMap::new();
-    for (provider, messages) in sim.ledger() {
-        for m in messages {
-            *got.entry((provider.clone(), m.recipient.clone()))
+    for (channel, _, _) in providers::CHANNELS {
+        for m in sim.ledger(channel) {
+            *got.entry((channel.to_string(), m.recipient.clone()))
                 .or_default() += 1;
         }
     }
@@ -804,10 +820,15 @@ fn account(config: &ChaosConfig, sim: &SimState, tasks: &[Value], report: &mut C
         }
         if status == "unknown" || status == "dead" {
             report.held += 1;
-            // Only a channel that can neither deduplicate a resend nor be
-            // queried holds; the faults that leave it unknown are the
-            // injected cut-off answers and kills mid-send.
-            if channel != "wechat" {
+            *report
+                .held_by
+                .entry((channel.clone(), hold_cause(t)))
+                .or_default() += 1;
+            // Only a channel whose provider can neither deduplicate a resend
+            // (inside its window) nor be queried holds: FCM (`app-push`);
+            // the faults that leave it unknown are the injected cut-off
+            // answers and kills mid-send.
+            if channel != "app-push" {
                 report.held_unexplained += 1;
                 report.examples.push(format!("unexplained hold: {t}"));
             }

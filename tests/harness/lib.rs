@@ -9,6 +9,7 @@ pub mod dispatcher;
 pub mod host;
 pub mod plugins;
 pub mod process;
+pub mod providers;
 pub mod redis;
 pub mod stack;
 

@@ -1,41 +1,24 @@
 //! A whole pushonce stack for end-to-end tests: the provider simulator in
-//! this process on a free loopback port, and real `pushonce serve` processes
-//! configured to send through it (all four channels) with the real plugins.
+//! this process on free loopback ports (`providers::Sim`), and real
+//! `pushonce serve` processes configured to send through it (the six
+//! channels over TLS) with the real plugins.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use provider_sim::{Config, SimState};
-
 use crate::plugins::real_dir;
 use crate::process::WorkerProcess;
-
-/// The environment variable the generated configuration names for the
-/// WeChat app secret, and its value in tests.
-pub const WECHAT_SECRET: (&str, &str) = ("E2E_WECHAT_SECRET", "s3cret");
-
-/// Starts the simulator in this process on a free loopback port.
-pub async fn simulator() -> (SimState, u16) {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind a loopback port");
-    let port = listener.local_addr().expect("bound address").port();
-    let state = SimState::new(Config::default());
-    tokio::spawn(provider_sim::run(
-        listener,
-        state.clone(),
-        std::future::pending(),
-    ));
-    (state, port)
-}
+use crate::providers::Sim;
 
 /// What a generated `pushonce.toml` varies.
 #[derive(Debug, Clone)]
 pub struct ServeConfig {
     /// The Redis lines of the configuration, e.g. `redis_url = "redis://…"`.
     pub redis: String,
-    /// The simulator's port (every channel's endpoint).
-    pub sim_port: u16,
+    /// The `[channels.*]` tables (the simulator's [`Sim::toml`]).
+    pub channels: String,
+    /// The environment the channel tables name (secrets, callback tokens).
+    pub env: Vec<(String, String)>,
     /// Shards of the key layout.
     pub shards: u16,
     /// Dispatcher workers per process.
@@ -47,11 +30,12 @@ pub struct ServeConfig {
 }
 
 impl ServeConfig {
-    /// Defaults for `redis_url = url` and the simulator on `sim_port`.
-    pub fn new(redis_url: &str, sim_port: u16) -> ServeConfig {
+    /// Defaults for `redis_url = url` and the channels of `sim`.
+    pub fn new(redis_url: &str, sim: &Sim) -> ServeConfig {
         ServeConfig {
             redis: format!("redis_url = \"{redis_url}\""),
-            sim_port,
+            channels: sim.toml(),
+            env: sim.env(),
             shards: 4,
             workers: 4,
             lease: "5s".into(),
@@ -62,10 +46,6 @@ impl ServeConfig {
     /// The configuration text for a process listening on `listen`, with its
     /// data under `dir` and its policies in `policies`.
     pub fn text(&self, listen: u16, dir: &Path, policies: &Path) -> String {
-        let sim = self.sim_port;
-        let endpoint = format!("endpoint = \"http://127.0.0.1:{sim}\"");
-        let allowed = format!("allowed_hosts = [\"127.0.0.1:{sim}\"]");
-        let secret = WECHAT_SECRET.0;
         format!(
             r#"
 listen = "127.0.0.1:{listen}"
@@ -76,31 +56,12 @@ policy_dir = "{policies}"
 shards = {shards}
 workers = {workers}
 lease = "{lease}"
+{extra}
 
 [plugin_limits]
 instances = 64
 
-[channels.inbox]
-plugin = "inbox@^1"
-settings = {{ {endpoint} }}
-{allowed}
-
-[channels.sms]
-plugin = "sms@^1"
-settings = {{ {endpoint}, sign_name = "shop" }}
-{allowed}
-
-[channels.wechat]
-plugin = "wechat@^1"
-settings = {{ {endpoint}, app_id = "wx-test" }}
-secrets_from_env = {{ app_secret = "{secret}" }}
-{allowed}
-
-[channels.app-push]
-plugin = "app-push@^1"
-settings = {{ {endpoint}, project = "e2e" }}
-{allowed}
-{extra}
+{channels}
 "#,
             redis = self.redis,
             data = dir.join("data").display(),
@@ -110,6 +71,7 @@ settings = {{ {endpoint}, project = "e2e" }}
             workers = self.workers,
             lease = self.lease,
             extra = self.extra,
+            channels = self.channels,
         )
     }
 }
@@ -120,6 +82,8 @@ pub struct ServeProcess {
     process: Option<WorkerProcess>,
     /// Its configuration file.
     config: PathBuf,
+    /// The environment the configuration names.
+    env: Vec<(String, String)>,
     /// `http://127.0.0.1:<port>`.
     base: String,
 }
@@ -139,6 +103,7 @@ impl ServeProcess {
         let mut serve = ServeProcess {
             process: None,
             config: file,
+            env: config.env.clone(),
             base: format!("http://127.0.0.1:{port}"),
         };
         serve.restart().await?;
@@ -148,7 +113,12 @@ impl ServeProcess {
     /// Starts the process again (after [`ServeProcess::kill9`]) and waits
     /// until it is ready.
     pub async fn restart(&mut self) -> anyhow::Result<()> {
-        let process = WorkerProcess::serve(&self.config, &[WECHAT_SECRET])?;
+        let env: Vec<(&str, &str)> = self
+            .env
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
+        let process = WorkerProcess::serve(&self.config, &env)?;
         process
             .wait_ready(&self.base, Duration::from_secs(60))
             .await?;

@@ -803,11 +803,17 @@ async fn post_assertion(sim: &Sim, sa: &Value, assertion: &str) -> (u16, Value) 
 }
 
 async fn fcm_send(sim: &Sim, bearer: &str, device: &str) -> reqwest::Response {
+    let message =
+        json!({"token": device, "notification": {"title": "Shipped"}, "data": {"order": "o-1"}});
+    fcm_post(sim, bearer, json!({ "message": message })).await
+}
+
+async fn fcm_post(sim: &Sim, bearer: &str, body: Value) -> reqwest::Response {
     let project = &sim.state.credentials().fcm_project_id;
     sim.http
         .post(format!("{}/v1/projects/{project}/messages:send", sim.base))
         .bearer_auth(bearer)
-        .json(&json!({"message": {"token": device, "notification": {"title": "Shipped"}, "data": {"order": "o-1"}}}))
+        .json(&body)
         .send()
         .await
         .unwrap()
@@ -836,6 +842,9 @@ async fn fcm_oauth_verifies_the_assertion_and_sends_need_a_live_token() {
         2,
         "no reference: a resend is a second notification"
     );
+    let dry = json!({"validate_only": true, "message": {"token": "dev-1"}});
+    assert_eq!(fcm_post(&sim, &bearer, dry).await.status(), 200);
+    assert_eq!(sim.count("fcm"), 2, "validate_only delivers nothing");
     let (status, forged) = fcm_token(&sim, |c| {
         c["iss"] = json!("someone@else.iam.gserviceaccount.com")
     })

@@ -145,7 +145,12 @@ impl<'a> AliyunCall<'a> {
         }
     }
 
+    /// Sends over HTTP/2 (ALPN's choice).
     async fn send(&self, sim: &Sim) -> (u16, Value) {
+        self.send_with(sim, &sim.http).await
+    }
+
+    async fn send_with(&self, sim: &Sim, client: &reqwest::Client) -> (u16, Value) {
         let mut query: Vec<(String, String)> = self
             .params
             .iter()
@@ -176,7 +181,7 @@ impl<'a> AliyunCall<'a> {
         let to_sign = format!("ACS3-HMAC-SHA256\n{}", hex_sha256(canonical.as_bytes()));
         let key = hmac::Key::new(hmac::HMAC_SHA256, self.secret.as_bytes());
         let sig = hex::encode(hmac::sign(&key, to_sign.as_bytes()));
-        let mut req = sim.http.post(format!("{}/?{query}", sim.base)).header(
+        let mut req = client.post(format!("{}/?{query}", sim.base)).header(
             "authorization",
             format!(
                 "ACS3-HMAC-SHA256 Credential={},SignedHeaders={signed},Signature={sig}",
@@ -228,7 +233,10 @@ fn send_sms<'a>(sim: &Sim, phone: &'a str, out_id: &'a str) -> AliyunCall<'a> {
 async fn aliyun_signed_send_is_accepted_and_the_same_out_id_twice_is_two_sms() {
     let sim = start().await;
     let (s1, a) = send_sms(&sim, "13800000001", "k1").send(&sim).await;
-    let (s2, b) = send_sms(&sim, "13800000001", "k1").send(&sim).await;
+    // HTTP/1.1 this time: `host` is the Host header instead of `:authority`.
+    let (s2, b) = send_sms(&sim, "13800000001", "k1")
+        .send_with(&sim, &sim.http1)
+        .await;
     assert_eq!((s1, s2), (200, 200));
     assert_eq!(
         (a["Code"].as_str(), b["Code"].as_str()),
@@ -280,6 +288,49 @@ async fn aliyun_refuses_forged_stale_replayed_and_unknown_key_requests() {
         1,
         "only the good request sent an SMS"
     );
+}
+
+/// The deprecated V2 signature (HMAC-SHA1 over `GET&%2F&<query>`), which
+/// dysmsapi still accepts.
+#[tokio::test]
+async fn aliyun_accepts_a_v2_signed_request() {
+    let sim = start().await;
+    let c = sim.state.credentials();
+    let nonce = format!("{:032x}", rand_u128());
+    let date = acs_date(0);
+    let mut params = vec![
+        ("AccessKeyId", c.aliyun_access_key_id.as_str()),
+        ("Action", "SendSms"),
+        ("Format", "JSON"),
+        ("OutId", "v2-1"),
+        ("PhoneNumbers", "13800000001"),
+        ("SignName", "Shop"),
+        ("SignatureMethod", "HMAC-SHA1"),
+        ("SignatureNonce", nonce.as_str()),
+        ("SignatureVersion", "1.0"),
+        ("TemplateCode", "SMS_1"),
+        ("TemplateParam", r#"{"order":"o-1"}"#),
+        ("Timestamp", date.as_str()),
+        ("Version", "2017-05-25"),
+    ];
+    params.sort();
+    let query = params
+        .iter()
+        .map(|(k, v)| format!("{}={}", rfc3986(k), rfc3986(v)))
+        .collect::<Vec<_>>()
+        .join("&");
+    let to_sign = format!("GET&%2F&{}", rfc3986(&query));
+    let key = hmac::Key::new(
+        hmac::HMAC_SHA1_FOR_LEGACY_USE_ONLY,
+        format!("{}&", c.aliyun_access_key_secret).as_bytes(),
+    );
+    let sig = STANDARD.encode(hmac::sign(&key, to_sign.as_bytes()));
+    let url = format!("{}/?{query}&Signature={}", sim.base, rfc3986(&sig));
+    let (status, body) = json_of(sim.http.get(&url).send().await.unwrap()).await;
+    assert_eq!((status, body["Code"].as_str()), (200, Some("OK")), "{body}");
+    let (_, again) = json_of(sim.http.get(&url).send().await.unwrap()).await;
+    assert_eq!(again["Code"], "SignatureNonceUsed");
+    assert_eq!(sim.count("aliyun-sms"), 1);
 }
 
 #[tokio::test]

@@ -552,6 +552,26 @@ async fn aliyun_receipts_are_sms_report_arrays_retried_until_code_0() {
     }
     let failed: Value = serde_json::from_str(&arrived[2].body).unwrap();
     assert_eq!(failed[0]["success"], false);
+    send_sms(&sim, "13800000003,13800000004", "two-1")
+        .send(&sim)
+        .await;
+    wait_for("the batch", || sim.stat("aliyun-sms.receipt_posted") == 3).await;
+    let batch: Value = serde_json::from_str(&rx.arrived()[3].body).unwrap();
+    let phones: Vec<&str> = batch
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["phone_number"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        phones,
+        ["13800000003", "13800000004"],
+        "one push carries both reports"
+    );
+    assert_eq!(
+        batch[0]["biz_id"], batch[1]["biz_id"],
+        "one BizId per request"
+    );
     assert_eq!(
         sim.state.ledger()["aliyun-sms"][1].delivery,
         Delivery::Failed

@@ -1096,8 +1096,26 @@ async fn apns_verifies_es256_tokens_over_http2_and_never_dedupes() {
         2,
         "apns-id is no dedup key: a resend is a second notification"
     );
-    let (status, _, body) = apns_send(&sim, &sim.http1, &jwt, DEVICE).await;
-    assert_eq!(status, 505, "HTTP/1.1 refused: {body}");
+    let http1_by_name = sim
+        .http1
+        .post(format!(
+            "https://api.push.apple.com:{}/3/device/{DEVICE}",
+            sim.port()
+        ))
+        .send()
+        .await;
+    assert!(
+        http1_by_name.is_err(),
+        "api.push.apple.com offers only h2: the handshake fails"
+    );
+    let http1_by_ip = sim
+        .http1
+        .post(format!("{}/3/device/{DEVICE}", sim.base))
+        .header("authorization", format!("bearer {jwt}"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(http1_by_ip.status(), 505, "HTTP/1.1 refused by IP too");
     let other = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256)
         .unwrap()
         .serialize_pem();

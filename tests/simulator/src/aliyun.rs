@@ -510,7 +510,8 @@ async fn send(
         Verdict::DropBeforeAccept => cut_off(),
         Verdict::Accept { drop: cut } => {
             let mut biz_id = None;
-            let mut receipts = Vec::new();
+            let mut receipts = None;
+            let mut accepted = Vec::new();
             for number in numbers {
                 let outcome = sim.accept(
                     PROVIDER,
@@ -525,11 +526,14 @@ async fn send(
                     Dedupe::Never,
                 );
                 biz_id = Some(outcome.id);
-                receipts.extend(outcome.receipt);
+                if let Some((config, m)) = outcome.receipt {
+                    receipts = Some(config);
+                    accepted.push(m);
+                }
             }
             std::mem::drop(sim);
-            for r in receipts {
-                state.spawn_receipt(PROVIDER, r);
+            if let Some(config) = receipts {
+                state.spawn_receipts(PROVIDER, config, accepted);
             }
             if cut {
                 return Ok(cut_off());

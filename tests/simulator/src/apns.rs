@@ -111,6 +111,19 @@ fn check_request(headers: &HeaderMap, device: &str, body: &[u8]) -> Result<Value
     if header(headers, "apns-topic").is_none_or(str::is_empty) {
         return Err(bad("MissingTopic"));
     }
+    const PUSH_TYPES: [&str; 8] = [
+        "alert",
+        "background",
+        "location",
+        "voip",
+        "complication",
+        "fileprovider",
+        "mdm",
+        "liveactivity",
+    ];
+    if header(headers, "apns-push-type").is_some_and(|t| !PUSH_TYPES.contains(&t)) {
+        return Err(bad("InvalidPushType"));
+    }
     if device.len() != 64 || !device.bytes().all(|b| b.is_ascii_hexdigit()) {
         return Err(bad("BadDeviceToken"));
     }

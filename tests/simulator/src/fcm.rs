@@ -7,7 +7,8 @@
 //!   `{"access_token","expires_in":3599,"token_type":"Bearer"}`.
 //! - `POST /v1/projects/{p}/messages:send` needs `Authorization: Bearer` with a
 //!   valid, unexpired token (else 401 UNAUTHENTICATED). No client reference
-//!   and no dedupe: a resend is a second notification.
+//!   and no dedupe: a resend is a second notification. `validate_only: true`
+//!   is checked and answered without delivering anything.
 //! - Errors: `{"error":{"code","message","status","details":[FcmError]}}`;
 //!   429 QUOTA_EXCEEDED and 503 UNAVAILABLE carry `Retry-After`.
 
@@ -228,9 +229,8 @@ async fn send(
             None,
         );
     }
-    let message = serde_json::from_slice::<Value>(&body)
-        .ok()
-        .map(|v| v["message"].clone());
+    let request = serde_json::from_slice::<Value>(&body).unwrap_or(Value::Null);
+    let message = request.get("message").cloned();
     let Some((device, message)) = message
         .as_ref()
         .and_then(|m| Some((m["token"].as_str()?.to_string(), m)))
@@ -242,6 +242,11 @@ async fn send(
             Some("INVALID_ARGUMENT"),
         );
     };
+    if request["validate_only"] == json!(true) {
+        // Checked, not delivered: FCM answers a fake message name.
+        let name = format!("projects/{project}/messages/fake_message_id");
+        return Json(json!({ "name": name })).into_response();
+    }
     pause(&state, PROVIDER).await;
     let mut sim = state.lock();
     let retry_after = sim.retry_after(PROVIDER);

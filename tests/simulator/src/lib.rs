@@ -15,8 +15,11 @@
 //! - [`fcm`] `fcm`: the OAuth token endpoint verifies the RS256 JWT assertion
 //!   against the service account's public key; `messages:send` needs a valid,
 //!   unexpired Bearer token; no client reference: a resend is a second push.
-//! - [`apns`] `apns`: HTTP/2 only; ES256 provider token verified with the
-//!   team's key, `ExpiredProviderToken` an hour after its `iat`; no dedupe.
+//! - [`apns`] `apns`: HTTP/2 only (by SNI `api.push.apple.com` the TLS
+//!   handshake offers only `h2`; by IP an HTTP/1.1 request gets 505); ES256
+//!   provider token verified with the team's key, `ExpiredProviderToken` an
+//!   hour after its `iat`, `TooManyProviderTokenUpdates` per connection; no
+//!   dedupe.
 //! - [`webhook`] `webhook`: a Standard Webhooks receiver that verifies
 //!   `webhook-signature`, refuses timestamps more than 5 minutes off and
 //!   dedupes by `webhook-id` as the specification tells receivers to.

@@ -74,9 +74,10 @@ enum Request {
     },
 }
 
-fn aliyun_body(m: &Accepted) -> Value {
+/// One SmsReport entry.
+fn aliyun_report(m: &Accepted) -> Value {
     let ok = m.delivery == Delivery::Delivered;
-    json!([{
+    json!({
         "phone_number": m.recipient,
         "send_time": crate::aliyun::china_time(m.accepted_at_ms),
         "report_time": crate::aliyun::china_time(crate::now_ms()),
@@ -86,7 +87,7 @@ fn aliyun_body(m: &Accepted) -> Value {
         "sms_size": "1",
         "biz_id": m.id,
         "out_id": m.reference,
-    }])
+    })
 }
 
 fn cdata(s: &str) -> String {
@@ -157,26 +158,62 @@ impl SimState {
         provider: &'static str,
         (config, accepted): (ReceiptConfig, Accepted),
     ) {
+        self.spawn_receipts(provider, config, vec![accepted]);
+    }
+
+    /// Posts the receipts of messages accepted together, in the
+    /// background: Aliyun batches them in one SmsReport array (its push may
+    /// carry several reports), the others send one callback per message.
+    pub(crate) fn spawn_receipts(
+        &self,
+        provider: &'static str,
+        config: ReceiptConfig,
+        accepted: Vec<Accepted>,
+    ) {
+        if provider == "aliyun-sms" {
+            let body = Value::Array(accepted.iter().map(aliyun_report).collect());
+            self.spawn_job(
+                provider,
+                &config,
+                Request::Aliyun {
+                    url: config.url.clone(),
+                    body,
+                },
+            );
+            return;
+        }
+        for m in accepted {
+            let request = self.single_request(provider, &config, &m);
+            self.spawn_job(provider, &config, request);
+        }
+    }
+
+    /// The callback of one WeChat or inbox message.
+    fn single_request(
+        &self,
+        provider: &str,
+        config: &ReceiptConfig,
+        accepted: &Accepted,
+    ) -> Request {
         let url = config.url.clone();
-        let request = match provider {
-            "aliyun-sms" => Request::Aliyun {
-                url,
-                body: aliyun_body(&accepted),
-            },
+        match provider {
             "wechat" => Request::Wechat {
                 url,
                 token: config
                     .secret
                     .clone()
                     .unwrap_or_else(|| self.credentials().wechat_callback_token.clone()),
-                xml: wechat_xml(&self.credentials().wechat_account, &accepted),
+                xml: wechat_xml(&self.credentials().wechat_account, accepted),
             },
             _ => Request::Inbox {
                 url,
                 secret: config.secret.clone(),
-                body: inbox_body(&accepted),
+                body: inbox_body(accepted),
             },
-        };
+        }
+    }
+
+    fn spawn_job(&self, provider: &'static str, config: &ReceiptConfig, request: Request) {
         let job = Job {
             provider,
             request,

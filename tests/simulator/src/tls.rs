@@ -196,18 +196,18 @@ pub async fn serve(
     app: Router,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    let acceptor = tokio_rustls::TlsAcceptor::from(config);
+    let configs = Configs::new(config);
     let mut shutdown = std::pin::pin!(shutdown);
     for n in 0u64.. {
         let (tcp, _) = tokio::select! {
             accepted = listener.accept() => accepted?,
             () = &mut shutdown => return Ok(()),
         };
-        let acceptor = acceptor.clone();
+        let configs = configs.clone();
         let app = app.clone().layer(axum::Extension(ConnectionId(n)));
         tokio::spawn(async move {
             // A failed handshake costs that connection only.
-            let Ok(tls) = acceptor.accept(tcp).await else {
+            let Ok(tls) = configs.accept(tcp).await else {
                 return;
             };
             let service = TowerToHyperService::new(app);
@@ -217,6 +217,40 @@ pub async fn serve(
         });
     }
     Ok(())
+}
+
+/// The server configurations: APNs host names (by SNI) offer only `h2`,
+/// like Apple, so an HTTP/1.1-only client fails the handshake there; every
+/// other name (and a bare IP) offers `h2` and `http/1.1`.
+#[derive(Clone)]
+struct Configs {
+    both: Arc<rustls::ServerConfig>,
+    h2_only: Arc<rustls::ServerConfig>,
+}
+
+impl Configs {
+    fn new(both: Arc<rustls::ServerConfig>) -> Self {
+        let mut h2_only = (*both).clone();
+        h2_only.alpn_protocols = vec![b"h2".to_vec()];
+        Configs {
+            both,
+            h2_only: Arc::new(h2_only),
+        }
+    }
+
+    async fn accept(
+        &self,
+        tcp: tokio::net::TcpStream,
+    ) -> std::io::Result<tokio_rustls::server::TlsStream<tokio::net::TcpStream>> {
+        let acceptor = rustls::server::Acceptor::default();
+        let start = tokio_rustls::LazyConfigAcceptor::new(acceptor, tcp).await?;
+        let apple = matches!(
+            start.client_hello().server_name(),
+            Some("api.push.apple.com" | "api.sandbox.push.apple.com")
+        );
+        let config = if apple { &self.h2_only } else { &self.both };
+        start.into_stream(config.clone()).await
+    }
 }
 
 /// Which TLS connection a request came on (APNs tracks provider-token

@@ -145,7 +145,12 @@ impl<'a> AliyunCall<'a> {
         }
     }
 
+    /// Sends over HTTP/2 (ALPN's choice).
     async fn send(&self, sim: &Sim) -> (u16, Value) {
+        self.send_with(sim, &sim.http).await
+    }
+
+    async fn send_with(&self, sim: &Sim, client: &reqwest::Client) -> (u16, Value) {
         let mut query: Vec<(String, String)> = self
             .params
             .iter()
@@ -176,7 +181,7 @@ impl<'a> AliyunCall<'a> {
         let to_sign = format!("ACS3-HMAC-SHA256\n{}", hex_sha256(canonical.as_bytes()));
         let key = hmac::Key::new(hmac::HMAC_SHA256, self.secret.as_bytes());
         let sig = hex::encode(hmac::sign(&key, to_sign.as_bytes()));
-        let mut req = sim.http.post(format!("{}/?{query}", sim.base)).header(
+        let mut req = client.post(format!("{}/?{query}", sim.base)).header(
             "authorization",
             format!(
                 "ACS3-HMAC-SHA256 Credential={},SignedHeaders={signed},Signature={sig}",
@@ -228,7 +233,10 @@ fn send_sms<'a>(sim: &Sim, phone: &'a str, out_id: &'a str) -> AliyunCall<'a> {
 async fn aliyun_signed_send_is_accepted_and_the_same_out_id_twice_is_two_sms() {
     let sim = start().await;
     let (s1, a) = send_sms(&sim, "13800000001", "k1").send(&sim).await;
-    let (s2, b) = send_sms(&sim, "13800000001", "k1").send(&sim).await;
+    // HTTP/1.1 this time: `host` is the Host header instead of `:authority`.
+    let (s2, b) = send_sms(&sim, "13800000001", "k1")
+        .send_with(&sim, &sim.http1)
+        .await;
     assert_eq!((s1, s2), (200, 200));
     assert_eq!(
         (a["Code"].as_str(), b["Code"].as_str()),
@@ -280,6 +288,49 @@ async fn aliyun_refuses_forged_stale_replayed_and_unknown_key_requests() {
         1,
         "only the good request sent an SMS"
     );
+}
+
+/// The deprecated V2 signature (HMAC-SHA1 over `GET&%2F&<query>`), which
+/// dysmsapi still accepts.
+#[tokio::test]
+async fn aliyun_accepts_a_v2_signed_request() {
+    let sim = start().await;
+    let c = sim.state.credentials();
+    let nonce = format!("{:032x}", rand_u128());
+    let date = acs_date(0);
+    let mut params = vec![
+        ("AccessKeyId", c.aliyun_access_key_id.as_str()),
+        ("Action", "SendSms"),
+        ("Format", "JSON"),
+        ("OutId", "v2-1"),
+        ("PhoneNumbers", "13800000001"),
+        ("SignName", "Shop"),
+        ("SignatureMethod", "HMAC-SHA1"),
+        ("SignatureNonce", nonce.as_str()),
+        ("SignatureVersion", "1.0"),
+        ("TemplateCode", "SMS_1"),
+        ("TemplateParam", r#"{"order":"o-1"}"#),
+        ("Timestamp", date.as_str()),
+        ("Version", "2017-05-25"),
+    ];
+    params.sort();
+    let query = params
+        .iter()
+        .map(|(k, v)| format!("{}={}", rfc3986(k), rfc3986(v)))
+        .collect::<Vec<_>>()
+        .join("&");
+    let to_sign = format!("GET&%2F&{}", rfc3986(&query));
+    let key = hmac::Key::new(
+        hmac::HMAC_SHA1_FOR_LEGACY_USE_ONLY,
+        format!("{}&", c.aliyun_access_key_secret).as_bytes(),
+    );
+    let sig = STANDARD.encode(hmac::sign(&key, to_sign.as_bytes()));
+    let url = format!("{}/?{query}&Signature={}", sim.base, rfc3986(&sig));
+    let (status, body) = json_of(sim.http.get(&url).send().await.unwrap()).await;
+    assert_eq!((status, body["Code"].as_str()), (200, Some("OK")), "{body}");
+    let (_, again) = json_of(sim.http.get(&url).send().await.unwrap()).await;
+    assert_eq!(again["Code"], "SignatureNonceUsed");
+    assert_eq!(sim.count("aliyun-sms"), 1);
 }
 
 #[tokio::test]
@@ -501,6 +552,26 @@ async fn aliyun_receipts_are_sms_report_arrays_retried_until_code_0() {
     }
     let failed: Value = serde_json::from_str(&arrived[2].body).unwrap();
     assert_eq!(failed[0]["success"], false);
+    send_sms(&sim, "13800000003,13800000004", "two-1")
+        .send(&sim)
+        .await;
+    wait_for("the batch", || sim.stat("aliyun-sms.receipt_posted") == 3).await;
+    let batch: Value = serde_json::from_str(&rx.arrived()[3].body).unwrap();
+    let phones: Vec<&str> = batch
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["phone_number"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        phones,
+        ["13800000003", "13800000004"],
+        "one push carries both reports"
+    );
+    assert_eq!(
+        batch[0]["biz_id"], batch[1]["biz_id"],
+        "one BizId per request"
+    );
     assert_eq!(
         sim.state.ledger()["aliyun-sms"][1].delivery,
         Delivery::Failed
@@ -803,11 +874,17 @@ async fn post_assertion(sim: &Sim, sa: &Value, assertion: &str) -> (u16, Value) 
 }
 
 async fn fcm_send(sim: &Sim, bearer: &str, device: &str) -> reqwest::Response {
+    let message =
+        json!({"token": device, "notification": {"title": "Shipped"}, "data": {"order": "o-1"}});
+    fcm_post(sim, bearer, json!({ "message": message })).await
+}
+
+async fn fcm_post(sim: &Sim, bearer: &str, body: Value) -> reqwest::Response {
     let project = &sim.state.credentials().fcm_project_id;
     sim.http
         .post(format!("{}/v1/projects/{project}/messages:send", sim.base))
         .bearer_auth(bearer)
-        .json(&json!({"message": {"token": device, "notification": {"title": "Shipped"}, "data": {"order": "o-1"}}}))
+        .json(&body)
         .send()
         .await
         .unwrap()
@@ -836,6 +913,9 @@ async fn fcm_oauth_verifies_the_assertion_and_sends_need_a_live_token() {
         2,
         "no reference: a resend is a second notification"
     );
+    let dry = json!({"validate_only": true, "message": {"token": "dev-1"}});
+    assert_eq!(fcm_post(&sim, &bearer, dry).await.status(), 200);
+    assert_eq!(sim.count("fcm"), 2, "validate_only delivers nothing");
     let (status, forged) = fcm_token(&sim, |c| {
         c["iss"] = json!("someone@else.iam.gserviceaccount.com")
     })
@@ -1016,8 +1096,26 @@ async fn apns_verifies_es256_tokens_over_http2_and_never_dedupes() {
         2,
         "apns-id is no dedup key: a resend is a second notification"
     );
-    let (status, _, body) = apns_send(&sim, &sim.http1, &jwt, DEVICE).await;
-    assert_eq!(status, 505, "HTTP/1.1 refused: {body}");
+    let http1_by_name = sim
+        .http1
+        .post(format!(
+            "https://api.push.apple.com:{}/3/device/{DEVICE}",
+            sim.port()
+        ))
+        .send()
+        .await;
+    assert!(
+        http1_by_name.is_err(),
+        "api.push.apple.com offers only h2: the handshake fails"
+    );
+    let http1_by_ip = sim
+        .http1
+        .post(format!("{}/3/device/{DEVICE}", sim.base))
+        .header("authorization", format!("bearer {jwt}"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(http1_by_ip.status(), 505, "HTTP/1.1 refused by IP too");
     let other = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256)
         .unwrap()
         .serialize_pem();

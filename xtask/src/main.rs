@@ -165,8 +165,13 @@ fn build_plugins(root: &Path) -> Result<PathBuf> {
     Ok(out)
 }
 
-/// Starts the provider simulator in the background, then the host in the
-/// foreground; stops the simulator when the host exits.
+/// Where `cargo xtask run` keeps the simulator's CA and test keys.
+const SIM_DIR: &str = "target/sim";
+
+/// Starts the provider simulator in the background (TLS on 127.0.0.1:9090,
+/// control on 127.0.0.1:9091, its CA and keys under `target/sim`), then the
+/// host in the foreground with the simulator's credentials in its
+/// environment; stops the simulator when the host exits.
 fn run_service(root: &Path, plugin_dir: &Path, extra: &[String]) -> Result<()> {
     run(Command::new(cargo()).current_dir(root).args([
         "build",
@@ -177,19 +182,37 @@ fn run_service(root: &Path, plugin_dir: &Path, extra: &[String]) -> Result<()> {
         "provider-sim",
     ]))?;
     let bin = root.join("target").join("release");
+    let dir = root.join(SIM_DIR);
+    let keys = dir.join("keys");
+    let _ = std::fs::remove_file(keys.join("credentials.json"));
     let mut sim = Command::new(bin.join("provider-sim"))
-        .args(["--listen", "127.0.0.1:9090"])
+        .args(["--listen", "127.0.0.1:9090", "--control-listen", "127.0.0.1:9091"])
+        .arg("--ca-out")
+        .arg(dir.join("ca.pem"))
+        .arg("--keys-dir")
+        .arg(&keys)
         .spawn()
         .context("could not start the provider simulator")?;
-    eprintln!("xtask: provider simulator on http://127.0.0.1:9090 (ledger: GET /_sim/ledger)");
+    let env = match simulator_env(&keys) {
+        Ok(env) => env,
+        Err(e) => {
+            let _ = sim.kill();
+            return Err(e);
+        }
+    };
+    eprintln!(
+        "xtask: provider simulator on https://127.0.0.1:9090 (CA {SIM_DIR}/ca.pem; ledger: curl http://127.0.0.1:9091/_sim/ledger)"
+    );
     let mut host = Command::new(bin.join("pushonce"));
     host.current_dir(root)
         .arg("serve")
         .args(extra)
         .env("PUSHONCE_PLUGIN_DIR", plugin_dir);
-    if std::env::var_os("PUSHONCE_WECHAT_SECRET").is_none() {
-        // The simulator accepts any secret; a real deployment sets its own.
-        host.env("PUSHONCE_WECHAT_SECRET", "dev-secret");
+    for (name, value) in env {
+        // An operator's own value wins.
+        if std::env::var_os(&name).is_none() {
+            host.env(name, value);
+        }
     }
     let status = host.status();
     let _ = sim.kill();
@@ -199,4 +222,43 @@ fn run_service(root: &Path, plugin_dir: &Path, extra: &[String]) -> Result<()> {
         bail!("pushonce serve exited: {status}");
     }
     Ok(())
+}
+
+/// The environment `pushonce.toml` names for the simulator's channels: the
+/// credentials it generated (read from `credentials.json` once it is
+/// written) and a fresh callback path token per channel.
+fn simulator_env(keys: &Path) -> Result<Vec<(String, String)>> {
+    let file = keys.join("credentials.json");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    // Written by the simulator once it has its keys; read until it parses whole.
+    let c: serde_json::Value = loop {
+        let parsed = std::fs::read_to_string(&file)
+            .ok()
+            .and_then(|text| serde_json::from_str(&text).ok());
+        match parsed {
+            Some(c) => break c,
+            None if std::time::Instant::now() > deadline => {
+                bail!("the provider simulator did not write {} within 30 s", file.display())
+            }
+            None => std::thread::sleep(std::time::Duration::from_millis(50)),
+        }
+    };
+    let field = |name: &str| c[name].as_str().unwrap_or_default().to_string();
+    let account = std::fs::read_to_string(keys.join("fcm-service-account.json"))?;
+    let token = || format!("{:032x}", rand::random::<u128>());
+    Ok(vec![
+        ("PUSHONCE_ALIYUN_KEY_ID".into(), field("aliyun_access_key_id")),
+        ("PUSHONCE_ALIYUN_SECRET".into(), field("aliyun_access_key_secret")),
+        ("PUSHONCE_WECHAT_APPID".into(), field("wechat_appid")),
+        ("PUSHONCE_WECHAT_SECRET".into(), field("wechat_secret")),
+        ("PUSHONCE_WECHAT_TOKEN".into(), field("wechat_callback_token")),
+        ("PUSHONCE_FCM_SERVICE_ACCOUNT".into(), account),
+        ("PUSHONCE_APNS_TEAM".into(), field("apns_team_id")),
+        ("PUSHONCE_APNS_KEY_ID".into(), field("apns_key_id")),
+        ("PUSHONCE_APNS_KEY".into(), field("apns_private_key_pem")),
+        ("PUSHONCE_WEBHOOK_SECRET".into(), field("webhook_secret")),
+        ("PUSHONCE_INBOX_CALLBACK_TOKEN".into(), token()),
+        ("PUSHONCE_SMS_CALLBACK_TOKEN".into(), token()),
+        ("PUSHONCE_WECHAT_CALLBACK_TOKEN".into(), token()),
+    ])
 }

@@ -184,6 +184,14 @@ pub struct ChannelConfig {
     /// addresses (IP literals in `allowed_hosts` are always reachable).
     #[serde(default)]
     pub allow_private: bool,
+    /// Let the plugin send plain `http://` requests (unencrypted; meant for
+    /// local simulators). Off: only `https://` leaves the host.
+    #[serde(default)]
+    pub allow_plaintext: bool,
+    /// PEM file of extra trusted root certificates for `https://` (a private
+    /// CA), trusted besides the web PKI roots.
+    #[serde(default)]
+    pub ca_file: Option<std::path::PathBuf>,
     /// Most time to resolve and connect to the provider.
     #[serde(default = "default_connect_timeout", with = "humantime_serde")]
     pub connect_timeout: Duration,
@@ -246,6 +254,8 @@ impl ChannelConfig {
             concurrency: default_concurrency(),
             rate_limit: 0.0,
             allow_private: false,
+            allow_plaintext: false,
+            ca_file: None,
             connect_timeout: default_connect_timeout(),
             response_timeout: default_response_timeout(),
             call_timeout: default_call_timeout(),
@@ -255,9 +265,7 @@ impl ChannelConfig {
     }
 
     /// The outbound HTTP policy of this channel instance.
-    pub fn outbound_policy(
-        &self,
-    ) -> Result<crate::plugin::OutboundPolicy, crate::plugin::http::AllowedHostError> {
+    pub fn outbound_policy(&self) -> Result<crate::plugin::OutboundPolicy, OutboundConfigError> {
         Ok(crate::plugin::OutboundPolicy {
             allowed: self
                 .allowed_hosts
@@ -270,8 +278,21 @@ impl ChannelConfig {
             between_bytes_timeout: self.response_timeout,
             max_request_bytes: self.max_request_size.as_u64(),
             max_response_bytes: self.max_response_size.as_u64(),
+            allow_plaintext: self.allow_plaintext,
+            tls: crate::plugin::tls::tls_config(self.ca_file.as_deref())?,
         })
     }
+}
+
+/// Why a channel's outbound settings cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum OutboundConfigError {
+    /// An `allowed_hosts` entry does not parse.
+    #[error(transparent)]
+    AllowedHost(#[from] crate::plugin::http::AllowedHostError),
+    /// `ca_file` cannot be used.
+    #[error(transparent)]
+    Tls(#[from] crate::plugin::tls::TlsSetupError),
 }
 
 /// Where the API's bearer tokens come from.

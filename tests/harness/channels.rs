@@ -53,7 +53,8 @@ pub async fn sim() -> Sim {
     }
 }
 
-/// The four channel instances, pointing at the simulator, allowed by IP literal.
+/// The four channel instances, pointing at the simulator, allowed by IP
+/// literal, plain HTTP allowed.
 pub fn channels(addr: SocketAddr) -> BTreeMap<String, ChannelConfig> {
     let endpoint = format!("http://{addr}");
     let mut out = BTreeMap::new();
@@ -73,6 +74,8 @@ pub fn channels(addr: SocketAddr) -> BTreeMap<String, ChannelConfig> {
                 .insert("app_secret".into(), "TEST_WECHAT_SECRET".into());
         }
         c.allowed_hosts = vec![addr.to_string()];
+        // The simulator speaks plain HTTP.
+        c.allow_plaintext = true;
         c.call_timeout = Duration::from_secs(10);
         out.insert(name.to_string(), c);
     }

@@ -11,6 +11,7 @@ pub mod plugins;
 pub mod process;
 pub mod redis;
 pub mod stack;
+pub mod tls;
 
 use std::future::Future;
 use std::time::{Duration, Instant};

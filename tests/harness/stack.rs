@@ -64,7 +64,8 @@ impl ServeConfig {
     pub fn text(&self, listen: u16, dir: &Path, policies: &Path) -> String {
         let sim = self.sim_port;
         let endpoint = format!("endpoint = \"http://127.0.0.1:{sim}\"");
-        let allowed = format!("allowed_hosts = [\"127.0.0.1:{sim}\"]");
+        // The simulator speaks plain HTTP: allowed explicitly.
+        let allowed = format!("allowed_hosts = [\"127.0.0.1:{sim}\"]\nallow_plaintext = true");
         let secret = WECHAT_SECRET.0;
         format!(
             r#"

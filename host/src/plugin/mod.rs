@@ -9,6 +9,8 @@
 //!   `derive-key` on warm pooled instances.
 //! - `http`: the outbound HTTP capability of channel plugins (`wasi:http`
 //!   filtered by each channel instance's `OutboundPolicy`).
+//! - `tls`: rustls configuration and the connector of that capability
+//!   (connects only to checked addresses; HTTPS with ALPN h2/http1.1).
 //! - `call`: turning traps into errors that name the plugin and the cause.
 //! - `limits` / `error`: configuration and error types.
 
@@ -23,6 +25,7 @@ pub mod limits;
 pub mod registry;
 pub mod runtime;
 pub mod state;
+pub mod tls;
 
 use std::path::PathBuf;
 use std::sync::Arc;

@@ -18,10 +18,10 @@ use std::time::Duration;
 use tokio::sync::Semaphore;
 
 use super::{BoxFuture, Check, OutgoingMessage, Payload, SendOutcome, Sender, UnknownVerdict};
+use crate::config::OutboundConfigError;
 use crate::config::{ChannelConfig, OnUnknown};
 use crate::plugin::bindings::{Capabilities, DeliveryStatus, Message, SendError};
 use crate::plugin::channel::{ChannelCallError, ChannelInstance, ChannelSettings};
-use crate::plugin::http::AllowedHostError;
 use crate::plugin::{HttpClient, OutboundLog, PluginRegistry};
 
 /// Where the current plugin registry comes from (e.g. `route::Live::current().registry`).
@@ -42,13 +42,13 @@ pub enum SenderSetupError {
         /// The variable.
         var: String,
     },
-    /// An `allowed_hosts` entry does not parse.
+    /// An `allowed_hosts` entry does not parse, or `ca_file` cannot be used.
     #[error("channel {channel}: {source}")]
     AllowedHost {
         /// The channel instance.
         channel: String,
         /// What is wrong.
-        source: AllowedHostError,
+        source: OutboundConfigError,
     },
 }
 
@@ -152,7 +152,7 @@ impl PluginSender {
                 })?;
             let settings = ChannelSettings {
                 config: Arc::new(config),
-                client: HttpClient::new(policy.connect_timeout),
+                client: HttpClient::new(&policy),
                 policy: Arc::new(policy),
                 call_timeout: cfg.call_timeout,
                 warm_instances: cfg.concurrency.clamp(1, 64),
@@ -340,23 +340,27 @@ impl PluginSender {
     }
 }
 
-/// The plugin's reason, with the outbound policy's refusals (host-side text,
-/// for the task's `last_error`; the plugin never sees it).
+/// The plugin's reason, with the outbound policy's refusals and the causes
+/// of requests that failed before writing (host-side text, for the task's
+/// `last_error`; the plugin never sees it).
 fn explain(reason: String, log: &OutboundLog) -> String {
-    if log.denied.is_empty() {
-        reason
-    } else {
-        format!(
-            "{reason} (refused by the outbound policy: {})",
+    let mut out = reason;
+    if !log.denied.is_empty() {
+        out = format!(
+            "{out} (refused by the outbound policy: {})",
             log.denied.join("; ")
-        )
+        );
     }
+    if !log.not_sent.is_empty() {
+        out = format!("{out} (not sent: {})", log.not_sent.join("; "));
+    }
+    out
 }
 
 /// A call that failed in the host's eyes (trap, fuel, memory, timeout).
 fn failed_call(channel: &str, e: ChannelCallError) -> SendOutcome {
-    tracing::warn!(channel, error = %e, may_have_sent = e.log.may_have_sent, "channel plugin call failed");
-    if e.log.may_have_sent {
+    tracing::warn!(channel, error = %e, may_have_sent = e.log.may_have_sent(), "channel plugin call failed");
+    if e.log.may_have_sent() {
         SendOutcome::Unknown(format!("{e} after a request went out"))
     } else {
         SendOutcome::Retryable(e.to_string())

@@ -97,8 +97,16 @@ async fn run(
 fn print(rows: &mut [Row], concurrency: usize) {
     let base = rows[0].sends as f64 / rows[0].elapsed.as_secs_f64();
     println!(
-        "{:<34} {:>5} {:>7} {:>10} {:>9} {:>9} {:>8} {:>16}",
-        "WHAT", "C", "SENDS", "SENDS/S", "MEAN µs", "P99 µs", "VS PLAIN", "HANDSHAKES/1000"
+        "{:<34} {:>5} {:>7} {:>10} {:>9} {:>9} {:>8} {:>10} {:>16}",
+        "WHAT",
+        "C",
+        "SENDS",
+        "SENDS/S",
+        "MEAN µs",
+        "P99 µs",
+        "VS PLAIN",
+        "HANDSHAKES",
+        "HANDSHAKES/1000"
     );
     for r in rows.iter_mut() {
         r.latencies.sort();
@@ -106,7 +114,7 @@ fn print(rows: &mut [Row], concurrency: usize) {
         let mean = r.latencies.iter().sum::<Duration>() / r.latencies.len() as u32;
         let p99 = r.latencies[(r.latencies.len() * 99 / 100).min(r.latencies.len() - 1)];
         println!(
-            "{:<34} {:>5} {:>7} {:>10.0} {:>9} {:>9} {:>8.3} {:>16.1}",
+            "{:<34} {:>5} {:>7} {:>10.0} {:>9} {:>9} {:>8.3} {:>10} {:>16.1}",
             r.what,
             concurrency,
             r.sends,
@@ -114,6 +122,7 @@ fn print(rows: &mut [Row], concurrency: usize) {
             mean.as_micros(),
             p99.as_micros(),
             rate / base,
+            r.handshakes,
             r.handshakes as f64 * 1000.0 / r.sends as f64
         );
     }
@@ -149,32 +158,16 @@ fn main() {
         let warm = TestServer::https("127.0.0.1", &leaf, Alpn::H2AndH1).await;
         let url = format!("https://{}/send", warm.addr);
         let _ = run("warm-up", &config(warm.addr), url, 200, 4).await;
-        let mut rows = vec![
-            run(
-                "plain HTTP/1.1 (allow_plaintext)",
-                &config(plain.addr),
-                format!("http://{}/send", plain.addr),
-                sends,
-                concurrency,
-            )
-            .await,
-            run(
-                "HTTPS HTTP/1.1 (pooled)",
-                &config(h1.addr),
-                format!("https://{}/send", h1.addr),
-                sends,
-                concurrency,
-            )
-            .await,
-            run(
-                "HTTPS HTTP/2 (ALPN h2, pooled)",
-                &config(h2.addr),
-                format!("https://{}/send", h2.addr),
-                sends,
-                concurrency,
-            )
-            .await,
+        let modes = [
+            ("plain HTTP/1.1 (allow_plaintext)", "http", &plain),
+            ("HTTPS HTTP/1.1 (pooled)", "https", &h1),
+            ("HTTPS HTTP/2 (ALPN h2, pooled)", "https", &h2),
         ];
+        let mut rows = Vec::new();
+        for (what, scheme, server) in modes {
+            let url = format!("{scheme}://{}/send", server.addr);
+            rows.push(run(what, &config(server.addr), url, sends, concurrency).await);
+        }
         let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
         println!(
             "outbound bench: {sends} POSTs per mode, {concurrency} tasks over one channel instance's client, hooks called directly; loadavg at end {}",

@@ -260,7 +260,7 @@ async fn an_unknown_answer_inside_the_query_lag_never_resends() {
     let id_of = |c: &str| tasks.iter().find(|(ch, _)| ch == c).unwrap().1.clone();
     // Prompt: `unknown` past the lag is believed; the resend is the second message.
     wait_until(DEADLINE, || async {
-        provider.sends_of(":prompt:lag-1").len() >= 2
+        provider.sends_of(":prompt:PROBE:lag-1").len() >= 2
     })
     .await
     .expect("the prompt channel resends");
@@ -282,7 +282,7 @@ async fn an_unknown_answer_inside_the_query_lag_never_resends() {
     assert_eq!(t["status"], "unknown", "{t}");
     assert_eq!(t["attempts"], 1, "{t}");
     assert_eq!(
-        provider.sends_of(":lagging:lag-1").len(),
+        provider.sends_of(":lagging:PROBE:lag-1").len(),
         1,
         "no second message"
     );
@@ -321,9 +321,9 @@ async fn a_reference_is_resent_only_inside_its_window() {
         wait_status(&host, id, "unknown").await;
     }
     // Inside the window: resent by reference up to the attempt limit (2).
-    assert_eq!(provider.sends_of(":inside:win-1").len(), 2);
+    assert_eq!(provider.sends_of(":inside:PROBE:win-1").len(), 2);
     // Past it: no reference to lean on, no query, `on_unknown = hold`.
-    assert_eq!(provider.sends_of(":past:win-1").len(), 1);
+    assert_eq!(provider.sends_of(":past:PROBE:win-1").len(), 1);
     host.shutdown().await.unwrap();
 }
 
@@ -541,7 +541,7 @@ async fn two_hosts_and_many_warm_instances_fetch_one_token() {
     for id in &tasks {
         wait_status(&a, id, "sent").await;
     }
-    assert_eq!(provider.sends_of(":probe:tok-").len(), 24);
+    assert_eq!(provider.sends_of(":probe:PROBE:tok-").len(), 24);
     assert_eq!(
         *provider.token_fetches.lock().unwrap(),
         1,

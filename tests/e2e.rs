@@ -110,7 +110,7 @@ async fn one_event_reaches_each_provider_once_and_an_edited_policy_is_used() {
     // Each task is pinned to the channel plugin version it started with.
     let sms_task = get_json(&client, &task_urls[0]).await.unwrap();
     assert_eq!(sms_task["channel"], "sms", "{sms_task}");
-    assert_eq!(sms_task["payload"]["plugin"], "sms@1.0.0", "{sms_task}");
+    assert_eq!(sms_task["payload"]["plugin"], "sms@2.0.0", "{sms_task}");
     let ledger = sim.ledger();
     let one = |provider: &str| {
         let list = &ledger[provider];

@@ -54,7 +54,7 @@ pub fn token(
 ) -> Result<String, SendError> {
     let fresh = |v: &Option<String>| v.as_deref().is_some_and(|v| Some(v) != stale);
     let lock = format!("{key}:lock");
-    let me = format!("{}-{}", crate::now_ms(), std::process::id());
+    let me = lock_holder();
     let started = crate::now_ms();
     loop {
         match get(key) {
@@ -79,6 +79,15 @@ pub fn token(
     };
     let _ = compare_and_delete(&lock, &me);
     result
+}
+
+/// A value naming this holder of the lock: random (the host lends plugins
+/// `wasi:random`, which `RandomState` draws from), so no other instance
+/// can delete the lock it took.
+fn lock_holder() -> String {
+    use std::hash::BuildHasher;
+    let state = std::collections::hash_map::RandomState::new();
+    format!("{:016x}{:013x}", state.hash_one(crate::now_ms()), crate::now_ms())
 }
 
 /// Fetches a token and stores it for the other instances.

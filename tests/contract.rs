@@ -4,7 +4,8 @@
 //! Retry-after, the query lag, the reference window, callbacks (closed by
 //! default, path token, signatures, the provider's reply), receipts for
 //! unknown messages, redaction of secrets, and the shared cache (one token
-//! for two hosts; channels cannot see each other's entries).
+//! for two `pushonce serve` processes; channels cannot see each other's
+//! entries).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -15,7 +16,8 @@ use pushonce::permit::PermitConfig;
 use pushonce::plugin::bindings::CacheError;
 use pushonce::plugin::cache_import::SharedCache;
 use pushonce_tests::host::{Setup, TestHost};
-use pushonce_tests::plugins::fixture;
+use pushonce_tests::plugins::{fixture, real_dir};
+use pushonce_tests::process::WorkerProcess;
 use pushonce_tests::redis::RedisServer;
 use pushonce_tests::wait_until;
 use reqwest::StatusCode;
@@ -517,79 +519,103 @@ async fn secrets_a_plugin_echoes_never_reach_the_api() {
     host.shutdown().await.unwrap();
 }
 
+/// Starts one `pushonce serve` process with the probe channel (8 warm
+/// instances) against `redis`, sharing `plugins` and `policies`; its base URL.
+async fn serve_probe(
+    redis: &RedisServer,
+    dir: &std::path::Path,
+    plugins: &std::path::Path,
+    policies: &std::path::Path,
+    provider: &str,
+) -> (WorkerProcess, String) {
+    std::fs::create_dir_all(dir).unwrap();
+    let port = pushonce::store::free_loopback_port().unwrap();
+    let text = format!(
+        r#"
+listen = "127.0.0.1:{port}"
+redis_url = "{redis}"
+data_dir = "{data}"
+plugin_dir = "{plugins}"
+policy_dir = "{policies}"
+shards = 4
+workers = 8
+lease = "5s"
+
+[channels.probe]
+plugin = "contract-probe@^2"
+settings = {{ endpoint = "http://{provider}", token_url = "http://{provider}/token" }}
+allowed_hosts = ["{provider}"]
+concurrency = 8
+"#,
+        redis = redis.url(),
+        data = dir.join("data").display(),
+        plugins = plugins.display(),
+        policies = policies.display(),
+    );
+    let config = dir.join("pushonce.toml");
+    std::fs::write(&config, text).unwrap();
+    let process = WorkerProcess::serve(&config, &[]).unwrap();
+    let base = format!("http://127.0.0.1:{port}");
+    process
+        .wait_ready(&base, Duration::from_secs(60))
+        .await
+        .unwrap();
+    (process, base)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn two_hosts_and_many_warm_instances_fetch_one_token() {
+async fn two_host_processes_and_many_warm_instances_fetch_one_token() {
     let redis = RedisServer::start().await.unwrap();
     let (addr, provider) = provider().await;
-    let c = || {
-        let mut c = probe(&addr, &[]);
-        c.concurrency = 8;
-        c
-    };
-    let a = host(&redis, vec![("probe", c())], &[], |_| {})
-        .await
-        .unwrap();
-    let b = host(&redis, vec![("probe", c())], &[], |_| {})
-        .await
-        .unwrap();
-    let mut posts = Vec::new();
+    let dir = tempfile::tempdir().unwrap();
+    let plugins = dir.path().join("plugins");
+    std::fs::create_dir_all(&plugins).unwrap();
+    for entry in std::fs::read_dir(real_dir()).unwrap() {
+        let path = entry.unwrap().path();
+        std::fs::copy(&path, plugins.join(path.file_name().unwrap())).unwrap();
+    }
+    std::fs::copy(
+        fixture("contract_probe"),
+        plugins.join("contract_probe.wasm"),
+    )
+    .unwrap();
+    let policies = dir.path().join("policies");
+    std::fs::create_dir_all(&policies).unwrap();
+    let (name, text) = policy(&["probe"]);
+    std::fs::write(policies.join(name), text).unwrap();
+    let (mut a, base_a) =
+        serve_probe(&redis, &dir.path().join("a"), &plugins, &policies, &addr).await;
+    let (mut b, base_b) =
+        serve_probe(&redis, &dir.path().join("b"), &plugins, &policies, &addr).await;
+
+    // 24 events at once, half to each process.
+    let client = reqwest::Client::new();
+    let mut posting = tokio::task::JoinSet::new();
     for i in 0..24 {
-        let h = if i % 2 == 0 { &a } else { &b };
-        posts.push(async move { post(h, &format!("tok-{i}"), "token", &["probe"]).await });
+        let base = if i % 2 == 0 { &base_a } else { &base_b };
+        let (client, url) = (client.clone(), format!("{base}/v1/events"));
+        let event = json!({
+            "biz_type": "PROBE", "biz_id": format!("tok-{i}"), "user_id": "u-1",
+            "occurred_at": 5, "template": "token", "recipients": {"probe": "user-1"},
+        });
+        posting.spawn(async move { client.post(url).json(&event).send().await });
     }
-    let tasks: Vec<String> = futures_join(posts).await;
-    for id in &tasks {
-        wait_status(&a, id, "sent").await;
+    while let Some(done) = posting.join_next().await {
+        assert_eq!(done.unwrap().unwrap().status(), StatusCode::ACCEPTED);
     }
+    let all_sent = wait_until(DEADLINE, || async {
+        provider.sends_of(":probe:PROBE:tok-").len() >= 24
+    })
+    .await;
+    assert!(all_sent.is_ok(), "host logs:\n{}\n{}", a.log(), b.log());
     assert_eq!(provider.sends_of(":probe:PROBE:tok-").len(), 24);
     assert_eq!(
         *provider.token_fetches.lock().unwrap(),
         1,
-        "one token for every instance"
+        "one token for every instance of both processes"
     );
-    a.shutdown().await.unwrap();
-    b.shutdown().await.unwrap();
-}
-
-/// Runs the posts concurrently; their task ids.
-async fn futures_join<F>(posts: Vec<F>) -> Vec<String>
-where
-    F: std::future::Future<Output = Vec<(String, String)>>,
-{
-    let mut set = Vec::new();
-    for p in posts {
-        set.push(Box::pin(p));
-    }
-    let mut out = Vec::new();
-    // Poll all at once: a join of pinned futures.
-    let results = join_all(set).await;
-    for r in results {
-        out.extend(r.into_iter().map(|(_, id)| id));
-    }
-    out
-}
-
-/// Polls every future until all are done (no extra crate for one join).
-async fn join_all<F: std::future::Future + Unpin>(mut futs: Vec<F>) -> Vec<F::Output> {
-    let mut out: Vec<Option<F::Output>> = futs.iter().map(|_| None).collect();
-    std::future::poll_fn(|cx| {
-        let mut pending = false;
-        for (i, f) in futs.iter_mut().enumerate() {
-            if out[i].is_none() {
-                match std::pin::Pin::new(f).poll(cx) {
-                    std::task::Poll::Ready(v) => out[i] = Some(v),
-                    std::task::Poll::Pending => pending = true,
-                }
-            }
-        }
-        if pending {
-            std::task::Poll::Pending
-        } else {
-            std::task::Poll::Ready(())
-        }
-    })
-    .await;
-    out.into_iter().map(|v| v.expect("done")).collect()
+    a.terminate(Duration::from_secs(20)).await.unwrap();
+    b.terminate(Duration::from_secs(20)).await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

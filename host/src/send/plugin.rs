@@ -556,14 +556,14 @@ impl ChannelRuntime {
             .unwrap_or_else(|e| e.into_inner())
             .get(&key)
         {
-            return c.clone();
+            return *c;
         }
         match inst.capabilities().await {
             Ok(a) => {
                 self.capabilities
                     .lock()
                     .unwrap_or_else(|e| e.into_inner())
-                    .insert(key, a.value.clone());
+                    .insert(key, a.value);
                 a.value
             }
             Err(e) => {

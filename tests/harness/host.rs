@@ -37,6 +37,9 @@ pub fn repo_root() -> PathBuf {
         .to_path_buf()
 }
 
+/// A change to a test host's configuration, applied last.
+pub type Configure = Box<dyn FnOnce(&mut HostConfig) + Send>;
+
 /// How a test host is set up.
 pub struct Setup {
     /// Environment seen by the host (token variables).
@@ -58,7 +61,7 @@ pub struct Setup {
     /// Test-only plugins (paths of `.wasm` files) loaded beside the real ones.
     pub extra_plugins: Vec<PathBuf>,
     /// Changes the configuration last (channels, `[receipts]`...).
-    pub configure: Option<Box<dyn FnOnce(&mut HostConfig) + Send>>,
+    pub configure: Option<Configure>,
 }
 
 impl Default for Setup {

@@ -172,7 +172,7 @@ pub struct PluginLimits {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ChannelConfig {
-    /// The channel plugin and version requirement, `name@req`, e.g. `sms@^1`.
+    /// The channel plugin and version requirement, `name@req`, e.g. `sms@^2`.
     pub plugin: String,
     /// Settings handed to the plugin (endpoint, template defaults...).
     #[serde(default)]

@@ -567,7 +567,8 @@ impl ChannelRuntime {
                 a.value
             }
             Err(e) => {
-                tracing::warn!(channel = %self.name, error = %e, "capabilities call failed");
+                let why = self.redact(&e.to_string());
+                tracing::warn!(channel = %self.name, error = %why, "capabilities call failed");
                 Capabilities {
                     honours_reference: false,
                     reference_window_secs: None,

@@ -99,7 +99,7 @@ impl Listener {
 /// allowed to reach `allowed` only.
 fn probe_sender(allowed: SocketAddr) -> PluginSender {
     let registry = Arc::new(registry_of(&[fixture("http_probe")], None));
-    let mut c = ChannelConfig::new("http-probe@^1");
+    let mut c = ChannelConfig::new("http-probe@^2");
     c.allowed_hosts = vec![allowed.to_string()];
     c.allow_plaintext = true;
     c.call_timeout = Duration::from_secs(10);
@@ -121,6 +121,7 @@ async fn probe(
             recipient: "nobody".into(),
             template: "T".into(),
             params: vec![("url".into(), url.into()), ("host".into(), host.into())],
+            attempt: 1,
         })
         .await
         .expect("the call itself works");

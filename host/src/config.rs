@@ -53,6 +53,28 @@ pub struct HostConfig {
     pub auth: AuthConfig,
     /// The reconciler: when and how often tasks awaiting confirmation are checked.
     pub reconcile: ReconcileConfig,
+    /// Providers' delivery callbacks.
+    pub receipts: ReceiptsConfig,
+}
+
+/// Providers' delivery callbacks (`[receipts]`).
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ReceiptsConfig {
+    /// How long a callback naming a message no task matches is answered 503
+    /// (the provider retries: the send may not be recorded yet), counted from
+    /// when that message id was first seen; after it the callback is accepted
+    /// and counted as unmatched (`pushonce_receipts_unmatched_total`).
+    #[serde(with = "humantime_serde")]
+    pub unmatched_grace: Duration,
+}
+
+impl Default for ReceiptsConfig {
+    fn default() -> Self {
+        ReceiptsConfig {
+            unmatched_grace: Duration::from_secs(120),
+        }
+    }
 }
 
 /// The reconciler (`[reconcile]`): tasks `sent` without a receipt, or
@@ -150,7 +172,7 @@ pub struct PluginLimits {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ChannelConfig {
-    /// The channel plugin and version requirement, `name@req`, e.g. `sms@^1`.
+    /// The channel plugin and version requirement, `name@req`, e.g. `sms@^2`.
     pub plugin: String,
     /// Settings handed to the plugin (endpoint, template defaults...).
     #[serde(default)]
@@ -162,11 +184,18 @@ pub struct ChannelConfig {
     /// Hosts (`name` or `name:port`) the plugin may reach over HTTP.
     #[serde(default)]
     pub allowed_hosts: Vec<String>,
-    /// Environment variable holding the shared secret the provider presents
-    /// (`Authorization: Bearer <secret>`) on `POST /v1/receipts/<channel>`;
-    /// unset: the receipts route of this channel is open (a warning at start).
+    /// Environment variable holding the channel's callback path token: the
+    /// provider calls `/v1/receipts/<channel>/<token>` (the token is the
+    /// credential; it is compared in constant time and never logged). A
+    /// channel whose plugin takes callbacks and has no token makes the host
+    /// refuse to start, unless `open_callbacks = true`.
     #[serde(default)]
-    pub receipt_secret_env: Option<String>,
+    pub callback_token_env: Option<String>,
+    /// Serve `/v1/receipts/<channel>` without a path token (an explicit
+    /// opt-in for a provider that cannot be given a secret URL; a warning at
+    /// start). Default `false`: callback routes are closed.
+    #[serde(default)]
+    pub open_callbacks: bool,
 
     // ---- delivery settings (channels issue) ----
     /// After an `unknown` outcome, when the provider has neither a client
@@ -249,7 +278,8 @@ impl ChannelConfig {
             settings: BTreeMap::new(),
             secrets_from_env: BTreeMap::new(),
             allowed_hosts: Vec::new(),
-            receipt_secret_env: None,
+            callback_token_env: None,
+            open_callbacks: false,
             on_unknown: OnUnknown::Hold,
             concurrency: default_concurrency(),
             rate_limit: 0.0,
@@ -323,6 +353,7 @@ impl Default for HostConfig {
             channels: BTreeMap::new(),
             auth: AuthConfig::default(),
             reconcile: ReconcileConfig::default(),
+            receipts: ReceiptsConfig::default(),
         }
     }
 }

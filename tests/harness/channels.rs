@@ -64,7 +64,7 @@ pub fn channels(addr: SocketAddr) -> BTreeMap<String, ChannelConfig> {
         ("app-push", vec![("project", "pushonce-test")]),
         ("wechat", vec![("app_id", "wx-test")]),
     ] {
-        let mut c = ChannelConfig::new(&format!("{name}@^1"));
+        let mut c = ChannelConfig::new(&format!("{name}@^2"));
         c.settings.insert("endpoint".into(), endpoint.clone());
         for (k, v) in extra {
             c.settings.insert(k.into(), v.into());

@@ -31,7 +31,7 @@ use tokio::sync::Semaphore;
 
 use crate::cluster::RedisCluster;
 use crate::redis::RedisServer;
-use crate::stack::{ServeConfig, ServeProcess, simulator};
+use crate::stack::{CALLBACK_TOKEN, ServeConfig, ServeProcess, simulator};
 
 /// What a chaos run does.
 #[derive(Debug, Clone)]
@@ -622,7 +622,7 @@ fn inject_faults(sim: &SimState, config: &ChaosConfig, receipts_base: &str) {
         sim.set_receipts(
             provider,
             Some(ReceiptConfig {
-                url: format!("{receipts_base}/v1/receipts/{channel}"),
+                url: format!("{receipts_base}/v1/receipts/{channel}/{}", CALLBACK_TOKEN.1),
                 delay_ms: 200,
                 secret: None,
                 fail_after_accept: Default::default(),

@@ -14,6 +14,10 @@ use crate::process::WorkerProcess;
 /// WeChat app secret, and its value in tests.
 pub const WECHAT_SECRET: (&str, &str) = ("E2E_WECHAT_SECRET", "s3cret");
 
+/// The callback path token of every channel of a stack (variable, value):
+/// providers post receipts to `/v1/receipts/<channel>/<token>`.
+pub const CALLBACK_TOKEN: (&str, &str) = ("E2E_CALLBACK_TOKEN", "cb-7f3a9e2d41c8");
+
 /// Starts the simulator in this process on a free loopback port.
 pub async fn simulator() -> (SimState, u16) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
@@ -67,6 +71,7 @@ impl ServeConfig {
         // The simulator speaks plain HTTP: allowed explicitly.
         let allowed = format!("allowed_hosts = [\"127.0.0.1:{sim}\"]\nallow_plaintext = true");
         let secret = WECHAT_SECRET.0;
+        let token = format!("callback_token_env = \"{}\"", CALLBACK_TOKEN.0);
         format!(
             r#"
 listen = "127.0.0.1:{listen}"
@@ -82,23 +87,27 @@ lease = "{lease}"
 instances = 64
 
 [channels.inbox]
-plugin = "inbox@^1"
+plugin = "inbox@^2"
+{token}
 settings = {{ {endpoint} }}
 {allowed}
 
 [channels.sms]
-plugin = "sms@^1"
+plugin = "sms@^2"
+{token}
 settings = {{ {endpoint}, sign_name = "shop" }}
 {allowed}
 
 [channels.wechat]
-plugin = "wechat@^1"
+plugin = "wechat@^2"
+{token}
 settings = {{ {endpoint}, app_id = "wx-test" }}
 secrets_from_env = {{ app_secret = "{secret}" }}
 {allowed}
 
 [channels.app-push]
-plugin = "app-push@^1"
+plugin = "app-push@^2"
+{token}
 settings = {{ {endpoint}, project = "e2e" }}
 {allowed}
 {extra}
@@ -149,7 +158,7 @@ impl ServeProcess {
     /// Starts the process again (after [`ServeProcess::kill9`]) and waits
     /// until it is ready.
     pub async fn restart(&mut self) -> anyhow::Result<()> {
-        let process = WorkerProcess::serve(&self.config, &[WECHAT_SECRET])?;
+        let process = WorkerProcess::serve(&self.config, &[WECHAT_SECRET, CALLBACK_TOKEN])?;
         process
             .wait_ready(&self.base, Duration::from_secs(60))
             .await?;

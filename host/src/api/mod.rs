@@ -18,7 +18,6 @@ pub mod ops;
 pub mod problem;
 pub mod receipts;
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -90,8 +89,8 @@ pub struct SharedState {
     pub api_token: Token,
     /// Token of `/admin` (open when unset).
     pub admin_token: Token,
-    /// Shared secret per configured channel for receipts (open when unset).
-    pub receipt_tokens: Arc<BTreeMap<String, Token>>,
+    /// The channels whose callbacks are served, and how (absent: closed).
+    pub callbacks: receipts::CallbackGates,
     /// Provider callbacks' handler; `None` answers 501.
     pub receipts: Option<SharedReceiptHandler>,
     /// Runs one checked reload of plugins and policies (`POST /admin/reload`).
@@ -119,7 +118,14 @@ pub fn app(state: AppState) -> Router {
         .route("/admin/tasks/{id}/requeue", post(admin::requeue))
         .route_layer(from_fn_with_state(state.admin_token.clone(), auth::require));
     let open = Router::new()
-        .route("/v1/receipts/{channel}", post(receipts::receipt))
+        .route(
+            "/v1/receipts/{channel}",
+            get(receipts::open_receipt).post(receipts::open_receipt),
+        )
+        .route(
+            "/v1/receipts/{channel}/{*rest}",
+            get(receipts::receipt).post(receipts::receipt),
+        )
         .route("/healthz", get(ops::healthz))
         .route("/readyz", get(ops::readyz))
         .route("/metrics", get(ops::metrics))

@@ -79,6 +79,12 @@ pub enum ApiError {
     /// Missing or wrong bearer token.
     #[error("unauthorized: {0}")]
     Unauthorized(String),
+    /// A provider callback whose signature or token does not verify.
+    #[error("forbidden: {0}")]
+    Forbidden(String),
+    /// A provider callback that is not a request the provider sends.
+    #[error("malformed callback: {0}")]
+    MalformedCallback(String),
     /// No such resource.
     #[error("not found: {0}")]
     NotFound(String),
@@ -122,7 +128,8 @@ impl ApiError {
     /// The HTTP status of this error.
     pub fn status(&self) -> StatusCode {
         match self {
-            ApiError::BadJson(_) => StatusCode::BAD_REQUEST,
+            ApiError::BadJson(_) | ApiError::MalformedCallback(_) => StatusCode::BAD_REQUEST,
+            ApiError::Forbidden(_) => StatusCode::FORBIDDEN,
             ApiError::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             ApiError::TooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::Invalid { .. } | ApiError::Plugin { .. } | ApiError::ReloadRefused(_) => {
@@ -150,6 +157,8 @@ impl ApiError {
             ApiError::Invalid { .. } => ("invalid-field", "Invalid field"),
             ApiError::Plugin { .. } => ("key-policy-failed", "Key policy failed"),
             ApiError::Unauthorized(_) => ("unauthorized", "Unauthorized"),
+            ApiError::Forbidden(_) => ("forbidden", "Forbidden"),
+            ApiError::MalformedCallback(_) => ("malformed-callback", "Malformed callback"),
             ApiError::NotFound(_) => ("not-found", "Not found"),
             ApiError::Conflict(_) => ("conflict", "Conflict"),
             ApiError::ReloadRefused(_) => ("reload-refused", "Reload refused"),

@@ -4,6 +4,8 @@
 //! - `runtime`: the shared `Engine` and linkers (`PluginRuntime`).
 //! - `state`: what a `Store` holds (`HostState`): empty WASI, memory cap, stderr.
 //! - `cache`: compiled components on disk, keyed by wasm hash and engine.
+//! - `cache_import`: the `shared-cache` import of channel plugins (Redis,
+//!   namespaced per channel instance).
 //! - `registry`: loading files, refusing bad ones, semver resolution.
 //! - `key_policy` / `channel`: handles of loaded plugins; key policies call
 //!   `derive-key` on warm pooled instances.
@@ -16,6 +18,7 @@
 
 pub mod bindings;
 pub mod cache;
+pub mod cache_import;
 mod call;
 pub mod channel;
 pub mod error;

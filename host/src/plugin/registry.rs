@@ -11,7 +11,7 @@ use semver::{Version, VersionReq};
 use wasmtime::Store;
 use wasmtime::component::Component;
 
-use super::bindings::{self, CHANNEL_EXPORT, KEY_POLICY_EXPORT, PluginInfo};
+use super::bindings::{self, CHANNEL_EXPORT, CHANNEL_V1_EXPORT, KEY_POLICY_EXPORT, PluginInfo};
 use super::cache::{self, CacheOutcome};
 use super::channel::ChannelPlugin;
 use super::error::{LoadError, ResolveError};
@@ -168,7 +168,12 @@ impl PluginRegistry {
                 let info = self.describe(file, |store| {
                     super::channel::block_on(async {
                         let inst = pre.instantiate_async(&mut *store).await?;
-                        inst.call_describe(&mut *store).await
+                        let info = inst.call_describe(&mut *store).await?;
+                        Ok(PluginInfo {
+                            name: info.name,
+                            version: info.version,
+                            description: info.description,
+                        })
                     })
                 })?;
                 self.fill_meta(&mut meta, info)?;
@@ -371,12 +376,23 @@ fn detect_world(
 ) -> Result<World, LoadError> {
     let ty = component.component_type();
     let exports: Vec<String> = ty.exports(engine).map(|(n, _)| n.to_string()).collect();
+    // `name@M.x` for any minor and patch of the export's major version `M`.
     let has = |export: &str| {
-        let (prefix, _) = export.split_once('@').unwrap_or((export, ""));
+        let (prefix, version) = export.split_once('@').unwrap_or((export, ""));
+        let major = version.split('.').next().unwrap_or("");
         exports
             .iter()
-            .any(|e| e == export || e.starts_with(&format!("{prefix}@1.")))
+            .any(|e| e == export || e.starts_with(&format!("{prefix}@{major}.")))
     };
+    if let Some(old) = exports
+        .iter()
+        .find(|e| e.starts_with(&format!("{CHANNEL_V1_EXPORT}@")))
+    {
+        return Err(LoadError::OldChannelContract {
+            file: file.to_path_buf(),
+            export: old.clone(),
+        });
+    }
     match (has(KEY_POLICY_EXPORT), has(CHANNEL_EXPORT)) {
         (true, false) => Ok(World::KeyPolicy),
         (false, true) => Ok(World::Channel),

@@ -10,18 +10,22 @@
 //! 45009 (quota) retryable, a cut-off answer unknown. Like the real API there is
 //! no client reference and no status query: an unknown stays unknown (the
 //! host's `on_unknown` decides). Receipts match by `message_id` (msgid).
+//!
+//! Contract 2 (`pushonce:channel@2`), ported as is against the test
+//! simulator's invented receipt shape; the real-provider plugin replaces it.
 
 use std::sync::Mutex;
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use channel_sdk::callback::{self, pushonce_receipts};
 use channel_sdk::http::{self, HttpError};
 use channel_sdk::{
-    ChannelGuest, DeliveryStatus, Guest, Message, PluginInfo, ProviderCapabilities, Receipt,
-    SendError, json_escape, require, url_encode,
+    CallbackAnswer, CallbackError, CallbackRequest, Channel, Message, ProviderCapabilities,
+    Receipt, SendError, require, url_encode,
 };
-use serde_json::Value;
+use serde_json::{Map, Value, json};
 
-/// The plugin; its methods are the world's exports.
+/// The plugin.
 struct Wechat;
 
 /// The cached access token and when it stops being used (ms since the epoch).
@@ -32,16 +36,6 @@ fn now_ms() -> u64 {
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_millis() as u64)
         .unwrap_or(0)
-}
-
-impl Guest for Wechat {
-    fn describe() -> PluginInfo {
-        PluginInfo {
-            name: "wechat".into(),
-            version: env!("CARGO_PKG_VERSION").into(),
-            description: env!("CARGO_PKG_DESCRIPTION").into(),
-        }
-    }
 }
 
 /// A valid cached token, or a new one.
@@ -65,7 +59,7 @@ fn token(endpoint: &str, refresh: bool) -> Result<String, SendError> {
         &[],
         None,
     )
-    .map_err(|e| SendError::Retryable(format!("token: {e}")))?;
+    .map_err(|e| SendError::retryable(format!("token: {e}")))?;
     let json: Value = serde_json::from_slice(&resp.body).unwrap_or(Value::Null);
     match json.get("access_token").and_then(Value::as_str) {
         Some(t) => {
@@ -81,7 +75,7 @@ fn token(endpoint: &str, refresh: bool) -> Result<String, SendError> {
             *cached = None;
             let code = json.get("errcode").and_then(Value::as_i64).unwrap_or(0);
             // Never echo the answer: it could mention the credentials.
-            Err(SendError::Retryable(format!(
+            Err(SendError::retryable(format!(
                 "token refused (errcode {code})"
             )))
         }
@@ -90,32 +84,28 @@ fn token(endpoint: &str, refresh: bool) -> Result<String, SendError> {
 
 fn transport(e: HttpError) -> SendError {
     match e {
-        HttpError::Denied(_) | HttpError::NotSent(_) => SendError::Retryable(e.to_string()),
+        HttpError::Denied(_) | HttpError::NotSent(_) => SendError::retryable(e.to_string()),
         HttpError::MaybeSent(_) => SendError::Unknown(e.to_string()),
     }
 }
 
-impl ChannelGuest for Wechat {
+impl Channel for Wechat {
     fn capabilities() -> ProviderCapabilities {
         ProviderCapabilities {
-            honours_reference: false,
-            can_query: false,
+            callbacks: true,
+            ..ProviderCapabilities::NONE
         }
     }
 
     fn send(msg: Message) -> Result<Receipt, SendError> {
         let endpoint = require("endpoint")?;
-        let data: Vec<String> = msg
+        let data: Map<String, Value> = msg
             .params
             .iter()
-            .map(|(k, v)| format!("{}:{{\"value\":{}}}", json_escape(k), json_escape(v)))
+            .map(|(k, v)| (k.clone(), json!({ "value": v })))
             .collect();
-        let body = format!(
-            "{{\"touser\":{},\"template_id\":{},\"data\":{{{}}}}}",
-            json_escape(&msg.recipient),
-            json_escape(&msg.template),
-            data.join(",")
-        );
+        let body =
+            json!({"touser": msg.recipient, "template_id": msg.template, "data": data}).to_string();
         let mut refreshed = false;
         loop {
             let t = token(&endpoint, refreshed)?;
@@ -130,7 +120,10 @@ impl ChannelGuest for Wechat {
             )
             .map_err(transport)?;
             if resp.status >= 500 {
-                return Err(SendError::Retryable(format!("status {}", resp.status)));
+                return Err(SendError::retry_after(
+                    format!("status {}", resp.status),
+                    resp.retry_after_ms(),
+                ));
             }
             let json: Value = serde_json::from_slice(&resp.body).unwrap_or(Value::Null);
             let code = json.get("errcode").and_then(Value::as_i64).unwrap_or(-1);
@@ -140,6 +133,7 @@ impl ChannelGuest for Wechat {
                     let id = json.get("msgid").map(|v| v.to_string()).unwrap_or_default();
                     return Ok(Receipt {
                         provider_message_id: id,
+                        reference: None,
                     });
                 }
                 40001 | 42001 if !refreshed => {
@@ -147,22 +141,17 @@ impl ChannelGuest for Wechat {
                     refreshed = true;
                 }
                 43004 | 40003 => return Err(SendError::Permanent(format!("{code}: {text}"))),
-                _ => return Err(SendError::Retryable(format!("{code}: {text}"))),
+                _ => return Err(SendError::retryable(format!("{code}: {text}"))),
             }
         }
     }
 
-    fn query(_key: String, _id: Option<String>) -> Result<DeliveryStatus, SendError> {
-        Err(SendError::Retryable(
-            "WeChat template messages have no status query".into(),
+    fn handle_callback(req: CallbackRequest) -> Result<CallbackAnswer, CallbackError> {
+        let settled = pushonce_receipts(&req.body, "message_id")?;
+        Ok(callback::answer(
+            settled,
+            callback::json(&json!({"ok": true})),
         ))
-    }
-
-    fn parse_callback(
-        _headers: Vec<(String, String)>,
-        body: Vec<u8>,
-    ) -> Result<Vec<(String, DeliveryStatus)>, String> {
-        channel_sdk::parse_receipts(&body, "message_id")
     }
 }
 

@@ -247,7 +247,7 @@ async fn every_refusal_is_a_problem_naming_the_field_or_plugin() {
 
     // A failing key policy: the plugin's error, named.
     let interview = json!({"biz_type": "INTERVIEW_REMINDER", "biz_id": "i-1", "user_id": "u-1",
-        "occurred_at": 0, "recipients": {"sms": "1", "app-push": "t"}});
+        "occurred_at": "2026-11-30T08:00:00Z", "recipients": {"sms": "1", "app-push": "t"}});
     let a = host.post("/v1/events", &interview, None).await.unwrap();
     assert_problem(&a, 422, None);
     assert!(
@@ -547,7 +547,7 @@ window = "1h"
 async fn admin_reload_takes_a_new_policy_and_refuses_a_bad_one() {
     let redis = RedisServer::start().await.unwrap();
     let host = TestHost::start(&redis).await.unwrap();
-    let event = json!({"biz_type": "PASSWORD_CHANGED", "biz_id": "p-1", "user_id": "u-1", "occurred_at": 5});
+    let event = json!({"biz_type": "PASSWORD_CHANGED", "biz_id": "p-1", "user_id": "u-1", "occurred_at": 1796054399000u64});
     assert_problem(
         &host.post("/v1/events", &event, None).await.unwrap(),
         422,

@@ -70,6 +70,9 @@ pub enum ServiceError {
     /// Serving HTTP failed.
     #[error("http server: {0}")]
     Serve(std::io::Error),
+    /// The configuration cannot be served as it is (e.g. open beyond loopback).
+    #[error(transparent)]
+    Config(#[from] crate::config::ConfigError),
     /// A task of the host panicked.
     #[error("host task failed: {0}")]
     Join(#[from] tokio::task::JoinError),
@@ -303,7 +306,9 @@ pub async fn recent_events(
         .await?;
     Ok(texts
         .iter()
-        .filter_map(|t| crate::derive::event_from_json(t).ok())
+        .filter_map(|t| {
+            crate::derive::event_from_json_within(t, crate::derive::YearRange::ANY).ok()
+        })
         .collect())
 }
 
@@ -363,6 +368,7 @@ pub async fn start(
 ) -> Result<Running, ServiceError> {
     let config = Arc::new(config);
     let addr = listener.local_addr().map_err(ServiceError::Serve)?;
+    config.check_exposure(addr, |v| (options.env)(v))?;
     let target = config.redis_target();
     let store = Store::open(&target).await?;
     let permits = Permits::new(
@@ -431,7 +437,10 @@ pub async fn start(
     let state = AppState::new(SharedState {
         live: live.clone(),
         permits: api_permits,
-        limits: options.limits,
+        limits: ApiLimits {
+            occurred_at_years: config.occurred_at_years,
+            ..options.limits
+        },
         api_token: token(&options.env, config.auth.api_token_env.as_deref(), "/v1"),
         admin_token: token(
             &options.env,
@@ -445,7 +454,7 @@ pub async fn start(
         corpus: Arc::new(CorpusSampler::default()),
     });
     api::metrics::register_channels(config.channels.keys().map(String::as_str));
-    let (stop, mut stop_rx) = watch::channel(false);
+    let (stop, stop_rx) = watch::channel(false);
     let (dispatch_stop, dispatch_rx) = watch::channel(false);
     // The reconciler stops on the dispatcher's signal: both after the API.
     // An API-only instance (`dispatch = false`) runs neither.
@@ -473,18 +482,9 @@ pub async fn start(
         (None, None)
     };
     let app = api::app(state);
+    let http = config.http.clone();
     let task = tokio::spawn(async move {
-        let served = axum::serve(listener, app)
-            .with_graceful_shutdown(async move {
-                while !*stop_rx.borrow_and_update() {
-                    if stop_rx.changed().await.is_err() {
-                        break;
-                    }
-                }
-                tracing::info!("shutting down: no new connections, finishing requests in flight");
-            })
-            .await
-            .map_err(ServiceError::Serve);
+        crate::listener::serve(listener, app, &http, stop_rx).await;
         tracing::info!("API stopped; stopping the dispatcher (attempts in flight finish)");
         let _ = dispatch_stop.send(true);
         let dispatched = match dispatching {
@@ -496,7 +496,6 @@ pub async fn start(
             None => Ok(()),
         };
         store.shutdown().await;
-        served?;
         drop(watching);
         reloading.abort();
         dispatched??;

@@ -18,7 +18,7 @@ use super::AppState;
 use super::body::{JsonBody, from_value};
 use super::model::*;
 use super::problem::{ApiError, Problem};
-use crate::derive::{DeriveError, EventError, EventJson, derive, event_from_parsed};
+use crate::derive::{DeriveError, EventError, EventJson, YearRange, derive, event_from_parsed};
 use crate::permit::{AcceptRequest, Acceptance, RetryPolicy, Task};
 use crate::plugin::{Event, KeyPolicyPlugin};
 use crate::route::Policy;
@@ -385,7 +385,7 @@ fn validate(req: &EventRequest) -> Result<(), ApiError> {
 }
 
 /// The plugins' event from the request (occurred_at defaults to `now`).
-fn to_event(req: &EventRequest, now: u64) -> Result<Event, ApiError> {
+fn to_event(req: &EventRequest, now: u64, years: YearRange) -> Result<Event, ApiError> {
     let occurred_at = match &req.occurred_at {
         None => serde_json::Value::from(now),
         Some(OccurredAt::Millis(ms)) => serde_json::Value::from(*ms),
@@ -404,13 +404,16 @@ fn to_event(req: &EventRequest, now: u64) -> Result<Event, ApiError> {
             (k.clone(), value)
         })
         .collect();
-    event_from_parsed(EventJson {
-        biz_type: req.biz_type.clone(),
-        biz_id: req.biz_id.clone(),
-        user_id: req.user_id.clone(),
-        occurred_at,
-        attributes,
-    })
+    event_from_parsed(
+        EventJson {
+            biz_type: req.biz_type.clone(),
+            biz_id: req.biz_id.clone(),
+            user_id: req.user_id.clone(),
+            occurred_at,
+            attributes,
+        },
+        years,
+    )
     .map_err(|e| match e {
         EventError::Field { field, reason } => ApiError::invalid(field, reason),
         EventError::Json(e) => ApiError::invalid("body", e.to_string()),
@@ -632,7 +635,7 @@ fn plan(
             plugin: spec.key_policy.clone(),
             detail: e.to_string(),
         })?;
-    let event = to_event(&req, now)?;
+    let event = to_event(&req, now, state.limits.occurred_at_years)?;
     let event_text = event_json(&event);
     let ctx = Context {
         policy,

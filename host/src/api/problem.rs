@@ -114,6 +114,15 @@ pub enum ApiError {
     /// A bug or an unexpected answer.
     #[error("internal error: {0}")]
     Internal(String),
+    /// The HTTP layer could not read the request: a bad request line (400),
+    /// a URI too long (414) or a head too large (431).
+    #[error("bad HTTP request: {detail}")]
+    Http {
+        /// 400, 414 or 431.
+        status: StatusCode,
+        /// What could not be read.
+        detail: &'static str,
+    },
 }
 
 impl ApiError {
@@ -143,6 +152,7 @@ impl ApiError {
             ApiError::Timeout => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            ApiError::Http { status, .. } => *status,
         }
     }
 
@@ -167,6 +177,7 @@ impl ApiError {
             ApiError::Timeout => ("timeout", "Request timed out"),
             ApiError::MethodNotAllowed => ("method-not-allowed", "Method not allowed"),
             ApiError::Internal(_) => ("internal", "Internal error"),
+            ApiError::Http { .. } => ("bad-http-request", "Bad HTTP request"),
         };
         let detail = match self {
             // Never echo internals to a client: the log has them.

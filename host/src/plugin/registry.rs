@@ -77,7 +77,9 @@ impl PluginRegistry {
         let mut files = Vec::new();
         for entry in std::fs::read_dir(dir).map_err(dir_error)? {
             let path = entry.map_err(dir_error)?.path();
-            if path.extension().is_some_and(|e| e == "wasm") && path.is_file() {
+            // Not `is_file()`: a FIFO or a link to a device is refused by
+            // name when read, not skipped silently.
+            if path.extension().is_some_and(|e| e == "wasm") && !path.is_dir() {
                 files.push(path);
             }
         }
@@ -92,10 +94,12 @@ impl PluginRegistry {
     pub fn load_file(&mut self, file: &Path) -> Result<Plugin, LoadError> {
         let started = Instant::now();
         let file_buf = file.to_path_buf();
-        let bytes = std::fs::read(file).map_err(|source| LoadError::Read {
-            file: file_buf.clone(),
-            source,
-        })?;
+        let max = self.runtime.limits().max_file_bytes;
+        let bytes =
+            crate::files::read_regular_file(file, max).map_err(|source| LoadError::Read {
+                file: file_buf.clone(),
+                source,
+            })?;
         check_header(file, &bytes)?;
         let sha256 = cache::sha256_hex(&bytes);
         let (component, outcome) = cache::load_component(

@@ -9,8 +9,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use pushonce::store::{RedisTarget, Store, free_loopback_port, open_tls_client};
-use pushonce_tests::host::{order_shipped, repo_root};
-use pushonce_tests::plugins::real_dir;
+use pushonce_tests::host::order_shipped;
 use pushonce_tests::process::WorkerProcess;
 use pushonce_tests::wait_until;
 use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair};
@@ -145,20 +144,14 @@ async fn serve_on_rediss_with_an_acl_user_accepts_an_event() {
     let dir = tempfile::tempdir().unwrap();
     let port = free_loopback_port().unwrap();
     let base = format!("http://127.0.0.1:{port}");
-    let (listen, url) = (format!("127.0.0.1:{port}"), redis.url(PASSWORD));
-    let (ca, data, plugins) = (redis.ca(), dir.path().join("data"), real_dir());
-    let policies = repo_root().join("policies");
+    let (url, ca) = (redis.url(PASSWORD), redis.ca());
     let env = [
-        ("PUSHONCE_LISTEN", listen.as_str()),
         ("PUSHONCE_REDIS_URL", url.as_str()),
         ("PUSHONCE_REDIS_CA_FILE", ca.to_str().unwrap()),
-        ("PUSHONCE_DATA_DIR", data.to_str().unwrap()),
-        ("PUSHONCE_PLUGIN_DIR", plugins.to_str().unwrap()),
-        ("PUSHONCE_POLICY_DIR", policies.to_str().unwrap()),
-        ("PUSHONCE_WECHAT_SECRET", "wechat-secret"),
         ("RUST_LOG", "debug"),
     ];
-    let host = WorkerProcess::serve(&repo_root().join("pushonce.toml"), &env).unwrap();
+    let listen = format!("127.0.0.1:{port}");
+    let host = WorkerProcess::serve_repository_config(dir.path(), &listen, "", &env).unwrap();
     host.wait_ready(&base, Duration::from_secs(60))
         .await
         .unwrap();

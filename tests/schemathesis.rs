@@ -15,12 +15,11 @@ use std::time::Duration;
 
 use pushonce::store::free_loopback_port;
 use pushonce_tests::host::repo_root;
-use pushonce_tests::plugins::real_dir;
 use pushonce_tests::process::WorkerProcess;
 use pushonce_tests::redis::RedisServer;
 
-/// Generated cases per operation: about a minute for the whole API.
-const MAX_EXAMPLES: &str = "25";
+/// Generated cases per fuzzed operation (about 2,000 cases in all, about a minute).
+const MAX_EXAMPLES: &str = "100";
 
 fn schemathesis() -> PathBuf {
     let bin = repo_root().join("target/schemathesis/bin/schemathesis");
@@ -32,15 +31,6 @@ fn schemathesis() -> PathBuf {
     bin
 }
 
-/// The repository's configuration with tokens on for `/v1` and `/admin`.
-fn config(dir: &std::path::Path) -> PathBuf {
-    let mut text = std::fs::read_to_string(repo_root().join("pushonce.toml")).unwrap();
-    text.push_str("\n[auth]\napi_token_env = \"ST_TOKEN\"\nadmin_token_env = \"ST_TOKEN\"\n");
-    let file = dir.join("pushonce.toml");
-    std::fs::write(&file, text).unwrap();
-    file
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn generated_requests_get_no_5xx_and_no_closed_connection() {
     let st = schemathesis();
@@ -48,20 +38,15 @@ async fn generated_requests_get_no_5xx_and_no_closed_connection() {
     let dir = tempfile::tempdir().unwrap();
     let port = free_loopback_port().unwrap();
     let base = format!("http://127.0.0.1:{port}");
-    let listen = format!("127.0.0.1:{port}");
-    let (data, policies) = (dir.path().join("data"), repo_root().join("policies"));
-    let (redis_url, plugins) = (redis.url(), real_dir());
+    let redis_url = redis.url();
+    let tokens = "\n[auth]\napi_token_env = \"ST_TOKEN\"\nadmin_token_env = \"ST_TOKEN\"\n";
     let env = [
-        ("PUSHONCE_LISTEN", listen.as_str()),
         ("PUSHONCE_REDIS_URL", redis_url.as_str()),
-        ("PUSHONCE_DATA_DIR", data.to_str().unwrap()),
-        ("PUSHONCE_PLUGIN_DIR", plugins.to_str().unwrap()),
-        ("PUSHONCE_POLICY_DIR", policies.to_str().unwrap()),
-        ("PUSHONCE_WECHAT_SECRET", "st-wechat-secret"),
         ("ST_TOKEN", "st-secret"),
         ("RUST_LOG", "warn"),
     ];
-    let host = WorkerProcess::serve(&config(dir.path()), &env).unwrap();
+    let listen = format!("127.0.0.1:{port}");
+    let host = WorkerProcess::serve_repository_config(dir.path(), &listen, tokens, &env).unwrap();
     host.wait_ready(&base, Duration::from_secs(60))
         .await
         .unwrap();
@@ -72,6 +57,8 @@ async fn generated_requests_get_no_5xx_and_no_closed_connection() {
         .args(["--seed", "20"])
         .args(["-H", "Authorization: Bearer st-secret"])
         .env("NO_COLOR", "1")
+        // Its example database (`.schemathesis/`) goes to the temporary directory.
+        .current_dir(dir.path())
         .output()
         .unwrap();
     let report = format!(
@@ -80,6 +67,12 @@ async fn generated_requests_get_no_5xx_and_no_closed_connection() {
         String::from_utf8_lossy(&out.stderr),
         host.log()
     );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    eprintln!("{stdout}");
     assert!(out.status.success(), "{report}");
+    assert!(
+        stdout.contains(" generated, "),
+        "schemathesis generated nothing: {report}"
+    );
     assert!(!report.contains("panicked"), "{report}");
 }

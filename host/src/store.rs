@@ -117,15 +117,15 @@ pub enum RedisTarget {
 /// A client of one Redis or of a Redis Cluster, for opening connections.
 #[derive(Debug, Clone)]
 pub enum RedisClient {
-    /// One Redis server.
-    Single(redis::Client),
+    /// One Redis server (boxed: with TLS compiled in its client is large too).
+    Single(Box<redis::Client>),
     /// A Redis Cluster (boxed: its client is large, and rarely moved).
     Cluster(Box<ClusterClient>),
 }
 
 impl From<redis::Client> for RedisClient {
     fn from(client: redis::Client) -> Self {
-        RedisClient::Single(client)
+        RedisClient::Single(Box::new(client))
     }
 }
 

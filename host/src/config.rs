@@ -836,6 +836,39 @@ mod tests {
     }
 
     #[test]
+    fn http_and_occurred_at_years_are_read_and_checked() {
+        let file = Path::new("pushonce.toml");
+        let c = HostConfig::parse(
+            file,
+            "occurred_at_years = { from = 2010, to = 2030 }\n[http]\nheader_read_timeout = \"2s\"\nmax_connections = 8\n",
+        )
+        .unwrap();
+        c.check().unwrap();
+        assert_eq!(c.occurred_at_years.from, 2010);
+        assert_eq!(c.http.header_read_timeout, Duration::from_secs(2));
+        assert_eq!(c.http.max_connections, 8);
+        assert!(!c.http.allow_open_network);
+        let bad = HostConfig::parse(file, "occurred_at_years = { from = 2100, to = 2000 }\n")
+            .unwrap()
+            .check()
+            .unwrap_err()
+            .to_string();
+        assert!(bad.starts_with("occurred_at_years:"), "{bad}");
+        let bad = HostConfig::parse(file, "[http]\nmax_connections = 0\n")
+            .unwrap()
+            .check()
+            .unwrap_err()
+            .to_string();
+        assert!(bad.starts_with("http.max_connections:"), "{bad}");
+        let bad = HostConfig::parse(file, "redis_ca_file = \"/ca.pem\"\n")
+            .unwrap()
+            .check()
+            .unwrap_err()
+            .to_string();
+        assert!(bad.starts_with("redis_ca_file:"), "{bad}");
+    }
+
+    #[test]
     fn reconcile_table_reads_durations_and_refuses_unknown_keys() {
         let c = HostConfig::parse(
             Path::new("pushonce.toml"),

@@ -147,6 +147,28 @@ impl AsyncWrite for ProblemIo {
         Pin::new(&mut this.inner).poll_write(cx, buf)
     }
 
+    /// Vectored like the socket (hyper then writes a head and a body
+    /// without copying them together); hyper's error answers are a head
+    /// alone, in the first slice.
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let this = self.get_mut();
+        ready!(this.poll_drain(cx))?;
+        let first = bufs.iter().find(|b| !b.is_empty());
+        if let Some(answer) = first.and_then(|b| problem_answer(b)) {
+            this.pending = Some((answer, 0));
+            return Poll::Ready(Ok(first.map_or(0, |b| b.len())));
+        }
+        Pin::new(&mut this.inner).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         let this = self.get_mut();
         ready!(this.poll_drain(cx))?;

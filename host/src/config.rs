@@ -848,24 +848,18 @@ mod tests {
         assert_eq!(c.http.header_read_timeout, Duration::from_secs(2));
         assert_eq!(c.http.max_connections, 8);
         assert!(!c.http.allow_open_network);
-        let bad = HostConfig::parse(file, "occurred_at_years = { from = 2100, to = 2000 }\n")
-            .unwrap()
-            .check()
-            .unwrap_err()
-            .to_string();
-        assert!(bad.starts_with("occurred_at_years:"), "{bad}");
-        let bad = HostConfig::parse(file, "[http]\nmax_connections = 0\n")
-            .unwrap()
-            .check()
-            .unwrap_err()
-            .to_string();
-        assert!(bad.starts_with("http.max_connections:"), "{bad}");
-        let bad = HostConfig::parse(file, "redis_ca_file = \"/ca.pem\"\n")
-            .unwrap()
-            .check()
-            .unwrap_err()
-            .to_string();
-        assert!(bad.starts_with("redis_ca_file:"), "{bad}");
+        for (text, field) in [
+            (
+                "occurred_at_years = { from = 2100, to = 2000 }\n",
+                "occurred_at_years:",
+            ),
+            ("[http]\nmax_connections = 0\n", "http.max_connections:"),
+            ("redis_ca_file = \"/ca.pem\"\n", "redis_ca_file:"),
+        ] {
+            let c = HostConfig::parse(file, text).unwrap();
+            let err = c.check().unwrap_err().to_string();
+            assert!(err.starts_with(field), "{err}");
+        }
     }
 
     #[test]

@@ -44,6 +44,7 @@ async fn probe(sender: &PluginSender, url: &str) -> (Result<Receipt, SendError>,
             recipient: "nobody".into(),
             template: "T".into(),
             params: vec![("url".into(), url.into())],
+            attempt: 1,
         })
         .await
         .expect("the call itself works");
@@ -64,6 +65,10 @@ async fn outcome(sender: &PluginSender, url: &str) -> SendOutcome {
         channel: "probe".into(),
         attempt: 1,
         payload: payload.to_string(),
+        reference: None,
+        provider_message_id: None,
+        first_attempt_ms: 0,
+        last_attempt_ms: 0,
     };
     Sender::send(sender, &msg).await
 }
@@ -143,7 +148,8 @@ async fn tls_failures_write_nothing_and_are_retryable_naming_the_cause() {
 
         let (res, log) = probe(&sender, &url).await;
         match &res {
-            Err(SendError::Retryable(m)) => {
+            Err(SendError::Retryable(r)) => {
+                let m = &r.reason;
                 assert!(m.contains("TlsCertificateError"), "{case}: {m}");
                 assert!(
                     !m.contains(cause),
@@ -157,7 +163,7 @@ async fn tls_failures_write_nothing_and_are_retryable_naming_the_cause() {
         assert!(log.not_sent[0].contains(cause), "{case}: {log:?}");
 
         match outcome(&sender, &url).await {
-            SendOutcome::Retryable(m) => assert!(
+            SendOutcome::Retryable { reason: m, .. } => assert!(
                 m.contains(&format!("(not sent: TLS with 127.0.0.1: {cause})")),
                 "{case}: the task's last_error names the cause: {m}"
             ),

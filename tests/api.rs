@@ -247,7 +247,7 @@ async fn every_refusal_is_a_problem_naming_the_field_or_plugin() {
 
     // A failing key policy: the plugin's error, named.
     let interview = json!({"biz_type": "INTERVIEW_REMINDER", "biz_id": "i-1", "user_id": "u-1",
-        "occurred_at": 0, "recipients": {"sms": "1", "app-push": "t"}});
+        "occurred_at": "2026-11-30T08:00:00Z", "recipients": {"sms": "1", "app-push": "t"}});
     let a = host.post("/v1/events", &interview, None).await.unwrap();
     assert_problem(&a, 422, None);
     assert!(
@@ -346,28 +346,35 @@ async fn every_refusal_is_a_problem_naming_the_field_or_plugin() {
         a.body
     );
 
-    // Receipts: a callback the channel plugin cannot parse is a 422 naming it.
+    // Receipts: a callback the channel plugin cannot parse is a 400 naming why.
     let a = host
-        .send(host.client.post(host.url("/v1/receipts/sms")).body("x"))
+        .send(
+            host.client
+                .post(host.url("/v1/receipts/sms/cb-sms-9d2e61f0"))
+                .body("x"),
+        )
         .await
         .unwrap();
-    assert_problem(&a, 422, Some("body"));
+    assert_problem(&a, 400, None);
     assert!(
-        a.body["detail"]
-            .as_str()
-            .unwrap()
-            .starts_with("channel sms: the callback was refused: "),
+        a.body["detail"].as_str().unwrap().starts_with("not JSON"),
         "{}",
         a.body
     );
-    assert_problem(
-        &host
-            .send(host.client.post(host.url("/v1/receipts/fax")).body("x"))
+    // No such channel, no token, a wrong token: the same 404, so the route
+    // does not tell which channels exist.
+    for path in [
+        "/v1/receipts/fax/cb-sms-9d2e61f0",
+        "/v1/receipts/sms",
+        "/v1/receipts/sms/wrong-token",
+    ] {
+        let a = host
+            .send(host.client.post(host.url(path)).body("x"))
             .await
-            .unwrap(),
-        404,
-        None,
-    );
+            .unwrap();
+        assert_problem(&a, 404, None);
+        assert_eq!(a.body["detail"], "no such route", "{path}: {}", a.body);
+    }
     host.shutdown().await.unwrap();
 }
 
@@ -431,7 +438,7 @@ async fn tokens_guard_v1_admin_and_receipts() {
     let env: HashMap<String, String> = [
         ("API_TOKEN", "api-secret"),
         ("ADMIN_TOKEN", "admin-secret"),
-        ("RECEIPT_SECRET_sms", "sms-secret"),
+        ("CALLBACK_TOKEN_sms", "sms-path-token"),
     ]
     .into_iter()
     .map(|(k, v)| (k.to_string(), v.to_string()))
@@ -491,26 +498,32 @@ async fn tokens_guard_v1_admin_and_receipts() {
             .status,
         StatusCode::OK
     );
-    // Receipts: the channel's own secret, not the API token.
-    let receipt = |token: Option<&'static str>| {
-        let mut r = host.client.post(host.url("/v1/receipts/sms")).body("{}");
-        if let Some(t) = token {
+    // Receipts: the channel's path token, not a bearer token (providers send none).
+    let receipt = |path: &str, bearer: Option<&'static str>| {
+        let mut r = host.client.post(host.url(path)).body("{}");
+        if let Some(t) = bearer {
             r = r.bearer_auth(t);
         }
         r
     };
-    assert_problem(&host.send(receipt(None)).await.unwrap(), 401, None);
-    assert_problem(
-        &host.send(receipt(Some("api-secret"))).await.unwrap(),
-        401,
-        None,
-    );
-    // With the channel's secret the callback reaches the plugin (which
+    for (path, bearer) in [
+        ("/v1/receipts/sms", None),
+        ("/v1/receipts/sms", Some("api-secret")),
+        ("/v1/receipts/sms/api-secret", None),
+    ] {
+        assert_problem(&host.send(receipt(path, bearer)).await.unwrap(), 404, None);
+    }
+    // With the channel's path token the callback reaches the plugin (which
     // refuses this one: it has no `receipts` array).
-    assert_problem(
-        &host.send(receipt(Some("sms-secret"))).await.unwrap(),
-        422,
-        Some("body"),
+    let a = host
+        .send(receipt("/v1/receipts/sms/sms-path-token", None))
+        .await
+        .unwrap();
+    assert_problem(&a, 400, None);
+    assert!(
+        !a.body.to_string().contains("sms-path-token"),
+        "the token is never echoed: {}",
+        a.body
     );
     // Probes, metrics and the document are open.
     for path in ["/healthz", "/readyz", "/metrics", "/openapi.json"] {
@@ -534,7 +547,7 @@ window = "1h"
 async fn admin_reload_takes_a_new_policy_and_refuses_a_bad_one() {
     let redis = RedisServer::start().await.unwrap();
     let host = TestHost::start(&redis).await.unwrap();
-    let event = json!({"biz_type": "PASSWORD_CHANGED", "biz_id": "p-1", "user_id": "u-1", "occurred_at": 5});
+    let event = json!({"biz_type": "PASSWORD_CHANGED", "biz_id": "p-1", "user_id": "u-1", "occurred_at": 1796054399000u64});
     assert_problem(
         &host.post("/v1/events", &event, None).await.unwrap(),
         422,

@@ -2,7 +2,7 @@
 //! simulator on 127.0.0.1 (`provider_sim::run`), the real channel plugins built
 //! by `build.rs`, the dispatcher sending through `PluginSender`. Counts are
 //! made at the receiving end — the simulator's ledger. Receipts come from the
-//! simulator itself, posted to a minimal route that calls `apply_receipts`.
+//! simulator itself, posted to a minimal route that calls `handle_callback`.
 //! The setup is shared with `reconcile.rs` (`pushonce_tests::channels`).
 
 use std::net::SocketAddr;
@@ -14,9 +14,30 @@ use pushonce::permit::{Permits, TaskStatus};
 use pushonce::plugin::bindings::{Message, SendError};
 use pushonce::send::Fallback;
 use pushonce::send::plugin::PluginSender;
-use pushonce::send::receipts::{ReceiptError, ReceiptReport, apply_receipts};
+use pushonce::send::receipts::{ReceiptError, ReceiptReport, handle_callback};
 use pushonce_tests::channels::{DEADLINE, Env, channels, payload, sender, sim};
 use pushonce_tests::wait_until;
+
+/// A provider's `POST` of `body` to `channel`'s callback URL, handled by
+/// its plugin; ids matching no task are unmatched at once (no grace).
+async fn apply_receipts(
+    permits: &Permits,
+    sender: &PluginSender,
+    channel: &str,
+    body: &[u8],
+) -> Result<ReceiptReport, ReceiptError> {
+    let req = pushonce::plugin::bindings::CallbackRequest {
+        method: "POST".into(),
+        path: String::new(),
+        query: String::new(),
+        headers: vec![("content-type".into(), "application/json".into())],
+        body: body.to_vec(),
+    };
+    let zero = std::time::Duration::ZERO;
+    Ok(handle_callback(permits, sender, channel, req, zero)
+        .await?
+        .report)
+}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_message_per_channel_reaches_the_provider_once() {
@@ -269,6 +290,7 @@ fn message(key: &str) -> Message {
         recipient: "user-x".into(),
         template: "T".into(),
         params: vec![],
+        attempt: 1,
     }
 }
 
@@ -308,7 +330,9 @@ async fn the_outbound_policy_refuses_hosts_off_the_allowlist() {
     })
     .await;
     match res {
-        Err(SendError::Retryable(m)) => assert!(m.contains("denied"), "{m}"),
+        // Contract 2's SDK: a refusal by the outbound policy is permanent
+        // (an operator must change `allowed_hosts`; retrying cannot help).
+        Err(SendError::Permanent(m)) => assert!(m.contains("denied"), "{m}"),
         other => panic!("expected a refusal, got {other:?}"),
     }
     assert!(
@@ -324,7 +348,7 @@ async fn the_outbound_policy_refuses_hosts_off_the_allowlist() {
     })
     .await;
     assert!(
-        matches!(&res, Err(SendError::Retryable(m)) if m.contains("denied")),
+        matches!(&res, Err(SendError::Permanent(m)) if m.contains("denied")),
         "{res:?}"
     );
     assert!(denied[0].contains("loopback"), "{denied:?}");
@@ -365,15 +389,9 @@ async fn receipts_settle_tasks_and_failed_after_accept_falls_back() {
     // Inbox receipts name the reference (the idempotency key).
     let key = env.permits.task(&inbox).await.unwrap().unwrap().key;
     let body = format!(r#"{{"receipts":[{{"reference":"{key}","status":"delivered"}}]}}"#);
-    let report = pushonce::send::receipts::apply_receipts(
-        &env.permits,
-        &receipts_sender,
-        "inbox",
-        &[],
-        body.as_bytes(),
-    )
-    .await
-    .unwrap();
+    let report = apply_receipts(&env.permits, &receipts_sender, "inbox", body.as_bytes())
+        .await
+        .unwrap();
     assert_eq!(report.updated, 1, "{report:?}");
     assert_eq!(env.status(&inbox).await, Some(TaskStatus::Delivered));
 
@@ -382,15 +400,9 @@ async fn receipts_settle_tasks_and_failed_after_accept_falls_back() {
     let body = format!(r#"{{"receipts":[{{"message_id":"{biz_id}","status":"failed"}}]}}"#);
     for _ in 0..2 {
         // Applying the same callback twice changes nothing more.
-        pushonce::send::receipts::apply_receipts(
-            &env.permits,
-            &receipts_sender,
-            "sms",
-            &[],
-            body.as_bytes(),
-        )
-        .await
-        .unwrap();
+        apply_receipts(&env.permits, &receipts_sender, "sms", body.as_bytes())
+            .await
+            .unwrap();
     }
     assert_eq!(env.status(&sms).await, Some(TaskStatus::Failed));
     let fb = env
@@ -403,15 +415,9 @@ async fn receipts_settle_tasks_and_failed_after_accept_falls_back() {
     assert_eq!(env.ledger("app-push").len(), 1);
 
     // A malformed callback is refused with the plugin's reason.
-    let err = pushonce::send::receipts::apply_receipts(
-        &env.permits,
-        &receipts_sender,
-        "sms",
-        &[],
-        b"not json",
-    )
-    .await
-    .unwrap_err();
+    let err = apply_receipts(&env.permits, &receipts_sender, "sms", b"not json")
+        .await
+        .unwrap_err();
     assert!(err.to_string().contains("not JSON"), "{err}");
     env.stop().await;
 }
@@ -425,7 +431,7 @@ struct Callback {
 }
 
 /// A minimal stand-in for the API's `POST /v1/receipts/{channel}` on
-/// 127.0.0.1: checks the bearer secret, forwards to `apply_receipts`. It
+/// 127.0.0.1: checks the bearer secret, forwards to `handle_callback`. It
 /// answers 503 when an entry names no task yet or a task not yet `sent`, so
 /// the simulator retries: a receipt can outrun the dispatcher's recording
 /// of the send it reports.
@@ -450,14 +456,12 @@ async fn receipts_route(
                     let (status, report) = if auth != Some(&format!("Bearer {secret}")) {
                         (StatusCode::UNAUTHORIZED, None)
                     } else {
-                        let headers: Vec<(String, String)> = headers
-                            .iter()
-                            .map(|(k, v)| {
-                                (k.to_string(), String::from_utf8_lossy(v.as_bytes()).into())
-                            })
-                            .collect();
-                        match apply_receipts(&permits, &sender, &channel, &headers, &body).await {
-                            Ok(r) if r.unmatched.is_empty() && r.ignored == 0 => {
+                        match apply_receipts(&permits, &sender, &channel, &body).await {
+                            Ok(r)
+                                if r.unmatched.is_empty()
+                                    && r.not_yet.is_empty()
+                                    && r.ignored == 0 =>
+                            {
                                 (StatusCode::OK, Some(r))
                             }
                             Ok(r) => (StatusCode::SERVICE_UNAVAILABLE, Some(r)),

@@ -6,7 +6,7 @@
 
 use provider_sim::{Faults, ReceiptConfig};
 use pushonce_tests::redis::RedisServer;
-use pushonce_tests::stack::{ServeConfig, ServeProcess, copy_dir, simulator};
+use pushonce_tests::stack::{CALLBACK_TOKEN, ServeConfig, ServeProcess, copy_dir, simulator};
 use pushonce_tests::wait_until;
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
@@ -51,7 +51,7 @@ async fn one_event_reaches_each_provider_once_and_an_edited_policy_is_used() {
         ("app-push", "app-push"),
     ] {
         let receipts = ReceiptConfig {
-            url: format!("{base}/v1/receipts/{channel}"),
+            url: format!("{base}/v1/receipts/{channel}/{}", CALLBACK_TOKEN.1),
             delay_ms: 0,
             secret: None,
             fail_after_accept: Default::default(),
@@ -110,7 +110,7 @@ async fn one_event_reaches_each_provider_once_and_an_edited_policy_is_used() {
     // Each task is pinned to the channel plugin version it started with.
     let sms_task = get_json(&client, &task_urls[0]).await.unwrap();
     assert_eq!(sms_task["channel"], "sms", "{sms_task}");
-    assert_eq!(sms_task["payload"]["plugin"], "sms@1.0.0", "{sms_task}");
+    assert_eq!(sms_task["payload"]["plugin"], "sms@2.0.0", "{sms_task}");
     let ledger = sim.ledger();
     let one = |provider: &str| {
         let list = &ledger[provider];

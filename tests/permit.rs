@@ -210,6 +210,7 @@ async fn a_worker_whose_lease_was_lost_cannot_overwrite() {
             &b,
             &Outcome::Sent {
                 provider_message_id: "p-1".into(),
+                reference: None,
             },
             None,
         )
@@ -306,6 +307,7 @@ async fn ended_tasks_get_retention_and_sent_permits_keep_the_window() {
             &a,
             &Outcome::Sent {
                 provider_message_id: "p".into(),
+                reference: None,
             },
             None,
         )
@@ -572,6 +574,7 @@ async fn receipts_and_checks_take_tasks_out_of_the_awaiting_index() {
     let permits = server.permits(due_at_once()).await.unwrap();
     let sent = Outcome::Sent {
         provider_message_id: "p-1".into(),
+        reference: None,
     };
     let a = recorded(&permits, "await-sent", sent).await;
     let shard = shard_of_task(&a).unwrap();

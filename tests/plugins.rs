@@ -40,13 +40,13 @@ fn the_real_plugins_load_and_describe_themselves() {
     assert_eq!(
         ids,
         [
-            "app-push@1.0.0",
-            "inbox@1.0.0",
+            "app-push@2.0.0",
+            "inbox@2.0.0",
             "per-event@1.0.0",
             "per-user-per-day@1.0.0",
             "per-user-per-job@1.0.0",
-            "sms@1.0.0",
-            "wechat@1.0.0"
+            "sms@2.0.0",
+            "wechat@2.0.0"
         ]
     );
     for p in registry.plugins() {
@@ -398,6 +398,41 @@ fn bad_files_are_refused_with_a_reason_and_good_ones_still_load() {
     assert_eq!(registry.plugins().len(), 1);
     let k = key(&registry, "per-event@1", &event("u", 0, &[]), "sms", &[]).unwrap();
     assert_eq!(k, "push:per-event@1:sms:ORDER_SHIPPED:o-1:u");
+}
+
+#[test]
+fn a_channel_of_contract_1_is_refused_naming_the_change_and_key_policies_still_load() {
+    let v1 = std::fs::read(fixture("channel_v1")).unwrap();
+    let per_event = std::fs::read(real("per_event")).unwrap();
+    let sms = std::fs::read(real("sms")).unwrap();
+    let dir = dir_with(&[
+        ("channel_v1.wasm", &v1),
+        ("per_event.wasm", &per_event),
+        ("sms.wasm", &sms),
+    ]);
+    let (registry, refused) = PluginRegistry::load_dir(dir.path(), &limits(), None).unwrap();
+    assert_eq!(refused.len(), 1, "{refused:#?}");
+    let err = refusal_of(&refused, "channel_v1.wasm");
+    assert!(
+        matches!(err, LoadError::OldChannelContract { .. }),
+        "{err:?}"
+    );
+    let text = err.to_string();
+    for part in [
+        "channel_v1.wasm: channel contract 1.x (pushonce:plugin/channel@1.0.0) is no longer supported",
+        "rebuild the plugin against pushonce:channel@2",
+        "docs/channels.md",
+    ] {
+        assert!(text.contains(part), "{text}");
+    }
+    // The key policy (contract pushonce:plugin@1, unchanged) and the v2
+    // channel beside it load and work.
+    let k = key(&registry, "per-event@1", &event("u", 0, &[]), "sms", &[]).unwrap();
+    assert_eq!(k, "push:per-event@1:sms:ORDER_SHIPPED:o-1:u");
+    assert_eq!(
+        registry.resolve_channel("sms@^2").unwrap().id(),
+        "sms@2.0.0"
+    );
 }
 
 #[test]

@@ -17,13 +17,13 @@ use tokio::sync::mpsc;
 
 const CHANNELS: &str = r#"
 [channels.inbox]
-plugin = "inbox@^1"
+plugin = "inbox@^2"
 [channels.sms]
-plugin = "sms@^1"
+plugin = "sms@^2"
 [channels.wechat]
-plugin = "wechat@^1"
+plugin = "wechat@^2"
 [channels.app-push]
-plugin = "app-push@^1"
+plugin = "app-push@^2"
 "#;
 
 /// A host configuration with the four channels and the given directories.

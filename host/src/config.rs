@@ -19,6 +19,12 @@ pub struct HostConfig {
     /// `redis_cluster`) means the host starts its own `redis-server` (AOF on)
     /// with data in `data_dir`. Env: `PUSHONCE_REDIS_URL`.
     pub redis_url: Option<String>,
+    /// PEM file of the CA certificates a `rediss://` `redis_url` is verified
+    /// against (a private CA, e.g. a managed service's); unset: the system's
+    /// roots. An ACL user and password go in the URL,
+    /// `rediss://user:password@host:6380` (never logged: errors show `***`).
+    /// Env: `PUSHONCE_REDIS_CA_FILE`.
+    pub redis_ca_file: Option<PathBuf>,
     /// A Redis Cluster instead: some of its masters' URLs
     /// (`["redis://10.0.0.1:7000", "redis://10.0.0.2:7000"]`), from which the
     /// client learns the rest. Exclusive with `redis_url`. Env:
@@ -53,6 +59,63 @@ pub struct HostConfig {
     pub auth: AuthConfig,
     /// The reconciler: when and how often tasks awaiting confirmation are checked.
     pub reconcile: ReconcileConfig,
+    /// Providers' delivery callbacks.
+    pub receipts: ReceiptsConfig,
+    /// Years (UTC, inclusive) an event's `occurred_at` may fall in, e.g.
+    /// `{ from = 2000, to = 2100 }` (the default); an event outside is
+    /// refused with 422 naming `occurred_at` (a typo, seconds sent as
+    /// milliseconds).
+    pub occurred_at_years: crate::derive::YearRange,
+    /// The HTTP listener: exposure, header timeout, connection cap.
+    pub http: HttpConfig,
+}
+
+/// Providers' delivery callbacks (`[receipts]`).
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ReceiptsConfig {
+    /// How long a callback naming a message no task matches is answered 503
+    /// (the provider retries: the send may not be recorded yet), counted from
+    /// when that message id was first seen; after it the callback is accepted
+    /// and counted as unmatched (`pushonce_receipts_unmatched_total`).
+    #[serde(with = "humantime_serde")]
+    pub unmatched_grace: Duration,
+}
+
+impl Default for ReceiptsConfig {
+    fn default() -> Self {
+        ReceiptsConfig {
+            unmatched_grace: Duration::from_secs(120),
+        }
+    }
+}
+
+/// The HTTP listener (`[http]`).
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct HttpConfig {
+    /// Let the host listen on a non-loopback address (e.g. `0.0.0.0:8080`)
+    /// while the API or admin token is unset, i.e. with `/v1` or `/admin`
+    /// open to the network. Off by default: such a host refuses to start,
+    /// naming the address and the token settings it misses.
+    pub allow_open_network: bool,
+    /// A connection that has not sent a whole request head within this time
+    /// is closed (slow or stalled clients).
+    #[serde(with = "humantime_serde")]
+    pub header_read_timeout: Duration,
+    /// Most connections served at once; further ones wait in the kernel's
+    /// accept queue until one closes.
+    pub max_connections: usize,
+}
+
+impl Default for HttpConfig {
+    fn default() -> Self {
+        HttpConfig {
+            allow_open_network: false,
+            header_read_timeout: Duration::from_secs(10),
+            max_connections: 1024,
+        }
+    }
 }
 
 /// The reconciler (`[reconcile]`): tasks `sent` without a receipt, or
@@ -144,13 +207,16 @@ pub struct PluginLimits {
     /// Plugin instances that can exist at once, all plugins together (slots of
     /// the pooling allocator; each reserves address space, not memory).
     pub instances: u32,
+    /// Largest plugin file loaded, e.g. `"64 MiB"` (the default); a larger
+    /// file, or one that is not a regular file, is refused by name.
+    pub max_file_size: bytesize::ByteSize,
 }
 
 /// One channel instance: which channel plugin, and its settings.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ChannelConfig {
-    /// The channel plugin and version requirement, `name@req`, e.g. `sms@^1`.
+    /// The channel plugin and version requirement, `name@req`, e.g. `sms@^2`.
     pub plugin: String,
     /// Settings handed to the plugin (endpoint, template defaults...).
     #[serde(default)]
@@ -162,11 +228,18 @@ pub struct ChannelConfig {
     /// Hosts (`name` or `name:port`) the plugin may reach over HTTP.
     #[serde(default)]
     pub allowed_hosts: Vec<String>,
-    /// Environment variable holding the shared secret the provider presents
-    /// (`Authorization: Bearer <secret>`) on `POST /v1/receipts/<channel>`;
-    /// unset: the receipts route of this channel is open (a warning at start).
+    /// Environment variable holding the channel's callback path token: the
+    /// provider calls `/v1/receipts/<channel>/<token>` (the token is the
+    /// credential; it is compared in constant time and never logged). A
+    /// channel whose plugin takes callbacks and has no token makes the host
+    /// refuse to start, unless `open_callbacks = true`.
     #[serde(default)]
-    pub receipt_secret_env: Option<String>,
+    pub callback_token_env: Option<String>,
+    /// Serve `/v1/receipts/<channel>` without a path token (an explicit
+    /// opt-in for a provider that cannot be given a secret URL; a warning at
+    /// start). Default `false`: callback routes are closed.
+    #[serde(default)]
+    pub open_callbacks: bool,
 
     // ---- delivery settings (channels issue) ----
     /// After an `unknown` outcome, when the provider has neither a client
@@ -184,6 +257,14 @@ pub struct ChannelConfig {
     /// addresses (IP literals in `allowed_hosts` are always reachable).
     #[serde(default)]
     pub allow_private: bool,
+    /// Let the plugin send plain `http://` requests (unencrypted; meant for
+    /// local simulators). Off: only `https://` leaves the host.
+    #[serde(default)]
+    pub allow_plaintext: bool,
+    /// PEM file of extra trusted root certificates for `https://` (a private
+    /// CA), trusted besides the web PKI roots.
+    #[serde(default)]
+    pub ca_file: Option<std::path::PathBuf>,
     /// Most time to resolve and connect to the provider.
     #[serde(default = "default_connect_timeout", with = "humantime_serde")]
     pub connect_timeout: Duration,
@@ -241,11 +322,14 @@ impl ChannelConfig {
             settings: BTreeMap::new(),
             secrets_from_env: BTreeMap::new(),
             allowed_hosts: Vec::new(),
-            receipt_secret_env: None,
+            callback_token_env: None,
+            open_callbacks: false,
             on_unknown: OnUnknown::Hold,
             concurrency: default_concurrency(),
             rate_limit: 0.0,
             allow_private: false,
+            allow_plaintext: false,
+            ca_file: None,
             connect_timeout: default_connect_timeout(),
             response_timeout: default_response_timeout(),
             call_timeout: default_call_timeout(),
@@ -255,9 +339,7 @@ impl ChannelConfig {
     }
 
     /// The outbound HTTP policy of this channel instance.
-    pub fn outbound_policy(
-        &self,
-    ) -> Result<crate::plugin::OutboundPolicy, crate::plugin::http::AllowedHostError> {
+    pub fn outbound_policy(&self) -> Result<crate::plugin::OutboundPolicy, OutboundConfigError> {
         Ok(crate::plugin::OutboundPolicy {
             allowed: self
                 .allowed_hosts
@@ -270,8 +352,21 @@ impl ChannelConfig {
             between_bytes_timeout: self.response_timeout,
             max_request_bytes: self.max_request_size.as_u64(),
             max_response_bytes: self.max_response_size.as_u64(),
+            allow_plaintext: self.allow_plaintext,
+            tls: crate::plugin::tls::tls_config(self.ca_file.as_deref())?,
         })
     }
+}
+
+/// Why a channel's outbound settings cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum OutboundConfigError {
+    /// An `allowed_hosts` entry does not parse.
+    #[error(transparent)]
+    AllowedHost(#[from] crate::plugin::http::AllowedHostError),
+    /// `ca_file` cannot be used.
+    #[error(transparent)]
+    Tls(#[from] crate::plugin::tls::TlsSetupError),
 }
 
 /// Where the API's bearer tokens come from.
@@ -289,6 +384,7 @@ impl Default for HostConfig {
         HostConfig {
             listen: "127.0.0.1:8080".parse().expect("a valid literal address"),
             redis_url: None,
+            redis_ca_file: None,
             redis_cluster: Vec::new(),
             data_dir: PathBuf::from("data"),
             plugin_dir: PathBuf::from("target/plugins"),
@@ -302,6 +398,9 @@ impl Default for HostConfig {
             channels: BTreeMap::new(),
             auth: AuthConfig::default(),
             reconcile: ReconcileConfig::default(),
+            receipts: ReceiptsConfig::default(),
+            occurred_at_years: crate::derive::YearRange::default(),
+            http: HttpConfig::default(),
         }
     }
 }
@@ -312,6 +411,7 @@ impl Default for PluginLimits {
             fuel: 50_000_000,
             memory: bytesize::ByteSize::mib(64),
             instances: 256,
+            max_file_size: bytesize::ByteSize::mib(64),
         }
     }
 }
@@ -401,6 +501,9 @@ impl HostConfig {
         if let Some(v) = get("PUSHONCE_REDIS_URL") {
             self.redis_url = (!v.is_empty()).then_some(v);
         }
+        if let Some(v) = get("PUSHONCE_REDIS_CA_FILE") {
+            self.redis_ca_file = (!v.is_empty()).then(|| PathBuf::from(v));
+        }
         if let Some(v) = get("PUSHONCE_REDIS_CLUSTER") {
             self.redis_cluster = v
                 .split(',')
@@ -461,6 +564,19 @@ impl HostConfig {
         if r.backoff.factor.is_nan() || r.backoff.factor < 1.0 {
             return Err(invalid("reconcile.backoff.factor", "must be at least 1.0"));
         }
+        if self.http.max_connections == 0 {
+            return Err(invalid("http.max_connections", "must be at least 1"));
+        }
+        if self.http.header_read_timeout < Duration::from_millis(10) {
+            return Err(invalid("http.header_read_timeout", "must be at least 10ms"));
+        }
+        let years = self.occurred_at_years;
+        if !(1970..=9999).contains(&years.from) || !(years.from..=9999).contains(&years.to) {
+            return Err(invalid(
+                "occurred_at_years",
+                "needs 1970 <= from <= to <= 9999",
+            ));
+        }
         if let Some(url) = &self.redis_url {
             let known = ["redis://", "rediss://", "redis+unix://", "unix://"];
             if !known.iter().any(|p| url.starts_with(p)) {
@@ -469,6 +585,17 @@ impl HostConfig {
                     "must start with redis://, rediss://, redis+unix:// or unix://",
                 ));
             }
+        }
+        if self.redis_ca_file.is_some()
+            && !self
+                .redis_url
+                .as_deref()
+                .is_some_and(|u| u.starts_with("rediss://"))
+        {
+            return Err(invalid(
+                "redis_ca_file",
+                "applies to a rediss:// redis_url only (set redis_url = \"rediss://...\")",
+            ));
         }
         if !self.redis_cluster.is_empty() {
             if self.redis_url.is_some() {
@@ -480,12 +607,12 @@ impl HostConfig {
             if let Some(bad) = self
                 .redis_cluster
                 .iter()
-                .find(|u| !u.starts_with("redis://"))
+                .find(|u| !u.starts_with("redis://") && !u.starts_with("rediss://"))
             {
                 return Err(ConfigError::Invalid {
                     field: "redis_cluster".into(),
                     reason: format!(
-                        "`{}`: every node URL must start with redis:// (host:port)",
+                        "`{}`: every node URL must start with redis:// or rediss:// (host:port)",
                         bad.split('@').next_back().unwrap_or_default()
                     ),
                 });
@@ -500,11 +627,52 @@ impl HostConfig {
         use crate::store::RedisTarget;
         match (&self.redis_url, self.redis_cluster.is_empty()) {
             (None, false) => RedisTarget::Cluster(self.redis_cluster.clone()),
-            (Some(url), _) => RedisTarget::Url(url.clone()),
+            (Some(url), _) => match &self.redis_ca_file {
+                Some(ca_file) => RedisTarget::TlsUrl {
+                    url: url.clone(),
+                    ca_file: ca_file.clone(),
+                },
+                None => RedisTarget::Url(url.clone()),
+            },
             (None, true) => RedisTarget::Embedded {
                 data_dir: self.data_dir.join("redis"),
             },
         }
+    }
+
+    /// Refuses a listen address beyond loopback while `/v1` or `/admin` has
+    /// no token (read through `env`), unless `http.allow_open_network`.
+    pub fn check_exposure(
+        &self,
+        listen: SocketAddr,
+        env: impl Fn(&str) -> Option<String>,
+    ) -> Result<(), ConfigError> {
+        if listen.ip().is_loopback() || self.http.allow_open_network {
+            return Ok(());
+        }
+        let set =
+            |var: &Option<String>| var.as_deref().and_then(&env).is_some_and(|v| !v.is_empty());
+        let missing: Vec<&str> = [
+            ("auth.api_token_env", &self.auth.api_token_env),
+            ("auth.admin_token_env", &self.auth.admin_token_env),
+        ]
+        .into_iter()
+        .filter(|(_, var)| !set(var))
+        .map(|(name, _)| name)
+        .collect();
+        if missing.is_empty() {
+            return Ok(());
+        }
+        Err(ConfigError::Invalid {
+            field: "listen".into(),
+            reason: format!(
+                "{listen} is reachable beyond this machine and {} gives no token (unset, or its \
+                 variable empty), so /v1 or /admin would be open to the network: set it to a \
+                 variable holding a token, listen on 127.0.0.1, or set \
+                 http.allow_open_network = true",
+                missing.join(" / "),
+            ),
+        })
     }
 
     /// Where compiled plugins are cached.
@@ -513,9 +681,9 @@ impl HostConfig {
     }
 }
 
-/// Reads a text file, naming it in the error.
+/// Reads a text file (a regular file of at most 1 MiB), naming it in the error.
 pub fn read_file(file: &Path) -> Result<String, FileError> {
-    std::fs::read_to_string(file).map_err(|source| FileError::Read {
+    crate::files::read_text_file(file).map_err(|source| FileError::Read {
         file: file.to_path_buf(),
         source,
     })
@@ -665,6 +833,33 @@ mod tests {
         c.reconcile.max_checks = 0;
         let err = c.check().unwrap_err().to_string();
         assert!(err.starts_with("reconcile.max_checks:"), "{err}");
+    }
+
+    #[test]
+    fn http_and_occurred_at_years_are_read_and_checked() {
+        let file = Path::new("pushonce.toml");
+        let c = HostConfig::parse(
+            file,
+            "occurred_at_years = { from = 2010, to = 2030 }\n[http]\nheader_read_timeout = \"2s\"\nmax_connections = 8\n",
+        )
+        .unwrap();
+        c.check().unwrap();
+        assert_eq!(c.occurred_at_years.from, 2010);
+        assert_eq!(c.http.header_read_timeout, Duration::from_secs(2));
+        assert_eq!(c.http.max_connections, 8);
+        assert!(!c.http.allow_open_network);
+        for (text, field) in [
+            (
+                "occurred_at_years = { from = 2100, to = 2000 }\n",
+                "occurred_at_years:",
+            ),
+            ("[http]\nmax_connections = 0\n", "http.max_connections:"),
+            ("redis_ca_file = \"/ca.pem\"\n", "redis_ca_file:"),
+        ] {
+            let c = HostConfig::parse(file, text).unwrap();
+            let err = c.check().unwrap_err().to_string();
+            assert!(err.starts_with(field), "{err}");
+        }
     }
 
     #[test]

@@ -160,31 +160,54 @@ pub struct EventJson {
     pub attributes: serde_json::Map<String, serde_json::Value>,
 }
 
-/// Parses an event from its JSON text.
-pub fn event_from_json(text: &str) -> Result<Event, EventError> {
-    event_from_parsed(serde_json::from_str(text)?)
+/// The years (inclusive, UTC) an event's `occurred_at` may fall in: a date
+/// outside is refused as implausible (a typo, seconds given as milliseconds).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct YearRange {
+    /// First year accepted.
+    pub from: i32,
+    /// Last year accepted.
+    pub to: i32,
 }
 
-/// Converts the parsed JSON form into the plugins' `Event`.
-pub fn event_from_parsed(json: EventJson) -> Result<Event, EventError> {
-    let occurred_at_ms = match &json.occurred_at {
-        serde_json::Value::Number(n) => n.as_u64().ok_or_else(|| EventError::Field {
-            field: "occurred_at",
-            reason: format!("{n} is not a whole number of milliseconds since 1970"),
-        })?,
-        serde_json::Value::String(s) => {
-            parse_rfc3339_ms(s).map_err(|reason| EventError::Field {
-                field: "occurred_at",
-                reason,
-            })?
-        }
-        other => {
-            return Err(EventError::Field {
-                field: "occurred_at",
-                reason: format!("expected an RFC 3339 string or epoch milliseconds, got {other}"),
-            });
-        }
+impl YearRange {
+    /// Every year since the epoch a time can be written in (RFC 3339 has
+    /// four-digit years): no plausibility bound.
+    pub const ANY: YearRange = YearRange {
+        from: 1970,
+        to: 9999,
     };
+}
+
+impl Default for YearRange {
+    /// 2000–2100.
+    fn default() -> Self {
+        YearRange {
+            from: 2000,
+            to: 2100,
+        }
+    }
+}
+
+/// Parses an event from its JSON text; `occurred_at` within 2000–2100.
+pub fn event_from_json(text: &str) -> Result<Event, EventError> {
+    event_from_json_within(text, YearRange::default())
+}
+
+/// Parses an event from its JSON text; `occurred_at` within `years`.
+pub fn event_from_json_within(text: &str, years: YearRange) -> Result<Event, EventError> {
+    event_from_parsed(serde_json::from_str(text)?, years)
+}
+
+/// Converts the parsed JSON form into the plugins' `Event`; `occurred_at`
+/// must fall within `years`.
+pub fn event_from_parsed(json: EventJson, years: YearRange) -> Result<Event, EventError> {
+    let occurred_at_ms =
+        occurred_at_ms(&json.occurred_at, years).map_err(|reason| EventError::Field {
+            field: "occurred_at",
+            reason,
+        })?;
     let mut attributes = Vec::with_capacity(json.attributes.len());
     for (k, v) in json.attributes {
         let value = match v {
@@ -209,78 +232,51 @@ pub fn event_from_parsed(json: EventJson) -> Result<Event, EventError> {
     })
 }
 
-/// Parses an RFC 3339 timestamp (`2026-11-30T15:59:59Z`,
-/// `2026-11-30T23:59:59.5+08:00`) into milliseconds since the epoch.
-pub fn parse_rfc3339_ms(s: &str) -> Result<u64, String> {
-    let bad = || format!("`{s}` is not an RFC 3339 time like `2026-11-30T15:59:59Z`");
-    let b = s.as_bytes();
-    if b.len() < 20 || b[4] != b'-' || b[7] != b'-' || !matches!(b[10], b'T' | b't' | b' ') {
-        return Err(bad());
-    }
-    if b[13] != b':' || b[16] != b':' {
-        return Err(bad());
-    }
-    let num = |r: std::ops::Range<usize>| -> Result<i64, String> {
-        let part = &s[r];
-        if part.bytes().all(|c| c.is_ascii_digit()) {
-            part.parse().map_err(|_| bad())
-        } else {
-            Err(bad())
+/// `occurred_at` (RFC 3339 text or epoch milliseconds) in milliseconds since
+/// the epoch, checked against `years`.
+fn occurred_at_ms(value: &serde_json::Value, years: YearRange) -> Result<u64, String> {
+    let at = match value {
+        serde_json::Value::Number(n) => n
+            .as_u64()
+            .and_then(|ms| i128::from(ms).checked_mul(1_000_000))
+            .and_then(|ns| time::OffsetDateTime::from_unix_timestamp_nanos(ns).ok())
+            .ok_or_else(|| format!("{n} is not a whole number of milliseconds since 1970"))?,
+        serde_json::Value::String(s) => parse_rfc3339(s)?,
+        other => {
+            return Err(format!(
+                "expected an RFC 3339 string or epoch milliseconds, got {other}"
+            ));
         }
     };
-    let (year, month, day) = (num(0..4)?, num(5..7)?, num(8..10)?);
-    let (hour, minute, second) = (num(11..13)?, num(14..16)?, num(17..19)?);
-    let mut i = 19;
-    let mut millis = 0i64;
-    if b.get(i) == Some(&b'.') {
-        let start = i + 1;
-        i = start;
-        while i < b.len() && b[i].is_ascii_digit() {
-            i += 1;
-        }
-        if i == start {
-            return Err(bad());
-        }
-        let frac = &s[start..i.min(start + 3)];
-        millis = frac.parse::<i64>().map_err(|_| bad())? * 10i64.pow(3 - frac.len() as u32);
+    let year = at.to_offset(time::UtcOffset::UTC).year();
+    if !(years.from..=years.to).contains(&year) {
+        return Err(format!(
+            "year {year} is outside the accepted years {}..={} (`occurred_at_years` in pushonce.toml)",
+            years.from, years.to
+        ));
     }
-    let offset_secs = match &s[i..] {
-        "Z" | "z" => 0,
-        tz if tz.len() == 6 && tz.as_bytes()[3] == b':' => {
-            let sign = match tz.as_bytes()[0] {
-                b'+' => 1,
-                b'-' => -1,
-                _ => return Err(bad()),
-            };
-            sign * (num(i + 1..i + 3)? * 3600 + num(i + 4..i + 6)? * 60)
-        }
-        _ => return Err(bad()),
-    };
-    let days_in_month = match month {
-        1 | 3 | 5 | 7 | 8 | 10 | 12 => 31,
-        4 | 6 | 9 | 11 => 30,
-        2 if (year % 4 == 0 && year % 100 != 0) || year % 400 == 0 => 29,
-        2 => 28,
-        _ => return Err(bad()),
-    };
-    if day < 1 || day > days_in_month || hour > 23 || minute > 59 || second > 60 {
-        return Err(bad());
-    }
-    let secs = days_from_civil(year, month, day) * 86_400 + hour * 3600 + minute * 60 + second
-        - offset_secs;
-    let ms = secs * 1000 + millis;
-    u64::try_from(ms).map_err(|_| format!("`{s}` is before 1970"))
+    unix_ms(at).ok_or_else(|| "is before 1970".to_string())
 }
 
-/// Days since 1970-01-01 of a proleptic Gregorian date (Howard Hinnant).
-fn days_from_civil(y: i64, m: i64, d: i64) -> i64 {
-    let y = if m <= 2 { y - 1 } else { y };
-    let era = y.div_euclid(400);
-    let yoe = y.rem_euclid(400);
-    let mp = (m + 9) % 12;
-    let doy = (153 * mp + 2) / 5 + d - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    era * 146_097 + doe - 719_468
+/// Parses an RFC 3339 timestamp (`2026-11-30T15:59:59Z`,
+/// `2026-11-30T23:59:59.5+08:00`) with the `time` crate.
+fn parse_rfc3339(s: &str) -> Result<time::OffsetDateTime, String> {
+    time::OffsetDateTime::parse(s, &time::format_description::well_known::Rfc3339).map_err(|e| {
+        format!(
+            "`{}` is not an RFC 3339 time like `2026-11-30T15:59:59Z` ({e})",
+            s.escape_debug()
+        )
+    })
+}
+
+fn unix_ms(at: time::OffsetDateTime) -> Option<u64> {
+    u64::try_from(at.unix_timestamp_nanos() / 1_000_000).ok()
+}
+
+/// Parses an RFC 3339 timestamp into milliseconds since the epoch (any
+/// year from 1970).
+pub fn parse_rfc3339_ms(s: &str) -> Result<u64, String> {
+    unix_ms(parse_rfc3339(s)?).ok_or_else(|| format!("`{}` is before 1970", s.escape_debug()))
 }
 
 #[cfg(test)]
@@ -305,6 +301,38 @@ mod tests {
         assert!(parse_rfc3339_ms("2001-02-29T00:00:00Z").is_err());
         assert!(parse_rfc3339_ms("2026-11-30 15:59:59").is_err());
         assert!(parse_rfc3339_ms("1969-12-31T23:59:59Z").is_err());
+        assert!(parse_rfc3339_ms("2026-11-30T15:59:€Z").is_err());
+    }
+
+    fn at(value: serde_json::Value, years: YearRange) -> Result<u64, String> {
+        occurred_at_ms(&value, years)
+    }
+
+    #[test]
+    fn occurred_at_is_bounded_by_the_years() {
+        let d = YearRange::default();
+        assert_eq!(at("2026-11-30T15:59:59Z".into(), d), Ok(1_796_054_399_000));
+        assert_eq!(at(1_796_054_399_000u64.into(), d), Ok(1_796_054_399_000));
+        assert!(
+            at("1999-12-31T23:59:59Z".into(), d)
+                .unwrap_err()
+                .contains("year 1999")
+        );
+        assert!(
+            at("2101-01-01T00:00:00Z".into(), d)
+                .unwrap_err()
+                .contains("2000..=2100")
+        );
+        assert!(at(0u64.into(), d).unwrap_err().contains("year 1970"));
+        assert_eq!(at(0u64.into(), YearRange::ANY), Ok(0));
+        assert!(at(u64::MAX.into(), YearRange::ANY).is_err());
+        assert!(
+            at("2026-11-30T15:59:€Z".into(), d)
+                .unwrap_err()
+                .contains("RFC 3339")
+        );
+        assert!(at((-1i64).into(), d).is_err());
+        assert!(at(1.5.into(), d).is_err());
     }
 
     #[test]
@@ -322,5 +350,58 @@ mod tests {
         assert!(!valid_channel("SMS"));
         assert!(!valid_channel("a:b"));
         assert!(!valid_channel(""));
+    }
+}
+
+/// "No panic on any input": the event parser over arbitrary text and
+/// arbitrary `occurred_at` values.
+#[cfg(test)]
+mod properties {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn event_with(occurred_at: serde_json::Value) -> EventJson {
+        serde_json::from_value(serde_json::json!({
+            "biz_type": "T", "biz_id": "b", "user_id": "u", "occurred_at": occurred_at
+        }))
+        .expect("the event's shape")
+    }
+
+    /// Accepted inside the years, or refused naming `occurred_at`.
+    fn check(value: serde_json::Value) -> Result<(), TestCaseError> {
+        match event_from_parsed(event_with(value), YearRange::default()) {
+            Ok(e) => prop_assert!((946_684_800_000..4_133_980_800_000).contains(&e.occurred_at_ms)),
+            Err(EventError::Field { field, .. }) => prop_assert_eq!(field, "occurred_at"),
+            Err(e) => prop_assert!(false, "{e}"),
+        }
+        Ok(())
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(2000))]
+
+        #[test]
+        fn any_text_is_an_event_or_an_error(text in any::<String>()) {
+            let _ = event_from_json(&text);
+        }
+
+        #[test]
+        fn any_occurred_at_string_is_accepted_or_refused_by_name(s in any::<String>()) {
+            check(s.into())?;
+        }
+
+        #[test]
+        fn near_rfc3339_strings_are_accepted_or_refused_by_name(
+            s in "[0-9]{4}-[0-9]{2}-[0-9]{2}[Tt ][0-9]{2}:[0-9]{2}:.{0,3}[0-9.]{0,12}(Z|z|[+-][0-9]{2}:[0-9]{2}|.{0,2})"
+        ) {
+            check(s.into())?;
+        }
+
+        #[test]
+        fn any_number_is_accepted_or_refused_by_name(u in any::<u64>(), i in any::<i64>(), f in any::<f64>()) {
+            check(u.into())?;
+            check(i.into())?;
+            check(serde_json::json!(f))?;
+        }
     }
 }

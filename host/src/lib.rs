@@ -10,6 +10,8 @@ pub mod cli;
 pub mod config;
 pub mod derive;
 pub mod dispatch;
+pub mod files;
+pub mod listener;
 pub mod permit;
 pub mod plugin;
 pub mod reconcile;

@@ -25,20 +25,23 @@ use tokio::net::TcpListener;
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 
-use crate::api::receipts::{ReceiptHandler, ReceiptRefusal};
+use crate::api::receipts::{
+    CallbackGate, CallbackGates, ProviderReply, ProviderRequest, ReceiptHandler, ReceiptRefusal,
+};
 use crate::api::{self, ApiLimits, AppState, SharedReceiptHandler, SharedState, Token};
 use crate::config::HostConfig;
 use crate::dispatch::{DispatchConfig, DispatchError, Dispatcher, default_consumer_name};
 use crate::permit::{PermitConfig, PermitError, Permits};
 use crate::plugin::Event;
+use crate::plugin::bindings::CallbackRequest;
 use crate::reconcile::Reconciler;
 use crate::route::Live;
 use crate::route::live::LiveError;
 use crate::route::watch::{Trigger, reload_loop, reloader, watch_dirs};
-use crate::send::plugin::PluginSender;
-use crate::send::receipts::{ReceiptError, apply_receipts};
+use crate::send::plugin::{CallbackAccess, PluginSender};
+use crate::send::receipts::{ReceiptError, handle_callback};
 use crate::send::{BoxFuture, Sender};
-use crate::store::{RedisClient, Store, StoreError};
+use crate::store::{RedisClient, RedisConn, Store, StoreError};
 
 /// How many recent events the corpus keeps.
 pub const CORPUS_LEN: usize = 1000;
@@ -67,6 +70,9 @@ pub enum ServiceError {
     /// Serving HTTP failed.
     #[error("http server: {0}")]
     Serve(std::io::Error),
+    /// The configuration cannot be served as it is (e.g. open beyond loopback).
+    #[error(transparent)]
+    Config(#[from] crate::config::ConfigError),
     /// A task of the host panicked.
     #[error("host task failed: {0}")]
     Join(#[from] tokio::task::JoinError),
@@ -109,6 +115,8 @@ pub fn channel_sender(
     config: &HostConfig,
     live: &Arc<Live>,
     env: &EnvLookup,
+    conn: &RedisConn,
+    namespace: &str,
 ) -> Result<Arc<PluginSender>, ServiceError> {
     let live = live.clone();
     let env = env.clone();
@@ -117,38 +125,95 @@ pub fn channel_sender(
         Arc::new(move || live.current().registry.clone()),
         move |var| env(var),
     )
-    .map(Arc::new)
+    .map(|s| Arc::new(s.with_shared_cache(conn, namespace)))
     .map_err(|e| ServiceError::Sender(e.to_string()))
 }
 
-/// Receipts handled by the channel plugins' `parse-callback`.
+/// Receipts handled by the channel plugins' `handle-callback`.
 struct PluginReceipts {
     /// Where tasks are settled.
     permits: Permits,
     /// The channel instances.
     sender: Arc<PluginSender>,
+    /// How long a settlement naming no task is answered 503.
+    unmatched_grace: Duration,
 }
 
 impl ReceiptHandler for PluginReceipts {
     fn handle<'a>(
         &'a self,
         channel: &'a str,
-        headers: Vec<(String, String)>,
-        body: Vec<u8>,
-    ) -> BoxFuture<'a, Result<usize, ReceiptRefusal>> {
+        req: ProviderRequest,
+    ) -> BoxFuture<'a, Result<ProviderReply, ReceiptRefusal>> {
         Box::pin(async move {
-            match apply_receipts(&self.permits, &self.sender, channel, &headers, &body).await {
-                Ok(report) if !report.not_yet.is_empty() => Err(ReceiptRefusal::NotYet(format!(
-                    "{} receipt(s) confirm sends not recorded yet ({}); send the callback again",
-                    report.not_yet.len(),
-                    report.not_yet.join(", ")
-                ))),
-                Ok(report) => Ok(report.updated),
+            let req = CallbackRequest {
+                method: req.method,
+                path: req.path,
+                query: req.query,
+                headers: req.headers,
+                body: req.body,
+            };
+            let (permits, grace) = (&self.permits, self.unmatched_grace);
+            match handle_callback(permits, &self.sender, channel, req, grace).await {
+                Ok(done) if !done.report.not_yet.is_empty() => {
+                    Err(ReceiptRefusal::NotYet(format!(
+                        "{} settlement(s) name sends not recorded yet ({}); send the callback again",
+                        done.report.not_yet.len(),
+                        done.report.not_yet.join(", ")
+                    )))
+                }
+                Ok(done) => Ok(ProviderReply {
+                    status: done.reply.status,
+                    headers: done.reply.headers,
+                    body: done.reply.body,
+                }),
                 Err(ReceiptError::Permit(e)) => Err(ReceiptRefusal::Unavailable(e)),
-                Err(e) => Err(ReceiptRefusal::Refused(e.to_string())),
+                Err(ReceiptError::Forbidden { reason, .. }) => {
+                    Err(ReceiptRefusal::Forbidden(reason))
+                }
+                Err(ReceiptError::Malformed { reason, .. }) => {
+                    Err(ReceiptRefusal::Malformed(reason))
+                }
+                Err(e) => Err(ReceiptRefusal::Failed(e.to_string())),
             }
         })
     }
+}
+
+/// Which channels' callbacks are served, and how: closed by default. A
+/// channel whose plugin takes callbacks with neither a path token nor
+/// `open_callbacks = true` is refused (the host does not start), naming the
+/// channel and the setting; an open one is served with a warning.
+async fn callback_gates(
+    config: &HostConfig,
+    sender: &PluginSender,
+) -> Result<CallbackGates, ServiceError> {
+    let mut gates = BTreeMap::new();
+    for name in config.channels.keys() {
+        let takes = match sender.capabilities(name, None).await {
+            Ok(c) => c.callbacks,
+            Err(e) => {
+                tracing::warn!(channel = %name, error = %e, "cannot tell whether the channel takes callbacks");
+                false
+            }
+        };
+        match sender.callback_access(name) {
+            Some(CallbackAccess::Token(t)) => {
+                gates.insert(name.clone(), CallbackGate::token(t));
+            }
+            Some(CallbackAccess::Open) => {
+                tracing::warn!(channel = %name, "open_callbacks = true: /v1/receipts/{name} is open to anyone who can reach it");
+                gates.insert(name.clone(), CallbackGate::Open);
+            }
+            Some(CallbackAccess::Closed) | None if takes => {
+                return Err(ServiceError::Sender(format!(
+                    "channel {name}: its plugin takes delivery callbacks, but `callback_token_env` is not set (callback routes are closed by default): set `channels.{name}.callback_token_env` to a variable holding an unguessable path token, or write `open_callbacks = true` to serve them without one"
+                )));
+            }
+            Some(CallbackAccess::Closed) | None => {}
+        }
+    }
+    Ok(Arc::new(gates))
 }
 
 /// The Redis key of the corpus of recent events: `{<ns>:corpus}:events`.
@@ -241,7 +306,9 @@ pub async fn recent_events(
         .await?;
     Ok(texts
         .iter()
-        .filter_map(|t| crate::derive::event_from_json(t).ok())
+        .filter_map(|t| {
+            crate::derive::event_from_json_within(t, crate::derive::YearRange::ANY).ok()
+        })
         .collect())
 }
 
@@ -301,6 +368,7 @@ pub async fn start(
 ) -> Result<Running, ServiceError> {
     let config = Arc::new(config);
     let addr = listener.local_addr().map_err(ServiceError::Serve)?;
+    config.check_exposure(addr, |v| (options.env)(v))?;
     let target = config.redis_target();
     let store = Store::open(&target).await?;
     let permits = Permits::new(
@@ -318,7 +386,13 @@ pub async fn start(
         let config = config.clone();
         Arc::new(tokio::task::spawn_blocking(move || Live::load(config)).await??)
     };
-    let plugins = channel_sender(&config, &live, &options.env)?;
+    let plugins = channel_sender(
+        &config,
+        &live,
+        &options.env,
+        &permits.connection(),
+        permits.layout().namespace(),
+    )?;
     let sender: Arc<dyn Sender> = match &options.sender {
         Some(s) => s.clone(),
         None => plugins.clone(),
@@ -327,9 +401,11 @@ pub async fn start(
         Some(r) => r.clone(),
         None => Arc::new(PluginReceipts {
             permits: permits.clone(),
-            sender: plugins,
+            sender: plugins.clone(),
+            unmatched_grace: config.receipts.unmatched_grace,
         }),
     };
+    let callbacks = callback_gates(&config, &plugins).await?;
     // Reloads: watched directories, SIGHUP and the admin API share one
     // trigger channel and one checked reload (key stability over the corpus).
     let reload = {
@@ -361,33 +437,24 @@ pub async fn start(
     let state = AppState::new(SharedState {
         live: live.clone(),
         permits: api_permits,
-        limits: options.limits,
+        limits: ApiLimits {
+            occurred_at_years: config.occurred_at_years,
+            ..options.limits
+        },
         api_token: token(&options.env, config.auth.api_token_env.as_deref(), "/v1"),
         admin_token: token(
             &options.env,
             config.auth.admin_token_env.as_deref(),
             "/admin",
         ),
-        receipt_tokens: Arc::new(
-            config
-                .channels
-                .iter()
-                .map(|(name, c)| {
-                    let what = format!("/v1/receipts/{name}");
-                    (
-                        name.clone(),
-                        token(&options.env, c.receipt_secret_env.as_deref(), &what),
-                    )
-                })
-                .collect::<BTreeMap<_, _>>(),
-        ),
+        callbacks,
         receipts: Some(receipts),
         reload,
         metrics: api::metrics::handle(),
         corpus: Arc::new(CorpusSampler::default()),
     });
     api::metrics::register_channels(config.channels.keys().map(String::as_str));
-    let (stop, mut stop_rx) = watch::channel(false);
+    let (stop, stop_rx) = watch::channel(false);
     let (dispatch_stop, dispatch_rx) = watch::channel(false);
     // The reconciler stops on the dispatcher's signal: both after the API.
     // An API-only instance (`dispatch = false`) runs neither.
@@ -415,18 +482,9 @@ pub async fn start(
         (None, None)
     };
     let app = api::app(state);
+    let http = config.http.clone();
     let task = tokio::spawn(async move {
-        let served = axum::serve(listener, app)
-            .with_graceful_shutdown(async move {
-                while !*stop_rx.borrow_and_update() {
-                    if stop_rx.changed().await.is_err() {
-                        break;
-                    }
-                }
-                tracing::info!("shutting down: no new connections, finishing requests in flight");
-            })
-            .await
-            .map_err(ServiceError::Serve);
+        crate::listener::serve(listener, app, &http, stop_rx).await;
         tracing::info!("API stopped; stopping the dispatcher (attempts in flight finish)");
         let _ = dispatch_stop.send(true);
         let dispatched = match dispatching {
@@ -438,7 +496,6 @@ pub async fn start(
             None => Ok(()),
         };
         store.shutdown().await;
-        served?;
         drop(watching);
         reloading.abort();
         dispatched??;

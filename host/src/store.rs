@@ -44,11 +44,14 @@ pub enum StoreError {
         "redis-server not found: install it (Debian/Ubuntu: apt-get install redis-server) or set a Redis URL"
     )]
     RedisServerMissing,
-    /// The URL names TLS (`rediss://`) but this build has no TLS support in its Redis client.
-    #[error(
-        "{0}: TLS (rediss://) is not compiled into this build of pushonce; use redis:// or redis+unix://, or a TLS-terminating proxy on loopback"
-    )]
-    TlsNotCompiledIn(String),
+    /// The CA file of `rediss://` could not be read.
+    #[error("Redis CA file {file}: {source}")]
+    CaFile {
+        /// The file (`redis_ca_file`).
+        file: PathBuf,
+        /// Why it could not be read.
+        source: std::io::Error,
+    },
     /// The URL could not be parsed or names an unsupported scheme.
     #[error("bad Redis URL {url:?}: {source}")]
     BadUrl {
@@ -89,9 +92,18 @@ pub enum StoreError {
 /// Which Redis to use.
 #[derive(Debug, Clone)]
 pub enum RedisTarget {
-    /// A Redis URL used as is: `redis://`, `rediss://` (needs TLS compiled in),
+    /// A Redis URL used as is: `redis://[user:password@]host:port`,
+    /// `rediss://` (TLS, server verified against the system's roots),
     /// `redis+unix:///path/to.sock` or `unix:///path/to.sock`.
     Url(String),
+    /// A `rediss://` URL whose server certificate is verified against the
+    /// CA certificates (PEM) of `ca_file` instead of the system's roots.
+    TlsUrl {
+        /// The `rediss://` URL.
+        url: String,
+        /// PEM file of the CA certificates to trust.
+        ca_file: PathBuf,
+    },
     /// A Redis Cluster, reached through any of these nodes (`redis://host:port`);
     /// the client discovers the others and follows the slot map.
     Cluster(Vec<String>),
@@ -105,15 +117,15 @@ pub enum RedisTarget {
 /// A client of one Redis or of a Redis Cluster, for opening connections.
 #[derive(Debug, Clone)]
 pub enum RedisClient {
-    /// One Redis server.
-    Single(redis::Client),
+    /// One Redis server (boxed: with TLS compiled in its client is large too).
+    Single(Box<redis::Client>),
     /// A Redis Cluster (boxed: its client is large, and rarely moved).
     Cluster(Box<ClusterClient>),
 }
 
 impl From<redis::Client> for RedisClient {
     fn from(client: redis::Client) -> Self {
-        RedisClient::Single(client)
+        RedisClient::Single(Box::new(client))
     }
 }
 
@@ -166,6 +178,11 @@ impl Store {
                 url: url.clone(),
                 embedded: None,
             }),
+            RedisTarget::TlsUrl { url, ca_file } => Ok(Store {
+                client: open_tls_client(url, ca_file)?.into(),
+                url: url.clone(),
+                embedded: None,
+            }),
             RedisTarget::Cluster(urls) => Ok(Store {
                 client: open_cluster_client(urls)?.into(),
                 url: urls.first().cloned().unwrap_or_default(),
@@ -208,31 +225,51 @@ impl Store {
     }
 }
 
-/// Opens a Redis client from a URL, mapping the TLS-less build's refusal to a clear error.
+/// Opens a Redis client from a URL (`rediss://`: TLS against the system's
+/// roots); a password in the URL never appears in the error.
 pub fn open_client(url: &str) -> Result<redis::Client, StoreError> {
-    if url.starts_with("rediss://") || url.starts_with("valkeys://") {
-        // The client crate is built without a TLS feature (it would pull in a TLS stack).
-        return Err(StoreError::TlsNotCompiledIn(redact(url)));
-    }
-    redis::Client::open(url).map_err(|source| StoreError::BadUrl {
-        url: redact(url),
-        source,
-    })
+    install_crypto_provider();
+    redis::Client::open(url).map_err(|source| bad_url(url, source))
 }
 
-/// Opens a Redis Cluster client from its nodes' URLs (`redis://` only: the
-/// build has no TLS and a cluster is not reached over a unix socket). Each
+/// Opens a `rediss://` client that trusts the CA certificates (PEM) of `ca_file`.
+pub fn open_tls_client(url: &str, ca_file: &Path) -> Result<redis::Client, StoreError> {
+    install_crypto_provider();
+    let root_cert = crate::files::read_regular_file(ca_file, crate::files::MAX_TEXT_FILE).map_err(
+        |source| StoreError::CaFile {
+            file: ca_file.to_path_buf(),
+            source,
+        },
+    )?;
+    let certs = redis::TlsCertificates {
+        client_tls: None,
+        root_cert: Some(root_cert),
+    };
+    redis::Client::build_with_tls(url, certs).map_err(|source| bad_url(url, source))
+}
+
+fn bad_url(url: &str, source: redis::RedisError) -> StoreError {
+    StoreError::BadUrl {
+        url: redact(url),
+        source,
+    }
+}
+
+/// rustls's process-wide crypto provider (ring), once; `rediss://` needs it.
+fn install_crypto_provider() {
+    // An error means one is installed already: fine.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}
+
+/// Opens a Redis Cluster client from its nodes' URLs (`redis://`, or
+/// `rediss://` against the system's roots; not over a unix socket). Each
 /// request times out after 5 s, retries included; MOVED/ASK and a master
 /// that is down for a moment are retried by the client.
 pub fn open_cluster_client(urls: &[String]) -> Result<ClusterClient, StoreError> {
     if urls.is_empty() {
         return Err(StoreError::NoClusterNodes);
     }
-    for url in urls {
-        if url.starts_with("rediss://") || url.starts_with("valkeys://") {
-            return Err(StoreError::TlsNotCompiledIn(redact(url)));
-        }
-    }
+    install_crypto_provider();
     ClusterClient::builder(urls.iter().map(String::as_str))
         .connection_timeout(CONNECT_TIMEOUT)
         .response_timeout(Duration::from_secs(5))
@@ -724,11 +761,13 @@ mod tests {
     use super::*;
 
     #[test]
-    fn rediss_is_refused_with_a_clear_error() {
-        let err = open_client("rediss://user:secret@example.com:6380").unwrap_err();
-        let text = err.to_string();
-        assert!(text.contains("TLS"), "{text}");
-        assert!(!text.contains("secret"), "{text}");
+    fn rediss_is_accepted_and_a_bad_url_hides_its_password() {
+        open_client("rediss://user:secret@example.com:6380").unwrap();
+        let err = open_client("redis://user:secret@exa mple.com:x/").unwrap_err();
+        assert!(!err.to_string().contains("secret"), "{err}");
+        let missing = Path::new("/nonexistent/ca.pem");
+        let err = open_tls_client("rediss://u:secret@127.0.0.1:1", missing).unwrap_err();
+        assert!(err.to_string().contains("/nonexistent/ca.pem"), "{err}");
     }
 
     #[test]
@@ -750,8 +789,9 @@ mod tests {
             open_cluster_client(&[]),
             Err(StoreError::NoClusterNodes)
         ));
-        let err = open_cluster_client(&["rediss://u:secret@h:7000".into()]).unwrap_err();
+        let err = open_cluster_client(&["redis://u:secret@h:x".into()]).unwrap_err();
         assert!(!err.to_string().contains("secret"), "{err}");
+        open_cluster_client(&["rediss://127.0.0.1:7000".into()]).unwrap();
         open_cluster_client(&["redis://127.0.0.1:7000".into()]).unwrap();
     }
 

@@ -37,6 +37,9 @@ pub fn repo_root() -> PathBuf {
         .to_path_buf()
 }
 
+/// A change to a test host's configuration, applied last.
+pub type Configure = Box<dyn FnOnce(&mut HostConfig) + Send>;
+
 /// How a test host is set up.
 pub struct Setup {
     /// Environment seen by the host (token variables).
@@ -52,6 +55,13 @@ pub struct Setup {
     pub limits: ApiLimits,
     /// Lease of the dispatcher.
     pub lease: Duration,
+    /// Send through the channel plugins (as `pushonce serve` does) instead
+    /// of the development ledger.
+    pub plugin_sender: bool,
+    /// Test-only plugins (paths of `.wasm` files) loaded beside the real ones.
+    pub extra_plugins: Vec<PathBuf>,
+    /// Changes the configuration last (channels, `[receipts]`...).
+    pub configure: Option<Configure>,
 }
 
 impl Default for Setup {
@@ -63,8 +73,26 @@ impl Default for Setup {
             policies: None,
             limits: ApiLimits::default(),
             lease: Duration::from_secs(2),
+            plugin_sender: false,
+            extra_plugins: Vec::new(),
+            configure: None,
         }
     }
+}
+
+/// A plugin directory under `dir` with the real plugins and `extra`.
+fn plugins_with(dir: &Path, extra: &[PathBuf]) -> anyhow::Result<PathBuf> {
+    let out = dir.join("plugins");
+    std::fs::create_dir_all(&out)?;
+    let real = std::fs::read_dir(crate::plugins::real_dir())?
+        .map(|e| e.map(|e| e.path()))
+        .collect::<Result<Vec<_>, _>>()?;
+    for file in real.iter().chain(extra) {
+        if let Some(name) = file.file_name() {
+            std::fs::copy(file, out.join(name))?;
+        }
+    }
+    Ok(out)
 }
 
 /// A host running in this process, and a client for it.
@@ -145,26 +173,41 @@ impl TestHost {
         config.lease = setup.lease;
         config.auth.api_token_env = setup.auth.0.clone();
         config.auth.admin_token_env = setup.auth.1.clone();
-        for (name, channel) in config.channels.iter_mut() {
-            channel.receipt_secret_env = Some(format!("RECEIPT_SECRET_{name}"));
-        }
         let mut env = setup.env.clone();
+        for (name, channel) in config.channels.iter_mut() {
+            // Closed callbacks, as a deployment has them: a path token each.
+            let var = format!("CALLBACK_TOKEN_{name}");
+            env.entry(var.clone())
+                .or_insert_with(|| format!("cb-{name}-9d2e61f0"));
+            channel.callback_token_env = Some(var);
+            channel.open_callbacks = false;
+        }
+        if !setup.extra_plugins.is_empty() {
+            config.plugin_dir = plugins_with(dir.path(), &setup.extra_plugins)?;
+        }
+        if let Some(configure) = setup.configure {
+            configure(&mut config);
+        }
         env.entry("PUSHONCE_WECHAT_SECRET".into())
             .or_insert_with(|| "test-secret".into());
         // API tests look at what was sent in the development ledger; the
         // channel plugins against the provider simulator are `tests/channels.rs`
         // and `tests/e2e.rs`.
         let sender = match setup.sender.clone() {
-            Some(s) => s,
+            Some(s) => Some(s),
+            None if setup.plugin_sender => None,
             None => {
                 std::fs::create_dir_all(&config.data_dir)?;
                 let ledger = config.data_dir.join("ledger.jsonl");
-                Arc::new(LedgerFileSender::open(&ledger, Faults::default())?) as Arc<dyn Sender>
+                Some(
+                    Arc::new(LedgerFileSender::open(&ledger, Faults::default())?)
+                        as Arc<dyn Sender>,
+                )
             }
         };
         let options = ServiceOptions {
             env: Arc::new(move |name| env.get(name).cloned()),
-            sender: Some(sender),
+            sender,
             receipts: None,
             limits: setup.limits,
             dispatch_block: Duration::from_millis(200),

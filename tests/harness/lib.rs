@@ -12,6 +12,7 @@ pub mod process;
 pub mod providers;
 pub mod redis;
 pub mod stack;
+pub mod tls;
 
 use std::future::Future;
 use std::time::{Duration, Instant};

@@ -80,6 +80,40 @@ impl WorkerProcess {
         Self::start(cmd, log)
     }
 
+    /// Starts `pushonce serve` on `listen` with a copy of the repository's
+    /// `pushonce.toml` in `dir` (then `extra_toml` appended), the real
+    /// plugins and policies, its data in `dir`, a WeChat secret, and `env`
+    /// (which may override those).
+    pub fn serve_repository_config(
+        dir: &Path,
+        listen: &str,
+        extra_toml: &str,
+        env: &[(&str, &str)],
+    ) -> anyhow::Result<WorkerProcess> {
+        let root = crate::host::repo_root();
+        let mut text = std::fs::read_to_string(root.join("pushonce.toml"))?;
+        text.push_str(extra_toml);
+        let config = dir.join("pushonce.toml");
+        std::fs::write(&config, text)?;
+        let (data, plugins) = (dir.join("data"), crate::plugins::real_dir());
+        let policies = root.join("policies");
+        let mut all = vec![
+            ("PUSHONCE_LISTEN", listen),
+            ("PUSHONCE_DATA_DIR", data.to_str().context("data dir")?),
+            (
+                "PUSHONCE_PLUGIN_DIR",
+                plugins.to_str().context("plugin dir")?,
+            ),
+            (
+                "PUSHONCE_POLICY_DIR",
+                policies.to_str().context("policy dir")?,
+            ),
+            ("PUSHONCE_WECHAT_SECRET", "wechat-secret"),
+        ];
+        all.extend_from_slice(env);
+        Self::serve(&config, &all)
+    }
+
     fn start(mut cmd: Command, log: PathBuf) -> anyhow::Result<WorkerProcess> {
         if !cmd.get_envs().any(|(k, _)| k == "RUST_LOG") {
             cmd.env("RUST_LOG", "pushonce=debug,info");

@@ -1,6 +1,7 @@
 //! `cargo xtask`: the developer's tasks, kept out of the host's build.
 //!
-//! - `setup`: install what a fresh machine lacks (the `wasm32-wasip2` target, `redis-server`).
+//! - `setup`: install what a fresh machine lacks (the `wasm32-wasip2` target,
+//!   `redis-server`, schemathesis in `target/schemathesis` for `tests/schemathesis.rs`).
 //! - `plugins`: build every plugin in `plugins/` for `wasm32-wasip2` and copy the
 //!   components to `target/plugins/`.
 //! - `test`: `setup`, build the binaries, then the whole test suite (`cargo test --workspace`).
@@ -18,10 +19,10 @@ fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let root = workspace_root();
     match args.first().map(String::as_str) {
-        Some("setup") => setup(),
+        Some("setup") => setup(&root),
         Some("plugins") => build_plugins(&root).map(|_| ()),
         Some("test") => {
-            setup()?;
+            setup(&root)?;
             // Tests spawn the real `pushonce` binary (kill -9, several instances).
             run(Command::new(cargo())
                 .current_dir(&root)
@@ -38,12 +39,12 @@ fn main() -> Result<()> {
                 .args(&args[1..]))
         }
         Some("run") => {
-            setup()?;
+            setup(&root)?;
             let dir = build_plugins(&root)?;
             run_service(&root, &dir, &args[1..])
         }
         Some("chaos") => {
-            setup()?;
+            setup(&root)?;
             run(Command::new(cargo()).current_dir(&root).args([
                 "build",
                 "--release",
@@ -100,8 +101,9 @@ fn has_program(name: &str) -> bool {
         .unwrap_or(false)
 }
 
-/// Installs what is missing: the `wasm32-wasip2` Rust target and `redis-server`.
-fn setup() -> Result<()> {
+/// Installs what is missing: the `wasm32-wasip2` Rust target, `redis-server`
+/// and schemathesis.
+fn setup(root: &Path) -> Result<()> {
     let targets = Command::new("rustup")
         .args(["target", "list", "--installed"])
         .output()
@@ -125,7 +127,40 @@ fn setup() -> Result<()> {
         ]))
         .context("could not install redis-server; install it by hand (Debian: apt-get install redis-server)")?;
     }
-    Ok(())
+    install_schemathesis(root)
+}
+
+/// The schemathesis release `tests/schemathesis.rs` runs (pinned: its checks
+/// and options change between releases).
+const SCHEMATHESIS: &str = "4.32.5";
+
+/// Installs schemathesis [`SCHEMATHESIS`] with pip into a virtualenv,
+/// `target/schemathesis` (nothing outside the repository is touched).
+fn install_schemathesis(root: &Path) -> Result<()> {
+    let venv = root.join("target").join("schemathesis");
+    let bin = venv.join("bin");
+    let installed = Command::new(bin.join("schemathesis"))
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains(SCHEMATHESIS));
+    if installed {
+        return Ok(());
+    }
+    if !has_program("python3") {
+        bail!(
+            "python3 is missing: schemathesis (tests/schemathesis.rs) needs it with pip and venv (Debian: apt-get install python3-venv python3-pip)"
+        );
+    }
+    eprintln!(
+        "xtask: installing schemathesis {SCHEMATHESIS} into {}",
+        venv.display()
+    );
+    run(Command::new("python3").args(["-m", "venv"]).arg(&venv))
+        .context("python3 could not make a virtualenv (Debian: apt-get install python3-venv)")?;
+    run(Command::new(bin.join("pip"))
+        .args(["install", "--quiet"])
+        .arg(format!("schemathesis=={SCHEMATHESIS}")))
+    .context("pip could not install schemathesis (is PyPI reachable?)")
 }
 
 fn is_root() -> bool {

@@ -18,7 +18,7 @@ use super::AppState;
 use super::body::{JsonBody, from_value};
 use super::model::*;
 use super::problem::{ApiError, Problem};
-use crate::derive::{DeriveError, EventError, EventJson, derive, event_from_parsed};
+use crate::derive::{DeriveError, EventError, EventJson, YearRange, derive, event_from_parsed};
 use crate::permit::{AcceptRequest, Acceptance, RetryPolicy, Task};
 use crate::plugin::{Event, KeyPolicyPlugin};
 use crate::route::Policy;
@@ -272,6 +272,9 @@ pub fn task_view(task: &Task) -> TaskView {
         next_due: task.next_due_ms,
         last_error: task.last_error.clone(),
         provider_message_id: task.provider_message_id.clone(),
+        reference: task.reference.clone(),
+        first_attempt_at: task.first_attempt_ms,
+        last_attempt_at: task.last_attempt_ms,
         requeues: num("requeues").unwrap_or(0) as u32,
         event: json(&task.event_json),
         payload: json(&task.payload),
@@ -382,7 +385,7 @@ fn validate(req: &EventRequest) -> Result<(), ApiError> {
 }
 
 /// The plugins' event from the request (occurred_at defaults to `now`).
-fn to_event(req: &EventRequest, now: u64) -> Result<Event, ApiError> {
+fn to_event(req: &EventRequest, now: u64, years: YearRange) -> Result<Event, ApiError> {
     let occurred_at = match &req.occurred_at {
         None => serde_json::Value::from(now),
         Some(OccurredAt::Millis(ms)) => serde_json::Value::from(*ms),
@@ -401,13 +404,16 @@ fn to_event(req: &EventRequest, now: u64) -> Result<Event, ApiError> {
             (k.clone(), value)
         })
         .collect();
-    event_from_parsed(EventJson {
-        biz_type: req.biz_type.clone(),
-        biz_id: req.biz_id.clone(),
-        user_id: req.user_id.clone(),
-        occurred_at,
-        attributes,
-    })
+    event_from_parsed(
+        EventJson {
+            biz_type: req.biz_type.clone(),
+            biz_id: req.biz_id.clone(),
+            user_id: req.user_id.clone(),
+            occurred_at,
+            attributes,
+        },
+        years,
+    )
     .map_err(|e| match e {
         EventError::Field { field, reason } => ApiError::invalid(field, reason),
         EventError::Json(e) => ApiError::invalid("body", e.to_string()),
@@ -629,7 +635,7 @@ fn plan(
             plugin: spec.key_policy.clone(),
             detail: e.to_string(),
         })?;
-    let event = to_event(&req, now)?;
+    let event = to_event(&req, now, state.limits.occurred_at_years)?;
     let event_text = event_json(&event);
     let ctx = Context {
         policy,

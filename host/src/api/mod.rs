@@ -18,7 +18,6 @@ pub mod ops;
 pub mod problem;
 pub mod receipts;
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -45,6 +44,8 @@ pub struct ApiLimits {
     pub batch_max: usize,
     /// Longest a request may take (default 10 s); then 503 with `Retry-After`.
     pub request_timeout: Duration,
+    /// Years an event's `occurred_at` may fall in (default 2000–2100); outside is 422.
+    pub occurred_at_years: crate::derive::YearRange,
 }
 
 impl Default for ApiLimits {
@@ -53,6 +54,7 @@ impl Default for ApiLimits {
             body_bytes: 256 * 1024,
             batch_max: 100,
             request_timeout: Duration::from_secs(10),
+            occurred_at_years: crate::derive::YearRange::default(),
         }
     }
 }
@@ -90,8 +92,8 @@ pub struct SharedState {
     pub api_token: Token,
     /// Token of `/admin` (open when unset).
     pub admin_token: Token,
-    /// Shared secret per configured channel for receipts (open when unset).
-    pub receipt_tokens: Arc<BTreeMap<String, Token>>,
+    /// The channels whose callbacks are served, and how (absent: closed).
+    pub callbacks: receipts::CallbackGates,
     /// Provider callbacks' handler; `None` answers 501.
     pub receipts: Option<SharedReceiptHandler>,
     /// Runs one checked reload of plugins and policies (`POST /admin/reload`).
@@ -119,7 +121,14 @@ pub fn app(state: AppState) -> Router {
         .route("/admin/tasks/{id}/requeue", post(admin::requeue))
         .route_layer(from_fn_with_state(state.admin_token.clone(), auth::require));
     let open = Router::new()
-        .route("/v1/receipts/{channel}", post(receipts::receipt))
+        .route(
+            "/v1/receipts/{channel}",
+            get(receipts::open_receipt).post(receipts::open_receipt),
+        )
+        .route(
+            "/v1/receipts/{channel}/{*rest}",
+            get(receipts::receipt).post(receipts::receipt),
+        )
         .route("/healthz", get(ops::healthz))
         .route("/readyz", get(ops::readyz))
         .route("/metrics", get(ops::metrics))

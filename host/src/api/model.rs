@@ -216,6 +216,15 @@ pub struct TaskView {
     /// The provider's id of the message.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub provider_message_id: Option<String>,
+    /// The client reference the channel plugin gave the provider.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reference: Option<String>,
+    /// When the first attempt started (ms, Redis clock).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub first_attempt_at: Option<u64>,
+    /// When the last attempt started (ms, Redis clock).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub last_attempt_at: Option<u64>,
     /// Times an operator requeued it.
     pub requeues: u32,
     /// The event, as accepted.

@@ -19,7 +19,7 @@ use super::{admin, events, model, ops, problem, receipts};
     ),
     paths(
         events::post_event, events::post_batch, events::get_task, events::get_event,
-        receipts::receipt,
+        receipts::receipt, receipts::open_receipt,
         admin::plugins, admin::policies, admin::reload, admin::dead_tasks, admin::requeue, admin::task_by_key,
         ops::healthz, ops::readyz, ops::metrics, ops::openapi,
     ),
@@ -47,10 +47,6 @@ impl Modify for Security {
                 "Business services' token (`auth.api_token_env`)",
             ),
             ("admin_token", "Operators' token (`auth.admin_token_env`)"),
-            (
-                "receipt_secret",
-                "The channel's shared secret (`channels.<name>.receipt_secret_env`)",
-            ),
         ] {
             components.add_security_scheme(
                 name,

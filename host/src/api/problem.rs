@@ -79,6 +79,12 @@ pub enum ApiError {
     /// Missing or wrong bearer token.
     #[error("unauthorized: {0}")]
     Unauthorized(String),
+    /// A provider callback whose signature or token does not verify.
+    #[error("forbidden: {0}")]
+    Forbidden(String),
+    /// A provider callback that is not a request the provider sends.
+    #[error("malformed callback: {0}")]
+    MalformedCallback(String),
     /// No such resource.
     #[error("not found: {0}")]
     NotFound(String),
@@ -108,6 +114,15 @@ pub enum ApiError {
     /// A bug or an unexpected answer.
     #[error("internal error: {0}")]
     Internal(String),
+    /// The HTTP layer could not read the request: a bad request line (400),
+    /// a URI too long (414) or a head too large (431).
+    #[error("bad HTTP request: {detail}")]
+    Http {
+        /// 400, 414 or 431.
+        status: StatusCode,
+        /// What could not be read.
+        detail: &'static str,
+    },
 }
 
 impl ApiError {
@@ -122,7 +137,8 @@ impl ApiError {
     /// The HTTP status of this error.
     pub fn status(&self) -> StatusCode {
         match self {
-            ApiError::BadJson(_) => StatusCode::BAD_REQUEST,
+            ApiError::BadJson(_) | ApiError::MalformedCallback(_) => StatusCode::BAD_REQUEST,
+            ApiError::Forbidden(_) => StatusCode::FORBIDDEN,
             ApiError::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             ApiError::TooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::Invalid { .. } | ApiError::Plugin { .. } | ApiError::ReloadRefused(_) => {
@@ -136,6 +152,7 @@ impl ApiError {
             ApiError::Timeout => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            ApiError::Http { status, .. } => *status,
         }
     }
 
@@ -150,6 +167,8 @@ impl ApiError {
             ApiError::Invalid { .. } => ("invalid-field", "Invalid field"),
             ApiError::Plugin { .. } => ("key-policy-failed", "Key policy failed"),
             ApiError::Unauthorized(_) => ("unauthorized", "Unauthorized"),
+            ApiError::Forbidden(_) => ("forbidden", "Forbidden"),
+            ApiError::MalformedCallback(_) => ("malformed-callback", "Malformed callback"),
             ApiError::NotFound(_) => ("not-found", "Not found"),
             ApiError::Conflict(_) => ("conflict", "Conflict"),
             ApiError::ReloadRefused(_) => ("reload-refused", "Reload refused"),
@@ -158,6 +177,7 @@ impl ApiError {
             ApiError::Timeout => ("timeout", "Request timed out"),
             ApiError::MethodNotAllowed => ("method-not-allowed", "Method not allowed"),
             ApiError::Internal(_) => ("internal", "Internal error"),
+            ApiError::Http { .. } => ("bad-http-request", "Bad HTTP request"),
         };
         let detail = match self {
             // Never echo internals to a client: the log has them.

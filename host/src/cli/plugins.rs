@@ -88,6 +88,8 @@ fn list(dir: &Path) -> anyhow::Result<()> {
         for r in &refused {
             println!("  {r}");
         }
+        // A refused file is a failure scripts must see, not only a line of output.
+        bail!("{} file(s) in {} refused", refused.len(), dir.display());
     }
     Ok(())
 }

@@ -31,6 +31,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
 }
 
 async fn serve(config: HostConfig) -> anyhow::Result<()> {
+    // Before binding: a refused address is never exposed, not even briefly.
+    config.check_exposure(config.listen, |v| std::env::var(v).ok())?;
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await
         .with_context(|| format!("listening on {}", config.listen))?;

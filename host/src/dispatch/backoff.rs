@@ -29,9 +29,34 @@ pub fn min_delay_after(policy: &RetryPolicy, attempt: u32) -> Duration {
     delay_after(policy, attempt, 0.0)
 }
 
+/// The delay before a retry the provider asked to wait `after` for
+/// (`Retry-After`): at least `after`, but never longer than the policy's
+/// `max_delay` (the schedule bounds every wait; a provider asking for more
+/// gets `max_delay`, and the attempt spent counts against `max_attempts`).
+pub fn respecting_retry_after(
+    backoff: Duration,
+    after: Option<Duration>,
+    policy: &RetryPolicy,
+) -> Duration {
+    match after {
+        Some(after) => backoff.max(after).min(policy.max_delay.max(backoff)),
+        None => backoff,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn retry_after_is_a_floor_under_the_cap() {
+        let p = RetryPolicy::default();
+        let s = Duration::from_secs;
+        assert_eq!(respecting_retry_after(s(2), Some(s(3)), &p), s(3));
+        assert_eq!(respecting_retry_after(s(4), Some(s(3)), &p), s(4));
+        assert_eq!(respecting_retry_after(s(2), None, &p), s(2));
+        assert_eq!(respecting_retry_after(s(2), Some(s(3600)), &p), s(300));
+    }
 
     #[test]
     fn grows_then_caps() {

@@ -254,10 +254,8 @@ pub(crate) async fn process(shared: &Shared, entry: &Entry) {
     }
     let msg = OutgoingMessage {
         task_id: attempt.task_id.clone(),
-        idempotency_key: attempt.task.key.clone(),
-        channel: attempt.task.channel.clone(),
         attempt: attempt.number,
-        payload: attempt.task.payload.clone(),
+        ..OutgoingMessage::of_task(&attempt.task)
     };
     if attempt.reclaimed {
         // The worker that held the lease died mid-attempt: the provider may
@@ -278,16 +276,24 @@ pub(crate) async fn process(shared: &Shared, entry: &Entry) {
     let outcome = match result {
         SendOutcome::Sent {
             provider_message_id,
+            reference,
         } => Outcome::Sent {
             provider_message_id,
+            reference,
         },
-        SendOutcome::Retryable(reason) if attempt.number >= attempt.task.retry.max_attempts => {
+        SendOutcome::Retryable { reason, .. }
+            if attempt.number >= attempt.task.retry.max_attempts =>
+        {
             Outcome::Dead {
                 reason: format!("{} attempts failed; last: {reason}", attempt.number),
             }
         }
-        SendOutcome::Retryable(reason) => Outcome::Retry {
-            delay: backoff::random_delay_after(&attempt.task.retry, attempt.number),
+        SendOutcome::Retryable { reason, after } => Outcome::Retry {
+            delay: backoff::respecting_retry_after(
+                backoff::random_delay_after(&attempt.task.retry, attempt.number),
+                after,
+                &attempt.task.retry,
+            ),
             reason,
         },
         SendOutcome::Permanent(reason) => permanent(shared, &attempt, reason).await,
@@ -299,14 +305,28 @@ pub(crate) async fn process(shared: &Shared, entry: &Entry) {
     record(shared, &attempt, &outcome, entry).await;
     if let Outcome::Sent {
         provider_message_id,
+        reference,
     } = &outcome
-        && !provider_message_id.is_empty()
-        && let Err(e) = shared
-            .permits
-            .index_provider_id(&attempt.task.channel, provider_message_id, &attempt.task_id)
-            .await
     {
-        tracing::warn!(task = %attempt.task_id, error = %e, "could not index the provider message id");
+        index_ids(shared, &attempt, provider_message_id, reference.as_deref()).await;
+    }
+}
+
+/// Indexes a sent message's provider id and reference (when not the key),
+/// so a receipt naming either finds the task.
+async fn index_ids(shared: &Shared, attempt: &Attempt, provider_id: &str, reference: Option<&str>) {
+    let ids = [Some(provider_id), reference]
+        .into_iter()
+        .flatten()
+        .filter(|id| !id.is_empty() && *id != attempt.task.key);
+    for id in ids {
+        if let Err(e) = shared
+            .permits
+            .index_provider_id(&attempt.task.channel, id, &attempt.task_id)
+            .await
+        {
+            tracing::warn!(task = %attempt.task_id, error = %e, "could not index the provider message id");
+        }
     }
 }
 
@@ -345,6 +365,7 @@ fn unknown(attempt: &Attempt, reason: String, verdict: UnknownVerdict) -> Outcom
             provider_message_id,
         } => Outcome::Sent {
             provider_message_id: provider_message_id.unwrap_or_default(),
+            reference: None,
         },
         UnknownVerdict::Resend if attempt.number < attempt.task.retry.max_attempts => {
             Outcome::Resend {

@@ -176,6 +176,8 @@ pub enum Outcome {
     Sent {
         /// The provider's id for it.
         provider_message_id: String,
+        /// The client reference the plugin gave the provider, if its receipt named one.
+        reference: Option<String>,
     },
     /// Failed retryably: try again after `delay`.
     Retry {
@@ -610,9 +612,14 @@ impl Permits {
     ) -> Result<Recorded, PermitError> {
         let shard = shard_of_task(&attempt.task_id)
             .ok_or_else(|| PermitError::BadTaskId(attempt.task_id.clone()))?;
+        let reference = match outcome {
+            Outcome::Sent { reference, .. } => reference.as_deref().unwrap_or(""),
+            _ => "",
+        };
         let (name, delay, provider_id, reason) = match outcome {
             Outcome::Sent {
                 provider_message_id,
+                ..
             } => ("sent", 0, provider_message_id.as_str(), ""),
             Outcome::Retry { delay, reason } => ("retry", ms(*delay), "", reason.as_str()),
             Outcome::Resend { delay, reason } => ("resend", ms(*delay), "", reason.as_str()),
@@ -638,6 +645,7 @@ impl Permits {
             .arg(reason)
             .arg(ms(self.config.check_sent_after))
             .arg(ms(self.config.check_unknown_after))
+            .arg(reference)
             .invoke_async(&mut self.conn.clone())
             .await?;
         let items = array(answer, "record")?;
@@ -723,6 +731,40 @@ impl Permits {
             .arg(self.provider_id_key(channel, provider_id))
             .query_async(&mut self.conn.clone())
             .await?)
+    }
+
+    /// How long ago (ms) a receipt first named `channel`'s message `id`
+    /// that matched no task: the first call records now (kept for `keep`)
+    /// and answers 0. Bounds how long such a receipt is answered 503.
+    pub async fn unmatched_age(
+        &self,
+        channel: &str,
+        id: &str,
+        keep: Duration,
+    ) -> Result<u64, PermitError> {
+        let name = format!("{channel}:{id}");
+        let shard = self.layout.shard_of(&name);
+        let key = format!(
+            "{}unmatched:{name}",
+            self.layout.task_prefix(shard).trim_end_matches("task:")
+        );
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_millis() as u64)
+            .unwrap_or(0);
+        let (first,): (u64,) = redis::pipe()
+            .cmd("SET")
+            .arg(&key)
+            .arg(now)
+            .arg("NX")
+            .arg("PX")
+            .arg(ms(keep).max(1))
+            .ignore()
+            .cmd("GET")
+            .arg(&key)
+            .query_async(&mut self.conn.clone())
+            .await?;
+        Ok(now.saturating_sub(first))
     }
 
     /// Moves up to `limit` due retries of `shard` from its delayed set to its

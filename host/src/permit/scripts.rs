@@ -1,5 +1,6 @@
 //! The Lua scripts of pushonce, loaded from the `.lua` files beside this one.
-//! This module is the only place in the host that holds Redis scripts.
+//! This module holds every task and permit script; the only other Redis
+//! script is the channels' shared cache (`plugin/shared_cache.lua`).
 //!
 //! Each script is `lib.lua` (shared helpers) followed by its body. A
 //! [`redis::Script`] is called by SHA (`EVALSHA`) and loaded again by the

@@ -145,6 +145,12 @@ pub struct Task {
     pub last_error: Option<String>,
     /// The provider's id of the accepted message.
     pub provider_message_id: Option<String>,
+    /// The client reference the plugin gave the provider, as its receipt said.
+    pub reference: Option<String>,
+    /// When the first attempt started (Redis clock, ms since the epoch).
+    pub first_attempt_ms: Option<u64>,
+    /// When the last attempt started (Redis clock, ms since the epoch).
+    pub last_attempt_ms: Option<u64>,
     /// True once some attempt is known to have reached the provider.
     pub ever_sent: bool,
     /// True once an attempt was re-claimed from a dead worker (it may have sent).
@@ -202,6 +208,9 @@ impl Task {
             next_due_ms: num("next_due"),
             last_error: opt("last_error"),
             provider_message_id: opt("provider_message_id"),
+            reference: opt("reference"),
+            first_attempt_ms: num("first_attempt_at"),
+            last_attempt_ms: num("attempt_started_at"),
             ever_sent: get("ever_sent") == "1",
             maybe_sent: get("maybe_sent") == "1",
             fields,

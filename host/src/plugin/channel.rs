@@ -18,7 +18,11 @@ use wasmtime::Store;
 
 use super::PluginMeta;
 use super::bindings::channel::ChannelPluginPre;
-use super::bindings::{Capabilities, ChannelWorld, DeliveryStatus, Message, Receipt, SendError};
+use super::bindings::{
+    CallbackAnswer, CallbackError, CallbackRequest, Capabilities, ChannelWorld, DeliveryStatus,
+    Message, Receipt, SendError, SentMessage,
+};
+use super::cache_import::SharedCache;
 use super::call::classify;
 use super::error::CallError;
 use super::http::{HttpClient, OutboundHooks, OutboundLog, OutboundPolicy};
@@ -76,6 +80,8 @@ pub struct ChannelSettings {
     pub call_timeout: Duration,
     /// Warm instances kept between calls.
     pub warm_instances: usize,
+    /// The channel instance's shared cache (`None`: the import answers `unavailable`).
+    pub cache: Option<SharedCache>,
 }
 
 impl std::fmt::Debug for ChannelSettings {
@@ -161,7 +167,7 @@ impl ChannelInstance {
     /// What the provider offers after an unknown outcome.
     pub async fn capabilities(&self) -> Result<Answer<Capabilities>, ChannelCallError> {
         self.call(|w, s| {
-            Box::pin(async move { w.pushonce_plugin_channel().call_capabilities(s).await })
+            Box::pin(async move { w.pushonce_channel_channel().call_capabilities(s).await })
         })
         .await
     }
@@ -172,38 +178,31 @@ impl ChannelInstance {
         msg: Message,
     ) -> Result<Answer<Result<Receipt, SendError>>, ChannelCallError> {
         self.call(move |w, s| {
-            Box::pin(async move { w.pushonce_plugin_channel().call_send(s, &msg).await })
+            Box::pin(async move { w.pushonce_channel_channel().call_send(s, &msg).await })
         })
         .await
     }
 
-    /// Asks the provider about a message.
+    /// Asks the provider about a message that was sent, or may have been.
     pub async fn query(
         &self,
-        key: String,
-        provider_message_id: Option<String>,
+        msg: SentMessage,
     ) -> Result<Answer<Result<DeliveryStatus, SendError>>, ChannelCallError> {
         self.call(move |w, s| {
-            Box::pin(async move {
-                w.pushonce_plugin_channel()
-                    .call_query(s, &key, provider_message_id.as_deref())
-                    .await
-            })
+            Box::pin(async move { w.pushonce_channel_channel().call_query(s, &msg).await })
         })
         .await
     }
 
-    /// Parses a delivery callback.
-    #[allow(clippy::type_complexity)]
-    pub async fn parse_callback(
+    /// Handles one request the provider sent to the channel's callback URL.
+    pub async fn handle_callback(
         &self,
-        headers: Vec<(String, String)>,
-        body: Vec<u8>,
-    ) -> Result<Answer<Result<Vec<(String, DeliveryStatus)>, String>>, ChannelCallError> {
+        req: CallbackRequest,
+    ) -> Result<Answer<Result<CallbackAnswer, CallbackError>>, ChannelCallError> {
         self.call(move |w, s| {
             Box::pin(async move {
-                w.pushonce_plugin_channel()
-                    .call_parse_callback(s, &headers, &body)
+                w.pushonce_channel_channel()
+                    .call_handle_callback(s, &req)
                     .await
             })
         })
@@ -220,7 +219,7 @@ impl ChannelInstance {
         let config = (*self.settings.config).clone();
         let mut store = Store::new(
             self.plugin.runtime.engine(),
-            HostState::for_channel(limits, config, hooks),
+            HostState::for_channel(limits, config, hooks, self.settings.cache.clone()),
         );
         store.limiter(|s| &mut s.limiter);
         store

@@ -50,6 +50,18 @@ pub enum LoadError {
         /// What the component does export, comma-separated.
         exports: String,
     },
+    /// The component is a channel plugin of contract 1
+    /// (`pushonce:plugin/channel@1.x`), which contract 2 replaced.
+    #[error(
+        "{}: channel contract 1.x ({export}) is no longer supported: rebuild the plugin against pushonce:channel@2 (`{}`) — see docs/channels.md",
+        file.display(), super::bindings::CHANNEL_EXPORT
+    )]
+    OldChannelContract {
+        /// The plugin file.
+        file: PathBuf,
+        /// The contract-1 export it has, e.g. `pushonce:plugin/channel@1.0.0`.
+        export: String,
+    },
     /// The component exports a world's interface but does not match it
     /// (other version, missing `describe`, wrong types, unknown imports).
     #[error("{}: does not fit the {world} world: {reason}", file.display())]
@@ -109,6 +121,7 @@ impl LoadError {
             | LoadError::CoreModule { file }
             | LoadError::Invalid { file, .. }
             | LoadError::WrongWorld { file, .. }
+            | LoadError::OldChannelContract { file, .. }
             | LoadError::Mismatch { file, .. }
             | LoadError::Describe { file, .. }
             | LoadError::BadInfo { file, .. }

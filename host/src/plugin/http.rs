@@ -10,12 +10,22 @@
 //! clamped to the policy's, bodies are capped both ways, and no host error
 //! text ever reaches a plugin: only `error-code` values without payload text.
 //! Requests go through one pooled hyper client per channel instance
-//! ([`HttpClient`]), to the address the host resolved and checked (the pool
-//! is keyed by that address), so a name cannot be re-resolved elsewhere
-//! between the check and the connect.
+//! ([`HttpClient`]), whose connector ([`super::tls`]) connects only to the
+//! address the host resolved and checked, so a name cannot be re-resolved
+//! elsewhere between the check and the connect. `https://` is verified by
+//! rustls against the checked name and speaks HTTP/2 when ALPN chooses it;
+//! plain `http://` is refused unless the channel sets `allow_plaintext`.
+//!
+//! Whether the provider may have a state-changing request is exact: such a
+//! request counts as *pending* from the hand-off (the guest's call may be cut
+//! off before the request task runs), becomes *written* when its body is
+//! first polled (after connect and handshake), and stops counting when it
+//! failed before that (a refusal, a connect or TLS error). A reader treats
+//! pending as maybe-sent ([`OutboundLog::may_have_sent`]).
 
 use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -24,9 +34,10 @@ use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::BodyExt;
 use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use wasmtime_wasi_http::{Error as HttpError, RequestOptions, WasiBody, WasiHttpHooks};
+
+use super::tls::{Checked, ConnectError, Connector};
 
 /// One entry of a channel's `allowed_hosts`: `name`, `name:port`, an IP
 /// literal or `[v6]:port`.
@@ -34,7 +45,7 @@ use wasmtime_wasi_http::{Error as HttpError, RequestOptions, WasiBody, WasiHttpH
 pub struct AllowedHost {
     /// Lower-case host name or IP literal (without brackets).
     pub host: String,
-    /// The port; `None` means the scheme's default port (80).
+    /// The port; `None` means the scheme's default port (443 for `https`, 80 for `http`).
     pub port: Option<u16>,
     /// Set when `host` is an IP literal: the operator named the address
     /// itself, so it is reachable even when it is private or loopback.
@@ -76,8 +87,8 @@ impl AllowedHost {
         })
     }
 
-    fn matches(&self, host: &str, port: u16) -> bool {
-        self.host == host && self.port.unwrap_or(80) == port
+    fn matches(&self, host: &str, port: u16, default_port: u16) -> bool {
+        self.host == host && self.port.unwrap_or(default_port) == port
     }
 }
 
@@ -117,6 +128,11 @@ pub struct OutboundPolicy {
     pub max_request_bytes: u64,
     /// Largest response body a plugin may read, in bytes.
     pub max_response_bytes: u64,
+    /// Allow plain `http://` (otherwise only `https://` leaves the host).
+    pub allow_plaintext: bool,
+    /// rustls client configuration: trusted roots (web PKI, plus the
+    /// channel's `ca_file`) and ALPN.
+    pub tls: Arc<rustls::ClientConfig>,
 }
 
 impl Default for OutboundPolicy {
@@ -130,23 +146,33 @@ impl Default for OutboundPolicy {
             between_bytes_timeout: Duration::from_secs(10),
             max_request_bytes: 1 << 20,
             max_response_bytes: 1 << 20,
+            allow_plaintext: false,
+            tls: super::tls::default_tls_config(),
         }
     }
 }
 
 impl OutboundPolicy {
-    /// The allowed entry matching `host:port`, if any.
-    fn entry(&self, host: &str, port: u16) -> Option<&AllowedHost> {
-        self.allowed.iter().find(|a| a.matches(host, port))
+    /// The allowed entry matching `host:port`, if any (`default_port`: the
+    /// scheme's, for entries without a port).
+    fn entry(&self, host: &str, port: u16, default_port: u16) -> Option<&AllowedHost> {
+        self.allowed
+            .iter()
+            .find(|a| a.matches(host, port, default_port))
     }
 }
 
-/// A pooled HTTP/1 client for one channel instance (cheap to clone). It only
-/// ever connects to IP addresses the policy already checked.
+/// A pooled HTTP/1.1 and HTTP/2 client for one channel instance (cheap to
+/// clone). It only ever connects to addresses the policy already checked.
 #[derive(Clone)]
 pub struct HttpClient {
-    /// hyper's pooling client; its connector never resolves names (it gets IPs).
-    inner: Client<HttpConnector, WasiBody>,
+    /// hyper's pooling client (keyed by scheme and authority); its connector
+    /// never resolves names (it reads `checked`).
+    inner: Client<Connector, WasiBody>,
+    /// The checked address of each authority, written before each request.
+    checked: Checked,
+    /// TLS handshakes made by this client.
+    handshakes: Arc<AtomicU64>,
 }
 
 impl std::fmt::Debug for HttpClient {
@@ -156,16 +182,30 @@ impl std::fmt::Debug for HttpClient {
 }
 
 impl HttpClient {
-    /// A client connecting within `connect_timeout`, keeping idle connections 60 s.
-    pub fn new(connect_timeout: Duration) -> HttpClient {
-        let mut connector = HttpConnector::new();
-        connector.set_connect_timeout(Some(connect_timeout));
-        connector.set_nodelay(true);
+    /// A client for `policy` (its connect timeout and TLS configuration),
+    /// keeping idle connections 60 s.
+    pub fn new(policy: &OutboundPolicy) -> HttpClient {
+        let connector = Connector {
+            checked: Checked::default(),
+            tls: policy.tls.clone(),
+            connect_timeout: policy.connect_timeout,
+            handshakes: Arc::default(),
+        };
+        let (checked, handshakes) = (connector.checked.clone(), connector.handshakes.clone());
         let inner = Client::builder(TokioExecutor::new())
             .pool_idle_timeout(Duration::from_secs(60))
             .pool_max_idle_per_host(32)
             .build(connector);
-        HttpClient { inner }
+        HttpClient {
+            inner,
+            checked,
+            handshakes,
+        }
+    }
+
+    /// TLS handshakes this client made so far (one per new TLS connection).
+    pub fn tls_handshakes(&self) -> u64 {
+        self.handshakes.load(Ordering::Relaxed)
     }
 }
 
@@ -173,13 +213,64 @@ impl HttpClient {
 #[derive(Debug, Default, Clone)]
 pub struct OutboundLog {
     /// A request that can change provider state (any method but GET/HEAD/OPTIONS)
-    /// passed the policy and was handed to the client: the provider may have it.
-    pub may_have_sent: bool,
+    /// started going out (its body was polled): the provider may have it.
+    written: bool,
+    /// State-changing requests handed to the client that have neither started
+    /// going out nor failed before it: the provider may yet get them.
+    pending: u32,
     /// Requests refused by the policy, with the reason (host-side text, for logs
     /// and the call's error; never given to the plugin).
     pub denied: Vec<String>,
+    /// Requests that passed the policy but failed before anything was written
+    /// (connect, TLS), with the cause (host-side text, like `denied`).
+    pub not_sent: Vec<String>,
     /// Requests that passed the policy.
     pub requests: u32,
+}
+
+impl OutboundLog {
+    /// Whether the provider may have a state-changing request of this call:
+    /// one started going out, or one was handed off and had not failed
+    /// before writing when the log was read.
+    pub fn may_have_sent(&self) -> bool {
+        self.written || self.pending > 0
+    }
+}
+
+/// One state-changing request from its hand-off to either its first written
+/// byte or a failure before it; settles once.
+struct Pending {
+    /// The call's log.
+    log: Arc<Mutex<OutboundLog>>,
+    /// Set by the first of `written` / `not_sent`.
+    settled: AtomicBool,
+}
+
+impl Pending {
+    /// Counts a request as pending in `log`.
+    fn start(log: &Arc<Mutex<OutboundLog>>) -> Arc<Pending> {
+        lock(log).pending += 1;
+        Arc::new(Pending {
+            log: log.clone(),
+            settled: AtomicBool::new(false),
+        })
+    }
+
+    /// Its bytes started going out: the provider may have it.
+    fn written(&self) {
+        if !self.settled.swap(true, Ordering::AcqRel) {
+            let mut l = lock(&self.log);
+            l.pending -= 1;
+            l.written = true;
+        }
+    }
+
+    /// It failed before anything was written.
+    fn not_sent(&self) {
+        if !self.settled.swap(true, Ordering::AcqRel) {
+            lock(&self.log).pending -= 1;
+        }
+    }
 }
 
 /// The `wasi:http` hooks of one store: the policy of its channel instance, the
@@ -219,12 +310,13 @@ type SendFuture =
 
 impl WasiHttpHooks for OutboundHooks {
     fn is_supported_scheme(&mut self, scheme: &http::uri::Scheme) -> bool {
-        // No TLS stack is compiled into the host yet: plain HTTP only.
-        *scheme == http::uri::Scheme::HTTP
+        // Plain `http` passes here and is refused by the policy (with a
+        // reason) unless the channel sets `allow_plaintext`.
+        *scheme == http::uri::Scheme::HTTPS || *scheme == http::uri::Scheme::HTTP
     }
 
     fn default_scheme(&mut self) -> Option<http::uri::Scheme> {
-        Some(http::uri::Scheme::HTTP)
+        Some(http::uri::Scheme::HTTPS)
     }
 
     fn p2_error_from_hyper(
@@ -247,133 +339,238 @@ impl WasiHttpHooks for OutboundHooks {
         options: Option<RequestOptions>,
         _fut: IoFuture,
     ) -> SendFuture {
-        let policy = self.policy.clone();
         let log = self.log.clone();
         let Some(client) = self.client.clone() else {
             return deny(request, &log, "no outbound HTTP for this plugin".into());
         };
-        let uri = request.uri().clone();
-        let Some(authority) = uri.authority().cloned() else {
-            return deny(request, &log, "request without a destination".into());
+        let target = match Target::check(&self.policy, request.uri()) {
+            Ok(t) => t,
+            Err(reason) => return deny(request, &log, reason),
+        };
+        // Counted now, synchronously: the guest's call may be cut off before
+        // the spawned request task runs, and that task may still send.
+        let unsafe_method = !matches!(
+            *request.method(),
+            http::Method::GET | http::Method::HEAD | http::Method::OPTIONS
+        );
+        lock(&log).requests += 1;
+        let pending = unsafe_method.then(|| Pending::start(&log));
+        let policy = self.policy.clone();
+        Box::new(async move {
+            let addr = match resolve(&policy, &target.entry, &target.host, target.port).await {
+                Ok(addr) => addr,
+                Err(reason) => {
+                    tracing::info!(%reason, "outbound request refused");
+                    lock(&log).denied.push(reason);
+                    if let Some(p) = &pending {
+                        p.not_sent();
+                    }
+                    drain(request.into_body(), policy.max_request_bytes).await;
+                    return Err(HttpError::HttpRequestDenied);
+                }
+            };
+            client.checked.record(&target.host, target.port, addr);
+            let timeouts = Timeouts::clamped(&policy, options);
+            let req = target.request(request, &policy, pending.clone())?;
+            let sent = tokio::time::timeout(
+                timeouts.connect + timeouts.first_byte,
+                client.inner.request(req),
+            );
+            let response = match sent.await {
+                Err(_) => return Err(HttpError::HttpResponseTimeout),
+                Ok(Err(e)) => return Err(request_error(&e, &policy, &log, pending.as_deref())),
+                Ok(Ok(r)) => r,
+            };
+            limit_response(response, policy.max_response_bytes, timeouts.between_bytes)
+        })
+    }
+}
+
+/// A request's destination after the policy's name check: scheme, checked
+/// host and port, the allowlist entry, and the authority text for `Host`.
+struct Target {
+    /// `https` or (with `allow_plaintext`) `http`.
+    scheme: http::uri::Scheme,
+    /// Lower-case host name or IP literal, without brackets.
+    host: String,
+    /// The port (the scheme's default when the URI has none).
+    port: u16,
+    /// The allowlist entry that matched.
+    entry: AllowedHost,
+    /// `host[:port]` as the request names it (IPv6 bracketed), for `Host`
+    /// and the URI hyper sends (`:authority` in HTTP/2).
+    authority: String,
+}
+
+impl Target {
+    /// Checks scheme and authority against the policy (not yet the address).
+    fn check(policy: &OutboundPolicy, uri: &http::Uri) -> Result<Target, String> {
+        let Some(authority) = uri.authority() else {
+            return Err("request without a destination".into());
         };
         let host = authority
             .host()
             .trim_start_matches('[')
             .trim_end_matches(']')
             .to_ascii_lowercase();
-        let port = authority.port_u16().unwrap_or(80);
-        let Some(entry) = policy.entry(&host, port).cloned() else {
-            return deny(
-                request,
-                &log,
-                format!("{host}:{port} is not in the channel's allowed_hosts"),
-            );
+        let https = uri.scheme() != Some(&http::uri::Scheme::HTTP);
+        let default_port = if https { 443 } else { 80 };
+        let port = authority.port_u16().unwrap_or(default_port);
+        let Some(entry) = policy.entry(&host, port, default_port).cloned() else {
+            return Err(format!(
+                "{host}:{port} is not in the channel's allowed_hosts"
+            ));
         };
-        // Decided now, synchronously: the guest's call may be cut off before
-        // the spawned request task runs, and that task may still send.
-        let unsafe_method = !matches!(
-            *request.method(),
-            http::Method::GET | http::Method::HEAD | http::Method::OPTIONS
-        );
-        {
-            let mut l = lock(&log);
-            l.requests += 1;
-            if unsafe_method {
-                l.may_have_sent = true;
-            }
+        if !https && !policy.allow_plaintext {
+            return Err(format!(
+                "plain http:// to {host}:{port} is refused: set allow_plaintext = true on the channel to allow unencrypted requests"
+            ));
         }
-        Box::new(async move {
-            let addr = match resolve(&policy, &entry, &host, port).await {
-                Ok(addr) => addr,
-                Err(reason) => {
-                    lock(&log).denied.push(reason);
-                    drain(request.into_body(), policy.max_request_bytes).await;
-                    return Err(HttpError::HttpRequestDenied);
-                }
-            };
-            let connect = clamp(
-                options.and_then(|o| o.connect_timeout),
-                policy.connect_timeout,
-            );
-            let first_byte = clamp(
-                options.and_then(|o| o.first_byte_timeout),
-                policy.first_byte_timeout,
-            );
-            let between = clamp(
-                options.and_then(|o| o.between_bytes_timeout),
-                policy.between_bytes_timeout,
-            );
-            let (mut parts, body) = request.into_parts();
-            let path = parts
-                .uri
-                .path_and_query()
-                .map(|p| p.as_str())
-                .unwrap_or("/")
-                .to_string();
-            let ip = match addr.ip() {
-                IpAddr::V4(v4) => v4.to_string(),
-                IpAddr::V6(v6) => format!("[{v6}]"),
-            };
-            // `Host` names the checked authority (without userinfo), whatever header came in.
-            let host_header = match authority.port() {
-                Some(p) => format!("{}:{p}", authority.host()),
-                None => authority.host().to_string(),
-            };
-            parts.headers.insert(
-                http::header::HOST,
-                http::HeaderValue::from_str(&host_header)
-                    .map_err(|_| HttpError::HttpRequestUriInvalid)?,
-            );
-            parts.uri = format!("http://{ip}:{}{path}", addr.port())
-                .parse()
-                .map_err(|_| HttpError::HttpRequestUriInvalid)?;
-            let body = CappedBody {
-                inner: body,
-                seen: 0,
-                cap: policy.max_request_bytes,
-                request: true,
-            }
-            .boxed_unsync();
-            let req = http::Request::from_parts(parts, body);
-            let response =
-                match tokio::time::timeout(connect + first_byte, client.inner.request(req)).await {
-                    Err(_) => return Err(HttpError::HttpResponseTimeout),
-                    Ok(Err(e)) if e.is_connect() => return Err(HttpError::ConnectionRefused),
-                    Ok(Err(e)) => {
-                        let too_big = std::error::Error::source(&e)
-                            .and_then(|s| s.downcast_ref::<HttpError>())
-                            .is_some_and(|s| matches!(s, HttpError::HttpRequestBodySize(_)));
-                        return Err(if too_big {
-                            HttpError::HttpRequestBodySize(Some(policy.max_request_bytes))
-                        } else {
-                            HttpError::ConnectionTerminated
-                        });
-                    }
-                    Ok(Ok(r)) => r,
-                };
-            let cap = policy.max_response_bytes;
-            if let Some(len) = response
-                .headers()
-                .get(http::header::CONTENT_LENGTH)
-                .and_then(|v| v.to_str().ok())
-                .and_then(|v| v.parse::<u64>().ok())
-                && len > cap
-            {
-                return Err(HttpError::HttpResponseBodySize(Some(len)));
-            }
-            let response = response.map(|incoming| {
-                ResponseBody {
-                    inner: incoming,
-                    seen: 0,
-                    cap,
-                    between,
-                    sleep: Box::pin(tokio::time::sleep(between)),
-                }
-                .boxed_unsync()
-            });
-            Ok((response, Box::new(async { Ok(()) }) as IoFuture))
+        let bracketed = if host.contains(':') {
+            format!("[{host}]")
+        } else {
+            host.clone()
+        };
+        Ok(Target {
+            scheme: if https {
+                http::uri::Scheme::HTTPS
+            } else {
+                http::uri::Scheme::HTTP
+            },
+            authority: match authority.port_u16() {
+                Some(p) => format!("{bracketed}:{p}"),
+                None => bracketed,
+            },
+            host,
+            port,
+            entry,
         })
     }
+
+    /// The request hyper sends: URI and `Host` = the checked authority
+    /// (without userinfo, whatever header came in), the body capped and
+    /// marking `pending` written on its first poll.
+    fn request(
+        &self,
+        request: http::Request<WasiBody>,
+        policy: &OutboundPolicy,
+        pending: Option<Arc<Pending>>,
+    ) -> Result<
+        http::Request<http_body_util::combinators::UnsyncBoxBody<Bytes, HttpError>>,
+        HttpError,
+    > {
+        let (mut parts, body) = request.into_parts();
+        let path = parts
+            .uri
+            .path_and_query()
+            .map(|p| p.as_str())
+            .unwrap_or("/");
+        parts.uri = format!("{}://{}{path}", self.scheme, self.authority)
+            .parse()
+            .map_err(|_| HttpError::HttpRequestUriInvalid)?;
+        parts.headers.insert(
+            http::header::HOST,
+            http::HeaderValue::from_str(&self.authority)
+                .map_err(|_| HttpError::HttpRequestUriInvalid)?,
+        );
+        let body = CappedBody {
+            inner: body,
+            seen: 0,
+            cap: policy.max_request_bytes,
+            pending,
+            polled: false,
+        }
+        .boxed_unsync();
+        Ok(http::Request::from_parts(parts, body))
+    }
+}
+
+/// The guest's timeouts, each clamped to the policy's.
+struct Timeouts {
+    /// Resolve and connect (and TLS handshake).
+    connect: Duration,
+    /// To the response head.
+    first_byte: Duration,
+    /// Between two response body chunks.
+    between_bytes: Duration,
+}
+
+impl Timeouts {
+    fn clamped(policy: &OutboundPolicy, options: Option<RequestOptions>) -> Timeouts {
+        Timeouts {
+            connect: clamp(
+                options.and_then(|o| o.connect_timeout),
+                policy.connect_timeout,
+            ),
+            first_byte: clamp(
+                options.and_then(|o| o.first_byte_timeout),
+                policy.first_byte_timeout,
+            ),
+            between_bytes: clamp(
+                options.and_then(|o| o.between_bytes_timeout),
+                policy.between_bytes_timeout,
+            ),
+        }
+    }
+}
+
+/// The `error-code` for a failed request. A connect or TLS failure wrote
+/// nothing: the request stops being pending and its cause is logged.
+fn request_error(
+    e: &hyper_util::client::legacy::Error,
+    policy: &OutboundPolicy,
+    log: &Mutex<OutboundLog>,
+    pending: Option<&Pending>,
+) -> HttpError {
+    if e.is_connect() {
+        if let Some(p) = pending {
+            p.not_sent();
+        }
+        let Some(cause) = ConnectError::find(e) else {
+            lock(log).not_sent.push("connect failed".into());
+            return HttpError::ConnectionRefused;
+        };
+        tracing::info!(reason = %cause, "outbound request not sent");
+        lock(log).not_sent.push(cause.to_string());
+        return cause.code();
+    }
+    let too_big = std::error::Error::source(e)
+        .and_then(|s| s.downcast_ref::<HttpError>())
+        .is_some_and(|s| matches!(s, HttpError::HttpRequestBodySize(_)));
+    if too_big {
+        HttpError::HttpRequestBodySize(Some(policy.max_request_bytes))
+    } else {
+        HttpError::ConnectionTerminated
+    }
+}
+
+/// Refuses a response whose declared length is over `cap`; otherwise wraps
+/// its body in the size cap and the between-bytes timeout.
+fn limit_response(
+    response: http::Response<hyper::body::Incoming>,
+    cap: u64,
+    between: Duration,
+) -> Result<(http::Response<WasiBody>, IoFuture), HttpError> {
+    if let Some(len) = response
+        .headers()
+        .get(http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok())
+        && len > cap
+    {
+        return Err(HttpError::HttpResponseBodySize(Some(len)));
+    }
+    let response = response.map(|incoming| {
+        ResponseBody {
+            inner: incoming,
+            seen: 0,
+            cap,
+            between,
+            sleep: Box::pin(tokio::time::sleep(between)),
+        }
+        .boxed_unsync()
+    });
+    Ok((response, Box::new(async { Ok(()) }) as IoFuture))
 }
 
 /// A timeout the guest asked for, never longer than the policy's (nor zero).
@@ -477,7 +674,9 @@ pub fn is_internal(ip: IpAddr) -> bool {
     }
 }
 
-/// A request body that fails once more than `cap` bytes went through.
+/// A request body that fails once more than `cap` bytes went through, and
+/// marks its request written on the first poll (hyper polls it only once the
+/// connection, and TLS, is up; an empty body is still polled once).
 struct CappedBody {
     /// The guest's body.
     inner: WasiBody,
@@ -485,8 +684,10 @@ struct CappedBody {
     seen: u64,
     /// Most bytes allowed.
     cap: u64,
-    /// Always true for now: the error names a request body.
-    request: bool,
+    /// The state-changing request this body belongs to, if it is one.
+    pending: Option<Arc<Pending>>,
+    /// Whether hyper polled it yet.
+    polled: bool,
 }
 
 impl Body for CappedBody {
@@ -498,16 +699,20 @@ impl Body for CappedBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, HttpError>>> {
         let this = &mut *self;
+        if !this.polled {
+            this.polled = true;
+            if let Some(p) = &this.pending {
+                p.written();
+            }
+        }
         match Pin::new(&mut this.inner).poll_frame(cx) {
             Poll::Ready(Some(Ok(frame))) => {
                 if let Some(d) = frame.data_ref() {
                     this.seen += d.len() as u64;
                     if this.seen > this.cap {
-                        return Poll::Ready(Some(Err(if this.request {
-                            HttpError::HttpRequestBodySize(Some(this.seen))
-                        } else {
-                            HttpError::HttpResponseBodySize(Some(this.seen))
-                        })));
+                        return Poll::Ready(Some(Err(HttpError::HttpRequestBodySize(Some(
+                            this.seen,
+                        )))));
                     }
                 }
                 Poll::Ready(Some(Ok(frame)))
@@ -517,7 +722,9 @@ impl Body for CappedBody {
     }
 
     fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
+        // A state-changing request's body is polled at least once, so its
+        // first poll marks the moment bytes go out.
+        (self.polled || self.pending.is_none()) && self.inner.is_end_stream()
     }
 
     fn size_hint(&self) -> SizeHint {

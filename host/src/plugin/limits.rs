@@ -18,6 +18,9 @@ pub struct Limits {
     pub pool_slots: u32,
     /// Bytes of a guest's stderr kept per call (for panic messages).
     pub stderr_bytes: usize,
+    /// Largest plugin file read, in bytes; larger (or not a regular file)
+    /// is refused by name.
+    pub max_file_bytes: u64,
 }
 
 impl Default for Limits {
@@ -29,6 +32,7 @@ impl Default for Limits {
             pooling: true,
             pool_slots: 256,
             stderr_bytes: 4096,
+            max_file_bytes: 64 << 20,
         }
     }
 }

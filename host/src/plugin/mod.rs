@@ -4,16 +4,21 @@
 //! - `runtime`: the shared `Engine` and linkers (`PluginRuntime`).
 //! - `state`: what a `Store` holds (`HostState`): empty WASI, memory cap, stderr.
 //! - `cache`: compiled components on disk, keyed by wasm hash and engine.
+//! - `cache_import`: the `shared-cache` import of channel plugins (Redis,
+//!   namespaced per channel instance).
 //! - `registry`: loading files, refusing bad ones, semver resolution.
 //! - `key_policy` / `channel`: handles of loaded plugins; key policies call
 //!   `derive-key` on warm pooled instances.
 //! - `http`: the outbound HTTP capability of channel plugins (`wasi:http`
 //!   filtered by each channel instance's `OutboundPolicy`).
+//! - `tls`: rustls configuration and the connector of that capability
+//!   (connects only to checked addresses; HTTPS with ALPN h2/http1.1).
 //! - `call`: turning traps into errors that name the plugin and the cause.
 //! - `limits` / `error`: configuration and error types.
 
 pub mod bindings;
 pub mod cache;
+pub mod cache_import;
 mod call;
 pub mod channel;
 pub mod error;
@@ -23,6 +28,7 @@ pub mod limits;
 pub mod registry;
 pub mod runtime;
 pub mod state;
+pub mod tls;
 
 use std::path::PathBuf;
 use std::sync::Arc;

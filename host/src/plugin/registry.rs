@@ -11,7 +11,7 @@ use semver::{Version, VersionReq};
 use wasmtime::Store;
 use wasmtime::component::Component;
 
-use super::bindings::{self, CHANNEL_EXPORT, KEY_POLICY_EXPORT, PluginInfo};
+use super::bindings::{self, CHANNEL_EXPORT, CHANNEL_V1_EXPORT, KEY_POLICY_EXPORT, PluginInfo};
 use super::cache::{self, CacheOutcome};
 use super::channel::ChannelPlugin;
 use super::error::{LoadError, ResolveError};
@@ -77,7 +77,9 @@ impl PluginRegistry {
         let mut files = Vec::new();
         for entry in std::fs::read_dir(dir).map_err(dir_error)? {
             let path = entry.map_err(dir_error)?.path();
-            if path.extension().is_some_and(|e| e == "wasm") && path.is_file() {
+            // Not `is_file()`: a FIFO or a link to a device is refused by
+            // name when read, not skipped silently.
+            if path.extension().is_some_and(|e| e == "wasm") && !path.is_dir() {
                 files.push(path);
             }
         }
@@ -92,10 +94,12 @@ impl PluginRegistry {
     pub fn load_file(&mut self, file: &Path) -> Result<Plugin, LoadError> {
         let started = Instant::now();
         let file_buf = file.to_path_buf();
-        let bytes = std::fs::read(file).map_err(|source| LoadError::Read {
-            file: file_buf.clone(),
-            source,
-        })?;
+        let max = self.runtime.limits().max_file_bytes;
+        let bytes =
+            crate::files::read_regular_file(file, max).map_err(|source| LoadError::Read {
+                file: file_buf.clone(),
+                source,
+            })?;
         check_header(file, &bytes)?;
         let sha256 = cache::sha256_hex(&bytes);
         let (component, outcome) = cache::load_component(
@@ -168,7 +172,12 @@ impl PluginRegistry {
                 let info = self.describe(file, |store| {
                     super::channel::block_on(async {
                         let inst = pre.instantiate_async(&mut *store).await?;
-                        inst.call_describe(&mut *store).await
+                        let info = inst.call_describe(&mut *store).await?;
+                        Ok(PluginInfo {
+                            name: info.name,
+                            version: info.version,
+                            description: info.description,
+                        })
                     })
                 })?;
                 self.fill_meta(&mut meta, info)?;
@@ -371,12 +380,23 @@ fn detect_world(
 ) -> Result<World, LoadError> {
     let ty = component.component_type();
     let exports: Vec<String> = ty.exports(engine).map(|(n, _)| n.to_string()).collect();
+    // `name@M.x` for any minor and patch of the export's major version `M`.
     let has = |export: &str| {
-        let (prefix, _) = export.split_once('@').unwrap_or((export, ""));
+        let (prefix, version) = export.split_once('@').unwrap_or((export, ""));
+        let major = version.split('.').next().unwrap_or("");
         exports
             .iter()
-            .any(|e| e == export || e.starts_with(&format!("{prefix}@1.")))
+            .any(|e| e == export || e.starts_with(&format!("{prefix}@{major}.")))
     };
+    if let Some(old) = exports
+        .iter()
+        .find(|e| e.starts_with(&format!("{CHANNEL_V1_EXPORT}@")))
+    {
+        return Err(LoadError::OldChannelContract {
+            file: file.to_path_buf(),
+            export: old.clone(),
+        });
+    }
     match (has(KEY_POLICY_EXPORT), has(CHANNEL_EXPORT)) {
         (true, false) => Ok(World::KeyPolicy),
         (false, true) => Ok(World::Channel),

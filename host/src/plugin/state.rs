@@ -26,7 +26,8 @@ use wasmtime_wasi::clocks::WasiClocksView;
 use wasmtime_wasi::p2::{OutputStream, Pollable, StreamError, StreamResult};
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 
-use super::bindings;
+use super::bindings::{self, CacheError};
+use super::cache_import::SharedCache;
 use super::http::OutboundHooks;
 use super::limits::Limits;
 
@@ -46,6 +47,8 @@ pub struct HostState {
     http_ctx: wasmtime_wasi_http::WasiHttpCtx,
     /// The outbound policy of this store's channel instance; deny-all for key policies.
     pub(crate) hooks: OutboundHooks,
+    /// The channel instance's shared cache; `None` answers `unavailable`.
+    pub(crate) cache: Option<SharedCache>,
 }
 
 impl HostState {
@@ -62,6 +65,7 @@ impl HostState {
             config,
             http_ctx: wasmtime_wasi_http::WasiHttpCtx::new(),
             hooks: OutboundHooks::deny_all(),
+            cache: None,
         }
     }
 
@@ -70,9 +74,11 @@ impl HostState {
         limits: &Limits,
         config: HashMap<String, String>,
         hooks: OutboundHooks,
+        cache: Option<SharedCache>,
     ) -> Self {
         let mut state = Self::new(limits, config);
         state.hooks = hooks;
+        state.cache = cache;
         state
     }
 }
@@ -105,9 +111,52 @@ impl WasiView for HostState {
 
 impl bindings::key_policy::pushonce::plugin::types::Host for HostState {}
 
-impl bindings::channel::pushonce::plugin::config::Host for HostState {
+impl bindings::channel::pushonce::channel::types::Host for HostState {}
+
+impl bindings::channel::pushonce::channel::config::Host for HostState {
     fn get(&mut self, name: String) -> Option<String> {
         self.config.get(&name).cloned()
+    }
+}
+
+impl HostState {
+    /// The channel's shared cache, or `unavailable` when the host has none.
+    fn shared_cache(&self) -> Result<SharedCache, CacheError> {
+        self.cache
+            .clone()
+            .ok_or_else(|| CacheError::Unavailable("this host has no shared cache".into()))
+    }
+}
+
+impl bindings::channel::pushonce::channel::shared_cache::Host for HostState {
+    async fn get(&mut self, key: String) -> Result<Option<String>, CacheError> {
+        self.shared_cache()?.get(&key).await
+    }
+
+    async fn set(&mut self, key: String, value: String, ttl_ms: u64) -> Result<(), CacheError> {
+        self.shared_cache()?.set(&key, &value, ttl_ms).await
+    }
+
+    async fn compare_and_set(
+        &mut self,
+        key: String,
+        expected: Option<String>,
+        value: String,
+        ttl_ms: u64,
+    ) -> Result<bool, CacheError> {
+        self.shared_cache()?
+            .compare_and_set(&key, expected.as_deref(), &value, ttl_ms)
+            .await
+    }
+
+    async fn compare_and_delete(
+        &mut self,
+        key: String,
+        expected: String,
+    ) -> Result<bool, CacheError> {
+        self.shared_cache()?
+            .compare_and_delete(&key, &expected)
+            .await
     }
 }
 
@@ -135,7 +184,9 @@ pub(crate) const LINKED_INTERFACES: &[&str] = &[
     "wasi:cli/terminal-stdout",
     "wasi:cli/terminal-stderr",
     "pushonce:plugin/types",
-    "pushonce:plugin/config",
+    "pushonce:channel/types",
+    "pushonce:channel/config",
+    "pushonce:channel/shared-cache",
 ];
 
 /// What a channel plugin may import besides [`LINKED_INTERFACES`]; anything
@@ -260,10 +311,10 @@ pub fn channel_linker(engine: &wasmtime::Engine) -> wasmtime::Result<Linker<Host
     random::insecure::add_to_linker::<HostState, WasiRandom>(l, |s| s.wasi.random())?;
     random::insecure_seed::add_to_linker::<HostState, WasiRandom>(l, |s| s.wasi.random())?;
     wasmtime_wasi_http::p2::add_only_http_to_linker_async(l)?;
-    bindings::channel::pushonce::plugin::config::add_to_linker::<HostState, HasSelf<HostState>>(
-        l,
-        |s| s,
-    )?;
+    use bindings::channel::pushonce::channel as contract;
+    contract::types::add_to_linker::<HostState, HasSelf<HostState>>(l, |s| s)?;
+    contract::config::add_to_linker::<HostState, HasSelf<HostState>>(l, |s| s)?;
+    contract::shared_cache::add_to_linker::<HostState, HasSelf<HostState>>(l, |s| s)?;
     Ok(linker)
 }
 

@@ -191,13 +191,7 @@ impl Shared {
             // Settled meanwhile (a receipt); the next claim drops the entry.
             return Ok(false);
         }
-        let msg = OutgoingMessage {
-            task_id: task.id.clone(),
-            idempotency_key: task.key.clone(),
-            channel: task.channel.clone(),
-            attempt: task.attempts,
-            payload: task.payload.clone(),
-        };
+        let msg = OutgoingMessage::of_task(&task);
         let check = tokio::time::timeout(
             self.config.check_timeout,
             self.sender.check(&msg, task.provider_message_id.as_deref()),

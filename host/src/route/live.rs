@@ -100,6 +100,7 @@ pub fn limits_of(config: &HostConfig) -> Limits {
         fuel_per_call: config.plugin_limits.fuel,
         memory_bytes: config.plugin_limits.memory.as_u64() as usize,
         pool_slots: config.plugin_limits.instances,
+        max_file_bytes: config.plugin_limits.max_file_size.as_u64(),
         ..Limits::default()
     }
 }

@@ -383,3 +383,43 @@ mod tests {
         }
     }
 }
+
+/// "No panic on any input": the policy loader over arbitrary text, text
+/// shaped like a policy, and arbitrary bytes read from a file.
+#[cfg(test)]
+mod properties {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(1000))]
+
+        #[test]
+        fn any_text_parses_or_is_refused_naming_the_file(text in any::<String>()) {
+            if let Err(e) = PolicyFile::parse(Path::new("policies/x.toml"), &text) {
+                prop_assert!(e.to_string().starts_with("policies/x.toml"), "{e}");
+            }
+        }
+
+        #[test]
+        fn policy_shaped_text_parses_or_is_refused_naming_the_file(
+            text in r#"(biz_type|key_policy|channels|window|params|fallback|retry|max_attempts|backoff|initial|factor|jitter|\[retry\]|\[fallback\]| = |"|\[|\]|\{|\}|,|[a-z0-9_.@^-]{1,8}|[0-9]{1,30}(s|ms|d|h)?|-?[0-9.e+]{1,20}| |\n){0,80}"#
+        ) {
+            if let Err(e) = PolicyFile::parse(Path::new("policies/x.toml"), &text) {
+                prop_assert!(e.to_string().starts_with("policies/x.toml"), "{e}");
+            }
+        }
+
+        #[test]
+        fn any_bytes_in_a_file_load_or_are_refused_naming_the_file(
+            bytes in proptest::collection::vec(any::<u8>(), 0..512)
+        ) {
+            let dir = tempfile::tempdir().unwrap();
+            let file = dir.path().join("x.toml");
+            std::fs::write(&file, &bytes).unwrap();
+            if let Err(e) = PolicyFile::load(&file) {
+                prop_assert!(e.to_string().starts_with(&file.display().to_string()), "{e}");
+            }
+        }
+    }
+}

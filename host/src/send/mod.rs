@@ -10,6 +10,7 @@
 
 pub mod plugin;
 pub mod receipts;
+pub mod redact;
 
 use std::fs::{File, OpenOptions};
 use std::future::Future;
@@ -35,6 +36,32 @@ pub struct OutgoingMessage {
     pub attempt: u32,
     /// What to send, as JSON text.
     pub payload: String,
+    /// The client reference a previous attempt's receipt named, if any.
+    pub reference: Option<String>,
+    /// The provider's id of the message, if a receipt named it.
+    pub provider_message_id: Option<String>,
+    /// When the task's first attempt started (ms since the epoch; 0 if unknown).
+    pub first_attempt_ms: u64,
+    /// When its last attempt started (ms since the epoch; 0 if unknown).
+    pub last_attempt_ms: u64,
+}
+
+impl OutgoingMessage {
+    /// The message of `task`'s current attempt, with what the task recorded
+    /// of earlier ones (reference, provider id, attempt times).
+    pub fn of_task(task: &crate::permit::Task) -> OutgoingMessage {
+        OutgoingMessage {
+            task_id: task.id.clone(),
+            idempotency_key: task.key.clone(),
+            channel: task.channel.clone(),
+            attempt: task.attempts,
+            payload: task.payload.clone(),
+            reference: task.reference.clone(),
+            provider_message_id: task.provider_message_id.clone(),
+            first_attempt_ms: task.first_attempt_ms.unwrap_or(0),
+            last_attempt_ms: task.last_attempt_ms.unwrap_or(0),
+        }
+    }
 }
 
 /// What became of an attempt.
@@ -44,13 +71,30 @@ pub enum SendOutcome {
     Sent {
         /// The provider's id for it.
         provider_message_id: String,
+        /// The client reference the plugin gave the provider, if any.
+        reference: Option<String>,
     },
     /// A failure worth retrying (5xx, 429, a refused connection).
-    Retryable(String),
+    Retryable {
+        /// Why, for operators.
+        reason: String,
+        /// The provider asked to wait this long first (`Retry-After`).
+        after: Option<Duration>,
+    },
     /// A failure that will not change (invalid number, arrears).
     Permanent(String),
     /// The request went out and no answer came back: the provider may have it.
     Unknown(String),
+}
+
+impl SendOutcome {
+    /// A retryable failure without a retry-after hint.
+    pub fn retryable(reason: impl Into<String>) -> SendOutcome {
+        SendOutcome::Retryable {
+            reason: reason.into(),
+            after: None,
+        }
+    }
 }
 
 /// What to do about a send whose outcome is unknown, as the channel can tell.
@@ -176,12 +220,13 @@ impl LedgerFileSender {
         if matches(&self.faults.permanent_match) {
             SendOutcome::Permanent("scripted: permanent failure".into())
         } else if msg.attempt <= self.faults.fail_first {
-            SendOutcome::Retryable(format!("scripted: attempt {} fails", msg.attempt))
+            SendOutcome::retryable(format!("scripted: attempt {} fails", msg.attempt))
         } else if matches(&self.faults.unknown_match) {
             SendOutcome::Unknown("scripted: no answer".into())
         } else {
             SendOutcome::Sent {
                 provider_message_id: format!("ledger-{}-{}", msg.task_id, msg.attempt),
+                reference: None,
             }
         }
     }
@@ -190,8 +235,9 @@ impl LedgerFileSender {
         let (name, detail) = match outcome {
             SendOutcome::Sent {
                 provider_message_id,
+                ..
             } => ("sent", provider_message_id.as_str()),
-            SendOutcome::Retryable(r) => ("retryable", r.as_str()),
+            SendOutcome::Retryable { reason, .. } => ("retryable", reason.as_str()),
             SendOutcome::Permanent(r) => ("permanent", r.as_str()),
             SendOutcome::Unknown(r) => ("unknown", r.as_str()),
         };
@@ -246,7 +292,7 @@ impl Sender for LedgerFileSender {
             let outcome = self.classify(msg);
             if let Err(e) = self.append(msg, &outcome) {
                 // The provider did not take it: nothing went out.
-                return SendOutcome::Retryable(format!("ledger write failed: {e}"));
+                return SendOutcome::retryable(format!("ledger write failed: {e}"));
             }
             if !self.faults.hold_after_send.is_zero() {
                 tokio::time::sleep(self.faults.hold_after_send).await;

@@ -17,12 +17,15 @@ use std::time::Duration;
 
 use tokio::sync::Semaphore;
 
+use super::redact::Redactor;
 use super::{BoxFuture, Check, OutgoingMessage, Payload, SendOutcome, Sender, UnknownVerdict};
+use crate::config::OutboundConfigError;
 use crate::config::{ChannelConfig, OnUnknown};
-use crate::plugin::bindings::{Capabilities, DeliveryStatus, Message, SendError};
+use crate::plugin::bindings::{Capabilities, DeliveryStatus, Message, SendError, SentMessage};
+use crate::plugin::cache_import::SharedCache;
 use crate::plugin::channel::{ChannelCallError, ChannelInstance, ChannelSettings};
-use crate::plugin::http::AllowedHostError;
 use crate::plugin::{HttpClient, OutboundLog, PluginRegistry};
+use crate::store::RedisConn;
 
 /// Where the current plugin registry comes from (e.g. `route::Live::current().registry`).
 pub type RegistrySource = Arc<dyn Fn() -> Arc<PluginRegistry> + Send + Sync>;
@@ -42,14 +45,25 @@ pub enum SenderSetupError {
         /// The variable.
         var: String,
     },
-    /// An `allowed_hosts` entry does not parse.
+    /// An `allowed_hosts` entry does not parse, or `ca_file` cannot be used.
     #[error("channel {channel}: {source}")]
     AllowedHost {
         /// The channel instance.
         channel: String,
         /// What is wrong.
-        source: AllowedHostError,
+        source: OutboundConfigError,
     },
+}
+
+/// How a channel's callback route may be reached.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CallbackAccess<'a> {
+    /// Only at `/v1/receipts/<channel>/<token>`.
+    Token(&'a str),
+    /// At `/v1/receipts/<channel>` (`open_callbacks = true`).
+    Open,
+    /// Not at all (no token configured, not opened).
+    Closed,
 }
 
 /// Why no plugin instance could be had for a channel.
@@ -107,6 +121,12 @@ struct ChannelRuntime {
     instances: Mutex<HashMap<String, Arc<ChannelInstance>>>,
     /// Capabilities answered per plugin instance key.
     capabilities: Mutex<HashMap<String, Capabilities>>,
+    /// The channel's secrets, redacted from whatever its plugin says.
+    redactor: Redactor,
+    /// The callback path token (`callback_token_env`); never logged.
+    callback_token: Option<String>,
+    /// `open_callbacks`: serve callbacks without a path token.
+    open_callbacks: bool,
 }
 
 /// Sends through channel plugins. Cheap to share as `Arc<PluginSender>`.
@@ -136,14 +156,27 @@ impl PluginSender {
         let mut out = BTreeMap::new();
         for (name, cfg) in channels {
             let mut config: HashMap<String, String> = cfg.settings.clone().into_iter().collect();
+            let mut secrets = Vec::new();
             for (setting, var) in &cfg.secrets_from_env {
                 let value = env(var).ok_or_else(|| SenderSetupError::MissingSecret {
                     channel: name.clone(),
                     setting: setting.clone(),
                     var: var.clone(),
                 })?;
+                secrets.push(value.clone());
                 config.insert(setting.clone(), value);
             }
+            let callback_token = match &cfg.callback_token_env {
+                Some(var) => Some(env(var).filter(|v| !v.is_empty()).ok_or_else(|| {
+                    SenderSetupError::MissingSecret {
+                        channel: name.clone(),
+                        setting: "callback_token_env".into(),
+                        var: var.clone(),
+                    }
+                })?),
+                None => None,
+            };
+            secrets.extend(callback_token.clone());
             let policy = cfg
                 .outbound_policy()
                 .map_err(|source| SenderSetupError::AllowedHost {
@@ -152,10 +185,11 @@ impl PluginSender {
                 })?;
             let settings = ChannelSettings {
                 config: Arc::new(config),
-                client: HttpClient::new(policy.connect_timeout),
+                client: HttpClient::new(&policy),
                 policy: Arc::new(policy),
                 call_timeout: cfg.call_timeout,
                 warm_instances: cfg.concurrency.clamp(1, 64),
+                cache: None,
             };
             let rate = (cfg.rate_limit > 0.0).then(|| RateLimit {
                 every: Duration::from_secs_f64(1.0 / cfg.rate_limit),
@@ -172,12 +206,44 @@ impl PluginSender {
                     rate,
                     instances: Mutex::new(HashMap::new()),
                     capabilities: Mutex::new(HashMap::new()),
+                    redactor: Redactor::new(secrets.iter().map(String::as_str)),
+                    callback_token,
+                    open_callbacks: cfg.open_callbacks,
                 }),
             );
         }
         Ok(PluginSender {
             channels: out,
             registry,
+        })
+    }
+
+    /// Gives every channel instance its shared cache in Redis (`conn`,
+    /// namespace `namespace`); before that, the cache answers `unavailable`.
+    pub fn with_shared_cache(mut self, conn: &RedisConn, namespace: &str) -> PluginSender {
+        for (name, rt) in self.channels.iter_mut() {
+            if let Some(rt) = Arc::get_mut(rt) {
+                rt.settings.cache = Some(SharedCache::new(conn.clone(), namespace, name));
+            }
+        }
+        self
+    }
+
+    /// `channel`'s secrets redacted from `text` (unknown channel: unchanged).
+    pub fn redact(&self, channel: &str, text: &str) -> String {
+        match self.channels.get(channel) {
+            Some(rt) => rt.redact(text),
+            None => text.to_string(),
+        }
+    }
+
+    /// How `channel`'s callbacks are reached: its path token, or open.
+    pub fn callback_access(&self, channel: &str) -> Option<CallbackAccess<'_>> {
+        let rt = self.channels.get(channel)?;
+        Some(match &rt.callback_token {
+            Some(token) => CallbackAccess::Token(token),
+            None if rt.open_callbacks => CallbackAccess::Open,
+            None => CallbackAccess::Closed,
         })
     }
 
@@ -229,7 +295,7 @@ impl PluginSender {
         };
         let inst = match rt.instance(&(self.registry)(), payload.plugin.as_deref()) {
             Ok(i) => i,
-            Err(e) => return SendOutcome::Retryable(e.to_string()),
+            Err(e) => return SendOutcome::retryable(e.to_string()),
         };
         let _slot = rt.slots.acquire().await;
         if let Some(rate) = &rt.rate {
@@ -241,20 +307,29 @@ impl PluginSender {
             recipient: payload.recipient,
             template: payload.template,
             params: payload.params,
+            attempt: msg.attempt,
         };
         match inst.send(message).await {
             Ok(answer) => {
                 let log = answer.log;
                 match answer.value {
                     Ok(receipt) => SendOutcome::Sent {
-                        provider_message_id: receipt.provider_message_id,
+                        provider_message_id: rt.redact(&receipt.provider_message_id),
+                        reference: receipt.reference.map(|r| rt.redact(&r)),
                     },
-                    Err(SendError::Retryable(r)) => SendOutcome::Retryable(explain(r, &log)),
-                    Err(SendError::Permanent(r)) => SendOutcome::Permanent(explain(r, &log)),
-                    Err(SendError::Unknown(r)) => SendOutcome::Unknown(explain(r, &log)),
+                    Err(SendError::Retryable(r)) => SendOutcome::Retryable {
+                        reason: rt.redact(&explain(r.reason, &log)),
+                        after: r.after_ms.map(Duration::from_millis),
+                    },
+                    Err(SendError::Permanent(r)) => {
+                        SendOutcome::Permanent(rt.redact(&explain(r, &log)))
+                    }
+                    Err(SendError::Unknown(r)) => {
+                        SendOutcome::Unknown(rt.redact(&explain(r, &log)))
+                    }
                 }
             }
-            Err(e) => failed_call(&rt.name, e),
+            Err(e) => failed_call(rt, e),
         }
     }
 
@@ -274,96 +349,178 @@ impl PluginSender {
         Ok((rt, inst))
     }
 
-    /// Asks the provider through the plugin's `query`, if it has one.
+    /// Asks the provider through the plugin's `query`, if it has one. An
+    /// `unknown` answer earlier than the provider's query lag after the last
+    /// attempt is not believed: it cannot tell (asked again later).
     async fn query(
         &self,
         rt: &ChannelRuntime,
         inst: &ChannelInstance,
         msg: &OutgoingMessage,
-        provider_message_id: Option<&str>,
     ) -> Check {
-        if !rt.capabilities_of(inst).await.can_query {
+        let caps = rt.capabilities_of(inst).await;
+        if !caps.can_query {
             return Check::CannotTell(format!("channel {} has no status query", rt.name));
         }
+        let Ok(payload) = serde_json::from_str::<Payload>(&msg.payload) else {
+            return Check::CannotTell("the task's payload is not valid".into());
+        };
+        let sent = SentMessage {
+            task_id: msg.task_id.clone(),
+            idempotency_key: msg.idempotency_key.clone(),
+            recipient: payload.recipient,
+            template: payload.template,
+            reference: msg.reference.clone(),
+            provider_message_id: msg.provider_message_id.clone(),
+            first_attempt_ms: msg.first_attempt_ms,
+            last_attempt_ms: msg.last_attempt_ms,
+        };
         let _slot = rt.slots.acquire().await;
-        let answer = inst
-            .query(
-                msg.idempotency_key.clone(),
-                provider_message_id.map(str::to_string),
-            )
-            .await;
-        match answer {
+        match inst.query(sent).await {
             Ok(a) => match a.value {
                 Ok(DeliveryStatus::Delivered) => Check::Delivered,
                 Ok(DeliveryStatus::Pending) => Check::Accepted,
                 Ok(DeliveryStatus::Failed) => Check::Failed,
-                Ok(DeliveryStatus::Unknown) => Check::Absent,
+                Ok(DeliveryStatus::Unknown) => absent_unless_lagging(msg, &caps),
                 Err(e) => {
-                    tracing::info!(task = %msg.task_id, error = ?e, "status query failed");
-                    Check::CannotTell(format!("status query failed: {e:?}"))
+                    let why = rt.redact(&format!("status query failed: {}", error_text(&e)));
+                    tracing::info!(task = %msg.task_id, error = %why, "status query failed");
+                    Check::CannotTell(why)
                 }
             },
             Err(e) => {
-                tracing::warn!(task = %msg.task_id, error = %e, "status query failed");
-                Check::CannotTell(format!("status query failed: {e}"))
+                let why = rt.redact(&format!("status query failed: {e}"));
+                tracing::warn!(task = %msg.task_id, error = %why, "status query failed");
+                Check::CannotTell(why)
             }
         }
     }
 
     async fn check_one(&self, msg: &OutgoingMessage, provider_message_id: Option<&str>) -> Check {
-        match self.runtime_of(msg) {
-            Ok((rt, inst)) => self.query(rt, &inst, msg, provider_message_id).await,
+        let msg = OutgoingMessage {
+            provider_message_id: provider_message_id
+                .map(str::to_string)
+                .or_else(|| msg.provider_message_id.clone()),
+            ..msg.clone()
+        };
+        match self.runtime_of(&msg) {
+            Ok((rt, inst)) => self.query(rt, &inst, &msg).await,
             Err(e) => Check::CannotTell(e.to_string()),
         }
     }
 
+    /// After an unknown outcome: a query that finds the message records it
+    /// sent; a believed `unknown` (past the query lag) resends; a reference
+    /// the provider still honours (inside its window) resends; else the
+    /// channel's `on_unknown`, except that an `unknown` answer inside the lag
+    /// always holds (the reconciler asks again past the lag).
     async fn settle(&self, msg: &OutgoingMessage) -> UnknownVerdict {
         let Ok((rt, inst)) = self.runtime_of(msg) else {
             return UnknownVerdict::Hold;
         };
-        match self.query(rt, &inst, msg, None).await {
+        let caps = rt.capabilities_of(&inst).await;
+        let lagging = match self.query(rt, &inst, msg).await {
             Check::Delivered | Check::Accepted | Check::Failed => {
                 return UnknownVerdict::Sent {
                     provider_message_id: None,
                 };
             }
             Check::Absent => return UnknownVerdict::Resend,
-            Check::CannotTell(_) => {}
-        }
-        if rt.capabilities_of(&inst).await.honours_reference {
+            Check::CannotTell(why) => why.starts_with(LAGGING),
+        };
+        if reference_honoured(msg, &caps, now_ms()) {
             return UnknownVerdict::Resend;
         }
         match rt.on_unknown {
+            _ if lagging => UnknownVerdict::Hold,
             OnUnknown::Hold => UnknownVerdict::Hold,
             OnUnknown::Resend => UnknownVerdict::Resend,
         }
     }
 }
 
-/// The plugin's reason, with the outbound policy's refusals (host-side text,
-/// for the task's `last_error`; the plugin never sees it).
-fn explain(reason: String, log: &OutboundLog) -> String {
-    if log.denied.is_empty() {
-        reason
+/// How a [`Check::CannotTell`] from an `unknown` answer inside the query lag starts.
+const LAGGING: &str = "the provider's query lags";
+
+/// `unknown` from the provider: absent, unless asked before the provider's
+/// query lag after the last attempt ran out (then it cannot tell yet).
+fn absent_unless_lagging(msg: &OutgoingMessage, caps: &Capabilities) -> Check {
+    let lag_ends = msg
+        .last_attempt_ms
+        .saturating_add(u64::from(caps.query_lag_secs) * 1000);
+    let now = now_ms();
+    if now < lag_ends {
+        Check::CannotTell(format!(
+            "{LAGGING} {} s behind a send: `unknown` {} ms after the last attempt is not believed",
+            caps.query_lag_secs,
+            now.saturating_sub(msg.last_attempt_ms)
+        ))
     } else {
-        format!(
-            "{reason} (refused by the outbound policy: {})",
-            log.denied.join("; ")
-        )
+        Check::Absent
     }
 }
 
+/// Whether a resend carrying the same reference is still deduplicated by the
+/// provider: it honours references, and `now` is inside its window from the
+/// first attempt (or it has none).
+fn reference_honoured(msg: &OutgoingMessage, caps: &Capabilities, now: u64) -> bool {
+    caps.honours_reference
+        && caps
+            .reference_window_secs
+            .is_none_or(|w| now < msg.first_attempt_ms.saturating_add(u64::from(w) * 1000))
+}
+
+/// Milliseconds since the Unix epoch, by this host's clock.
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+/// A plugin's error, as text for operators.
+fn error_text(e: &SendError) -> String {
+    match e {
+        SendError::Retryable(r) => format!("retryable: {}", r.reason),
+        SendError::Permanent(r) => format!("permanent: {r}"),
+        SendError::Unknown(r) => format!("unknown: {r}"),
+    }
+}
+
+/// The plugin's reason, with the outbound policy's refusals and the causes
+/// of requests that failed before writing (host-side text, for the task's
+/// `last_error`; the plugin never sees it).
+fn explain(reason: String, log: &OutboundLog) -> String {
+    let mut out = reason;
+    if !log.denied.is_empty() {
+        out = format!(
+            "{out} (refused by the outbound policy: {})",
+            log.denied.join("; ")
+        );
+    }
+    if !log.not_sent.is_empty() {
+        out = format!("{out} (not sent: {})", log.not_sent.join("; "));
+    }
+    out
+}
+
 /// A call that failed in the host's eyes (trap, fuel, memory, timeout).
-fn failed_call(channel: &str, e: ChannelCallError) -> SendOutcome {
-    tracing::warn!(channel, error = %e, may_have_sent = e.log.may_have_sent, "channel plugin call failed");
-    if e.log.may_have_sent {
-        SendOutcome::Unknown(format!("{e} after a request went out"))
+fn failed_call(rt: &ChannelRuntime, e: ChannelCallError) -> SendOutcome {
+    let text = rt.redact(&e.to_string());
+    tracing::warn!(channel = %rt.name, error = %text, may_have_sent = e.log.may_have_sent(), "channel plugin call failed");
+    if e.log.may_have_sent() {
+        SendOutcome::Unknown(format!("{text} after a request went out"))
     } else {
-        SendOutcome::Retryable(e.to_string())
+        SendOutcome::retryable(text)
     }
 }
 
 impl ChannelRuntime {
+    /// `text` with this channel's secrets replaced by `[redacted]`.
+    fn redact(&self, text: &str) -> String {
+        self.redactor.redact(text)
+    }
+
     fn instance(
         &self,
         registry: &PluginRegistry,
@@ -414,10 +571,14 @@ impl ChannelRuntime {
                 a.value
             }
             Err(e) => {
-                tracing::warn!(channel = %self.name, error = %e, "capabilities call failed");
+                let why = self.redact(&e.to_string());
+                tracing::warn!(channel = %self.name, error = %why, "capabilities call failed");
                 Capabilities {
                     honours_reference: false,
+                    reference_window_secs: None,
                     can_query: false,
+                    query_lag_secs: 0,
+                    callbacks: false,
                 }
             }
         }

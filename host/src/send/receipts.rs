@@ -1,33 +1,62 @@
-//! Delivery receipts: a provider's callback, parsed by the channel's plugin
-//! (`parse-callback`), settles the tasks it names — `delivered`, or `failed`
-//! after the provider had accepted the message, which triggers the task's
-//! fallback channel. The API's `POST /v1/receipts/{channel}` calls
-//! [`apply_receipts`].
+//! Delivery receipts: a provider's request to a channel's callback URL is
+//! handed whole to the channel's plugin (`handle-callback`), which verifies
+//! it and says what it settles and what to answer; the settlements settle
+//! the tasks they name — `delivered`, or `failed` after the provider had
+//! accepted the message, which triggers the task's fallback channel. The
+//! API's `/v1/receipts/{channel}/{token}` calls [`handle_callback`].
 //!
-//! A receipt names a message by idempotency key (providers that take a client
-//! reference echo it) or by the provider's message id (looked up in the
-//! index the dispatcher writes when a send succeeds). Crash safety: the
-//! fallback task is accepted first (idempotent: its own key and permit),
-//! then the receipt is recorded; a replayed callback changes nothing more.
+//! A settlement names a message by idempotency key (providers that take a
+//! client reference echo it), by the reference, or by the provider's message
+//! id (both looked up in the index the dispatcher writes when a send
+//! succeeds). Crash safety: the fallback task is accepted first (idempotent:
+//! its own key and permit), then the receipt is recorded; a replayed
+//! callback changes nothing more. A settlement naming no task is answered
+//! "not yet" (503: the send may not be recorded yet) only while that id was
+//! first seen less than the unmatched grace ago; after it, it is accepted
+//! and counted as unmatched.
+
+use std::time::Duration;
 
 use super::Payload;
 use super::plugin::{InstanceError, PluginSender};
 use crate::permit::{PermitError, Permits, Task, TaskStatus};
-use crate::plugin::bindings::DeliveryStatus;
+use crate::plugin::bindings::{
+    CallbackError, CallbackReply, CallbackRequest, DeliveryStatus, Settlement,
+};
 
-/// Why a callback could not be applied (a 4xx for the provider, or a 5xx
-/// for `Redis`, so it retries).
+/// Unmatched ids are remembered this long after their grace, so a replay
+/// soon after is not answered 503 again.
+const UNMATCHED_MEMORY: Duration = Duration::from_secs(24 * 3600);
+
+/// Why a callback could not be applied.
 #[derive(Debug, thiserror::Error)]
 pub enum ReceiptError {
     /// The channel is unknown or its plugin is not loaded.
     #[error(transparent)]
     Instance(#[from] InstanceError),
-    /// The plugin refused the callback (malformed), with its reason.
-    #[error("channel {channel}: the callback was refused: {reason}")]
-    Refused {
+    /// The signature or token does not verify (403); nothing settled.
+    #[error("channel {channel}: the callback does not verify: {reason}")]
+    Forbidden {
         /// The channel.
         channel: String,
-        /// The plugin's reason (or the host's, if the call failed).
+        /// The plugin's reason (secrets redacted).
+        reason: String,
+    },
+    /// Not a request this provider sends (400); nothing settled.
+    #[error("channel {channel}: the callback is malformed: {reason}")]
+    Malformed {
+        /// The channel.
+        channel: String,
+        /// The plugin's reason (secrets redacted).
+        reason: String,
+    },
+    /// The plugin call failed (trap, budget); nothing settled (500: the
+    /// provider sends it again).
+    #[error("channel {channel}: the plugin failed on the callback: {reason}")]
+    Failed {
+        /// The channel.
+        channel: String,
+        /// What failed (secrets redacted).
         reason: String,
     },
     /// Redis failed; nothing or part was applied (applying again is safe).
@@ -44,42 +73,76 @@ pub struct ReceiptReport {
     pub updated: usize,
     /// Entries whose task was already settled or not in `sent`/`unknown`.
     pub ignored: usize,
-    /// Entries naming no known task (key or provider id).
+    /// Entries naming no known task, past the unmatched grace.
     pub unmatched: Vec<String>,
     /// Entries that arrived before the send they confirm was recorded (the
-    /// provider id is not indexed yet, or the task is still being sent): the
-    /// provider should send the callback again later.
+    /// id is not indexed yet and was first seen inside the grace, or the
+    /// task is still being sent): the provider should send the callback
+    /// again later.
     pub not_yet: Vec<String>,
     /// Fallback tasks accepted because of failed-after-accept receipts.
     pub fallbacks: usize,
 }
 
-/// Applies one delivery callback of `channel`: `headers` and `body` as
-/// received. Safe to call again with the same callback.
-pub async fn apply_receipts(
+/// What a handled callback settled, and what to answer the provider.
+#[derive(Debug, Clone)]
+pub struct CallbackOutcome {
+    /// The plugin's answer for the provider.
+    pub reply: CallbackReply,
+    /// What it settled.
+    pub report: ReceiptReport,
+}
+
+/// Handles one request to `channel`'s callback URL: the plugin verifies it
+/// and names the settlements, which are applied. Safe to call again with the
+/// same request. `grace`: how long an id matching no task is "not yet".
+pub async fn handle_callback(
     permits: &Permits,
     sender: &PluginSender,
     channel: &str,
-    headers: &[(String, String)],
-    body: &[u8],
-) -> Result<ReceiptReport, ReceiptError> {
+    req: CallbackRequest,
+    grace: Duration,
+) -> Result<CallbackOutcome, ReceiptError> {
     let inst = sender.instance(channel, None)?;
-    let refused = |reason: String| ReceiptError::Refused {
-        channel: channel.to_string(),
-        reason,
+    let redacted = |text: String| (channel.to_string(), sender.redact(channel, &text));
+    let answer = match inst.handle_callback(req).await {
+        Ok(a) => a.value,
+        Err(e) => {
+            let (channel, reason) = redacted(e.to_string());
+            return Err(ReceiptError::Failed { channel, reason });
+        }
     };
-    let entries = inst
-        .parse_callback(headers.to_vec(), body.to_vec())
-        .await
-        .map_err(|e| refused(e.to_string()))?
-        .value
-        .map_err(refused)?;
+    let answer = match answer {
+        Ok(a) => a,
+        Err(CallbackError::Forbidden(r)) => {
+            let (channel, reason) = redacted(r);
+            return Err(ReceiptError::Forbidden { channel, reason });
+        }
+        Err(CallbackError::Malformed(r)) => {
+            let (channel, reason) = redacted(r);
+            return Err(ReceiptError::Malformed { channel, reason });
+        }
+    };
+    let report = apply_settlements(permits, channel, &answer.settlements, grace).await?;
+    Ok(CallbackOutcome {
+        reply: answer.reply,
+        report,
+    })
+}
+
+/// Settles the tasks `settlements` name (see the module doc).
+pub async fn apply_settlements(
+    permits: &Permits,
+    channel: &str,
+    settlements: &[Settlement],
+    grace: Duration,
+) -> Result<ReceiptReport, PermitError> {
     let mut report = ReceiptReport {
-        received: entries.len(),
+        received: settlements.len(),
         ..ReceiptReport::default()
     };
-    for (id, status) in entries {
-        let delivered = match status {
+    for s in settlements {
+        let delivered = match s.status {
             DeliveryStatus::Delivered => true,
             DeliveryStatus::Failed => false,
             DeliveryStatus::Pending | DeliveryStatus::Unknown => {
@@ -87,20 +150,17 @@ pub async fn apply_receipts(
                 continue;
             }
         };
-        // By idempotency key (the permit names its task from accept on), else
-        // by the provider's id (indexed only after the send is recorded).
-        let (task_id, by_key) = match permits.permit_owner(&id).await? {
-            Some(t) => (Some(t), true),
-            None => (permits.task_by_provider_id(channel, &id).await?, false),
-        };
-        let Some(task) = (match task_id {
-            Some(t) => permits.task(&t).await?,
-            None => None,
-        }) else {
-            if by_key {
-                report.unmatched.push(id);
-            } else {
+        let id = s.id.clone();
+        let Some(task) = find_task(permits, channel, &id).await? else {
+            let age = permits
+                .unmatched_age(channel, &id, grace + UNMATCHED_MEMORY)
+                .await?;
+            if Duration::from_millis(age) < grace {
                 report.not_yet.push(id);
+            } else {
+                metrics::counter!("pushonce_receipts_unmatched_total", "channel" => channel.to_string())
+                    .increment(1);
+                report.unmatched.push(id);
             }
             continue;
         };
@@ -119,11 +179,10 @@ pub async fn apply_receipts(
                 continue;
             }
         }
-        let pmid = (id != task.key).then_some(id.as_str());
+        let named_by_key = id == task.key || Some(&id) == task.reference.as_ref();
+        let pmid = (!named_by_key).then_some(id.as_str());
         let settled = settle_from_provider(permits, &task, delivered, pmid).await?;
-        if settled.fallback {
-            report.fallbacks += 1;
-        }
+        report.fallbacks += usize::from(settled.fallback);
         if settled.updated {
             report.updated += 1;
         } else {
@@ -131,6 +190,24 @@ pub async fn apply_receipts(
         }
     }
     Ok(report)
+}
+
+/// The task a settlement names: by idempotency key (the permit names its
+/// task from accept on), else by reference or provider id (indexed after
+/// the send is recorded).
+async fn find_task(
+    permits: &Permits,
+    channel: &str,
+    id: &str,
+) -> Result<Option<Task>, PermitError> {
+    let task_id = match permits.permit_owner(id).await? {
+        Some(t) => Some(t),
+        None => permits.task_by_provider_id(channel, id).await?,
+    };
+    match task_id {
+        Some(t) => permits.task(&t).await,
+        None => Ok(None),
+    }
 }
 
 /// What [`settle_from_provider`] did.

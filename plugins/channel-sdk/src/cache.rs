@@ -34,20 +34,67 @@ pub fn compare_and_delete(key: &str, expected: &str) -> Result<bool, CacheError>
     host::compare_and_delete(key, expected)
 }
 
+/// How long a fetch may hold the refresh lock of [`token`].
+const LOCK_TTL_MS: u64 = 10_000;
+
+/// How long [`token`] waits for another instance's fetch before fetching itself.
+const WAIT_MS: u64 = 5_000;
+
 /// A token kept under `key`: the cached one unless `stale` names it (the
 /// provider just refused that one), else a new one from `fetch` (value and
-/// lifetime in ms), stored for every other instance. When the cache is
-/// unavailable the fetched token is still used, just not shared.
+/// lifetime in ms), stored for every other instance. One instance fetches
+/// at a time (a lock entry `<key>:lock`, taken with compare-and-set; the
+/// others wait for its token), so concurrent instances in every host process
+/// make one fetch between them. When the cache is unavailable the fetched
+/// token is still used, just not shared.
 pub fn token(
     key: &str,
     stale: Option<&str>,
     fetch: impl FnOnce() -> Result<(String, u64), SendError>,
 ) -> Result<String, SendError> {
-    if let Ok(Some(cached)) = get(key)
-        && Some(cached.as_str()) != stale
-    {
-        return Ok(cached);
+    let fresh = |v: &Option<String>| v.as_deref().is_some_and(|v| Some(v) != stale);
+    let lock = format!("{key}:lock");
+    let me = lock_holder();
+    let started = crate::now_ms();
+    loop {
+        match get(key) {
+            Ok(cached) if fresh(&cached) => return Ok(cached.unwrap_or_default()),
+            Ok(_) => {}
+            // No cache: fetch, unshared.
+            Err(_) => return fetch().map(|(value, _)| value),
+        }
+        match compare_and_set(&lock, None, &me, LOCK_TTL_MS) {
+            Ok(true) => break,
+            Ok(false) if crate::now_ms() < started + WAIT_MS => {
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            // Waited long enough, or no cache: fetch without the lock.
+            _ => return fetch_and_store(key, fetch),
+        }
     }
+    // Holding the lock: another instance may have stored a token meanwhile.
+    let result = match get(key) {
+        Ok(cached) if fresh(&cached) => Ok(cached.unwrap_or_default()),
+        _ => fetch_and_store(key, fetch),
+    };
+    let _ = compare_and_delete(&lock, &me);
+    result
+}
+
+/// A value naming this holder of the lock: random (the host lends plugins
+/// `wasi:random`, which `RandomState` draws from), so no other instance
+/// can delete the lock it took.
+fn lock_holder() -> String {
+    use std::hash::BuildHasher;
+    let state = std::collections::hash_map::RandomState::new();
+    format!("{:016x}{:013x}", state.hash_one(crate::now_ms()), crate::now_ms())
+}
+
+/// Fetches a token and stores it for the other instances.
+fn fetch_and_store(
+    key: &str,
+    fetch: impl FnOnce() -> Result<(String, u64), SendError>,
+) -> Result<String, SendError> {
     let (value, ttl_ms) = fetch()?;
     let _ = set(key, &value, ttl_ms.max(1));
     Ok(value)

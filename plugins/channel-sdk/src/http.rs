@@ -190,6 +190,7 @@ fn classify(e: &ErrorCode) -> HttpError {
         | ErrorCode::DestinationIpProhibited
         | ErrorCode::DestinationIpUnroutable
         | ErrorCode::ConnectionRefused
+        | ErrorCode::ConnectionTimeout
         | ErrorCode::HttpRequestUriInvalid
         | ErrorCode::HttpRequestMethodInvalid
         | ErrorCode::HttpProtocolError

@@ -40,6 +40,9 @@ local attempt = redis.call('HINCRBY', KEYS[1], 'attempts', 1)
 local lease_until = now + lease
 redis.call('HSET', KEYS[1], 'status', 'sending', 'lease_token', token,
   'lease_until', n2s(lease_until), 'attempt_started_at', n2s(now), 'updated_at', n2s(now))
+-- When the first attempt started: what a provider's reference window and a
+-- status query's lag are counted from (`attempt_started_at` is the last).
+redis.call('HSETNX', KEYS[1], 'first_attempt_at', n2s(now))
 if stale then
   redis.call('HSET', KEYS[1], 'maybe_sent', '1')
   redis.call('HINCRBY', KEYS[1], 'reclaims', 1)

@@ -7,6 +7,7 @@
 -- ARGV[7] permit grace ms, ARGV[8] retry delay ms, ARGV[9] provider message id, ARGV[10] reason,
 -- ARGV[11] ms after which a sent task without receipt is checked,
 -- ARGV[12] ms after which an unknown task is checked
+-- ARGV[13] sent: the client reference the receipt named, or ''
 -- Returns {'recorded', permit fate (kept|released|retaken|not_owner)} or {'fenced', status}.
 local id, token, outcome, entry = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local retention, grace = tonumber(ARGV[6]), tonumber(ARGV[7])
@@ -25,6 +26,9 @@ if outcome == 'sent' then
   redis.call('HSET', KEYS[1], 'status', 'sent', 'provider_message_id', ARGV[9],
     'ever_sent', '1', 'sent_at', n2s(now), 'finished_at', n2s(now),
     'lease_token', '', 'updated_at', n2s(now))
+  if ARGV[13] ~= '' then
+    redis.call('HSET', KEYS[1], 'reference', ARGV[13])
+  end
   if owner == id then
     -- Sent: the permit now lasts exactly the window from accept.
     redis.call('PEXPIREAT', KEYS[2], n2s(window_end(KEYS[1], now)))

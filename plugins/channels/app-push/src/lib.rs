@@ -6,51 +6,46 @@
 //! with the same key is not a second push). 200 sent (`name`); 404
 //! `UNREGISTERED` / 400 `INVALID_ARGUMENT` permanent; 429, 500, 503 retryable;
 //! a cut-off answer unknown. No status query. Receipts match by `reference`.
+//!
+//! Contract 2 (`pushonce:channel@2`), ported as is against the test
+//! simulator's invented provider, which dedupes on `Idempotency-Key` for good.
 
+use channel_sdk::callback::{self, pushonce_receipts};
 use channel_sdk::http::{self, HttpError};
 use channel_sdk::{
-    ChannelGuest, DeliveryStatus, Guest, Message, PluginInfo, ProviderCapabilities, Receipt,
-    SendError, json_escape, params_json, require,
+    CallbackAnswer, CallbackError, CallbackRequest, Channel, Message, ProviderCapabilities,
+    Receipt, SendError, params_json, require,
 };
-use serde_json::Value;
+use serde_json::{Value, json};
 
-/// The plugin; its methods are the world's exports.
+/// The plugin.
 struct AppPush;
-
-impl Guest for AppPush {
-    fn describe() -> PluginInfo {
-        PluginInfo {
-            name: "app-push".into(),
-            version: env!("CARGO_PKG_VERSION").into(),
-            description: env!("CARGO_PKG_DESCRIPTION").into(),
-        }
-    }
-}
 
 fn transport(e: HttpError) -> SendError {
     match e {
-        HttpError::Denied(_) | HttpError::NotSent(_) => SendError::Retryable(e.to_string()),
+        HttpError::Denied(_) | HttpError::NotSent(_) => SendError::retryable(e.to_string()),
         HttpError::MaybeSent(_) => SendError::Unknown(e.to_string()),
     }
 }
 
-impl ChannelGuest for AppPush {
+impl Channel for AppPush {
     fn capabilities() -> ProviderCapabilities {
         ProviderCapabilities {
             honours_reference: true,
-            can_query: false,
+            callbacks: true,
+            ..ProviderCapabilities::NONE
         }
     }
 
     fn send(msg: Message) -> Result<Receipt, SendError> {
         let endpoint = require("endpoint")?;
         let project = require("project")?;
-        let body = format!(
-            "{{\"message\":{{\"token\":{},\"notification\":{{\"title\":{}}},\"data\":{}}}}}",
-            json_escape(&msg.recipient),
-            json_escape(&msg.template),
-            params_json(&msg.params)
-        );
+        let body = json!({"message": {
+            "token": msg.recipient,
+            "notification": {"title": msg.template},
+            "data": params_json(&msg.params),
+        }})
+        .to_string();
         let resp = http::request(
             "POST",
             &format!("{endpoint}/v1/projects/{project}/messages:send"),
@@ -72,27 +67,24 @@ impl ChannelGuest for AppPush {
             200 => match json.get("name").and_then(Value::as_str) {
                 Some(name) => Ok(Receipt {
                     provider_message_id: name.rsplit('/').next().unwrap_or(name).to_string(),
+                    reference: Some(msg.idempotency_key.clone()),
                 }),
                 None => Err(SendError::Unknown("200 without a message name".into())),
             },
-            429 | 500 | 502 | 503 | 504 => {
-                Err(SendError::Retryable(format!("{} {code}", resp.status)))
-            }
+            429 | 500 | 502 | 503 | 504 => Err(SendError::retry_after(
+                format!("{} {code}", resp.status),
+                resp.retry_after_ms(),
+            )),
             s => Err(SendError::Permanent(format!("{s} {code}"))),
         }
     }
 
-    fn query(_key: String, _id: Option<String>) -> Result<DeliveryStatus, SendError> {
-        Err(SendError::Retryable(
-            "this provider has no status query".into(),
+    fn handle_callback(req: CallbackRequest) -> Result<CallbackAnswer, CallbackError> {
+        let settled = pushonce_receipts(&req.body, "reference")?;
+        Ok(callback::answer(
+            settled,
+            callback::json(&json!({"ok": true})),
         ))
-    }
-
-    fn parse_callback(
-        _headers: Vec<(String, String)>,
-        body: Vec<u8>,
-    ) -> Result<Vec<(String, DeliveryStatus)>, String> {
-        channel_sdk::parse_receipts(&body, "reference")
     }
 }
 

@@ -8,27 +8,22 @@
 //! `isv.MOBILE_NUMBER_ILLEGAL` permanent; `isv.BUSINESS_LIMIT_CONTROL`
 //! retryable; 5xx retryable; a cut-off answer unknown. Status:
 //! `POST /sms/QuerySendDetails` by `OutId`. Receipts match by `message_id` (BizId).
+//!
+//! Contract 2 (`pushonce:channel@2`), ported as is: the provider this
+//! plugin speaks to is the test simulator's invented gateway, whose contract
+//! is this doc (it dedupes on `OutId` for good and its query has no lag).
 
+use channel_sdk::callback::{self, pushonce_receipts};
 use channel_sdk::http::{self, HttpError};
 use channel_sdk::{
-    ChannelGuest, DeliveryStatus, Guest, Message, PluginInfo, ProviderCapabilities, Receipt,
-    SendError, json_escape, params_json, require, setting,
+    CallbackAnswer, CallbackError, CallbackRequest, Channel, DeliveryStatus, Message,
+    ProviderCapabilities, Receipt, SendError, SentMessage, params_json, require, setting,
 };
-use serde_json::Value;
+use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
-/// The plugin; its methods are the world's exports.
+/// The plugin.
 struct Sms;
-
-impl Guest for Sms {
-    fn describe() -> PluginInfo {
-        PluginInfo {
-            name: "sms".into(),
-            version: env!("CARGO_PKG_VERSION").into(),
-            description: env!("CARGO_PKG_DESCRIPTION").into(),
-        }
-    }
-}
 
 /// The provider reference of an idempotency key (OutId is length-limited).
 fn out_id(key: &str) -> String {
@@ -38,30 +33,33 @@ fn out_id(key: &str) -> String {
 
 fn transport(e: HttpError) -> SendError {
     match e {
-        HttpError::Denied(_) | HttpError::NotSent(_) => SendError::Retryable(e.to_string()),
+        HttpError::Denied(_) | HttpError::NotSent(_) => SendError::retryable(e.to_string()),
         HttpError::MaybeSent(_) => SendError::Unknown(e.to_string()),
     }
 }
 
-impl ChannelGuest for Sms {
+impl Channel for Sms {
     fn capabilities() -> ProviderCapabilities {
         ProviderCapabilities {
             honours_reference: true,
             can_query: true,
+            callbacks: true,
+            ..ProviderCapabilities::NONE
         }
     }
 
     fn send(msg: Message) -> Result<Receipt, SendError> {
         let endpoint = require("endpoint")?;
         let sign = setting("sign_name").unwrap_or_default();
-        let body = format!(
-            "{{\"PhoneNumbers\":{},\"SignName\":{},\"TemplateCode\":{},\"TemplateParam\":{},\"OutId\":{}}}",
-            json_escape(&msg.recipient),
-            json_escape(&sign),
-            json_escape(&msg.template),
-            params_json(&msg.params),
-            json_escape(&out_id(&msg.idempotency_key))
-        );
+        let reference = out_id(&msg.idempotency_key);
+        let body = json!({
+            "PhoneNumbers": msg.recipient,
+            "SignName": sign,
+            "TemplateCode": msg.template,
+            "TemplateParam": params_json(&msg.params),
+            "OutId": reference,
+        })
+        .to_string();
         let resp = http::request(
             "POST",
             &format!("{endpoint}/sms/SendSms"),
@@ -70,11 +68,10 @@ impl ChannelGuest for Sms {
         )
         .map_err(transport)?;
         if resp.status >= 500 || resp.status == 429 {
-            return Err(SendError::Retryable(format!(
-                "{} {}",
-                resp.status,
-                resp.text()
-            )));
+            return Err(SendError::retry_after(
+                format!("{} {}", resp.status, resp.text()),
+                resp.retry_after_ms(),
+            ));
         }
         let json: Value = serde_json::from_slice(&resp.body).unwrap_or(Value::Null);
         let code = json.get("Code").and_then(Value::as_str).unwrap_or("");
@@ -83,6 +80,7 @@ impl ChannelGuest for Sms {
             "OK" => match json.get("BizId").and_then(Value::as_str) {
                 Some(id) => Ok(Receipt {
                     provider_message_id: id.to_string(),
+                    reference: Some(reference),
                 }),
                 None => Err(SendError::Unknown("OK without a BizId".into())),
             },
@@ -93,27 +91,30 @@ impl ChannelGuest for Sms {
             | "isv.BLACK_KEY_CONTROL_LIMIT" => {
                 Err(SendError::Permanent(format!("{code}: {message}")))
             }
-            "" => Err(SendError::Retryable(format!(
+            "" => Err(SendError::retryable(format!(
                 "status {} without a business code",
                 resp.status
             ))),
-            _ => Err(SendError::Retryable(format!("{code}: {message}"))),
+            _ => Err(SendError::retryable(format!("{code}: {message}"))),
         }
     }
 
-    fn query(key: String, _id: Option<String>) -> Result<DeliveryStatus, SendError> {
+    fn query(msg: SentMessage) -> Result<DeliveryStatus, SendError> {
         let endpoint = require("endpoint")?;
-        let body = format!("{{\"OutId\":{}}}", json_escape(&out_id(&key)));
+        let reference = msg
+            .reference
+            .unwrap_or_else(|| out_id(&msg.idempotency_key));
+        let body = json!({ "OutId": reference }).to_string();
         let resp = http::request(
             "POST",
             &format!("{endpoint}/sms/QuerySendDetails"),
             &[("content-type", "application/json")],
             Some(body.as_bytes()),
         )
-        .map_err(|e| SendError::Retryable(e.to_string()))?;
+        .map_err(|e| SendError::retryable(e.to_string()))?;
         let json: Value = serde_json::from_slice(&resp.body).unwrap_or(Value::Null);
         if json.get("Code").and_then(Value::as_str) != Some("OK") {
-            return Err(SendError::Retryable(format!(
+            return Err(SendError::retryable(format!(
                 "query answered {}",
                 resp.status
             )));
@@ -132,11 +133,12 @@ impl ChannelGuest for Sms {
         )
     }
 
-    fn parse_callback(
-        _headers: Vec<(String, String)>,
-        body: Vec<u8>,
-    ) -> Result<Vec<(String, DeliveryStatus)>, String> {
-        channel_sdk::parse_receipts(&body, "message_id")
+    fn handle_callback(req: CallbackRequest) -> Result<CallbackAnswer, CallbackError> {
+        let settled = pushonce_receipts(&req.body, "message_id")?;
+        Ok(callback::answer(
+            settled,
+            callback::json(&json!({"ok": true})),
+        ))
     }
 }
 

@@ -1,0 +1,248 @@
+//! The HTTP listener: hyper's HTTP/1 connection builder over the axum
+//! router, with what `axum::serve` lacks — a header-read timeout (a client
+//! that has not sent a whole request head in time is disconnected, so slow
+//! or stalled clients cannot hold connections) and a cap on connections
+//! served at once (a connection over the cap is closed at once, the others
+//! keep being served). Shutdown is graceful: stop accepting, let the
+//! requests in flight finish.
+//!
+//! hyper answers a request it cannot parse (a bad request line, a URI too
+//! long, a head too large) itself, with an empty 400, 414 or 431, before
+//! the router sees it; [`ProblemIo`] turns those answers into problem+json
+//! like every other error of the API.
+
+use std::io;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll, ready};
+
+use axum::Router;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::server::graceful::GracefulShutdown;
+use hyper_util::service::TowerToHyperService;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{Semaphore, watch};
+
+use crate::config::HttpConfig;
+
+/// Serves `app` on `listener` until `stop` turns true, then finishes the
+/// requests in flight.
+pub async fn serve(
+    listener: TcpListener,
+    app: Router,
+    config: &HttpConfig,
+    mut stop: watch::Receiver<bool>,
+) {
+    let slots = Arc::new(Semaphore::new(config.max_connections));
+    let graceful = GracefulShutdown::new();
+    let mut builder = hyper::server::conn::http1::Builder::new();
+    builder
+        .timer(TokioTimer::new())
+        .header_read_timeout(config.header_read_timeout);
+    loop {
+        let stream = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => stream,
+                Err(e) => {
+                    // Out of file descriptors and the like: pause, keep serving.
+                    tracing::warn!(error = %e, "accepting a connection failed");
+                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            _ = stopped(&mut stop) => break,
+        };
+        let Ok(slot) = slots.clone().try_acquire_owned() else {
+            tracing::debug!(
+                max = config.max_connections,
+                "connection cap reached: closing a new connection"
+            );
+            drop(stream);
+            continue;
+        };
+        let conn = builder.serve_connection(
+            TokioIo::new(ProblemIo::new(stream)),
+            TowerToHyperService::new(app.clone()),
+        );
+        let conn = graceful.watch(conn);
+        tokio::spawn(async move {
+            if let Err(e) = conn.await {
+                tracing::debug!(error = %e, "connection ended with an error");
+            }
+            drop(slot);
+        });
+    }
+    drop(listener);
+    tracing::info!("shutting down: no new connections, finishing requests in flight");
+    graceful.shutdown().await;
+}
+
+/// Resolves once `stop` is (or turns) true, or its sender is gone.
+async fn stopped(stop: &mut watch::Receiver<bool>) {
+    while !*stop.borrow_and_update() {
+        if stop.changed().await.is_err() {
+            return;
+        }
+    }
+}
+
+/// A connection's stream that rewrites hyper's own error answers (400, 414,
+/// 431 without a `content-type`: every answer of the router has one) into
+/// problem+json answers; everything else passes through untouched.
+struct ProblemIo {
+    /// The client's connection.
+    inner: TcpStream,
+    /// A rewritten answer still to be written, and how much of it was.
+    pending: Option<(Vec<u8>, usize)>,
+}
+
+impl ProblemIo {
+    fn new(inner: TcpStream) -> ProblemIo {
+        ProblemIo {
+            inner,
+            pending: None,
+        }
+    }
+
+    /// Writes what is left of a rewritten answer.
+    fn poll_drain(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        while let Some((bytes, written)) = &mut self.pending {
+            if *written == bytes.len() {
+                self.pending = None;
+                break;
+            }
+            let n = ready!(Pin::new(&mut self.inner).poll_write(cx, &bytes[*written..]))?;
+            if n == 0 {
+                return Poll::Ready(Err(io::ErrorKind::WriteZero.into()));
+            }
+            *written += n;
+        }
+        Poll::Ready(Ok(()))
+    }
+}
+
+impl AsyncRead for ProblemIo {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for ProblemIo {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let this = self.get_mut();
+        ready!(this.poll_drain(cx))?;
+        if let Some(answer) = problem_answer(buf) {
+            this.pending = Some((answer, 0));
+            return Poll::Ready(Ok(buf.len()));
+        }
+        Pin::new(&mut this.inner).poll_write(cx, buf)
+    }
+
+    /// Vectored like the socket (hyper then writes a head and a body
+    /// without copying them together); hyper's error answers are a head
+    /// alone, in the first slice.
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let this = self.get_mut();
+        ready!(this.poll_drain(cx))?;
+        let first = bufs.iter().find(|b| !b.is_empty());
+        if let Some(answer) = first.and_then(|b| problem_answer(b)) {
+            this.pending = Some((answer, 0));
+            return Poll::Ready(Ok(first.map_or(0, |b| b.len())));
+        }
+        Pin::new(&mut this.inner).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        ready!(this.poll_drain(cx))?;
+        Pin::new(&mut this.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        ready!(this.poll_drain(cx))?;
+        Pin::new(&mut this.inner).poll_shutdown(cx)
+    }
+}
+
+/// The problem+json answer replacing `written` when it is one of hyper's
+/// own error answers (400, 414 or 431 without a `content-type`).
+fn problem_answer(written: &[u8]) -> Option<Vec<u8>> {
+    use axum::http::StatusCode;
+    let end = written.windows(4).position(|w| w == b"\r\n\r\n")?;
+    let head = std::str::from_utf8(&written[..end]).ok()?;
+    let (status, detail) = match head.strip_prefix("HTTP/1.1 ")?.get(..3)? {
+        "400" => (
+            StatusCode::BAD_REQUEST,
+            "the request line or a header could not be parsed",
+        ),
+        "414" => (StatusCode::URI_TOO_LONG, "the request URI is too long"),
+        "431" => (
+            StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+            "the request head has too many or too large header fields",
+        ),
+        _ => return None,
+    };
+    if head.to_ascii_lowercase().contains("\r\ncontent-type:") {
+        return None;
+    }
+    let problem = crate::api::ApiError::Http { status, detail }.problem();
+    let body = serde_json::to_vec(&problem).ok()?;
+    let mut answer = format!(
+        "HTTP/1.1 {} {}\r\ncontent-type: {}\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+        status.as_u16(),
+        status.canonical_reason().unwrap_or_default(),
+        crate::api::problem::PROBLEM_JSON,
+        body.len()
+    )
+    .into_bytes();
+    answer.extend_from_slice(&body);
+    Some(answer)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::problem_answer;
+
+    #[test]
+    fn only_hypers_own_error_answers_are_rewritten() {
+        let hyper_400 = b"HTTP/1.1 400 Bad Request\r\ncontent-length: 0\r\n\r\n";
+        let answer = String::from_utf8(problem_answer(hyper_400).unwrap()).unwrap();
+        assert!(
+            answer.starts_with("HTTP/1.1 400 Bad Request\r\n"),
+            "{answer}"
+        );
+        assert!(
+            answer.contains("content-type: application/problem+json"),
+            "{answer}"
+        );
+        assert!(
+            answer.ends_with(
+                "\"status\":400,\"detail\":\"the request line or a header could not be parsed\"}"
+            ),
+            "{answer}"
+        );
+        let router_400 =
+            b"HTTP/1.1 400 Bad Request\r\ncontent-type: application/problem+json\r\ncontent-length: 2\r\n\r\n{}";
+        assert!(problem_answer(router_400).is_none());
+        assert!(problem_answer(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n").is_none());
+        assert!(problem_answer(b"HTTP/1.1 400 Bad Req").is_none());
+    }
+}

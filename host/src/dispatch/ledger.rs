@@ -85,6 +85,7 @@ pub(crate) async fn note_outcome(shared: &Shared, attempt: &Attempt, outcome: &O
     let (status, provider_message_id, error) = match outcome {
         Outcome::Sent {
             provider_message_id,
+            ..
         } => ("sent", Some(provider_message_id.clone()), None),
         Outcome::Retry { reason, .. } | Outcome::Resend { reason, .. } => {
             ("retry_wait", None, Some(reason.clone()))

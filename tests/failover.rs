@@ -31,11 +31,17 @@ const CHANNELS: usize = 3;
 async fn post_all(host: &TestHost) -> Vec<(String, String)> {
     let mut accepted = Vec::new();
     for i in 0..EVENTS {
-        let answer = host.post("/v1/events", &order_shipped(&format!("o-{i}")), None).await.unwrap();
+        let answer = host
+            .post("/v1/events", &order_shipped(&format!("o-{i}")), None)
+            .await
+            .unwrap();
         assert_eq!(answer.status, StatusCode::ACCEPTED, "{}", answer.body);
         for r in answer.body["results"].as_array().unwrap() {
             assert_eq!(r["result"], "accepted", "{}", answer.body);
-            accepted.push((r["key"].as_str().unwrap().to_string(), r["task_id"].as_str().unwrap().to_string()));
+            accepted.push((
+                r["key"].as_str().unwrap().to_string(),
+                r["task_id"].as_str().unwrap().to_string(),
+            ));
         }
     }
     accepted
@@ -48,12 +54,19 @@ async fn wait_tasks(host: &TestHost, tasks: &[(String, String)], done: &[&str]) 
     for (_, id) in tasks {
         let deadline = std::time::Instant::now() + Duration::from_secs(30);
         loop {
-            let view = host.get(&format!("/v1/tasks/{id}"), None).await.unwrap().body;
+            let view = host
+                .get(&format!("/v1/tasks/{id}"), None)
+                .await
+                .unwrap()
+                .body;
             if done.contains(&view["status"].as_str().unwrap_or("")) {
                 views.push(view);
                 break;
             }
-            assert!(std::time::Instant::now() < deadline, "task {id} never reached {done:?}: {view}");
+            assert!(
+                std::time::Instant::now() < deadline,
+                "task {id} never reached {done:?}: {view}"
+            );
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
@@ -66,7 +79,11 @@ async fn wait_synced(replica: &RedisServer) {
     let ok = wait_until(Duration::from_secs(20), || {
         let mut conn = conn.clone();
         async move {
-            let info: String = redis::cmd("INFO").arg("replication").query_async(&mut conn).await.unwrap();
+            let info: String = redis::cmd("INFO")
+                .arg("replication")
+                .query_async(&mut conn)
+                .await
+                .unwrap();
             info.contains("master_link_status:up")
         }
     })
@@ -82,12 +99,18 @@ async fn failover(ledger_url: &str) -> (HashMap<String, usize>, Vec<Value>, Stri
     let replica = RedisServer::start().await.unwrap();
     let relay = ReplicationRelay::start(primary.port()).await.unwrap();
     let mut conn = replica.manager().await.unwrap();
-    redis::cmd("REPLICAOF").arg("127.0.0.1").arg(relay.port()).query_async::<()>(&mut conn).await.unwrap();
+    redis::cmd("REPLICAOF")
+        .arg("127.0.0.1")
+        .arg(relay.port())
+        .query_async::<()>(&mut conn)
+        .await
+        .unwrap();
     wait_synced(&replica).await;
 
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("provider.jsonl");
-    let sender: Arc<dyn Sender> = Arc::new(LedgerFileSender::open(&file, Faults::default()).unwrap());
+    let sender: Arc<dyn Sender> =
+        Arc::new(LedgerFileSender::open(&file, Faults::default()).unwrap());
     let setup = || Setup {
         sender: Some(sender.clone()),
         ledger_url: Some(ledger_url.to_string()),
@@ -102,7 +125,12 @@ async fn failover(ledger_url: &str) -> (HashMap<String, usize>, Vec<Value>, Stri
 
     // The primary dies; the replica, which never got those writes, is promoted.
     drop(primary);
-    redis::cmd("REPLICAOF").arg("NO").arg("ONE").query_async::<()>(&mut conn).await.unwrap();
+    redis::cmd("REPLICAOF")
+        .arg("NO")
+        .arg("ONE")
+        .query_async::<()>(&mut conn)
+        .await
+        .unwrap();
     drop(relay);
 
     let second = TestHost::start_with(&replica, setup()).await.unwrap();
@@ -114,10 +142,17 @@ async fn failover(ledger_url: &str) -> (HashMap<String, usize>, Vec<Value>, Stri
     let sent = sent_by_key(&read_ledger(&file));
     let per_key = sent.into_iter().map(|(k, v)| (k, v.len())).collect();
     // The first host's task ids, for the owner check.
-    let owners: HashMap<&str, &str> = tasks.iter().map(|(k, id)| (k.as_str(), id.as_str())).collect();
+    let owners: HashMap<&str, &str> = tasks
+        .iter()
+        .map(|(k, id)| (k.as_str(), id.as_str()))
+        .collect();
     for (view, (key, _)) in views.iter().zip(&reposted) {
         if view["status"] == "duplicate_prevented" {
-            assert_eq!(view["duplicate_of"], owners[key.as_str()], "the true owner is named: {view}");
+            assert_eq!(
+                view["duplicate_of"],
+                owners[key.as_str()],
+                "the true owner is named: {view}"
+            );
         }
     }
     (per_key, views, metrics)
@@ -129,8 +164,14 @@ async fn with_the_ledger_a_failover_that_loses_permits_sends_nothing_twice() {
     let url = pg.database().await.unwrap();
     let (per_key, views, metrics) = failover(&url).await;
     assert_eq!(per_key.len(), EVENTS * CHANNELS);
-    assert!(per_key.values().all(|n| *n == 1), "a duplicate reached the provider: {per_key:?}");
-    assert!(views.iter().all(|v| v["status"] == "duplicate_prevented"), "{views:?}");
+    assert!(
+        per_key.values().all(|n| *n == 1),
+        "a duplicate reached the provider: {per_key:?}"
+    );
+    assert!(
+        views.iter().all(|v| v["status"] == "duplicate_prevented"),
+        "{views:?}"
+    );
     for channel in ["sms", "wechat", "app-push"] {
         let line = format!("pushonce_duplicate_prevented_total{{channel=\"{channel}\"}} {EVENTS}");
         assert!(metrics.contains(&line), "no {line} in\n{metrics}");
@@ -141,6 +182,9 @@ async fn with_the_ledger_a_failover_that_loses_permits_sends_nothing_twice() {
 async fn without_the_ledger_the_same_failover_sends_every_message_twice() {
     let (per_key, views, _) = failover("off").await;
     assert_eq!(per_key.len(), EVENTS * CHANNELS);
-    assert!(per_key.values().all(|n| *n == 2), "expected every message twice: {per_key:?}");
+    assert!(
+        per_key.values().all(|n| *n == 2),
+        "expected every message twice: {per_key:?}"
+    );
     assert!(views.iter().all(|v| v["status"] == "sent"), "{views:?}");
 }

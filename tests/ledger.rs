@@ -71,7 +71,10 @@ async fn a_key_is_claimed_once_and_its_owner_may_claim_again(backend: &str) {
     let (url, _keep) = url(backend).await;
     let ledger = Ledger::open(&url).await.unwrap();
     assert_eq!(ledger.backend(), backend);
-    assert_eq!(ledger.claim(&claim("k1", "A")).await.unwrap(), ClaimAnswer::Ours);
+    assert_eq!(
+        ledger.claim(&claim("k1", "A")).await.unwrap(),
+        ClaimAnswer::Ours
+    );
     // A retry or a re-claim of the same task finds its own claim.
     let mut again = claim("k1", "A");
     again.attempt = 2;
@@ -84,7 +87,10 @@ async fn a_key_is_claimed_once_and_its_owner_may_claim_again(backend: &str) {
             status: "claimed".into()
         }
     );
-    assert_eq!(ledger.claim(&claim("k2", "B")).await.unwrap(), ClaimAnswer::Ours);
+    assert_eq!(
+        ledger.claim(&claim("k2", "B")).await.unwrap(),
+        ClaimAnswer::Ours
+    );
     // Opening it again (migrations already applied) keeps the rows.
     let reopened = Ledger::open(&url).await.unwrap();
     assert_eq!(reopened.by_task("A").await.unwrap().unwrap().key, "k1");
@@ -95,13 +101,27 @@ async fn updates_are_batched_owner_checked_and_read_back(backend: &str) {
     let ledger = Ledger::open(&url).await.unwrap();
     for i in 0..300 {
         let key = format!("k{i}");
-        assert_eq!(ledger.claim(&claim(&key, &format!("T{i}"))).await.unwrap(), ClaimAnswer::Ours);
+        assert_eq!(
+            ledger.claim(&claim(&key, &format!("T{i}"))).await.unwrap(),
+            ClaimAnswer::Ours
+        );
     }
     for i in 0..300 {
-        ledger.update(update(&format!("k{i}"), &format!("T{i}"), "sent", 2_000 + i)).await.unwrap();
+        ledger
+            .update(update(
+                &format!("k{i}"),
+                &format!("T{i}"),
+                "sent",
+                2_000 + i,
+            ))
+            .await
+            .unwrap();
     }
     // Not the owner: ignored.
-    ledger.update(update("k0", "intruder", "failed", 9_000)).await.unwrap();
+    ledger
+        .update(update("k0", "intruder", "failed", 9_000))
+        .await
+        .unwrap();
     ledger.flush().await.unwrap();
     let row = ledger.by_task("T7").await.unwrap().expect("T7 has a row");
     assert_eq!(row.key, "k7");
@@ -112,10 +132,18 @@ async fn updates_are_batched_owner_checked_and_read_back(backend: &str) {
     assert_ne!(row.recipient_digest, "+8613800000000");
     assert_eq!(ledger.by_task("T0").await.unwrap().unwrap().status, "sent");
     assert!(ledger.by_task("intruder").await.unwrap().is_none());
-    assert_eq!(ledger.by_event("ORDER_SHIPPED", "o-1").await.unwrap().len(), 300);
+    assert_eq!(
+        ledger.by_event("ORDER_SHIPPED", "o-1").await.unwrap().len(),
+        300
+    );
     let recent = ledger.since(2_290).await.unwrap();
     let keys: Vec<&str> = recent.iter().map(|r| r.key.as_str()).collect();
-    assert_eq!(keys, ["k290", "k291", "k292", "k293", "k294", "k295", "k296", "k297", "k298", "k299"]);
+    assert_eq!(
+        keys,
+        [
+            "k290", "k291", "k292", "k293", "k294", "k295", "k296", "k297", "k298", "k299"
+        ]
+    );
 }
 
 both!(two_instances_racing_for_the_same_keys_give_each_key_one_owner);
@@ -126,7 +154,10 @@ async fn two_instances_racing_for_the_same_keys_give_each_key_one_owner(backend:
     let race = |ledger: Ledger, task: &'static str| async move {
         let mut ours = Vec::new();
         for i in 0..100 {
-            if ledger.claim(&claim(&format!("race{i}"), &format!("{task}{i}"))).await.unwrap()
+            if ledger
+                .claim(&claim(&format!("race{i}"), &format!("{task}{i}")))
+                .await
+                .unwrap()
                 == ClaimAnswer::Ours
             {
                 ours.push(i);
@@ -137,7 +168,11 @@ async fn two_instances_racing_for_the_same_keys_give_each_key_one_owner(backend:
     let (ta, tb) = tokio::join!(spawned(race(a, "A")), spawned(race(b, "B")));
     let mut all: Vec<i32> = ta.iter().chain(tb.iter()).copied().collect();
     all.sort();
-    assert_eq!(all, (0..100).collect::<Vec<_>>(), "each key exactly one owner");
+    assert_eq!(
+        all,
+        (0..100).collect::<Vec<_>>(),
+        "each key exactly one owner"
+    );
 }
 
 async fn spawned<T: Send + 'static>(f: impl Future<Output = T> + Send + 'static) -> T {

@@ -570,7 +570,9 @@ async fn supervise(
 /// `off`: unsafe, warned about).
 async fn open_ledger(config: &HostConfig) -> Result<Option<Ledger>, ServiceError> {
     let Some(url) = config.ledger() else {
-        tracing::warn!("ledger_url = \"off\": no delivery ledger; a Redis failover that loses permits will send re-posted events twice");
+        tracing::warn!(
+            "ledger_url = \"off\": no delivery ledger; a Redis failover that loses permits will send re-posted events twice"
+        );
         return Ok(None);
     };
     if url.starts_with("sqlite:") {

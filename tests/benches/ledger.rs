@@ -122,12 +122,20 @@ fn update(i: usize) -> Update {
 }
 
 /// Bytes on disk per row: SQLite file (+ WAL) size, PostgreSQL's table with indexes.
-async fn bytes_per_row(ledger: &Ledger, sqlite_dir: Option<&std::path::Path>, pg_url: Option<&str>) -> f64 {
+async fn bytes_per_row(
+    ledger: &Ledger,
+    sqlite_dir: Option<&std::path::Path>,
+    pg_url: Option<&str>,
+) -> f64 {
     if let Some(dir) = sqlite_dir {
         let size: u64 = std::fs::read_dir(dir)
             .unwrap()
             .filter_map(|e| e.ok())
-            .filter(|e| e.file_name().to_string_lossy().starts_with("ledger.sqlite3"))
+            .filter(|e| {
+                e.file_name()
+                    .to_string_lossy()
+                    .starts_with("ledger.sqlite3")
+            })
             .map(|e| e.metadata().map(|m| m.len()).unwrap_or(0))
             .sum();
         return size as f64 / ROWS as f64;
@@ -146,7 +154,9 @@ async fn main() {
     let redis = RedisServer::start().await.unwrap();
     let pg = PostgresServer::start(true).await.unwrap();
     let sqlite_dir = tempfile::tempdir().unwrap();
-    let sqlite = Ledger::open(&Ledger::sqlite_url(sqlite_dir.path())).await.unwrap();
+    let sqlite = Ledger::open(&Ledger::sqlite_url(sqlite_dir.path()))
+        .await
+        .unwrap();
     let pg_url = pg.database().await.unwrap();
     let postgres = Ledger::open(&pg_url).await.unwrap();
 
@@ -155,7 +165,9 @@ async fn main() {
     let on_pg = sends_per_second(&redis, "postgres", Some(postgres.clone())).await;
 
     let rows_dir = tempfile::tempdir().unwrap();
-    let rows_sqlite = Ledger::open(&Ledger::sqlite_url(rows_dir.path())).await.unwrap();
+    let rows_sqlite = Ledger::open(&Ledger::sqlite_url(rows_dir.path()))
+        .await
+        .unwrap();
     let rows_pg_url = pg.database().await.unwrap();
     let rows_pg = Ledger::open(&rows_pg_url).await.unwrap();
     let (sq_claims, sq_updates) = rows_per_second(&rows_sqlite).await;
@@ -163,7 +175,9 @@ async fn main() {
     let sq_bytes = bytes_per_row(&rows_sqlite, Some(rows_dir.path()), None).await;
     let pg_bytes = bytes_per_row(&rows_pg, None, Some(&rows_pg_url)).await;
 
-    println!("ledger benchmark: {TASKS} tasks end to end, {CONCURRENCY} workers, LedgerFileSender; {ROWS} rows");
+    println!(
+        "ledger benchmark: {TASKS} tasks end to end, {CONCURRENCY} workers, LedgerFileSender; {ROWS} rows"
+    );
     println!("| ledger | sends/s | vs off | claims/s | outcome rows/s (batched) | bytes/row |");
     println!("|---|---|---|---|---|---|");
     println!("| off | {off:.0} | 1.00 | — | — | — |");

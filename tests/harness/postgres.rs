@@ -15,8 +15,8 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use sqlx::Connection;
-use tokio::sync::OnceCell;
 use std::os::unix::process::CommandExt;
+use tokio::sync::OnceCell;
 
 use crate::wait_until;
 
@@ -91,7 +91,12 @@ impl PostgresServer {
         }
         let mut initdb = Command::new(bin.join("initdb"));
         initdb
-            .args(["--auth=trust", "--username=postgres", "--encoding=UTF8", "-D"])
+            .args([
+                "--auth=trust",
+                "--username=postgres",
+                "--encoding=UTF8",
+                "-D",
+            ])
             .arg(dir.join("data"))
             .stdout(Stdio::null());
         run_as(&mut initdb, user);
@@ -152,7 +157,9 @@ impl PostgresServer {
             .stdout(Stdio::null())
             .stderr(Stdio::null());
         run_as(&mut cmd, self.user);
-        cmd.process_group(0).spawn().context("starting the watchdog")?;
+        cmd.process_group(0)
+            .spawn()
+            .context("starting the watchdog")?;
         Ok(())
     }
 

@@ -119,8 +119,9 @@ fn setup(root: &Path) -> Result<()> {
     // The ledger's tests run a real PostgreSQL; Debian keeps its binaries
     // in /usr/lib/postgresql/<major>/bin, off PATH.
     if !has_postgres() {
-        apt_install("postgresql")
-            .context("could not install PostgreSQL; install it by hand (Debian: apt-get install postgresql)")?;
+        apt_install("postgresql").context(
+            "could not install PostgreSQL; install it by hand (Debian: apt-get install postgresql)",
+        )?;
     }
     install_schemathesis(root)
 }

@@ -15,8 +15,8 @@ use axum::http::StatusCode;
 use axum::response::IntoResponse;
 
 use super::AppState;
-use super::history;
 use super::body::{JsonBody, from_value};
+use super::history;
 use super::model::*;
 use super::problem::{ApiError, Problem};
 use crate::derive::{DeriveError, EventError, EventJson, YearRange, derive, event_from_parsed};
@@ -241,8 +241,14 @@ pub async fn get_event(
             }
         }
     }
-    history::add_event_rows(&state, &biz_type, &biz_id, query.user_id.as_deref(), &mut tasks)
-        .await?;
+    history::add_event_rows(
+        &state,
+        &biz_type,
+        &biz_id,
+        query.user_id.as_deref(),
+        &mut tasks,
+    )
+    .await?;
     if tasks.is_empty() {
         return Err(ApiError::NotFound(format!(
             "no task of event {biz_type}/{biz_id}"

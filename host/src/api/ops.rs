@@ -87,7 +87,9 @@ async fn check_ledger(state: &AppState) -> Result<(), ApiError> {
     let detail = match tokio::time::timeout(PING_TIMEOUT, ledger.check()).await {
         Ok(Ok(())) => return Ok(()),
         Ok(Err(e)) => format!("ledger unavailable: {e}; sends wait, accepts continue"),
-        Err(_) => format!("ledger unavailable: no answer within {PING_TIMEOUT:?}; sends wait, accepts continue"),
+        Err(_) => format!(
+            "ledger unavailable: no answer within {PING_TIMEOUT:?}; sends wait, accepts continue"
+        ),
     };
     Err(ApiError::Unavailable {
         detail,

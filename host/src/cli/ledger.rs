@@ -80,7 +80,10 @@ fn since_ms(text: &str) -> anyhow::Result<i64> {
             SystemTime::now() - age
         }
     };
-    Ok(at.duration_since(UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0))
+    Ok(at
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0))
 }
 
 fn write_csv(out: impl Write, rows: &[LedgerRow]) -> anyhow::Result<()> {

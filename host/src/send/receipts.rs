@@ -190,7 +190,9 @@ pub async fn apply_settlements(
         if settled.updated {
             report.updated += 1;
             let status = if delivered { "delivered" } else { "failed" };
-            report.settled.push((task.key.clone(), task.id.clone(), status));
+            report
+                .settled
+                .push((task.key.clone(), task.id.clone(), status));
         } else {
             report.ignored += 1;
         }

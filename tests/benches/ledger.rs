@@ -9,7 +9,7 @@
 use std::time::{Duration, Instant};
 
 use pushonce::ledger::{Claim, Ledger, Update, recipient_digest};
-use pushonce::permit::{AcceptRequest, PermitConfig, Permits, RetryPolicy};
+use pushonce::permit::{AcceptRequest, PermitConfig, RetryPolicy};
 use pushonce::send::Faults;
 use pushonce_tests::dispatcher::RunningDispatcher;
 use pushonce_tests::postgres::PostgresServer;
@@ -128,6 +128,13 @@ async fn bytes_per_row(
     pg_url: Option<&str>,
 ) -> f64 {
     if let Some(dir) = sqlite_dir {
+        // Into the main file first: a WAL not yet checkpointed is not the row's size.
+        if let pushonce::ledger::LedgerPool::Sqlite(pool) = ledger.pool() {
+            sqlx::query("PRAGMA wal_checkpoint(TRUNCATE)")
+                .execute(pool)
+                .await
+                .unwrap();
+        }
         let size: u64 = std::fs::read_dir(dir)
             .unwrap()
             .filter_map(|e| e.ok())
@@ -140,7 +147,6 @@ async fn bytes_per_row(
             .sum();
         return size as f64 / ROWS as f64;
     }
-    let _ = ledger;
     let pool = sqlx::PgPool::connect(pg_url.unwrap()).await.unwrap();
     let (size,): (i64,) = sqlx::query_as("SELECT pg_total_relation_size('deliveries')")
         .fetch_one(&pool)

@@ -43,6 +43,9 @@ pub enum LedgerError {
     /// The background writer stopped (the process is shutting down).
     #[error("the ledger writer has stopped")]
     WriterStopped,
+    /// The group of claims this one was written with failed.
+    #[error("{0}")]
+    Group(#[source] Arc<LedgerError>),
 }
 
 /// The ledger of one process (cheap to clone): the pool, the batched
@@ -50,6 +53,7 @@ pub enum LedgerError {
 #[derive(Clone)]
 pub struct Ledger {
     pool: LedgerPool,
+    claimer: claim::Claimer,
     writer: writer::WriterHandle,
     health: Arc<Mutex<Option<String>>>,
 }
@@ -70,6 +74,7 @@ impl Ledger {
         pool.migrate().await?;
         let writer = writer::spawn(pool.clone(), writer::WriterConfig::default());
         Ok(Ledger {
+            claimer: claim::Claimer::spawn(pool.clone()),
             pool,
             writer,
             health: Arc::new(Mutex::new(None)),
@@ -92,9 +97,10 @@ impl Ledger {
     }
 
     /// Claims `claim.key` for `claim.task_id` (insert; on conflict, the
-    /// owner): one synchronous write. Records the ledger's health.
+    /// owner): one synchronous write, committed together with the claims
+    /// of other workers waiting at the same moment. Records the ledger's health.
     pub async fn claim(&self, claim: &Claim) -> Result<ClaimAnswer, LedgerError> {
-        let answer = claim::claim(&self.pool, claim).await;
+        let answer = self.claimer.claim(claim).await;
         self.observe(answer.as_ref().err());
         answer
     }

@@ -92,8 +92,13 @@ impl LedgerPool {
                 .create_if_missing(true)
                 .journal_mode(SqliteJournalMode::Wal)
                 .busy_timeout(ACQUIRE_TIMEOUT);
+            // One connection: SQLite has one writer at a time anyway, and
+            // concurrent writers of one process would otherwise meet as
+            // `database is locked` after the busy timeout (measured with 16
+            // claimers); other processes on the same file still wait on the
+            // busy timeout.
             let pool = SqlitePoolOptions::new()
-                .max_connections(4)
+                .max_connections(1)
                 .acquire_timeout(ACQUIRE_TIMEOUT)
                 .connect_with(options)
                 .await?;

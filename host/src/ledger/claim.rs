@@ -62,22 +62,17 @@ const CLAIM_SQL: &str = "INSERT INTO deliveries \
 
 /// Claims waiting together, written in one transaction (group commit): one
 /// fsync for all of them instead of one each.
-type Waiting = Vec<(
-    Claim,
-    oneshot::Sender<Result<ClaimAnswer, Arc<LedgerError>>>,
-)>;
+type Waiting = Vec<(Claim, Reply)>;
+
+/// Where one claim's answer goes.
+type Reply = oneshot::Sender<Result<ClaimAnswer, Arc<LedgerError>>>;
 
 /// Most claims in one transaction.
 const GROUP_MAX: usize = 64;
 
 /// The queue of the group-committing claimer.
 #[derive(Clone)]
-pub(super) struct Claimer(
-    mpsc::Sender<(
-        Claim,
-        oneshot::Sender<Result<ClaimAnswer, Arc<LedgerError>>>,
-    )>,
-);
+pub(super) struct Claimer(mpsc::Sender<(Claim, Reply)>);
 
 impl Claimer {
     /// Starts the claimer task on `pool`.

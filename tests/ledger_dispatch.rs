@@ -272,3 +272,54 @@ async fn lookups_fall_back_to_the_ledger_after_redis_retention() {
     );
     host.shutdown().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readyz_names_a_ledger_that_is_down_while_accepts_continue() {
+    use pushonce_tests::host::{Setup, TestHost, order_shipped};
+    let redis = RedisServer::start().await.unwrap();
+    let mut pg = PostgresServer::start(false).await.unwrap();
+    let url = pg.database().await.unwrap();
+    let setup = Setup {
+        ledger_url: Some(url),
+        ..Setup::default()
+    };
+    let host = TestHost::start_with(&redis, setup).await.unwrap();
+    assert_eq!(
+        host.get("/readyz", None).await.unwrap().status,
+        reqwest::StatusCode::OK
+    );
+    pg.stop().unwrap();
+    let ready = host.get("/readyz", None).await.unwrap();
+    assert_eq!(
+        ready.status,
+        reqwest::StatusCode::SERVICE_UNAVAILABLE,
+        "{}",
+        ready.body
+    );
+    assert!(
+        ready.body["detail"]
+            .as_str()
+            .unwrap_or("")
+            .starts_with("ledger unavailable"),
+        "{}",
+        ready.body
+    );
+    let accepted = host
+        .post("/v1/events", &order_shipped("o-down"), None)
+        .await
+        .unwrap();
+    assert_eq!(
+        accepted.status,
+        reqwest::StatusCode::ACCEPTED,
+        "{}",
+        accepted.body
+    );
+    pg.start_again().await.unwrap();
+    let back = wait_until(Duration::from_secs(20), || {
+        let fut = host.get("/readyz", None);
+        async move { fut.await.unwrap().status == reqwest::StatusCode::OK }
+    })
+    .await;
+    back.expect("ready again once the ledger is back");
+    host.shutdown().await.unwrap();
+}

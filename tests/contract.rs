@@ -93,6 +93,8 @@ fn probe(addr: &str, settings: &[(&str, &str)]) -> ChannelConfig {
         c.settings.insert(k.to_string(), v.to_string());
     }
     c.allowed_hosts = vec![addr.to_string()];
+    // The test provider speaks plain HTTP.
+    c.allow_plaintext = true;
     c.call_timeout = Duration::from_secs(10);
     c
 }
@@ -165,7 +167,7 @@ async fn post(
         .map(|c| (c.to_string(), json!("user-1")))
         .collect();
     let event = json!({
-        "biz_type": "PROBE", "biz_id": biz_id, "user_id": "u-1", "occurred_at": 5,
+        "biz_type": "PROBE", "biz_id": biz_id, "user_id": "u-1", "occurred_at": "2026-11-30T08:00:00Z",
         "template": template, "recipients": recipients,
     });
     let a = host.post("/v1/events", &event, None).await.unwrap();
@@ -545,6 +547,7 @@ lease = "5s"
 plugin = "contract-probe@^2"
 settings = {{ endpoint = "http://{provider}", token_url = "http://{provider}/token" }}
 allowed_hosts = ["{provider}"]
+allow_plaintext = true
 concurrency = 8
 "#,
         redis = redis.url(),
@@ -596,7 +599,7 @@ async fn two_host_processes_and_many_warm_instances_fetch_one_token() {
         let (client, url) = (client.clone(), format!("{base}/v1/events"));
         let event = json!({
             "biz_type": "PROBE", "biz_id": format!("tok-{i}"), "user_id": "u-1",
-            "occurred_at": 5, "template": "token", "recipients": {"probe": "user-1"},
+            "occurred_at": "2026-11-30T08:00:00Z", "template": "token", "recipients": {"probe": "user-1"},
         });
         posting.spawn(async move { client.post(url).json(&event).send().await });
     }

@@ -26,7 +26,7 @@ use wasmtime_wasi_http::{Error as HttpError, WasiBody, WasiHttpHooks};
 /// The probe channel `probe`, allowed to reach `allowed`, with `tune` applied.
 fn probe_sender(allowed: &str, tune: impl FnOnce(&mut ChannelConfig)) -> PluginSender {
     let registry = Arc::new(registry_of(&[fixture("http_probe")], None));
-    let mut c = ChannelConfig::new("http-probe@^1");
+    let mut c = ChannelConfig::new("http-probe@^2");
     c.allowed_hosts = vec![allowed.to_string()];
     c.call_timeout = Duration::from_secs(10);
     tune(&mut c);

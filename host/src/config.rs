@@ -30,8 +30,18 @@ pub struct HostConfig {
     /// client learns the rest. Exclusive with `redis_url`. Env:
     /// `PUSHONCE_REDIS_CLUSTER`, the URLs separated by commas.
     pub redis_cluster: Vec<String>,
-    /// Directory for the embedded Redis's data and the compiled-plugin cache.
+    /// Directory for the embedded Redis's data, the compiled-plugin cache
+    /// and the default SQLite ledger.
     pub data_dir: PathBuf,
+    /// The delivery ledger every send is claimed in (`UNIQUE (key)`, the last
+    /// line of defence when Redis loses permits): absent means SQLite in
+    /// `<data_dir>/ledger.sqlite3` (one machine); `postgres://user@host/db`
+    /// a PostgreSQL shared by every instance (they must all name the same
+    /// one); `sqlite:<path>` another SQLite file; `off` no ledger — UNSAFE:
+    /// a Redis failover that loses acknowledged permits then sends re-posted
+    /// events twice (for measurements and the failover test's control arm).
+    /// Env: `PUSHONCE_LEDGER_URL`.
+    pub ledger_url: Option<String>,
     /// Directory of plugin components (`*.wasm`).
     pub plugin_dir: PathBuf,
     /// Directory of policy files (`*.toml`).
@@ -387,6 +397,7 @@ impl Default for HostConfig {
             redis_ca_file: None,
             redis_cluster: Vec::new(),
             data_dir: PathBuf::from("data"),
+            ledger_url: None,
             plugin_dir: PathBuf::from("target/plugins"),
             policy_dir: PathBuf::from("policies"),
             shards: 16,
@@ -504,6 +515,9 @@ impl HostConfig {
         if let Some(v) = get("PUSHONCE_REDIS_CA_FILE") {
             self.redis_ca_file = (!v.is_empty()).then(|| PathBuf::from(v));
         }
+        if let Some(v) = get("PUSHONCE_LEDGER_URL") {
+            self.ledger_url = (!v.is_empty()).then_some(v);
+        }
         if let Some(v) = get("PUSHONCE_REDIS_CLUSTER") {
             self.redis_cluster = v
                 .split(',')
@@ -522,6 +536,16 @@ impl HostConfig {
             }
         }
         Ok(())
+    }
+
+    /// The ledger's URL: `None` when it is off, else `ledger_url` or the
+    /// SQLite file in `data_dir`.
+    pub fn ledger(&self) -> Option<String> {
+        match self.ledger_url.as_deref() {
+            Some("off") => None,
+            Some(url) => Some(url.to_string()),
+            None => Some(crate::ledger::Ledger::sqlite_url(&self.data_dir)),
+        }
     }
 
     /// Checks values that parse but cannot work.

@@ -12,6 +12,7 @@ pub mod derive;
 pub mod dispatch;
 pub mod files;
 pub mod listener;
+pub mod ledger;
 pub mod permit;
 pub mod plugin;
 pub mod reconcile;

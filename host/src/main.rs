@@ -28,6 +28,8 @@ enum Command {
     Serve(cli::serve::Args),
     /// Print the HTTP API's OpenAPI document.
     Openapi(cli::openapi::Args),
+    /// The delivery ledger: export rows for audits.
+    Ledger(cli::ledger::Args),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -45,5 +47,6 @@ fn main() -> anyhow::Result<()> {
         Command::Worker(args) => cli::worker::run(args),
         Command::Serve(args) => cli::serve::run(args),
         Command::Openapi(args) => cli::openapi::run(args),
+        Command::Ledger(args) => cli::ledger::run(args),
     }
 }

@@ -31,6 +31,7 @@ use crate::api::receipts::{
 use crate::api::{self, ApiLimits, AppState, SharedReceiptHandler, SharedState, Token};
 use crate::config::HostConfig;
 use crate::dispatch::{DispatchConfig, DispatchError, Dispatcher, default_consumer_name};
+use crate::ledger::Ledger;
 use crate::permit::{PermitConfig, PermitError, Permits};
 use crate::plugin::Event;
 use crate::plugin::bindings::CallbackRequest;
@@ -64,6 +65,9 @@ pub enum ServiceError {
     /// The dispatcher failed.
     #[error(transparent)]
     Dispatch(#[from] DispatchError),
+    /// The delivery ledger could not be opened or migrated.
+    #[error(transparent)]
+    Ledger(#[from] crate::ledger::LedgerError),
     /// The sender could not be set up (e.g. the ledger file).
     #[error("sender: {0}")]
     Sender(String),
@@ -137,6 +141,8 @@ struct PluginReceipts {
     sender: Arc<PluginSender>,
     /// How long a settlement naming no task is answered 503.
     unmatched_grace: Duration,
+    /// Where settled tasks are written as history.
+    ledger: Option<Ledger>,
 }
 
 impl ReceiptHandler for PluginReceipts {
@@ -162,11 +168,18 @@ impl ReceiptHandler for PluginReceipts {
                         done.report.not_yet.join(", ")
                     )))
                 }
-                Ok(done) => Ok(ProviderReply {
-                    status: done.reply.status,
-                    headers: done.reply.headers,
-                    body: done.reply.body,
-                }),
+                Ok(done) => {
+                    if let Some(ledger) = &self.ledger {
+                        for (key, task, status) in &done.report.settled {
+                            ledger.note_settled(key, task, status).await;
+                        }
+                    }
+                    Ok(ProviderReply {
+                        status: done.reply.status,
+                        headers: done.reply.headers,
+                        body: done.reply.body,
+                    })
+                }
                 Err(ReceiptError::Permit(e)) => Err(ReceiptRefusal::Unavailable(e)),
                 Err(ReceiptError::Forbidden { reason, .. }) => {
                     Err(ReceiptRefusal::Forbidden(reason))
@@ -382,6 +395,7 @@ pub async fn start(
         },
     );
     permits.prepare().await?;
+    let ledger = open_ledger(&config).await?;
     let live = {
         let config = config.clone();
         Arc::new(tokio::task::spawn_blocking(move || Live::load(config)).await??)
@@ -403,6 +417,7 @@ pub async fn start(
             permits: permits.clone(),
             sender: plugins.clone(),
             unmatched_grace: config.receipts.unmatched_grace,
+            ledger: ledger.clone(),
         }),
     };
     let callbacks = callback_gates(&config, &plugins).await?;
@@ -437,6 +452,7 @@ pub async fn start(
     let state = AppState::new(SharedState {
         live: live.clone(),
         permits: api_permits,
+        ledger: ledger.clone(),
         limits: ApiLimits {
             occurred_at_years: config.occurred_at_years,
             ..options.limits
@@ -461,12 +477,14 @@ pub async fn start(
     let (reconciling, dispatching) = if config.dispatch {
         let reconciling = tokio::spawn(
             Reconciler::new(permits.clone(), sender.clone(), config.reconcile.clone())
+                .with_ledger(ledger.clone())
                 .run(dispatch_rx.clone()),
         );
         let dispatching = tokio::spawn(supervise(
             store.client().clone(),
             permits,
             sender,
+            ledger,
             DispatchConfig {
                 workers: config.workers,
                 lease: config.lease,
@@ -519,17 +537,21 @@ async fn supervise(
     client: RedisClient,
     permits: Permits,
     sender: Arc<dyn Sender>,
+    ledger: Option<Ledger>,
     config: DispatchConfig,
     mut stop: watch::Receiver<bool>,
 ) -> Result<(), DispatchError> {
     loop {
-        let dispatcher = Dispatcher::new(
+        let mut dispatcher = Dispatcher::new(
             client.clone(),
             permits.clone(),
             sender.clone(),
             config.clone(),
             stop.clone(),
         );
+        if let Some(ledger) = &ledger {
+            dispatcher = dispatcher.with_ledger(ledger.clone());
+        }
         match dispatcher.run().await {
             Ok(()) => return Ok(()),
             Err(e) if *stop.borrow() => return Err(e),
@@ -542,6 +564,25 @@ async fn supervise(
             }
         }
     }
+}
+
+/// Opens the delivery ledger the configuration names (`None` when it is
+/// `off`: unsafe, warned about).
+async fn open_ledger(config: &HostConfig) -> Result<Option<Ledger>, ServiceError> {
+    let Some(url) = config.ledger() else {
+        tracing::warn!(
+            "ledger_url = \"off\": no delivery ledger; a Redis failover that loses permits will send re-posted events twice"
+        );
+        return Ok(None);
+    };
+    if url.starts_with("sqlite:") {
+        std::fs::create_dir_all(&config.data_dir).map_err(|e| {
+            ServiceError::Sender(format!("cannot create {}: {e}", config.data_dir.display()))
+        })?;
+    }
+    let ledger = Ledger::open(&url).await?;
+    tracing::info!(backend = ledger.backend(), "delivery ledger open");
+    Ok(Some(ledger))
 }
 
 /// Runs the host on `listener` until `shutdown` completes, then stops gracefully.

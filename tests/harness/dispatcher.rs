@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use pushonce::dispatch::{DispatchConfig, Dispatcher};
+use pushonce::ledger::Ledger;
 use pushonce::permit::Permits;
 use pushonce::send::{Faults, LedgerFileSender};
 use pushonce::store::RedisClient;
@@ -31,9 +32,23 @@ impl RunningDispatcher {
         workers: usize,
         lease: Duration,
     ) -> RunningDispatcher {
+        Self::start_claiming(client, permits, ledger, faults, workers, lease, None)
+    }
+
+    /// [`RunningDispatcher::start`] claiming every send in the delivery
+    /// ledger `claims` when given.
+    pub fn start_claiming(
+        client: impl Into<RedisClient>,
+        permits: Permits,
+        ledger: &Path,
+        faults: Faults,
+        workers: usize,
+        lease: Duration,
+        claims: Option<Ledger>,
+    ) -> RunningDispatcher {
         let sender = LedgerFileSender::open(ledger, faults).expect("the ledger opens");
         let (stop, rx) = watch::channel(false);
-        let dispatcher = Dispatcher::new(
+        let mut dispatcher = Dispatcher::new(
             client,
             permits,
             Arc::new(sender),
@@ -46,6 +61,9 @@ impl RunningDispatcher {
             },
             rx,
         );
+        if let Some(claims) = claims {
+            dispatcher = dispatcher.with_ledger(claims);
+        }
         let handle = tokio::spawn(async move { dispatcher.run().await.expect("dispatcher runs") });
         RunningDispatcher { stop, handle }
     }

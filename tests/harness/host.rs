@@ -62,6 +62,8 @@ pub struct Setup {
     pub extra_plugins: Vec<PathBuf>,
     /// Changes the configuration last (channels, `[receipts]`...).
     pub configure: Option<Configure>,
+    /// `ledger_url` (default: the SQLite ledger in the host's data dir).
+    pub ledger_url: Option<String>,
 }
 
 impl Default for Setup {
@@ -76,6 +78,7 @@ impl Default for Setup {
             plugin_sender: false,
             extra_plugins: Vec::new(),
             configure: None,
+            ledger_url: None,
         }
     }
 }
@@ -171,6 +174,7 @@ impl TestHost {
         config.shards = 4;
         config.workers = 2;
         config.lease = setup.lease;
+        config.ledger_url = setup.ledger_url.clone();
         config.auth.api_token_env = setup.auth.0.clone();
         config.auth.admin_token_env = setup.auth.1.clone();
         let mut env = setup.env.clone();

@@ -8,9 +8,11 @@ pub mod cluster;
 pub mod dispatcher;
 pub mod host;
 pub mod plugins;
+pub mod postgres;
 pub mod process;
 pub mod providers;
 pub mod redis;
+pub mod relay;
 pub mod stack;
 pub mod tls;
 

@@ -81,6 +81,11 @@ impl RedisServer {
         format!("redis://127.0.0.1:{}", self.port)
     }
 
+    /// Its loopback port.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
     /// The data directory.
     pub fn dir(&self) -> &Path {
         self.dir.path()

@@ -113,19 +113,15 @@ fn setup(root: &Path) -> Result<()> {
         run(Command::new("rustup").args(["target", "add", "wasm32-wasip2"]))?;
     }
     if !(has_program("redis-server") && has_program("redis-benchmark")) {
-        eprintln!("xtask: installing redis-server and redis-tools with apt-get");
-        let sudo = if has_program("sudo") && !is_root() {
-            "sudo "
-        } else {
-            ""
-        };
-        run(Command::new("sh").args([
-            "-c",
-            &format!(
-                "{sudo}apt-get update -qq && DEBIAN_FRONTEND=noninteractive {sudo}apt-get install -y -qq redis-server redis-tools"
-            ),
-        ]))
-        .context("could not install redis-server; install it by hand (Debian: apt-get install redis-server)")?;
+        apt_install("redis-server redis-tools")
+            .context("could not install redis-server; install it by hand (Debian: apt-get install redis-server)")?;
+    }
+    // The ledger's tests run a real PostgreSQL; Debian keeps its binaries
+    // in /usr/lib/postgresql/<major>/bin, off PATH.
+    if !has_postgres() {
+        apt_install("postgresql").context(
+            "could not install PostgreSQL; install it by hand (Debian: apt-get install postgresql)",
+        )?;
     }
     install_schemathesis(root)
 }
@@ -161,6 +157,32 @@ fn install_schemathesis(root: &Path) -> Result<()> {
         .args(["install", "--quiet"])
         .arg(format!("schemathesis=={SCHEMATHESIS}")))
     .context("pip could not install schemathesis (is PyPI reachable?)")
+}
+
+/// `apt-get install -y` of `packages` (with sudo when not root).
+fn apt_install(packages: &str) -> Result<()> {
+    eprintln!("xtask: installing {packages} with apt-get");
+    let sudo = if has_program("sudo") && !is_root() {
+        "sudo "
+    } else {
+        ""
+    };
+    run(Command::new("sh").args([
+        "-c",
+        &format!(
+            "{sudo}apt-get update -qq && DEBIAN_FRONTEND=noninteractive {sudo}apt-get install -y -qq {packages}"
+        ),
+    ]))
+}
+
+/// Whether some `/usr/lib/postgresql/<major>/bin/initdb` exists.
+fn has_postgres() -> bool {
+    std::fs::read_dir("/usr/lib/postgresql")
+        .map(|dirs| {
+            dirs.filter_map(|d| d.ok())
+                .any(|d| d.path().join("bin").join("initdb").exists())
+        })
+        .unwrap_or(false)
 }
 
 fn is_root() -> bool {

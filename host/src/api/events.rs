@@ -16,6 +16,7 @@ use axum::response::IntoResponse;
 
 use super::AppState;
 use super::body::{JsonBody, from_value};
+use super::history;
 use super::model::*;
 use super::problem::{ApiError, Problem};
 use crate::derive::{DeriveError, EventError, EventJson, YearRange, derive, event_from_parsed};
@@ -192,8 +193,11 @@ pub async fn get_task(
     if id.len() > 64 {
         return Err(ApiError::NotFound("no such task".into()));
     }
-    match state.permits.task(&id).await? {
-        Some(task) => Ok(Json(task_view(&task))),
+    if let Some(task) = state.permits.task(&id).await? {
+        return Ok(Json(task_view(&task)));
+    }
+    match history::task(&state, &id).await? {
+        Some(view) => Ok(Json(view)),
         None => Err(ApiError::NotFound(format!("no task {id:?}"))),
     }
 }
@@ -237,6 +241,14 @@ pub async fn get_event(
             }
         }
     }
+    history::add_event_rows(
+        &state,
+        &biz_type,
+        &biz_id,
+        query.user_id.as_deref(),
+        &mut tasks,
+    )
+    .await?;
     if tasks.is_empty() {
         return Err(ApiError::NotFound(format!(
             "no task of event {biz_type}/{biz_id}"
@@ -276,6 +288,8 @@ pub fn task_view(task: &Task) -> TaskView {
         first_attempt_at: task.first_attempt_ms,
         last_attempt_at: task.last_attempt_ms,
         requeues: num("requeues").unwrap_or(0) as u32,
+        duplicate_of: task.fields.get("duplicate_of").cloned(),
+        from_ledger: false,
         event: json(&task.event_json),
         payload: json(&task.payload),
     }

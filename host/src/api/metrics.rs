@@ -16,7 +16,9 @@
 //! For the dispatcher to emit (same facade, label `channel`):
 //! `pushonce_sent_total`, `pushonce_delivered_total`, `pushonce_failed_total`,
 //! `pushonce_retried_total`, `pushonce_fallback_total`, `pushonce_dead_total`,
-//! `pushonce_unknown_total`, and the histogram `pushonce_send_seconds`.
+//! `pushonce_unknown_total`, `pushonce_duplicate_prevented_total` (the
+//! delivery ledger stopped a send Redis had let through: Redis lost a
+//! permit), and the histogram `pushonce_send_seconds`.
 //! The reconciler (`crate::reconcile`) emits
 //! `pushonce_reconcile_checks_total{channel,result}`,
 //! `pushonce_reconcile_gave_up_total{channel,status}`, and each pass the
@@ -62,6 +64,7 @@ pub const PER_CHANNEL: &[&str] = &[
     "pushonce_unknown_total",
     "pushonce_dead_total",
     "pushonce_fallback_total",
+    "pushonce_duplicate_prevented_total",
 ];
 
 /// Reloads refused (counted by `route::live`).

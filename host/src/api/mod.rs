@@ -11,6 +11,7 @@ pub mod admin;
 pub mod auth;
 pub mod body;
 pub mod events;
+pub mod history;
 pub mod metrics;
 pub mod model;
 pub mod openapi;
@@ -86,6 +87,8 @@ pub struct SharedState {
     pub live: Arc<Live>,
     /// The permit layer.
     pub permits: Permits,
+    /// The delivery ledger (`None`: off): readiness, and history after Redis's retention.
+    pub ledger: Option<crate::ledger::Ledger>,
     /// Limits.
     pub limits: ApiLimits,
     /// Token of `/v1` (open when unset).

@@ -182,7 +182,8 @@ pub struct TaskView {
     pub key: String,
     /// Channel.
     pub channel: String,
-    /// `queued`, `sending`, `retry_wait`, `sent`, `unknown`, `delivered`, `failed`, `dead`, `superseded`.
+    /// `queued`, `sending`, `retry_wait`, `sent`, `unknown`, `delivered`, `failed`, `dead`,
+    /// `superseded`, `duplicate_prevented`; read from the ledger (`from_ledger`) also `claimed`.
     pub status: String,
     /// Business type of its event.
     pub biz_type: String,
@@ -227,6 +228,14 @@ pub struct TaskView {
     pub last_attempt_at: Option<u64>,
     /// Times an operator requeued it.
     pub requeues: u32,
+    /// For `duplicate_prevented`: the task the delivery ledger names as the
+    /// owner of the key (accepted, and possibly sent, before Redis lost its permit).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub duplicate_of: Option<String>,
+    /// True when Redis no longer has the task (retention) and this is the
+    /// delivery ledger's row: no event, payload or schedule, the recipient only as a digest.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub from_ledger: bool,
     /// The event, as accepted.
     #[schema(value_type = Object)]
     pub event: serde_json::Value,

@@ -41,11 +41,11 @@ pub async fn healthz() -> Json<Health> {
     })
 }
 
-/// Redis answers and policies and plugins are loaded.
+/// Redis and the delivery ledger answer and policies and plugins are loaded.
 #[utoipa::path(get, path = "/readyz", tag = "ops",
     responses(
         (status = 200, description = "Ready", body = Health),
-        (status = 503, description = "Redis unreachable", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "Redis or the ledger unreachable", body = Problem, content_type = "application/problem+json"),
     ))]
 pub async fn readyz(State(state): State<AppState>) -> Result<Json<Health>, ApiError> {
     let mut conn = state.permits.connection();
@@ -69,12 +69,32 @@ pub async fn readyz(State(state): State<AppState>) -> Result<Json<Health>, ApiEr
             });
         }
     }
+    check_ledger(&state).await?;
     let snapshot = state.live.current();
     Ok(Json(Health {
         status: "ok".into(),
         generation: Some(snapshot.generation),
         policies: Some(snapshot.policies.by_biz_type.len()),
     }))
+}
+
+/// The ledger answers (no send happens without a claim in it): 503 naming
+/// why when it does not; accepts still go to Redis meanwhile.
+async fn check_ledger(state: &AppState) -> Result<(), ApiError> {
+    let Some(ledger) = &state.ledger else {
+        return Ok(());
+    };
+    let detail = match tokio::time::timeout(PING_TIMEOUT, ledger.check()).await {
+        Ok(Ok(())) => return Ok(()),
+        Ok(Err(e)) => format!("ledger unavailable: {e}; sends wait, accepts continue"),
+        Err(_) => format!(
+            "ledger unavailable: no answer within {PING_TIMEOUT:?}; sends wait, accepts continue"
+        ),
+    };
+    Err(ApiError::Unavailable {
+        detail,
+        accepted: None,
+    })
 }
 
 /// Prometheus text exposition.

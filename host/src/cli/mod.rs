@@ -5,6 +5,7 @@
 
 pub mod bench;
 pub mod keys;
+pub mod ledger;
 pub mod openapi;
 pub mod plugins;
 pub mod policies;

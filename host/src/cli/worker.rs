@@ -38,6 +38,11 @@ struct Options {
         conflicts_with = "redis"
     )]
     redis_cluster: Vec<String>,
+    /// The delivery ledger every send is claimed in (`sqlite:<path>` or
+    /// `postgres://…`, the same for every instance); without it none (as
+    /// `ledger_url = "off"`: unsafe against a Redis failover that loses permits).
+    #[arg(long, env = "PUSHONCE_LEDGER_URL")]
+    ledger_url: Option<String>,
     /// Data directory of the embedded redis-server.
     #[arg(long, default_value = "data/redis")]
     data_dir: PathBuf,
@@ -146,6 +151,14 @@ async fn serve(args: Options) -> anyhow::Result<()> {
         },
         stop_rx,
     );
+    let dispatcher = match &args.ledger_url {
+        Some(url) if url != "off" => dispatcher.with_ledger(
+            crate::ledger::Ledger::open(url)
+                .await
+                .context("opening the delivery ledger")?,
+        ),
+        _ => dispatcher,
+    };
     let result = dispatcher.run().await;
     store.shutdown().await;
     Ok(result?)

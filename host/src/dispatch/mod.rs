@@ -24,6 +24,7 @@
 
 pub mod backoff;
 pub mod fallback;
+pub mod ledger;
 pub mod reclaim;
 pub mod schedule;
 pub mod worker;
@@ -34,6 +35,7 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
+use crate::ledger::Ledger;
 use crate::permit::{PermitError, Permits};
 use crate::send::Sender;
 use crate::store::{RedisClient, StoreError};
@@ -114,6 +116,8 @@ pub(crate) struct Shared {
     pub client: RedisClient,
     /// Turns true on shutdown.
     pub shutdown: watch::Receiver<bool>,
+    /// The delivery ledger every first send is claimed in (`None`: off, unsafe).
+    pub ledger: Option<Ledger>,
 }
 
 impl Shared {
@@ -145,8 +149,17 @@ impl Dispatcher {
                 config,
                 client: client.into(),
                 shutdown,
+                ledger: None,
             }),
         }
+    }
+
+    /// Claims every task's key in `ledger` before sending it (see [`ledger`]).
+    pub fn with_ledger(mut self, ledger: Ledger) -> Dispatcher {
+        if let Some(shared) = Arc::get_mut(&mut self.shared) {
+            shared.ledger = Some(ledger);
+        }
+        self
     }
 
     /// Runs until shutdown: loads scripts, creates consumer groups, then runs

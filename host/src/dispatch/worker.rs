@@ -252,6 +252,9 @@ pub(crate) async fn process(shared: &Shared, entry: &Entry) {
         tracing::warn!(task = %entry.task_id, "lease ran out before sending; left pending");
         return;
     }
+    if !claim_in_ledger(shared, &attempt, entry).await {
+        return;
+    }
     let msg = OutgoingMessage {
         task_id: attempt.task_id.clone(),
         attempt: attempt.number,
@@ -266,6 +269,7 @@ pub(crate) async fn process(shared: &Shared, entry: &Entry) {
             let reason = RECLAIMED_REASON.to_string();
             let outcome = unknown(&attempt, reason, verdict);
             record(shared, &attempt, &outcome, entry).await;
+            super::ledger::note_outcome(shared, &attempt, &outcome).await;
             return;
         }
     }
@@ -303,6 +307,7 @@ pub(crate) async fn process(shared: &Shared, entry: &Entry) {
         }
     };
     record(shared, &attempt, &outcome, entry).await;
+    super::ledger::note_outcome(shared, &attempt, &outcome).await;
     if let Outcome::Sent {
         provider_message_id,
         reference,
@@ -326,6 +331,26 @@ async fn index_ids(shared: &Shared, attempt: &Attempt, provider_id: &str, refere
             .await
         {
             tracing::warn!(task = %attempt.task_id, error = %e, "could not index the provider message id");
+        }
+    }
+}
+
+/// Claims the task's key in the ledger before it is sent (see
+/// [`super::ledger`]); false when the task must not be sent now: another
+/// task owns the key (recorded `duplicate_prevented`), or the ledger stayed
+/// unreachable until shutdown (the attempt given back). Waits, holding the
+/// lease, while the ledger is down.
+async fn claim_in_ledger(shared: &Shared, attempt: &Attempt, entry: &Entry) -> bool {
+    match with_lease(shared, attempt, super::ledger::claim(shared, attempt)).await {
+        super::ledger::Claimed::Ours => true,
+        super::ledger::Claimed::Taken { owner } => {
+            let outcome = Outcome::DuplicatePrevented { owner };
+            record(shared, attempt, &outcome, entry).await;
+            false
+        }
+        super::ledger::Claimed::Stopped => {
+            record(shared, attempt, &Outcome::Release, entry).await;
+            false
         }
     }
 }
@@ -436,6 +461,8 @@ fn count(outcome: &Outcome, channel: &str) {
         Outcome::Unknown { .. } => "pushonce_unknown_total",
         Outcome::Failed { .. } => "pushonce_failed_total",
         Outcome::Dead { .. } => "pushonce_dead_total",
+        Outcome::DuplicatePrevented { .. } => "pushonce_duplicate_prevented_total",
+        Outcome::Release => return,
     };
     metrics::counter!(name, "channel" => channel.to_string()).increment(1);
 }

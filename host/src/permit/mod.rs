@@ -210,6 +210,18 @@ pub enum Outcome {
         /// The last failure.
         reason: String,
     },
+    /// The ledger names another task as the owner of this key: Redis lost
+    /// that task's permit (a failover) and this task must never send. Ends
+    /// `duplicate_prevented`; the permit, if this task holds it, is kept for
+    /// the window so later re-posts are answered `duplicate`.
+    DuplicatePrevented {
+        /// The owner of the key in the ledger.
+        owner: String,
+    },
+    /// Nothing was sent and the attempt is given back (the ledger could not
+    /// be reached before shutdown): the task returns to `queued` with its
+    /// attempt uncounted, its stream entry left pending to be re-claimed.
+    Release,
 }
 
 /// What became of the permit when an outcome was recorded.
@@ -626,6 +638,8 @@ impl Permits {
             Outcome::Unknown { reason } => ("unknown", 0, "", reason.as_str()),
             Outcome::Failed { reason } => ("failed", 0, "", reason.as_str()),
             Outcome::Dead { reason } => ("dead", 0, "", reason.as_str()),
+            Outcome::DuplicatePrevented { owner } => ("duplicate_prevented", 0, "", owner.as_str()),
+            Outcome::Release => ("release", 0, "", ""),
         };
         let answer: Value = scripts::RECORD
             .key(self.task_key(&attempt.task_id)?)

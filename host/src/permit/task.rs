@@ -27,6 +27,10 @@ pub enum TaskStatus {
     /// Its permit lapsed while it waited and a newer task with the same key
     /// took it; that task sends instead, this one never will.
     Superseded,
+    /// The delivery ledger names another task as the owner of its key:
+    /// Redis lost that task's permit (a failover), and this task, accepted
+    /// again, was stopped before sending (`duplicate_of` names the owner).
+    DuplicatePrevented,
 }
 
 impl TaskStatus {
@@ -42,6 +46,7 @@ impl TaskStatus {
             TaskStatus::Failed => "failed",
             TaskStatus::Dead => "dead",
             TaskStatus::Superseded => "superseded",
+            TaskStatus::DuplicatePrevented => "duplicate_prevented",
         }
     }
 
@@ -57,6 +62,7 @@ impl TaskStatus {
             "failed" => TaskStatus::Failed,
             "dead" => TaskStatus::Dead,
             "superseded" => TaskStatus::Superseded,
+            "duplicate_prevented" => TaskStatus::DuplicatePrevented,
             _ => return None,
         })
     }

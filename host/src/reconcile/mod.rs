@@ -29,7 +29,7 @@ use tokio::task::JoinSet;
 pub use decide::{Decision, decide};
 
 use crate::config::ReconcileConfig;
-use crate::permit::{CheckAction, Claimed, PermitError, Permits};
+use crate::permit::{CheckAction, Claimed, PermitError, Permits, Task};
 use crate::send::receipts::settle_from_provider;
 use crate::send::{Check, OutgoingMessage, Sender};
 
@@ -73,6 +73,8 @@ struct Shared {
     sender: Arc<dyn Sender>,
     /// Settings.
     config: ReconcileConfig,
+    /// Where answers that settle a task are written as history.
+    ledger: Option<crate::ledger::Ledger>,
 }
 
 impl Reconciler {
@@ -83,8 +85,17 @@ impl Reconciler {
                 permits,
                 sender,
                 config,
+                ledger: None,
             }),
         }
+    }
+
+    /// Writes the tasks its checks settle to the delivery ledger too.
+    pub fn with_ledger(mut self, ledger: Option<crate::ledger::Ledger>) -> Reconciler {
+        if let Some(shared) = Arc::get_mut(&mut self.shared) {
+            shared.ledger = ledger;
+        }
+        self
     }
 
     /// Runs a pass every `every` until `shutdown` turns true; a pass in
@@ -180,6 +191,13 @@ impl Reconciler {
 }
 
 impl Shared {
+    /// Writes a task the reconciler settled to the ledger, when there is one.
+    async fn note(&self, task: &Task, status: &str) {
+        if let Some(ledger) = &self.ledger {
+            ledger.note_settled(&task.key, &task.id, status).await;
+        }
+    }
+
     /// Checks one claimed task and applies the decision; true if the task's
     /// status changed. An entry left unsettled (an error, a crash) comes due
     /// again when its claim's hold runs out.
@@ -205,6 +223,10 @@ impl Shared {
         let action = match decision {
             Decision::Settle { delivered } => {
                 let settled = settle_from_provider(&self.permits, &task, delivered, None).await?;
+                if settled.updated {
+                    let status = if delivered { "delivered" } else { "failed" };
+                    self.note(&task, status).await;
+                }
                 return Ok(settled.updated);
             }
             Decision::Act(action) => action,
@@ -221,6 +243,9 @@ impl Shared {
             metrics::counter!(GAVE_UP_TOTAL, "channel" => task.channel.clone(), "status" => claimed.status.as_str())
                 .increment(1);
             tracing::warn!(task = %task.id, status = %claimed.status, checks = claimed.checks, "reconciler gave up: {reason}");
+            if matches!(action, CheckAction::Dead) {
+                self.note(&task, "dead").await;
+            }
         }
         Ok(done && !matches!(action, CheckAction::Later(_) | CheckAction::Untrack))
     }

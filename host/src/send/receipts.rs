@@ -82,6 +82,10 @@ pub struct ReceiptReport {
     pub not_yet: Vec<String>,
     /// Fallback tasks accepted because of failed-after-accept receipts.
     pub fallbacks: usize,
+    /// The tasks settled now: (idempotency key, task id, `delivered`|`failed`),
+    /// for the delivery ledger's history.
+    #[serde(skip)]
+    pub settled: Vec<(String, String, &'static str)>,
 }
 
 /// What a handled callback settled, and what to answer the provider.
@@ -185,6 +189,10 @@ pub async fn apply_settlements(
         report.fallbacks += usize::from(settled.fallback);
         if settled.updated {
             report.updated += 1;
+            let status = if delivered { "delivered" } else { "failed" };
+            report
+                .settled
+                .push((task.key.clone(), task.id.clone(), status));
         } else {
             report.ignored += 1;
         }

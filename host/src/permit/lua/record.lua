@@ -1,10 +1,12 @@
 -- record: the outcome of an attempt, fenced by the lease token; acks the stream entry.
 -- KEYS[1] task, KEYS[2] permit, KEYS[3] ready stream, KEYS[4] delayed zset,
 -- KEYS[5] awaiting zset (tasks the reconciler checks, scored by when the next check is due)
--- ARGV[1] task id, ARGV[2] lease token, ARGV[3] outcome (sent|retry|resend|unknown|failed|dead)
+-- ARGV[1] task id, ARGV[2] lease token, ARGV[3] outcome
+-- (sent|retry|resend|unknown|failed|dead|duplicate_prevented|release)
 -- (resend = retry after an unknown outcome: also marks the task maybe_sent)
 -- ARGV[4] stream entry id or '', ARGV[5] consumer group, ARGV[6] retention ms,
--- ARGV[7] permit grace ms, ARGV[8] retry delay ms, ARGV[9] provider message id, ARGV[10] reason,
+-- ARGV[7] permit grace ms, ARGV[8] retry delay ms, ARGV[9] provider message id,
+-- ARGV[10] reason (for duplicate_prevented: the ledger's owner of the key),
 -- ARGV[11] ms after which a sent task without receipt is checked,
 -- ARGV[12] ms after which an unknown task is checked
 -- ARGV[13] sent: the client reference the receipt named, or ''
@@ -15,6 +17,13 @@ local now = now_ms()
 local status = redis.call('HGET', KEYS[1], 'status')
 if status ~= 'sending' or redis.call('HGET', KEYS[1], 'lease_token') ~= token then
   return {'fenced', status or ''}
+end
+if outcome == 'release' then
+  -- Nothing sent: the attempt is given back, uncounted; the stream entry
+  -- stays pending (not acked) and is re-claimed after a lease.
+  redis.call('HSET', KEYS[1], 'status', 'queued', 'lease_token', '', 'updated_at', n2s(now))
+  redis.call('HINCRBY', KEYS[1], 'attempts', -1)
+  return {'recorded', 'kept'}
 end
 if entry ~= '' then
   redis.call('XACK', KEYS[3], ARGV[5], entry)
@@ -86,6 +95,19 @@ elseif outcome == 'failed' or outcome == 'dead' then
   local dead = string.sub(KEYS[4], 1, #KEYS[4] - #'delayed') .. 'dead'
   redis.call('ZADD', dead, n2s(now), id)
   redis.call('ZREMRANGEBYSCORE', dead, '-inf', n2s(now - retention))
+elseif outcome == 'duplicate_prevented' then
+  -- The ledger holds the key for another task (Redis lost its permit): this
+  -- task ends without sending. Its permit is kept for the window, so later
+  -- re-posts of the event are answered duplicate by Redis again.
+  redis.call('HSET', KEYS[1], 'status', 'duplicate_prevented', 'duplicate_of', ARGV[10],
+    'last_error', 'the delivery ledger holds this key for task ' .. ARGV[10],
+    'finished_at', n2s(now), 'lease_token', '', 'updated_at', n2s(now))
+  if owner == id then
+    redis.call('PEXPIREAT', KEYS[2], n2s(window_end(KEYS[1], now)))
+    fate = 'kept'
+  end
+  redis.call('PEXPIRE', KEYS[1], retention)
+  keep_index(KEYS[1], now, retention)
 else
   return redis.error_reply('unknown outcome ' .. outcome)
 end

@@ -1,0 +1,110 @@
+//! The dispatcher's side of the delivery ledger ([`crate::ledger`]): the
+//! claim before a send, and the outcome written after it.
+//!
+//! Redis's permit stops duplicates as long as Redis keeps what it
+//! acknowledged. A replica promoted after a failover may not have the
+//! permit of a task that was accepted (and sent); the business service's
+//! re-post is then accepted again as a new task. Its claim finds the key
+//! owned by the first task: it ends `duplicate_prevented` without sending.
+
+use std::time::Duration;
+
+use super::{Shared, pause};
+use crate::ledger::{Claim, ClaimAnswer, Update, now_ms, recipient_digest};
+use crate::permit::{Attempt, Outcome};
+
+/// The answer of [`claim`].
+pub(crate) enum Claimed {
+    /// The key is this task's (or no ledger is configured): send.
+    Ours,
+    /// Another task owns the key: do not send.
+    Taken {
+        /// That task.
+        owner: String,
+    },
+    /// Shutting down before the ledger answered: give the attempt back.
+    Stopped,
+}
+
+/// Longest pause between two claims while the ledger is down.
+const RETRY_MAX: Duration = Duration::from_secs(1);
+
+/// Claims the attempt's key, waiting (retrying with a growing pause up to
+/// [`RETRY_MAX`]) while the ledger does not answer: no send without a claim.
+pub(crate) async fn claim(shared: &Shared, attempt: &Attempt) -> Claimed {
+    let Some(ledger) = &shared.ledger else {
+        return Claimed::Ours;
+    };
+    let claim = claim_of(attempt);
+    let mut wait = Duration::from_millis(20);
+    loop {
+        match ledger.claim(&claim).await {
+            Ok(ClaimAnswer::Ours) => return Claimed::Ours,
+            Ok(ClaimAnswer::Taken { owner, status }) => {
+                tracing::warn!(task = %attempt.task_id, owner = %owner, owner_status = %status,
+                    channel = %attempt.task.channel,
+                    "duplicate prevented: the ledger holds this key for another task (Redis lost its permit)");
+                return Claimed::Taken { owner };
+            }
+            Err(e) => {
+                tracing::warn!(task = %attempt.task_id, error = %e, "ledger unavailable; the send waits for a claim");
+                if pause(shared, wait).await {
+                    return Claimed::Stopped;
+                }
+                wait = (wait * 2).min(RETRY_MAX);
+            }
+        }
+    }
+}
+
+/// The claim of an attempt.
+fn claim_of(attempt: &Attempt) -> Claim {
+    let task = &attempt.task;
+    let user = serde_json::from_str::<serde_json::Value>(&task.event_json)
+        .ok()
+        .and_then(|v| v.get("user_id").and_then(|u| u.as_str()).map(str::to_owned))
+        .unwrap_or_default();
+    Claim {
+        key: task.key.clone(),
+        task_id: attempt.task_id.clone(),
+        channel: task.channel.clone(),
+        policy: format!("{}@{}", task.policy_name, task.policy_version),
+        recipient_digest: recipient_digest(&user),
+        biz_type: task.biz_type.clone(),
+        biz_id: task.biz_id.clone(),
+        attempt: attempt.number,
+        now_ms: now_ms(),
+    }
+}
+
+/// Queues the recorded outcome of an attempt for the ledger's batched writer.
+pub(crate) async fn note_outcome(shared: &Shared, attempt: &Attempt, outcome: &Outcome) {
+    let Some(ledger) = &shared.ledger else {
+        return;
+    };
+    let (status, provider_message_id, error) = match outcome {
+        Outcome::Sent {
+            provider_message_id,
+            ..
+        } => ("sent", Some(provider_message_id.clone()), None),
+        Outcome::Retry { reason, .. } | Outcome::Resend { reason, .. } => {
+            ("retry_wait", None, Some(reason.clone()))
+        }
+        Outcome::Unknown { reason } => ("unknown", None, Some(reason.clone())),
+        Outcome::Failed { reason } => ("failed", None, Some(reason.clone())),
+        Outcome::Dead { reason } => ("dead", None, Some(reason.clone())),
+        Outcome::DuplicatePrevented { .. } | Outcome::Release => return,
+    };
+    let update = Update {
+        key: attempt.task.key.clone(),
+        task_id: attempt.task_id.clone(),
+        status: status.into(),
+        attempts: Some(attempt.number),
+        provider_message_id: provider_message_id.filter(|p| !p.is_empty()),
+        error,
+        at_ms: now_ms(),
+    };
+    if let Err(e) = ledger.update(update).await {
+        tracing::warn!(task = %attempt.task_id, error = %e, "could not queue the ledger update");
+    }
+}

@@ -1,0 +1,160 @@
+//! Claim before send: the one synchronous ledger write of a task.
+
+use std::sync::Arc;
+
+use sha2::{Digest, Sha256};
+use tokio::sync::{mpsc, oneshot};
+
+use super::pool::on_pool;
+use super::{LedgerError, LedgerPool};
+
+/// What a worker claims before the first attempt of a task.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Claim {
+    /// The idempotency key (the row's unique key).
+    pub key: String,
+    /// The task that wants to send it.
+    pub task_id: String,
+    /// Channel name.
+    pub channel: String,
+    /// Key policy as `name@version`.
+    pub policy: String,
+    /// [`recipient_digest`] of the recipient; never the recipient itself.
+    pub recipient_digest: String,
+    /// Business type of the event.
+    pub biz_type: String,
+    /// Business id of the event.
+    pub biz_id: String,
+    /// The attempt about to be made (1 for the first).
+    pub attempt: u32,
+    /// Now, ms since the epoch.
+    pub now_ms: i64,
+}
+
+/// The answer to a claim.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ClaimAnswer {
+    /// The key is this task's (claimed now, or by an earlier attempt of it): send.
+    Ours,
+    /// Another task claimed the key first: it was accepted before and may
+    /// have been sent; this task must not send.
+    Taken {
+        /// The task that owns the key.
+        owner: String,
+        /// That task's status in the ledger.
+        status: String,
+    },
+}
+
+/// SHA-256 (hex) of a recipient id, so the ledger can tell whether two rows
+/// went to the same user without holding who the user is.
+pub fn recipient_digest(recipient: &str) -> String {
+    hex::encode(Sha256::digest(recipient.as_bytes()))
+}
+
+/// Insert, or on conflict the existing row's owner: one statement, one round
+/// trip (the no-op `DO UPDATE` makes `RETURNING` answer for an existing row too).
+const CLAIM_SQL: &str = "INSERT INTO deliveries \
+    (key, task_id, channel, policy, recipient_digest, biz_type, biz_id, status, attempts, claimed_at, updated_at) \
+    VALUES ($1, $2, $3, $4, $5, $6, $7, 'claimed', $8, $9, $9) \
+    ON CONFLICT (key) DO UPDATE SET key = excluded.key \
+    RETURNING task_id, status";
+
+/// Claims waiting together, written in one transaction (group commit): one
+/// fsync for all of them instead of one each.
+type Waiting = Vec<(Claim, Reply)>;
+
+/// Where one claim's answer goes.
+type Reply = oneshot::Sender<Result<ClaimAnswer, Arc<LedgerError>>>;
+
+/// Most claims in one transaction.
+const GROUP_MAX: usize = 64;
+
+/// The queue of the group-committing claimer.
+#[derive(Clone)]
+pub(super) struct Claimer(mpsc::Sender<(Claim, Reply)>);
+
+impl Claimer {
+    /// Starts the claimer task on `pool`.
+    pub(super) fn spawn(pool: LedgerPool) -> Claimer {
+        let (tx, mut rx) = mpsc::channel(1024);
+        tokio::spawn(async move {
+            let mut group: Waiting = Vec::with_capacity(GROUP_MAX);
+            while let Some(first) = rx.recv().await {
+                group.push(first);
+                // Whatever queued meanwhile joins (no waiting: an idle
+                // ledger answers a lone claim at once).
+                while group.len() < GROUP_MAX {
+                    match rx.try_recv() {
+                        Ok(next) => group.push(next),
+                        Err(_) => break,
+                    }
+                }
+                answer_group(&pool, &mut group).await;
+            }
+        });
+        Claimer(tx)
+    }
+
+    /// Claims `c` with whatever other claims are waiting.
+    pub(super) async fn claim(&self, c: &Claim) -> Result<ClaimAnswer, LedgerError> {
+        let (tx, rx) = oneshot::channel();
+        self.0
+            .send((c.clone(), tx))
+            .await
+            .map_err(|_| LedgerError::WriterStopped)?;
+        match rx.await {
+            Ok(Ok(answer)) => Ok(answer),
+            Ok(Err(e)) => Err(LedgerError::Group(e)),
+            Err(_) => Err(LedgerError::WriterStopped),
+        }
+    }
+}
+
+/// Writes the group in one transaction and answers each waiter.
+async fn answer_group(pool: &LedgerPool, group: &mut Waiting) {
+    // One order of keys in every transaction: two instances' groups cannot
+    // wait on each other's rows (a PostgreSQL deadlock).
+    group.sort_by(|a, b| a.0.key.cmp(&b.0.key));
+    match claim_all(pool, group).await {
+        Ok(answers) => {
+            for ((_, waiter), answer) in group.drain(..).zip(answers) {
+                let _ = waiter.send(Ok(answer));
+            }
+        }
+        Err(e) => {
+            let e = Arc::new(e);
+            for (_, waiter) in group.drain(..) {
+                let _ = waiter.send(Err(e.clone()));
+            }
+        }
+    }
+}
+
+async fn claim_all(pool: &LedgerPool, group: &Waiting) -> Result<Vec<ClaimAnswer>, LedgerError> {
+    let mut answers = Vec::with_capacity(group.len());
+    on_pool!(pool, p => {
+        let mut tx = p.begin().await?;
+        for (c, _) in group {
+            let (owner, status): (String, String) = sqlx::query_as(CLAIM_SQL)
+                .bind(&c.key)
+                .bind(&c.task_id)
+                .bind(&c.channel)
+                .bind(&c.policy)
+                .bind(&c.recipient_digest)
+                .bind(&c.biz_type)
+                .bind(&c.biz_id)
+                .bind(c.attempt as i32)
+                .bind(c.now_ms)
+                .fetch_one(&mut *tx)
+                .await?;
+            answers.push(if owner == c.task_id {
+                ClaimAnswer::Ours
+            } else {
+                ClaimAnswer::Taken { owner, status }
+            });
+        }
+        tx.commit().await?;
+    });
+    Ok(answers)
+}

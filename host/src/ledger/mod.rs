@@ -1,0 +1,154 @@
+//! The delivery ledger: one row per idempotency key, `UNIQUE (key)`, in SQL
+//! (SQLite embedded by default, PostgreSQL shared by every instance). The
+//! last line of defence against a Redis that lost acknowledged permits (an
+//! asynchronous replica promoted after a failover): before the first send
+//! of a task the dispatcher claims its key here ([`Ledger::claim`]); a key
+//! already claimed by another task means that task was accepted and sent
+//! before, and this one must not send. Outcomes after the claim go through
+//! a batched background writer ([`writer`]); the rows are also the durable
+//! history that Redis's retention drops ([`history`]).
+
+pub mod claim;
+pub mod history;
+mod pool;
+pub mod writer;
+
+use std::sync::{Arc, Mutex};
+
+pub use claim::{Claim, ClaimAnswer, recipient_digest};
+pub use history::LedgerRow;
+pub use pool::LedgerPool;
+pub use writer::Update;
+
+/// Now, ms since the epoch (the host's clock: ledger times are for audits).
+pub fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
+
+/// Errors of the ledger.
+#[derive(Debug, thiserror::Error)]
+pub enum LedgerError {
+    /// The database refused or could not be reached.
+    #[error("ledger database: {0}")]
+    Sql(#[from] sqlx::Error),
+    /// Applying the schema's migrations failed.
+    #[error("ledger migrations: {0}")]
+    Migrate(#[from] sqlx::migrate::MigrateError),
+    /// A `ledger_url` that names no supported database.
+    #[error("ledger_url {0:?} is neither sqlite:… nor postgres://…")]
+    BadUrl(String),
+    /// The background writer stopped (the process is shutting down).
+    #[error("the ledger writer has stopped")]
+    WriterStopped,
+    /// The group of claims this one was written with failed.
+    #[error("{0}")]
+    Group(#[source] Arc<LedgerError>),
+}
+
+/// The ledger of one process (cheap to clone): the pool, the batched
+/// writer's queue and the last health observed.
+#[derive(Clone)]
+pub struct Ledger {
+    pool: LedgerPool,
+    claimer: claim::Claimer,
+    writer: writer::WriterHandle,
+    health: Arc<Mutex<Option<String>>>,
+}
+
+impl std::fmt::Debug for Ledger {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Ledger")
+            .field("backend", &self.pool.backend())
+            .finish()
+    }
+}
+
+impl Ledger {
+    /// Opens the ledger at `url` (`sqlite:<path>` or `postgres://…`),
+    /// applies the migrations and starts the batched writer.
+    pub async fn open(url: &str) -> Result<Ledger, LedgerError> {
+        let pool = LedgerPool::connect(url).await?;
+        pool.migrate().await?;
+        let writer = writer::spawn(pool.clone(), writer::WriterConfig::default());
+        Ok(Ledger {
+            claimer: claim::Claimer::spawn(pool.clone()),
+            pool,
+            writer,
+            health: Arc::new(Mutex::new(None)),
+        })
+    }
+
+    /// The SQLite ledger file in `data_dir` (`ledger.sqlite3`, WAL).
+    pub fn sqlite_url(data_dir: &std::path::Path) -> String {
+        format!("sqlite:{}", data_dir.join("ledger.sqlite3").display())
+    }
+
+    /// `sqlite` or `postgres`.
+    pub fn backend(&self) -> &'static str {
+        self.pool.backend()
+    }
+
+    /// The pool, for lookups and export.
+    pub fn pool(&self) -> &LedgerPool {
+        &self.pool
+    }
+
+    /// Claims `claim.key` for `claim.task_id` (insert; on conflict, the
+    /// owner): one synchronous write, committed together with the claims
+    /// of other workers waiting at the same moment. Records the ledger's health.
+    pub async fn claim(&self, claim: &Claim) -> Result<ClaimAnswer, LedgerError> {
+        let answer = self.claimer.claim(claim).await;
+        self.observe(answer.as_ref().err());
+        answer
+    }
+
+    /// Queues an update of a claimed row for the batched writer (waits
+    /// while the queue is full).
+    pub async fn update(&self, update: Update) -> Result<(), LedgerError> {
+        self.writer.push(update).await
+    }
+
+    /// Queues the settlement of a task by a receipt or the reconciler
+    /// (`delivered`, `failed`, `dead`); a failure to queue is logged (the
+    /// ledger is history here: the claim is what guards sends).
+    pub async fn note_settled(&self, key: &str, task_id: &str, status: &str) {
+        let update = Update {
+            key: key.to_string(),
+            task_id: task_id.to_string(),
+            status: status.to_string(),
+            attempts: None,
+            provider_message_id: None,
+            error: None,
+            at_ms: now_ms(),
+        };
+        if let Err(e) = self.update(update).await {
+            tracing::warn!(task = %task_id, error = %e, "could not queue the ledger update");
+        }
+    }
+
+    /// Waits until every update queued so far is written (tests, shutdown).
+    pub async fn flush(&self) -> Result<(), LedgerError> {
+        self.writer.flush().await
+    }
+
+    /// Why the ledger is unusable, if the last claim or check failed.
+    pub fn unavailable(&self) -> Option<String> {
+        self.health.lock().map(|h| h.clone()).unwrap_or(None)
+    }
+
+    /// Checks the database answers (`SELECT 1`) and records the result.
+    pub async fn check(&self) -> Result<(), LedgerError> {
+        let res = self.pool.ping().await;
+        self.observe(res.as_ref().err());
+        res
+    }
+
+    fn observe(&self, error: Option<&LedgerError>) {
+        if let Ok(mut h) = self.health.lock() {
+            *h = error.map(|e| e.to_string());
+        }
+    }
+}

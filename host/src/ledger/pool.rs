@@ -1,0 +1,135 @@
+//! The two backends behind one type: a SQLite or a PostgreSQL pool, each
+//! with its own migration directory (the dialects differ in integer widths).
+
+use std::borrow::Cow;
+use std::str::FromStr;
+use std::time::Duration;
+
+use sqlx::migrate::{Migration, MigrationType, Migrator};
+use sqlx::postgres::{PgPool, PgPoolOptions};
+use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions};
+
+use super::LedgerError;
+
+/// How long a connection attempt or a pool checkout waits: a ledger that
+/// does not answer makes sends wait, it must not hang them for long.
+const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// A migration: version, description, SQL.
+type Step = (i64, &'static str, &'static str);
+
+/// The SQLite schema's migrations, in order (embedded: the binary needs no
+/// files beside it; `sqlx::migrate!` would need sqlx's macros).
+const SQLITE_MIGRATIONS: &[Step] = &[(
+    1,
+    "deliveries",
+    include_str!("../../migrations/sqlite/0001_deliveries.sql"),
+)];
+
+/// The PostgreSQL schema's migrations, in order.
+const POSTGRES_MIGRATIONS: &[Step] = &[(
+    1,
+    "deliveries",
+    include_str!("../../migrations/postgres/0001_deliveries.sql"),
+)];
+
+/// A migrator running `steps` (each in its own transaction, under sqlx's
+/// migration lock, so instances starting together apply each once).
+fn migrator(steps: &[Step]) -> Migrator {
+    let migrations = steps
+        .iter()
+        .map(|(version, description, sql)| {
+            Migration::new(
+                *version,
+                Cow::Borrowed(*description),
+                MigrationType::Simple,
+                Cow::Borrowed(*sql),
+                false,
+            )
+        })
+        .collect::<Vec<_>>();
+    Migrator {
+        migrations: Cow::Owned(migrations),
+        ignore_missing: false,
+        locking: true,
+        no_tx: false,
+    }
+}
+
+/// A pool on one of the supported databases.
+#[derive(Clone, Debug)]
+pub enum LedgerPool {
+    /// The embedded default: a file in `data_dir`, WAL journal.
+    Sqlite(SqlitePool),
+    /// Shared by every instance.
+    Postgres(PgPool),
+}
+
+/// Runs `$body` with `$p` bound to the concrete pool (the SQL is the same
+/// text on both: `$N` parameters, `ON CONFLICT`, `RETURNING`).
+macro_rules! on_pool {
+    ($pool:expr, $p:ident => $body:expr) => {
+        match $pool {
+            $crate::ledger::LedgerPool::Sqlite($p) => $body,
+            $crate::ledger::LedgerPool::Postgres($p) => $body,
+        }
+    };
+}
+pub(crate) use on_pool;
+
+impl LedgerPool {
+    /// Connects to `url`: `sqlite:<path>` (created if missing) or `postgres://…`.
+    pub async fn connect(url: &str) -> Result<LedgerPool, LedgerError> {
+        if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+            let pool = PgPoolOptions::new()
+                .max_connections(16)
+                .acquire_timeout(ACQUIRE_TIMEOUT)
+                .connect_lazy(url)?;
+            return Ok(LedgerPool::Postgres(pool));
+        }
+        if url.starts_with("sqlite:") {
+            let options = SqliteConnectOptions::from_str(url)?
+                .create_if_missing(true)
+                .journal_mode(SqliteJournalMode::Wal)
+                .busy_timeout(ACQUIRE_TIMEOUT);
+            // One connection: SQLite has one writer at a time anyway, and
+            // concurrent writers of one process would otherwise meet as
+            // `database is locked` after the busy timeout (measured with 16
+            // claimers); other processes on the same file still wait on the
+            // busy timeout.
+            let pool = SqlitePoolOptions::new()
+                .max_connections(1)
+                .acquire_timeout(ACQUIRE_TIMEOUT)
+                .connect_with(options)
+                .await?;
+            return Ok(LedgerPool::Sqlite(pool));
+        }
+        Err(LedgerError::BadUrl(url.to_string()))
+    }
+
+    /// `sqlite` or `postgres`.
+    pub fn backend(&self) -> &'static str {
+        match self {
+            LedgerPool::Sqlite(_) => "sqlite",
+            LedgerPool::Postgres(_) => "postgres",
+        }
+    }
+
+    /// Applies the backend's migrations (`host/migrations/<backend>/`).
+    pub async fn migrate(&self) -> Result<(), LedgerError> {
+        let migrator = migrator(match self {
+            LedgerPool::Sqlite(_) => SQLITE_MIGRATIONS,
+            LedgerPool::Postgres(_) => POSTGRES_MIGRATIONS,
+        });
+        on_pool!(self, p => migrator.run(p).await?);
+        Ok(())
+    }
+
+    /// `SELECT 1`.
+    pub async fn ping(&self) -> Result<(), LedgerError> {
+        on_pool!(self, p => {
+            sqlx::query("SELECT 1").execute(p).await?;
+        });
+        Ok(())
+    }
+}

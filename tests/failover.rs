@@ -1,0 +1,190 @@
+//! A Redis failover that loses acknowledged permits, with a real replica:
+//! a primary and a replica (`REPLICAOF`) linked through a relay that stops
+//! forwarding the primary's stream while acknowledgements still pass. Events
+//! are accepted and sent on the primary; the primary is killed, the replica
+//! promoted (`REPLICAOF NO ONE`), a new host pointed at it, and the business
+//! service re-posts the same events: Redis accepts them again (it lost the
+//! permits). With the delivery ledger the re-posted tasks end
+//! `duplicate_prevented` and the provider has each message once; without it
+//! (`ledger_url = "off"`) the provider has each twice — the proof that this
+//! test sees duplicates when they happen.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use pushonce::send::{Faults, LedgerFileSender, Sender};
+use pushonce_tests::host::{Setup, TestHost, order_shipped};
+use pushonce_tests::postgres::PostgresServer;
+use pushonce_tests::process::{read_ledger, sent_by_key};
+use pushonce_tests::redis::RedisServer;
+use pushonce_tests::relay::ReplicationRelay;
+use pushonce_tests::wait_until;
+use reqwest::StatusCode;
+use serde_json::Value;
+
+const EVENTS: usize = 8;
+/// ORDER_SHIPPED goes to sms, wechat and app-push.
+const CHANNELS: usize = 3;
+
+/// Posts the events; returns each accepted task id by channel and key.
+async fn post_all(host: &TestHost) -> Vec<(String, String)> {
+    let mut accepted = Vec::new();
+    for i in 0..EVENTS {
+        let answer = host
+            .post("/v1/events", &order_shipped(&format!("o-{i}")), None)
+            .await
+            .unwrap();
+        assert_eq!(answer.status, StatusCode::ACCEPTED, "{}", answer.body);
+        for r in answer.body["results"].as_array().unwrap() {
+            assert_eq!(r["result"], "accepted", "{}", answer.body);
+            accepted.push((
+                r["key"].as_str().unwrap().to_string(),
+                r["task_id"].as_str().unwrap().to_string(),
+            ));
+        }
+    }
+    accepted
+}
+
+/// Waits (30 s deadline each) until every task reached a status in `done`;
+/// returns the views.
+async fn wait_tasks(host: &TestHost, tasks: &[(String, String)], done: &[&str]) -> Vec<Value> {
+    let mut views = Vec::new();
+    for (_, id) in tasks {
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            let view = host
+                .get(&format!("/v1/tasks/{id}"), None)
+                .await
+                .unwrap()
+                .body;
+            if done.contains(&view["status"].as_str().unwrap_or("")) {
+                views.push(view);
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "task {id} never reached {done:?}: {view}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    views
+}
+
+/// The replica has finished its initial sync through the relay.
+async fn wait_synced(replica: &RedisServer) {
+    let mut conn = replica.manager().await.unwrap();
+    let ok = wait_until(Duration::from_secs(20), || {
+        let mut conn = conn.clone();
+        async move {
+            let info: String = redis::cmd("INFO")
+                .arg("replication")
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+            info.contains("master_link_status:up")
+        }
+    })
+    .await;
+    ok.expect("the replica syncs");
+    let _ = &mut conn;
+}
+
+/// Runs the whole scenario with `ledger_url`; returns sends per key at the
+/// provider and the re-posted tasks' views.
+async fn failover(ledger_url: &str) -> (HashMap<String, usize>, Vec<Value>, String) {
+    let primary = RedisServer::start().await.unwrap();
+    let replica = RedisServer::start().await.unwrap();
+    let relay = ReplicationRelay::start(primary.port()).await.unwrap();
+    let mut conn = replica.manager().await.unwrap();
+    redis::cmd("REPLICAOF")
+        .arg("127.0.0.1")
+        .arg(relay.port())
+        .query_async::<()>(&mut conn)
+        .await
+        .unwrap();
+    wait_synced(&replica).await;
+
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("provider.jsonl");
+    let sender: Arc<dyn Sender> =
+        Arc::new(LedgerFileSender::open(&file, Faults::default()).unwrap());
+    let setup = || Setup {
+        sender: Some(sender.clone()),
+        ledger_url: Some(ledger_url.to_string()),
+        ..Setup::default()
+    };
+
+    let first = TestHost::start_with(&primary, setup()).await.unwrap();
+    relay.hold();
+    let tasks = post_all(&first).await;
+    wait_tasks(&first, &tasks, &["sent"]).await;
+    first.shutdown().await.unwrap();
+
+    // The primary dies; the replica, which never got those writes, is promoted.
+    drop(primary);
+    redis::cmd("REPLICAOF")
+        .arg("NO")
+        .arg("ONE")
+        .query_async::<()>(&mut conn)
+        .await
+        .unwrap();
+    drop(relay);
+
+    let second = TestHost::start_with(&replica, setup()).await.unwrap();
+    // Accepted again: the permits were lost with the primary.
+    let reposted = post_all(&second).await;
+    let views = wait_tasks(&second, &reposted, &["sent", "duplicate_prevented"]).await;
+    let metrics = second.metrics().await.unwrap();
+    second.shutdown().await.unwrap();
+    let sent = sent_by_key(&read_ledger(&file));
+    let per_key = sent.into_iter().map(|(k, v)| (k, v.len())).collect();
+    // The first host's task ids, for the owner check.
+    let owners: HashMap<&str, &str> = tasks
+        .iter()
+        .map(|(k, id)| (k.as_str(), id.as_str()))
+        .collect();
+    for (view, (key, _)) in views.iter().zip(&reposted) {
+        if view["status"] == "duplicate_prevented" {
+            assert_eq!(
+                view["duplicate_of"],
+                owners[key.as_str()],
+                "the true owner is named: {view}"
+            );
+        }
+    }
+    (per_key, views, metrics)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_the_ledger_a_failover_that_loses_permits_sends_nothing_twice() {
+    let pg = PostgresServer::shared().await.unwrap();
+    let url = pg.database().await.unwrap();
+    let (per_key, views, metrics) = failover(&url).await;
+    assert_eq!(per_key.len(), EVENTS * CHANNELS);
+    assert!(
+        per_key.values().all(|n| *n == 1),
+        "a duplicate reached the provider: {per_key:?}"
+    );
+    assert!(
+        views.iter().all(|v| v["status"] == "duplicate_prevented"),
+        "{views:?}"
+    );
+    for channel in ["sms", "wechat", "app-push"] {
+        let line = format!("pushonce_duplicate_prevented_total{{channel=\"{channel}\"}} {EVENTS}");
+        assert!(metrics.contains(&line), "no {line} in\n{metrics}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_the_ledger_the_same_failover_sends_every_message_twice() {
+    let (per_key, views, _) = failover("off").await;
+    assert_eq!(per_key.len(), EVENTS * CHANNELS);
+    assert!(
+        per_key.values().all(|n| *n == 2),
+        "expected every message twice: {per_key:?}"
+    );
+    assert!(views.iter().all(|v| v["status"] == "sent"), "{views:?}");
+}

@@ -1,0 +1,180 @@
+//! The delivery ledger's own suite, one set of test functions run against
+//! both backends: SQLite (a file in a temporary directory) and PostgreSQL
+//! (the binary's shared server, a database per test). A key is claimed once;
+//! re-claims by the owner succeed; updates are batched and owner-checked;
+//! history lookups and the export read them back; two `Ledger`s on one
+//! database racing for the same keys give each key exactly one owner.
+
+use std::future::Future;
+
+use pushonce::ledger::{Claim, ClaimAnswer, Ledger, Update, recipient_digest};
+use pushonce_tests::postgres::PostgresServer;
+
+/// A fresh ledger URL of `backend` and what keeps it alive.
+async fn url(backend: &str) -> (String, Option<tempfile::TempDir>) {
+    match backend {
+        "sqlite" => {
+            let dir = tempfile::tempdir().unwrap();
+            (Ledger::sqlite_url(dir.path()), Some(dir))
+        }
+        _ => {
+            let pg = PostgresServer::shared().await.expect("postgres starts");
+            (pg.database().await.expect("a database"), None)
+        }
+    }
+}
+
+fn claim(key: &str, task: &str) -> Claim {
+    Claim {
+        key: key.into(),
+        task_id: task.into(),
+        channel: "sms".into(),
+        policy: "per-event@1.0.0".into(),
+        recipient_digest: recipient_digest("+8613800000000"),
+        biz_type: "ORDER_SHIPPED".into(),
+        biz_id: "o-1".into(),
+        attempt: 1,
+        now_ms: 1_000,
+    }
+}
+
+fn update(key: &str, task: &str, status: &str, at_ms: i64) -> Update {
+    Update {
+        key: key.into(),
+        task_id: task.into(),
+        status: status.into(),
+        attempts: Some(1),
+        provider_message_id: Some(format!("pm-{key}")),
+        error: None,
+        at_ms,
+    }
+}
+
+/// Runs `f` against each backend, as two tests.
+macro_rules! both {
+    ($name:ident) => {
+        mod $name {
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn sqlite() {
+                super::$name("sqlite").await
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn postgres() {
+                super::$name("postgres").await
+            }
+        }
+    };
+}
+
+both!(a_key_is_claimed_once_and_its_owner_may_claim_again);
+async fn a_key_is_claimed_once_and_its_owner_may_claim_again(backend: &str) {
+    let (url, _keep) = url(backend).await;
+    let ledger = Ledger::open(&url).await.unwrap();
+    assert_eq!(ledger.backend(), backend);
+    assert_eq!(
+        ledger.claim(&claim("k1", "A")).await.unwrap(),
+        ClaimAnswer::Ours
+    );
+    // A retry or a re-claim of the same task finds its own claim.
+    let mut again = claim("k1", "A");
+    again.attempt = 2;
+    assert_eq!(ledger.claim(&again).await.unwrap(), ClaimAnswer::Ours);
+    // Another task with the same key: Redis lost A's permit.
+    assert_eq!(
+        ledger.claim(&claim("k1", "B")).await.unwrap(),
+        ClaimAnswer::Taken {
+            owner: "A".into(),
+            status: "claimed".into()
+        }
+    );
+    assert_eq!(
+        ledger.claim(&claim("k2", "B")).await.unwrap(),
+        ClaimAnswer::Ours
+    );
+    // Opening it again (migrations already applied) keeps the rows.
+    let reopened = Ledger::open(&url).await.unwrap();
+    assert_eq!(reopened.by_task("A").await.unwrap().unwrap().key, "k1");
+}
+both!(updates_are_batched_owner_checked_and_read_back);
+async fn updates_are_batched_owner_checked_and_read_back(backend: &str) {
+    let (url, _keep) = url(backend).await;
+    let ledger = Ledger::open(&url).await.unwrap();
+    for i in 0..300 {
+        let key = format!("k{i}");
+        assert_eq!(
+            ledger.claim(&claim(&key, &format!("T{i}"))).await.unwrap(),
+            ClaimAnswer::Ours
+        );
+    }
+    for i in 0..300 {
+        ledger
+            .update(update(
+                &format!("k{i}"),
+                &format!("T{i}"),
+                "sent",
+                2_000 + i,
+            ))
+            .await
+            .unwrap();
+    }
+    // Not the owner: ignored.
+    ledger
+        .update(update("k0", "intruder", "failed", 9_000))
+        .await
+        .unwrap();
+    ledger.flush().await.unwrap();
+    let row = ledger.by_task("T7").await.unwrap().expect("T7 has a row");
+    assert_eq!(row.key, "k7");
+    assert_eq!(row.status, "sent");
+    assert_eq!(row.provider_message_id.as_deref(), Some("pm-k7"));
+    assert_eq!(row.policy, "per-event@1.0.0");
+    assert_eq!(row.recipient_digest, recipient_digest("+8613800000000"));
+    assert_ne!(row.recipient_digest, "+8613800000000");
+    assert_eq!(ledger.by_task("T0").await.unwrap().unwrap().status, "sent");
+    assert!(ledger.by_task("intruder").await.unwrap().is_none());
+    assert_eq!(
+        ledger.by_event("ORDER_SHIPPED", "o-1").await.unwrap().len(),
+        300
+    );
+    let recent = ledger.since(2_290).await.unwrap();
+    let keys: Vec<&str> = recent.iter().map(|r| r.key.as_str()).collect();
+    assert_eq!(
+        keys,
+        [
+            "k290", "k291", "k292", "k293", "k294", "k295", "k296", "k297", "k298", "k299"
+        ]
+    );
+}
+
+both!(two_instances_racing_for_the_same_keys_give_each_key_one_owner);
+async fn two_instances_racing_for_the_same_keys_give_each_key_one_owner(backend: &str) {
+    let (url, _keep) = url(backend).await;
+    let a = Ledger::open(&url).await.unwrap();
+    let b = Ledger::open(&url).await.unwrap();
+    let race = |ledger: Ledger, task: &'static str| async move {
+        let mut ours = Vec::new();
+        for i in 0..100 {
+            if ledger
+                .claim(&claim(&format!("race{i}"), &format!("{task}{i}")))
+                .await
+                .unwrap()
+                == ClaimAnswer::Ours
+            {
+                ours.push(i);
+            }
+        }
+        ours
+    };
+    let (ta, tb) = tokio::join!(spawned(race(a, "A")), spawned(race(b, "B")));
+    let mut all: Vec<i32> = ta.iter().chain(tb.iter()).copied().collect();
+    all.sort();
+    assert_eq!(
+        all,
+        (0..100).collect::<Vec<_>>(),
+        "each key exactly one owner"
+    );
+}
+
+async fn spawned<T: Send + 'static>(f: impl Future<Output = T> + Send + 'static) -> T {
+    tokio::spawn(f).await.unwrap()
+}

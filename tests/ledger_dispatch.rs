@@ -1,0 +1,325 @@
+//! The dispatcher with the delivery ledger, against a real redis-server:
+//! a task whose key the ledger holds for another task (Redis lost that
+//! task's permit) is not sent and ends `duplicate_prevented`; while the
+//! ledger (a real PostgreSQL) is down no task is sent, a shutdown gives the
+//! waiting attempts back uncounted, and everything is sent once, exactly
+//! once, when it is back.
+
+use std::time::Duration;
+
+use pushonce::ledger::Ledger;
+use pushonce::permit::{AcceptRequest, Acceptance, PermitConfig, Permits, RetryPolicy, TaskStatus};
+use pushonce::send::Faults;
+use pushonce_tests::dispatcher::RunningDispatcher;
+use pushonce_tests::postgres::PostgresServer;
+use pushonce_tests::process::{read_ledger, sent_by_key};
+use pushonce_tests::redis::RedisServer;
+use pushonce_tests::wait_until;
+
+fn config() -> PermitConfig {
+    PermitConfig {
+        retention: Duration::from_secs(3600),
+        grace: Duration::from_secs(60),
+        ..PermitConfig::default()
+    }
+}
+
+fn request(key: &str) -> AcceptRequest {
+    AcceptRequest {
+        key: key.to_string(),
+        channel: "sms".into(),
+        window: Duration::from_secs(3600),
+        biz_type: "ORDER_SHIPPED".into(),
+        biz_id: key.to_string(),
+        event_json: r#"{"user_id":"u-1"}"#.into(),
+        payload: r#"{"template":"t"}"#.into(),
+        policy_name: "per-event".into(),
+        policy_version: "1.0.0".into(),
+        retry: RetryPolicy::default(),
+    }
+}
+
+async fn accept(permits: &Permits, key: &str) -> String {
+    match permits.accept(&request(key)).await.unwrap() {
+        Acceptance::Accepted { task_id } => task_id,
+        other => panic!("{key} not accepted: {other:?}"),
+    }
+}
+
+async fn wait_status(permits: &Permits, id: &str, status: TaskStatus) {
+    let ok = wait_until(Duration::from_secs(20), || {
+        let (permits, id) = (permits.clone(), id.to_string());
+        async move { permits.task(&id).await.unwrap().map(|t| t.status) == Some(status) }
+    })
+    .await;
+    if ok.is_err() {
+        panic!(
+            "task {id} never reached {status}: {:?}",
+            permits.task(id).await.unwrap()
+        );
+    }
+}
+
+fn dispatcher(
+    redis: &RedisServer,
+    permits: &Permits,
+    file: &std::path::Path,
+    ledger: &Ledger,
+) -> RunningDispatcher {
+    RunningDispatcher::start_claiming(
+        redis.client(),
+        permits.clone(),
+        file,
+        Faults::default(),
+        4,
+        Duration::from_secs(1),
+        Some(ledger.clone()),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_whose_key_the_ledger_holds_for_another_is_not_sent() {
+    let redis = RedisServer::start().await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("sent.jsonl");
+    let ledger = Ledger::open(&Ledger::sqlite_url(dir.path())).await.unwrap();
+    let permits = redis.permits(config()).await.unwrap();
+    let first = accept(&permits, "order-1:sms").await;
+    let running = dispatcher(&redis, &permits, &file, &ledger);
+    wait_status(&permits, &first, TaskStatus::Sent).await;
+    running.stop().await;
+    // Redis forgets everything it acknowledged (what a failover to a
+    // lagging replica does to the permits), and the event is re-posted.
+    let mut conn = redis.manager().await.unwrap();
+    redis::cmd("FLUSHALL")
+        .query_async::<()>(&mut conn)
+        .await
+        .unwrap();
+    permits.prepare().await.unwrap();
+    let second = accept(&permits, "order-1:sms").await;
+    assert_ne!(first, second, "Redis accepted the re-post as a new task");
+    let running = dispatcher(&redis, &permits, &file, &ledger);
+    wait_status(&permits, &second, TaskStatus::DuplicatePrevented).await;
+    running.stop().await;
+    let task = permits.task(&second).await.unwrap().unwrap();
+    assert_eq!(
+        task.fields.get("duplicate_of"),
+        Some(&first),
+        "the true owner is named"
+    );
+    let sent = sent_by_key(&read_ledger(&file));
+    assert_eq!(sent["order-1:sms"].len(), 1, "sent once: {sent:?}");
+    ledger.flush().await.unwrap();
+    let row = ledger
+        .by_task(&first)
+        .await
+        .unwrap()
+        .expect("the owner's row");
+    assert_eq!(row.status, "sent");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn while_the_ledger_is_down_nothing_is_sent_and_all_is_sent_once_after() {
+    let redis = RedisServer::start().await.unwrap();
+    let mut pg = PostgresServer::start(false).await.unwrap();
+    let url = pg.database().await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("sent.jsonl");
+    let ledger = Ledger::open(&url).await.unwrap();
+    let permits = redis.permits(config()).await.unwrap();
+    pg.stop().unwrap();
+    let mut ids = Vec::new();
+    for i in 0..12 {
+        ids.push(accept(&permits, &format!("down-{i}:sms")).await);
+    }
+    let running = dispatcher(&redis, &permits, &file, &ledger);
+    // The workers took tasks and wait for a claim.
+    let waiting = wait_until(Duration::from_secs(20), || {
+        let (permits, ids, ledger) = (permits.clone(), ids.clone(), ledger.clone());
+        async move {
+            let mut sending = 0;
+            for id in &ids {
+                if permits.task(id).await.unwrap().unwrap().status == TaskStatus::Sending {
+                    sending += 1;
+                }
+            }
+            // Four workers (and the reclaimer, for entries read but not yet
+            // begun) hold tasks while they wait.
+            sending >= 4 && ledger.unavailable().is_some()
+        }
+    })
+    .await;
+    waiting.expect("four workers wait for the ledger");
+    assert!(
+        read_ledger(&file).is_empty(),
+        "nothing sent without a claim"
+    );
+    // A shutdown meanwhile gives the attempts back, uncounted.
+    running.stop().await;
+    for id in &ids {
+        let task = permits.task(id).await.unwrap().unwrap();
+        assert_eq!(
+            (task.status, task.attempts),
+            (TaskStatus::Queued, 0),
+            "{id}"
+        );
+    }
+    assert!(
+        read_ledger(&file).is_empty(),
+        "nothing sent without a claim"
+    );
+    pg.start_again().await.unwrap();
+    let running = dispatcher(&redis, &permits, &file, &ledger);
+    for id in &ids {
+        wait_status(&permits, id, TaskStatus::Sent).await;
+    }
+    running.stop().await;
+    let sent = sent_by_key(&read_ledger(&file));
+    assert_eq!(sent.len(), 12);
+    assert!(sent.values().all(|v| v.len() == 1), "each once: {sent:?}");
+    ledger.check().await.unwrap();
+    assert!(ledger.unavailable().is_none());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lookups_fall_back_to_the_ledger_after_redis_retention() {
+    use pushonce_tests::host::{TestHost, order_shipped};
+    let redis = RedisServer::start().await.unwrap();
+    let host = TestHost::start(&redis).await.unwrap();
+    let answer = host
+        .post("/v1/events", &order_shipped("o-h"), None)
+        .await
+        .unwrap();
+    assert_eq!(
+        answer.status,
+        reqwest::StatusCode::ACCEPTED,
+        "{}",
+        answer.body
+    );
+    let ids: Vec<String> = answer.body["results"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["task_id"].as_str().unwrap().to_string())
+        .collect();
+    // Sent, and the outcome written to the ledger (batched, so wait for it).
+    let permits = redis
+        .permits(PermitConfig {
+            shards: 4,
+            ..config()
+        })
+        .await
+        .unwrap();
+    for id in &ids {
+        wait_status(&permits, id, TaskStatus::Sent).await;
+    }
+    // Retention: the task records and the event index expire in Redis.
+    let mut conn = redis.manager().await.unwrap();
+    for id in &ids {
+        let key = permits.layout().task(id).unwrap();
+        redis::cmd("DEL")
+            .arg(&key)
+            .query_async::<()>(&mut conn)
+            .await
+            .unwrap();
+        assert!(permits.task(id).await.unwrap().is_none());
+    }
+    for id in &ids {
+        let path = format!("/v1/tasks/{id}");
+        let got = wait_until(Duration::from_secs(10), || {
+            let fut = host.get(&path, None);
+            async move {
+                let a = fut.await.unwrap();
+                a.status == reqwest::StatusCode::OK
+                    && a.body["status"] == "sent"
+                    && a.body["from_ledger"] == true
+            }
+        })
+        .await;
+        got.unwrap_or_else(|_| panic!("task {id} not found in the ledger"));
+    }
+    let event = host
+        .get("/v1/events/ORDER_SHIPPED/o-h", None)
+        .await
+        .unwrap();
+    assert_eq!(event.status, reqwest::StatusCode::OK, "{}", event.body);
+    let tasks = event.body["tasks"].as_array().unwrap();
+    assert_eq!(tasks.len(), 3, "{}", event.body);
+    assert!(
+        tasks
+            .iter()
+            .all(|t| t["from_ledger"] == true && t["status"] == "sent")
+    );
+    let mine = host
+        .get("/v1/events/ORDER_SHIPPED/o-h?user_id=u-42", None)
+        .await
+        .unwrap();
+    assert_eq!(
+        mine.body["tasks"].as_array().map(Vec::len),
+        Some(3),
+        "{}",
+        mine.body
+    );
+    let other = host
+        .get("/v1/events/ORDER_SHIPPED/o-h?user_id=u-7", None)
+        .await
+        .unwrap();
+    assert_eq!(
+        other.status,
+        reqwest::StatusCode::NOT_FOUND,
+        "{}",
+        other.body
+    );
+    host.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readyz_names_a_ledger_that_is_down_while_accepts_continue() {
+    use pushonce_tests::host::{Setup, TestHost, order_shipped};
+    let redis = RedisServer::start().await.unwrap();
+    let mut pg = PostgresServer::start(false).await.unwrap();
+    let url = pg.database().await.unwrap();
+    let setup = Setup {
+        ledger_url: Some(url),
+        ..Setup::default()
+    };
+    let host = TestHost::start_with(&redis, setup).await.unwrap();
+    assert_eq!(
+        host.get("/readyz", None).await.unwrap().status,
+        reqwest::StatusCode::OK
+    );
+    pg.stop().unwrap();
+    let ready = host.get("/readyz", None).await.unwrap();
+    assert_eq!(
+        ready.status,
+        reqwest::StatusCode::SERVICE_UNAVAILABLE,
+        "{}",
+        ready.body
+    );
+    assert!(
+        ready.body["detail"]
+            .as_str()
+            .unwrap_or("")
+            .starts_with("ledger unavailable"),
+        "{}",
+        ready.body
+    );
+    let accepted = host
+        .post("/v1/events", &order_shipped("o-down"), None)
+        .await
+        .unwrap();
+    assert_eq!(
+        accepted.status,
+        reqwest::StatusCode::ACCEPTED,
+        "{}",
+        accepted.body
+    );
+    pg.start_again().await.unwrap();
+    let back = wait_until(Duration::from_secs(20), || {
+        let fut = host.get("/readyz", None);
+        async move { fut.await.unwrap().status == reqwest::StatusCode::OK }
+    })
+    .await;
+    back.expect("ready again once the ledger is back");
+    host.shutdown().await.unwrap();
+}

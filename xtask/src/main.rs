@@ -27,11 +27,12 @@ fn main() -> Result<()> {
             run(Command::new(cargo())
                 .current_dir(&root)
                 .args(["build", "--workspace", "--bins"]))?;
-            // The plugins' shared key encoder is plain Rust: its unit tests
-            // run natively.
+            // The plugins' shared key encoder and their signatures (provider-auth,
+            // checked against the providers' published vectors) are plain
+            // Rust: their unit tests run natively.
             run(Command::new(cargo())
                 .current_dir(root.join("plugins"))
-                .args(["test", "-p", "key-util", "--target-dir"])
+                .args(["test", "-p", "key-util", "-p", "provider-auth", "--target-dir"])
                 .arg(root.join("target").join("plugins-native")))?;
             run(Command::new(cargo())
                 .current_dir(&root)

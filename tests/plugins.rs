@@ -40,12 +40,14 @@ fn the_real_plugins_load_and_describe_themselves() {
     assert_eq!(
         ids,
         [
-            "app-push@2.0.0",
+            "aliyun-sms@2.0.0",
+            "apns@2.0.0",
+            "fcm@2.0.0",
             "inbox@2.0.0",
             "per-event@1.0.0",
             "per-user-per-day@1.0.0",
             "per-user-per-job@1.0.0",
-            "sms@2.0.0",
+            "webhook@2.0.0",
             "wechat@2.0.0"
         ]
     );
@@ -404,7 +406,7 @@ fn bad_files_are_refused_with_a_reason_and_good_ones_still_load() {
 fn a_channel_of_contract_1_is_refused_naming_the_change_and_key_policies_still_load() {
     let v1 = std::fs::read(fixture("channel_v1")).unwrap();
     let per_event = std::fs::read(real("per_event")).unwrap();
-    let sms = std::fs::read(real("sms")).unwrap();
+    let sms = std::fs::read(real("aliyun_sms")).unwrap();
     let dir = dir_with(&[
         ("channel_v1.wasm", &v1),
         ("per_event.wasm", &per_event),
@@ -430,8 +432,8 @@ fn a_channel_of_contract_1_is_refused_naming_the_change_and_key_policies_still_l
     let k = key(&registry, "per-event@1", &event("u", 0, &[]), "sms", &[]).unwrap();
     assert_eq!(k, "push:per-event@1:sms:ORDER_SHIPPED:o-1:u");
     assert_eq!(
-        registry.resolve_channel("sms@^2").unwrap().id(),
-        "sms@2.0.0"
+        registry.resolve_channel("aliyun-sms@^2").unwrap().id(),
+        "aliyun-sms@2.0.0"
     );
 }
 
@@ -595,15 +597,16 @@ fn a_fresh_instance_gives_the_same_key_as_a_warm_one() {
 fn the_disk_cache_is_used_on_the_second_load() {
     let cache = tempfile::tempdir().unwrap();
     let first = real_registry(Some(cache.path()));
-    // 3 key policies + 4 channel plugins.
-    assert_eq!(first.stats().compiled, 7);
+    // 3 key policies + 6 channel plugins.
+    let shipped = 9;
+    assert_eq!(first.stats().compiled, shipped);
     assert_eq!(first.stats().from_cache, 0);
     let mut cwasm: Vec<_> = std::fs::read_dir(cache.path())
         .unwrap()
         .map(|e| e.unwrap().path())
         .collect();
     cwasm.sort();
-    assert_eq!(cwasm.len(), 7, "{cwasm:?}");
+    assert_eq!(cwasm.len(), shipped, "{cwasm:?}");
     assert!(
         cwasm
             .iter()
@@ -613,7 +616,7 @@ fn the_disk_cache_is_used_on_the_second_load() {
 
     let second = real_registry(Some(cache.path()));
     assert_eq!(second.stats().compiled, 0);
-    assert_eq!(second.stats().from_cache, 7);
+    assert_eq!(second.stats().from_cache, shipped);
     let ev = event("u-42", LAST_SECOND_OF_DAY_AT_8, &[("job_id", "j")]);
     for policy in ["per-event", "per-user-per-day", "per-user-per-job"] {
         assert_eq!(
@@ -626,7 +629,7 @@ fn the_disk_cache_is_used_on_the_second_load() {
     std::fs::write(&cwasm[0], b"garbage").unwrap();
     let third = real_registry(Some(cache.path()));
     assert_eq!(third.stats().compiled, 1);
-    assert_eq!(third.stats().from_cache, 6);
+    assert_eq!(third.stats().from_cache, shipped - 1);
     assert!(std::fs::read(&cwasm[0]).unwrap().len() > 1000);
 
     // Another engine configuration never reads these files.
@@ -637,7 +640,7 @@ fn the_disk_cache_is_used_on_the_second_load() {
     let (other, refused) =
         PluginRegistry::load_dir(&real_dir(), &other_limits, Some(cache.path())).unwrap();
     assert!(refused.is_empty());
-    assert_eq!(other.stats().from_cache + other.stats().compiled, 7);
+    assert_eq!(other.stats().from_cache + other.stats().compiled, shipped);
     assert_eq!(
         key(&other, "per-event", &ev, "sms", &[]).unwrap(),
         key(&first, "per-event", &ev, "sms", &[]).unwrap()

@@ -210,8 +210,12 @@ impl ReconcileBackoff {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct PluginLimits {
-    /// Fuel units per call (about one per wasm instruction); stops endless loops.
+    /// Fuel units per key-policy call (about one per wasm instruction); stops endless loops.
     pub fuel: u64,
+    /// Fuel units per channel-plugin call: larger, because channel plugins
+    /// sign requests (RSA, ECDSA); a call is also bounded by the channel's
+    /// `call_timeout`.
+    pub channel_fuel: u64,
     /// Most linear memory one plugin instance may grow to, e.g. `"64 MiB"`.
     pub memory: bytesize::ByteSize,
     /// Plugin instances that can exist at once, all plugins together (slots of
@@ -420,6 +424,7 @@ impl Default for PluginLimits {
     fn default() -> Self {
         PluginLimits {
             fuel: 50_000_000,
+            channel_fuel: 1_000_000_000,
             memory: bytesize::ByteSize::mib(64),
             instances: 256,
             max_file_size: bytesize::ByteSize::mib(64),

@@ -248,7 +248,7 @@ impl ChannelInstance {
         T: Send,
     {
         let id = self.plugin.id().to_string();
-        let fuel = self.plugin.runtime.limits().fuel_per_call;
+        let fuel = self.plugin.runtime.limits().channel_fuel_per_call;
         let budget = self.settings.call_timeout;
         // This call's log, shared with the store's hooks and read even when
         // the call is cut off (the store is dropped with the future then).

@@ -8,6 +8,11 @@ pub struct Limits {
     /// out traps with "ran out of its time budget". 50M units stop a tight
     /// loop in a few milliseconds; a real key policy uses a few thousand.
     pub fuel_per_call: u64,
+    /// Fuel given to every call of a channel plugin. Larger than a key
+    /// policy's: a channel plugin signs requests (an RSA-2048 JWT signature
+    /// for FCM takes between 50M and 200M units); its wall-clock bound is the
+    /// channel's `call_timeout`.
+    pub channel_fuel_per_call: u64,
     /// Linear memory cap per instance, in bytes; growing past it traps.
     pub memory_bytes: usize,
     /// Warm instances kept per key-policy plugin between calls.
@@ -27,6 +32,7 @@ impl Default for Limits {
     fn default() -> Self {
         Self {
             fuel_per_call: 50_000_000,
+            channel_fuel_per_call: 1_000_000_000,
             memory_bytes: 64 << 20,
             warm_instances: 8,
             pooling: true,

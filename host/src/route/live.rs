@@ -98,6 +98,7 @@ impl Catalog for RegistryCatalog<'_> {
 pub fn limits_of(config: &HostConfig) -> Limits {
     Limits {
         fuel_per_call: config.plugin_limits.fuel,
+        channel_fuel_per_call: config.plugin_limits.channel_fuel,
         memory_bytes: config.plugin_limits.memory.as_u64() as usize,
         pool_slots: config.plugin_limits.instances,
         max_file_bytes: config.plugin_limits.max_file_size.as_u64(),

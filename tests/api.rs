@@ -346,7 +346,8 @@ async fn every_refusal_is_a_problem_naming_the_field_or_plugin() {
         a.body
     );
 
-    // Receipts: a callback the channel plugin cannot parse is a 400 naming why.
+    // Receipts: a callback the channel plugin cannot parse is a 400 naming why
+    // (the `sms` channel is Aliyun SMS: its receipts are a JSON array).
     let a = host
         .send(
             host.client
@@ -357,7 +358,10 @@ async fn every_refusal_is_a_problem_naming_the_field_or_plugin() {
         .unwrap();
     assert_problem(&a, 400, None);
     assert!(
-        a.body["detail"].as_str().unwrap().starts_with("not JSON"),
+        a.body["detail"]
+            .as_str()
+            .unwrap()
+            .starts_with("not a JSON array of reports"),
         "{}",
         a.body
     );

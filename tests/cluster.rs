@@ -11,7 +11,7 @@ use pushonce::permit::{AcceptRequest, Acceptance, PermitConfig, Permits, RetryPo
 use pushonce::send::Faults;
 use pushonce_tests::cluster::RedisCluster;
 use pushonce_tests::dispatcher::RunningDispatcher;
-use pushonce_tests::host::{Backend, Setup, TestHost, order_shipped, repo_root};
+use pushonce_tests::host::{Backend, Setup, TestHost, order_shipped};
 use pushonce_tests::process::{WorkerProcess, read_ledger, sent_by_key};
 use pushonce_tests::wait_until;
 use reqwest::StatusCode;
@@ -347,25 +347,15 @@ async fn a_serve_process_runs_on_the_cluster_named_by_its_environment() {
     let dir = tempfile::tempdir().unwrap();
     let port = pushonce::store::free_loopback_port().unwrap();
     let listen = format!("127.0.0.1:{port}");
-    let data = dir.path().join("data");
-    let plugins = pushonce_tests::plugins::real_dir();
-    let policies = repo_root().join("policies");
     let urls = cluster.urls_env();
-    // The repository's configuration, every location and the cluster given
+    // The repository's configuration (a copy in the temporary directory, so
+    // the process's log lands there), every location and the cluster given
     // by the environment, as a deployment (or a chaos harness) would.
-    // (A copy, so the process's log lands in the temporary directory.)
-    let config_file = dir.path().join("pushonce.toml");
-    std::fs::copy(repo_root().join("pushonce.toml"), &config_file).unwrap();
-    let mut host = WorkerProcess::serve(
-        &config_file,
-        &[
-            ("PUSHONCE_REDIS_CLUSTER", urls.as_str()),
-            ("PUSHONCE_LISTEN", listen.as_str()),
-            ("PUSHONCE_DATA_DIR", data.to_str().unwrap()),
-            ("PUSHONCE_PLUGIN_DIR", plugins.to_str().unwrap()),
-            ("PUSHONCE_POLICY_DIR", policies.to_str().unwrap()),
-            ("PUSHONCE_WECHAT_SECRET", "s3cret"),
-        ],
+    let mut host = WorkerProcess::serve_repository_config(
+        dir.path(),
+        &listen,
+        "",
+        &[("PUSHONCE_REDIS_CLUSTER", urls.as_str())],
     )
     .unwrap();
     let base = format!("http://{listen}");

@@ -98,6 +98,32 @@ fn plugins_with(dir: &Path, extra: &[PathBuf]) -> anyhow::Result<PathBuf> {
     Ok(out)
 }
 
+/// What a configuration takes from outside its file, filled with test values
+/// for a host whose relative paths resolve against `dir`: a fresh CA
+/// certificate written at every channel's relative `ca_file` below `dir`,
+/// and a value for every environment variable its channels name (secrets and
+/// callback path tokens). Nothing reaches a provider with these: API tests
+/// send to the development ledger; tests that reach the provider simulator
+/// configure its CA and credentials (`providers::Sim`).
+pub fn repository_inputs(config: &HostConfig, dir: &Path) -> anyhow::Result<Vec<(String, String)>> {
+    let ca = crate::tls::TestCa::new("pushonce test CA");
+    let mut env = Vec::new();
+    for (name, channel) in &config.channels {
+        if let Some(file) = channel.ca_file.as_ref().filter(|f| f.is_relative()) {
+            let path = dir.join(file);
+            std::fs::create_dir_all(path.parent().context("ca_file has a parent")?)?;
+            std::fs::write(&path, &ca.pem)?;
+        }
+        for var in channel.secrets_from_env.values() {
+            env.push((var.clone(), format!("test-{}", var.to_lowercase())));
+        }
+        if let Some(var) = &channel.callback_token_env {
+            env.push((var.clone(), format!("cb-{name}-5c1f08a2")));
+        }
+    }
+    Ok(env)
+}
+
 /// A host running in this process, and a client for it.
 pub struct TestHost {
     /// The running host (taken by `shutdown`).
@@ -177,7 +203,10 @@ impl TestHost {
         config.ledger_url = setup.ledger_url.clone();
         config.auth.api_token_env = setup.auth.0.clone();
         config.auth.admin_token_env = setup.auth.1.clone();
-        let mut env = setup.env.clone();
+        let mut env: HashMap<String, String> = repository_inputs(&config, dir.path())?
+            .into_iter()
+            .collect();
+        env.extend(setup.env.clone());
         for (name, channel) in config.channels.iter_mut() {
             // Closed callbacks, as a deployment has them: a path token each.
             let var = format!("CALLBACK_TOKEN_{name}");
@@ -185,6 +214,8 @@ impl TestHost {
                 .or_insert_with(|| format!("cb-{name}-9d2e61f0"));
             channel.callback_token_env = Some(var);
             channel.open_callbacks = false;
+            // The CA `repository_inputs` wrote where the file names it.
+            channel.ca_file = channel.ca_file.as_ref().map(|f| dir.path().join(f));
         }
         if !setup.extra_plugins.is_empty() {
             config.plugin_dir = plugins_with(dir.path(), &setup.extra_plugins)?;
@@ -192,8 +223,6 @@ impl TestHost {
         if let Some(configure) = setup.configure {
             configure(&mut config);
         }
-        env.entry("PUSHONCE_WECHAT_SECRET".into())
-            .or_insert_with(|| "test-secret".into());
         // API tests look at what was sent in the development ledger; the
         // channel plugins against the provider simulator are `tests/channels.rs`
         // and `tests/e2e.rs`.

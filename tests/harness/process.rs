@@ -68,12 +68,16 @@ impl WorkerProcess {
         Self::start(cmd, log)
     }
 
-    /// Starts `pushonce serve --config <config>` with extra environment
-    /// variables; its stderr goes to `<config>.<n>.log`.
+    /// Starts `pushonce serve --config <config>` in the config's directory
+    /// (its relative paths resolve there) with extra environment variables;
+    /// its stderr goes to `<config>.<n>.log`.
     pub fn serve(config: &Path, env: &[(&str, &str)]) -> anyhow::Result<WorkerProcess> {
         let log = config.with_extension(format!("{}.log", rand_suffix()));
         let mut cmd = Command::new(pushonce_bin()?);
         cmd.arg("serve").arg("--config").arg(config);
+        if let Some(dir) = config.parent() {
+            cmd.current_dir(dir);
+        }
         for (k, v) in env {
             cmd.env(k, v);
         }
@@ -82,8 +86,10 @@ impl WorkerProcess {
 
     /// Starts `pushonce serve` on `listen` with a copy of the repository's
     /// `pushonce.toml` in `dir` (then `extra_toml` appended), the real
-    /// plugins and policies, its data in `dir`, a WeChat secret, and `env`
-    /// (which may override those).
+    /// plugins and policies, its data in `dir`, test values for what the
+    /// configuration takes from outside (`host::repository_inputs`: a CA at
+    /// its `ca_file`, secrets and callback tokens), and `env` (which may
+    /// override those).
     pub fn serve_repository_config(
         dir: &Path,
         listen: &str,
@@ -94,7 +100,11 @@ impl WorkerProcess {
         let mut text = std::fs::read_to_string(root.join("pushonce.toml"))?;
         text.push_str(extra_toml);
         let config = dir.join("pushonce.toml");
-        std::fs::write(&config, text)?;
+        std::fs::write(&config, &text)?;
+        let inputs = crate::host::repository_inputs(
+            &pushonce::config::HostConfig::parse(&config, &text)?,
+            dir,
+        )?;
         let (data, plugins) = (dir.join("data"), crate::plugins::real_dir());
         let policies = root.join("policies");
         let mut all = vec![
@@ -108,8 +118,8 @@ impl WorkerProcess {
                 "PUSHONCE_POLICY_DIR",
                 policies.to_str().context("policy dir")?,
             ),
-            ("PUSHONCE_WECHAT_SECRET", "wechat-secret"),
         ];
+        all.extend(inputs.iter().map(|(k, v)| (k.as_str(), v.as_str())));
         all.extend_from_slice(env);
         Self::serve(&config, &all)
     }

@@ -4,9 +4,10 @@
 //! receipts come back through the API and settle the tasks. Also: an edited
 //! policy file is picked up by the running process and the next event uses it.
 
-use provider_sim::{Faults, ReceiptConfig};
+use provider_sim::Faults;
+use pushonce_tests::providers::{self, Sim, WEBHOOK_ENDPOINT};
 use pushonce_tests::redis::RedisServer;
-use pushonce_tests::stack::{CALLBACK_TOKEN, ServeConfig, ServeProcess, copy_dir, simulator};
+use pushonce_tests::stack::{ServeConfig, ServeProcess, copy_dir};
 use pushonce_tests::wait_until;
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
@@ -14,19 +15,76 @@ use std::path::Path;
 use std::time::Duration;
 
 /// Starts `pushonce serve` with its data and `policies/` under `dir` (the
-/// policies already written) and waits until it is ready. Returns the
-/// process, its base URL and a client.
+/// policies already written), its channels pointed at `sim`, and waits until
+/// it is ready. Returns the process, its base URL and a client.
 async fn serve(
     redis: &RedisServer,
     dir: &Path,
-    sim_port: u16,
+    sim: &Sim,
 ) -> (ServeProcess, String, reqwest::Client) {
-    let config = ServeConfig::new(&redis.url(), sim_port);
+    let config = ServeConfig::new(&redis.url(), sim);
     let host = ServeProcess::start(&config, dir, &dir.join("policies"))
         .await
         .unwrap();
     let base = host.base().to_string();
     (host, base, reqwest::Client::new())
+}
+
+/// Messages per recipient in `list` (a provider's ledger).
+fn per_recipient(list: &[provider_sim::Accepted]) -> BTreeMap<String, usize> {
+    let mut counts: BTreeMap<String, usize> = BTreeMap::new();
+    for m in list {
+        *counts.entry(m.recipient.clone()).or_default() += 1;
+    }
+    counts
+}
+
+/// Posts `body` to `/v1/events` and returns the task ids, asserting each
+/// channel accepted it.
+async fn post_event(client: &reqwest::Client, base: &str, body: &Value) -> Vec<String> {
+    let answer: Value = client
+        .post(format!("{base}/v1/events"))
+        .json(body)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let results = answer["results"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{answer}"));
+    results
+        .iter()
+        .map(|r| {
+            assert_eq!(r["result"], "accepted", "{answer}");
+            r["task_id"].as_str().unwrap().to_string()
+        })
+        .collect()
+}
+
+/// Waits up to `secs` until every task of `ids` is `done`; false if not.
+async fn wait_tasks(
+    client: &reqwest::Client,
+    base: &str,
+    ids: &[String],
+    secs: u64,
+    done: fn(&Value) -> bool,
+) -> bool {
+    wait_until(Duration::from_secs(secs), || {
+        let (client, base, ids) = (client.clone(), base.to_string(), ids.to_vec());
+        async move {
+            for id in ids {
+                match get_json(&client, &format!("{base}/v1/tasks/{id}")).await {
+                    Some(t) if done(&t) => {}
+                    _ => return false,
+                }
+            }
+            true
+        }
+    })
+    .await
+    .is_ok()
 }
 
 async fn get_json(client: &reqwest::Client, url: &str) -> Option<Value> {
@@ -36,28 +94,16 @@ async fn get_json(client: &reqwest::Client, url: &str) -> Option<Value> {
 #[tokio::test]
 async fn one_event_reaches_each_provider_once_and_an_edited_policy_is_used() {
     let redis = RedisServer::start().await.unwrap();
-    let (sim, sim_port) = simulator().await;
+    let sim = providers::sim().await;
     let dir = tempfile::tempdir().unwrap();
     let repo_policies = Path::new(env!("CARGO_MANIFEST_DIR")).join("../policies");
     copy_dir(&repo_policies, &dir.path().join("policies")).unwrap();
-    let (host, base, client) = serve(&redis, dir.path(), sim_port).await;
-
-    // The providers post delivery receipts to the host's receipts route at
-    // once: a receipt may overtake the dispatcher's record of the send, and
-    // is then answered 503 and posted again by the simulator.
-    for (provider, channel) in [
-        ("sms", "sms"),
-        ("wechat", "wechat"),
-        ("app-push", "app-push"),
-    ] {
-        let receipts = ReceiptConfig {
-            url: format!("{base}/v1/receipts/{channel}/{}", CALLBACK_TOKEN.1),
-            delay_ms: 0,
-            secret: None,
-            fail_after_accept: Default::default(),
-        };
-        assert!(sim.set_receipts(provider, Some(receipts)));
-    }
+    let (host, base, client) = serve(&redis, dir.path(), &sim).await;
+    // The providers with callbacks (Aliyun SMS, WeChat, inbox) post their
+    // receipts to the host's callback URLs at once: a receipt may overtake
+    // the dispatcher's record of the send, and is then answered 503 and
+    // posted again by the simulator.
+    sim.send_receipts_to(&base, 0, &[]);
 
     let event = json!({
         "biz_type": "ORDER_SHIPPED", "biz_id": "o-1001", "user_id": "u-42",
@@ -65,14 +111,17 @@ async fn one_event_reaches_each_provider_once_and_an_edited_policy_is_used() {
         "params": {"order": "o-1001"},
         "recipients": {"sms": "13800000042", "wechat": "openid-42", "app-push": "device-42"}
     });
-    let post = |body: Value| client.post(format!("{base}/v1/events")).json(&body).send();
-    let first: Value = post(event.clone()).await.unwrap().json().await.unwrap();
-    let results = first["results"]
-        .as_array()
-        .unwrap_or_else(|| panic!("{first}"));
-    assert_eq!(results.len(), 3, "{first}");
-    assert!(results.iter().all(|r| r["result"] == "accepted"), "{first}");
-    let again: Value = post(event.clone()).await.unwrap().json().await.unwrap();
+    let task_ids = post_event(&client, &base, &event).await;
+    assert_eq!(task_ids.len(), 3, "{task_ids:?}");
+    let again: Value = client
+        .post(format!("{base}/v1/events"))
+        .json(&event)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
     assert!(
         again["results"]
             .as_array()
@@ -82,39 +131,36 @@ async fn one_event_reaches_each_provider_once_and_an_edited_policy_is_used() {
         "{again}"
     );
 
-    // Every task reaches `delivered` (sent, then confirmed by the provider's
-    // receipt through the API), and each provider holds exactly one message.
-    let task_urls: Vec<String> = results
-        .iter()
-        .map(|r| format!("{base}/v1/tasks/{}", r["task_id"].as_str().unwrap()))
-        .collect();
-    let sent = wait_until(Duration::from_secs(30), || {
-        let (client, urls) = (client.clone(), task_urls.clone());
-        async move {
-            for url in urls {
-                match get_json(&client, &url).await {
-                    Some(t) if t["status"] == "delivered" => {}
-                    _ => return false,
-                }
-            }
-            true
-        }
+    // SMS and WeChat reach `delivered` (sent, then confirmed by the
+    // provider's receipt through the API); FCM has no delivery receipts, so
+    // the app push stays `sent`. Each provider holds exactly one message.
+    let settled = wait_tasks(&client, &base, &task_ids, 30, |t| {
+        let want = if t["channel"] == "app-push" {
+            "sent"
+        } else {
+            "delivered"
+        };
+        t["status"] == want
     })
     .await;
     assert!(
-        sent.is_ok(),
+        settled,
         "tasks not delivered; simulator stats {:?}; host log:\n{}",
-        sim.stats(),
+        sim.state.stats(),
         host.log()
     );
     // Each task is pinned to the channel plugin version it started with.
-    let sms_task = get_json(&client, &task_urls[0]).await.unwrap();
+    let sms_task = get_json(&client, &format!("{base}/v1/tasks/{}", task_ids[0]))
+        .await
+        .unwrap();
     assert_eq!(sms_task["channel"], "sms", "{sms_task}");
-    assert_eq!(sms_task["payload"]["plugin"], "sms@2.0.0", "{sms_task}");
-    let ledger = sim.ledger();
-    let one = |provider: &str| {
-        let list = &ledger[provider];
-        assert_eq!(list.len(), 1, "{provider}: {list:?}");
+    assert_eq!(
+        sms_task["payload"]["plugin"], "aliyun-sms@2.0.0",
+        "{sms_task}"
+    );
+    let one = |channel: &str| {
+        let list = sim.ledger(channel);
+        assert_eq!(list.len(), 1, "{channel}: {list:?}");
         list[0].clone()
     };
     let (sms, wechat, push) = (one("sms"), one("wechat"), one("app-push"));
@@ -126,17 +172,17 @@ async fn one_event_reaches_each_provider_once_and_an_edited_policy_is_used() {
         (wechat.recipient.as_str(), wechat.template.as_str()),
         ("openid-42", "order_shipped")
     );
-    assert_eq!(
-        (push.recipient.as_str(), push.template.as_str()),
-        ("device-42", "order_shipped")
-    );
+    // FCM carries the template and the params in the message's data.
+    assert_eq!(push.recipient, "device-42");
+    assert_eq!(push.params["template"], "order_shipped", "{push:?}");
+    assert_eq!(push.params["order"], "o-1001", "{push:?}");
     assert!(
-        ledger["inbox"].is_empty(),
+        sim.ledger("inbox").is_empty(),
         "ORDER_SHIPPED has no inbox channel"
     );
     assert!(
         sms.reference.is_some(),
-        "the SMS carries the idempotency reference (OutId)"
+        "the SMS carries the key's digest as OutId (echoed, not deduped)"
     );
 
     // An operator adds the inbox channel: the running host picks the file up
@@ -165,27 +211,35 @@ async fn one_event_reaches_each_provider_once_and_an_edited_policy_is_used() {
     );
     let mut next = event.clone();
     next["biz_id"] = json!("o-1002");
-    let answer: Value = post(next).await.unwrap().json().await.unwrap();
+    let answer: Value = client
+        .post(format!("{base}/v1/events"))
+        .json(&next)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
     let channels: Vec<&str> = answer["results"]
         .as_array()
-        .unwrap()
+        .unwrap_or_else(|| panic!("{answer}"))
         .iter()
         .map(|r| r["channel"].as_str().unwrap())
         .collect();
     assert_eq!(channels, ["inbox", "sms", "wechat", "app-push"], "{answer}");
     let delivered = wait_until(Duration::from_secs(30), || {
-        let sim = sim.clone();
-        async move { sim.ledger()["inbox"].len() == 1 && sim.ledger()["sms"].len() == 2 }
+        let sim = &sim;
+        async move { sim.ledger("inbox").len() == 1 && sim.ledger("sms").len() == 2 }
     })
     .await;
     assert!(
         delivered.is_ok(),
         "{:?}; host log:\n{}",
-        sim.ledger(),
+        sim.state.ledger(),
         host.log()
     );
     assert_eq!(
-        sim.ledger()["inbox"][0].recipient,
+        sim.ledger("inbox")[0].recipient,
         "u-42",
         "inbox defaults to the user id"
     );
@@ -207,10 +261,26 @@ backoff = { initial = "50ms", factor = 2.0, max = "400ms", jitter = true }
 sms = "app-push"
 "#;
 
+/// 20 % retryable faults (half 5xx, half 429 with `Retry-After`) plus
+/// `drop` cut-off answers after accept, and `permanent` recipients.
+fn faulty(drop: f64, permanent: &[(&str, &str)]) -> Faults {
+    Faults {
+        fail_5xx: 0.1,
+        fail_429: 0.1,
+        drop_after_accept: drop,
+        retry_after_secs: Some(0),
+        permanent: permanent
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+        ..Faults::default()
+    }
+}
+
 #[tokio::test]
 async fn under_provider_faults_every_message_arrives_once_through_a_real_host_process() {
     let redis = RedisServer::start().await.unwrap();
-    let (sim, sim_port) = simulator().await;
+    let sim = providers::sim().await;
     let dir = tempfile::tempdir().unwrap();
     std::fs::create_dir_all(dir.path().join("policies")).unwrap();
     std::fs::write(
@@ -218,32 +288,31 @@ async fn under_provider_faults_every_message_arrives_once_through_a_real_host_pr
         FAULTY_POLICY,
     )
     .unwrap();
-    let (host, base, client) = serve(&redis, dir.path(), sim_port).await;
+    let (host, base, client) = serve(&redis, dir.path(), &sim).await;
 
-    // 20% of sends fail retryably on every provider; 10% of SMS and app
-    // pushes are accepted and then the answer is cut off; one phone is in
-    // arrears (permanent: no SMS, an app push instead).
+    // 20 % of sends fail retryably on every provider; 10 % are accepted and
+    // then the answer is cut off; one phone is in arrears (permanent: no
+    // SMS, an app push instead). What a cut-off answer leads to follows each
+    // provider's real capabilities: Aliyun SMS does not dedupe a resend, so
+    // the host asks QuerySendDetails (past its lag) instead of resending;
+    // WeChat dedupes `client_msg_id` inside its window, so it is resent;
+    // FCM has neither, so the task is held `unknown` (`on_unknown = "hold"`)
+    // rather than risk a second push.
     let arrears = "13800009999";
-    let faulty = |drop: f64, permanent: &[(&str, &str)]| Faults {
-        fail_5xx: 0.1,
-        fail_429: 0.1,
-        drop_after_accept: drop,
-        permanent: permanent
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect(),
-        ..Faults::default()
-    };
-    sim.set_faults("sms", faulty(0.1, &[(arrears, "isv.AMOUNT_NOT_ENOUGH")]));
-    sim.set_faults("app-push", faulty(0.1, &[]));
-    sim.set_faults("wechat", faulty(0.0, &[]));
+    let st = &sim.state;
+    assert!(st.set_faults(
+        "aliyun-sms",
+        faulty(0.1, &[(arrears, "isv.AMOUNT_NOT_ENOUGH")])
+    ));
+    assert!(st.set_faults("fcm", faulty(0.1, &[])));
+    assert!(st.set_faults("wechat", faulty(0.1, &[])));
 
     let events = 20;
     let mut task_ids = Vec::new();
     for i in 0..events {
         if i == events / 2 {
-            // The WeChat token expires mid-run: the plugin fetches a new one.
-            sim.expire_tokens();
+            // The access tokens expire mid-run: the plugins fetch new ones.
+            st.expire_tokens();
         }
         let phone = if i == 7 {
             arrears.to_string()
@@ -255,61 +324,30 @@ async fn under_provider_faults_every_message_arrives_once_through_a_real_host_pr
             "occurred_at": "2026-11-30T08:00:00Z", "template": "order_shipped",
             "recipients": {"sms": phone, "wechat": format!("openid-{i}"), "app-push": format!("device-{i}")}
         });
-        let answer: Value = client
-            .post(format!("{base}/v1/events"))
-            .json(&body)
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
-        for r in answer["results"]
-            .as_array()
-            .unwrap_or_else(|| panic!("{answer}"))
-        {
-            assert_eq!(r["result"], "accepted", "{answer}");
-            task_ids.push(r["task_id"].as_str().unwrap().to_string());
-        }
+        task_ids.extend(post_event(&client, &base, &body).await);
     }
 
     // Wait until every task has ended its sending: sent, or failed for good
-    // (the arrears SMS) — none left queued, retrying or sending.
-    let settled = wait_until(Duration::from_secs(60), || {
-        let (client, base, ids) = (client.clone(), base.clone(), task_ids.clone());
-        async move {
-            for id in ids {
-                match get_json(&client, &format!("{base}/v1/tasks/{id}")).await {
-                    Some(t)
-                        if ["sent", "delivered", "failed"]
-                            .contains(&t["status"].as_str().unwrap_or("")) => {}
-                    _ => return false,
-                }
-            }
-            true
-        }
+    // (the arrears SMS), or — on app-push only — held `unknown` after a
+    // cut-off answer. None left queued, retrying, sending or being queried.
+    let settled = wait_tasks(&client, &base, &task_ids, 90, |t| {
+        let status = t["status"].as_str().unwrap_or("");
+        ["sent", "delivered", "failed"].contains(&status)
+            || (t["channel"] == "app-push" && status == "unknown")
     })
     .await;
     assert!(
-        settled.is_ok(),
+        settled,
         "tasks not settled; stats {:?}; host log:\n{}",
-        sim.stats(),
+        st.stats(),
         host.log()
     );
 
     // At the receiving end: exactly one message per (provider, recipient).
-    let ledger = sim.ledger();
-    let per_recipient = |provider: &str| {
-        let mut counts: BTreeMap<String, usize> = BTreeMap::new();
-        for m in &ledger[provider] {
-            *counts.entry(m.recipient.clone()).or_default() += 1;
-        }
-        counts
-    };
     let (sms, wechat, push) = (
-        per_recipient("sms"),
-        per_recipient("wechat"),
-        per_recipient("app-push"),
+        per_recipient(&sim.ledger("sms")),
+        per_recipient(&sim.ledger("wechat")),
+        per_recipient(&sim.ledger("app-push")),
     );
     assert!(
         sms.values()
@@ -325,25 +363,125 @@ async fn under_provider_faults_every_message_arrives_once_through_a_real_host_pr
     );
     assert!(!sms.contains_key(arrears));
     assert_eq!(wechat.len(), events, "{wechat:?}");
-    // One app push per event. The arrears event's fallback push derives the
-    // same key as that event's own app push (the key is per event and
-    // channel), so the fallback is a duplicate of it, not a second message.
+    // One app push per event (a held one was accepted before its answer was
+    // cut off). The arrears event's fallback push derives the same key as
+    // that event's own app push (the key is per event and channel), so the
+    // fallback is a duplicate of it, not a second message.
     assert_eq!(push.len(), events, "{push:?}");
-    let stats = sim.stats();
-    let faults: u64 = [
-        "sms.5xx",
-        "sms.429",
-        "wechat.5xx",
-        "wechat.429",
-        "app-push.5xx",
-        "app-push.429",
-    ]
-    .iter()
-    .map(|k| stats.get(*k).copied().unwrap_or(0))
-    .sum();
+    let stats = st.stats();
+    let count = |k: &str| stats.get(k).copied().unwrap_or(0);
+    let held = count("fcm.dropped_after_accept");
+    let mut unknown = 0;
+    for id in &task_ids {
+        let t = get_json(&client, &format!("{base}/v1/tasks/{id}"))
+            .await
+            .unwrap();
+        if t["status"] == "unknown" {
+            unknown += 1;
+        }
+    }
+    assert_eq!(
+        unknown, held,
+        "one held task per cut-off FCM answer: {stats:?}"
+    );
+    let faults: u64 = ["aliyun-sms", "wechat", "fcm"]
+        .iter()
+        .map(|p| count(&format!("{p}.5xx")) + count(&format!("{p}.429")))
+        .sum();
     assert!(faults > 0, "faults were injected and retried: {stats:?}");
     assert!(
-        stats.get("wechat.token").copied().unwrap_or(0) >= 2,
-        "the token was refreshed: {stats:?}"
+        count("aliyun-sms.dropped_after_accept") + count("wechat.dropped_after_accept") > 0,
+        "cut-off answers were resolved without a duplicate: {stats:?}"
     );
+    assert!(
+        count("wechat.token") >= 2 && count("fcm.token") >= 2,
+        "the tokens were refreshed: {stats:?}"
+    );
+}
+
+/// A policy whose only channel is the Standard Webhooks channel, sent to the
+/// endpoint name `providers::WEBHOOK_ENDPOINT`; short backoff.
+fn webhook_policy() -> String {
+    format!(
+        r#"
+biz_type = "ORDER_PAID"
+key_policy = "per-event@^1"
+channels = ["webhook"]
+window = "1h"
+
+[retry]
+max_attempts = 12
+backoff = {{ initial = "50ms", factor = 2.0, max = "400ms", jitter = true }}
+"#
+    )
+}
+
+#[tokio::test]
+async fn a_standard_webhook_arrives_once_per_key_under_5xx_and_cut_off_answers() {
+    let redis = RedisServer::start().await.unwrap();
+    let sim = providers::sim().await;
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(dir.path().join("policies")).unwrap();
+    std::fs::write(
+        dir.path().join("policies/order-paid.toml"),
+        webhook_policy(),
+    )
+    .unwrap();
+    let (host, base, client) = serve(&redis, dir.path(), &sim).await;
+    // The receiver verifies every signature and dedupes by `webhook-id`;
+    // 20 % of requests get a 5xx, 10 % are taken and the answer cut off.
+    let faults = Faults {
+        fail_5xx: 0.2,
+        drop_after_accept: 0.1,
+        ..Faults::default()
+    };
+    assert!(sim.state.set_faults("webhook", faults));
+
+    let events = 20;
+    let mut task_ids = Vec::new();
+    for i in 0..events {
+        let body = json!({
+            "biz_type": "ORDER_PAID", "biz_id": format!("p-{i}"), "user_id": format!("u-{i}"),
+            "occurred_at": "2026-11-30T08:00:00Z", "template": "order.paid",
+            "params": {"order": format!("p-{i}")},
+            "recipients": {"webhook": WEBHOOK_ENDPOINT}
+        });
+        task_ids.extend(post_event(&client, &base, &body).await);
+    }
+    assert_eq!(task_ids.len(), events);
+    // The webhook channel honours its reference (the receiver dedupes by
+    // `webhook-id`), so a cut-off answer is resent and every task ends sent.
+    let sent = wait_tasks(&client, &base, &task_ids, 60, |t| t["status"] == "sent").await;
+    let stats = sim.state.stats();
+    assert!(
+        sent,
+        "tasks not sent; stats {stats:?}; host log:\n{}",
+        host.log()
+    );
+
+    let ledger = sim.ledger("webhook");
+    let mut per_id: BTreeMap<String, usize> = BTreeMap::new();
+    for m in &ledger {
+        let id = m.reference.clone().expect("a webhook-id");
+        *per_id.entry(id).or_default() += 1;
+        assert_eq!(m.recipient, WEBHOOK_ENDPOINT, "{m:?}");
+        assert_eq!(m.template, "order.paid", "{m:?}");
+    }
+    assert_eq!(per_id.len(), events, "one delivery per key: {per_id:?}");
+    assert!(per_id.values().all(|&n| n == 1), "{per_id:?}");
+    let orders: std::collections::BTreeSet<&str> = ledger
+        .iter()
+        .filter_map(|m| m.params["order"].as_str())
+        .collect();
+    assert_eq!(orders.len(), events, "every order's webhook: {orders:?}");
+    // Resends with the same id are expected after a cut-off answer, and the
+    // receiver answered them without a second delivery.
+    let replays: u32 = ledger.iter().map(|m| m.replays).sum();
+    let count = |k: &str| stats.get(k).copied().unwrap_or(0);
+    assert!(count("webhook.5xx") > 0, "5xx were injected: {stats:?}");
+    assert!(
+        replays as u64 >= count("webhook.dropped_after_accept"),
+        "each cut-off answer was resent and deduped: replays {replays}, {stats:?}"
+    );
+    assert_eq!(count("webhook.bad_signature"), 0, "{stats:?}");
 }

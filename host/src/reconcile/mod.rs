@@ -29,7 +29,7 @@ use tokio::task::JoinSet;
 pub use decide::{Decision, decide};
 
 use crate::config::ReconcileConfig;
-use crate::permit::{CheckAction, Claimed, PermitError, Permits, Task};
+use crate::permit::{CheckAction, Claimed, PermitError, Permits, Task, TaskStatus};
 use crate::send::receipts::settle_from_provider;
 use crate::send::{Check, OutgoingMessage, Sender};
 
@@ -231,10 +231,15 @@ impl Shared {
             }
             Decision::Act(action) => action,
         };
-        let reason = match &check {
-            Check::CannotTell(why) => format!("reconcile check {}: {why}", claimed.checks),
-            other => format!("reconcile check {}: {}", claimed.checks, other.label()),
+        let why = match &check {
+            Check::CannotTell(why) => why.clone(),
+            other => other.label().to_string(),
         };
+        // An `unknown` task keeps what held it (a `sent` one was not held).
+        let held = (claimed.status == TaskStatus::Unknown)
+            .then_some(task.last_error.as_deref())
+            .flatten();
+        let reason = check_reason(claimed.checks, &why, held);
         let done = self
             .permits
             .settle_check(&task, claimed.status, token, &action, &reason)
@@ -248,5 +253,44 @@ impl Shared {
             }
         }
         Ok(done && !matches!(action, CheckAction::Later(_) | CheckAction::Untrack))
+    }
+}
+
+/// How a check's result reads in the task's `last_error`: the check, and
+/// what first held the task (the send's error, kept through every check), so
+/// an operator still sees why it is `unknown` or `dead`.
+fn check_reason(checks: u32, why: &str, previous: Option<&str>) -> String {
+    const HELD: &str = "; held after: ";
+    let origin = previous.map(|p| match p.split_once(HELD) {
+        Some((_, origin)) => origin,
+        None if p.starts_with("reconcile check ") => "",
+        None => p,
+    });
+    match origin.filter(|o| !o.is_empty()) {
+        Some(origin) => format!("reconcile check {checks}: {why}{HELD}{origin}"),
+        None => format!("reconcile check {checks}: {why}"),
+    }
+}
+
+#[cfg(test)]
+mod check_reason_tests {
+    use super::check_reason;
+
+    #[test]
+    fn the_first_cause_of_a_hold_stays_through_every_check() {
+        let first = check_reason(1, "no query", Some("no complete answer: cut off"));
+        assert_eq!(
+            first,
+            "reconcile check 1: no query; held after: no complete answer: cut off"
+        );
+        assert_eq!(
+            check_reason(2, "no query", Some(&first)),
+            "reconcile check 2: no query; held after: no complete answer: cut off"
+        );
+        assert_eq!(check_reason(1, "absent", None), "reconcile check 1: absent");
+        assert_eq!(
+            check_reason(2, "absent", Some("reconcile check 1: absent")),
+            "reconcile check 2: absent"
+        );
     }
 }

@@ -30,8 +30,8 @@ use serde_json::{Value, json};
 use tokio::sync::Semaphore;
 
 use crate::cluster::RedisCluster;
-use crate::redis::RedisServer;
 use crate::providers::{self, Sim};
+use crate::redis::RedisServer;
 use crate::stack::{ServeConfig, ServeProcess};
 
 /// What a chaos run does.
@@ -165,17 +165,17 @@ impl ChaosReport {
             .into_iter()
             .chain(held_rows.iter().map(|(k, v)| (k.as_str(), v.clone())))
             .chain(vec![
-            ("retries", self.retries.to_string()),
-            ("fallbacks", self.fallbacks.to_string()),
-            ("kills (kill -9)", self.kills.to_string()),
-            ("Redis restarts", self.redis_restarts.to_string()),
-            ("load time", format!("{:.1} s", self.load_seconds)),
-            (
-                "time to quiescence",
-                format!("{:.1} s", self.quiescence_seconds),
-            ),
-        ])
-        .collect();
+                ("retries", self.retries.to_string()),
+                ("fallbacks", self.fallbacks.to_string()),
+                ("kills (kill -9)", self.kills.to_string()),
+                ("Redis restarts", self.redis_restarts.to_string()),
+                ("load time", format!("{:.1} s", self.load_seconds)),
+                (
+                    "time to quiescence",
+                    format!("{:.1} s", self.quiescence_seconds),
+                ),
+            ])
+            .collect();
         let width = rows.iter().map(|(k, _)| k.len()).max().unwrap_or(0);
         let mut out = format!(
             "{title}\n\n| {:width$} | value |\n|{}|-------|\n",
@@ -771,15 +771,25 @@ async fn collect_tasks(config: &ChaosConfig, bases: &[String]) -> anyhow::Result
     Ok(tasks)
 }
 
-/// Why a held task is held, in the words of the chaos table.
+/// Why a held task is held, in the words of the chaos table, from what its
+/// `last_error` says. The reconciler writes `reconcile check N: <why>` and
+/// keeps what first held the task after `; held after: `: the dispatcher's
+/// reason for a task re-claimed from a killed worker, or the SDK's "no
+/// complete answer" for an answer cut off after the request was written. A
+/// check that ran a status query and could not tell is its own cause.
 fn hold_cause(task: &Value) -> String {
     let error = task["last_error"].as_str().unwrap_or_default();
-    let cause = if task["reclaims"].as_u64().unwrap_or(0) > 0 {
-        "kill mid-send"
-    } else if error.contains("no complete answer") || error.contains("cut off") {
-        "cut-off answer"
-    } else if error.contains("query") {
+    let (check, origin) = match error.split_once("; held after: ") {
+        Some((check, origin)) => (check, origin),
+        None if error.starts_with("reconcile check ") => (error, ""),
+        None => ("", error),
+    };
+    let cause = if !check.is_empty() && !check.contains("has no status query") {
         "query could not tell"
+    } else if origin.starts_with(pushonce::dispatch::worker::RECLAIMED_REASON) {
+        "kill mid-send"
+    } else if origin.contains("no complete answer") {
+        "cut-off answer"
     } else {
         "other"
     };
@@ -828,7 +838,7 @@ fn account(config: &ChaosConfig, sim: &Sim, tasks: &[Value], report: &mut ChaosR
             // (inside its window) nor be queried holds: FCM (`app-push`);
             // the faults that leave it unknown are the injected cut-off
             // answers and kills mid-send.
-            if channel != "app-push" {
+            if channel != "app-push" || hold_cause(t) == "other" {
                 report.held_unexplained += 1;
                 report.examples.push(format!("unexplained hold: {t}"));
             }

@@ -399,11 +399,10 @@ async fn under_provider_faults_every_message_arrives_once_through_a_real_host_pr
     );
 }
 
-/// A policy whose only channel is the Standard Webhooks channel, sent to the
-/// endpoint name `providers::WEBHOOK_ENDPOINT`; short backoff.
-fn webhook_policy() -> String {
-    format!(
-        r#"
+/// A policy whose only channel is the Standard Webhooks channel (the
+/// events name the endpoint `providers::WEBHOOK_ENDPOINT` as recipient);
+/// short backoff.
+const WEBHOOK_POLICY: &str = r#"
 biz_type = "ORDER_PAID"
 key_policy = "per-event@^1"
 channels = ["webhook"]
@@ -411,10 +410,8 @@ window = "1h"
 
 [retry]
 max_attempts = 12
-backoff = {{ initial = "50ms", factor = 2.0, max = "400ms", jitter = true }}
-"#
-    )
-}
+backoff = { initial = "50ms", factor = 2.0, max = "400ms", jitter = true }
+"#;
 
 #[tokio::test]
 async fn a_standard_webhook_arrives_once_per_key_under_5xx_and_cut_off_answers() {
@@ -422,11 +419,7 @@ async fn a_standard_webhook_arrives_once_per_key_under_5xx_and_cut_off_answers()
     let sim = providers::sim().await;
     let dir = tempfile::tempdir().unwrap();
     std::fs::create_dir_all(dir.path().join("policies")).unwrap();
-    std::fs::write(
-        dir.path().join("policies/order-paid.toml"),
-        webhook_policy(),
-    )
-    .unwrap();
+    std::fs::write(dir.path().join("policies/order-paid.toml"), WEBHOOK_POLICY).unwrap();
     let (host, base, client) = serve(&redis, dir.path(), &sim).await;
     // The receiver verifies every signature and dedupes by `webhook-id`;
     // 20 % of requests get a 5xx, 10 % are taken and the answer cut off.

@@ -39,18 +39,16 @@ fn per_recipient(list: &[provider_sim::Accepted]) -> BTreeMap<String, usize> {
     counts
 }
 
+/// Posts `body` to `/v1/events` and returns the answer.
+async fn post_json(client: &reqwest::Client, base: &str, body: &Value) -> Value {
+    let answer = client.post(format!("{base}/v1/events")).json(body).send();
+    answer.await.unwrap().json().await.unwrap()
+}
+
 /// Posts `body` to `/v1/events` and returns the task ids, asserting each
 /// channel accepted it.
 async fn post_event(client: &reqwest::Client, base: &str, body: &Value) -> Vec<String> {
-    let answer: Value = client
-        .post(format!("{base}/v1/events"))
-        .json(body)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let answer = post_json(client, base, body).await;
     let results = answer["results"]
         .as_array()
         .unwrap_or_else(|| panic!("{answer}"));
@@ -113,15 +111,7 @@ async fn one_event_reaches_each_provider_once_and_an_edited_policy_is_used() {
     });
     let task_ids = post_event(&client, &base, &event).await;
     assert_eq!(task_ids.len(), 3, "{task_ids:?}");
-    let again: Value = client
-        .post(format!("{base}/v1/events"))
-        .json(&event)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let again = post_json(&client, &base, &event).await;
     assert!(
         again["results"]
             .as_array()
@@ -211,15 +201,7 @@ async fn one_event_reaches_each_provider_once_and_an_edited_policy_is_used() {
     );
     let mut next = event.clone();
     next["biz_id"] = json!("o-1002");
-    let answer: Value = client
-        .post(format!("{base}/v1/events"))
-        .json(&next)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let answer = post_json(&client, &base, &next).await;
     let channels: Vec<&str> = answer["results"]
         .as_array()
         .unwrap_or_else(|| panic!("{answer}"))

@@ -10,7 +10,7 @@ use provider_sim::Faults;
 use pushonce::config::{ReconcileBackoff, ReconcileConfig};
 use pushonce::permit::{Requeue, RetryPolicy, TaskStatus, shard_of_task};
 use pushonce::reconcile::Reconciler;
-use pushonce_tests::channels::{DEADLINE, Env, EnvOptions, channels, fast_retry, payload, sender};
+use pushonce_tests::channels::{DEADLINE, Env, EnvOptions, fast_retry, payload, sender};
 use pushonce_tests::wait_until;
 
 /// A reconciler that checks soon and often: `unknown` tasks after 1 s (time
@@ -47,7 +47,7 @@ fn options(max_checks: u32) -> EnvOptions {
 async fn unknown_task_the_provider_has_is_settled_without_a_resend() {
     let env = Env::start_with(|_| {}, options(20)).await;
     // Accepted, answer cut off; the dispatcher's own query fails too.
-    env.sim.state.set_faults(
+    env.sim.set_faults(
         "inbox",
         Faults {
             drop_after_accept: 1.0,
@@ -57,7 +57,7 @@ async fn unknown_task_the_provider_has_is_settled_without_a_resend() {
     );
     let t = env.accept("inbox", "u-1", &payload("user-u1", "T")).await;
     env.wait_status(&t, TaskStatus::Unknown).await;
-    env.sim.state.set_faults("inbox", Faults::default());
+    env.sim.set_faults("inbox", Faults::default());
 
     env.wait_status(&t, TaskStatus::Delivered).await;
     let ledger = env.ledger("inbox");
@@ -80,7 +80,7 @@ async fn unknown_task_the_provider_never_got_is_resent_exactly_once() {
     let env = Env::start_with(|_| {}, options(20)).await;
     // Cut off before the provider took it: the host sees unknown, the
     // provider has nothing (its query says so, but the one attempt is spent).
-    env.sim.state.set_faults(
+    env.sim.set_faults(
         "sms",
         Faults {
             drop_before_accept: 1.0,
@@ -92,7 +92,7 @@ async fn unknown_task_the_provider_never_got_is_resent_exactly_once() {
         .await;
     env.wait_status(&t, TaskStatus::Unknown).await;
     assert!(env.ledger("sms").is_empty());
-    env.sim.state.set_faults("sms", Faults::default());
+    env.sim.set_faults("sms", Faults::default());
 
     let settled = wait_until(DEADLINE, || async {
         matches!(
@@ -135,16 +135,17 @@ async fn sent_task_without_receipt_is_delivered_by_a_query() {
 async fn unknown_task_nothing_can_tell_goes_dead_after_max_checks_and_requeue_keeps_its_key() {
     let metrics = pushonce::api::metrics::handle();
     let env = Env::start_with(|_| {}, options(3)).await;
-    // WeChat: no reference, no query, on_unknown = hold (the default).
-    env.sim.state.set_faults(
-        "wechat",
+    // FCM (`app-push`): no reference, no query, on_unknown = hold (the
+    // default). (WeChat now dedupes a resend by client_msg_id for 10 minutes.)
+    env.sim.set_faults(
+        "app-push",
         Faults {
             drop_after_accept: 1.0,
             ..Faults::default()
         },
     );
     let t = env
-        .accept("wechat", "h-1", &payload("openid-h1", "TPL"))
+        .accept("app-push", "h-1", &payload("device-h1", "TPL"))
         .await;
     env.wait_status(&t, TaskStatus::Dead).await;
     let task = env.permits.task(&t).await.unwrap().unwrap();
@@ -159,7 +160,7 @@ async fn unknown_task_nothing_can_tell_goes_dead_after_max_checks_and_requeue_ke
             .is_some_and(|e| e.contains("no status query")),
         "{task:?}"
     );
-    assert_eq!(env.ledger("wechat").len(), 1);
+    assert_eq!(env.ledger("app-push").len(), 1);
     // Listed for operators, permit kept (it may have been sent).
     let dead = env.permits.dead_tasks(10).await.unwrap();
     assert!(dead.iter().any(|(id, _)| *id == t), "{dead:?}");
@@ -169,11 +170,11 @@ async fn unknown_task_nothing_can_tell_goes_dead_after_max_checks_and_requeue_ke
     );
     let text = metrics.render();
     assert!(
-        text.contains(r#"pushonce_reconcile_checks_total{channel="wechat",result="cannot_tell"}"#),
+        text.contains(r#"pushonce_reconcile_checks_total{channel="app-push",result="cannot_tell"}"#),
         "{text}"
     );
     assert!(
-        text.contains(r#"pushonce_reconcile_gave_up_total{channel="wechat",status="unknown"}"#),
+        text.contains(r#"pushonce_reconcile_gave_up_total{channel="app-push",status="unknown"}"#),
         "{text}"
     );
 
@@ -183,10 +184,10 @@ async fn unknown_task_nothing_can_tell_goes_dead_after_max_checks_and_requeue_ke
         env.permits.requeue(&t, false).await.unwrap(),
         Requeue::MaybeSent
     );
-    assert_eq!(env.ledger("wechat").len(), 1);
+    assert_eq!(env.ledger("app-push").len(), 1);
     // The operator checked and sends it again on purpose: same task, same
     // key, same permit.
-    env.sim.state.set_faults("wechat", Faults::default());
+    env.sim.set_faults("app-push", Faults::default());
     assert!(matches!(
         env.permits.requeue(&t, true).await.unwrap(),
         Requeue::Requeued { .. }
@@ -207,7 +208,7 @@ async fn unknown_task_nothing_can_tell_goes_dead_after_max_checks_and_requeue_ke
             .any(|(id, _)| *id == t)
     );
     assert_eq!(
-        env.ledger("wechat").len(),
+        env.ledger("app-push").len(),
         2,
         "the operator's forced resend"
     );
@@ -221,11 +222,11 @@ async fn two_reconcilers_requeue_each_absent_task_once() {
     let (stop, rx) = tokio::sync::watch::channel(false);
     let other = Reconciler::new(
         env.permits.clone(),
-        std::sync::Arc::new(sender(&channels(env.sim.addr))),
+        std::sync::Arc::new(sender(&env.sim, &env.sim.channels())),
         quick(20),
     );
     let other = tokio::spawn(other.run(rx));
-    env.sim.state.set_faults(
+    env.sim.set_faults(
         "sms",
         Faults {
             drop_before_accept: 1.0,
@@ -246,7 +247,7 @@ async fn two_reconcilers_requeue_each_absent_task_once() {
     for t in &tasks {
         env.wait_status(t, TaskStatus::Unknown).await;
     }
-    env.sim.state.set_faults("sms", Faults::default());
+    env.sim.set_faults("sms", Faults::default());
     for t in &tasks {
         env.wait_status(t, TaskStatus::Delivered).await;
     }

@@ -251,6 +251,11 @@ impl Sim {
         }
     }
 
+    /// Injects `faults` into the provider of `channel`.
+    pub fn set_faults(&self, channel: &str, faults: provider_sim::Faults) {
+        assert!(self.state.set_faults(provider_of(channel), faults));
+    }
+
     /// What the provider of `channel` accepted, per the simulator's ledger.
     pub fn ledger(&self, channel: &str) -> Vec<provider_sim::Accepted> {
         self.state

@@ -170,7 +170,9 @@ async fn unknown_task_nothing_can_tell_goes_dead_after_max_checks_and_requeue_ke
     );
     let text = metrics.render();
     assert!(
-        text.contains(r#"pushonce_reconcile_checks_total{channel="app-push",result="cannot_tell"}"#),
+        text.contains(
+            r#"pushonce_reconcile_checks_total{channel="app-push",result="cannot_tell"}"#
+        ),
         "{text}"
     );
     assert!(

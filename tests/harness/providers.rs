@@ -64,8 +64,16 @@ pub async fn start(config: Config) -> Sim {
     let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|s| *s).await;
     };
-    tokio::spawn(provider_sim::run(listener, state.clone(), stopped(rx.clone())));
-    tokio::spawn(provider_sim::run_control(control, state.clone(), stopped(rx)));
+    tokio::spawn(provider_sim::run(
+        listener,
+        state.clone(),
+        stopped(rx.clone()),
+    ));
+    tokio::spawn(provider_sim::run_control(
+        control,
+        state.clone(),
+        stopped(rx),
+    ));
     let dir = tempfile::tempdir().unwrap();
     state.write_ca(&dir.path().join("ca.pem")).unwrap();
     Sim {
@@ -108,7 +116,10 @@ impl Sim {
     pub fn env(&self) -> Vec<(String, String)> {
         let c = self.state.credentials();
         let mut env = vec![
-            ("TEST_ALIYUN_SECRET".into(), c.aliyun_access_key_secret.clone()),
+            (
+                "TEST_ALIYUN_SECRET".into(),
+                c.aliyun_access_key_secret.clone(),
+            ),
             ("TEST_WECHAT_SECRET".into(), c.wechat_secret.clone()),
             ("TEST_WECHAT_TOKEN".into(), c.wechat_callback_token.clone()),
             (
@@ -126,7 +137,10 @@ impl Sim {
 
     /// The value of environment variable `var` of [`Sim::env`].
     pub fn env_var(&self, var: &str) -> Option<String> {
-        self.env().into_iter().find(|(k, _)| k == var).map(|(_, v)| v)
+        self.env()
+            .into_iter()
+            .find(|(k, _)| k == var)
+            .map(|(_, v)| v)
     }
 
     /// The six channel instances, pointing at the simulator over TLS.
@@ -157,7 +171,10 @@ impl Sim {
         let c = self.state.credentials();
         let base = self.base();
         let s = |pairs: &[(&str, String)]| -> BTreeMap<String, String> {
-            pairs.iter().map(|(k, v)| (k.to_string(), v.clone())).collect()
+            pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.clone()))
+                .collect()
         };
         match channel {
             "inbox" => (s(&[("endpoint", base)]), s(&[])),

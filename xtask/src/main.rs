@@ -32,7 +32,14 @@ fn main() -> Result<()> {
             // Rust: their unit tests run natively.
             run(Command::new(cargo())
                 .current_dir(root.join("plugins"))
-                .args(["test", "-p", "key-util", "-p", "provider-auth", "--target-dir"])
+                .args([
+                    "test",
+                    "-p",
+                    "key-util",
+                    "-p",
+                    "provider-auth",
+                    "--target-dir",
+                ])
                 .arg(root.join("target").join("plugins-native")))?;
             run(Command::new(cargo())
                 .current_dir(&root)
@@ -244,7 +251,12 @@ fn run_service(root: &Path, plugin_dir: &Path, extra: &[String]) -> Result<()> {
     let keys = dir.join("keys");
     let _ = std::fs::remove_file(keys.join("credentials.json"));
     let mut sim = Command::new(bin.join("provider-sim"))
-        .args(["--listen", "127.0.0.1:9090", "--control-listen", "127.0.0.1:9091"])
+        .args([
+            "--listen",
+            "127.0.0.1:9090",
+            "--control-listen",
+            "127.0.0.1:9091",
+        ])
         .arg("--ca-out")
         .arg(dir.join("ca.pem"))
         .arg("--keys-dir")
@@ -296,7 +308,10 @@ fn simulator_env(keys: &Path) -> Result<Vec<(String, String)>> {
         match parsed {
             Some(c) => break c,
             None if std::time::Instant::now() > deadline => {
-                bail!("the provider simulator did not write {} within 30 s", file.display())
+                bail!(
+                    "the provider simulator did not write {} within 30 s",
+                    file.display()
+                )
             }
             None => std::thread::sleep(std::time::Duration::from_millis(50)),
         }
@@ -305,11 +320,20 @@ fn simulator_env(keys: &Path) -> Result<Vec<(String, String)>> {
     let account = std::fs::read_to_string(keys.join("fcm-service-account.json"))?;
     let token = || format!("{:032x}", rand::random::<u128>());
     Ok(vec![
-        ("PUSHONCE_ALIYUN_KEY_ID".into(), field("aliyun_access_key_id")),
-        ("PUSHONCE_ALIYUN_SECRET".into(), field("aliyun_access_key_secret")),
+        (
+            "PUSHONCE_ALIYUN_KEY_ID".into(),
+            field("aliyun_access_key_id"),
+        ),
+        (
+            "PUSHONCE_ALIYUN_SECRET".into(),
+            field("aliyun_access_key_secret"),
+        ),
         ("PUSHONCE_WECHAT_APPID".into(), field("wechat_appid")),
         ("PUSHONCE_WECHAT_SECRET".into(), field("wechat_secret")),
-        ("PUSHONCE_WECHAT_TOKEN".into(), field("wechat_callback_token")),
+        (
+            "PUSHONCE_WECHAT_TOKEN".into(),
+            field("wechat_callback_token"),
+        ),
         ("PUSHONCE_FCM_SERVICE_ACCOUNT".into(), account),
         ("PUSHONCE_APNS_TEAM".into(), field("apns_team_id")),
         ("PUSHONCE_APNS_KEY_ID".into(), field("apns_key_id")),

@@ -87,7 +87,11 @@ pub fn token(
 fn lock_holder() -> String {
     use std::hash::BuildHasher;
     let state = std::collections::hash_map::RandomState::new();
-    format!("{:016x}{:013x}", state.hash_one(crate::now_ms()), crate::now_ms())
+    format!(
+        "{:016x}{:013x}",
+        state.hash_one(crate::now_ms()),
+        crate::now_ms()
+    )
 }
 
 /// Fetches a token and stores it for the other instances.

@@ -927,6 +927,9 @@ mod example {
         let config = HostConfig::parse(&file, &text).unwrap_or_else(|e| panic!("{e}"));
         config.check().unwrap();
         let channels: Vec<&str> = config.channels.keys().map(String::as_str).collect();
-        assert_eq!(channels, ["app-push", "inbox", "sms", "wechat"]);
+        assert_eq!(
+            channels,
+            ["apns", "app-push", "inbox", "sms", "webhook", "wechat"]
+        );
     }
 }

@@ -263,7 +263,8 @@ impl Backend {
     }
 }
 
-/// Entries still in the ready streams plus retries waiting, over every
+/// Entries still in the ready streams, retries waiting and tasks awaiting a
+/// reconciler check, over every
 /// shard (one command per key, so no command crosses a shard).
 async fn backlog(conn: &mut RedisConn, layout: &Layout) -> anyhow::Result<u64> {
     let mut total = 0u64;
@@ -276,7 +277,13 @@ async fn backlog(conn: &mut RedisConn, layout: &Layout) -> anyhow::Result<u64> {
             .arg(layout.delayed(shard))
             .query_async(conn)
             .await?;
-        total += ready + delayed;
+        // Tasks awaiting a reconciler check (an `unknown` SMS waits for its
+        // status query past the provider's lag): not quiet until checked.
+        let awaiting: u64 = redis::cmd("ZCARD")
+            .arg(layout.awaiting(shard))
+            .query_async(conn)
+            .await?;
+        total += ready + delayed + awaiting;
     }
     Ok(total)
 }

@@ -1,8 +1,9 @@
 //! Channels set up for end-to-end tests in process (`channels.rs`,
 //! `reconcile.rs`): a real redis-server, the real provider simulator on
 //! 127.0.0.1 over TLS, the real channel plugins pointing at it, a dispatcher
-//! sending through a `PluginSender` and, when asked, a reconciler checking
-//! through the same sender.
+//! sending through a `PluginSender` (with its shared cache in that Redis, as
+//! `pushonce serve` has it) and, when asked, a reconciler checking through
+//! the same sender.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -15,6 +16,7 @@ use pushonce::plugin::PluginRegistry;
 use pushonce::reconcile::Reconciler;
 use pushonce::send::Payload;
 use pushonce::send::plugin::PluginSender;
+use pushonce::store::RedisConn;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
@@ -42,6 +44,16 @@ pub fn sender(sim: &Sim, channels: &BTreeMap<String, ChannelConfig>) -> PluginSe
         env.iter().find(|(k, _)| k == var).map(|(_, v)| v.clone())
     })
     .unwrap()
+}
+
+/// [`sender`] with its shared cache (access tokens) in `redis`, as the host has it.
+pub async fn cached_sender(
+    sim: &Sim,
+    channels: &BTreeMap<String, ChannelConfig>,
+    redis: &RedisServer,
+) -> PluginSender {
+    let conn = RedisConn::Single(redis.manager().await.unwrap());
+    sender(sim, channels).with_shared_cache(&conn, "pushonce-test")
 }
 
 /// Quick retries, many attempts.
@@ -82,6 +94,8 @@ pub struct Env {
     pub sim: Sim,
     /// The permit layer on that Redis.
     pub permits: Permits,
+    /// The sender the dispatcher and the reconciler use.
+    pub sender: Arc<PluginSender>,
     /// The retry schedule of accepted tasks.
     retry: RetryPolicy,
     /// Stops the dispatcher and the reconciler.
@@ -112,7 +126,7 @@ impl Env {
         }
         let permits = redis.permits(config).await.unwrap();
         permits.prepare().await.unwrap();
-        let sender = Arc::new(sender(&sim, &chans));
+        let sender = Arc::new(cached_sender(&sim, &chans, &redis).await);
         let (stop, rx) = watch::channel(false);
         let dispatcher = Dispatcher::new(
             redis.client(),
@@ -129,13 +143,14 @@ impl Env {
         );
         let mut handles = vec![tokio::spawn(async move { dispatcher.run().await.unwrap() })];
         if let Some(r) = options.reconcile {
-            let reconciler = Reconciler::new(permits.clone(), sender, r);
+            let reconciler = Reconciler::new(permits.clone(), sender.clone(), r);
             handles.push(tokio::spawn(reconciler.run(rx)));
         }
         Env {
             _redis: redis,
             sim,
             permits,
+            sender,
             retry: options.retry,
             stop,
             handles,

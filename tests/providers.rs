@@ -19,14 +19,13 @@ use axum::extract::{Path, RawQuery, State};
 use axum::http::{HeaderMap, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use provider_sim::Faults;
-use pushonce::config::{ReconcileBackoff, ReconcileConfig};
 use pushonce::permit::{Permits, RetryPolicy, Task, TaskStatus};
 use pushonce::plugin::bindings::{CallbackRequest, Message, Receipt, SendError};
 use pushonce::send::Fallback;
 use pushonce::send::plugin::{CallbackAccess, PluginSender};
 use pushonce::send::receipts::{ReceiptError, handle_callback};
 use pushonce_tests::channels::{
-    DEADLINE, Env, EnvOptions, cached_sender, fast_retry, payload, sim,
+    DEADLINE, Env, EnvOptions, cached_sender, fast_retry, one_attempt_then_reconcile, payload, sim,
 };
 use pushonce_tests::providers::{CHANNELS, Sim, WEBHOOK_ENDPOINT};
 use pushonce_tests::redis::RedisServer;
@@ -86,27 +85,19 @@ async fn wait_settled(env: &Env, t: &str) {
     }
 }
 
-/// One attempt (an unknown outcome is left to the reconciler), and a
-/// reconciler that checks an `unknown` task after 1 s, up to `max_checks` times.
-fn reconciling(max_checks: u32) -> EnvOptions {
-    EnvOptions {
-        retry: RetryPolicy {
-            max_attempts: 1,
-            ..fast_retry()
-        },
-        reconcile: Some(ReconcileConfig {
-            every: Duration::from_millis(50),
-            sent_age: Duration::from_millis(300),
-            unknown_age: Duration::from_secs(1),
-            max_checks,
-            backoff: ReconcileBackoff {
-                initial: Duration::from_millis(100),
-                factor: 1.5,
-                max: Duration::from_millis(300),
-            },
-            batch: 100,
-            check_timeout: Duration::from_secs(5),
-        }),
+/// Every send to the provider is accepted, then its answer cut off.
+fn cut_after_accept() -> Faults {
+    Faults {
+        drop_after_accept: 1.0,
+        ..Faults::default()
+    }
+}
+
+/// Every send is cut off before the provider took it.
+fn cut_before_accept() -> Faults {
+    Faults {
+        drop_before_accept: 1.0,
+        ..Faults::default()
     }
 }
 
@@ -455,14 +446,10 @@ async fn wechat_busy_is_retried_and_sent_once() {
 async fn a_cut_off_push_without_reference_is_held_and_never_sent_twice() {
     // FCM and APNs: no reference, no query, `on_unknown = "hold"`. The
     // reconciler cannot tell either, and gives up to an operator.
-    let env = Env::start_with(|_| {}, reconciling(2)).await;
-    let cut = Faults {
-        drop_after_accept: 1.0,
-        ..Faults::default()
-    };
+    let env = Env::start_with(|_| {}, one_attempt_then_reconcile(2)).await;
     let mut tasks = Vec::new();
     for channel in ["app-push", "apns"] {
-        env.sim.set_faults(channel, cut.clone());
+        env.sim.set_faults(channel, cut_after_accept());
         tasks.push((channel, accept(&env, channel, "cut-1", 1).await));
     }
     for (channel, t) in &tasks {
@@ -480,13 +467,9 @@ async fn a_cut_off_answer_is_resent_under_the_same_reference_and_the_provider_ke
     // WeChat (client_msg_id, inside its 10 minutes) and webhooks
     // (webhook-id) dedupe a resend: the host resends at once.
     let env = Env::start(|_| {}).await;
-    let cut = Faults {
-        drop_after_accept: 1.0,
-        ..Faults::default()
-    };
     let mut tasks = Vec::new();
     for channel in ["wechat", "webhook"] {
-        env.sim.set_faults(channel, cut.clone());
+        env.sim.set_faults(channel, cut_after_accept());
         tasks.push((channel, accept(&env, channel, "cut-2", 1).await));
     }
     for (channel, _) in &tasks {
@@ -512,13 +495,7 @@ async fn a_cut_off_answer_is_resent_under_the_same_reference_and_the_provider_ke
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cut_off_inbox_message_is_found_by_its_key_and_not_resent() {
     let env = Env::start(|_| {}).await;
-    env.sim.set_faults(
-        "inbox",
-        Faults {
-            drop_after_accept: 1.0,
-            ..Faults::default()
-        },
-    );
+    env.sim.set_faults("inbox", cut_after_accept());
     let t = accept(&env, "inbox", "cut-3", 1).await;
     wait_settled(&env, &t).await;
     assert_eq!(task(&env.permits, &t).await.attempts, 1);
@@ -532,15 +509,9 @@ async fn a_cut_off_inbox_message_is_found_by_its_key_and_not_resent() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn aliyun_sms_cut_off_at_the_provider_is_settled_by_the_query_without_a_second_sms() {
-    let env = Env::start_with(|_| {}, reconciling(20)).await;
+    let env = Env::start_with(|_| {}, one_attempt_then_reconcile(20)).await;
     // Every send is cut off after Aliyun took it: a resend would show.
-    env.sim.set_faults(
-        "sms",
-        Faults {
-            drop_after_accept: 1.0,
-            ..Faults::default()
-        },
-    );
+    env.sim.set_faults("sms", cut_after_accept());
     let t = accept(&env, "sms", "q-1", 1).await;
     wait_settled(&env, &t).await;
     let task = task(&env.permits, &t).await;
@@ -551,33 +522,8 @@ async fn aliyun_sms_cut_off_at_the_provider_is_settled_by_the_query_without_a_se
     env.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn aliyun_sms_the_provider_never_got_is_resent_once_after_the_query_lag() {
-    let env = Env::start_with(|_| {}, reconciling(20)).await;
-    env.sim.set_faults(
-        "sms",
-        Faults {
-            drop_before_accept: 1.0,
-            ..Faults::default()
-        },
-    );
-    let t = accept(&env, "sms", "q-2", 1).await;
-    env.wait_status(&t, TaskStatus::Unknown).await;
-    env.sim.set_faults("sms", Faults::default());
-    wait_settled(&env, &t).await;
-    let task = task(&env.permits, &t).await;
-    assert_eq!(task.attempts, 2, "one resend: {task:?}");
-    let (first, last) = (
-        task.first_attempt_ms.unwrap(),
-        task.last_attempt_ms.unwrap(),
-    );
-    assert!(
-        last >= first + 1000,
-        "resent only past the 1 s query lag: {task:?}"
-    );
-    assert_eq!(env.ledger("sms").len(), 1);
-    env.stop().await;
-}
+// Absent (cut off before Aliyun took it): resent once, past the query lag —
+// `reconcile.rs`, `unknown_task_the_provider_never_got_is_resent_exactly_once`.
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn aliyun_sms_is_never_resent_while_the_query_may_still_lag() {
@@ -587,16 +533,10 @@ async fn aliyun_sms_is_never_resent_while_the_query_may_still_lag() {
             let sms = c.get_mut("sms").unwrap();
             sms.settings.insert("query_lag".into(), "3600".into());
         },
-        reconciling(3),
+        one_attempt_then_reconcile(3),
     )
     .await;
-    env.sim.set_faults(
-        "sms",
-        Faults {
-            drop_before_accept: 1.0,
-            ..Faults::default()
-        },
-    );
+    env.sim.set_faults("sms", cut_before_accept());
     let t = accept(&env, "sms", "q-3", 1).await;
     env.wait_status(&t, TaskStatus::Unknown).await;
     env.sim.set_faults("sms", Faults::default());

@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use pushonce::config::{ChannelConfig, ReconcileConfig};
+use pushonce::config::{ChannelConfig, ReconcileBackoff, ReconcileConfig};
 use pushonce::dispatch::{DispatchConfig, Dispatcher};
 use pushonce::permit::{AcceptRequest, Acceptance, PermitConfig, Permits, RetryPolicy, TaskStatus};
 use pushonce::plugin::PluginRegistry;
@@ -64,6 +64,37 @@ pub fn fast_retry() -> RetryPolicy {
         factor: 1.5,
         max_delay: Duration::from_millis(300),
         jitter: true,
+    }
+}
+
+/// A reconciler that checks soon and often: `unknown` tasks after 1 s (time
+/// for a test to change the simulator's faults first), `sent` ones after
+/// 300 ms, up to `max_checks` times.
+pub fn quick_reconcile(max_checks: u32) -> ReconcileConfig {
+    ReconcileConfig {
+        every: Duration::from_millis(50),
+        sent_age: Duration::from_millis(300),
+        unknown_age: Duration::from_secs(1),
+        max_checks,
+        backoff: ReconcileBackoff {
+            initial: Duration::from_millis(100),
+            factor: 1.5,
+            max: Duration::from_millis(300),
+        },
+        batch: 100,
+        check_timeout: Duration::from_secs(5),
+    }
+}
+
+/// One attempt only (an unknown outcome the dispatcher cannot settle at once
+/// is held `unknown`), then [`quick_reconcile`].
+pub fn one_attempt_then_reconcile(max_checks: u32) -> EnvOptions {
+    EnvOptions {
+        retry: RetryPolicy {
+            max_attempts: 1,
+            ..fast_retry()
+        },
+        reconcile: Some(quick_reconcile(max_checks)),
     }
 }
 

@@ -2,10 +2,10 @@
 //! simulator on 127.0.0.1 (`provider_sim::run`), the real channel plugins built
 //! by `build.rs`, the dispatcher sending through `PluginSender`. Counts are
 //! made at the receiving end — the simulator's ledger. The setup is shared
-//! with `reconcile.rs` (`pushonce_tests::channels`). Provider callbacks are
-//! tested through a real host in `contract.rs` and `e2e.rs`; WeChat's token
-//! refresh mid-run and FCM's cut-off answers held for an operator in `e2e.rs`
-//! and the chaos proof.
+//! with `reconcile.rs` (`pushonce_tests::channels`). Per provider — receipts
+//! in each provider's format, callback signatures, token refresh, error
+//! classes, cut-off answers — in `providers.rs`; through a real host in
+//! `contract.rs`, `e2e.rs` and the chaos proof.
 
 use provider_sim::Faults;
 use pushonce::config::{ChannelConfig, OnUnknown};

@@ -1,20 +1,22 @@
 //! Channels set up for end-to-end tests in process (`channels.rs`,
 //! `reconcile.rs`): a real redis-server, the real provider simulator on
 //! 127.0.0.1 over TLS, the real channel plugins pointing at it, a dispatcher
-//! sending through a `PluginSender` and, when asked, a reconciler checking
-//! through the same sender.
+//! sending through a `PluginSender` (with its shared cache in that Redis, as
+//! `pushonce serve` has it) and, when asked, a reconciler checking through
+//! the same sender.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use pushonce::config::{ChannelConfig, ReconcileConfig};
+use pushonce::config::{ChannelConfig, ReconcileBackoff, ReconcileConfig};
 use pushonce::dispatch::{DispatchConfig, Dispatcher};
 use pushonce::permit::{AcceptRequest, Acceptance, PermitConfig, Permits, RetryPolicy, TaskStatus};
 use pushonce::plugin::PluginRegistry;
 use pushonce::reconcile::Reconciler;
 use pushonce::send::Payload;
 use pushonce::send::plugin::PluginSender;
+use pushonce::store::RedisConn;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
@@ -44,6 +46,16 @@ pub fn sender(sim: &Sim, channels: &BTreeMap<String, ChannelConfig>) -> PluginSe
     .unwrap()
 }
 
+/// [`sender`] with its shared cache (access tokens) in `redis`, as the host has it.
+pub async fn cached_sender(
+    sim: &Sim,
+    channels: &BTreeMap<String, ChannelConfig>,
+    redis: &RedisServer,
+) -> PluginSender {
+    let conn = RedisConn::Single(redis.manager().await.unwrap());
+    sender(sim, channels).with_shared_cache(&conn, "pushonce-test")
+}
+
 /// Quick retries, many attempts.
 pub fn fast_retry() -> RetryPolicy {
     RetryPolicy {
@@ -52,6 +64,37 @@ pub fn fast_retry() -> RetryPolicy {
         factor: 1.5,
         max_delay: Duration::from_millis(300),
         jitter: true,
+    }
+}
+
+/// A reconciler that checks soon and often: `unknown` tasks after 1 s (time
+/// for a test to change the simulator's faults first), `sent` ones after
+/// 300 ms, up to `max_checks` times.
+pub fn quick_reconcile(max_checks: u32) -> ReconcileConfig {
+    ReconcileConfig {
+        every: Duration::from_millis(50),
+        sent_age: Duration::from_millis(300),
+        unknown_age: Duration::from_secs(1),
+        max_checks,
+        backoff: ReconcileBackoff {
+            initial: Duration::from_millis(100),
+            factor: 1.5,
+            max: Duration::from_millis(300),
+        },
+        batch: 100,
+        check_timeout: Duration::from_secs(5),
+    }
+}
+
+/// One attempt only (an unknown outcome the dispatcher cannot settle at once
+/// is held `unknown`), then [`quick_reconcile`].
+pub fn one_attempt_then_reconcile(max_checks: u32) -> EnvOptions {
+    EnvOptions {
+        retry: RetryPolicy {
+            max_attempts: 1,
+            ..fast_retry()
+        },
+        reconcile: Some(quick_reconcile(max_checks)),
     }
 }
 
@@ -82,6 +125,8 @@ pub struct Env {
     pub sim: Sim,
     /// The permit layer on that Redis.
     pub permits: Permits,
+    /// The sender the dispatcher and the reconciler use.
+    pub sender: Arc<PluginSender>,
     /// The retry schedule of accepted tasks.
     retry: RetryPolicy,
     /// Stops the dispatcher and the reconciler.
@@ -112,7 +157,7 @@ impl Env {
         }
         let permits = redis.permits(config).await.unwrap();
         permits.prepare().await.unwrap();
-        let sender = Arc::new(sender(&sim, &chans));
+        let sender = Arc::new(cached_sender(&sim, &chans, &redis).await);
         let (stop, rx) = watch::channel(false);
         let dispatcher = Dispatcher::new(
             redis.client(),
@@ -129,13 +174,14 @@ impl Env {
         );
         let mut handles = vec![tokio::spawn(async move { dispatcher.run().await.unwrap() })];
         if let Some(r) = options.reconcile {
-            let reconciler = Reconciler::new(permits.clone(), sender, r);
+            let reconciler = Reconciler::new(permits.clone(), sender.clone(), r);
             handles.push(tokio::spawn(reconciler.run(rx)));
         }
         Env {
             _redis: redis,
             sim,
             permits,
+            sender,
             retry: options.retry,
             stop,
             handles,

@@ -27,7 +27,7 @@ use pushonce::send::receipts::{ReceiptError, handle_callback};
 use pushonce_tests::channels::{
     DEADLINE, Env, EnvOptions, cached_sender, fast_retry, one_attempt_then_reconcile, payload, sim,
 };
-use pushonce_tests::providers::{CHANNELS, Sim, WEBHOOK_ENDPOINT};
+use pushonce_tests::providers::{CHANNELS, Sim, WEBHOOK_ENDPOINT, start as start_sim};
 use pushonce_tests::redis::RedisServer;
 use pushonce_tests::wait_until;
 
@@ -615,6 +615,101 @@ async fn fcm_refreshes_an_expired_oauth_token_once_and_sends() {
     assert_eq!(stat(&sim, "fcm.expired_token"), 1, "one 401");
     assert_eq!(stat(&sim, "fcm.token"), 2, "refreshed once");
     assert_eq!(sim.ledger("app-push").len(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn apns_mints_a_new_provider_token_when_apple_calls_it_expired_and_sends() {
+    // Apple refuses a provider token older than an hour; here the limit is
+    // two seconds (and no minimum between token updates), so the token the
+    // plugin shares for 50 minutes expires during the test.
+    let sim = start_sim(provider_sim::Config {
+        apns_token_max_age: Duration::from_secs(2),
+        apns_min_token_interval: Duration::ZERO,
+        ..provider_sim::Config::default()
+    })
+    .await;
+    let redis = RedisServer::start().await.unwrap();
+    let sender = cached_sender(&sim, &sim.channels(), &redis).await;
+    send_now(&sender, "apns", "ptok-1").await.unwrap();
+    // The token's `iat` is at most this second; APNs calls it expired once
+    // more than two seconds older than that.
+    let minted_by = unix_secs();
+    wait_until(DEADLINE, || async { unix_secs() > minted_by + 2 })
+        .await
+        .expect("the clock passes the token's age limit");
+    send_now(&sender, "apns", "ptok-2").await.unwrap();
+    assert_eq!(
+        stat(&sim, "apns.expired_token"),
+        1,
+        "one ExpiredProviderToken"
+    );
+    send_now(&sender, "apns", "ptok-3").await.unwrap();
+    assert_eq!(
+        stat(&sim, "apns.expired_token"),
+        1,
+        "the new token is shared"
+    );
+    assert_eq!(stat(&sim, "apns.bad_token"), 0, "no malformed token");
+    assert_eq!(sim.ledger("apns").len(), 3, "each push once");
+}
+
+/// Seconds since the Unix epoch, the unit of a JWT's `iat`.
+fn unix_secs() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn aliyun_credential_errors_fail_at_once_and_name_the_setting_to_fix() {
+    let env = Env::start(|chans| {
+        let sms = chans["sms"].clone();
+        let mut bad_id = sms.clone();
+        bad_id
+            .settings
+            .insert("access_key_id".into(), "LTAI5tNoSuchKey0000000000".into());
+        // Another credential's value: Aliyun recomputes the signature with
+        // the account's real secret and finds a different one.
+        let mut bad_secret = sms;
+        bad_secret
+            .secrets_from_env
+            .insert("access_key_secret".into(), "TEST_WECHAT_SECRET".into());
+        chans.insert("sms-bad-id".into(), bad_id);
+        chans.insert("sms-bad-secret".into(), bad_secret);
+    })
+    .await;
+    let cases = [
+        ("sms-bad-id", "InvalidAccessKeyId", "check `access_key_id`"),
+        (
+            "sms-bad-secret",
+            "SignatureDoesNotMatch",
+            "check `access_key_secret`",
+        ),
+    ];
+    for (channel, code, fix) in cases {
+        let p = payload(&recipient("sms", 1), template("sms"));
+        let t = env.accept(channel, "cred-1", &p).await;
+        env.wait_status(&t, TaskStatus::Failed).await;
+        let task = task(&env.permits, &t).await;
+        let why = task.last_error.clone().unwrap_or_default();
+        assert!(
+            why.contains(code),
+            "{channel}: names the provider's code: {why}"
+        );
+        assert!(
+            why.contains(fix),
+            "{channel}: names the setting to fix: {why}"
+        );
+        assert_eq!(task.attempts, 1, "{channel}: not retried: {task:?}");
+    }
+    assert_eq!(
+        stat(&env.sim, "aliyun-sms.bad_signature"),
+        2,
+        "one refusal each"
+    );
+    assert!(env.ledger("sms").is_empty(), "no SMS with bad credentials");
+    env.stop().await;
 }
 
 // --------------------------------------------------------------- callbacks

@@ -159,7 +159,11 @@ async fn send(
         connection.map_or(ConnectionId(u64::MAX), |c| c.0),
         &headers,
     ) {
-        state.lock().count(PROVIDER, "bad_token");
+        let outcome = match refused.1 {
+            "ExpiredProviderToken" => "expired_token",
+            _ => "bad_token",
+        };
+        state.lock().count(PROVIDER, outcome);
         return refused.into_response();
     }
     let payload = match check_request(&headers, &device, &body) {

@@ -8,7 +8,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Parser;
-use pushonce_tests::chaos::{ChaosConfig, run};
+use pushonce_tests::chaos::{ChaosConfig, ChaosLedger, run};
 
 /// Proves no duplicate and no miss under chaos; prints a table.
 #[derive(Debug, Parser)]
@@ -48,6 +48,11 @@ struct Args {
     /// restarts one master in turn).
     #[arg(long)]
     cluster: bool,
+    /// The delivery ledger: `postgres` (one real PostgreSQL shared by every
+    /// instance, as a deployment has it) or `sqlite` (each instance its own
+    /// file, claims not shared).
+    #[arg(long, default_value = "postgres", value_parser = ["postgres", "sqlite"])]
+    ledger: String,
 }
 
 #[tokio::main]
@@ -65,15 +70,20 @@ async fn main() -> ExitCode {
         drop_rate: args.drop_rate,
         seed: args.seed,
         cluster: args.cluster,
+        ledger: match args.ledger.as_str() {
+            "sqlite" => ChaosLedger::SqlitePerInstance,
+            _ => ChaosLedger::Postgres,
+        },
         ..ChaosConfig::default()
     };
     let title = format!(
-        "chaos: {}, {} instances, {} events × {} posts",
+        "chaos: {}, ledger {}, {} instances, {} events × {} posts",
         if config.cluster {
             "Redis Cluster (3 masters)"
         } else {
             "one Redis"
         },
+        args.ledger,
         config.instances,
         config.events,
         config.posts

@@ -30,6 +30,7 @@ use serde_json::{Value, json};
 use tokio::sync::Semaphore;
 
 use crate::cluster::RedisCluster;
+use crate::postgres::PostgresServer;
 use crate::providers::{self, Sim};
 use crate::redis::RedisServer;
 use crate::stack::{ServeConfig, ServeProcess};
@@ -64,6 +65,19 @@ pub struct ChaosConfig {
     pub progress_every: Duration,
     /// Run on a Redis Cluster of three masters instead of one Redis.
     pub cluster: bool,
+    /// The delivery ledger every instance claims in.
+    pub ledger: ChaosLedger,
+}
+
+/// Which delivery ledger a chaos run's instances use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ChaosLedger {
+    /// One real PostgreSQL shared by every instance, as a deployment of
+    /// several instances has it.
+    Postgres,
+    /// Each instance its own SQLite file (the embedded default of a single
+    /// instance): claims are not shared between instances.
+    SqlitePerInstance,
 }
 
 impl Default for ChaosConfig {
@@ -82,6 +96,7 @@ impl Default for ChaosConfig {
             seed: 7,
             progress_every: Duration::from_secs(5),
             cluster: false,
+            ledger: ChaosLedger::Postgres,
         }
     }
 }
@@ -107,6 +122,9 @@ pub struct ChaosReport {
     pub duplicates: u64,
     /// Expected messages neither received nor visibly held.
     pub misses: u64,
+    /// Tasks the delivery ledger stopped (`duplicate_prevented`): Redis had
+    /// lost their permit, another task owned the key in the ledger.
+    pub duplicate_prevented: u64,
     /// Tasks held for an operator (`unknown` or `dead`).
     pub held: u64,
     /// Held tasks per (channel, cause).
@@ -146,6 +164,10 @@ impl ChaosReport {
             ("expected messages", self.expected.to_string()),
             ("delivered", self.delivered.to_string()),
             ("duplicates", self.duplicates.to_string()),
+            (
+                "duplicates prevented by the ledger",
+                self.duplicate_prevented.to_string(),
+            ),
             ("misses", self.misses.to_string()),
             (
                 "held for an operator (unexplained)",
@@ -443,6 +465,15 @@ pub async fn run(
     let sim = providers::sim().await;
     let mut serve = ServeConfig::new("", &sim);
     serve.redis = backend.config_lines();
+    // Kept for the run: every instance claims in it.
+    let postgres = match config.ledger {
+        ChaosLedger::Postgres => {
+            let pg = PostgresServer::start(true).await?;
+            serve.ledger_url = Some(pg.database().await?);
+            Some(pg)
+        }
+        ChaosLedger::SqlitePerInstance => None,
+    };
     serve.shards = SHARDS;
     serve.workers = 16;
     serve.lease = "3s".into();
@@ -601,12 +632,13 @@ backoff = { initial = "1s", factor = 2.0, max = "4s" }
     }
     report.quiescence_seconds = quiet_from.elapsed().as_secs_f64();
 
-    progress("chaos: comparing the ledger with the plan");
+    progress("chaos: comparing the providers' ledger with the plan");
     let tasks = collect_tasks(config, &bases).await?;
     account(config, &sim, &tasks, &mut report);
     for host in hosts.iter_mut() {
         let _ = host.terminate(Duration::from_secs(10)).await;
     }
+    drop(postgres);
     Ok(report)
 }
 
@@ -834,6 +866,9 @@ fn account(config: &ChaosConfig, sim: &Sim, tasks: &[Value], report: &mut ChaosR
                 .is_some_and(|e| e.contains("fallback to"))
         {
             report.fallbacks += 1;
+        }
+        if status == "duplicate_prevented" {
+            report.duplicate_prevented += 1;
         }
         if status == "unknown" || status == "dead" {
             report.held += 1;

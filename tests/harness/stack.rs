@@ -25,6 +25,8 @@ pub struct ServeConfig {
     pub workers: usize,
     /// Lease of one attempt (humantime text, e.g. `"5s"`).
     pub lease: String,
+    /// `ledger_url` (absent: each process its SQLite file in its data dir).
+    pub ledger_url: Option<String>,
     /// Extra TOML appended at the end (e.g. a `[reconcile]` table).
     pub extra: String,
 }
@@ -39,6 +41,7 @@ impl ServeConfig {
             shards: 4,
             workers: 4,
             lease: "5s".into(),
+            ledger_url: None,
             extra: String::new(),
         }
     }
@@ -56,6 +59,7 @@ policy_dir = "{policies}"
 shards = {shards}
 workers = {workers}
 lease = "{lease}"
+{ledger}
 {extra}
 
 [plugin_limits]
@@ -70,6 +74,11 @@ instances = 64
             shards = self.shards,
             workers = self.workers,
             lease = self.lease,
+            ledger = self
+                .ledger_url
+                .as_ref()
+                .map(|url| format!("ledger_url = {url:?}"))
+                .unwrap_or_default(),
             extra = self.extra,
             channels = self.channels,
         )

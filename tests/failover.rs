@@ -92,9 +92,18 @@ async fn wait_synced(replica: &RedisServer) {
     let _ = &mut conn;
 }
 
-/// Runs the whole scenario with `ledger_url`; returns sends per key at the
-/// provider and the re-posted tasks' views.
-async fn failover(ledger_url: &str) -> (HashMap<String, usize>, Vec<Value>, String) {
+/// A primary and a replica syncing from it through a relay.
+struct Replicated {
+    primary: RedisServer,
+    replica: RedisServer,
+    relay: ReplicationRelay,
+    /// A connection to the replica.
+    conn: redis::aio::ConnectionManager,
+}
+
+/// Starts a primary and a replica linked through a relay; returns once the
+/// replica has synced.
+async fn replicated() -> Replicated {
     let primary = RedisServer::start().await.unwrap();
     let replica = RedisServer::start().await.unwrap();
     let relay = ReplicationRelay::start(primary.port()).await.unwrap();
@@ -106,6 +115,33 @@ async fn failover(ledger_url: &str) -> (HashMap<String, usize>, Vec<Value>, Stri
         .await
         .unwrap();
     wait_synced(&replica).await;
+    Replicated {
+        primary,
+        replica,
+        relay,
+        conn,
+    }
+}
+
+/// Makes the replica a primary (`REPLICAOF NO ONE`).
+async fn promote(conn: &mut redis::aio::ConnectionManager) {
+    redis::cmd("REPLICAOF")
+        .arg("NO")
+        .arg("ONE")
+        .query_async::<()>(conn)
+        .await
+        .unwrap();
+}
+
+/// Runs the whole scenario with `ledger_url`; returns sends per key at the
+/// provider and the re-posted tasks' views.
+async fn failover(ledger_url: &str) -> (HashMap<String, usize>, Vec<Value>, String) {
+    let Replicated {
+        primary,
+        replica,
+        relay,
+        mut conn,
+    } = replicated().await;
 
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("provider.jsonl");
@@ -125,12 +161,7 @@ async fn failover(ledger_url: &str) -> (HashMap<String, usize>, Vec<Value>, Stri
 
     // The primary dies; the replica, which never got those writes, is promoted.
     drop(primary);
-    redis::cmd("REPLICAOF")
-        .arg("NO")
-        .arg("ONE")
-        .query_async::<()>(&mut conn)
-        .await
-        .unwrap();
+    promote(&mut conn).await;
     drop(relay);
 
     let second = TestHost::start_with(&replica, setup()).await.unwrap();
@@ -187,4 +218,86 @@ async fn without_the_ledger_the_same_failover_sends_every_message_twice() {
         "expected every message twice: {per_key:?}"
     );
     assert!(views.iter().all(|v| v["status"] == "sent"), "{views:?}");
+}
+
+/// The results of one posted event, by channel.
+fn results(body: &Value) -> Vec<String> {
+    body["results"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no results in {body}"))
+        .iter()
+        .map(|r| r["result"].as_str().unwrap().to_string())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_wait_replicas_an_accept_is_answered_only_once_a_replica_confirmed_it() {
+    let Replicated {
+        primary,
+        replica,
+        relay,
+        mut conn,
+    } = replicated().await;
+    let wait_for_one = || Setup {
+        configure: Some(Box::new(|config: &mut pushonce::config::HostConfig| {
+            config.wait_replicas = 1;
+            config.wait_replicas_timeout = Duration::from_millis(300);
+        })),
+        ..Setup::default()
+    };
+    let first = TestHost::start_with(&primary, wait_for_one())
+        .await
+        .unwrap();
+    let confirmed = first
+        .post("/v1/events", &order_shipped("o-confirmed"), None)
+        .await
+        .unwrap();
+    assert_eq!(confirmed.status, StatusCode::ACCEPTED, "{}", confirmed.body);
+    assert_eq!(results(&confirmed.body), ["accepted"; CHANNELS]);
+
+    // The replica stops receiving writes: no accept can be confirmed.
+    relay.hold();
+    let unconfirmed = first
+        .post("/v1/events", &order_shipped("o-unconfirmed"), None)
+        .await
+        .unwrap();
+    assert_eq!(unconfirmed.status, StatusCode::SERVICE_UNAVAILABLE);
+    let detail = unconfirmed.body["detail"].as_str().unwrap_or_default();
+    assert!(
+        detail.contains("only 0 of the 1 replica(s)") && detail.contains("post the event again"),
+        "{detail}"
+    );
+    assert!(unconfirmed.headers.contains_key("retry-after"));
+    first.shutdown().await.unwrap();
+
+    // Failover: what the API confirmed is on the promoted replica.
+    drop(primary);
+    promote(&mut conn).await;
+    drop(relay);
+    let second = TestHost::start_with(&replica, Setup::default())
+        .await
+        .unwrap();
+    let again = second
+        .post("/v1/events", &order_shipped("o-confirmed"), None)
+        .await
+        .unwrap();
+    assert_eq!(
+        results(&again.body),
+        ["duplicate"; CHANNELS],
+        "{}",
+        again.body
+    );
+    // The unconfirmed one was lost with the primary; its client, told 503,
+    // posts it again and it is accepted.
+    let retried = second
+        .post("/v1/events", &order_shipped("o-unconfirmed"), None)
+        .await
+        .unwrap();
+    assert_eq!(
+        results(&retried.body),
+        ["accepted"; CHANNELS],
+        "{}",
+        retried.body
+    );
+    second.shutdown().await.unwrap();
 }

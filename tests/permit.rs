@@ -503,7 +503,13 @@ async fn a_claimed_check_is_exclusive_and_its_outcome_fenced() {
     for (from, token) in [(TaskStatus::Unknown, "tok-b"), (TaskStatus::Sent, "tok-a")] {
         assert!(
             !permits
-                .settle_check(&task, from, token, &CheckAction::Requeue, "absent")
+                .settle_check(
+                    &task,
+                    from,
+                    token,
+                    &CheckAction::Requeue { most: 1 },
+                    "absent"
+                )
                 .await
                 .unwrap()
         );
@@ -516,7 +522,7 @@ async fn a_claimed_check_is_exclusive_and_its_outcome_fenced() {
                     &task,
                     TaskStatus::Unknown,
                     "tok-a",
-                    &CheckAction::Requeue,
+                    &CheckAction::Requeue { most: 1 },
                     "absent"
                 )
                 .await
@@ -541,7 +547,7 @@ async fn a_claimed_check_is_exclusive_and_its_outcome_fenced() {
         .unwrap();
     assert_eq!(ready, 2, "the accept's entry and one requeue entry");
 
-    // Lost again: the reconciler does not re-queue a task twice.
+    // Lost again: not re-queued past its limit (1 here).
     let a = begin(&permits, &id, key, Duration::from_secs(5)).await;
     let lost = Outcome::Unknown {
         reason: "no answer again".into(),
@@ -559,13 +565,28 @@ async fn a_claimed_check_is_exclusive_and_its_outcome_fenced() {
                 &task,
                 TaskStatus::Unknown,
                 "tok-c",
-                &CheckAction::Requeue,
+                &CheckAction::Requeue { most: 1 },
                 "absent"
             )
             .await
             .unwrap()
     );
     assert_eq!(permits.awaiting_count(shard).await.unwrap(), 1);
+    // Allowed a second re-queue, it goes back to the queue.
+    assert!(
+        permits
+            .settle_check(
+                &task,
+                TaskStatus::Unknown,
+                "tok-c",
+                &CheckAction::Requeue { most: 2 },
+                "absent"
+            )
+            .await
+            .unwrap()
+    );
+    let task = permits.task(&id).await.unwrap().unwrap();
+    assert_eq!(task.status, TaskStatus::Queued);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

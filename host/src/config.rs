@@ -61,6 +61,17 @@ pub struct HostConfig {
     /// How long finished tasks stay readable before they expire.
     #[serde(with = "humantime_serde")]
     pub task_retention: Duration,
+    /// Replicas that must confirm an API accept's writes (Redis `WAIT`)
+    /// before the API answers it; 0 (the default): answered once the primary
+    /// has them. With N, an accepted event survives a failover to any replica
+    /// that confirmed it; when fewer confirm within `wait_replicas_timeout`
+    /// the API answers 503 and the accept stays on the primary (a re-post
+    /// answers `duplicate` there). The dispatcher's fallback accepts do not
+    /// wait: the delivery ledger covers what a failover loses of them.
+    pub wait_replicas: u32,
+    /// How long an accept waits for `wait_replicas` confirmations (at least 1ms).
+    #[serde(with = "humantime_serde")]
+    pub wait_replicas_timeout: Duration,
     /// Budgets of every plugin call.
     pub plugin_limits: PluginLimits,
     /// Channel instances by name (the names policies use in `channels`).
@@ -147,6 +158,12 @@ pub struct ReconcileConfig {
     /// `sent` and is no longer checked; an `unknown` one becomes `dead`
     /// (listed for operators, its permit kept).
     pub max_checks: u32,
+    /// Times one `unknown` task may be re-queued because its provider's
+    /// status query said (past its lag) that it never got the message —
+    /// each a resend the query proved safe; a resend interrupted again
+    /// (killed worker, cut-off answer) needs another. Past it the task is
+    /// checked on like an undecided one, then `dead`.
+    pub max_requeues: u32,
     /// Delay before the next check when a check could not settle the task.
     pub backoff: ReconcileBackoff,
     /// Most entries one pass claims per shard.
@@ -179,6 +196,7 @@ impl Default for ReconcileConfig {
             sent_age: Duration::from_secs(600),
             unknown_age: Duration::from_secs(30),
             max_checks: 10,
+            max_requeues: 3,
             backoff: ReconcileBackoff::default(),
             batch: 100,
             check_timeout: Duration::from_secs(30),
@@ -409,6 +427,8 @@ impl Default for HostConfig {
             dispatch: true,
             lease: Duration::from_secs(30),
             task_retention: Duration::from_secs(7 * 24 * 3600),
+            wait_replicas: 0,
+            wait_replicas_timeout: Duration::from_millis(100),
             plugin_limits: PluginLimits::default(),
             channels: BTreeMap::new(),
             auth: AuthConfig::default(),
@@ -567,6 +587,10 @@ impl HostConfig {
         }
         if self.lease < Duration::from_millis(100) {
             return Err(invalid("lease", "must be at least 100ms"));
+        }
+        if self.wait_replicas > 0 && self.wait_replicas_timeout < Duration::from_millis(1) {
+            // `WAIT n 0` would block an accept for ever.
+            return Err(invalid("wait_replicas_timeout", "must be at least 1ms"));
         }
         if self.plugin_limits.fuel < 1_000 {
             return Err(invalid("plugin_limits.fuel", "must be at least 1000"));

@@ -391,6 +391,8 @@ pub async fn start(
             retention: config.task_retention,
             check_sent_after: config.reconcile.sent_age,
             check_unknown_after: config.reconcile.unknown_age,
+            wait_replicas: config.wait_replicas,
+            wait_replicas_timeout: config.wait_replicas_timeout,
             ..PermitConfig::default()
         },
     );

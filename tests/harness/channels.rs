@@ -76,6 +76,7 @@ pub fn quick_reconcile(max_checks: u32) -> ReconcileConfig {
         sent_age: Duration::from_millis(300),
         unknown_age: Duration::from_secs(1),
         max_checks,
+        max_requeues: 3,
         backoff: ReconcileBackoff {
             initial: Duration::from_millis(100),
             factor: 1.5,

@@ -221,6 +221,10 @@ impl From<PermitError> for ApiError {
                 detail: format!("Redis is unavailable ({e}); retry later"),
                 accepted: None,
             },
+            e @ PermitError::NotReplicated { .. } => ApiError::Unavailable {
+                detail: format!("{e}; post the event again: what was accepted answers `duplicate`"),
+                accepted: None,
+            },
             PermitError::BadTaskId(id) => ApiError::NotFound(format!("no task {id:?}")),
             other => ApiError::Internal(other.to_string()),
         }

@@ -60,8 +60,13 @@ pub enum CheckAction {
         /// The provider's id, when known.
         provider_message_id: Option<String>,
     },
-    /// `unknown` → `queued`: the provider never got it; sent again under the same key and task.
-    Requeue,
+    /// `unknown` → `queued`: the provider never got it; sent again under the
+    /// same key and task, unless it was re-queued `most` times already
+    /// (the script fences a second check racing the first).
+    Requeue {
+        /// Re-queues one task may have in all (`[reconcile] max_requeues`).
+        most: u32,
+    },
     /// `unknown` → `dead`: checks exhausted, nothing could tell; listed for operators.
     Dead,
 }
@@ -72,7 +77,7 @@ impl CheckAction {
             CheckAction::Later(_) => "later",
             CheckAction::Untrack => "untrack",
             CheckAction::Sent { .. } => "sent",
-            CheckAction::Requeue => "requeue",
+            CheckAction::Requeue { .. } => "requeue",
             CheckAction::Dead => "dead",
         }
     }
@@ -137,6 +142,10 @@ impl Permits {
     ) -> Result<bool, PermitError> {
         let shard =
             shard_of_task(&task.id).ok_or_else(|| PermitError::BadTaskId(task.id.clone()))?;
+        let most_requeues = match action {
+            CheckAction::Requeue { most } => *most,
+            _ => 0,
+        };
         let (after, provider_id) = match action {
             CheckAction::Later(d) => (ms(*d), ""),
             CheckAction::Sent {
@@ -162,6 +171,7 @@ impl Permits {
             .arg(ms(self.config.grace))
             .arg(reason)
             .arg(provider_id)
+            .arg(most_requeues)
             .invoke_async(&mut self.conn.clone())
             .await?;
         let items = array(answer, "reconcile")?;

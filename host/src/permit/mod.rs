@@ -33,6 +33,20 @@ pub enum PermitError {
     /// A task id that does not name its shard.
     #[error("malformed task id {0:?}")]
     BadTaskId(String),
+    /// The accepts were written on the primary, but fewer replicas than
+    /// `wait_replicas` confirmed them in time: a failover now could lose them.
+    #[error(
+        "accepted on the Redis primary, but only {acked} of the {wanted} replica(s) \
+         `wait_replicas` asks for confirmed it within {timeout_ms} ms"
+    )]
+    NotReplicated {
+        /// Replicas that confirmed (the fewest, on a cluster).
+        acked: i64,
+        /// `wait_replicas`.
+        wanted: u32,
+        /// `wait_replicas_timeout` in ms.
+        timeout_ms: u64,
+    },
     /// A script answered something this code does not understand (a bug, or scripts from another version).
     #[error("unexpected answer from {script}: {answer}")]
     Unexpected {
@@ -64,6 +78,11 @@ pub struct PermitConfig {
     /// How long after it was recorded `unknown` a task is first checked by
     /// the reconciler (`[reconcile] unknown_age`, default 30 s).
     pub check_unknown_after: Duration,
+    /// Replicas that must confirm the writes of [`Permits::accept_batch_with`]
+    /// (`WAIT`) before it answers; 0: none (the default).
+    pub wait_replicas: u32,
+    /// How long those accepts wait for the confirmations.
+    pub wait_replicas_timeout: Duration,
 }
 
 impl Default for PermitConfig {
@@ -76,6 +95,8 @@ impl Default for PermitConfig {
             group: "pushonce".into(),
             check_sent_after: Duration::from_secs(600),
             check_unknown_after: Duration::from_secs(30),
+            wait_replicas: 0,
+            wait_replicas_timeout: Duration::from_millis(100),
         }
     }
 }
@@ -371,8 +392,10 @@ impl Permits {
     ) -> Result<Vec<Acceptance>, PermitError> {
         let mut batch = Batch::new();
         let mut n = 0;
+        let mut shards = Vec::new();
         for req in reqs {
             let shard = self.layout.shard_of(&req.key);
+            shards.push(shard);
             let task_id = self.layout.new_task_id(shard);
             let keys = self.accept_keys(req, &task_id);
             let mut cmd = redis::cmd("EVALSHA");
@@ -390,11 +413,61 @@ impl Permits {
         for cmd in extra {
             batch.add_keyed(cmd.clone());
         }
+        let waits = self.add_waits(&mut batch, shards);
         let mut answers = batch
             .query(&mut self.conn.clone(), Some(&scripts::ACCEPT))
             .await?;
+        let confirmations = answers.split_off(answers.len() - waits);
+        self.check_replicated(&confirmations)?;
         answers.truncate(n);
         answers.into_iter().map(parse_acceptance).collect()
+    }
+
+    /// Adds `WAIT wait_replicas timeout` after the accepts of `shards` when
+    /// `wait_replicas` asks for it: once on one Redis (the pipeline's
+    /// connection did every write), once per shard's hash slot on a cluster
+    /// (each slot's pipeline goes to its own master). Returns how many.
+    fn add_waits(&self, batch: &mut Batch, mut shards: Vec<u16>) -> usize {
+        if self.config.wait_replicas == 0 || shards.is_empty() {
+            return 0;
+        }
+        if !self.conn.is_cluster() {
+            shards.truncate(1);
+        }
+        shards.sort_unstable();
+        shards.dedup();
+        let timeout = ms(self.config.wait_replicas_timeout).max(1);
+        for shard in &shards {
+            let mut wait = redis::cmd("WAIT");
+            wait.arg(self.config.wait_replicas).arg(timeout);
+            batch.add(&self.layout.ready(*shard), wait);
+        }
+        shards.len()
+    }
+
+    /// Fails with [`PermitError::NotReplicated`] when a `WAIT` answered fewer
+    /// replicas than `wait_replicas`.
+    fn check_replicated(&self, confirmations: &[Value]) -> Result<(), PermitError> {
+        let acked = confirmations
+            .iter()
+            .map(|v| match v {
+                Value::Int(n) => Ok(*n),
+                other => Err(PermitError::Unexpected {
+                    script: "WAIT",
+                    answer: format!("{other:?}"),
+                }),
+            })
+            .collect::<Result<Vec<i64>, _>>()?;
+        match acked.into_iter().min() {
+            Some(fewest) if fewest < i64::from(self.config.wait_replicas) => {
+                Err(PermitError::NotReplicated {
+                    acked: fewest,
+                    wanted: self.config.wait_replicas,
+                    timeout_ms: ms(self.config.wait_replicas_timeout),
+                })
+            }
+            _ => Ok(()),
+        }
     }
 
     fn accept_invocation(

@@ -22,8 +22,10 @@ pub enum Decision {
 /// The decision for the `claimed` task (`sent` or `unknown`, after check
 /// number `claimed.checks`), whose provider answered `check`. Never resends
 /// what the provider may have: only `unknown` + [`Check::Absent`] re-queues,
-/// and only once per task (a provider that keeps losing the message is not
-/// retried for ever: the task is checked on, then `dead`).
+/// at most `max_requeues` times per task (a resend interrupted again — a
+/// killed worker, a cut-off answer — is re-queued again; a provider that
+/// keeps losing the message is not retried for ever: the task is checked
+/// on, then `dead`).
 pub fn decide(claimed: &Claimed, check: &Check, config: &ReconcileConfig) -> Decision {
     let (status, checks) = (claimed.status, claimed.checks);
     match (status, check) {
@@ -32,8 +34,10 @@ pub fn decide(claimed: &Claimed, check: &Check, config: &ReconcileConfig) -> Dec
         (TaskStatus::Unknown, Check::Accepted) => Decision::Act(CheckAction::Sent {
             provider_message_id: None,
         }),
-        (TaskStatus::Unknown, Check::Absent) if claimed.requeues == 0 => {
-            Decision::Act(CheckAction::Requeue)
+        (TaskStatus::Unknown, Check::Absent) if claimed.requeues < config.max_requeues => {
+            Decision::Act(CheckAction::Requeue {
+                most: config.max_requeues,
+            })
         }
         // Pending, nothing to tell from, a sent message the provider no
         // longer knows (records expired), or lost again after its re-queue:
@@ -87,18 +91,26 @@ mod tests {
                 provider_message_id: None
             })
         );
+        let requeue = Decision::Act(CheckAction::Requeue {
+            most: c.max_requeues,
+        });
         assert_eq!(
             decide(&claimed(TaskStatus::Unknown, 1), &Check::Absent, &c),
-            Decision::Act(CheckAction::Requeue)
+            requeue
         );
-        let again = Claimed {
-            requeues: 1,
+        let again = |requeues| Claimed {
+            requeues,
             ..claimed(TaskStatus::Unknown, 1)
         };
         assert_eq!(
-            decide(&again, &Check::Absent, &c),
+            decide(&again(c.max_requeues - 1), &Check::Absent, &c),
+            requeue,
+            "lost again after a re-queue (its resend interrupted): re-queued again"
+        );
+        assert_eq!(
+            decide(&again(c.max_requeues), &Check::Absent, &c),
             Decision::Act(CheckAction::Later(Duration::from_secs(30))),
-            "re-queued once only"
+            "re-queued at most max_requeues times"
         );
     }
 

@@ -11,11 +11,12 @@
 --             check ARGV[5] ms later confirms delivery
 --   requeue - unknown -> queued: the provider never got it; one new ready
 --             entry under the same key and task id (the dispatcher resends);
---             once per task: a second one is refused ({'fenced', 'requeued'})
+--             at most ARGV[10] times per task: one more is refused
+--             ({'fenced', 'requeued'})
 --   dead    - unknown -> dead: checks exhausted and nothing could tell; listed
 --             for operators, permit kept for the window (it may have been sent)
 -- ARGV[5] ms (see action), ARGV[6] retention ms, ARGV[7] permit grace ms,
--- ARGV[8] reason, ARGV[9] provider message id or ''
+-- ARGV[8] reason, ARGV[9] provider message id or '', ARGV[10] most re-queues (requeue)
 -- Returns {'done', action} | {'fenced', current status}.
 local id, action = ARGV[1], ARGV[4]
 local after, retention, grace = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
@@ -53,7 +54,7 @@ if action == 'sent' then
   keep_index(KEYS[1], now, retention)
   await(KEYS[1], KEYS[3], id, now, after)
 elseif action == 'requeue' then
-  if tonumber(redis.call('HGET', KEYS[1], 'reconcile_requeues') or '0') >= 1 then
+  if tonumber(redis.call('HGET', KEYS[1], 'reconcile_requeues') or '0') >= tonumber(ARGV[10]) then
     return {'fenced', 'requeued'}
   end
   -- One more attempt at least, even if the unknown one was the last allowed.

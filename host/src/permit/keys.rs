@@ -93,7 +93,7 @@ impl Layout {
     /// The event index of a shard: `{po:3}:event:<biz_type>:<biz_id>`, the set of
     /// task ids of that event whose keys landed in this shard. An event's
     /// channels land in different shards, so finding all its tasks reads this
-    /// set in every shard (see `docs/arch-redis.md`).
+    /// set in every shard (see `docs/redis.md`).
     pub fn event_index(&self, shard: u16, biz_type: &str, biz_id: &str) -> String {
         format!("{}:event:{}:{}", self.tag(shard), biz_type, biz_id)
     }

@@ -6,7 +6,7 @@
 //! ([`Permits::begin_attempt`], [`Permits::extend_lease`], [`Permits::record`],
 //! [`Permits::record_receipt`], [`Permits::promote_due`]) is a script that
 //! checks the expected status and, for a worker, its lease token (fencing),
-//! and touches the permit only while the task owns it. See `docs/arch-redis.md`.
+//! and touches the permit only while the task owns it. See `docs/redis.md`.
 
 pub mod awaiting;
 pub mod keys;

@@ -142,7 +142,7 @@ async fn accept_then_duplicate_then_lookups_and_delivery() {
     assert_eq!(found.body["owner"], got[1].2.as_str());
     assert_eq!(found.body["task"]["status"], "sent");
     let mut conn = redis.manager().await.unwrap();
-    let recent = pushonce::service::recent_events(&mut conn, "po", 10)
+    let recent = pushonce::corpus::recent_events(&mut conn, "po", 10)
         .await
         .unwrap();
     assert_eq!(recent.len(), 2, "both posts are sampled");

@@ -133,7 +133,7 @@ async fn batches_over_every_shard_and_cross_shard_reads_work() {
     // One event's channels spread over every shard (and so every master).
     let keys = keys_over_every_shard(&permits, "batch", 64);
     let reqs: Vec<AcceptRequest> = keys.iter().map(|k| request(k, "o-batch")).collect();
-    let corpus = pushonce::service::corpus_commands("po", "{\"biz_type\":\"ORDER\"}");
+    let corpus = pushonce::corpus::corpus_commands("po", "{\"biz_type\":\"ORDER\"}");
     let first = permits.accept_batch_with(&reqs, &corpus).await.unwrap();
     assert_eq!(first.len(), keys.len());
     assert!(
@@ -170,7 +170,7 @@ async fn batches_over_every_shard_and_cross_shard_reads_work() {
     assert!(permits.dead_tasks(10).await.unwrap().is_empty());
     let mut conn = permits.connection();
     let corpus: usize = redis::cmd("LLEN")
-        .arg(pushonce::service::corpus_key("po"))
+        .arg(pushonce::corpus::corpus_key("po"))
         .query_async(&mut conn)
         .await
         .unwrap();

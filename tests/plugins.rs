@@ -698,8 +698,8 @@ fn event_json_is_read_as_the_cli_and_api_read_it() {
 
 #[test]
 fn the_cli_dry_run_derives_every_channel_and_reports_each_failure() {
+    use pushonce::cli::inputs::parse_param;
     use pushonce::cli::keys::dry_run;
-    use pushonce::cli::plugins::parse_param;
     let registry = real_registry(None);
     let ev = event_from_json(
         r#"{"biz_type":"ORDER_SHIPPED","biz_id":"o-1","user_id":"u-42","occurred_at":1796054399000}"#,

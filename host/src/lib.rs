@@ -8,6 +8,7 @@
 pub mod api;
 pub mod cli;
 pub mod config;
+pub mod corpus;
 pub mod derive;
 pub mod dispatch;
 pub mod files;

@@ -12,8 +12,9 @@ use utoipa::{IntoParams, ToSchema};
 
 use super::AppState;
 use super::events::task_view;
+use super::model::Problem;
 use super::model::TaskView;
-use super::problem::{ApiError, Problem};
+use super::problem::ApiError;
 use crate::permit::{Requeue, ms};
 use crate::plugin::Plugin;
 use crate::route::policy::RetrySpec;

@@ -17,8 +17,9 @@ use axum::response::IntoResponse;
 use super::AppState;
 use super::body::{JsonBody, from_value};
 use super::history;
+use super::model::Problem;
 use super::model::*;
-use super::problem::{ApiError, Problem};
+use super::problem::ApiError;
 use crate::derive::{DeriveError, EventError, EventJson, YearRange, derive, event_from_parsed};
 use crate::permit::{AcceptRequest, Acceptance, RetryPolicy, Task};
 use crate::plugin::{Event, KeyPolicyPlugin};
@@ -704,7 +705,7 @@ async fn accept(state: &AppState, events: &[PlannedEvent]) -> Result<Vec<EventAc
     let extra: Vec<redis::Cmd> = events
         .iter()
         .filter(|_| state.corpus.sample())
-        .flat_map(|e| crate::service::corpus_commands(&namespace, &e.event_json))
+        .flat_map(|e| crate::corpus::corpus_commands(&namespace, &e.event_json))
         .collect();
     let started = Instant::now();
     let answers = state

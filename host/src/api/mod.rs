@@ -30,7 +30,8 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 
 pub use auth::Token;
-pub use problem::{ApiError, Problem};
+pub use model::Problem;
+pub use problem::ApiError;
 pub use receipts::{ReceiptHandler, SharedReceiptHandler};
 
 use crate::permit::Permits;
@@ -104,7 +105,7 @@ pub struct SharedState {
     /// The Prometheus recorder's handle.
     pub metrics: metrics_exporter_prometheus::PrometheusHandle,
     /// Which accepted events are sampled into the corpus of recent events.
-    pub corpus: Arc<crate::service::CorpusSampler>,
+    pub corpus: Arc<crate::corpus::CorpusSampler>,
 }
 
 /// The router of the whole API.
@@ -135,7 +136,7 @@ pub fn app(state: AppState) -> Router {
         .route("/healthz", get(ops::healthz))
         .route("/readyz", get(ops::readyz))
         .route("/metrics", get(ops::metrics))
-        .route("/openapi.json", get(ops::openapi));
+        .route("/openapi.json", get(openapi::openapi));
     let limits = state.limits;
     Router::new()
         .merge(v1)

@@ -163,7 +163,7 @@ pub struct BatchItem {
     pub accepted: Option<EventAccepted>,
     /// Why the event was refused (status 4xx).
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub problem: Option<super::problem::Problem>,
+    pub problem: Option<Problem>,
 }
 
 /// The answer to `POST /v1/events:batch` (200).
@@ -262,4 +262,32 @@ pub struct EventTasks {
 pub struct EventQuery {
     /// Only the tasks of this user's event.
     pub user_id: Option<String>,
+}
+
+/// An RFC 9457 problem details body.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct Problem {
+    /// A URI naming the kind of problem, e.g. `urn:pushonce:problem:invalid-field`.
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// A short summary of the kind of problem.
+    pub title: String,
+    /// The HTTP status code.
+    pub status: u16,
+    /// What went wrong in this case, in plain words.
+    pub detail: String,
+    /// The request field at fault (dotted path, e.g. `recipients.sms`), when one is.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub field: Option<String>,
+    /// The plugin at fault (`name@version`), when one is.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub plugin: Option<String>,
+    /// Every reason, one line each (a refused reload).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub errors: Option<Vec<String>>,
+    /// On a 503 of `POST /v1/events`: the channels known to be accepted
+    /// before Redis failed (possibly none). Retrying the same event is safe:
+    /// accepted channels answer `duplicate`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub accepted: Option<Vec<ChannelResult>>,
 }

@@ -4,10 +4,12 @@
 
 use std::sync::OnceLock;
 
+use axum::http::{StatusCode, header};
+use axum::response::IntoResponse;
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::{Modify, OpenApi};
 
-use super::{admin, events, model, ops, problem, receipts};
+use super::{admin, events, model, ops, receipts};
 
 /// The API's document.
 #[derive(OpenApi)]
@@ -21,9 +23,9 @@ use super::{admin, events, model, ops, problem, receipts};
         events::post_event, events::post_batch, events::get_task, events::get_event,
         receipts::receipt, receipts::open_receipt,
         admin::plugins, admin::policies, admin::reload, admin::dead_tasks, admin::requeue, admin::task_by_key,
-        ops::healthz, ops::readyz, ops::metrics, ops::openapi,
+        ops::healthz, ops::readyz, ops::metrics, openapi,
     ),
-    components(schemas(problem::Problem, model::EventRequest, model::BatchRequest)),
+    components(schemas(model::Problem, model::EventRequest, model::BatchRequest)),
     modifiers(&Security),
     tags(
         (name = "events", description = "Business events in"),
@@ -34,6 +36,17 @@ use super::{admin, events, model, ops, problem, receipts};
     )
 )]
 pub struct ApiDoc;
+
+/// This API's OpenAPI 3.1 document.
+#[utoipa::path(get, path = "/openapi.json", tag = "ops",
+    responses((status = 200, description = "The OpenAPI document", body = Object)))]
+pub async fn openapi() -> impl IntoResponse {
+    (
+        StatusCode::OK,
+        [(header::CONTENT_TYPE, "application/json")],
+        document(),
+    )
+}
 
 /// Adds the bearer security schemes.
 struct Security;

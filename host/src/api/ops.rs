@@ -4,14 +4,15 @@ use std::time::Duration;
 
 use axum::Json;
 use axum::extract::State;
-use axum::http::{StatusCode, header};
+use axum::http::header;
 use axum::response::IntoResponse;
 use serde::Serialize;
 use utoipa::ToSchema;
 
 use super::AppState;
 use super::metrics as m;
-use super::problem::{ApiError, Problem};
+use super::model::Problem;
+use super::problem::ApiError;
 use crate::plugin::Plugin;
 
 /// How long `/readyz` waits for Redis to answer `PING`.
@@ -126,16 +127,5 @@ pub async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
             "text/plain; version=0.0.4; charset=utf-8",
         )],
         state.metrics.render(),
-    )
-}
-
-/// This API's OpenAPI 3.1 document.
-#[utoipa::path(get, path = "/openapi.json", tag = "ops",
-    responses((status = 200, description = "The OpenAPI document", body = Object)))]
-pub async fn openapi() -> impl IntoResponse {
-    (
-        StatusCode::OK,
-        [(header::CONTENT_TYPE, "application/json")],
-        super::openapi::document(),
     )
 }

@@ -5,10 +5,8 @@
 
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use serde::Serialize;
-use utoipa::ToSchema;
 
-use super::model::ChannelResult;
+use super::model::{ChannelResult, Problem};
 use crate::permit::PermitError;
 
 /// The media type of problem details.
@@ -16,34 +14,6 @@ pub const PROBLEM_JSON: &str = "application/problem+json";
 
 /// How long a client should wait before retrying after a 503, in seconds.
 pub const RETRY_AFTER_SECS: u64 = 1;
-
-/// An RFC 9457 problem details body.
-#[derive(Debug, Clone, Serialize, ToSchema)]
-pub struct Problem {
-    /// A URI naming the kind of problem, e.g. `urn:pushonce:problem:invalid-field`.
-    #[serde(rename = "type")]
-    pub kind: String,
-    /// A short summary of the kind of problem.
-    pub title: String,
-    /// The HTTP status code.
-    pub status: u16,
-    /// What went wrong in this case, in plain words.
-    pub detail: String,
-    /// The request field at fault (dotted path, e.g. `recipients.sms`), when one is.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub field: Option<String>,
-    /// The plugin at fault (`name@version`), when one is.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub plugin: Option<String>,
-    /// Every reason, one line each (a refused reload).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub errors: Option<Vec<String>>,
-    /// On a 503 of `POST /v1/events`: the channels known to be accepted
-    /// before Redis failed (possibly none). Retrying the same event is safe:
-    /// accepted channels answer `duplicate`.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub accepted: Option<Vec<ChannelResult>>,
-}
 
 /// Why a request was refused or failed.
 #[derive(Debug, thiserror::Error)]

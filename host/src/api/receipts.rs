@@ -123,10 +123,10 @@ pub type CallbackGates = Arc<BTreeMap<String, CallbackGate>>;
     request_body(content = Vec<u8>, description = "The provider's callback, as it sends it", content_type = "application/octet-stream"),
     responses(
         (status = 200, description = "Handled: the channel plugin's reply, in the provider's format"),
-        (status = 400, description = "Not a request this provider sends; nothing settled", body = super::problem::Problem, content_type = "application/problem+json"),
-        (status = 403, description = "The signature does not verify; nothing settled", body = super::problem::Problem, content_type = "application/problem+json"),
-        (status = 404, description = "No such channel, or its callbacks are closed", body = super::problem::Problem, content_type = "application/problem+json"),
-        (status = 503, description = "Redis unavailable, or the callback names a send not recorded yet: send it again", body = super::problem::Problem, content_type = "application/problem+json"),
+        (status = 400, description = "Not a request this provider sends; nothing settled", body = super::model::Problem, content_type = "application/problem+json"),
+        (status = 403, description = "The signature does not verify; nothing settled", body = super::model::Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such channel, or its callbacks are closed", body = super::model::Problem, content_type = "application/problem+json"),
+        (status = 503, description = "Redis unavailable, or the callback names a send not recorded yet: send it again", body = super::model::Problem, content_type = "application/problem+json"),
     ))]
 pub async fn open_receipt(
     State(state): State<AppState>,
@@ -155,10 +155,10 @@ pub async fn open_receipt(
     request_body(content = Vec<u8>, description = "The provider's callback, as it sends it", content_type = "application/octet-stream"),
     responses(
         (status = 200, description = "Handled: the channel plugin's reply, in the provider's format"),
-        (status = 400, description = "Not a request this provider sends; nothing settled", body = super::problem::Problem, content_type = "application/problem+json"),
-        (status = 403, description = "The signature does not verify; nothing settled", body = super::problem::Problem, content_type = "application/problem+json"),
-        (status = 404, description = "No such channel, a wrong token, or callbacks closed", body = super::problem::Problem, content_type = "application/problem+json"),
-        (status = 503, description = "Redis unavailable, or the callback names a send not recorded yet: send it again", body = super::problem::Problem, content_type = "application/problem+json"),
+        (status = 400, description = "Not a request this provider sends; nothing settled", body = super::model::Problem, content_type = "application/problem+json"),
+        (status = 403, description = "The signature does not verify; nothing settled", body = super::model::Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such channel, a wrong token, or callbacks closed", body = super::model::Problem, content_type = "application/problem+json"),
+        (status = 503, description = "Redis unavailable, or the callback names a send not recorded yet: send it again", body = super::model::Problem, content_type = "application/problem+json"),
     ))]
 pub async fn receipt(
     State(state): State<AppState>,

@@ -9,7 +9,8 @@ use anyhow::{Context, bail};
 use crate::derive::{DeriveError, DerivedKey, derive, event_from_json};
 use crate::plugin::{Event, Limits, PluginRegistry, ResolveError};
 
-use super::plugins::{default_cache_dir, default_plugin_dir, parse_param, print_table, window};
+use super::inputs::{default_cache_dir, default_plugin_dir, parse_param, read_to_string};
+use super::output::{print_table, window};
 
 /// Arguments of `pushonce keys`.
 #[derive(Debug, clap::Args)]
@@ -36,7 +37,7 @@ const DEFAULT_CHANNELS: [&str; 4] = ["inbox", "sms", "wechat", "app-push"];
 
 /// Run `pushonce keys`.
 pub fn run(args: Args) -> anyhow::Result<()> {
-    let event = event_from_json(&super::plugins::read_to_string(&args.event)?)
+    let event = event_from_json(&read_to_string(&args.event)?)
         .with_context(|| format!("in {}", args.event.display()))?;
     let dir = args.dir.unwrap_or_else(default_plugin_dir);
     let (registry, refused) =
@@ -88,15 +89,4 @@ pub fn dry_run(
         .map(|c| (c.clone(), derive(&plugin, event, c, params)))
         .collect();
     Ok((plugin.id().to_string(), results))
-}
-
-/// The event `plugins check` and `bench plugins` try policies on.
-pub fn sample_event() -> Event {
-    Event {
-        biz_type: "ORDER_SHIPPED".into(),
-        biz_id: "o-1001".into(),
-        user_id: "u-42".into(),
-        occurred_at_ms: 1_796_054_399_000, // 2026-11-30T15:59:59Z
-        attributes: vec![("job_id".into(), "job-7".into())],
-    }
 }

@@ -4,9 +4,11 @@
 //! each module returns `anyhow::Result` because this is the binary's edge.
 
 pub mod bench;
+pub mod inputs;
 pub mod keys;
 pub mod ledger;
 pub mod openapi;
+pub mod output;
 pub mod plugins;
 pub mod policies;
 pub mod serve;

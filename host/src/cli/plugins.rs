@@ -1,10 +1,11 @@
-//! `pushonce plugins list|check`: inspect plugin files. Also the default
-//! plugin and cache directories, shared by `keys` and `bench plugins`.
+//! `pushonce plugins list|check`: inspect plugin files.
 
 use std::path::{Path, PathBuf};
 
-use anyhow::{Context, bail};
+use anyhow::bail;
 
+use super::inputs::{default_cache_dir, default_plugin_dir, parse_param, sample_event};
+use super::output::{human_size, print_table, window};
 use crate::plugin::{Limits, Plugin, PluginRegistry};
 
 /// Arguments of `pushonce plugins`.
@@ -38,28 +39,6 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         What::List { dir } => list(&dir.unwrap_or_else(default_plugin_dir)),
         What::Check { file, params } => check(&file, &params),
     }
-}
-
-/// `$PUSHONCE_PLUGIN_DIR`, else `target/plugins` (where `cargo xtask plugins` puts them).
-pub fn default_plugin_dir() -> PathBuf {
-    std::env::var_os("PUSHONCE_PLUGIN_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("target/plugins"))
-}
-
-/// `<data dir>/cache`, the data dir being `$PUSHONCE_DATA_DIR` or `./data`.
-pub fn default_cache_dir() -> PathBuf {
-    std::env::var_os("PUSHONCE_DATA_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("data"))
-        .join("cache")
-}
-
-/// Parses `name=value`.
-pub fn parse_param(s: &str) -> Result<(String, String), String> {
-    s.split_once('=')
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .ok_or_else(|| format!("`{s}` is not name=value"))
 }
 
 fn list(dir: &Path) -> anyhow::Result<()> {
@@ -115,7 +94,7 @@ fn check(file: &Path, params: &[(String, String)]) -> anyhow::Result<()> {
     let Plugin::KeyPolicy(policy) = plugin else {
         return Ok(());
     };
-    let event = crate::cli::keys::sample_event();
+    let event = sample_event();
     println!("sample event: {event:?}");
     let mut failed = false;
     for channel in ["inbox", "sms"] {
@@ -135,50 +114,4 @@ fn check(file: &Path, params: &[(String, String)]) -> anyhow::Result<()> {
         bail!("{} failed on the sample event", m.id);
     }
     Ok(())
-}
-
-/// `1234s` or `(policy file)`.
-pub fn window(secs: Option<u32>) -> String {
-    secs.map_or_else(|| "(policy file)".into(), |s| format!("{s}s"))
-}
-
-/// `12.3 KiB`.
-pub fn human_size(bytes: u64) -> String {
-    if bytes >= 1 << 20 {
-        format!("{:.1} MiB", bytes as f64 / (1u64 << 20) as f64)
-    } else {
-        format!("{:.1} KiB", bytes as f64 / 1024.0)
-    }
-}
-
-/// Prints rows under a header, columns padded to their widest cell.
-pub fn print_table<const N: usize>(header: &[&str; N], rows: &[[String; N]]) {
-    let mut widths = header.map(str::len);
-    for row in rows {
-        for (w, cell) in widths.iter_mut().zip(row) {
-            *w = (*w).max(cell.chars().count());
-        }
-    }
-    let line = |cells: Vec<&str>| {
-        let parts: Vec<String> = cells
-            .iter()
-            .zip(widths)
-            .map(|(c, w)| format!("{c:<w$}"))
-            .collect();
-        println!("{}", parts.join("  ").trim_end());
-    };
-    line(header.to_vec());
-    for row in rows {
-        line(row.iter().map(String::as_str).collect());
-    }
-}
-
-/// Reads a file, naming it in the error.
-pub fn read_to_string(path: &Path) -> anyhow::Result<String> {
-    if path == Path::new("-") {
-        let mut s = String::new();
-        std::io::Read::read_to_string(&mut std::io::stdin(), &mut s).context("reading stdin")?;
-        return Ok(s);
-    }
-    std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))
 }

@@ -8,7 +8,8 @@ use crate::route::stability;
 use anyhow::{Context, bail};
 use std::path::{Path, PathBuf};
 
-use super::plugins::print_table;
+use super::inputs::read_to_string;
+use super::output::print_table;
 
 /// Arguments of `pushonce policies`.
 #[derive(Debug, clap::Args)]
@@ -144,7 +145,7 @@ fn print_policies(snapshot: &Snapshot) {
 }
 
 fn read_events(path: &Path) -> anyhow::Result<Vec<crate::plugin::Event>> {
-    let text = super::plugins::read_to_string(path)?;
+    let text = read_to_string(path)?;
     text.lines()
         .enumerate()
         .filter(|(_, l)| !l.trim().is_empty())

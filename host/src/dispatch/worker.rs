@@ -362,7 +362,7 @@ async fn permanent(shared: &Shared, attempt: &Attempt, reason: String) -> Outcom
         .ok()
         .and_then(|p| p.fallback);
     if let Some(fb) = fallback {
-        match super::fallback::accept_fallback(&shared.permits, &attempt.task, &fb).await {
+        match crate::send::fallback::accept_fallback(&shared.permits, &attempt.task, &fb).await {
             Ok(_) => {
                 metrics::counter!("pushonce_fallback_total", "channel" => attempt.task.channel.clone())
                     .increment(1);

@@ -245,7 +245,7 @@ pub async fn settle_from_provider(
             .ok()
             .and_then(|p| p.fallback)
     {
-        crate::dispatch::fallback::accept_fallback(permits, task, &fb).await?;
+        super::fallback::accept_fallback(permits, task, &fb).await?;
         metrics::counter!("pushonce_fallback_total", "channel" => task.channel.clone())
             .increment(1);
         settled.fallback = true;

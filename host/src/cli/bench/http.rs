@@ -816,7 +816,7 @@ async fn bench(args: &Args, tmp: &Path) -> anyhow::Result<()> {
     };
     let snapshot = live.current();
     let plugin = snapshot.registry.resolve_key_policy("per-event@^1")?;
-    let event = crate::cli::keys::sample_event();
+    let event = crate::cli::inputs::sample_event();
     for _ in 0..1000 {
         plugin.derive_key(&event, "sms", &[])?;
     }
@@ -868,7 +868,7 @@ async fn bench(args: &Args, tmp: &Path) -> anyhow::Result<()> {
             l.note.clone(),
         ]);
     }
-    crate::cli::plugins::print_table(
+    crate::cli::output::print_table(
         &[
             "WHAT", "C", "RATE", "P50 MS", "P99 MS", "P999 MS", "VS FLOOR", "NOTE",
         ],

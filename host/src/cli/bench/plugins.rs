@@ -7,8 +7,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 
-use crate::cli::keys::sample_event;
-use crate::cli::plugins::{default_plugin_dir, print_table};
+use crate::cli::inputs::{default_plugin_dir, sample_event};
+use crate::cli::output::print_table;
 use crate::plugin::cache::{self, CacheOutcome};
 use crate::plugin::{Limits, Plugin, PluginRegistry};
 

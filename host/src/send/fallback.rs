@@ -8,8 +8,8 @@
 
 use std::time::Duration;
 
+use super::Fallback;
 use crate::permit::{AcceptRequest, Acceptance, PermitError, Permits, Task};
-use crate::send::Fallback;
 
 /// Accepts `fallback` of `task` (a duplicate answer is success too).
 pub async fn accept_fallback(

@@ -121,6 +121,7 @@ pub fn app(state: AppState) -> Router {
         .route("/admin/reload", post(admin::reload))
         .route("/admin/tasks", get(admin::task_by_key))
         .route("/admin/tasks/dead", get(admin::dead_tasks))
+        .route("/admin/tasks/held", get(admin::held_tasks))
         .route("/admin/tasks/{id}/requeue", post(admin::requeue))
         .route_layer(from_fn_with_state(state.admin_token.clone(), auth::require));
     let open = Router::new()

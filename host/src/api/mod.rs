@@ -12,6 +12,7 @@ pub mod auth;
 pub mod body;
 pub mod events;
 pub mod history;
+pub mod log;
 pub mod metrics;
 pub mod model;
 pub mod openapi;
@@ -148,6 +149,10 @@ pub fn app(state: AppState) -> Router {
         .layer(DefaultBodyLimit::max(limits.body_bytes))
         .layer(Extension(body::BodyLimit(limits.body_bytes)))
         .layer(from_fn_with_state(limits.request_timeout, timeout))
+        .layer(from_fn_with_state(
+            Arc::new(log::Outage::default()),
+            log::log_refusals,
+        ))
 }
 
 async fn not_found() -> ApiError {

@@ -77,7 +77,74 @@ fn needs_redis(path: &str) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use super::Outage;
+    use std::sync::{Arc, Mutex};
+
+    use axum::Router;
+    use axum::body::Body;
+    use axum::http::Request;
+    use axum::middleware::from_fn_with_state;
+    use axum::routing::get;
+    use tower_service::Service;
+    use tracing::{Level, Subscriber};
+    use tracing_subscriber::layer::{Context, Layer, SubscriberExt};
+
+    use super::{Outage, log_refusals};
+    use crate::api::ApiError;
+
+    /// Records the level of every event logged.
+    #[derive(Clone, Default)]
+    struct Levels(Arc<Mutex<Vec<Level>>>);
+
+    impl<S: Subscriber> Layer<S> for Levels {
+        fn on_event(&self, event: &tracing::Event<'_>, _: Context<'_, S>) {
+            let mut levels = self.0.lock().unwrap_or_else(|e| e.into_inner());
+            levels.push(*event.metadata().level());
+        }
+    }
+
+    fn unavailable() -> ApiError {
+        ApiError::Unavailable {
+            detail: "redis: connection refused".into(),
+            accepted: None,
+        }
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn an_outage_warns_once_per_episode_and_a_bug_is_an_error() {
+        let levels = Levels::default();
+        let _guard =
+            tracing::subscriber::set_default(tracing_subscriber::registry().with(levels.clone()));
+        let mut app = Router::new()
+            .route("/v1/down", get(|| async { unavailable() }))
+            .route("/v1/up", get(|| async { "ok" }))
+            .route("/healthz", get(|| async { "ok" }))
+            .route(
+                "/v1/bug",
+                get(|| async { ApiError::Internal("a bug".into()) }),
+            )
+            .layer(from_fn_with_state(
+                Arc::new(Outage::default()),
+                log_refusals,
+            ));
+        let mut seen = |path: &str| {
+            let req = Request::get(path).body(Body::empty()).unwrap();
+            let answer = app.call(req);
+            async move { answer.await.unwrap().status().as_u16() }
+        };
+        // An episode: three 503s, a probe that needs no Redis in between.
+        for path in ["/v1/down", "/v1/down", "/healthz", "/v1/down"] {
+            seen(path).await;
+        }
+        assert_eq!(seen("/v1/up").await, 200, "the episode ends");
+        assert_eq!(seen("/v1/down").await, 503, "a new episode");
+        assert_eq!(seen("/v1/bug").await, 500, "not an outage: ends it too");
+        let levels = levels.0.lock().unwrap().clone();
+        let count = |l: Level| levels.iter().filter(|x| **x == l).count();
+        assert_eq!(count(Level::WARN), 2, "{levels:?}");
+        assert_eq!(count(Level::DEBUG), 2, "{levels:?}");
+        assert_eq!(count(Level::INFO), 2, "{levels:?}");
+        assert_eq!(count(Level::ERROR), 1, "{levels:?}");
+    }
 
     #[test]
     fn an_episode_begins_once_and_ends_with_its_count() {

@@ -842,3 +842,30 @@ async fn a_sent_task_nothing_can_check_is_final_and_not_awaited() {
     assert_eq!(task.status, TaskStatus::Sent);
     assert!(!task.fields.contains_key("awaiting_since"), "{task:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unknown_task_held_before_the_held_index_is_listed_at_its_next_claim() {
+    let server = RedisServer::start().await.unwrap();
+    let permits = server.permits(due_at_once()).await.unwrap();
+    let unknown = Outcome::Unknown {
+        reason: "no answer".into(),
+    };
+    let id = recorded(&permits, "held-before", unknown).await;
+    let shard = shard_of_task(&id).unwrap();
+    // As a task held by an older version: not in the held index.
+    let _: () = redis::cmd("ZREM")
+        .arg(permits.layout().held(shard))
+        .arg(&id)
+        .query_async(&mut permits.connection())
+        .await
+        .unwrap();
+    assert!(permits.held_tasks(10).await.unwrap().is_empty());
+    let pass = permits
+        .claim_checks(shard, 10, Duration::from_secs(5), "t")
+        .await
+        .unwrap();
+    assert_eq!(pass.claimed.len(), 1, "{pass:?}");
+    let held = permits.held_tasks(10).await.unwrap();
+    assert_eq!(held.len(), 1, "{held:?}");
+    assert_eq!(held[0].0, id);
+}

@@ -773,6 +773,7 @@ async fn a_held_task_is_listed_with_its_cause() {
     }
     let view = host.get(&format!("/v1/tasks/{task}"), None).await.unwrap();
     assert_eq!(view.body["held_cause"]["kind"], "cut_off_after_write");
+    assert_eq!(view.body["maybe_sent"], true, "{}", view.body);
     assert!(
         view.body["held_cause"]["explanation"]
             .as_str()

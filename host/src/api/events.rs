@@ -289,6 +289,8 @@ pub fn task_view(task: &Task) -> TaskView {
         last_attempt_at: task.last_attempt_ms,
         requeues: num("requeues").unwrap_or(0) as u32,
         duplicate_of: task.fields.get("duplicate_of").cloned(),
+        ever_sent: task.ever_sent,
+        maybe_sent: task.maybe_sent,
         held_cause: task.held_cause.map(held_cause_view),
         provider_answer: task.provider_answer.clone(),
         reconcile_log: task.reconcile_log().into_iter().map(step_view).collect(),

@@ -72,6 +72,8 @@ fn view(row: &LedgerRow) -> TaskView {
         last_attempt_at: None,
         requeues: 0,
         duplicate_of: None,
+        ever_sent: false,
+        maybe_sent: false,
         held_cause: None,
         provider_answer: None,
         reconcile_log: Vec::new(),

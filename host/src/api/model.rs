@@ -232,6 +232,14 @@ pub struct TaskView {
     /// owner of the key (accepted, and possibly sent, before Redis lost its permit).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub duplicate_of: Option<String>,
+    /// True once some attempt is known to have reached the provider.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub ever_sent: bool,
+    /// True once an attempt may have reached the provider without anyone
+    /// knowing (its answer was cut off, its worker vanished mid-send, or it
+    /// was re-sent after either): a requeue may send it twice.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub maybe_sent: bool,
     /// Why the task is (or was last) held, from the attempt that held it
     /// (`unknown`, or `dead` after its attempts ran out); never overwritten
     /// by the reconciler.

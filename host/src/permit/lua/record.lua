@@ -77,7 +77,7 @@ elseif outcome == 'retry' or outcome == 'resend' then
 elseif outcome == 'unknown' then
   -- Sent, no answer: held until a receipt, a query or an operator settles it.
   redis.call('HSET', KEYS[1], 'status', 'unknown', 'last_error', ARGV[10],
-    'lease_token', '', 'updated_at', n2s(now))
+    'lease_token', '', 'updated_at', n2s(now), 'maybe_sent', '1')
   hold(KEYS[1], held, id, now, ARGV[14], ARGV[15])
   if owner == id then
     redis.call('PERSIST', KEYS[2])

@@ -719,6 +719,72 @@ async fn a_dead_task_is_listed_and_requeued_under_its_key() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_held_task_is_listed_with_its_cause() {
+    let redis = RedisServer::start().await.unwrap();
+    let ledger_dir = tempfile::tempdir().unwrap();
+    let sender = LedgerFileSender::open(
+        &ledger_dir.path().join("ledger.jsonl"),
+        Faults {
+            unknown_match: Some("o-held".into()),
+            ..Faults::default()
+        },
+    )
+    .unwrap();
+    let host = TestHost::start_with(
+        &redis,
+        Setup {
+            sender: Some(Arc::new(sender)),
+            policies: Some(vec![("order.toml".into(), ONE_ATTEMPT_POLICY.into())]),
+            ..Setup::default()
+        },
+    )
+    .await
+    .unwrap();
+    let a = host
+        .post("/v1/events", &order_shipped("o-held"), None)
+        .await
+        .unwrap();
+    assert_eq!(a.status, StatusCode::ACCEPTED, "{}", a.body);
+    let task = results(&a.body)[0].2.clone();
+    let (h, t) = (&host, task.as_str());
+    wait_until(Duration::from_secs(20), || async move {
+        task_status(h, t).await == "unknown"
+    })
+    .await
+    .unwrap();
+
+    // Both the held list and its older name list unknown tasks.
+    for path in ["/admin/tasks/held", "/admin/tasks/dead"] {
+        let held = host.get(path, None).await.unwrap();
+        assert_eq!(held.status, StatusCode::OK, "{}", held.body);
+        let listed = &held.body["tasks"][0]["task"];
+        assert_eq!(listed["id"], task.as_str(), "{path}: {}", held.body);
+        assert_eq!(listed["status"], "unknown", "{}", held.body);
+        assert_eq!(
+            listed["held_cause"]["kind"], "cut_off_after_write",
+            "{}",
+            held.body
+        );
+        assert_eq!(
+            listed["provider_answer"], "scripted: no answer",
+            "{}",
+            held.body
+        );
+    }
+    let view = host.get(&format!("/v1/tasks/{task}"), None).await.unwrap();
+    assert_eq!(view.body["held_cause"]["kind"], "cut_off_after_write");
+    assert_eq!(view.body["maybe_sent"], true, "{}", view.body);
+    assert!(
+        view.body["held_cause"]["explanation"]
+            .as_str()
+            .is_some_and(|e| e.contains("may have the message")),
+        "{}",
+        view.body
+    );
+    host.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_openapi_file_is_the_served_document() {
     let redis = RedisServer::start().await.unwrap();
     let host = TestHost::start(&redis).await.unwrap();

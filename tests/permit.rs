@@ -5,8 +5,8 @@
 use std::time::Duration;
 
 use pushonce::permit::{
-    AcceptRequest, Acceptance, Begin, CheckAction, Outcome, PermitConfig, PermitFate, Permits,
-    Recorded, Requeue, RetryPolicy, TaskStatus, shard_of_task,
+    AcceptRequest, Acceptance, Begin, CheckAction, CheckNote, HeldCause, Outcome, PermitConfig,
+    PermitFate, Permits, RecordContext, Recorded, Requeue, RetryPolicy, TaskStatus, shard_of_task,
 };
 use pushonce_tests::redis::RedisServer;
 use pushonce_tests::wait_until;
@@ -685,4 +685,187 @@ async fn a_redis_restart_with_aof_loses_no_accepted_task() {
             TaskStatus::Queued
         );
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_completed_checks_count_and_each_is_logged_beside_the_cause() {
+    let server = RedisServer::start().await.unwrap();
+    let permits = server.permits(due_at_once()).await.unwrap();
+    let cut_off = Outcome::Unknown {
+        reason: "no complete answer: cut off".into(),
+    };
+    let id = recorded(&permits, "counted-checks", cut_off).await;
+    let shard = shard_of_task(&id).unwrap();
+    let claim = |token: &'static str| {
+        let permits = permits.clone();
+        async move {
+            permits
+                .claim_checks(shard, 10, Duration::from_millis(1), token)
+                .await
+                .unwrap()
+        }
+    };
+    // A check claimed and never recorded (its host died, Redis restarted)
+    // does not count: the next claim is check 1 again.
+    assert_eq!(claim("lost").await.claimed[0].checks, 1);
+    let again = std::sync::Mutex::new(None);
+    wait_until(Duration::from_secs(5), || async {
+        let pass = claim("tok").await;
+        let due = !pass.claimed.is_empty();
+        if due {
+            *again.lock().unwrap() = Some(pass);
+        }
+        due
+    })
+    .await
+    .unwrap();
+    let again = again.into_inner().unwrap().unwrap();
+    assert_eq!(again.claimed[0].checks, 1, "{again:?}");
+    let task = permits.task(&id).await.unwrap().unwrap();
+    let note = CheckNote {
+        asked: "nothing: no status query".into(),
+        answer: "cannot_tell".into(),
+        detail: "channel sms has no status query".into(),
+    };
+    let later = CheckAction::Later(Duration::from_secs(60));
+    assert!(
+        permits
+            .settle_check_noting(&task, TaskStatus::Unknown, "tok", &later, "why", &note)
+            .await
+            .unwrap()
+    );
+    let task = permits.task(&id).await.unwrap().unwrap();
+    assert_eq!(
+        task.fields.get("reconcile_checks").map(String::as_str),
+        Some("1")
+    );
+    let log = task.reconcile_log();
+    assert_eq!(log.len(), 1, "{task:?}");
+    assert_eq!(
+        (log[0].check, log[0].asked.as_str(), log[0].action.as_str()),
+        (1, "nothing: no status query", "later")
+    );
+    // The reconciler wrote its check; the attempt's cause is untouched.
+    assert_eq!(task.held_cause, Some(HeldCause::CutOffAfterWrite));
+    assert_eq!(
+        task.provider_answer.as_deref(),
+        Some("no complete answer: cut off")
+    );
+    let held = permits.held_tasks(10).await.unwrap();
+    assert!(held.iter().any(|(t, _)| *t == id), "{held:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reclaimed_attempt_says_whether_the_vanished_worker_had_started_its_send() {
+    let server = RedisServer::start().await.unwrap();
+    let permits = server.permits(config()).await.unwrap();
+    let lease = Duration::from_millis(100);
+    for (key, started) in [("vanished-before", false), ("vanished-after", true)] {
+        let id = accepted(
+            &permits
+                .accept(&request(key, Duration::from_secs(30)))
+                .await
+                .unwrap(),
+        );
+        let first = begin(&permits, &id, key, lease).await;
+        if started {
+            assert!(
+                permits
+                    .mark_request_started(&first, lease)
+                    .await
+                    .unwrap()
+                    .is_some()
+            );
+        }
+        // The worker vanishes; another takes the task after its lease.
+        let second = begin_when_free(&permits, &id, key, Duration::from_secs(5)).await;
+        assert!(second.reclaimed);
+        assert_eq!(
+            second
+                .task
+                .fields
+                .get("vanished_request_started")
+                .map(String::as_str),
+            Some(if started { "1" } else { "0" }),
+            "{key}"
+        );
+        // Held as such, the cause kept beside the host's reason.
+        let held = RecordContext {
+            held: Some(HeldCause::WorkerVanished {
+                request_started: started,
+            }),
+            ..RecordContext::default()
+        };
+        let outcome = Outcome::Unknown {
+            reason: "the worker holding the lease died mid-send".into(),
+        };
+        permits
+            .record_with(&second, &outcome, None, held)
+            .await
+            .unwrap();
+        let task = permits.task(&id).await.unwrap().unwrap();
+        assert_eq!(task.status, TaskStatus::Unknown);
+        assert_eq!(task.held_cause, held.held, "{task:?}");
+        assert_eq!(task.provider_answer, None, "no answer reached a worker");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sent_task_nothing_can_check_is_final_and_not_awaited() {
+    let server = RedisServer::start().await.unwrap();
+    let permits = server.permits(due_at_once()).await.unwrap();
+    let key = "final-sent";
+    let id = accepted(
+        &permits
+            .accept(&request(key, Duration::from_secs(30)))
+            .await
+            .unwrap(),
+    );
+    let a = begin(&permits, &id, key, Duration::from_secs(5)).await;
+    let sent = Outcome::Sent {
+        provider_message_id: "p-1".into(),
+        reference: None,
+    };
+    let context = RecordContext {
+        checkable: false,
+        ..RecordContext::default()
+    };
+    permits.record_with(&a, &sent, None, context).await.unwrap();
+    let shard = shard_of_task(&id).unwrap();
+    assert_eq!(permits.awaiting_count(shard).await.unwrap(), 0);
+    let pass = permits
+        .claim_checks(shard, 10, Duration::from_secs(5), "t")
+        .await
+        .unwrap();
+    assert!(pass.claimed.is_empty(), "{pass:?}");
+    let task = permits.task(&id).await.unwrap().unwrap();
+    assert_eq!(task.status, TaskStatus::Sent);
+    assert!(!task.fields.contains_key("awaiting_since"), "{task:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unknown_task_held_before_the_held_index_is_listed_at_its_next_claim() {
+    let server = RedisServer::start().await.unwrap();
+    let permits = server.permits(due_at_once()).await.unwrap();
+    let unknown = Outcome::Unknown {
+        reason: "no answer".into(),
+    };
+    let id = recorded(&permits, "held-before", unknown).await;
+    let shard = shard_of_task(&id).unwrap();
+    // As a task held by an older version: not in the held index.
+    let _: () = redis::cmd("ZREM")
+        .arg(permits.layout().held(shard))
+        .arg(&id)
+        .query_async(&mut permits.connection())
+        .await
+        .unwrap();
+    assert!(permits.held_tasks(10).await.unwrap().is_empty());
+    let pass = permits
+        .claim_checks(shard, 10, Duration::from_secs(5), "t")
+        .await
+        .unwrap();
+    assert_eq!(pass.claimed.len(), 1, "{pass:?}");
+    let held = permits.held_tasks(10).await.unwrap();
+    assert_eq!(held.len(), 1, "{held:?}");
+    assert_eq!(held[0].0, id);
 }

@@ -5,7 +5,7 @@
 //! simulator's ledger.
 
 use provider_sim::Faults;
-use pushonce::permit::{Requeue, TaskStatus, shard_of_task};
+use pushonce::permit::{HeldCause, Requeue, TaskStatus, shard_of_task};
 use pushonce::reconcile::Reconciler;
 use pushonce_tests::channels::{
     DEADLINE, Env, one_attempt_then_reconcile, payload, quick_reconcile, sender,
@@ -242,5 +242,73 @@ async fn two_reconcilers_requeue_each_absent_task_once() {
     }
     let _ = stop.send(true);
     other.await.unwrap();
+    env.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cut_off_send_nothing_can_query_keeps_its_cause_and_logs_every_check() {
+    let env = Env::start_with(|_| {}, one_attempt_then_reconcile(3)).await;
+    // FCM (`app-push`): no query, no receipts; the answer is cut off after
+    // the provider took the message.
+    env.sim.set_faults(
+        "app-push",
+        Faults {
+            drop_after_accept: 1.0,
+            ..Faults::default()
+        },
+    );
+    let t = env
+        .accept("app-push", "cause-1", &payload("device-c1", "TPL"))
+        .await;
+    env.wait_status(&t, TaskStatus::Dead).await;
+    let task = env.permits.task(&t).await.unwrap().unwrap();
+    assert_eq!(
+        task.held_cause,
+        Some(HeldCause::CutOffAfterWrite),
+        "the attempt's cause survives the reconciler: {task:?}"
+    );
+    assert!(task.provider_answer.is_some(), "{task:?}");
+    let log = task.reconcile_log();
+    let steps: Vec<(u32, &str, &str, &str)> = log
+        .iter()
+        .map(|s| {
+            (
+                s.check,
+                s.asked.as_str(),
+                s.answer.as_str(),
+                s.action.as_str(),
+            )
+        })
+        .collect();
+    let no_query = "nothing: no status query";
+    assert_eq!(
+        steps,
+        [
+            (1, no_query, "cannot_tell", "later"),
+            (2, no_query, "cannot_tell", "later"),
+            (3, no_query, "cannot_tell", "dead"),
+        ],
+        "{task:?}"
+    );
+    assert!(log.iter().all(|s| s.detail.contains("no status query")));
+    let held = env.permits.held_tasks(10).await.unwrap();
+    assert!(held.iter().any(|(id, _)| *id == t), "{held:?}");
+    env.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sent_task_on_a_channel_without_query_is_not_awaited() {
+    let env = Env::start_with(|_| {}, one_attempt_then_reconcile(3)).await;
+    // FCM (`app-push`): neither a status query nor receipts.
+    let t = env
+        .accept("app-push", "final-1", &payload("device-f1", "TPL"))
+        .await;
+    env.wait_status(&t, TaskStatus::Sent).await;
+    let shard = shard_of_task(&t).unwrap();
+    assert_eq!(env.permits.awaiting_count(shard).await.unwrap(), 0);
+    let task = env.permits.task(&t).await.unwrap().unwrap();
+    assert!(!task.fields.contains_key("awaiting_since"), "{task:?}");
+    assert!(task.reconcile_log().is_empty(), "{task:?}");
+    assert_eq!(env.ledger("app-push").len(), 1);
     env.stop().await;
 }

@@ -810,13 +810,30 @@ async fn collect_tasks(config: &ChaosConfig, bases: &[String]) -> anyhow::Result
     Ok(tasks)
 }
 
-/// Why a held task is held, in the words of the chaos table, from what its
-/// `last_error` says. The reconciler writes `reconcile check N: <why>` and
-/// keeps what first held the task after `; held after: `: the dispatcher's
-/// reason for a task re-claimed from a killed worker, or the SDK's "no
-/// complete answer" for an answer cut off after the request was written. A
-/// check that ran a status query and could not tell is its own cause.
+/// Why a held task is held, in the words of the chaos table: its
+/// `held_cause` (what the attempt that held it saw, kept whatever the
+/// reconciler did since), or for a task without one what its `last_error`
+/// says.
 fn hold_cause(task: &Value) -> String {
+    let cause = &task["held_cause"];
+    let named = match cause["kind"].as_str() {
+        Some("worker_vanished") if cause["request_started"] == false => "kill before its send",
+        Some("worker_vanished") => "kill mid-send",
+        Some("cut_off_after_write") => "cut-off answer",
+        Some("retries_exhausted") => "retries exhausted",
+        Some("query_could_not_tell") => "query could not tell",
+        _ => return hold_cause_from_text(task),
+    };
+    named.to_string()
+}
+
+/// [`hold_cause`] from `last_error`, for a task held without a recorded
+/// cause. The reconciler writes `reconcile check N: <why>` and keeps what
+/// first held the task after `; held after: `: the dispatcher's reason for
+/// a task re-claimed from a killed worker, or the SDK's "no complete
+/// answer" for an answer cut off after the request was written. A check
+/// that ran a status query and could not tell is its own cause.
+fn hold_cause_from_text(task: &Value) -> String {
     let error = task["last_error"].as_str().unwrap_or_default();
     let (check, origin) = match error.split_once("; held after: ") {
         Some((check, origin)) => (check, origin),
@@ -872,15 +889,17 @@ fn account(config: &ChaosConfig, sim: &Sim, tasks: &[Value], report: &mut ChaosR
         }
         if status == "unknown" || status == "dead" {
             report.held += 1;
+            let cause = hold_cause(t);
             *report
                 .held_by
-                .entry((channel.clone(), hold_cause(t)))
+                .entry((channel.clone(), cause.clone()))
                 .or_default() += 1;
             // Only a channel whose provider can neither deduplicate a resend
             // (inside its window) nor be queried holds: FCM (`app-push`);
             // the faults that leave it unknown are the injected cut-off
             // answers and kills mid-send.
-            if channel != "app-push" || hold_cause(t) == "other" {
+            let explained = ["cut-off answer", "kill mid-send", "kill before its send"];
+            if channel != "app-push" || !explained.contains(&cause.as_str()) {
                 report.held_unexplained += 1;
                 report.examples.push(format!("unexplained hold: {t}"));
             }

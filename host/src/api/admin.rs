@@ -137,23 +137,23 @@ pub struct ReloadView {
     pub generation: u64,
 }
 
-/// One failed or dead task.
+/// One held, failed or dead task.
 #[derive(Debug, Serialize, ToSchema)]
 pub struct DeadTask {
-    /// When it ended (ms since the epoch).
+    /// When it ended, or for a held (`unknown`) one when it was held (ms since the epoch).
     pub ended_at_ms: u64,
     /// The task.
     pub task: TaskView,
 }
 
-/// Failed and dead tasks, newest first.
+/// Held, failed and dead tasks, newest first.
 #[derive(Debug, Serialize, ToSchema)]
 pub struct DeadTasks {
     /// The tasks.
     pub tasks: Vec<DeadTask>,
 }
 
-/// `?limit=` of the dead-task listing.
+/// `?limit=` of the held-task listing.
 #[derive(Debug, Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]
 #[into_params(parameter_in = Query)]
@@ -335,17 +335,44 @@ pub async fn reload(State(state): State<AppState>) -> Result<Json<ReloadView>, A
     }
 }
 
-/// Failed and dead tasks, newest first.
+/// Every task an operator must look at, newest first: held (`unknown`),
+/// failed and dead. The same list as `/admin/tasks/held`.
 #[utoipa::path(get, path = "/admin/tasks/dead", tag = "admin",
     params(DeadQuery),
     responses(
-        (status = 200, description = "Failed and dead tasks", body = DeadTasks),
+        (status = 200, description = "Held (unknown), failed and dead tasks", body = DeadTasks),
         (status = 401, description = "Missing or wrong admin token", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "Bad limit", body = Problem, content_type = "application/problem+json"),
         (status = 503, description = "Redis unavailable", body = Problem, content_type = "application/problem+json"),
     ),
     security(("admin_token" = [])))]
 pub async fn dead_tasks(
+    state: State<AppState>,
+    query: Result<Query<DeadQuery>, axum::extract::rejection::QueryRejection>,
+) -> Result<Json<DeadTasks>, ApiError> {
+    list_held(state, query).await
+}
+
+/// Every task an operator must look at, newest first: held (`unknown`,
+/// with its cause, the provider's last answer and the reconciler's log),
+/// failed and dead.
+#[utoipa::path(get, path = "/admin/tasks/held", tag = "admin",
+    params(DeadQuery),
+    responses(
+        (status = 200, description = "Held (unknown), failed and dead tasks", body = DeadTasks),
+        (status = 401, description = "Missing or wrong admin token", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "Bad limit", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "Redis unavailable", body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("admin_token" = [])))]
+pub async fn held_tasks(
+    state: State<AppState>,
+    query: Result<Query<DeadQuery>, axum::extract::rejection::QueryRejection>,
+) -> Result<Json<DeadTasks>, ApiError> {
+    list_held(state, query).await
+}
+
+async fn list_held(
     State(state): State<AppState>,
     query: Result<Query<DeadQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Json<DeadTasks>, ApiError> {
@@ -355,7 +382,7 @@ pub async fn dead_tasks(
         return Err(ApiError::invalid("limit", "must be in 1..=1000"));
     }
     let mut tasks = Vec::new();
-    for (id, ended_at_ms) in state.permits.dead_tasks(limit).await? {
+    for (id, ended_at_ms) in state.permits.held_tasks(limit).await? {
         if let Some(task) = state.permits.task(&id).await? {
             tasks.push(DeadTask {
                 ended_at_ms,

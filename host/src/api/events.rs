@@ -21,7 +21,7 @@ use super::model::Problem;
 use super::model::*;
 use super::problem::ApiError;
 use crate::derive::{DeriveError, EventError, EventJson, YearRange, derive, event_from_parsed};
-use crate::permit::{AcceptRequest, Acceptance, RetryPolicy, Task};
+use crate::permit::{AcceptRequest, Acceptance, HeldCause, ReconcileStep, RetryPolicy, Task};
 use crate::plugin::{Event, KeyPolicyPlugin};
 use crate::route::Policy;
 use crate::route::Snapshot;
@@ -290,9 +290,38 @@ pub fn task_view(task: &Task) -> TaskView {
         last_attempt_at: task.last_attempt_ms,
         requeues: num("requeues").unwrap_or(0) as u32,
         duplicate_of: task.fields.get("duplicate_of").cloned(),
+        ever_sent: task.ever_sent,
+        maybe_sent: task.maybe_sent,
+        held_cause: task.held_cause.map(held_cause_view),
+        provider_answer: task.provider_answer.clone(),
+        reconcile_log: task.reconcile_log().into_iter().map(step_view).collect(),
         from_ledger: false,
         event: json(&task.event_json),
         payload: json(&task.payload),
+    }
+}
+
+/// A held cause as the API shows it.
+fn held_cause_view(cause: HeldCause) -> HeldCauseView {
+    HeldCauseView {
+        kind: cause.kind().to_string(),
+        request_started: match cause {
+            HeldCause::WorkerVanished { request_started } => Some(request_started),
+            _ => None,
+        },
+        explanation: cause.explain().to_string(),
+    }
+}
+
+/// A reconciler step as the API shows it.
+fn step_view(step: ReconcileStep) -> ReconcileStepView {
+    ReconcileStepView {
+        at: step.at,
+        check: step.check,
+        asked: step.asked,
+        answer: step.answer,
+        detail: step.detail,
+        action: step.action,
     }
 }
 

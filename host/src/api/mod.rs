@@ -12,6 +12,7 @@ pub mod auth;
 pub mod body;
 pub mod events;
 pub mod history;
+pub mod log;
 pub mod metrics;
 pub mod model;
 pub mod openapi;
@@ -122,6 +123,7 @@ pub fn app(state: AppState) -> Router {
         .route("/admin/reload", post(admin::reload))
         .route("/admin/tasks", get(admin::task_by_key))
         .route("/admin/tasks/dead", get(admin::dead_tasks))
+        .route("/admin/tasks/held", get(admin::held_tasks))
         .route("/admin/tasks/{id}/requeue", post(admin::requeue))
         .route_layer(from_fn_with_state(state.admin_token.clone(), auth::require));
     let open = Router::new()
@@ -148,6 +150,10 @@ pub fn app(state: AppState) -> Router {
         .layer(DefaultBodyLimit::max(limits.body_bytes))
         .layer(Extension(body::BodyLimit(limits.body_bytes)))
         .layer(from_fn_with_state(limits.request_timeout, timeout))
+        .layer(from_fn_with_state(
+            Arc::new(log::Outage::default()),
+            log::log_refusals,
+        ))
 }
 
 async fn not_found() -> ApiError {

@@ -232,6 +232,25 @@ pub struct TaskView {
     /// owner of the key (accepted, and possibly sent, before Redis lost its permit).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub duplicate_of: Option<String>,
+    /// True once some attempt is known to have reached the provider.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub ever_sent: bool,
+    /// True once an attempt may have reached the provider without anyone
+    /// knowing (its answer was cut off, its worker vanished mid-send, or it
+    /// was re-sent after either): a requeue may send it twice.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub maybe_sent: bool,
+    /// Why the task is (or was last) held, from the attempt that held it
+    /// (`unknown`, or `dead` after its attempts ran out); never overwritten
+    /// by the reconciler.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub held_cause: Option<HeldCauseView>,
+    /// The provider's last answer as the channel plugin saw it, when the task was held.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub provider_answer: Option<String>,
+    /// What the reconciler tried, oldest first (the newest 32 checks).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub reconcile_log: Vec<ReconcileStepView>,
     /// True when Redis no longer has the task (retention) and this is the
     /// delivery ledger's row: no event, payload or schedule, the recipient only as a digest.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
@@ -242,6 +261,40 @@ pub struct TaskView {
     /// What the channel sends (recipient, template, params, fallback).
     #[schema(value_type = Object)]
     pub payload: serde_json::Value,
+}
+
+/// Why a task is held.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct HeldCauseView {
+    /// `cut_off_after_write` (the request was written, the answer cut off),
+    /// `worker_vanished` (re-claimed from a worker that vanished mid-attempt),
+    /// `retries_exhausted` (every attempt failed retryably), or
+    /// `query_could_not_tell` (held before causes were recorded; no check could tell).
+    pub kind: String,
+    /// For `worker_vanished`: whether that worker had handed the message to
+    /// its channel (its request may have been written); false: it had not.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub request_started: Option<bool>,
+    /// What the cause means, in plain words.
+    pub explanation: String,
+}
+
+/// One check the reconciler made of a task.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct ReconcileStepView {
+    /// When (ms since the epoch, Redis clock).
+    pub at: u64,
+    /// Its number since the task began awaiting confirmation.
+    pub check: u32,
+    /// What was asked: `status query`, or `nothing: no status query`.
+    pub asked: String,
+    /// The answer: `pending`, `absent`, `cannot_tell`, ….
+    pub answer: String,
+    /// The answer's detail, if any (a failed query's error).
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub detail: String,
+    /// What the reconciler did: `later`, `untrack`, `sent`, `requeue`, `dead`.
+    pub action: String,
 }
 
 /// The tasks of one event: `GET /v1/events/{biz_type}/{biz_id}`.

@@ -22,7 +22,7 @@ use super::{admin, events, model, ops, receipts};
     paths(
         events::post_event, events::post_batch, events::get_task, events::get_event,
         receipts::receipt, receipts::open_receipt,
-        admin::plugins, admin::policies, admin::reload, admin::dead_tasks, admin::requeue, admin::task_by_key,
+        admin::plugins, admin::policies, admin::reload, admin::dead_tasks, admin::held_tasks, admin::requeue, admin::task_by_key,
         ops::healthz, ops::readyz, ops::metrics, openapi,
     ),
     components(schemas(model::Problem, model::EventRequest, model::BatchRequest)),

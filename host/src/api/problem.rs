@@ -1,7 +1,8 @@
 //! The API's one error type, [`ApiError`], answered as RFC 9457 problem
 //! details (`application/problem+json`). Every refusal of the API goes
-//! through it: the cause is logged here (5xx at `error`, 4xx at `debug`) and
-//! the answer names the field, the plugin or the reason.
+//! through it: the answer names the field, the plugin or the reason, and
+//! carries the cause in a [`Refusal`] extension for the logging layer
+//! (`api::log`), which decides the level.
 
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
@@ -222,19 +223,30 @@ pub fn redis_unavailable(e: &redis::RedisError) -> bool {
         )
 }
 
+/// The cause of a refusal, attached to its response for the logging layer
+/// (never sent to the client).
+#[derive(Debug, Clone)]
+pub struct Refusal {
+    /// The error's text (internal details included: for the log only).
+    pub cause: std::sync::Arc<str>,
+    /// Redis (or the request's time budget) failed for now: answered 503
+    /// with `Retry-After`, an outage rather than a bug.
+    pub unavailable: bool,
+}
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let status = self.status();
-        if status.is_server_error() {
-            tracing::error!(status = status.as_u16(), error = %self, "request failed");
-        } else {
-            tracing::debug!(status = status.as_u16(), error = %self, "request refused");
-        }
+        let refusal = Refusal {
+            cause: self.to_string().into(),
+            unavailable: matches!(self, ApiError::Unavailable { .. } | ApiError::Timeout),
+        };
         metrics::counter!(super::metrics::REFUSED, "status" => status.as_u16().to_string())
             .increment(1);
         let problem = self.problem();
         let body = serde_json::to_vec(&problem).unwrap_or_else(|_| b"{}".to_vec());
         let mut response = (status, body).into_response();
+        response.extensions_mut().insert(refusal);
         let headers = response.headers_mut();
         headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(PROBLEM_JSON));
         match self {

@@ -18,7 +18,7 @@ use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 
 use super::{Shared, backoff, pause};
-use crate::permit::{Attempt, Begin, Entry, Outcome, Recorded};
+use crate::permit::{Attempt, Begin, Entry, HeldCause, Outcome, RecordContext, Recorded};
 use crate::send::{OutgoingMessage, Payload, SendOutcome, UnknownVerdict};
 use crate::store::RedisConn;
 
@@ -260,18 +260,11 @@ pub(crate) async fn process(shared: &Shared, entry: &Entry) {
         attempt: attempt.number,
         ..OutgoingMessage::of_task(&attempt.task)
     };
-    if attempt.reclaimed {
-        // The worker that held the lease died mid-attempt: the provider may
-        // have the message. Decide as for an unknown outcome before sending.
-        tracing::info!(task = %entry.task_id, attempt = attempt.number, "re-claimed from a dead worker");
-        let verdict = with_lease(shared, &attempt, shared.sender.settle_unknown(&msg)).await;
-        if verdict != UnknownVerdict::Resend {
-            let reason = RECLAIMED_REASON.to_string();
-            let outcome = unknown(&attempt, reason, verdict);
-            record(shared, &attempt, &outcome, entry).await;
-            super::ledger::note_outcome(shared, &attempt, &outcome).await;
-            return;
-        }
+    if attempt.reclaimed && !resend_reclaimed(shared, &attempt, &msg, entry).await {
+        return;
+    }
+    if !mark_request_started(shared, &attempt, entry).await {
+        return;
     }
     let sending = Instant::now();
     let result = with_lease(shared, &attempt, shared.sender.send(&msg)).await;
@@ -306,7 +299,11 @@ pub(crate) async fn process(shared: &Shared, entry: &Entry) {
             unknown(&attempt, reason, verdict)
         }
     };
-    record(shared, &attempt, &outcome, entry).await;
+    let context = RecordContext {
+        checkable: !matches!(outcome, Outcome::Sent { .. }) || shared.sender.can_check(&msg).await,
+        held: None,
+    };
+    record_with(shared, &attempt, &outcome, entry, context).await;
     super::ledger::note_outcome(shared, &attempt, &outcome).await;
     if let Outcome::Sent {
         provider_message_id,
@@ -314,6 +311,59 @@ pub(crate) async fn process(shared: &Shared, entry: &Entry) {
     } = &outcome
     {
         index_ids(shared, &attempt, provider_message_id, reference.as_deref()).await;
+    }
+}
+
+/// A task re-claimed from a worker that vanished mid-attempt: the provider
+/// may have the message, so decide as for an unknown outcome first. True
+/// when it may be sent again; otherwise its outcome is recorded here (held
+/// as [`HeldCause::WorkerVanished`], or sent if a query found it).
+async fn resend_reclaimed(
+    shared: &Shared,
+    attempt: &Attempt,
+    msg: &OutgoingMessage,
+    entry: &Entry,
+) -> bool {
+    let request_started = attempt
+        .task
+        .fields
+        .get("vanished_request_started")
+        .is_none_or(|v| v != "0");
+    tracing::info!(task = %entry.task_id, attempt = attempt.number, request_started, "re-claimed from a vanished worker");
+    let verdict = with_lease(shared, attempt, shared.sender.settle_unknown(msg)).await;
+    if verdict == UnknownVerdict::Resend {
+        return true;
+    }
+    let outcome = unknown(attempt, RECLAIMED_REASON.to_string(), verdict);
+    let context = RecordContext {
+        held: Some(HeldCause::WorkerVanished { request_started }),
+        ..RecordContext::default()
+    };
+    record_with(shared, attempt, &outcome, entry, context).await;
+    super::ledger::note_outcome(shared, attempt, &outcome).await;
+    false
+}
+
+/// Marks in Redis that this worker hands the message to its channel now, so
+/// a worker re-claiming the task after this one vanished knows the request
+/// may have been written. False when the mark could not be made (lease lost,
+/// Redis unreachable): nothing is sent; the attempt is given back.
+async fn mark_request_started(shared: &Shared, attempt: &Attempt, entry: &Entry) -> bool {
+    match shared
+        .permits
+        .mark_request_started(attempt, shared.config.lease)
+        .await
+    {
+        Ok(Some(_)) => true,
+        Ok(None) => {
+            tracing::warn!(task = %attempt.task_id, "lease lost before sending; not sent");
+            false
+        }
+        Err(e) => {
+            tracing::warn!(task = %attempt.task_id, error = %e, "could not mark the send as started; not sent, the attempt is given back");
+            record(shared, attempt, &Outcome::Release, entry).await;
+            false
+        }
     }
 }
 
@@ -428,9 +478,24 @@ async fn with_lease<T>(
 
 /// Records an outcome, retrying Redis errors for up to one lease.
 async fn record(shared: &Shared, attempt: &Attempt, outcome: &Outcome, entry: &Entry) {
+    record_with(shared, attempt, outcome, entry, RecordContext::default()).await;
+}
+
+/// [`record`] with what the worker knows beside the outcome.
+async fn record_with(
+    shared: &Shared,
+    attempt: &Attempt,
+    outcome: &Outcome,
+    entry: &Entry,
+    context: RecordContext,
+) {
     let deadline = Instant::now() + shared.config.lease;
     loop {
-        match shared.permits.record(attempt, outcome, Some(entry)).await {
+        match shared
+            .permits
+            .record_with(attempt, outcome, Some(entry), context)
+            .await
+        {
             Ok(Recorded::Done(fate)) => {
                 tracing::debug!(task = %attempt.task_id, ?outcome, ?fate, "recorded");
                 count(outcome, &attempt.task.channel);

@@ -18,7 +18,9 @@ pub struct Claimed {
     pub task_id: String,
     /// Its status when claimed (`sent` or `unknown`); the check's outcome is fenced by it.
     pub status: TaskStatus,
-    /// Checks claimed since it entered the index, this one included.
+    /// This check's number since the task entered the index: the checks
+    /// completed before it (recorded by `reconcile.lua`; a check lost to a
+    /// crash or a Redis restart does not count) plus one.
     pub checks: u32,
     /// Times the reconciler re-queued it already (the provider never got it).
     pub requeues: u32,
@@ -71,6 +73,17 @@ pub enum CheckAction {
     Dead,
 }
 
+/// What one check asked and was answered, for the task's `reconcile_log`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CheckNote {
+    /// What was asked: `status query`, or why nothing could be asked.
+    pub asked: String,
+    /// The answer's label (`pending`, `absent`, `cannot_tell`, …).
+    pub answer: String,
+    /// The answer's detail (a failed query's error), or empty.
+    pub detail: String,
+}
+
 impl CheckAction {
     fn name(&self) -> &'static str {
         match self {
@@ -86,7 +99,7 @@ impl CheckAction {
 impl Permits {
     /// Takes up to `limit` due entries of `shard`'s awaiting index: each is
     /// re-scored to now + `hold` (no other reconciler takes it meanwhile),
-    /// its task gets the claim's `token` and one more check counted.
+    /// its task gets the claim's `token` (checks are counted when recorded).
     pub async fn claim_checks(
         &self,
         shard: u16,
@@ -114,7 +127,7 @@ impl Permits {
                         task_id: text(e.first()),
                         status: TaskStatus::parse(&text(e.get(1)))
                             .ok_or_else(|| unexpected("claim", &items))?,
-                        checks: text(e.get(2)).parse().unwrap_or(0),
+                        checks: text(e.get(2)).parse::<u32>().unwrap_or(0) + 1,
                         requeues: text(e.get(3)).parse().unwrap_or(0),
                     })
                 })
@@ -139,6 +152,21 @@ impl Permits {
         token: &str,
         action: &CheckAction,
         reason: &str,
+    ) -> Result<bool, PermitError> {
+        self.settle_check_noting(task, from, token, action, reason, &CheckNote::default())
+            .await
+    }
+
+    /// [`Permits::settle_check`], with what the check asked and was
+    /// answered, appended to the task's `reconcile_log`.
+    pub async fn settle_check_noting(
+        &self,
+        task: &Task,
+        from: TaskStatus,
+        token: &str,
+        action: &CheckAction,
+        reason: &str,
+        note: &CheckNote,
     ) -> Result<bool, PermitError> {
         let shard =
             shard_of_task(&task.id).ok_or_else(|| PermitError::BadTaskId(task.id.clone()))?;
@@ -172,6 +200,9 @@ impl Permits {
             .arg(reason)
             .arg(provider_id)
             .arg(most_requeues)
+            .arg(&note.asked)
+            .arg(&note.answer)
+            .arg(&note.detail)
             .invoke_async(&mut self.conn.clone())
             .await?;
         let items = array(answer, "reconcile")?;

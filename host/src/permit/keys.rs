@@ -81,6 +81,15 @@ impl Layout {
         format!("{}:dead", self.tag(shard))
     }
 
+    /// The index of a shard's held (`unknown`) tasks, scored by when they
+    /// were held, for operators: `{po:3}:held`. Written by `record.lua`; an
+    /// entry leaves it when its task moves on (`receipt.lua`,
+    /// `reconcile.lua`, or a later outcome in `record.lua`). The scripts
+    /// name it after the awaiting index (same hash tag).
+    pub fn held(&self, shard: u16) -> String {
+        format!("{}:held", self.tag(shard))
+    }
+
     /// The index of a shard's tasks awaiting confirmation (`sent` without a
     /// receipt, or `unknown`), scored by when the reconciler's next check of
     /// each is due (Redis clock, ms): `{po:3}:awaiting`. Written by

@@ -9,6 +9,7 @@
 //! and touches the permit only while the task owns it. See `docs/redis.md`.
 
 pub mod awaiting;
+pub mod held;
 pub mod keys;
 pub mod scripts;
 pub mod task;
@@ -20,7 +21,8 @@ use redis::Value;
 
 use crate::store::{Batch, RedisConn};
 
-pub use awaiting::{CheckAction, ClaimPass, Claimed};
+pub use awaiting::{CheckAction, CheckNote, ClaimPass, Claimed};
+pub use held::{HeldCause, ReconcileStep, RecordContext};
 pub use keys::{Layout, shard_of_task};
 pub use task::{RetryPolicy, Task, TaskStatus};
 
@@ -670,6 +672,27 @@ impl Permits {
         attempt: &Attempt,
         lease: Duration,
     ) -> Result<Option<u64>, PermitError> {
+        self.extend(attempt, lease, false).await
+    }
+
+    /// Extends the lease like [`Permits::extend_lease`] and marks that the
+    /// worker is about to hand the message to its channel
+    /// (`request_started_at`): a worker that vanishes after this may have
+    /// sent it, one that vanishes before did not. `None` if the lease was lost.
+    pub async fn mark_request_started(
+        &self,
+        attempt: &Attempt,
+        lease: Duration,
+    ) -> Result<Option<u64>, PermitError> {
+        self.extend(attempt, lease, true).await
+    }
+
+    async fn extend(
+        &self,
+        attempt: &Attempt,
+        lease: Duration,
+        starting: bool,
+    ) -> Result<Option<u64>, PermitError> {
         let answer: Value = scripts::EXTEND
             .key(self.task_key(&attempt.task_id)?)
             .key(self.layout.permit(&attempt.task.key))
@@ -677,6 +700,7 @@ impl Permits {
             .arg(&attempt.token)
             .arg(ms(lease).max(1))
             .arg(ms(self.config.grace))
+            .arg(if starting { "1" } else { "0" })
             .invoke_async(&mut self.conn.clone())
             .await?;
         let items = array(answer, "extend")?;
@@ -694,6 +718,22 @@ impl Permits {
         attempt: &Attempt,
         outcome: &Outcome,
         entry: Option<&Entry>,
+    ) -> Result<Recorded, PermitError> {
+        self.record_with(attempt, outcome, entry, RecordContext::default())
+            .await
+    }
+
+    /// Records an outcome like [`Permits::record`], with what the worker
+    /// knows beside it: whether a `sent` message can be checked later
+    /// (else it is not awaited), and why an `unknown` or `dead` one is held
+    /// (else derived from the outcome: `unknown` is
+    /// [`HeldCause::CutOffAfterWrite`], `dead` [`HeldCause::RetriesExhausted`]).
+    pub async fn record_with(
+        &self,
+        attempt: &Attempt,
+        outcome: &Outcome,
+        entry: Option<&Entry>,
+        context: RecordContext,
     ) -> Result<Recorded, PermitError> {
         let shard = shard_of_task(&attempt.task_id)
             .ok_or_else(|| PermitError::BadTaskId(attempt.task_id.clone()))?;
@@ -714,6 +754,12 @@ impl Permits {
             Outcome::DuplicatePrevented { owner } => ("duplicate_prevented", 0, "", owner.as_str()),
             Outcome::Release => ("release", 0, "", ""),
         };
+        let (cause, provider_answer) = held_of(outcome, context.held);
+        let sent_after = if context.checkable {
+            ms(self.config.check_sent_after).to_string()
+        } else {
+            "-1".to_string()
+        };
         let answer: Value = scripts::RECORD
             .key(self.task_key(&attempt.task_id)?)
             .key(self.layout.permit(&attempt.task.key))
@@ -730,9 +776,11 @@ impl Permits {
             .arg(delay)
             .arg(provider_id)
             .arg(reason)
-            .arg(ms(self.config.check_sent_after))
+            .arg(sent_after)
             .arg(ms(self.config.check_unknown_after))
             .arg(reference)
+            .arg(cause)
+            .arg(provider_answer)
             .invoke_async(&mut self.conn.clone())
             .await?;
         let items = array(answer, "record")?;
@@ -937,10 +985,29 @@ impl Permits {
     /// The most recently ended failed or dead tasks, newest first, across
     /// every shard: `(task id, ended at ms)`, at most `limit`.
     pub async fn dead_tasks(&self, limit: usize) -> Result<Vec<(String, u64)>, PermitError> {
+        self.newest_of(|l, s| l.dead(s), limit).await
+    }
+
+    /// The tasks an operator must look at, newest first, across every
+    /// shard: held (`unknown`, scored by when held) and failed or dead
+    /// (scored by when they ended): `(task id, at ms)`, at most `limit`.
+    pub async fn held_tasks(&self, limit: usize) -> Result<Vec<(String, u64)>, PermitError> {
+        let mut all = self.newest_of(|l, s| l.held(s), limit).await?;
+        all.extend(self.dead_tasks(limit).await?);
+        sort_newest_first(&mut all, limit);
+        Ok(all)
+    }
+
+    /// The newest `limit` entries of one index of every shard.
+    async fn newest_of(
+        &self,
+        key: impl Fn(&Layout, u16) -> String,
+        limit: usize,
+    ) -> Result<Vec<(String, u64)>, PermitError> {
         let per_shard: Vec<Vec<(String, f64)>> = self
             .per_shard(|shard| {
                 let mut cmd = redis::cmd("ZREVRANGE");
-                cmd.arg(self.layout.dead(shard))
+                cmd.arg(key(&self.layout, shard))
                     .arg(0)
                     .arg(limit.saturating_sub(1))
                     .arg("WITHSCORES");
@@ -952,8 +1019,7 @@ impl Permits {
             .flatten()
             .map(|(id, at)| (id, at as u64))
             .collect();
-        all.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
-        all.truncate(limit);
+        sort_newest_first(&mut all, limit);
         Ok(all)
     }
 
@@ -991,6 +1057,29 @@ impl Permits {
         let answers = batch.query(&mut self.conn.clone(), None).await?;
         Ok(redis::from_redis_value(Value::Array(answers)).map_err(redis::RedisError::from)?)
     }
+}
+
+/// Sorts `(id, at)` entries newest first (ties by id) and keeps `limit`.
+fn sort_newest_first(all: &mut Vec<(String, u64)>, limit: usize) {
+    all.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+    all.truncate(limit);
+}
+
+/// The held cause (JSON, or '' when the outcome holds nothing) and the
+/// provider's last answer recorded with `outcome`.
+fn held_of(outcome: &Outcome, given: Option<HeldCause>) -> (String, &str) {
+    let (derived, answer) = match outcome {
+        Outcome::Unknown { reason } => (HeldCause::CutOffAfterWrite, reason.as_str()),
+        Outcome::Dead { reason } => (HeldCause::RetriesExhausted, reason.as_str()),
+        _ => return (String::new(), ""),
+    };
+    let cause = given.unwrap_or(derived);
+    let answer = match cause {
+        // No answer reached this worker: the reason is the host's own words.
+        HeldCause::WorkerVanished { .. } | HeldCause::QueryCouldNotTell => "",
+        HeldCause::CutOffAfterWrite | HeldCause::RetriesExhausted => answer,
+    };
+    (cause.to_json(), answer)
 }
 
 /// The task's `spec` field: the fields no script reads, as one JSON object

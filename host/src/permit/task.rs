@@ -4,6 +4,8 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
+use super::held::{HeldCause, ReconcileStep, parse_log};
+
 /// Where a task is in its life. `queued → sending → sent → delivered`, with
 /// `retry_wait`, `unknown`, `failed`, `dead` and `superseded` on the side.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -161,8 +163,22 @@ pub struct Task {
     pub ever_sent: bool,
     /// True once an attempt was re-claimed from a dead worker (it may have sent).
     pub maybe_sent: bool,
+    /// Why it is (or was last) held: the outcome of the attempt that held it.
+    pub held_cause: Option<HeldCause>,
+    /// The provider's last answer as the plugin saw it, when the task was held.
+    pub provider_answer: Option<String>,
     /// Every field of the hash, for fields not modelled above.
     pub fields: HashMap<String, String>,
+}
+
+impl Task {
+    /// What the reconciler tried, oldest first (`reconcile_log`).
+    pub fn reconcile_log(&self) -> Vec<ReconcileStep> {
+        self.fields
+            .get("reconcile_log")
+            .map(|log| parse_log(log))
+            .unwrap_or_default()
+    }
 }
 
 impl Task {
@@ -219,6 +235,8 @@ impl Task {
             last_attempt_ms: num("attempt_started_at"),
             ever_sent: get("ever_sent") == "1",
             maybe_sent: get("maybe_sent") == "1",
+            held_cause: fields.get("held_cause").and_then(|c| HeldCause::parse(c)),
+            provider_answer: opt("provider_answer"),
             fields,
         })
     }

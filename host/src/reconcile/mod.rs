@@ -29,9 +29,9 @@ use tokio::task::JoinSet;
 pub use decide::{Decision, decide};
 
 use crate::config::ReconcileConfig;
-use crate::permit::{CheckAction, Claimed, PermitError, Permits, Task, TaskStatus};
+use crate::permit::{CheckAction, CheckNote, Claimed, PermitError, Permits, Task, TaskStatus};
 use crate::send::receipts::settle_from_provider;
-use crate::send::{Check, OutgoingMessage, Sender};
+use crate::send::{Check, NO_STATUS_QUERY, OutgoingMessage, Sender};
 
 /// Checks per channel and result (`delivered`, `pending`, `failed`, `absent`, `cannot_tell`).
 pub const CHECKS_TOTAL: &str = "pushonce_reconcile_checks_total";
@@ -242,17 +242,51 @@ impl Shared {
         let reason = check_reason(claimed.checks, &why, held);
         let done = self
             .permits
-            .settle_check(&task, claimed.status, token, &action, &reason)
+            .settle_check_noting(
+                &task,
+                claimed.status,
+                token,
+                &action,
+                &reason,
+                &note_of(&check),
+            )
             .await?;
         if done && matches!(action, CheckAction::Untrack | CheckAction::Dead) {
             metrics::counter!(GAVE_UP_TOTAL, "channel" => task.channel.clone(), "status" => claimed.status.as_str())
                 .increment(1);
-            tracing::warn!(task = %task.id, status = %claimed.status, checks = claimed.checks, "reconciler gave up: {reason}");
+            gave_up(&task, claimed, &reason);
             if matches!(action, CheckAction::Dead) {
                 self.note(&task, "dead").await;
             }
         }
         Ok(done && !matches!(action, CheckAction::Later(_) | CheckAction::Untrack))
+    }
+}
+
+/// Logs that the reconciler stopped checking a task: a warning for a held
+/// one made `dead` (an operator must look), info for a `sent` one (it was
+/// sent; only its delivery stays unconfirmed).
+fn gave_up(task: &Task, claimed: &Claimed, reason: &str) {
+    if claimed.status == TaskStatus::Unknown {
+        tracing::warn!(task = %task.id, status = %claimed.status, checks = claimed.checks, "reconciler gave up: {reason}");
+    } else {
+        tracing::info!(task = %task.id, status = %claimed.status, checks = claimed.checks, "no longer checked: {reason}");
+    }
+}
+
+/// What a check asked and was answered, for the task's `reconcile_log`.
+fn note_of(check: &Check) -> CheckNote {
+    let (asked, detail) = match check {
+        Check::CannotTell(why) if why.contains(NO_STATUS_QUERY) => {
+            ("nothing: no status query", why.clone())
+        }
+        Check::CannotTell(why) => ("status query", why.clone()),
+        _ => ("status query", String::new()),
+    };
+    CheckNote {
+        asked: asked.to_string(),
+        answer: check.label().to_string(),
+        detail,
     }
 }
 

@@ -147,6 +147,9 @@ impl Check {
     }
 }
 
+/// How a [`Check::CannotTell`] says that nothing could be asked at all.
+pub const NO_STATUS_QUERY: &str = "has no status query";
+
 /// Sends one attempt. Object safe: the dispatcher holds an `Arc<dyn Sender>`.
 pub trait Sender: Send + Sync {
     /// Sends `msg` and classifies the result. Must not panic; every failure is an outcome.
@@ -160,6 +163,15 @@ pub trait Sender: Send + Sync {
         Box::pin(async { UnknownVerdict::Hold })
     }
 
+    /// Whether the reconciler can ask the provider later what became of a
+    /// sent message of `msg`'s channel (a status query). When it cannot, a
+    /// `sent` task is final: nothing to check, no awaiting entry (a delivery
+    /// receipt still settles it). The default can ([`Sender::check`] may answer).
+    fn can_check<'a>(&'a self, msg: &'a OutgoingMessage) -> BoxFuture<'a, bool> {
+        let _ = msg;
+        Box::pin(async { true })
+    }
+
     /// Asks the provider what became of `msg` (by its idempotency key and,
     /// when known, the provider's id). Must not resend. The default cannot tell.
     fn check<'a>(
@@ -168,7 +180,7 @@ pub trait Sender: Send + Sync {
         provider_message_id: Option<&'a str>,
     ) -> BoxFuture<'a, Check> {
         let _ = (msg, provider_message_id);
-        Box::pin(async { Check::CannotTell("this sender has no status query".into()) })
+        Box::pin(async { Check::CannotTell(format!("this sender {NO_STATUS_QUERY}")) })
     }
 }
 

@@ -18,7 +18,10 @@ use std::time::Duration;
 use tokio::sync::Semaphore;
 
 use super::redact::Redactor;
-use super::{BoxFuture, Check, OutgoingMessage, Payload, SendOutcome, Sender, UnknownVerdict};
+use super::{
+    BoxFuture, Check, NO_STATUS_QUERY, OutgoingMessage, Payload, SendOutcome, Sender,
+    UnknownVerdict,
+};
 use crate::config::OutboundConfigError;
 use crate::config::{ChannelConfig, OnUnknown};
 use crate::plugin::bindings::{Capabilities, DeliveryStatus, Message, SendError, SentMessage};
@@ -360,7 +363,7 @@ impl PluginSender {
     ) -> Check {
         let caps = rt.capabilities_of(inst).await;
         if !caps.can_query {
-            return Check::CannotTell(format!("channel {} has no status query", rt.name));
+            return Check::CannotTell(format!("channel {} {NO_STATUS_QUERY}", rt.name));
         }
         let Ok(payload) = serde_json::from_str::<Payload>(&msg.payload) else {
             return Check::CannotTell("the task's payload is not valid".into());
@@ -406,6 +409,16 @@ impl PluginSender {
         match self.runtime_of(&msg) {
             Ok((rt, inst)) => self.query(rt, &inst, &msg).await,
             Err(e) => Check::CannotTell(e.to_string()),
+        }
+    }
+
+    /// Whether `msg`'s channel has a status query (when its plugin cannot be
+    /// had, assumed so: a useless check costs less than a missed one).
+    /// Receipts need no check: they settle a `sent` task by themselves.
+    async fn queryable(&self, msg: &OutgoingMessage) -> bool {
+        match self.runtime_of(msg) {
+            Ok((rt, inst)) => rt.capabilities_of(&inst).await.can_query,
+            Err(_) => true,
         }
     }
 
@@ -600,5 +613,9 @@ impl Sender for PluginSender {
         provider_message_id: Option<&'a str>,
     ) -> BoxFuture<'a, Check> {
         Box::pin(self.check_one(msg, provider_message_id))
+    }
+
+    fn can_check<'a>(&'a self, msg: &'a OutgoingMessage) -> BoxFuture<'a, bool> {
+        Box::pin(self.queryable(msg))
     }
 }

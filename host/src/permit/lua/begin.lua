@@ -46,6 +46,12 @@ redis.call('HSETNX', KEYS[1], 'first_attempt_at', n2s(now))
 if stale then
   redis.call('HSET', KEYS[1], 'maybe_sent', '1')
   redis.call('HINCRBY', KEYS[1], 'reclaims', 1)
+  -- Whether the vanished worker had handed the message to its channel
+  -- (extend.lua marks it just before the send): evidence for the operator.
+  local started = redis.call('HGET', KEYS[1], 'request_started_at')
+  redis.call('HSET', KEYS[1], 'vanished_request_started', (started and started ~= '') and '1' or '0')
 end
+-- This attempt has not started its send yet.
+redis.call('HDEL', KEYS[1], 'request_started_at')
 redis.call('PEXPIREAT', KEYS[2], n2s(lease_until + grace), 'GT')
 return {'begun', n2s(attempt), n2s(lease_until), stale and '1' or '0', redis.call('HGETALL', KEYS[1])}

@@ -1,6 +1,8 @@
 -- extend: push the lease of an attempt in flight (and its permit with it).
 -- KEYS[1] task, KEYS[2] permit
--- ARGV[1] task id, ARGV[2] lease token, ARGV[3] lease ms, ARGV[4] permit grace ms
+-- ARGV[1] task id, ARGV[2] lease token, ARGV[3] lease ms, ARGV[4] permit grace ms,
+-- ARGV[5] '1' when the worker is about to hand the message to its channel
+-- (`request_started_at`: a worker that vanishes after this may have sent)
 -- Returns {'extended', lease_until} or {'lost', status}.
 local now = now_ms()
 local status = redis.call('HGET', KEYS[1], 'status')
@@ -9,6 +11,9 @@ if status ~= 'sending' or redis.call('HGET', KEYS[1], 'lease_token') ~= ARGV[2] 
 end
 local lease_until = now + tonumber(ARGV[3])
 redis.call('HSET', KEYS[1], 'lease_until', n2s(lease_until))
+if ARGV[5] == '1' then
+  redis.call('HSET', KEYS[1], 'request_started_at', n2s(now))
+end
 if redis.call('GET', KEYS[2]) == ARGV[1] then
   redis.call('PEXPIREAT', KEYS[2], n2s(lease_until + tonumber(ARGV[4])), 'GT')
 end

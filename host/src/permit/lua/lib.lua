@@ -46,3 +46,40 @@ local function await(task, awaiting, id, now, after)
   redis.call('ZADD', awaiting, n2s(now + after), id)
   redis.call('HSET', task, 'awaiting_since', n2s(now), 'reconcile_checks', '0')
 end
+
+-- The shard's index of held (`unknown`) tasks, named after another index of
+-- the same shard (same hash tag, same slot): `{ns:shard}:held`.
+local function held_index(sibling, suffix)
+  return string.sub(sibling, 1, #sibling - #suffix) .. 'held'
+end
+
+-- Records why task `task` (id `id`) is held: its cause (JSON) and the
+-- provider's last answer, as the attempt that held it saw them; `index`
+-- (the shard's held index, or nil) lists it for operators from `now`.
+local function hold(task, index, id, now, cause, answer)
+  redis.call('HSET', task, 'held_cause', cause, 'held_at', n2s(now))
+  if answer ~= '' then
+    redis.call('HSET', task, 'provider_answer', answer)
+  else
+    redis.call('HDEL', task, 'provider_answer')
+  end
+  if index then
+    redis.call('ZADD', index, n2s(now), id)
+  end
+end
+
+-- Appends one step (a JSON object, one line) to a task's `reconcile_log`,
+-- keeping the newest 32 (`held::LOG_STEPS`).
+local function log_step(task, step)
+  local log = redis.call('HGET', task, 'reconcile_log') or ''
+  if log ~= '' then
+    log = log .. '\n'
+  end
+  log = log .. step
+  local _, breaks = string.gsub(log, '\n', '\n')
+  while breaks >= 32 do
+    log = string.sub(log, string.find(log, '\n', 1, true) + 1)
+    breaks = breaks - 1
+  end
+  redis.call('HSET', task, 'reconcile_log', log)
+end

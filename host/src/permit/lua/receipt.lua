@@ -1,5 +1,6 @@
 -- receipt: settle a sent (or unknown) task from a delivery receipt or status query.
--- KEYS[1] task, KEYS[2] permit, KEYS[3] awaiting zset (the entry is removed: settled)
+-- KEYS[1] task, KEYS[2] permit, KEYS[3] awaiting zset (the entry is removed: settled;
+-- so is its entry in the shard's held index)
 -- ARGV[1] task id, ARGV[2] new status (delivered|failed), ARGV[3] retention ms,
 -- ARGV[4] provider message id or ''
 -- Returns {'recorded', status} or {'ignored', current status}.
@@ -19,6 +20,7 @@ if redis.call('GET', KEYS[2]) == id then
   redis.call('PEXPIREAT', KEYS[2], n2s(window_end(KEYS[1], now)))
 end
 redis.call('ZREM', KEYS[3], id)
+redis.call('ZREM', held_index(KEYS[3], 'awaiting'), id)
 redis.call('PEXPIRE', KEYS[1], ARGV[3])
 keep_index(KEYS[1], now, tonumber(ARGV[3]))
 return {'recorded', ARGV[2]}

@@ -16,7 +16,12 @@
 --   dead    - unknown -> dead: checks exhausted and nothing could tell; listed
 --             for operators, permit kept for the window (it may have been sent)
 -- ARGV[5] ms (see action), ARGV[6] retention ms, ARGV[7] permit grace ms,
--- ARGV[8] reason, ARGV[9] provider message id or '', ARGV[10] most re-queues (requeue)
+-- ARGV[8] reason, ARGV[9] provider message id or '', ARGV[10] most re-queues (requeue),
+-- ARGV[11] what the check asked, ARGV[12] its answer, ARGV[13] the answer's detail
+-- Every recorded check counts in `reconcile_checks` (completed checks) and
+-- appends one JSON line {at, check, asked, answer, detail, action} to
+-- `reconcile_log` (the newest 32 kept); `held_cause` and `provider_answer`
+-- are never written here, except a missing cause on `dead`.
 -- Returns {'done', action} | {'fenced', current status}.
 local id, action = ARGV[1], ARGV[4]
 local after, retention, grace = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
@@ -24,8 +29,23 @@ local status = redis.call('HGET', KEYS[1], 'status')
 if status ~= ARGV[3] or redis.call('HGET', KEYS[1], 'check_token') ~= ARGV[2] then
   return {'fenced', status or ''}
 end
+if action == 'requeue'
+    and tonumber(redis.call('HGET', KEYS[1], 'reconcile_requeues') or '0') >= tonumber(ARGV[10]) then
+  return {'fenced', 'requeued'}
+end
+if action ~= 'later' and action ~= 'untrack' and status ~= 'unknown' then
+  return redis.error_reply('action ' .. action .. ' applies to unknown tasks only')
+end
+local valid = {later = 1, untrack = 1, sent = 1, requeue = 1, dead = 1}
+if not valid[action] then
+  return redis.error_reply('unknown action ' .. action)
+end
 local now = now_ms()
 local at = n2s(now)
+local checks = redis.call('HINCRBY', KEYS[1], 'reconcile_checks', 1)
+log_step(KEYS[1], cjson.encode({at = now, check = checks, asked = ARGV[11] or '',
+  answer = ARGV[12] or '', detail = ARGV[13] or '', action = action}))
+local held = held_index(KEYS[3], 'awaiting')
 if action == 'later' then
   redis.call('ZADD', KEYS[3], n2s(now + after), id)
   return {'done', action}
@@ -33,8 +53,6 @@ elseif action == 'untrack' then
   redis.call('ZREM', KEYS[3], id)
   redis.call('HSET', KEYS[1], 'reconcile_untracked_at', at, 'check_token', '')
   return {'done', action}
-elseif status ~= 'unknown' then
-  return redis.error_reply('action ' .. action .. ' applies to unknown tasks only')
 end
 local owner = redis.call('GET', KEYS[2])
 if action == 'sent' then
@@ -53,10 +71,8 @@ if action == 'sent' then
   redis.call('PEXPIRE', KEYS[1], retention)
   keep_index(KEYS[1], now, retention)
   await(KEYS[1], KEYS[3], id, now, after)
+  redis.call('ZREM', held, id)
 elseif action == 'requeue' then
-  if tonumber(redis.call('HGET', KEYS[1], 'reconcile_requeues') or '0') >= tonumber(ARGV[10]) then
-    return {'fenced', 'requeued'}
-  end
   -- One more attempt at least, even if the unknown one was the last allowed.
   local attempts = tonumber(redis.call('HGET', KEYS[1], 'attempts') or '0')
   local max = tonumber(redis.call('HGET', KEYS[1], 'retry_max_attempts') or '1')
@@ -72,9 +88,13 @@ elseif action == 'requeue' then
   end
   redis.call('XADD', KEYS[4], '*', 'task', id, 'key', redis.call('HGET', KEYS[1], 'key'))
   redis.call('ZREM', KEYS[3], id)
+  redis.call('ZREM', held, id)
 elseif action == 'dead' then
   redis.call('HSET', KEYS[1], 'status', 'dead', 'last_error', ARGV[8], 'finished_at', at,
     'updated_at', at, 'check_token', '', 'maybe_sent', '1')
+  -- The cause stays the attempt's; only a task held without one gets this.
+  redis.call('HSETNX', KEYS[1], 'held_cause', '{"kind":"query_could_not_tell"}')
+  redis.call('ZREM', held, id)
   if owner == id then
     -- It may have reached the provider: the permit keeps the window.
     redis.call('PEXPIREAT', KEYS[2], n2s(window_end(KEYS[1], now)))

@@ -10,10 +10,17 @@
 -- ARGV[11] ms after which a sent task without receipt is checked,
 -- ARGV[12] ms after which an unknown task is checked
 -- ARGV[13] sent: the client reference the receipt named, or ''
+-- ARGV[14] unknown/dead: why the task is held (held cause JSON),
+-- ARGV[15] unknown/dead: the provider's last answer as the plugin saw it, or ''
+-- A sent task enters the awaiting index only when ARGV[11] is not '-1' (its
+-- channel can confirm it later: a status query or receipts); else sent is final.
+-- An unknown task is listed in the shard's held index ({ns:shard}:held)
+-- until it moves on.
 -- Returns {'recorded', permit fate (kept|released|retaken|not_owner)} or {'fenced', status}.
 local id, token, outcome, entry = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local retention, grace = tonumber(ARGV[6]), tonumber(ARGV[7])
 local now = now_ms()
+local held = held_index(KEYS[5], 'awaiting')
 local status = redis.call('HGET', KEYS[1], 'status')
 if status ~= 'sending' or redis.call('HGET', KEYS[1], 'lease_token') ~= token then
   return {'fenced', status or ''}
@@ -48,8 +55,13 @@ if outcome == 'sent' then
   end
   redis.call('PEXPIRE', KEYS[1], retention)
   keep_index(KEYS[1], now, retention)
-  -- Awaiting its receipt: the reconciler asks the provider if none comes.
-  await(KEYS[1], KEYS[5], id, now, tonumber(ARGV[11]))
+  if ARGV[11] ~= '-1' then
+    -- Awaiting its receipt: the reconciler asks the provider if none comes.
+    await(KEYS[1], KEYS[5], id, now, tonumber(ARGV[11]))
+  else
+    -- Nothing could confirm it later: sent is final, nothing to check.
+    redis.call('ZREM', KEYS[5], id)
+  end
 elseif outcome == 'retry' or outcome == 'resend' then
   if outcome == 'resend' then
     redis.call('HSET', KEYS[1], 'maybe_sent', '1')
@@ -65,7 +77,8 @@ elseif outcome == 'retry' or outcome == 'resend' then
 elseif outcome == 'unknown' then
   -- Sent, no answer: held until a receipt, a query or an operator settles it.
   redis.call('HSET', KEYS[1], 'status', 'unknown', 'last_error', ARGV[10],
-    'lease_token', '', 'updated_at', n2s(now))
+    'lease_token', '', 'updated_at', n2s(now), 'maybe_sent', '1')
+  hold(KEYS[1], held, id, now, ARGV[14], ARGV[15])
   if owner == id then
     redis.call('PERSIST', KEYS[2])
     fate = 'kept'
@@ -74,6 +87,9 @@ elseif outcome == 'unknown' then
 elseif outcome == 'failed' or outcome == 'dead' then
   redis.call('HSET', KEYS[1], 'status', outcome, 'last_error', ARGV[10],
     'finished_at', n2s(now), 'lease_token', '', 'updated_at', n2s(now))
+  if outcome == 'dead' then
+    hold(KEYS[1], nil, id, now, ARGV[14], ARGV[15])
+  end
   if owner == id then
     local sent = redis.call('HGET', KEYS[1], 'ever_sent') == '1'
     local maybe = redis.call('HGET', KEYS[1], 'maybe_sent') == '1'
@@ -114,5 +130,8 @@ end
 if outcome ~= 'sent' and outcome ~= 'unknown' then
   -- Out of sent/unknown (a task the reconciler re-queued, sent again): not awaited.
   redis.call('ZREM', KEYS[5], id)
+end
+if outcome ~= 'unknown' then
+  redis.call('ZREM', held, id)
 end
 return {'recorded', fate}

@@ -1,0 +1,160 @@
+//! The API's logging layer: one place decides how loud a refusal is.
+//!
+//! A handler's [`ApiError`](super::ApiError) leaves its cause in a
+//! [`Refusal`] extension of the response; this layer logs it: a 4xx at
+//! `debug`, a 5xx at `error` — except a 503 with `Retry-After` because
+//! Redis cannot serve for now (or the request's time budget ran out), which
+//! is an outage, not a bug: the first of an episode is a warning, the rest
+//! of it `debug`, and the first answer of a route that needs Redis that is
+//! not such a 503 ends the episode with one `info` line counting what it
+//! refused.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use axum::extract::{Request, State};
+use axum::middleware::Next;
+use axum::response::Response;
+
+use super::problem::Refusal;
+
+/// How many requests the current outage answered 503 (0: none going on).
+#[derive(Debug, Default)]
+pub struct Outage {
+    /// 503s answered since the episode began.
+    refused: AtomicU64,
+}
+
+impl Outage {
+    /// Counts one more 503 of an outage; true when it begins the episode.
+    fn refused(&self) -> bool {
+        self.refused.fetch_add(1, Ordering::Relaxed) == 0
+    }
+
+    /// Ends the episode, if one was going on: how many requests it refused.
+    fn end(&self) -> Option<u64> {
+        if self.refused.load(Ordering::Relaxed) == 0 {
+            return None;
+        }
+        Some(self.refused.swap(0, Ordering::Relaxed)).filter(|n| *n > 0)
+    }
+}
+
+/// Logs each refusal at the level its event deserves (see the module doc).
+pub async fn log_refusals(State(outage): State<Arc<Outage>>, req: Request, next: Next) -> Response {
+    let method = req.method().clone();
+    let path = req.uri().path().to_string();
+    let response = next.run(req).await;
+    let status = response.status().as_u16();
+    match response.extensions().get::<Refusal>() {
+        Some(r) if r.unavailable => {
+            if outage.refused() {
+                tracing::warn!(status, %method, %path, error = %r.cause, "unavailable: answering 503 with Retry-After until it recovers");
+            } else {
+                tracing::debug!(status, %method, %path, error = %r.cause, "unavailable");
+            }
+            return response;
+        }
+        Some(r) if response.status().is_server_error() => {
+            tracing::error!(status, %method, %path, error = %r.cause, "request failed");
+        }
+        Some(r) => tracing::debug!(status, %method, %path, error = %r.cause, "request refused"),
+        None => {}
+    }
+    if needs_redis(&path)
+        && let Some(refused) = outage.end()
+    {
+        tracing::info!(refused, "serving again after an outage");
+    }
+    response
+}
+
+/// Whether answering `path` needs Redis: only such an answer shows an
+/// outage is over (a probe that never asks Redis answers 200 during one).
+fn needs_redis(path: &str) -> bool {
+    !matches!(path, "/healthz" | "/metrics" | "/openapi.json")
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Mutex};
+
+    use axum::Router;
+    use axum::body::Body;
+    use axum::http::Request;
+    use axum::middleware::from_fn_with_state;
+    use axum::routing::get;
+    use tower_service::Service;
+    use tracing::{Level, Subscriber};
+    use tracing_subscriber::layer::{Context, Layer, SubscriberExt};
+
+    use super::{Outage, log_refusals};
+    use crate::api::ApiError;
+
+    /// Records the level of every event logged.
+    #[derive(Clone, Default)]
+    struct Levels(Arc<Mutex<Vec<Level>>>);
+
+    impl<S: Subscriber> Layer<S> for Levels {
+        fn on_event(&self, event: &tracing::Event<'_>, _: Context<'_, S>) {
+            let mut levels = self.0.lock().unwrap_or_else(|e| e.into_inner());
+            levels.push(*event.metadata().level());
+        }
+    }
+
+    fn unavailable() -> ApiError {
+        ApiError::Unavailable {
+            detail: "redis: connection refused".into(),
+            accepted: None,
+        }
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn an_outage_warns_once_per_episode_and_a_bug_is_an_error() {
+        let levels = Levels::default();
+        let _guard =
+            tracing::subscriber::set_default(tracing_subscriber::registry().with(levels.clone()));
+        let mut app = Router::new()
+            .route("/v1/down", get(|| async { unavailable() }))
+            .route("/v1/up", get(|| async { "ok" }))
+            .route("/healthz", get(|| async { "ok" }))
+            .route(
+                "/v1/bug",
+                get(|| async { ApiError::Internal("a bug".into()) }),
+            )
+            .layer(from_fn_with_state(
+                Arc::new(Outage::default()),
+                log_refusals,
+            ));
+        let mut seen = |path: &str| {
+            let req = Request::get(path).body(Body::empty()).unwrap();
+            let answer = app.call(req);
+            async move { answer.await.unwrap().status().as_u16() }
+        };
+        // An episode: three 503s, a probe that needs no Redis in between.
+        for path in ["/v1/down", "/v1/down", "/healthz", "/v1/down"] {
+            seen(path).await;
+        }
+        assert_eq!(seen("/v1/up").await, 200, "the episode ends");
+        assert_eq!(seen("/v1/down").await, 503, "a new episode");
+        assert_eq!(seen("/v1/bug").await, 500, "not an outage: ends it too");
+        let levels = levels.0.lock().unwrap().clone();
+        let count = |l: Level| levels.iter().filter(|x| **x == l).count();
+        assert_eq!(count(Level::WARN), 2, "{levels:?}");
+        assert_eq!(count(Level::DEBUG), 2, "{levels:?}");
+        assert_eq!(count(Level::INFO), 2, "{levels:?}");
+        assert_eq!(count(Level::ERROR), 1, "{levels:?}");
+    }
+
+    #[test]
+    fn an_episode_begins_once_and_ends_with_its_count() {
+        let outage = Outage::default();
+        assert_eq!(outage.end(), None);
+        assert!(outage.refused());
+        assert!(!outage.refused());
+        assert!(!outage.refused());
+        assert_eq!(outage.end(), Some(3));
+        assert_eq!(outage.end(), None);
+        assert!(outage.refused(), "a new episode");
+    }
+}

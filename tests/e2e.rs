@@ -294,6 +294,16 @@ async fn under_provider_faults_every_message_arrives_once_through_a_real_host_pr
     for i in 0..events {
         if i == events / 2 {
             // The access tokens expire mid-run: the plugins fetch new ones.
+            // Only once both plugins hold a token, or there is nothing to
+            // expire (the dispatcher may lag behind these posts).
+            wait_until(Duration::from_secs(60), || async {
+                let stats = st.stats();
+                ["wechat.token", "fcm.token"]
+                    .iter()
+                    .all(|k| stats.get(*k).is_some_and(|n| *n >= 1))
+            })
+            .await
+            .expect("WeChat and FCM fetched their first tokens");
             st.expire_tokens();
         }
         let phone = if i == 7 {

@@ -14,6 +14,7 @@ pub mod dispatch;
 pub mod files;
 pub mod ledger;
 pub mod listener;
+pub mod metric_names;
 pub mod permit;
 pub mod plugin;
 pub mod reconcile;

@@ -33,7 +33,7 @@ use crate::reconcile::Reconciler;
 use crate::route::Live;
 use crate::route::live::LiveError;
 use crate::route::watch::{Trigger, reload_loop, reloader, watch_dirs};
-use crate::send::plugin::{CallbackAccess, PluginSender};
+use crate::send::plugin::{CallbackAccess, PluginSender, SenderSetupError};
 use crate::send::receipts::{ReceiptError, handle_callback};
 use crate::send::{BoxFuture, Sender};
 use crate::store::{RedisClient, RedisConn, Store, StoreError};
@@ -56,9 +56,31 @@ pub enum ServiceError {
     /// The delivery ledger could not be opened or migrated.
     #[error(transparent)]
     Ledger(#[from] crate::ledger::LedgerError),
-    /// The sender could not be set up (e.g. the ledger file).
-    #[error("sender: {0}")]
-    Sender(String),
+    /// The channel plugins' sender could not be set up (a missing secret, a
+    /// bad TLS setting).
+    #[error("sender")]
+    Sender(#[source] SenderSetupError),
+    /// A channel's plugin takes delivery callbacks but no way to reach them
+    /// was configured.
+    #[error(
+        "channel {channel}: its plugin takes delivery callbacks, but `callback_token_env` is not set (callback routes are closed by default): set `channels.{channel}.callback_token_env` to a variable holding an unguessable path token, or write `open_callbacks = true` to serve them without one"
+    )]
+    CallbacksUnreachable {
+        /// The channel's name.
+        channel: String,
+    },
+    /// The plugin and policy directories cannot be watched for changes.
+    #[error("cannot watch the plugin and policy directories")]
+    Watch(#[source] notify::Error),
+    /// The data directory (the SQLite ledger's home) cannot be created.
+    #[error("cannot create {}", path.display())]
+    DataDir {
+        /// The directory.
+        path: std::path::PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
     /// Serving HTTP failed.
     #[error("http server: {0}")]
     Serve(std::io::Error),
@@ -118,7 +140,7 @@ pub fn channel_sender(
         move |var| env(var),
     )
     .map(|s| Arc::new(s.with_shared_cache(conn, namespace)))
-    .map_err(|e| ServiceError::Sender(e.to_string()))
+    .map_err(ServiceError::Sender)
 }
 
 /// Receipts handled by the channel plugins' `handle-callback`.
@@ -207,9 +229,9 @@ async fn callback_gates(
                 gates.insert(name.clone(), CallbackGate::Open);
             }
             Some(CallbackAccess::Closed) | None if takes => {
-                return Err(ServiceError::Sender(format!(
-                    "channel {name}: its plugin takes delivery callbacks, but `callback_token_env` is not set (callback routes are closed by default): set `channels.{name}.callback_token_env` to a variable holding an unguessable path token, or write `open_callbacks = true` to serve them without one"
-                )));
+                return Err(ServiceError::CallbacksUnreachable {
+                    channel: name.clone(),
+                });
             }
             Some(CallbackAccess::Closed) | None => {}
         }
@@ -334,11 +356,7 @@ pub async fn start(
     };
     let (triggers, trigger_rx) = mpsc::channel(4);
     let watching = watch_dirs(&[&config.plugin_dir, &config.policy_dir], triggers.clone())
-        .map_err(|e| {
-            ServiceError::Sender(format!(
-                "cannot watch the plugin and policy directories: {e}"
-            ))
-        })?;
+        .map_err(ServiceError::Watch)?;
     let reloading = tokio::spawn(reload_loop(reload.clone(), trigger_rx));
     // The API takes permits on its own multiplexed connection, so an accept
     // never queues behind the dispatcher's scripts on the same socket.
@@ -470,8 +488,9 @@ async fn open_ledger(config: &HostConfig) -> Result<Option<Ledger>, ServiceError
         return Ok(None);
     };
     if url.starts_with("sqlite:") {
-        std::fs::create_dir_all(&config.data_dir).map_err(|e| {
-            ServiceError::Sender(format!("cannot create {}: {e}", config.data_dir.display()))
+        std::fs::create_dir_all(&config.data_dir).map_err(|source| ServiceError::DataDir {
+            path: config.data_dir.clone(),
+            source,
         })?;
     }
     let ledger = Ledger::open(&url).await?;

@@ -11,7 +11,6 @@ use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 
 use super::AppState;
-use super::events::task_view;
 use super::model::Problem;
 use super::model::TaskView;
 use super::problem::ApiError;
@@ -386,7 +385,7 @@ async fn list_held(
         if let Some(task) = state.permits.task(&id).await? {
             tasks.push(DeadTask {
                 ended_at_ms,
-                task: task_view(&task),
+                task: TaskView::from(&task),
             });
         }
     }
@@ -468,7 +467,7 @@ pub async fn task_by_key(
     };
     let ttl = state.permits.permit_ttl(&query.key).await?.flatten();
     let task = match state.permits.task(&owner).await {
-        Ok(t) => t.map(|t| task_view(&t)),
+        Ok(t) => t.map(|t| TaskView::from(&t)),
         Err(crate::permit::PermitError::BadTaskId(_)) => None,
         Err(e) => return Err(e.into()),
     };

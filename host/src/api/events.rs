@@ -21,7 +21,7 @@ use super::model::Problem;
 use super::model::*;
 use super::problem::ApiError;
 use crate::derive::{DeriveError, EventError, EventJson, YearRange, derive, event_from_parsed};
-use crate::permit::{AcceptRequest, Acceptance, HeldCause, ReconcileStep, RetryPolicy, Task};
+use crate::permit::{AcceptRequest, Acceptance, RetryPolicy};
 use crate::plugin::{Event, KeyPolicyPlugin};
 use crate::route::Policy;
 use crate::route::Snapshot;
@@ -195,7 +195,7 @@ pub async fn get_task(
         return Err(ApiError::NotFound("no such task".into()));
     }
     if let Some(task) = state.permits.task(&id).await? {
-        return Ok(Json(task_view(&task)));
+        return Ok(Json(TaskView::from(&task)));
     }
     match history::task(&state, &id).await? {
         Some(view) => Ok(Json(view)),
@@ -235,7 +235,7 @@ pub async fn get_event(
     let mut tasks = Vec::new();
     for id in ids {
         if let Some(task) = state.permits.task(&id).await? {
-            let view = task_view(&task);
+            let view = TaskView::from(&task);
             let user = view.event.get("user_id").and_then(|v| v.as_str());
             if query.user_id.as_deref().is_none_or(|u| Some(u) == user) {
                 tasks.push(view);
@@ -261,68 +261,6 @@ pub async fn get_event(
         biz_id,
         tasks,
     }))
-}
-
-/// A task as the API shows it.
-pub fn task_view(task: &Task) -> TaskView {
-    let num = |k: &str| task.fields.get(k).and_then(|v| v.parse::<u64>().ok());
-    let json = |text: &str| serde_json::from_str(text).unwrap_or(serde_json::Value::Null);
-    TaskView {
-        id: task.id.clone(),
-        key: task.key.clone(),
-        channel: task.channel.clone(),
-        status: task.status.to_string(),
-        biz_type: task.biz_type.clone(),
-        biz_id: task.biz_id.clone(),
-        attempts: task.attempts,
-        max_attempts: task.retry.max_attempts,
-        key_policy: format!("{}@{}", task.policy_name, task.policy_version),
-        window_ms: task.window_ms,
-        accepted_at: task.accepted_at_ms,
-        updated_at: num("updated_at"),
-        sent_at: num("sent_at"),
-        finished_at: num("finished_at"),
-        next_due: task.next_due_ms,
-        last_error: task.last_error.clone(),
-        provider_message_id: task.provider_message_id.clone(),
-        reference: task.reference.clone(),
-        first_attempt_at: task.first_attempt_ms,
-        last_attempt_at: task.last_attempt_ms,
-        requeues: num("requeues").unwrap_or(0) as u32,
-        duplicate_of: task.fields.get("duplicate_of").cloned(),
-        ever_sent: task.ever_sent,
-        maybe_sent: task.maybe_sent,
-        held_cause: task.held_cause.map(held_cause_view),
-        provider_answer: task.provider_answer.clone(),
-        reconcile_log: task.reconcile_log().into_iter().map(step_view).collect(),
-        from_ledger: false,
-        event: json(&task.event_json),
-        payload: json(&task.payload),
-    }
-}
-
-/// A held cause as the API shows it.
-fn held_cause_view(cause: HeldCause) -> HeldCauseView {
-    HeldCauseView {
-        kind: cause.kind().to_string(),
-        request_started: match cause {
-            HeldCause::WorkerVanished { request_started } => Some(request_started),
-            _ => None,
-        },
-        explanation: cause.explain().to_string(),
-    }
-}
-
-/// A reconciler step as the API shows it.
-fn step_view(step: ReconcileStep) -> ReconcileStepView {
-    ReconcileStepView {
-        at: step.at,
-        check: step.check,
-        asked: step.asked,
-        answer: step.answer,
-        detail: step.detail,
-        action: step.action,
-    }
 }
 
 /// Milliseconds since the epoch, host clock.
@@ -695,8 +633,7 @@ fn plan(
     for channel in channels {
         let derived = ctx.derive(&channel)?;
         let payload = ctx.payload(&channel, None, 0)?;
-        let payload = serde_json::to_string(&payload)
-            .map_err(|e| ApiError::Internal(format!("payload JSON: {e}")))?;
+        let payload = serde_json::to_string(&payload).map_err(ApiError::PayloadJson)?;
         planned.push(Planned {
             request: AcceptRequest {
                 key: derived.key.clone(),
@@ -741,7 +678,8 @@ async fn accept(state: &AppState, events: &[PlannedEvent]) -> Result<Vec<EventAc
         .permits
         .accept_batch_with(requests.iter().copied(), &extra)
         .await;
-    metrics::histogram!(super::metrics::PERMIT_SECONDS).record(started.elapsed().as_secs_f64());
+    metrics::histogram!(crate::metric_names::PERMIT_SECONDS)
+        .record(started.elapsed().as_secs_f64());
     let answers = answers?;
     let mut answers = answers.into_iter();
     let mut out = Vec::with_capacity(events.len());
@@ -750,10 +688,10 @@ async fn accept(state: &AppState, events: &[PlannedEvent]) -> Result<Vec<EventAc
         for planned in &event.channels {
             let answer = answers
                 .next()
-                .ok_or_else(|| ApiError::Internal("fewer answers than requests".into()))?;
+                .ok_or(ApiError::Bug("Redis gave fewer answers than requests"))?;
             let result = match answer {
                 Acceptance::Accepted { task_id } => {
-                    metrics::counter!(super::metrics::ACCEPTED, "channel" => planned.channel.clone())
+                    metrics::counter!(crate::metric_names::ACCEPTED, "channel" => planned.channel.clone())
                         .increment(1);
                     ChannelResult {
                         channel: planned.channel.clone(),
@@ -764,7 +702,7 @@ async fn accept(state: &AppState, events: &[PlannedEvent]) -> Result<Vec<EventAc
                     }
                 }
                 Acceptance::Duplicate { task_id, status } => {
-                    metrics::counter!(super::metrics::DUPLICATES, "channel" => planned.channel.clone())
+                    metrics::counter!(crate::metric_names::DUPLICATES, "channel" => planned.channel.clone())
                         .increment(1);
                     ChannelResult {
                         channel: planned.channel.clone(),

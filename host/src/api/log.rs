@@ -1,4 +1,5 @@
-//! The API's logging layer: one place decides how loud a refusal is.
+//! The API's logging layer: one place counts every refusal
+//! (`pushonce_http_refused_total{status}`) and decides how loud it is.
 //!
 //! A handler's [`ApiError`](super::ApiError) leaves its cause in a
 //! [`Refusal`] extension of the response; this layer logs it: a 4xx at
@@ -46,6 +47,10 @@ pub async fn log_refusals(State(outage): State<Arc<Outage>>, req: Request, next:
     let path = req.uri().path().to_string();
     let response = next.run(req).await;
     let status = response.status().as_u16();
+    if response.extensions().get::<Refusal>().is_some() {
+        metrics::counter!(crate::metric_names::REFUSED, "status" => status.to_string())
+            .increment(1);
+    }
     match response.extensions().get::<Refusal>() {
         Some(r) if r.unavailable => {
             if outage.refused() {
@@ -118,10 +123,7 @@ mod tests {
             .route("/v1/down", get(|| async { unavailable() }))
             .route("/v1/up", get(|| async { "ok" }))
             .route("/healthz", get(|| async { "ok" }))
-            .route(
-                "/v1/bug",
-                get(|| async { ApiError::Internal("a bug".into()) }),
-            )
+            .route("/v1/bug", get(|| async { ApiError::Bug("a test's bug") }))
             .layer(from_fn_with_state(
                 Arc::new(Outage::default()),
                 log_refusals,

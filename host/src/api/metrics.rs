@@ -1,76 +1,19 @@
-//! Metrics: names, the Prometheus recorder, and the scrape.
+//! Metrics: the Prometheus recorder, the counters registered at zero, and
+//! the scrape. Every metric's name and meaning is in [`crate::metric_names`].
 //!
 //! Counting goes through the `metrics` facade (`metrics::counter!`), so any
 //! module (the dispatcher included) can count without knowing about the API;
 //! the recorder installed here renders them at `GET /metrics`. Gauges that
 //! live in Redis (retry-queue depth, dead tasks) and the plugin call counters
 //! are read at scrape time.
-//!
-//! Emitted by the API: `pushonce_accepted_total{channel}`,
-//! `pushonce_duplicates_total{channel}`, `pushonce_http_refused_total{status}`,
-//! `pushonce_permit_seconds` (histogram of one pipelined accept), and at
-//! scrape `pushonce_retry_queue_depth`, `pushonce_failed_or_dead_tasks`,
-//! `pushonce_plugin_calls_total{plugin}`, `pushonce_plugin_failures_total{plugin}`,
-//! `pushonce_plugin_refusals_total{plugin}`, `pushonce_policy_generation`;
-//! `route::live` counts `pushonce_policy_reload_refused_total`.
-//! For the dispatcher to emit (same facade, label `channel`):
-//! `pushonce_sent_total`, `pushonce_delivered_total`, `pushonce_failed_total`,
-//! `pushonce_retried_total`, `pushonce_fallback_total`, `pushonce_dead_total`,
-//! `pushonce_unknown_total`, `pushonce_duplicate_prevented_total` (the
-//! delivery ledger stopped a send Redis had let through: Redis lost a
-//! permit), and the histogram `pushonce_send_seconds`.
-//! The reconciler (`crate::reconcile`) emits
-//! `pushonce_reconcile_checks_total{channel,result}`,
-//! `pushonce_reconcile_gave_up_total{channel,status}`, and each pass the
-//! gauges `pushonce_reconcile_lag_seconds` and `pushonce_awaiting_tasks`.
 
 use std::sync::OnceLock;
 
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 
-/// Channels accepted (new task).
-pub const ACCEPTED: &str = "pushonce_accepted_total";
-/// Channels answered duplicate (permit held).
-pub const DUPLICATES: &str = "pushonce_duplicates_total";
-/// Requests refused or failed, by HTTP status.
-pub const REFUSED: &str = "pushonce_http_refused_total";
-/// Seconds of one pipelined accept (all channels of a request).
-pub const PERMIT_SECONDS: &str = "pushonce_permit_seconds";
-/// Tasks waiting for a retry (ZCARD of every shard's delayed set).
-pub const RETRY_QUEUE_DEPTH: &str = "pushonce_retry_queue_depth";
-/// Failed and dead tasks in the operators' index.
-pub const FAILED_OR_DEAD: &str = "pushonce_failed_or_dead_tasks";
-/// Calls of a plugin since it was loaded.
-pub const PLUGIN_CALLS: &str = "pushonce_plugin_calls_total";
-/// Calls of a plugin that trapped or ran over a limit.
-pub const PLUGIN_FAILURES: &str = "pushonce_plugin_failures_total";
-/// Calls a plugin answered with its own error.
-pub const PLUGIN_REFUSALS: &str = "pushonce_plugin_refusals_total";
-/// Generation of the policies and plugins in force.
-pub const POLICY_GENERATION: &str = "pushonce_policy_generation";
+use crate::metric_names::*;
 
-/// Counters labelled by `channel`, registered at zero for every configured
-/// channel when a host starts ([`register_channels`]), so dashboards and
-/// alert rules find every series from the first scrape (a `rate()` over a
-/// series that appears only at its first increment misses that increment).
-pub const PER_CHANNEL: &[&str] = &[
-    ACCEPTED,
-    DUPLICATES,
-    "pushonce_sent_total",
-    "pushonce_delivered_total",
-    "pushonce_failed_total",
-    "pushonce_retried_total",
-    "pushonce_resent_total",
-    "pushonce_unknown_total",
-    "pushonce_dead_total",
-    "pushonce_fallback_total",
-    "pushonce_duplicate_prevented_total",
-];
-
-/// Reloads refused (counted by `route::live`).
-pub const RELOAD_REFUSED: &str = "pushonce_policy_reload_refused_total";
-
-/// Registers every [`PER_CHANNEL`] counter of each channel, and the unlabelled
+/// Registers every [`PER_CHANNEL`](crate::metric_names::PER_CHANNEL) counter of each channel, and the unlabelled
 /// counters, at zero (an increment by zero: a counter other code already
 /// counted keeps its value).
 pub fn register_channels<'a>(channels: impl IntoIterator<Item = &'a str>) {
@@ -80,11 +23,11 @@ pub fn register_channels<'a>(channels: impl IntoIterator<Item = &'a str>) {
             metrics::counter!(*name, "channel" => channel.to_string()).increment(0);
         }
         for result in crate::send::Check::LABELS {
-            metrics::counter!(crate::reconcile::CHECKS_TOTAL, "channel" => channel.to_string(), "result" => result)
+            metrics::counter!(CHECKS_TOTAL, "channel" => channel.to_string(), "result" => result)
                 .increment(0);
         }
         for status in ["sent", "unknown"] {
-            metrics::counter!(crate::reconcile::GAVE_UP_TOTAL, "channel" => channel.to_string(), "status" => status)
+            metrics::counter!(GAVE_UP_TOTAL, "channel" => channel.to_string(), "status" => status)
                 .increment(0);
         }
     }

@@ -7,6 +7,8 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
+use crate::permit::{HeldCause, ReconcileStep, Task};
+
 /// Longest `biz_type`, `biz_id`, `user_id`, `template`, in characters.
 pub const MAX_ID: usize = 128;
 /// Most entries in `params`, `attributes`, `recipients`.
@@ -261,6 +263,78 @@ pub struct TaskView {
     /// What the channel sends (recipient, template, params, fallback).
     #[schema(value_type = Object)]
     pub payload: serde_json::Value,
+}
+
+impl From<&Task> for TaskView {
+    /// A task as the API shows it.
+    fn from(task: &Task) -> TaskView {
+        let num = |k: &str| task.fields.get(k).and_then(|v| v.parse::<u64>().ok());
+        let json = |text: &str| serde_json::from_str(text).unwrap_or(serde_json::Value::Null);
+        TaskView {
+            id: task.id.clone(),
+            key: task.key.clone(),
+            channel: task.channel.clone(),
+            status: task.status.to_string(),
+            biz_type: task.biz_type.clone(),
+            biz_id: task.biz_id.clone(),
+            attempts: task.attempts,
+            max_attempts: task.retry.max_attempts,
+            key_policy: format!("{}@{}", task.policy_name, task.policy_version),
+            window_ms: task.window_ms,
+            accepted_at: task.accepted_at_ms,
+            updated_at: num("updated_at"),
+            sent_at: num("sent_at"),
+            finished_at: num("finished_at"),
+            next_due: task.next_due_ms,
+            last_error: task.last_error.clone(),
+            provider_message_id: task.provider_message_id.clone(),
+            reference: task.reference.clone(),
+            first_attempt_at: task.first_attempt_ms,
+            last_attempt_at: task.last_attempt_ms,
+            requeues: num("requeues").unwrap_or(0) as u32,
+            duplicate_of: task.fields.get("duplicate_of").cloned(),
+            ever_sent: task.ever_sent,
+            maybe_sent: task.maybe_sent,
+            held_cause: task.held_cause.map(HeldCauseView::from),
+            provider_answer: task.provider_answer.clone(),
+            reconcile_log: task
+                .reconcile_log()
+                .into_iter()
+                .map(ReconcileStepView::from)
+                .collect(),
+            from_ledger: false,
+            event: json(&task.event_json),
+            payload: json(&task.payload),
+        }
+    }
+}
+
+impl From<HeldCause> for HeldCauseView {
+    /// A held cause as the API shows it.
+    fn from(cause: HeldCause) -> HeldCauseView {
+        HeldCauseView {
+            kind: cause.kind().to_string(),
+            request_started: match cause {
+                HeldCause::WorkerVanished { request_started } => Some(request_started),
+                _ => None,
+            },
+            explanation: cause.explain().to_string(),
+        }
+    }
+}
+
+impl From<ReconcileStep> for ReconcileStepView {
+    /// A reconciler step as the API shows it.
+    fn from(step: ReconcileStep) -> ReconcileStepView {
+        ReconcileStepView {
+            at: step.at,
+            check: step.check,
+            asked: step.asked,
+            answer: step.answer,
+            detail: step.detail,
+            action: step.action,
+        }
+    }
 }
 
 /// Why a task is held.

@@ -10,9 +10,9 @@ use serde::Serialize;
 use utoipa::ToSchema;
 
 use super::AppState;
-use super::metrics as m;
 use super::model::Problem;
 use super::problem::ApiError;
+use crate::metric_names as m;
 use crate::plugin::Plugin;
 
 /// How long `/readyz` waits for Redis to answer `PING`.

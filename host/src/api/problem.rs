@@ -82,9 +82,19 @@ pub enum ApiError {
     /// No route accepts this method.
     #[error("method not allowed")]
     MethodNotAllowed,
-    /// A bug or an unexpected answer.
-    #[error("internal error: {0}")]
-    Internal(String),
+    /// Redis answered something the host did not expect (not an outage).
+    #[error("Redis answered unexpectedly")]
+    Permit(#[source] PermitError),
+    /// A payload the host built is not JSON.
+    #[error("payload is not JSON")]
+    PayloadJson(#[source] serde_json::Error),
+    /// The channel plugin failed on a provider callback (the provider sends
+    /// it again); the plugin's own words.
+    #[error("callback handling failed: {0}")]
+    CallbackFailed(String),
+    /// An invariant of the host did not hold.
+    #[error("bug: {0}")]
+    Bug(&'static str),
     /// The HTTP layer could not read the request: a bad request line (400),
     /// a URI too long (414) or a head too large (431).
     #[error("bad HTTP request: {detail}")]
@@ -105,6 +115,51 @@ impl ApiError {
         }
     }
 
+    /// Whether this is the host's own failure (answered 500, details logged
+    /// and never echoed to the client).
+    pub fn is_internal(&self) -> bool {
+        matches!(
+            self,
+            ApiError::Permit(_)
+                | ApiError::PayloadJson(_)
+                | ApiError::CallbackFailed(_)
+                | ApiError::Bug(_)
+        )
+    }
+
+    /// What went wrong, in the words the client is shown.
+    fn detail(&self) -> String {
+        match self {
+            e if e.is_internal() => "an internal error occurred; it was logged".into(),
+            ApiError::BadJson(d)
+            | ApiError::UnsupportedMediaType(d)
+            | ApiError::Unauthorized(d)
+            | ApiError::Forbidden(d)
+            | ApiError::MalformedCallback(d)
+            | ApiError::NotFound(d)
+            | ApiError::Conflict(d)
+            | ApiError::NotImplemented(d) => d.clone(),
+            ApiError::Invalid { detail, .. }
+            | ApiError::Plugin { detail, .. }
+            | ApiError::Unavailable { detail, .. } => detail.clone(),
+            ApiError::ReloadRefused(reasons) => reasons.join("; "),
+            ApiError::Http { detail, .. } => detail.to_string(),
+            other => other.to_string(),
+        }
+    }
+
+    /// The error and its sources, one after the other: for the log.
+    fn cause_chain(&self) -> String {
+        let mut text = self.to_string();
+        let mut source = std::error::Error::source(self);
+        while let Some(e) = source {
+            text.push_str(": ");
+            text.push_str(&e.to_string());
+            source = e.source();
+        }
+        text
+    }
+
     /// The HTTP status of this error.
     pub fn status(&self) -> StatusCode {
         match self {
@@ -122,7 +177,10 @@ impl ApiError {
             ApiError::NotImplemented(_) => StatusCode::NOT_IMPLEMENTED,
             ApiError::Timeout => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
-            ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            ApiError::Permit(_)
+            | ApiError::PayloadJson(_)
+            | ApiError::CallbackFailed(_)
+            | ApiError::Bug(_) => StatusCode::INTERNAL_SERVER_ERROR,
             ApiError::Http { status, .. } => *status,
         }
     }
@@ -147,19 +205,13 @@ impl ApiError {
             ApiError::NotImplemented(_) => ("not-implemented", "Not implemented"),
             ApiError::Timeout => ("timeout", "Request timed out"),
             ApiError::MethodNotAllowed => ("method-not-allowed", "Method not allowed"),
-            ApiError::Internal(_) => ("internal", "Internal error"),
+            ApiError::Permit(_)
+            | ApiError::PayloadJson(_)
+            | ApiError::CallbackFailed(_)
+            | ApiError::Bug(_) => ("internal", "Internal error"),
             ApiError::Http { .. } => ("bad-http-request", "Bad HTTP request"),
         };
-        let detail = match self {
-            // Never echo internals to a client: the log has them.
-            ApiError::Internal(_) => "an internal error occurred; it was logged".to_string(),
-            ApiError::Invalid { detail, .. } | ApiError::Plugin { detail, .. } => detail.clone(),
-            other => other
-                .to_string()
-                .split_once(": ")
-                .map(|(_, d)| d.to_string())
-                .unwrap_or_else(|| other.to_string()),
-        };
+        let detail = self.detail();
         Problem {
             kind: format!("urn:pushonce:problem:{slug}"),
             title: title.to_string(),
@@ -197,7 +249,7 @@ impl From<PermitError> for ApiError {
                 accepted: None,
             },
             PermitError::BadTaskId(id) => ApiError::NotFound(format!("no task {id:?}")),
-            other => ApiError::Internal(other.to_string()),
+            other => ApiError::Permit(other),
         }
     }
 }
@@ -238,11 +290,9 @@ impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let status = self.status();
         let refusal = Refusal {
-            cause: self.to_string().into(),
+            cause: self.cause_chain().into(),
             unavailable: matches!(self, ApiError::Unavailable { .. } | ApiError::Timeout),
         };
-        metrics::counter!(super::metrics::REFUSED, "status" => status.as_u16().to_string())
-            .increment(1);
         let problem = self.problem();
         let body = serde_json::to_vec(&problem).unwrap_or_else(|_| b"{}".to_vec());
         let mut response = (status, body).into_response();

@@ -250,7 +250,7 @@ async fn serve(
         .map_err(|refusal| match refusal {
             ReceiptRefusal::Forbidden(r) => ApiError::Forbidden(r),
             ReceiptRefusal::Malformed(r) => ApiError::MalformedCallback(r),
-            ReceiptRefusal::Failed(r) => ApiError::Internal(r),
+            ReceiptRefusal::Failed(r) => ApiError::CallbackFailed(r),
             ReceiptRefusal::Unavailable(e) => ApiError::from(e),
             ReceiptRefusal::NotYet(detail) => ApiError::Unavailable {
                 detail,

@@ -18,6 +18,7 @@ use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 
 use super::{Shared, backoff, pause};
+use crate::metric_names as names;
 use crate::permit::{Attempt, Begin, Entry, HeldCause, Outcome, RecordContext, Recorded};
 use crate::send::{OutgoingMessage, Payload, SendOutcome, UnknownVerdict};
 use crate::store::RedisConn;
@@ -268,7 +269,7 @@ pub(crate) async fn process(shared: &Shared, entry: &Entry) {
     }
     let sending = Instant::now();
     let result = with_lease(shared, &attempt, shared.sender.send(&msg)).await;
-    metrics::histogram!("pushonce_send_seconds", "channel" => msg.channel.clone())
+    metrics::histogram!(names::SEND_SECONDS, "channel" => msg.channel.clone())
         .record(sending.elapsed().as_secs_f64());
     let outcome = match result {
         SendOutcome::Sent {
@@ -414,7 +415,7 @@ async fn permanent(shared: &Shared, attempt: &Attempt, reason: String) -> Outcom
     if let Some(fb) = fallback {
         match crate::send::fallback::accept_fallback(&shared.permits, &attempt.task, &fb).await {
             Ok(_) => {
-                metrics::counter!("pushonce_fallback_total", "channel" => attempt.task.channel.clone())
+                metrics::counter!(names::FALLBACK, "channel" => attempt.task.channel.clone())
                     .increment(1);
                 return Outcome::Failed {
                     reason: format!("{reason}; fallback to {}", fb.channel),
@@ -520,13 +521,13 @@ async fn record_with(
 /// Counts a recorded outcome per channel, for `/metrics`.
 fn count(outcome: &Outcome, channel: &str) {
     let name = match outcome {
-        Outcome::Sent { .. } => "pushonce_sent_total",
-        Outcome::Retry { .. } => "pushonce_retried_total",
-        Outcome::Resend { .. } => "pushonce_resent_total",
-        Outcome::Unknown { .. } => "pushonce_unknown_total",
-        Outcome::Failed { .. } => "pushonce_failed_total",
-        Outcome::Dead { .. } => "pushonce_dead_total",
-        Outcome::DuplicatePrevented { .. } => "pushonce_duplicate_prevented_total",
+        Outcome::Sent { .. } => names::SENT,
+        Outcome::Retry { .. } => names::RETRIED,
+        Outcome::Resend { .. } => names::RESENT,
+        Outcome::Unknown { .. } => names::UNKNOWN,
+        Outcome::Failed { .. } => names::FAILED,
+        Outcome::Dead { .. } => names::DEAD,
+        Outcome::DuplicatePrevented { .. } => names::DUPLICATE_PREVENTED,
         Outcome::Release => return,
     };
     metrics::counter!(name, "channel" => channel.to_string()).increment(1);

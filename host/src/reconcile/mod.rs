@@ -15,8 +15,8 @@
 //! claim's token. Nothing is ever resent unless the provider said it never
 //! got the message (`unknown` → re-queued under the same key and task).
 //!
-//! Metrics: [`CHECKS_TOTAL`], [`GAVE_UP_TOTAL`], and, each pass,
-//! [`LAG_SECONDS`] and [`AWAITING_TASKS`].
+//! Metrics (names in [`crate::metric_names`]): checks and give-ups per
+//! channel, and, each pass, the reconciliation lag and the awaiting tasks.
 
 pub mod decide;
 
@@ -29,19 +29,10 @@ use tokio::task::JoinSet;
 pub use decide::{Decision, decide};
 
 use crate::config::ReconcileConfig;
+use crate::metric_names::{AWAITING_TASKS, CHECKS_TOTAL, GAVE_UP_TOTAL, LAG_SECONDS};
 use crate::permit::{CheckAction, CheckNote, Claimed, PermitError, Permits, Task, TaskStatus};
 use crate::send::receipts::settle_from_provider;
 use crate::send::{Check, NO_STATUS_QUERY, OutgoingMessage, Sender};
-
-/// Checks per channel and result (`delivered`, `pending`, `failed`, `absent`, `cannot_tell`).
-pub const CHECKS_TOTAL: &str = "pushonce_reconcile_checks_total";
-/// Tasks the reconciler gave up on after `max_checks`, per channel and status
-/// (`sent`: no longer checked, stays sent; `unknown`: made `dead`).
-pub const GAVE_UP_TOTAL: &str = "pushonce_reconcile_gave_up_total";
-/// How late the oldest due entry of any shard's awaiting index was, at the last pass.
-pub const LAG_SECONDS: &str = "pushonce_reconcile_lag_seconds";
-/// Tasks in the awaiting indexes of every shard, at the last pass.
-pub const AWAITING_TASKS: &str = "pushonce_awaiting_tasks";
 
 /// Checks in flight at once in one reconciler (also how many entries one claim takes).
 pub const CONCURRENT_CHECKS: usize = 8;

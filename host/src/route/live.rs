@@ -186,7 +186,7 @@ impl Live {
                 Ok(generation)
             }
             Err(errors) => {
-                metrics::counter!("pushonce_policy_reload_refused_total").increment(1);
+                metrics::counter!(crate::metric_names::RELOAD_REFUSED).increment(1);
                 for e in &errors {
                     tracing::warn!(error = %e, "reload refused; the running policies stay in force");
                 }

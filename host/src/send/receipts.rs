@@ -162,7 +162,7 @@ pub async fn apply_settlements(
             if Duration::from_millis(age) < grace {
                 report.not_yet.push(id);
             } else {
-                metrics::counter!("pushonce_receipts_unmatched_total", "channel" => channel.to_string())
+                metrics::counter!(crate::metric_names::RECEIPTS_UNMATCHED, "channel" => channel.to_string())
                     .increment(1);
                 report.unmatched.push(id);
             }
@@ -246,7 +246,7 @@ pub async fn settle_from_provider(
             .and_then(|p| p.fallback)
     {
         super::fallback::accept_fallback(permits, task, &fb).await?;
-        metrics::counter!("pushonce_fallback_total", "channel" => task.channel.clone())
+        metrics::counter!(crate::metric_names::FALLBACK, "channel" => task.channel.clone())
             .increment(1);
         settled.fallback = true;
     }
@@ -255,9 +255,9 @@ pub async fn settle_from_provider(
         .await?
     {
         let name = if delivered {
-            "pushonce_delivered_total"
+            crate::metric_names::DELIVERED
         } else {
-            "pushonce_failed_after_accept_total"
+            crate::metric_names::FAILED_AFTER_ACCEPT
         };
         metrics::counter!(name, "channel" => task.channel.clone()).increment(1);
         settled.updated = true;

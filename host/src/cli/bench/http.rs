@@ -373,7 +373,7 @@ async fn permit_buckets(client: &HttpClient, host: &str) -> anyhow::Result<Vec<(
     let res = client.get(format!("{host}/metrics").parse()?).await?;
     let bytes = res.into_body().collect().await?.to_bytes();
     let text = String::from_utf8_lossy(&bytes);
-    let name = format!("{}_bucket{{le=\"", crate::api::metrics::PERMIT_SECONDS);
+    let name = format!("{}_bucket{{le=\"", crate::metric_names::PERMIT_SECONDS);
     Ok(text
         .lines()
         .filter_map(|l| {

@@ -11,31 +11,17 @@ use pushonce::permit::{AcceptRequest, Acceptance, PermitConfig, Permits, RetryPo
 use pushonce::send::Faults;
 use pushonce_tests::cluster::RedisCluster;
 use pushonce_tests::dispatcher::RunningDispatcher;
+use pushonce_tests::fixtures::{accept_request, permit_config};
 use pushonce_tests::host::{Backend, Setup, TestHost, order_shipped};
 use pushonce_tests::process::{WorkerProcess, read_ledger, sent_by_key};
 use pushonce_tests::wait_until;
 use reqwest::StatusCode;
 use tokio::task::JoinSet;
 
-fn config() -> PermitConfig {
-    PermitConfig {
-        retention: Duration::from_secs(3600),
-        grace: Duration::from_secs(60),
-        ..PermitConfig::default()
-    }
-}
-
 fn request(key: &str, biz_id: &str) -> AcceptRequest {
     AcceptRequest {
-        key: key.to_string(),
-        channel: "sms".into(),
-        window: Duration::from_secs(600),
         biz_type: "ORDER".into(),
         biz_id: biz_id.into(),
-        event_json: "{}".into(),
-        payload: r#"{"template":"t"}"#.into(),
-        policy_name: "per-event".into(),
-        policy_version: "1.0.0".into(),
         retry: RetryPolicy {
             max_attempts: 5,
             initial: Duration::from_millis(100),
@@ -43,6 +29,7 @@ fn request(key: &str, biz_id: &str) -> AcceptRequest {
             max_delay: Duration::from_secs(2),
             jitter: true,
         },
+        ..accept_request(key)
     }
 }
 
@@ -61,7 +48,7 @@ fn keys_over_every_shard(permits: &Permits, prefix: &str, n: usize) -> Vec<Strin
 
 /// A dispatcher on the cluster with 8 workers, sending to the ledger `ledger`.
 async fn dispatcher(cluster: &RedisCluster, ledger: &Path, lease: Duration) -> RunningDispatcher {
-    let permits = cluster.permits(config()).await.unwrap();
+    let permits = cluster.permits(permit_config()).await.unwrap();
     RunningDispatcher::start(
         cluster.client(),
         permits,
@@ -103,7 +90,7 @@ async fn assert_each_sent_once(ledger: &Path, keys: &[String], within: Duration)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_thousand_concurrent_accepts_of_one_key_take_one_permit() {
     let cluster = RedisCluster::start(3).await.unwrap();
-    let permits = cluster.permits(config()).await.unwrap();
+    let permits = cluster.permits(permit_config()).await.unwrap();
     let mut set = JoinSet::new();
     for _ in 0..1000 {
         let permits = permits.clone();
@@ -129,7 +116,7 @@ async fn a_thousand_concurrent_accepts_of_one_key_take_one_permit() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn batches_over_every_shard_and_cross_shard_reads_work() {
     let cluster = RedisCluster::start(3).await.unwrap();
-    let permits = cluster.permits(config()).await.unwrap();
+    let permits = cluster.permits(permit_config()).await.unwrap();
     // One event's channels spread over every shard (and so every master).
     let keys = keys_over_every_shard(&permits, "batch", 64);
     let reqs: Vec<AcceptRequest> = keys.iter().map(|k| request(k, "o-batch")).collect();
@@ -182,7 +169,7 @@ async fn the_dispatcher_sends_every_shards_tasks_exactly_once() {
     let cluster = RedisCluster::start(3).await.unwrap();
     let dir = tempfile::tempdir().unwrap();
     let ledger = dir.path().join("ledger.jsonl");
-    let permits = cluster.permits(config()).await.unwrap();
+    let permits = cluster.permits(permit_config()).await.unwrap();
     let keys = keys_over_every_shard(&permits, "dispatch", 200);
     // Half before the dispatcher starts, half while it runs.
     let (before, during) = keys.split_at(100);
@@ -208,7 +195,7 @@ async fn masters_restarted_or_killed_mid_run_lose_nothing() {
     let mut cluster = RedisCluster::start(3).await.unwrap();
     let dir = tempfile::tempdir().unwrap();
     let ledger = dir.path().join("ledger.jsonl");
-    let permits = cluster.permits(config()).await.unwrap();
+    let permits = cluster.permits(permit_config()).await.unwrap();
     let keys = keys_over_every_shard(&permits, "restart", 300);
     // A lease longer than the restart: an attempt in flight records after it.
     let run = dispatcher(&cluster, &ledger, Duration::from_secs(10)).await;
@@ -385,7 +372,7 @@ async fn a_serve_process_runs_on_the_cluster_named_by_its_environment() {
     let permits = cluster
         .permits(PermitConfig {
             shards: 16,
-            ..config()
+            ..permit_config()
         })
         .await
         .unwrap();
@@ -403,7 +390,7 @@ async fn two_worker_processes_share_the_cluster_and_send_each_task_once() {
     let cluster = RedisCluster::start(3).await.unwrap();
     let dir = tempfile::tempdir().unwrap();
     let ledger = dir.path().join("ledger.jsonl");
-    let permits = cluster.permits(config()).await.unwrap();
+    let permits = cluster.permits(permit_config()).await.unwrap();
     let keys = keys_over_every_shard(&permits, "procs", 120);
     let urls = cluster.urls_env();
     let args = ["--workers", "4", "--lease", "5s", "--block", "200ms"];

@@ -7,20 +7,13 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use pushonce::dispatch::backoff::min_delay_after;
-use pushonce::permit::{AcceptRequest, Acceptance, PermitConfig, Permits, RetryPolicy, TaskStatus};
+use pushonce::permit::{AcceptRequest, Acceptance, Permits, RetryPolicy, TaskStatus};
 use pushonce::send::Faults;
 use pushonce_tests::dispatcher::RunningDispatcher;
+use pushonce_tests::fixtures::{accept_request, permit_config};
 use pushonce_tests::process::{read_ledger, sent_by_key};
 use pushonce_tests::redis::RedisServer;
 use pushonce_tests::wait_until;
-
-fn config() -> PermitConfig {
-    PermitConfig {
-        retention: Duration::from_secs(3600),
-        grace: Duration::from_secs(60),
-        ..PermitConfig::default()
-    }
-}
 
 fn fast_retry() -> RetryPolicy {
     RetryPolicy {
@@ -34,21 +27,16 @@ fn fast_retry() -> RetryPolicy {
 
 fn request(key: &str, window: Duration, retry: RetryPolicy) -> AcceptRequest {
     AcceptRequest {
-        key: key.to_string(),
-        channel: "sms".into(),
         window,
         biz_type: String::new(),
         biz_id: String::new(),
-        event_json: "{}".into(),
-        payload: r#"{"template":"t"}"#.into(),
-        policy_name: "per-event".into(),
-        policy_version: "1.0.0".into(),
         retry,
+        ..accept_request(key)
     }
 }
 
 async fn start(server: &RedisServer, ledger: &Path, faults: Faults) -> RunningDispatcher {
-    let permits = server.permits(config()).await.unwrap();
+    let permits = server.permits(permit_config()).await.unwrap();
     RunningDispatcher::start(
         server.client(),
         permits,
@@ -99,7 +87,7 @@ async fn two_retryable_failures_then_one_send_with_backoff_between() {
         },
     )
     .await;
-    let permits = server.permits(config()).await.unwrap();
+    let permits = server.permits(permit_config()).await.unwrap();
     let retry = fast_retry();
     let id = accepted(
         permits
@@ -150,7 +138,7 @@ async fn a_permanent_failure_fails_the_task_and_releases_the_permit() {
         ..Faults::default()
     };
     let run = start(&server, &ledger, faults).await;
-    let permits = server.permits(config()).await.unwrap();
+    let permits = server.permits(permit_config()).await.unwrap();
     let key = "sms:invalid-number:u-1";
     let id = accepted(
         permits
@@ -196,7 +184,7 @@ async fn exhausted_attempts_make_the_task_dead_and_release_the_permit() {
         },
     )
     .await;
-    let permits = server.permits(config()).await.unwrap();
+    let permits = server.permits(permit_config()).await.unwrap();
     let retry = RetryPolicy {
         max_attempts: 3,
         initial: Duration::from_millis(50),
@@ -231,7 +219,7 @@ async fn the_permit_outlives_retries_longer_than_its_window() {
         },
     )
     .await;
-    let permits = server.permits(config()).await.unwrap();
+    let permits = server.permits(permit_config()).await.unwrap();
     let window = Duration::from_millis(100);
     let retry = RetryPolicy {
         initial: Duration::from_millis(400),
@@ -258,7 +246,7 @@ async fn accepted_tasks_survive_a_redis_restart_and_get_sent_once() {
     let mut server = RedisServer::start().await.unwrap();
     let dir = tempfile::tempdir().unwrap();
     let ledger = ledger_path(&dir);
-    let permits = server.permits(config()).await.unwrap();
+    let permits = server.permits(permit_config()).await.unwrap();
     let mut ids = Vec::new();
     // Accepted while no worker runs, then Redis restarts (SHUTDOWN + start, AOF).
     for i in 0..40 {
@@ -274,13 +262,13 @@ async fn accepted_tasks_survive_a_redis_restart_and_get_sent_once() {
     }
     server.restart().await.unwrap();
     let run = start(&server, &ledger, Faults::default()).await;
-    let permits = server.permits(config()).await.unwrap();
+    let permits = server.permits(permit_config()).await.unwrap();
     for id in &ids {
         wait_status(&permits, id, TaskStatus::Sent, Duration::from_secs(15)).await;
     }
     // Redis restarts again under a running dispatcher; tasks accepted after it are sent too.
     server.restart().await.unwrap();
-    let permits = server.permits(config()).await.unwrap();
+    let permits = server.permits(permit_config()).await.unwrap();
     for i in 40..60 {
         let a = permits
             .accept(&request(
@@ -311,7 +299,7 @@ async fn shutdown_finishes_and_records_the_send_in_flight() {
         ..Faults::default()
     };
     let run = start(&server, &ledger, faults).await;
-    let permits = server.permits(config()).await.unwrap();
+    let permits = server.permits(permit_config()).await.unwrap();
     let id = accepted(
         permits
             .accept(&request("inflight", Duration::from_secs(60), fast_retry()))

@@ -8,34 +8,20 @@
 use std::time::Duration;
 
 use pushonce::ledger::Ledger;
-use pushonce::permit::{AcceptRequest, Acceptance, PermitConfig, Permits, RetryPolicy, TaskStatus};
+use pushonce::permit::{AcceptRequest, Acceptance, PermitConfig, Permits, TaskStatus};
 use pushonce::send::Faults;
 use pushonce_tests::dispatcher::RunningDispatcher;
+use pushonce_tests::fixtures::{accept_request, permit_config};
 use pushonce_tests::postgres::PostgresServer;
 use pushonce_tests::process::{read_ledger, sent_by_key};
 use pushonce_tests::redis::RedisServer;
 use pushonce_tests::wait_until;
 
-fn config() -> PermitConfig {
-    PermitConfig {
-        retention: Duration::from_secs(3600),
-        grace: Duration::from_secs(60),
-        ..PermitConfig::default()
-    }
-}
-
 fn request(key: &str) -> AcceptRequest {
     AcceptRequest {
-        key: key.to_string(),
-        channel: "sms".into(),
         window: Duration::from_secs(3600),
-        biz_type: "ORDER_SHIPPED".into(),
-        biz_id: key.to_string(),
         event_json: r#"{"user_id":"u-1"}"#.into(),
-        payload: r#"{"template":"t"}"#.into(),
-        policy_name: "per-event".into(),
-        policy_version: "1.0.0".into(),
-        retry: RetryPolicy::default(),
+        ..accept_request(key)
     }
 }
 
@@ -83,7 +69,7 @@ async fn a_task_whose_key_the_ledger_holds_for_another_is_not_sent() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("sent.jsonl");
     let ledger = Ledger::open(&Ledger::sqlite_url(dir.path())).await.unwrap();
-    let permits = redis.permits(config()).await.unwrap();
+    let permits = redis.permits(permit_config()).await.unwrap();
     let first = accept(&permits, "order-1:sms").await;
     let running = dispatcher(&redis, &permits, &file, &ledger);
     wait_status(&permits, &first, TaskStatus::Sent).await;
@@ -126,7 +112,7 @@ async fn while_the_ledger_is_down_nothing_is_sent_and_all_is_sent_once_after() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("sent.jsonl");
     let ledger = Ledger::open(&url).await.unwrap();
-    let permits = redis.permits(config()).await.unwrap();
+    let permits = redis.permits(permit_config()).await.unwrap();
     pg.stop().unwrap();
     let mut ids = Vec::new();
     for i in 0..12 {
@@ -206,7 +192,7 @@ async fn lookups_fall_back_to_the_ledger_after_redis_retention() {
     let permits = redis
         .permits(PermitConfig {
             shards: 4,
-            ..config()
+            ..permit_config()
         })
         .await
         .unwrap();

@@ -8,29 +8,17 @@ use pushonce::permit::{
     AcceptRequest, Acceptance, Begin, CheckAction, CheckNote, HeldCause, Outcome, PermitConfig,
     PermitFate, Permits, RecordContext, Recorded, Requeue, RetryPolicy, TaskStatus, shard_of_task,
 };
+use pushonce_tests::fixtures::{accept_request, permit_config};
 use pushonce_tests::redis::RedisServer;
 use pushonce_tests::wait_until;
 
-fn config() -> PermitConfig {
-    PermitConfig {
-        retention: Duration::from_secs(3600),
-        grace: Duration::from_secs(60),
-        ..PermitConfig::default()
-    }
-}
-
 fn request(key: &str, window: Duration) -> AcceptRequest {
     AcceptRequest {
-        key: key.to_string(),
-        channel: "sms".into(),
         window,
-        biz_type: "ORDER_SHIPPED".into(),
         biz_id: "o-1".into(),
         event_json: r#"{"biz_type":"ORDER_SHIPPED","biz_id":"o-1","user_id":"u-42"}"#.into(),
         payload: r#"{"template":"shipped"}"#.into(),
-        policy_name: "per-event".into(),
-        policy_version: "1.0.0".into(),
-        retry: RetryPolicy::default(),
+        ..accept_request(key)
     }
 }
 
@@ -77,7 +65,7 @@ async fn a_thousand_concurrent_accepts_of_one_key_make_one_task() {
     let server = RedisServer::start().await.unwrap();
     let mut layers = Vec::new();
     for _ in 0..8 {
-        layers.push(server.permits(config()).await.unwrap());
+        layers.push(server.permits(permit_config()).await.unwrap());
     }
     let key = "push:per-event@1:sms:ORDER_SHIPPED:o-1:u-42";
     let mut set = tokio::task::JoinSet::new();
@@ -128,7 +116,7 @@ async fn a_thousand_concurrent_accepts_of_one_key_make_one_task() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_batch_accepts_in_one_pipeline_and_sees_duplicates_within_it() {
     let server = RedisServer::start().await.unwrap();
-    let permits = server.permits(config()).await.unwrap();
+    let permits = server.permits(permit_config()).await.unwrap();
     let w = Duration::from_secs(60);
     let first = permits.accept(&request("k-0", w)).await.unwrap();
     let reqs: Vec<AcceptRequest> = ["k-0", "k-1", "k-2", "k-1"]
@@ -164,7 +152,7 @@ async fn a_batch_accepts_in_one_pipeline_and_sees_duplicates_within_it() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_whose_lease_was_lost_cannot_overwrite() {
     let server = RedisServer::start().await.unwrap();
-    let permits = server.permits(config()).await.unwrap();
+    let permits = server.permits(permit_config()).await.unwrap();
     let key = "fence-key";
     let id = accepted(
         &permits
@@ -227,7 +215,7 @@ async fn a_worker_whose_lease_was_lost_cannot_overwrite() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_permanent_failure_with_nothing_sent_releases_the_permit() {
     let server = RedisServer::start().await.unwrap();
-    let permits = server.permits(config()).await.unwrap();
+    let permits = server.permits(permit_config()).await.unwrap();
     let key = "perm-key";
     let id = accepted(
         &permits
@@ -286,7 +274,7 @@ async fn a_permanent_failure_with_nothing_sent_releases_the_permit() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ended_tasks_get_retention_and_sent_permits_keep_the_window() {
     let server = RedisServer::start().await.unwrap();
-    let permits = server.permits(config()).await.unwrap();
+    let permits = server.permits(permit_config()).await.unwrap();
     let key = "ret-key";
     let window = Duration::from_secs(600);
     let id = accepted(&permits.accept(&request(key, window)).await.unwrap());
@@ -333,7 +321,7 @@ async fn ended_tasks_get_retention_and_sent_permits_keep_the_window() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_permit_outlives_a_retry_schedule_longer_than_its_window() {
     let server = RedisServer::start().await.unwrap();
-    let permits = server.permits(config()).await.unwrap();
+    let permits = server.permits(permit_config()).await.unwrap();
     let key = "short-window";
     let window = Duration::from_millis(200);
     let id = accepted(&permits.accept(&request(key, window)).await.unwrap());
@@ -376,7 +364,7 @@ async fn a_permit_outlives_a_retry_schedule_longer_than_its_window() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_task_whose_permit_lapsed_and_was_retaken_is_superseded() {
     let server = RedisServer::start().await.unwrap();
-    let permits = server.permits(config()).await.unwrap();
+    let permits = server.permits(permit_config()).await.unwrap();
     let key = "lapsed";
     let window = Duration::from_millis(100);
     let old = accepted(&permits.accept(&request(key, window)).await.unwrap());
@@ -407,7 +395,7 @@ async fn a_task_whose_permit_lapsed_and_was_retaken_is_superseded() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unknown_outcome_holds_the_permit_until_a_receipt() {
     let server = RedisServer::start().await.unwrap();
-    let permits = server.permits(config()).await.unwrap();
+    let permits = server.permits(permit_config()).await.unwrap();
     let key = "unknown-key";
     let id = accepted(
         &permits
@@ -469,7 +457,7 @@ fn due_at_once() -> PermitConfig {
     PermitConfig {
         check_sent_after: Duration::ZERO,
         check_unknown_after: Duration::ZERO,
-        ..config()
+        ..permit_config()
     }
 }
 
@@ -656,7 +644,7 @@ async fn receipts_and_checks_take_tasks_out_of_the_awaiting_index() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_redis_restart_with_aof_loses_no_accepted_task() {
     let mut server = RedisServer::start().await.unwrap();
-    let permits = server.permits(config()).await.unwrap();
+    let permits = server.permits(permit_config()).await.unwrap();
     let mut ids = Vec::new();
     for i in 0..200 {
         let a = permits
@@ -666,7 +654,7 @@ async fn a_redis_restart_with_aof_loses_no_accepted_task() {
         ids.push((format!("restart-{i}"), accepted(&a)));
     }
     server.restart().await.unwrap();
-    let permits = server.permits(config()).await.unwrap();
+    let permits = server.permits(permit_config()).await.unwrap();
     let mut conn = server.manager().await.unwrap();
     let mut entries = 0usize;
     for shard in 0..permits.layout().shards() {
@@ -758,7 +746,7 @@ async fn only_completed_checks_count_and_each_is_logged_beside_the_cause() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reclaimed_attempt_says_whether_the_vanished_worker_had_started_its_send() {
     let server = RedisServer::start().await.unwrap();
-    let permits = server.permits(config()).await.unwrap();
+    let permits = server.permits(permit_config()).await.unwrap();
     let lease = Duration::from_millis(100);
     for (key, started) in [("vanished-before", false), ("vanished-after", true)] {
         let id = accepted(

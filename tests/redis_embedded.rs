@@ -3,24 +3,19 @@
 //! with AOF on, and what was accepted survives a stop and a start.
 
 use std::process::Command;
-use std::time::Duration;
 
-use pushonce::permit::{AcceptRequest, Acceptance, PermitConfig, Permits, RetryPolicy, TaskStatus};
+use pushonce::permit::{AcceptRequest, Acceptance, PermitConfig, Permits, TaskStatus};
 use pushonce::store::{RedisTarget, Store};
+use pushonce_tests::fixtures::accept_request;
 use pushonce_tests::process::pushonce_bin;
 
 fn request(key: &str) -> AcceptRequest {
     AcceptRequest {
-        key: key.to_string(),
         channel: "inbox".into(),
-        window: Duration::from_secs(600),
         biz_type: String::new(),
         biz_id: String::new(),
-        event_json: "{}".into(),
         payload: "{}".into(),
-        policy_name: "per-event".into(),
-        policy_version: "1.0.0".into(),
-        retry: RetryPolicy::default(),
+        ..accept_request(key)
     }
 }
 

@@ -9,25 +9,21 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use pushonce::permit::{AcceptRequest, Acceptance, PermitConfig, Permits, RetryPolicy, TaskStatus};
+use pushonce_tests::fixtures::accept_request;
 use pushonce_tests::process::{WorkerProcess, read_ledger, sent_by_key};
 use pushonce_tests::redis::RedisServer;
 use pushonce_tests::wait_until;
 
 fn request(key: &str) -> AcceptRequest {
     AcceptRequest {
-        key: key.to_string(),
-        channel: "sms".into(),
-        window: Duration::from_secs(600),
         biz_type: String::new(),
         biz_id: String::new(),
-        event_json: "{}".into(),
         payload: "{}".into(),
-        policy_name: "per-event".into(),
-        policy_version: "1.0.0".into(),
         retry: RetryPolicy {
             initial: Duration::from_millis(100),
             ..RetryPolicy::default()
         },
+        ..accept_request(key)
     }
 }
 

@@ -6,6 +6,7 @@ pub mod channels;
 pub mod chaos;
 pub mod cluster;
 pub mod dispatcher;
+pub mod fixtures;
 pub mod host;
 pub mod plugins;
 pub mod postgres;

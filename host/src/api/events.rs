@@ -1,13 +1,13 @@
 //! `/v1`: events in (single and batch), tasks and events out.
 //!
-//! An event is checked, routed by `biz_type` through the snapshot in force
-//! (one `live.current()` per request), a key is derived per channel (and per
-//! fallback channel) by the policy's key plugin, the payload is built, and
-//! every channel's permit is taken in ONE pipelined `accept_batch` — for a
-//! batch, one pipeline for all its events.
+//! A request's fields are checked and its event parsed here; the event is
+//! planned by `route::plan` through the snapshot in force (one
+//! `live.current()` per request: routed by `biz_type`, a key derived per
+//! channel and per fallback channel, the payload built); then every
+//! channel's permit is taken in ONE pipelined `accept_batch` — for a batch,
+//! one pipeline for all its events.
 
-use std::collections::BTreeMap;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use axum::Json;
 use axum::extract::{Path, Query, State};
@@ -20,38 +20,11 @@ use super::history;
 use super::model::Problem;
 use super::model::*;
 use super::problem::ApiError;
-use crate::derive::{DeriveError, EventError, EventJson, YearRange, derive, event_from_parsed};
-use crate::permit::{AcceptRequest, Acceptance, RetryPolicy};
-use crate::plugin::{Event, KeyPolicyPlugin};
-use crate::route::Policy;
+use crate::derive::{EventError, EventJson, YearRange, event_from_parsed};
+use crate::permit::{AcceptRequest, Acceptance};
+use crate::plugin::Event;
 use crate::route::Snapshot;
-use crate::route::policy::RetrySpec;
-use crate::send::{Fallback, Payload};
-
-/// Deepest fallback chain followed (policies refuse cycles; this is a guard).
-const MAX_FALLBACK_DEPTH: usize = 8;
-
-/// One channel of one event, ready to accept.
-struct Planned {
-    /// The channel.
-    channel: String,
-    /// What the permit script gets.
-    request: AcceptRequest,
-}
-
-/// One event, checked and planned.
-struct PlannedEvent {
-    /// The event as echoed in the answer.
-    biz_type: String,
-    /// Business id.
-    biz_id: String,
-    /// User.
-    user_id: String,
-    /// Its channels.
-    channels: Vec<Planned>,
-    /// The event as JSON text (task field and corpus sample).
-    event_json: String,
-}
+use crate::route::plan::{PlanRequest, PlannedEvent};
 
 /// Accept one event.
 #[utoipa::path(
@@ -402,163 +375,7 @@ fn to_event(req: &EventRequest, now: u64, years: YearRange) -> Result<Event, Api
     })
 }
 
-/// The event as stored in tasks and in the corpus: the JSON form
-/// `derive::event_from_json` reads back. Serialized straight from borrowed
-/// fields (no `serde_json::Value` tree: this runs for every event); fields
-/// and attributes come out sorted by name and a repeated attribute keeps its
-/// last value, as the `Value` form did.
-pub fn event_json(event: &Event) -> String {
-    #[derive(serde::Serialize)]
-    struct Stored<'a> {
-        attributes: BTreeMap<&'a str, &'a str>,
-        biz_id: &'a str,
-        biz_type: &'a str,
-        occurred_at: u64,
-        user_id: &'a str,
-    }
-    serde_json::to_string(&Stored {
-        attributes: event
-            .attributes
-            .iter()
-            .map(|(k, v)| (k.as_str(), v.as_str()))
-            .collect(),
-        biz_id: &event.biz_id,
-        biz_type: &event.biz_type,
-        occurred_at: event.occurred_at_ms,
-        user_id: &event.user_id,
-    })
-    .expect("string fields always serialize")
-}
-
-/// What every channel of one event shares while it is planned.
-struct Context<'a> {
-    /// The policy of the event's biz_type.
-    policy: &'a Policy,
-    /// Its key policy plugin.
-    plugin: &'a KeyPolicyPlugin,
-    /// The event.
-    event: &'a Event,
-    /// The policy's params for the plugin.
-    params: Vec<(String, String)>,
-    /// The request.
-    req: &'a EventRequest,
-    /// The snapshot of the request (its registry resolves channel plugins).
-    snapshot: &'a Snapshot,
-    /// The host's channel instances.
-    channels: &'a BTreeMap<String, crate::config::ChannelConfig>,
-}
-
-impl Context<'_> {
-    /// The channel plugin (`name@version`) the channel instance resolves to
-    /// now: pinned into the task so a send in flight keeps its version.
-    /// Resolved for the channels of this event only.
-    fn channel_plugin(&self, channel: &str) -> Option<String> {
-        let config = self.channels.get(channel)?;
-        let plugin = self
-            .snapshot
-            .registry
-            .resolve_channel(&config.plugin)
-            .ok()?;
-        Some(plugin.meta().id.clone())
-    }
-
-    fn derive(&self, channel: &str) -> Result<crate::derive::DerivedKey, ApiError> {
-        derive(self.plugin, self.event, channel, &self.params).map_err(|e| match e {
-            DeriveError::Call(call) => ApiError::Plugin {
-                plugin: call.plugin().to_string(),
-                detail: call.to_string(),
-            },
-            DeriveError::BadKey { ref plugin, .. } => ApiError::Plugin {
-                plugin: plugin.clone(),
-                detail: e.to_string(),
-            },
-            DeriveError::BadChannel { .. } => ApiError::invalid("channels", e.to_string()),
-        })
-    }
-
-    fn window(&self, channel: &str, derived: &crate::derive::DerivedKey) -> Duration {
-        let spec = &self.policy.spec;
-        derived
-            .window_secs
-            .map(|s| Duration::from_secs(u64::from(s).max(1)))
-            .or_else(|| spec.overrides.get(channel).and_then(|o| o.window))
-            .unwrap_or(spec.window)
-    }
-
-    fn retry(&self, channel: &str) -> RetryPolicy {
-        let spec = &self.policy.spec;
-        let r: &RetrySpec = spec
-            .overrides
-            .get(channel)
-            .and_then(|o| o.retry.as_ref())
-            .unwrap_or(&spec.retry);
-        RetryPolicy {
-            max_attempts: r.max_attempts,
-            initial: r.backoff.initial,
-            factor: r.backoff.factor,
-            max_delay: r.backoff.max,
-            jitter: r.backoff.jitter,
-        }
-    }
-
-    fn recipient(&self, channel: &str, fallback_of: Option<&str>) -> Result<String, ApiError> {
-        if let Some(r) = self.req.recipients.get(channel) {
-            return Ok(r.clone());
-        }
-        if channel == "inbox" {
-            return Ok(self.req.user_id.clone());
-        }
-        let why = match fallback_of {
-            Some(from) => format!(
-                "required: the address on channel `{channel}` (the policy's fallback for `{from}`)"
-            ),
-            None => format!("required: the address on channel `{channel}`"),
-        };
-        Err(ApiError::invalid(format!("recipients.{channel}"), why))
-    }
-
-    fn payload(
-        &self,
-        channel: &str,
-        fallback_of: Option<&str>,
-        depth: usize,
-    ) -> Result<Payload, ApiError> {
-        Ok(Payload {
-            recipient: self.recipient(channel, fallback_of)?,
-            template: self
-                .req
-                .template
-                .clone()
-                .unwrap_or_else(|| self.req.biz_type.clone()),
-            params: self
-                .req
-                .params
-                .iter()
-                .map(|(k, v)| (k.clone(), v.clone()))
-                .collect(),
-            plugin: self.channel_plugin(channel),
-            fallback: self.fallback(channel, depth)?,
-        })
-    }
-
-    fn fallback(&self, channel: &str, depth: usize) -> Result<Option<Box<Fallback>>, ApiError> {
-        let Some(to) = self.policy.spec.fallback.get(channel) else {
-            return Ok(None);
-        };
-        if depth >= MAX_FALLBACK_DEPTH {
-            return Ok(None);
-        }
-        let derived = self.derive(to)?;
-        Ok(Some(Box::new(Fallback {
-            channel: to.clone(),
-            key: derived.key.clone(),
-            window_ms: crate::permit::ms(self.window(to, &derived)),
-            payload: self.payload(to, Some(channel), depth + 1)?,
-        })))
-    }
-}
-
-/// Checks, routes and derives one event: everything but Redis.
+/// Checks the request's fields, parses its event, and plans it (`route::plan`).
 fn plan(
     snapshot: &Snapshot,
     state: &AppState,
@@ -566,97 +383,19 @@ fn plan(
     now: u64,
 ) -> Result<PlannedEvent, ApiError> {
     validate(&req)?;
-    let Some(policy) = snapshot.policies.get(&req.biz_type) else {
-        return Err(ApiError::invalid(
-            "biz_type",
-            format!("no policy routes biz_type `{}`", req.biz_type),
-        ));
-    };
-    let spec = &policy.spec;
-    let channels: Vec<String> = match &req.channels {
-        None => spec.channels.clone(),
-        Some(asked) => {
-            for (i, c) in asked.iter().enumerate() {
-                if !spec.channels.contains(c) {
-                    return Err(ApiError::invalid(
-                        format!("channels[{i}]"),
-                        format!(
-                            "channel `{}` is not allowed by the policy of {} (allowed: {})",
-                            c.chars().take(64).collect::<String>(),
-                            spec.biz_type,
-                            spec.channels.join(", ")
-                        ),
-                    ));
-                }
-                if asked[..i].contains(c) {
-                    return Err(ApiError::invalid(
-                        format!("channels[{i}]"),
-                        format!("`{c}` is listed twice"),
-                    ));
-                }
-            }
-            spec.channels
-                .iter()
-                .filter(|c| asked.contains(c))
-                .cloned()
-                .collect()
-        }
-    };
-    for name in req.recipients.keys() {
-        if !state.live.config().channels.contains_key(name) {
-            return Err(ApiError::invalid(
-                format!("recipients.{}", name.chars().take(64).collect::<String>()),
-                "not a channel of this host",
-            ));
-        }
-    }
-    let plugin = snapshot
-        .registry
-        .resolve_key_policy(&spec.key_policy)
-        .map_err(|e| ApiError::Plugin {
-            plugin: spec.key_policy.clone(),
-            detail: e.to_string(),
-        })?;
     let event = to_event(&req, now, state.limits.occurred_at_years)?;
-    let event_text = event_json(&event);
-    let ctx = Context {
-        policy,
-        plugin: &plugin,
-        event: &event,
-        params: crate::route::stability::params_of(policy),
-        req: &req,
-        snapshot,
-        channels: &state.live.config().channels,
+    let request = PlanRequest {
+        event,
+        channels: req.channels.as_deref(),
+        template: req.template.as_deref(),
+        params: &req.params,
+        recipients: &req.recipients,
     };
-    let meta = plugin.meta();
-    let mut planned = Vec::with_capacity(channels.len());
-    for channel in channels {
-        let derived = ctx.derive(&channel)?;
-        let payload = ctx.payload(&channel, None, 0)?;
-        let payload = serde_json::to_string(&payload).map_err(ApiError::PayloadJson)?;
-        planned.push(Planned {
-            request: AcceptRequest {
-                key: derived.key.clone(),
-                channel: channel.clone(),
-                window: ctx.window(&channel, &derived),
-                biz_type: req.biz_type.clone(),
-                biz_id: req.biz_id.clone(),
-                event_json: event_text.clone(),
-                payload,
-                policy_name: meta.name.clone(),
-                policy_version: meta.version.to_string(),
-                retry: ctx.retry(&channel),
-            },
-            channel,
-        });
-    }
-    Ok(PlannedEvent {
-        biz_type: req.biz_type.clone(),
-        biz_id: req.biz_id.clone(),
-        user_id: req.user_id.clone(),
-        channels: planned,
-        event_json: event_text,
-    })
+    Ok(crate::route::plan::plan(
+        snapshot,
+        &state.live.config().channels,
+        request,
+    )?)
 }
 
 /// Takes the permits of every channel of every event in one pipeline (with
@@ -723,36 +462,4 @@ async fn accept(state: &AppState, events: &[PlannedEvent]) -> Result<Vec<EventAc
         });
     }
     Ok(out)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn event_json_is_the_value_form_sorted_with_the_last_repeated_attribute() {
-        let event = Event {
-            biz_type: "ORDER_SHIPPED".into(),
-            biz_id: "o-\"1\"".into(),
-            user_id: "u-42".into(),
-            occurred_at_ms: 1_796_054_399_000,
-            attributes: vec![
-                ("z".into(), "last".into()),
-                ("a".into(), "first".into()),
-                ("z".into(), "again".into()),
-            ],
-        };
-        let reference = serde_json::json!({
-            "biz_type": event.biz_type,
-            "biz_id": event.biz_id,
-            "user_id": event.user_id,
-            "occurred_at": event.occurred_at_ms,
-            "attributes": {"z": "again", "a": "first"},
-        })
-        .to_string();
-        assert_eq!(event_json(&event), reference);
-        let back = crate::derive::event_from_json(&event_json(&event)).unwrap();
-        assert_eq!(back.biz_id, event.biz_id);
-        assert_eq!(back.occurred_at_ms, event.occurred_at_ms);
-    }
 }

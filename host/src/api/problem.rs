@@ -9,6 +9,7 @@ use axum::response::{IntoResponse, Response};
 
 use super::model::{ChannelResult, Problem};
 use crate::permit::PermitError;
+use crate::route::plan::PlanError;
 
 /// The media type of problem details.
 pub const PROBLEM_JSON: &str = "application/problem+json";
@@ -233,6 +234,16 @@ impl ApiError {
                 ApiError::Unavailable { accepted, .. } => accepted.clone(),
                 _ => None,
             },
+        }
+    }
+}
+
+impl From<PlanError> for ApiError {
+    fn from(e: PlanError) -> ApiError {
+        match e {
+            PlanError::Invalid { field, detail } => ApiError::Invalid { field, detail },
+            PlanError::Plugin { plugin, detail } => ApiError::Plugin { plugin, detail },
+            PlanError::PayloadJson(e) => ApiError::PayloadJson(e),
         }
     }
 }

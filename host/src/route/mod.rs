@@ -6,6 +6,7 @@
 //! check is refused as a whole, so the running set only ever changes atomically.
 
 pub mod live;
+pub mod plan;
 pub mod policy;
 pub mod stability;
 pub mod watch;

@@ -1,0 +1,407 @@
+//! Planning one event: its `biz_type` routed to a policy, its channels
+//! picked, each channel's key derived by the policy's key plugin, and what
+//! the permit script takes built for each (`AcceptRequest`, fallback chain
+//! included) — everything an accept does but Redis. The HTTP layer
+//! (`api::events`) parses a request into a [`PlanRequest`] and answers a
+//! [`PlanError`] as a problem naming the field or the plugin.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::{Policy, Snapshot};
+use crate::config::ChannelConfig;
+use crate::derive::{DeriveError, DerivedKey, derive};
+use crate::permit::{AcceptRequest, RetryPolicy};
+use crate::plugin::{Event, KeyPolicyPlugin};
+use crate::route::policy::RetrySpec;
+use crate::send::{Fallback, Payload};
+
+/// Deepest fallback chain followed (policies refuse cycles; this is a guard).
+const MAX_FALLBACK_DEPTH: usize = 8;
+
+/// What planning needs of a request: the event (already parsed and checked)
+/// and the parts that concern its channels.
+pub struct PlanRequest<'a> {
+    /// The event the key policy sees.
+    pub event: Event,
+    /// The channels asked for (a subset of the policy's), or all of them.
+    pub channels: Option<&'a [String]>,
+    /// Template code for the providers; the `biz_type` when absent.
+    pub template: Option<&'a str>,
+    /// Template parameters.
+    pub params: &'a BTreeMap<String, String>,
+    /// The address per channel.
+    pub recipients: &'a BTreeMap<String, String>,
+}
+
+/// Why an event cannot be planned.
+#[derive(Debug, thiserror::Error)]
+pub enum PlanError {
+    /// A field of the request is not acceptable here.
+    #[error("{field}: {detail}")]
+    Invalid {
+        /// The field (dotted path).
+        field: String,
+        /// What is wrong with it.
+        detail: String,
+    },
+    /// The key policy plugin cannot be resolved, refused the event or failed.
+    #[error("key policy {plugin}: {detail}")]
+    Plugin {
+        /// `name@version` (or the policy's requirement when unresolved).
+        plugin: String,
+        /// The plugin's error.
+        detail: String,
+    },
+    /// A payload could not be written as JSON.
+    #[error("payload is not JSON")]
+    PayloadJson(#[source] serde_json::Error),
+}
+
+impl PlanError {
+    fn invalid(field: impl Into<String>, detail: impl Into<String>) -> PlanError {
+        PlanError::Invalid {
+            field: field.into(),
+            detail: detail.into(),
+        }
+    }
+}
+
+/// One channel of one event, ready to accept.
+pub struct Planned {
+    /// The channel.
+    pub channel: String,
+    /// What the permit script gets.
+    pub request: AcceptRequest,
+}
+
+/// One event, checked and planned.
+pub struct PlannedEvent {
+    /// The event's business type.
+    pub biz_type: String,
+    /// Business id.
+    pub biz_id: String,
+    /// User.
+    pub user_id: String,
+    /// Its channels.
+    pub channels: Vec<Planned>,
+    /// The event as JSON text (task field and corpus sample).
+    pub event_json: String,
+}
+
+/// Routes, picks the channels and derives one event: everything but Redis.
+pub fn plan(
+    snapshot: &Snapshot,
+    host_channels: &BTreeMap<String, ChannelConfig>,
+    req: PlanRequest<'_>,
+) -> Result<PlannedEvent, PlanError> {
+    let policy = policy_of(snapshot, &req.event.biz_type)?;
+    let channels = pick_channels(policy, req.channels)?;
+    check_recipients(host_channels, req.recipients)?;
+    let plugin = key_policy(snapshot, policy)?;
+    let event_text = event_json(&req.event);
+    let ctx = ChannelPlanner {
+        policy,
+        plugin: &plugin,
+        event: &req.event,
+        params: super::stability::params_of(policy),
+        req: &req,
+        snapshot,
+        channels: host_channels,
+    };
+    let planned = channels
+        .into_iter()
+        .map(|channel| ctx.plan_channel(channel, &event_text))
+        .collect::<Result<_, _>>()?;
+    Ok(PlannedEvent {
+        biz_type: req.event.biz_type.clone(),
+        biz_id: req.event.biz_id.clone(),
+        user_id: req.event.user_id.clone(),
+        channels: planned,
+        event_json: event_text,
+    })
+}
+
+/// The policy routing `biz_type`.
+fn policy_of<'s>(snapshot: &'s Snapshot, biz_type: &str) -> Result<&'s Policy, PlanError> {
+    snapshot.policies.get(biz_type).ok_or_else(|| {
+        PlanError::invalid(
+            "biz_type",
+            format!("no policy routes biz_type `{biz_type}`"),
+        )
+    })
+}
+
+/// The channels asked for, in the policy's order, or all of the policy's.
+fn pick_channels(policy: &Policy, asked: Option<&[String]>) -> Result<Vec<String>, PlanError> {
+    let spec = &policy.spec;
+    let Some(asked) = asked else {
+        return Ok(spec.channels.clone());
+    };
+    for (i, c) in asked.iter().enumerate() {
+        if !spec.channels.contains(c) {
+            return Err(PlanError::invalid(
+                format!("channels[{i}]"),
+                format!(
+                    "channel `{}` is not allowed by the policy of {} (allowed: {})",
+                    c.chars().take(64).collect::<String>(),
+                    spec.biz_type,
+                    spec.channels.join(", ")
+                ),
+            ));
+        }
+        if asked[..i].contains(c) {
+            return Err(PlanError::invalid(
+                format!("channels[{i}]"),
+                format!("`{c}` is listed twice"),
+            ));
+        }
+    }
+    Ok(spec
+        .channels
+        .iter()
+        .filter(|c| asked.contains(c))
+        .cloned()
+        .collect())
+}
+
+/// Every recipient names a channel instance of this host.
+fn check_recipients(
+    host_channels: &BTreeMap<String, ChannelConfig>,
+    recipients: &BTreeMap<String, String>,
+) -> Result<(), PlanError> {
+    match recipients
+        .keys()
+        .find(|name| !host_channels.contains_key(*name))
+    {
+        Some(name) => Err(PlanError::invalid(
+            format!("recipients.{}", name.chars().take(64).collect::<String>()),
+            "not a channel of this host",
+        )),
+        None => Ok(()),
+    }
+}
+
+/// The key policy plugin the policy's requirement resolves to now.
+fn key_policy(snapshot: &Snapshot, policy: &Policy) -> Result<Arc<KeyPolicyPlugin>, PlanError> {
+    let requirement = &policy.spec.key_policy;
+    snapshot
+        .registry
+        .resolve_key_policy(requirement)
+        .map_err(|e| PlanError::Plugin {
+            plugin: requirement.clone(),
+            detail: e.to_string(),
+        })
+}
+
+/// The event as stored in tasks and in the corpus: the JSON form
+/// `derive::event_from_json` reads back. Serialized straight from borrowed
+/// fields (no `serde_json::Value` tree: this runs for every event); fields
+/// and attributes come out sorted by name and a repeated attribute keeps its
+/// last value, as the `Value` form did.
+pub fn event_json(event: &Event) -> String {
+    #[derive(serde::Serialize)]
+    struct Stored<'a> {
+        attributes: BTreeMap<&'a str, &'a str>,
+        biz_id: &'a str,
+        biz_type: &'a str,
+        occurred_at: u64,
+        user_id: &'a str,
+    }
+    serde_json::to_string(&Stored {
+        attributes: event
+            .attributes
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect(),
+        biz_id: &event.biz_id,
+        biz_type: &event.biz_type,
+        occurred_at: event.occurred_at_ms,
+        user_id: &event.user_id,
+    })
+    .expect("string fields always serialize")
+}
+
+/// What every channel of one event shares while it is planned.
+struct ChannelPlanner<'a> {
+    /// The policy of the event's biz_type.
+    policy: &'a Policy,
+    /// Its key policy plugin.
+    plugin: &'a KeyPolicyPlugin,
+    /// The event.
+    event: &'a Event,
+    /// The policy's params for the plugin.
+    params: Vec<(String, String)>,
+    /// The request's channel-facing parts.
+    req: &'a PlanRequest<'a>,
+    /// The snapshot of the request (its registry resolves channel plugins).
+    snapshot: &'a Snapshot,
+    /// The host's channel instances.
+    channels: &'a BTreeMap<String, crate::config::ChannelConfig>,
+}
+
+impl ChannelPlanner<'_> {
+    /// One channel's accept request: its key, window, payload and retries.
+    fn plan_channel(&self, channel: String, event_text: &str) -> Result<Planned, PlanError> {
+        let derived = self.derive(&channel)?;
+        let payload = self.payload(&channel, None, 0)?;
+        let payload = serde_json::to_string(&payload).map_err(PlanError::PayloadJson)?;
+        let meta = self.plugin.meta();
+        Ok(Planned {
+            request: AcceptRequest {
+                key: derived.key.clone(),
+                channel: channel.clone(),
+                window: self.window(&channel, &derived),
+                biz_type: self.event.biz_type.clone(),
+                biz_id: self.event.biz_id.clone(),
+                event_json: event_text.to_string(),
+                payload,
+                policy_name: meta.name.clone(),
+                policy_version: meta.version.to_string(),
+                retry: self.retry(&channel),
+            },
+            channel,
+        })
+    }
+
+    /// The channel plugin (`name@version`) the channel instance resolves to
+    /// now: pinned into the task so a send in flight keeps its version.
+    /// Resolved for the channels of this event only.
+    fn channel_plugin(&self, channel: &str) -> Option<String> {
+        let config = self.channels.get(channel)?;
+        let plugin = self
+            .snapshot
+            .registry
+            .resolve_channel(&config.plugin)
+            .ok()?;
+        Some(plugin.meta().id.clone())
+    }
+
+    fn derive(&self, channel: &str) -> Result<DerivedKey, PlanError> {
+        derive(self.plugin, self.event, channel, &self.params).map_err(|e| match e {
+            DeriveError::Call(call) => PlanError::Plugin {
+                plugin: call.plugin().to_string(),
+                detail: call.to_string(),
+            },
+            DeriveError::BadKey { ref plugin, .. } => PlanError::Plugin {
+                plugin: plugin.clone(),
+                detail: e.to_string(),
+            },
+            DeriveError::BadChannel { .. } => PlanError::invalid("channels", e.to_string()),
+        })
+    }
+
+    fn window(&self, channel: &str, derived: &DerivedKey) -> Duration {
+        let spec = &self.policy.spec;
+        derived
+            .window_secs
+            .map(|s| Duration::from_secs(u64::from(s).max(1)))
+            .or_else(|| spec.overrides.get(channel).and_then(|o| o.window))
+            .unwrap_or(spec.window)
+    }
+
+    fn retry(&self, channel: &str) -> RetryPolicy {
+        let spec = &self.policy.spec;
+        let r: &RetrySpec = spec
+            .overrides
+            .get(channel)
+            .and_then(|o| o.retry.as_ref())
+            .unwrap_or(&spec.retry);
+        RetryPolicy {
+            max_attempts: r.max_attempts,
+            initial: r.backoff.initial,
+            factor: r.backoff.factor,
+            max_delay: r.backoff.max,
+            jitter: r.backoff.jitter,
+        }
+    }
+
+    fn recipient(&self, channel: &str, fallback_of: Option<&str>) -> Result<String, PlanError> {
+        if let Some(r) = self.req.recipients.get(channel) {
+            return Ok(r.clone());
+        }
+        if channel == "inbox" {
+            return Ok(self.event.user_id.clone());
+        }
+        let why = match fallback_of {
+            Some(from) => format!(
+                "required: the address on channel `{channel}` (the policy's fallback for `{from}`)"
+            ),
+            None => format!("required: the address on channel `{channel}`"),
+        };
+        Err(PlanError::invalid(format!("recipients.{channel}"), why))
+    }
+
+    fn payload(
+        &self,
+        channel: &str,
+        fallback_of: Option<&str>,
+        depth: usize,
+    ) -> Result<Payload, PlanError> {
+        Ok(Payload {
+            recipient: self.recipient(channel, fallback_of)?,
+            template: self
+                .req
+                .template
+                .unwrap_or(&self.event.biz_type)
+                .to_string(),
+            params: self
+                .req
+                .params
+                .iter()
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect(),
+            plugin: self.channel_plugin(channel),
+            fallback: self.fallback(channel, depth)?,
+        })
+    }
+
+    fn fallback(&self, channel: &str, depth: usize) -> Result<Option<Box<Fallback>>, PlanError> {
+        let Some(to) = self.policy.spec.fallback.get(channel) else {
+            return Ok(None);
+        };
+        if depth >= MAX_FALLBACK_DEPTH {
+            return Ok(None);
+        }
+        let derived = self.derive(to)?;
+        Ok(Some(Box::new(Fallback {
+            channel: to.clone(),
+            key: derived.key.clone(),
+            window_ms: crate::permit::millis(self.window(to, &derived)),
+            payload: self.payload(to, Some(channel), depth + 1)?,
+        })))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn event_json_is_the_value_form_sorted_with_the_last_repeated_attribute() {
+        let event = Event {
+            biz_type: "ORDER_SHIPPED".into(),
+            biz_id: "o-\"1\"".into(),
+            user_id: "u-42".into(),
+            occurred_at_ms: 1_796_054_399_000,
+            attributes: vec![
+                ("z".into(), "last".into()),
+                ("a".into(), "first".into()),
+                ("z".into(), "again".into()),
+            ],
+        };
+        let reference = serde_json::json!({
+            "biz_type": event.biz_type,
+            "biz_id": event.biz_id,
+            "user_id": event.user_id,
+            "occurred_at": event.occurred_at_ms,
+            "attributes": {"z": "again", "a": "first"},
+        })
+        .to_string();
+        assert_eq!(event_json(&event), reference);
+        let back = crate::derive::event_from_json(&event_json(&event)).unwrap();
+        assert_eq!(back.biz_id, event.biz_id);
+        assert_eq!(back.occurred_at_ms, event.occurred_at_ms);
+    }
+}

@@ -13,7 +13,7 @@ use pushonce_tests::cluster::RedisCluster;
 use pushonce_tests::dispatcher::RunningDispatcher;
 use pushonce_tests::fixtures::{accept_request, permit_config};
 use pushonce_tests::host::{Backend, Setup, TestHost, order_shipped};
-use pushonce_tests::process::{WorkerProcess, read_ledger, sent_by_key};
+use pushonce_tests::process::{PushonceProcess, read_ledger, sent_by_key};
 use pushonce_tests::wait_until;
 use reqwest::StatusCode;
 use tokio::task::JoinSet;
@@ -338,7 +338,7 @@ async fn a_serve_process_runs_on_the_cluster_named_by_its_environment() {
     // The repository's configuration (a copy in the temporary directory, so
     // the process's log lands there), every location and the cluster given
     // by the environment, as a deployment (or a chaos harness) would.
-    let mut host = WorkerProcess::serve_repository_config(
+    let mut host = PushonceProcess::serve_repository_config(
         dir.path(),
         &listen,
         "",
@@ -395,8 +395,8 @@ async fn two_worker_processes_share_the_cluster_and_send_each_task_once() {
     let urls = cluster.urls_env();
     let args = ["--workers", "4", "--lease", "5s", "--block", "200ms"];
     let mut workers = [
-        WorkerProcess::spawn_cluster(&urls, &ledger, &args).unwrap(),
-        WorkerProcess::spawn_cluster(&urls, &ledger, &args).unwrap(),
+        PushonceProcess::spawn_cluster(&urls, &ledger, &args).unwrap(),
+        PushonceProcess::spawn_cluster(&urls, &ledger, &args).unwrap(),
     ];
     for chunk in keys.chunks(12) {
         let reqs: Vec<AcceptRequest> = chunk.iter().map(|k| request(k, "o-p")).collect();

@@ -17,7 +17,7 @@ use pushonce::plugin::bindings::CacheError;
 use pushonce::plugin::cache_import::SharedCache;
 use pushonce_tests::host::{Setup, TestHost};
 use pushonce_tests::plugins::{fixture, real_dir};
-use pushonce_tests::process::WorkerProcess;
+use pushonce_tests::process::PushonceProcess;
 use pushonce_tests::redis::RedisServer;
 use pushonce_tests::wait_until;
 use reqwest::StatusCode;
@@ -529,7 +529,7 @@ async fn serve_probe(
     plugins: &std::path::Path,
     policies: &std::path::Path,
     provider: &str,
-) -> (WorkerProcess, String) {
+) -> (PushonceProcess, String) {
     std::fs::create_dir_all(dir).unwrap();
     let port = pushonce::store::free_loopback_port().unwrap();
     let text = format!(
@@ -557,7 +557,7 @@ concurrency = 8
     );
     let config = dir.join("pushonce.toml");
     std::fs::write(&config, text).unwrap();
-    let process = WorkerProcess::serve(&config, &[]).unwrap();
+    let process = PushonceProcess::serve(&config, &[]).unwrap();
     let base = format!("http://127.0.0.1:{port}");
     process
         .wait_ready(&base, Duration::from_secs(60))

@@ -108,7 +108,7 @@ async fn sent_task_without_receipt_is_delivered_by_a_query() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unknown_task_nothing_can_tell_goes_dead_after_max_checks_and_requeue_keeps_its_key() {
-    let metrics = pushonce::api::metrics::handle();
+    let metrics = pushonce::api::metrics::prometheus_handle();
     let env = Env::start_with(|_| {}, one_attempt_then_reconcile(3)).await;
     // FCM (`app-push`): no reference, no query, on_unknown = hold (the
     // default). (WeChat now dedupes a resend by client_msg_id for 10 minutes.)

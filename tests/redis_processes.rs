@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use pushonce::permit::{AcceptRequest, Acceptance, PermitConfig, Permits, RetryPolicy, TaskStatus};
 use pushonce_tests::fixtures::accept_request;
-use pushonce_tests::process::{WorkerProcess, read_ledger, sent_by_key};
+use pushonce_tests::process::{PushonceProcess, read_ledger, sent_by_key};
 use pushonce_tests::redis::RedisServer;
 use pushonce_tests::wait_until;
 
@@ -71,7 +71,7 @@ async fn a_worker_killed_mid_send_is_completed_by_another_instance() {
     let ids = accept_all(&permits, &keys).await;
 
     // Instance A: the provider takes the message, then A hangs before recording it.
-    let mut a = WorkerProcess::spawn(
+    let mut a = PushonceProcess::spawn(
         &server.url(),
         &ledger,
         &[
@@ -94,7 +94,7 @@ async fn a_worker_killed_mid_send_is_completed_by_another_instance() {
     let killed = killed[0].clone();
 
     // Instance B completes everything, including what A held.
-    let b = WorkerProcess::spawn(
+    let b = PushonceProcess::spawn(
         &server.url(),
         &ledger,
         &[&WORKER_ARGS[..], &["--workers", "4"]].concat(),
@@ -135,9 +135,9 @@ async fn three_instances_send_each_task_exactly_once() {
     let dir = tempfile::tempdir().unwrap();
     let ledger = dir.path().join("ledger.jsonl");
     let permits = server.permits(PermitConfig::default()).await.unwrap();
-    let workers: Vec<WorkerProcess> = (0..3)
+    let workers: Vec<PushonceProcess> = (0..3)
         .map(|_| {
-            WorkerProcess::spawn(
+            PushonceProcess::spawn(
                 &server.url(),
                 &ledger,
                 &[&WORKER_ARGS[..], &["--workers", "4", "--fail-first", "1"]].concat(),
@@ -176,7 +176,7 @@ async fn sigterm_stops_a_worker_after_its_send_in_flight() {
     let dir = tempfile::tempdir().unwrap();
     let ledger = dir.path().join("ledger.jsonl");
     let permits = server.permits(PermitConfig::default()).await.unwrap();
-    let mut w = WorkerProcess::spawn(
+    let mut w = PushonceProcess::spawn(
         &server.url(),
         &ledger,
         &[

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use pushonce::store::{RedisTarget, Store, free_loopback_port, open_tls_client};
 use pushonce_tests::host::order_shipped;
-use pushonce_tests::process::WorkerProcess;
+use pushonce_tests::process::PushonceProcess;
 use pushonce_tests::wait_until;
 use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair};
 
@@ -151,7 +151,7 @@ async fn serve_on_rediss_with_an_acl_user_accepts_an_event() {
         ("RUST_LOG", "debug"),
     ];
     let listen = format!("127.0.0.1:{port}");
-    let host = WorkerProcess::serve_repository_config(dir.path(), &listen, "", &env).unwrap();
+    let host = PushonceProcess::serve_repository_config(dir.path(), &listen, "", &env).unwrap();
     host.wait_ready(&base, Duration::from_secs(60))
         .await
         .unwrap();

@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use pushonce::store::free_loopback_port;
 use pushonce_tests::host::repo_root;
-use pushonce_tests::process::WorkerProcess;
+use pushonce_tests::process::PushonceProcess;
 use pushonce_tests::redis::RedisServer;
 
 /// Generated cases per fuzzed operation (about 2,000 cases in all, about a minute).
@@ -46,7 +46,7 @@ async fn generated_requests_get_no_5xx_and_no_closed_connection() {
         ("RUST_LOG", "warn"),
     ];
     let listen = format!("127.0.0.1:{port}");
-    let host = WorkerProcess::serve_repository_config(dir.path(), &listen, tokens, &env).unwrap();
+    let host = PushonceProcess::serve_repository_config(dir.path(), &listen, tokens, &env).unwrap();
     host.wait_ready(&base, Duration::from_secs(60))
         .await
         .unwrap();

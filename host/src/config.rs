@@ -575,10 +575,14 @@ impl HostConfig {
 
     /// Checks values that parse but cannot work.
     pub fn check(&self) -> Result<(), ConfigError> {
-        let invalid = |field: &str, reason: &str| ConfigError::Invalid {
-            field: field.into(),
-            reason: reason.into(),
-        };
+        self.check_workers_and_plugins()?;
+        self.check_reconcile()?;
+        self.check_http_and_events()?;
+        self.check_redis()
+    }
+
+    /// Shards, workers, the lease, replica waits and the plugin limits.
+    fn check_workers_and_plugins(&self) -> Result<(), ConfigError> {
         if self.shards == 0 {
             return Err(invalid("shards", "must be at least 1"));
         }
@@ -601,6 +605,11 @@ impl HostConfig {
         if self.plugin_limits.memory < bytesize::ByteSize::mib(1) {
             return Err(invalid("plugin_limits.memory", "must be at least 1 MiB"));
         }
+        Ok(())
+    }
+
+    /// The reconciler's pace and limits.
+    fn check_reconcile(&self) -> Result<(), ConfigError> {
         let r = &self.reconcile;
         if r.every < Duration::from_millis(10) {
             return Err(invalid("reconcile.every", "must be at least 10ms"));
@@ -617,6 +626,11 @@ impl HostConfig {
         if r.backoff.factor.is_nan() || r.backoff.factor < 1.0 {
             return Err(invalid("reconcile.backoff.factor", "must be at least 1.0"));
         }
+        Ok(())
+    }
+
+    /// The HTTP server's limits and the accepted years of `occurred_at`.
+    fn check_http_and_events(&self) -> Result<(), ConfigError> {
         if self.http.max_connections == 0 {
             return Err(invalid("http.max_connections", "must be at least 1"));
         }
@@ -630,6 +644,11 @@ impl HostConfig {
                 "needs 1970 <= from <= to <= 9999",
             ));
         }
+        Ok(())
+    }
+
+    /// The Redis URL, its CA file, or the cluster's node URLs.
+    fn check_redis(&self) -> Result<(), ConfigError> {
         if let Some(url) = &self.redis_url {
             let known = ["redis://", "rediss://", "redis+unix://", "unix://"];
             if !known.iter().any(|p| url.starts_with(p)) {
@@ -770,6 +789,14 @@ pub fn parse_toml<T: serde::de::DeserializeOwned>(file: &Path, text: &str) -> Re
             },
         )
     })
+}
+
+/// A configuration value that parses but cannot work.
+fn invalid(field: &str, reason: &str) -> ConfigError {
+    ConfigError::Invalid {
+        field: field.into(),
+        reason: reason.into(),
+    }
 }
 
 #[cfg(test)]

@@ -296,26 +296,10 @@ pub async fn start(
     let config = Arc::new(config);
     let addr = listener.local_addr().map_err(ServiceError::Serve)?;
     config.check_exposure(addr, |v| (options.env)(v))?;
-    let target = config.redis_target();
-    let store = Store::open(&target).await?;
-    let permits = Permits::new(
-        store.manager().await?,
-        PermitConfig {
-            shards: config.shards,
-            retention: config.task_retention,
-            check_sent_after: config.reconcile.sent_age,
-            check_unknown_after: config.reconcile.unknown_age,
-            wait_replicas: config.wait_replicas,
-            wait_replicas_timeout: config.wait_replicas_timeout,
-            ..PermitConfig::default()
-        },
-    );
-    permits.prepare().await?;
+    let store = Store::open(&config.redis_target()).await?;
+    let permits = open_permits(&config, &store).await?;
     let ledger = open_ledger(&config).await?;
-    let live = {
-        let config = config.clone();
-        Arc::new(tokio::task::spawn_blocking(move || Live::load(config)).await??)
-    };
+    let live = load_live(&config).await?;
     let plugins = channel_sender(
         &config,
         &live,
@@ -327,33 +311,9 @@ pub async fn start(
         Some(s) => s.clone(),
         None => plugins.clone(),
     };
-    let receipts: SharedReceiptHandler = match &options.receipts {
-        Some(r) => r.clone(),
-        None => Arc::new(PluginReceipts {
-            permits: permits.clone(),
-            sender: plugins.clone(),
-            unmatched_grace: config.receipts.unmatched_grace,
-            ledger: ledger.clone(),
-        }),
-    };
+    let receipts = receipts_handler(&config, &options, &permits, &plugins, &ledger);
     let callbacks = callback_gates(&config, &plugins).await?;
-    // Reloads: watched directories, SIGHUP and the admin API share one
-    // trigger channel and one checked reload (key stability over the corpus).
-    let reload = {
-        let conn = permits.connection();
-        let namespace = permits.layout().namespace().to_string();
-        reloader(live.clone(), move || {
-            let (mut conn, namespace) = (conn.clone(), namespace.clone());
-            async move {
-                recent_events(&mut conn, &namespace, CORPUS_CHECK_LEN)
-                    .await
-                    .unwrap_or_else(|e| {
-                        tracing::warn!(error = %e, "could not read the event corpus; checking keys on none");
-                        Vec::new()
-                    })
-            }
-        })
-    };
+    let reload = corpus_checked_reloader(&live, &permits);
     let (triggers, trigger_rx) = mpsc::channel(4);
     let watching = watch_dirs(&[&config.plugin_dir, &config.policy_dir], triggers.clone())
         .map_err(ServiceError::Watch)?;
@@ -378,59 +338,32 @@ pub async fn start(
         callbacks,
         receipts: Some(receipts),
         reload,
-        metrics: api::metrics::handle(),
+        metrics: api::metrics::prometheus_handle(),
         corpus: Arc::new(CorpusSampler::default()),
     });
     api::metrics::register_channels(config.channels.keys().map(String::as_str));
     let (stop, stop_rx) = watch::channel(false);
     let (dispatch_stop, dispatch_rx) = watch::channel(false);
-    // The reconciler stops on the dispatcher's signal: both after the API.
-    // An API-only instance (`dispatch = false`) runs neither.
-    let (reconciling, dispatching) = if config.dispatch {
-        let reconciling = tokio::spawn(
-            Reconciler::new(permits.clone(), sender.clone(), config.reconcile.clone())
-                .with_ledger(ledger.clone())
-                .run(dispatch_rx.clone()),
-        );
-        let dispatching = tokio::spawn(supervise(
-            store.client().clone(),
-            permits,
-            sender,
-            ledger,
-            DispatchConfig {
-                workers: config.workers,
-                lease: config.lease,
-                block: options.dispatch_block,
-                consumer: default_consumer_name(),
-                ..DispatchConfig::default()
-            },
-            dispatch_rx,
-        ));
-        (Some(reconciling), Some(dispatching))
-    } else {
-        tracing::info!("dispatch = false: API only, no dispatcher or reconciler in this process");
-        (None, None)
-    };
+    let delivery = spawn_delivery(
+        &config,
+        &store,
+        permits,
+        sender,
+        ledger,
+        options.dispatch_block,
+        dispatch_rx,
+    );
     let app = api::app(state);
     let http = config.http.clone();
     let task = tokio::spawn(async move {
         crate::listener::serve(listener, app, &http, stop_rx).await;
         tracing::info!("API stopped; stopping the dispatcher (attempts in flight finish)");
         let _ = dispatch_stop.send(true);
-        let dispatched = match dispatching {
-            Some(task) => task.await,
-            None => Ok(Ok(())),
-        };
-        let reconciled = match reconciling {
-            Some(task) => task.await,
-            None => Ok(()),
-        };
+        let stopped = delivery.stop().await;
         store.shutdown().await;
         drop(watching);
         reloading.abort();
-        dispatched??;
-        reconciled?;
-        Ok(())
+        stopped
     });
     tracing::info!(%addr, "pushonce serving");
     Ok(Running {
@@ -440,6 +373,140 @@ pub async fn start(
         stop,
         task,
     })
+}
+
+/// The permit layer on the store, its scripts and groups prepared.
+async fn open_permits(config: &HostConfig, store: &Store) -> Result<Permits, ServiceError> {
+    let permits = Permits::new(
+        store.manager().await?,
+        PermitConfig {
+            shards: config.shards,
+            retention: config.task_retention,
+            check_sent_after: config.reconcile.sent_age,
+            check_unknown_after: config.reconcile.unknown_age,
+            wait_replicas: config.wait_replicas,
+            wait_replicas_timeout: config.wait_replicas_timeout,
+            ..PermitConfig::default()
+        },
+    );
+    permits.prepare().await?;
+    Ok(permits)
+}
+
+/// The plugins and policies, loaded and checked (off the async threads: it
+/// compiles components).
+async fn load_live(config: &Arc<HostConfig>) -> Result<Arc<Live>, ServiceError> {
+    let config = config.clone();
+    Ok(Arc::new(
+        tokio::task::spawn_blocking(move || Live::load(config)).await??,
+    ))
+}
+
+/// The receipts handler: the one given in `options`, else the channel
+/// plugins' `handle-callback`.
+fn receipts_handler(
+    config: &HostConfig,
+    options: &ServiceOptions,
+    permits: &Permits,
+    plugins: &Arc<PluginSender>,
+    ledger: &Option<Ledger>,
+) -> SharedReceiptHandler {
+    match &options.receipts {
+        Some(r) => r.clone(),
+        None => Arc::new(PluginReceipts {
+            permits: permits.clone(),
+            sender: plugins.clone(),
+            unmatched_grace: config.receipts.unmatched_grace,
+            ledger: ledger.clone(),
+        }),
+    }
+}
+
+/// The one checked reload that watched directories, SIGHUP and the admin
+/// API share: key stability is checked over the corpus of recent events.
+fn corpus_checked_reloader(live: &Arc<Live>, permits: &Permits) -> crate::route::watch::Reloader {
+    let conn = permits.connection();
+    let namespace = permits.layout().namespace().to_string();
+    reloader(live.clone(), move || {
+        let (mut conn, namespace) = (conn.clone(), namespace.clone());
+        async move {
+            recent_events(&mut conn, &namespace, CORPUS_CHECK_LEN)
+                .await
+                .unwrap_or_else(|e| {
+                    tracing::warn!(error = %e, "could not read the event corpus; checking keys on none");
+                    Vec::new()
+                })
+        }
+    })
+}
+
+/// The dispatcher and the reconciler of this process, running (neither in
+/// an API-only instance, `dispatch = false`).
+struct Delivery {
+    /// The supervised dispatcher.
+    dispatching: Option<JoinHandle<Result<(), DispatchError>>>,
+    /// The reconciler.
+    reconciling: Option<JoinHandle<()>>,
+}
+
+impl Delivery {
+    /// Waits for both to stop (after their stop signal was sent).
+    async fn stop(self) -> Result<(), ServiceError> {
+        let dispatched = match self.dispatching {
+            Some(task) => task.await,
+            None => Ok(Ok(())),
+        };
+        let reconciled = match self.reconciling {
+            Some(task) => task.await,
+            None => Ok(()),
+        };
+        dispatched??;
+        reconciled?;
+        Ok(())
+    }
+}
+
+/// Starts the dispatcher and the reconciler; both stop on `stop` (sent
+/// after the API stopped).
+fn spawn_delivery(
+    config: &HostConfig,
+    store: &Store,
+    permits: Permits,
+    sender: Arc<dyn Sender>,
+    ledger: Option<Ledger>,
+    block: Duration,
+    stop: watch::Receiver<bool>,
+) -> Delivery {
+    if !config.dispatch {
+        tracing::info!("dispatch = false: API only, no dispatcher or reconciler in this process");
+        return Delivery {
+            dispatching: None,
+            reconciling: None,
+        };
+    }
+    let reconciling = tokio::spawn(
+        Reconciler::new(permits.clone(), sender.clone(), config.reconcile.clone())
+            .with_ledger(ledger.clone())
+            .run(stop.clone()),
+    );
+    let dispatching = tokio::spawn(supervise(
+        store.client().clone(),
+        permits,
+        sender,
+        ledger,
+        DispatchConfig {
+            workers: config.workers,
+            lease: config.lease,
+            block,
+            consumer: default_consumer_name(),
+            ..DispatchConfig::default()
+        },
+        stop,
+    ));
+    Delivery {
+        dispatching: Some(dispatching),
+        reconciling: Some(reconciling),
+    }
 }
 
 /// Runs the dispatcher until shutdown, starting it again (after a pause) if

@@ -146,9 +146,9 @@ impl RedisClient {
     /// are bounded as [`open_cluster_client`] set them).
     pub async fn connect(&self, response_timeout: Duration) -> Result<RedisConn, StoreError> {
         match self {
-            RedisClient::Single(client) => {
-                Ok(RedisConn::Single(manager(client, response_timeout).await?))
-            }
+            RedisClient::Single(client) => Ok(RedisConn::Single(
+                single_server_manager(client, response_timeout).await?,
+            )),
             RedisClient::Cluster(client) => Ok(RedisConn::Cluster(
                 HealingCluster::connect(client, response_timeout).await?,
             )),
@@ -283,8 +283,10 @@ pub fn open_cluster_client(urls: &[String]) -> Result<ClusterClient, StoreError>
         })
 }
 
-/// A reconnecting multiplexed connection whose requests time out after `response_timeout`.
-pub async fn manager(
+/// A reconnecting multiplexed connection to one Redis server whose requests
+/// time out after `response_timeout` (a [`Store`] opens its own through
+/// [`Store::manager`]).
+pub async fn single_server_manager(
     client: &redis::Client,
     response_timeout: Duration,
 ) -> Result<ConnectionManager, StoreError> {

@@ -33,17 +33,17 @@ pub fn pushonce_bin() -> anyhow::Result<PathBuf> {
 }
 
 /// A running `pushonce` process (`worker` or `serve`); killed (SIGKILL) when dropped.
-pub struct WorkerProcess {
+pub struct PushonceProcess {
     /// The child process.
     child: Option<Child>,
     /// Its stderr log file.
     log: PathBuf,
 }
 
-impl WorkerProcess {
+impl PushonceProcess {
     /// Starts `pushonce worker --redis <url> --ledger <ledger> <extra…>`;
     /// its stderr goes to `<ledger>.<n>.log`.
-    pub fn spawn(url: &str, ledger: &Path, extra: &[&str]) -> anyhow::Result<WorkerProcess> {
+    pub fn spawn(url: &str, ledger: &Path, extra: &[&str]) -> anyhow::Result<PushonceProcess> {
         Self::worker(["--redis", url], ledger, extra)
     }
 
@@ -53,11 +53,11 @@ impl WorkerProcess {
         urls: &str,
         ledger: &Path,
         extra: &[&str],
-    ) -> anyhow::Result<WorkerProcess> {
+    ) -> anyhow::Result<PushonceProcess> {
         Self::worker(["--redis-cluster", urls], ledger, extra)
     }
 
-    fn worker(redis: [&str; 2], ledger: &Path, extra: &[&str]) -> anyhow::Result<WorkerProcess> {
+    fn worker(redis: [&str; 2], ledger: &Path, extra: &[&str]) -> anyhow::Result<PushonceProcess> {
         let log = ledger.with_extension(format!("{}.log", rand_suffix()));
         let mut cmd = Command::new(pushonce_bin()?);
         cmd.arg("worker")
@@ -71,7 +71,7 @@ impl WorkerProcess {
     /// Starts `pushonce serve --config <config>` in the config's directory
     /// (its relative paths resolve there) with extra environment variables;
     /// its stderr goes to `<config>.<n>.log`.
-    pub fn serve(config: &Path, env: &[(&str, &str)]) -> anyhow::Result<WorkerProcess> {
+    pub fn serve(config: &Path, env: &[(&str, &str)]) -> anyhow::Result<PushonceProcess> {
         let log = config.with_extension(format!("{}.log", rand_suffix()));
         let mut cmd = Command::new(pushonce_bin()?);
         cmd.arg("serve").arg("--config").arg(config);
@@ -95,7 +95,7 @@ impl WorkerProcess {
         listen: &str,
         extra_toml: &str,
         env: &[(&str, &str)],
-    ) -> anyhow::Result<WorkerProcess> {
+    ) -> anyhow::Result<PushonceProcess> {
         let root = crate::host::repo_root();
         let mut text = std::fs::read_to_string(root.join("pushonce.toml"))?;
         text.push_str(extra_toml);
@@ -124,7 +124,7 @@ impl WorkerProcess {
         Self::serve(&config, &all)
     }
 
-    fn start(mut cmd: Command, log: PathBuf) -> anyhow::Result<WorkerProcess> {
+    fn start(mut cmd: Command, log: PathBuf) -> anyhow::Result<PushonceProcess> {
         if !cmd.get_envs().any(|(k, _)| k == "RUST_LOG") {
             cmd.env("RUST_LOG", "pushonce=debug,info");
         }
@@ -134,7 +134,7 @@ impl WorkerProcess {
             .stderr(std::fs::File::create(&log)?)
             .spawn()
             .with_context(|| format!("starting {cmd:?}"))?;
-        Ok(WorkerProcess {
+        Ok(PushonceProcess {
             child: Some(child),
             log,
         })
@@ -204,7 +204,7 @@ impl WorkerProcess {
     }
 }
 
-impl Drop for WorkerProcess {
+impl Drop for PushonceProcess {
     fn drop(&mut self) {
         self.kill9();
     }

@@ -98,7 +98,7 @@ impl RedisServer {
 
     /// A new reconnecting multiplexed connection.
     pub async fn manager(&self) -> anyhow::Result<ConnectionManager> {
-        Ok(pushonce::store::manager(&self.client(), Duration::from_secs(5)).await?)
+        Ok(pushonce::store::single_server_manager(&self.client(), Duration::from_secs(5)).await?)
     }
 
     /// A permit layer on a new connection.

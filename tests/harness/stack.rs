@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use crate::plugins::real_dir;
-use crate::process::WorkerProcess;
+use crate::process::PushonceProcess;
 use crate::providers::Sim;
 
 /// What a generated `pushonce.toml` varies.
@@ -88,7 +88,7 @@ instances = 64
 /// One `pushonce serve` process of a stack, restartable on the same port.
 pub struct ServeProcess {
     /// The running process (`None` while killed).
-    process: Option<WorkerProcess>,
+    process: Option<PushonceProcess>,
     /// Its configuration file.
     config: PathBuf,
     /// The environment the configuration names.
@@ -127,7 +127,7 @@ impl ServeProcess {
             .iter()
             .map(|(k, v)| (k.as_str(), v.as_str()))
             .collect();
-        let process = WorkerProcess::serve(&self.config, &env)?;
+        let process = PushonceProcess::serve(&self.config, &env)?;
         process
             .wait_ready(&self.base, Duration::from_secs(60))
             .await?;

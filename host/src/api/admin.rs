@@ -14,7 +14,7 @@ use super::AppState;
 use super::model::Problem;
 use super::model::TaskView;
 use super::problem::ApiError;
-use crate::permit::{Requeue, ms};
+use crate::permit::{Requeue, millis};
 use crate::plugin::Plugin;
 use crate::route::policy::RetrySpec;
 
@@ -218,9 +218,9 @@ fn epoch_ms(t: SystemTime) -> u64 {
 fn retry_view(r: &RetrySpec) -> RetryView {
     RetryView {
         max_attempts: r.max_attempts,
-        initial_ms: ms(r.backoff.initial),
+        initial_ms: millis(r.backoff.initial),
         factor: r.backoff.factor,
-        max_ms: ms(r.backoff.max),
+        max_ms: millis(r.backoff.max),
         jitter: r.backoff.jitter,
     }
 }
@@ -286,7 +286,7 @@ pub async fn policies(State(state): State<AppState>) -> Json<PoliciesView> {
                 key_policy_version: p.key_policy_version.to_string(),
                 params: s.params.clone(),
                 channels: s.channels.clone(),
-                window_ms: ms(s.window),
+                window_ms: millis(s.window),
                 retry: retry_view(&s.retry),
                 fallback: s.fallback.clone(),
                 overrides: s
@@ -296,7 +296,7 @@ pub async fn policies(State(state): State<AppState>) -> Json<PoliciesView> {
                         (
                             c.clone(),
                             OverrideView {
-                                window_ms: o.window.map(ms),
+                                window_ms: o.window.map(millis),
                                 retry: o.retry.as_ref().map(retry_view),
                             },
                         )

@@ -46,7 +46,7 @@ const UPKEEP_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
 /// The process's Prometheus recorder, installed as the global `metrics`
 /// recorder on first use (one per process: several hosts started in one test
 /// process share it).
-pub fn handle() -> PrometheusHandle {
+pub fn prometheus_handle() -> PrometheusHandle {
     HANDLE
         .get_or_init(|| {
             let recorder = PrometheusBuilder::new()

@@ -9,7 +9,7 @@
 
 use std::time::Duration;
 
-use super::{Shared, pause};
+use super::{DispatchContext, pause};
 use crate::ledger::{Claim, ClaimAnswer, Update, now_ms, recipient_digest};
 use crate::permit::{Attempt, Outcome};
 
@@ -31,7 +31,7 @@ const RETRY_MAX: Duration = Duration::from_secs(1);
 
 /// Claims the attempt's key, waiting (retrying with a growing pause up to
 /// [`RETRY_MAX`]) while the ledger does not answer: no send without a claim.
-pub(crate) async fn claim(shared: &Shared, attempt: &Attempt) -> Claimed {
+pub(crate) async fn claim(shared: &DispatchContext, attempt: &Attempt) -> Claimed {
     let Some(ledger) = &shared.ledger else {
         return Claimed::Ours;
     };
@@ -78,7 +78,7 @@ fn claim_of(attempt: &Attempt) -> Claim {
 }
 
 /// Queues the recorded outcome of an attempt for the ledger's batched writer.
-pub(crate) async fn note_outcome(shared: &Shared, attempt: &Attempt, outcome: &Outcome) {
+pub(crate) async fn note_outcome(shared: &DispatchContext, attempt: &Attempt, outcome: &Outcome) {
     let Some(ledger) = &shared.ledger else {
         return;
     };

@@ -104,7 +104,7 @@ pub fn default_consumer_name() -> String {
 }
 
 /// What every dispatcher task shares.
-pub(crate) struct Shared {
+pub(crate) struct DispatchContext {
     /// The permit layer (script calls on the shared connection).
     pub permits: Permits,
     /// Where attempts go.
@@ -119,7 +119,7 @@ pub(crate) struct Shared {
     pub ledger: Option<Ledger>,
 }
 
-impl Shared {
+impl DispatchContext {
     pub(crate) fn stopping(&self) -> bool {
         *self.shutdown.borrow()
     }
@@ -128,7 +128,7 @@ impl Shared {
 /// The dispatcher of one process.
 pub struct Dispatcher {
     /// Everything its tasks share.
-    shared: Arc<Shared>,
+    shared: Arc<DispatchContext>,
 }
 
 impl Dispatcher {
@@ -142,7 +142,7 @@ impl Dispatcher {
         shutdown: watch::Receiver<bool>,
     ) -> Dispatcher {
         Dispatcher {
-            shared: Arc::new(Shared {
+            shared: Arc::new(DispatchContext {
                 permits,
                 sender,
                 config,
@@ -197,7 +197,7 @@ impl Dispatcher {
 }
 
 /// Sleeps for `d` or until shutdown; returns true if shutting down.
-pub(crate) async fn pause(shared: &Shared, d: Duration) -> bool {
+pub(crate) async fn pause(shared: &DispatchContext, d: Duration) -> bool {
     let mut rx = shared.shutdown.clone();
     if *rx.borrow() {
         return true;

@@ -10,14 +10,14 @@ use std::time::Duration;
 use redis::streams::StreamAutoClaimReply;
 use tokio::task::JoinSet;
 
-use super::{Shared, pause, worker};
+use super::{DispatchContext, pause, worker};
 use crate::permit::Entry;
 
 /// Most entries claimed per `XAUTOCLAIM` call.
 const CLAIM_BATCH: usize = 64;
 
 /// Runs until shutdown.
-pub(crate) async fn run(shared: Arc<Shared>) {
+pub(crate) async fn run(shared: Arc<DispatchContext>) {
     let every = shared
         .config
         .reclaim_every
@@ -44,7 +44,7 @@ pub(crate) async fn run(shared: Arc<Shared>) {
             let mut set = JoinSet::new();
             for entry in entries {
                 let owned = shared.clone();
-                set.spawn(async move { worker::process(&owned, &entry).await });
+                set.spawn(async move { worker::deliver(&owned, &entry).await });
                 while set.len() >= shared.config.workers.max(1) {
                     let _ = set.join_next().await;
                 }
@@ -55,7 +55,11 @@ pub(crate) async fn run(shared: Arc<Shared>) {
 }
 
 /// Claims every entry of `shard` idle longer than `min_idle` for this consumer.
-async fn claim(shared: &Shared, shard: u16, min_idle: Duration) -> redis::RedisResult<Vec<Entry>> {
+async fn claim(
+    shared: &DispatchContext,
+    shard: u16,
+    min_idle: Duration,
+) -> redis::RedisResult<Vec<Entry>> {
     let stream = shared.permits.layout().ready(shard);
     let mut conn = shared.permits.connection();
     let mut start = "0-0".to_string();
@@ -65,7 +69,7 @@ async fn claim(shared: &Shared, shard: u16, min_idle: Duration) -> redis::RedisR
             .arg(&stream)
             .arg(&shared.permits.config().group)
             .arg(&shared.config.consumer)
-            .arg(crate::permit::ms(min_idle))
+            .arg(crate::permit::millis(min_idle))
             .arg(&start)
             .arg("COUNT")
             .arg(CLAIM_BATCH)

@@ -5,10 +5,10 @@
 
 use std::sync::Arc;
 
-use super::{Shared, pause};
+use super::{DispatchContext, pause};
 
 /// Runs until shutdown.
-pub(crate) async fn run(shared: Arc<Shared>) {
+pub(crate) async fn run(shared: Arc<DispatchContext>) {
     let batch = shared.config.promote_batch.max(1);
     while !pause(&shared, shared.config.promote_every).await {
         for shard in 0..shared.permits.layout().shards() {

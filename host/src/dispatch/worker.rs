@@ -17,7 +17,7 @@ use redis::streams::StreamReadReply;
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 
-use super::{Shared, backoff, pause};
+use super::{DispatchContext, backoff, pause};
 use crate::metric_names as names;
 use crate::permit::{Attempt, Begin, Entry, HeldCause, Outcome, RecordContext, Recorded};
 use crate::send::{OutgoingMessage, Payload, SendOutcome, UnknownVerdict};
@@ -34,7 +34,7 @@ pub const CLUSTER_POLL_MAX: Duration = Duration::from_millis(50);
 /// attempts in flight; an entry already read is always finished. `conn` is
 /// the reader's own blocking connection on one Redis, the shared cluster
 /// connection on a cluster.
-pub(crate) async fn run(shared: Arc<Shared>, mut conn: RedisConn) {
+pub(crate) async fn run(shared: Arc<DispatchContext>, mut conn: RedisConn) {
     let layout = shared.permits.layout().clone();
     let streams: Vec<String> = (0..layout.shards()).map(|s| layout.ready(s)).collect();
     let slots = Arc::new(Semaphore::new(shared.config.workers.max(1)));
@@ -92,7 +92,7 @@ pub(crate) async fn run(shared: Arc<Shared>, mut conn: RedisConn) {
             };
             let shared = shared.clone();
             running.spawn(async move {
-                process(&shared, &entry).await;
+                deliver(&shared, &entry).await;
                 drop(slot);
             });
         }
@@ -103,7 +103,7 @@ pub(crate) async fn run(shared: Arc<Shared>, mut conn: RedisConn) {
 
 /// The `XREADGROUP` of this consumer for new entries of `streams`, `COUNT 1`
 /// each, blocking up to `block` when given.
-fn xreadgroup(shared: &Shared, block: Option<Duration>, streams: &[String]) -> redis::Cmd {
+fn xreadgroup(shared: &DispatchContext, block: Option<Duration>, streams: &[String]) -> redis::Cmd {
     let mut cmd = redis::cmd("XREADGROUP");
     cmd.arg("GROUP")
         .arg(&shared.permits.config().group)
@@ -111,7 +111,7 @@ fn xreadgroup(shared: &Shared, block: Option<Duration>, streams: &[String]) -> r
         .arg("COUNT")
         .arg(1);
     if let Some(block) = block {
-        cmd.arg("BLOCK").arg(crate::permit::ms(block).max(1));
+        cmd.arg("BLOCK").arg(crate::permit::millis(block).max(1));
     }
     cmd.arg("STREAMS").arg(streams);
     for _ in streams {
@@ -122,7 +122,7 @@ fn xreadgroup(shared: &Shared, block: Option<Duration>, streams: &[String]) -> r
 
 /// One Redis: one blocking read over every shard's stream.
 async fn read_all_shards(
-    shared: &Shared,
+    shared: &DispatchContext,
     conn: &mut RedisConn,
     streams: &[String],
 ) -> redis::RedisResult<Vec<Entry>> {
@@ -136,7 +136,7 @@ async fn read_all_shards(
 /// node cannot answer is skipped this round (its entries wait, or are
 /// re-claimed); the read fails only when every shard failed.
 async fn poll_each_shard(
-    shared: &Shared,
+    shared: &DispatchContext,
     conn: &RedisConn,
     streams: &[String],
 ) -> redis::RedisResult<Vec<Entry>> {
@@ -211,44 +211,12 @@ pub const RECLAIMED_REASON: &str =
 
 /// Handles one stream entry: begin, send, record. Never fails: a Redis error
 /// leaves the entry pending, to be re-claimed after a lease.
-pub(crate) async fn process(shared: &Shared, entry: &Entry) {
-    let permits = &shared.permits;
-    let lease = shared.config.lease;
+pub(crate) async fn deliver(shared: &DispatchContext, entry: &Entry) {
     let started = Instant::now();
-    let begin = match permits
-        .begin_attempt(&entry.task_id, &entry.key, lease)
-        .await
-    {
-        Ok(b) => b,
-        Err(e) => {
-            tracing::warn!(task = %entry.task_id, error = %e, "could not begin an attempt; left pending");
-            return;
-        }
+    let Some(attempt) = begin(shared, entry).await else {
+        return;
     };
-    let attempt = match begin {
-        Begin::Begun(a) => a,
-        Begin::Busy { .. } => {
-            // A live worker elsewhere holds the lease; it acks the entry when it records.
-            tracing::debug!(task = %entry.task_id, "lease held elsewhere");
-            return;
-        }
-        Begin::Settled(status) => {
-            tracing::debug!(task = %entry.task_id, %status, "nothing to send");
-            ack(shared, entry).await;
-            return;
-        }
-        Begin::Superseded { by } => {
-            tracing::info!(task = %entry.task_id, by = %by, "superseded by a newer task with the same key");
-            ack(shared, entry).await;
-            return;
-        }
-        Begin::Missing => {
-            tracing::warn!(task = %entry.task_id, "task record missing");
-            ack(shared, entry).await;
-            return;
-        }
-    };
-    if started.elapsed() >= lease {
+    if started.elapsed() >= shared.config.lease {
         // Redis answered so late that the lease may be over: do not send.
         tracing::warn!(task = %entry.task_id, "lease ran out before sending; left pending");
         return;
@@ -267,11 +235,66 @@ pub(crate) async fn process(shared: &Shared, entry: &Entry) {
     if !mark_request_started(shared, &attempt, entry).await {
         return;
     }
+    let outcome = send(shared, &attempt, &msg).await;
+    let context = RecordContext {
+        checkable: !matches!(outcome, Outcome::Sent { .. }) || shared.sender.can_check(&msg).await,
+        held: None,
+    };
+    record_with(shared, &attempt, &outcome, entry, context).await;
+    super::ledger::note_outcome(shared, &attempt, &outcome).await;
+    if let Outcome::Sent {
+        provider_message_id,
+        reference,
+    } = &outcome
+    {
+        index_ids(shared, &attempt, provider_message_id, reference.as_deref()).await;
+    }
+}
+
+/// Begins an attempt of the entry's task; `None` when there is nothing to
+/// send now (the entry acked when the task needs no attempt, left pending
+/// when Redis failed or another worker holds the lease).
+async fn begin(shared: &DispatchContext, entry: &Entry) -> Option<Attempt> {
+    let begin = match shared
+        .permits
+        .begin_attempt(&entry.task_id, &entry.key, shared.config.lease)
+        .await
+    {
+        Ok(b) => b,
+        Err(e) => {
+            tracing::warn!(task = %entry.task_id, error = %e, "could not begin an attempt; left pending");
+            return None;
+        }
+    };
+    match begin {
+        Begin::Begun(a) => return Some(*a),
+        Begin::Busy { .. } => {
+            // A live worker elsewhere holds the lease; it acks the entry when it records.
+            tracing::debug!(task = %entry.task_id, "lease held elsewhere");
+            return None;
+        }
+        Begin::Settled(status) => {
+            tracing::debug!(task = %entry.task_id, %status, "nothing to send");
+        }
+        Begin::Superseded { by } => {
+            tracing::info!(task = %entry.task_id, by = %by, "superseded by a newer task with the same key");
+        }
+        Begin::Missing => {
+            tracing::warn!(task = %entry.task_id, "task record missing");
+        }
+    }
+    ack(shared, entry).await;
+    None
+}
+
+/// Sends the message under the lease and turns the channel's answer into
+/// the outcome to record (retry, dead, fallback, held or resent).
+async fn send(shared: &DispatchContext, attempt: &Attempt, msg: &OutgoingMessage) -> Outcome {
     let sending = Instant::now();
-    let result = with_lease(shared, &attempt, shared.sender.send(&msg)).await;
+    let result = with_lease(shared, attempt, shared.sender.send(msg)).await;
     metrics::histogram!(names::SEND_SECONDS, "channel" => msg.channel.clone())
         .record(sending.elapsed().as_secs_f64());
-    let outcome = match result {
+    match result {
         SendOutcome::Sent {
             provider_message_id,
             reference,
@@ -294,24 +317,11 @@ pub(crate) async fn process(shared: &Shared, entry: &Entry) {
             ),
             reason,
         },
-        SendOutcome::Permanent(reason) => permanent(shared, &attempt, reason).await,
+        SendOutcome::Permanent(reason) => permanent(shared, attempt, reason).await,
         SendOutcome::Unknown(reason) => {
-            let verdict = with_lease(shared, &attempt, shared.sender.settle_unknown(&msg)).await;
-            unknown(&attempt, reason, verdict)
+            let verdict = with_lease(shared, attempt, shared.sender.settle_unknown(msg)).await;
+            unknown(attempt, reason, verdict)
         }
-    };
-    let context = RecordContext {
-        checkable: !matches!(outcome, Outcome::Sent { .. }) || shared.sender.can_check(&msg).await,
-        held: None,
-    };
-    record_with(shared, &attempt, &outcome, entry, context).await;
-    super::ledger::note_outcome(shared, &attempt, &outcome).await;
-    if let Outcome::Sent {
-        provider_message_id,
-        reference,
-    } = &outcome
-    {
-        index_ids(shared, &attempt, provider_message_id, reference.as_deref()).await;
     }
 }
 
@@ -320,7 +330,7 @@ pub(crate) async fn process(shared: &Shared, entry: &Entry) {
 /// when it may be sent again; otherwise its outcome is recorded here (held
 /// as [`HeldCause::WorkerVanished`], or sent if a query found it).
 async fn resend_reclaimed(
-    shared: &Shared,
+    shared: &DispatchContext,
     attempt: &Attempt,
     msg: &OutgoingMessage,
     entry: &Entry,
@@ -349,7 +359,7 @@ async fn resend_reclaimed(
 /// a worker re-claiming the task after this one vanished knows the request
 /// may have been written. False when the mark could not be made (lease lost,
 /// Redis unreachable): nothing is sent; the attempt is given back.
-async fn mark_request_started(shared: &Shared, attempt: &Attempt, entry: &Entry) -> bool {
+async fn mark_request_started(shared: &DispatchContext, attempt: &Attempt, entry: &Entry) -> bool {
     match shared
         .permits
         .mark_request_started(attempt, shared.config.lease)
@@ -370,7 +380,12 @@ async fn mark_request_started(shared: &Shared, attempt: &Attempt, entry: &Entry)
 
 /// Indexes a sent message's provider id and reference (when not the key),
 /// so a receipt naming either finds the task.
-async fn index_ids(shared: &Shared, attempt: &Attempt, provider_id: &str, reference: Option<&str>) {
+async fn index_ids(
+    shared: &DispatchContext,
+    attempt: &Attempt,
+    provider_id: &str,
+    reference: Option<&str>,
+) {
     let ids = [Some(provider_id), reference]
         .into_iter()
         .flatten()
@@ -391,7 +406,7 @@ async fn index_ids(shared: &Shared, attempt: &Attempt, provider_id: &str, refere
 /// task owns the key (recorded `duplicate_prevented`), or the ledger stayed
 /// unreachable until shutdown (the attempt given back). Waits, holding the
 /// lease, while the ledger is down.
-async fn claim_in_ledger(shared: &Shared, attempt: &Attempt, entry: &Entry) -> bool {
+async fn claim_in_ledger(shared: &DispatchContext, attempt: &Attempt, entry: &Entry) -> bool {
     match with_lease(shared, attempt, super::ledger::claim(shared, attempt)).await {
         super::ledger::Claimed::Ours => true,
         super::ledger::Claimed::Taken { owner } => {
@@ -408,7 +423,7 @@ async fn claim_in_ledger(shared: &Shared, attempt: &Attempt, entry: &Entry) -> b
 
 /// A permanent refusal: accept the payload's fallback task first (idempotent),
 /// then the task is recorded `failed` (its permit released if nothing was sent).
-async fn permanent(shared: &Shared, attempt: &Attempt, reason: String) -> Outcome {
+async fn permanent(shared: &DispatchContext, attempt: &Attempt, reason: String) -> Outcome {
     let fallback = serde_json::from_str::<Payload>(&attempt.task.payload)
         .ok()
         .and_then(|p| p.fallback);
@@ -457,7 +472,7 @@ fn unknown(attempt: &Attempt, reason: String, verdict: UnknownVerdict) -> Outcom
 /// Runs `send` (a send or a status query), extending the lease every third
 /// of it while it is in flight.
 async fn with_lease<T>(
-    shared: &Shared,
+    shared: &DispatchContext,
     attempt: &Attempt,
     send: impl std::future::Future<Output = T>,
 ) -> T {
@@ -478,13 +493,13 @@ async fn with_lease<T>(
 }
 
 /// Records an outcome, retrying Redis errors for up to one lease.
-async fn record(shared: &Shared, attempt: &Attempt, outcome: &Outcome, entry: &Entry) {
+async fn record(shared: &DispatchContext, attempt: &Attempt, outcome: &Outcome, entry: &Entry) {
     record_with(shared, attempt, outcome, entry, RecordContext::default()).await;
 }
 
 /// [`record`] with what the worker knows beside the outcome.
 async fn record_with(
-    shared: &Shared,
+    shared: &DispatchContext,
     attempt: &Attempt,
     outcome: &Outcome,
     entry: &Entry,
@@ -534,7 +549,7 @@ fn count(outcome: &Outcome, channel: &str) {
 }
 
 /// Acks and deletes an entry whose task needs nothing more.
-async fn ack(shared: &Shared, entry: &Entry) {
+async fn ack(shared: &DispatchContext, entry: &Entry) {
     let mut conn = shared.permits.connection();
     let stream = shared.permits.layout().ready(entry.shard);
     let res: redis::RedisResult<()> = redis::pipe()

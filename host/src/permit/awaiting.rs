@@ -8,7 +8,7 @@ use std::time::Duration;
 use redis::Value;
 
 use super::{
-    PermitError, Permits, Task, TaskStatus, array, ms, scripts, shard_of_task, text, unexpected,
+    PermitError, Permits, Task, TaskStatus, array, millis, scripts, shard_of_task, text, unexpected,
 };
 
 /// One task a reconciler claimed for a check.
@@ -110,7 +110,7 @@ impl Permits {
         let answer: Value = scripts::CLAIM
             .key(self.layout.awaiting(shard))
             .arg(limit.max(1))
-            .arg(ms(hold).max(1))
+            .arg(millis(hold).max(1))
             .arg(token)
             .arg(self.layout.task_prefix(shard))
             .invoke_async(&mut self.conn.clone())
@@ -175,11 +175,11 @@ impl Permits {
             _ => 0,
         };
         let (after, provider_id) = match action {
-            CheckAction::Later(d) => (ms(*d), ""),
+            CheckAction::Later(d) => (millis(*d), ""),
             CheckAction::Sent {
                 provider_message_id,
             } => (
-                ms(self.config.check_sent_after),
+                millis(self.config.check_sent_after),
                 provider_message_id.as_deref().unwrap_or(""),
             ),
             _ => (0, ""),
@@ -195,8 +195,8 @@ impl Permits {
             .arg(from.as_str())
             .arg(action.name())
             .arg(after)
-            .arg(ms(self.config.retention).max(1))
-            .arg(ms(self.config.grace))
+            .arg(millis(self.config.retention).max(1))
+            .arg(millis(self.config.grace))
             .arg(reason)
             .arg(provider_id)
             .arg(most_requeues)

@@ -438,7 +438,7 @@ impl Permits {
         }
         shards.sort_unstable();
         shards.dedup();
-        let timeout = ms(self.config.wait_replicas_timeout).max(1);
+        let timeout = millis(self.config.wait_replicas_timeout).max(1);
         for shard in &shards {
             let mut wait = redis::cmd("WAIT");
             wait.arg(self.config.wait_replicas).arg(timeout);
@@ -465,7 +465,7 @@ impl Permits {
                 Err(PermitError::NotReplicated {
                     acked: fewest,
                     wanted: self.config.wait_replicas,
-                    timeout_ms: ms(self.config.wait_replicas_timeout),
+                    timeout_ms: millis(self.config.wait_replicas_timeout),
                 })
             }
             _ => Ok(()),
@@ -514,8 +514,8 @@ impl Permits {
 
     /// Calls `f` with each of the accept script's `ARGV` for `req`, in order.
     fn for_each_accept_arg(&self, req: &AcceptRequest, task_id: &str, mut f: impl FnMut(&str)) {
-        let window = ms(req.window).max(1).to_string();
-        let retention = ms(self.config.retention).to_string();
+        let window = millis(req.window).max(1).to_string();
+        let retention = millis(self.config.retention).to_string();
         let attempts = req.retry.max_attempts.to_string();
         // The fields no script reads travel packed in one JSON field (`spec`):
         // fewer hash fields make the accept script cheaper inside Redis.
@@ -610,9 +610,9 @@ impl Permits {
             .key(self.layout.permit(key))
             .arg(task_id)
             .arg(&token)
-            .arg(ms(lease).max(1))
-            .arg(ms(self.config.grace))
-            .arg(ms(self.config.retention).max(1))
+            .arg(millis(lease).max(1))
+            .arg(millis(self.config.grace))
+            .arg(millis(self.config.retention).max(1))
             .invoke_async(&mut self.conn.clone())
             .await?;
         let items = array(answer, "begin")?;
@@ -698,8 +698,8 @@ impl Permits {
             .key(self.layout.permit(&attempt.task.key))
             .arg(&attempt.task_id)
             .arg(&attempt.token)
-            .arg(ms(lease).max(1))
-            .arg(ms(self.config.grace))
+            .arg(millis(lease).max(1))
+            .arg(millis(self.config.grace))
             .arg(if starting { "1" } else { "0" })
             .invoke_async(&mut self.conn.clone())
             .await?;
@@ -746,8 +746,8 @@ impl Permits {
                 provider_message_id,
                 ..
             } => ("sent", 0, provider_message_id.as_str(), ""),
-            Outcome::Retry { delay, reason } => ("retry", ms(*delay), "", reason.as_str()),
-            Outcome::Resend { delay, reason } => ("resend", ms(*delay), "", reason.as_str()),
+            Outcome::Retry { delay, reason } => ("retry", millis(*delay), "", reason.as_str()),
+            Outcome::Resend { delay, reason } => ("resend", millis(*delay), "", reason.as_str()),
             Outcome::Unknown { reason } => ("unknown", 0, "", reason.as_str()),
             Outcome::Failed { reason } => ("failed", 0, "", reason.as_str()),
             Outcome::Dead { reason } => ("dead", 0, "", reason.as_str()),
@@ -756,7 +756,7 @@ impl Permits {
         };
         let (cause, provider_answer) = held_of(outcome, context.held);
         let sent_after = if context.checkable {
-            ms(self.config.check_sent_after).to_string()
+            millis(self.config.check_sent_after).to_string()
         } else {
             "-1".to_string()
         };
@@ -771,13 +771,13 @@ impl Permits {
             .arg(name)
             .arg(entry.map(|e| e.id.as_str()).unwrap_or(""))
             .arg(&self.config.group)
-            .arg(ms(self.config.retention).max(1))
-            .arg(ms(self.config.grace))
+            .arg(millis(self.config.retention).max(1))
+            .arg(millis(self.config.grace))
             .arg(delay)
             .arg(provider_id)
             .arg(reason)
             .arg(sent_after)
-            .arg(ms(self.config.check_unknown_after))
+            .arg(millis(self.config.check_unknown_after))
             .arg(reference)
             .arg(cause)
             .arg(provider_answer)
@@ -819,7 +819,7 @@ impl Permits {
             .key(self.layout.awaiting(shard))
             .arg(task_id)
             .arg(if delivered { "delivered" } else { "failed" })
-            .arg(ms(self.config.retention).max(1))
+            .arg(millis(self.config.retention).max(1))
             .arg(provider_message_id.unwrap_or(""))
             .invoke_async(&mut self.conn.clone())
             .await?;
@@ -850,7 +850,7 @@ impl Permits {
             .arg(self.provider_id_key(channel, provider_id))
             .arg(task_id)
             .arg("PX")
-            .arg(ms(self.config.retention).max(1))
+            .arg(millis(self.config.retention).max(1))
             .query_async(&mut self.conn.clone())
             .await?;
         Ok(())
@@ -893,7 +893,7 @@ impl Permits {
             .arg(now)
             .arg("NX")
             .arg("PX")
-            .arg(ms(keep).max(1))
+            .arg(millis(keep).max(1))
             .ignore()
             .cmd("GET")
             .arg(&key)
@@ -960,7 +960,7 @@ impl Permits {
             .key(self.layout.dead(shard))
             .key(self.layout.awaiting(shard))
             .arg(task_id)
-            .arg(ms(self.config.retention).max(1))
+            .arg(millis(self.config.retention).max(1))
             .arg(if force { "1" } else { "0" })
             .invoke_async(&mut self.conn.clone())
             .await?;
@@ -1106,15 +1106,15 @@ fn spec_json(req: &AcceptRequest) -> String {
         policy: &req.policy_name,
         policy_version: &req.policy_version,
         retry_factor: r.factor,
-        retry_initial_ms: ms(r.initial),
+        retry_initial_ms: millis(r.initial),
         retry_jitter: r.jitter,
-        retry_max_delay_ms: ms(r.max_delay),
+        retry_max_delay_ms: millis(r.max_delay),
     })
     .expect("plain fields always serialize")
 }
 
 /// A duration in whole milliseconds.
-pub fn ms(d: Duration) -> u64 {
+pub fn millis(d: Duration) -> u64 {
     d.as_millis().min(u128::from(u64::MAX)) as u64
 }
 
@@ -1191,9 +1191,9 @@ mod spec_json_tests {
             "biz_id": req.biz_id,
             "policy": req.policy_name,
             "policy_version": req.policy_version,
-            "retry_initial_ms": ms(r.initial),
+            "retry_initial_ms": millis(r.initial),
             "retry_factor": r.factor,
-            "retry_max_delay_ms": ms(r.max_delay),
+            "retry_max_delay_ms": millis(r.max_delay),
             "retry_jitter": r.jitter,
         })
         .to_string();

@@ -236,6 +236,45 @@ impl ChannelInstance {
         }
     }
 
+    /// A new instance for a call that found no warm one, with its fuel set.
+    async fn new_warm(
+        &self,
+        call_log: &Arc<Mutex<OutboundLog>>,
+        fuel: u64,
+    ) -> Result<Warm, (CallError, OutboundLog)> {
+        let id = self.plugin.id();
+        let mut store = self.new_store(call_log);
+        store
+            .set_fuel(fuel)
+            .and_then(|()| store.fuel_async_yield_interval(Some(FUEL_YIELD)))
+            .map_err(|e| {
+                (
+                    CallError::Instantiate {
+                        plugin: id.to_string(),
+                        reason: format!("{e:#}"),
+                    },
+                    OutboundLog::default(),
+                )
+            })?;
+        match self.plugin.pre.instantiate_async(&mut store).await {
+            Ok(world) => Ok(Warm { store, world }),
+            Err(e) => {
+                let err = classify(id, e, store.data(), fuel);
+                let log = store.data().hooks.log();
+                Err((
+                    match err {
+                        CallError::Trap { cause, .. } => CallError::Instantiate {
+                            plugin: id.to_string(),
+                            reason: cause,
+                        },
+                        other => other,
+                    },
+                    log,
+                ))
+            }
+        }
+    }
+
     /// Runs one export call on a warm (or new) instance under the budgets.
     async fn call<T, F>(&self, f: F) -> Result<Answer<T>, ChannelCallError>
     where
@@ -256,39 +295,7 @@ impl ChannelInstance {
         let run = async {
             let mut warm = match self.take_warm() {
                 Some(w) => w,
-                None => {
-                    let mut store = self.new_store(&call_log);
-                    store
-                        .set_fuel(fuel)
-                        .and_then(|()| store.fuel_async_yield_interval(Some(FUEL_YIELD)))
-                        .map_err(|e| {
-                            (
-                                CallError::Instantiate {
-                                    plugin: id.clone(),
-                                    reason: format!("{e:#}"),
-                                },
-                                OutboundLog::default(),
-                            )
-                        })?;
-                    let world = match self.plugin.pre.instantiate_async(&mut store).await {
-                        Ok(w) => w,
-                        Err(e) => {
-                            let err = classify(&id, e, store.data(), fuel);
-                            let log = store.data().hooks.log();
-                            return Err((
-                                match err {
-                                    CallError::Trap { cause, .. } => CallError::Instantiate {
-                                        plugin: id.clone(),
-                                        reason: cause,
-                                    },
-                                    other => other,
-                                },
-                                log,
-                            ));
-                        }
-                    };
-                    Warm { store, world }
-                }
+                None => self.new_warm(&call_log, fuel).await?,
             };
             {
                 let state = warm.store.data_mut();

@@ -118,12 +118,7 @@ impl PluginRegistry {
             CacheOutcome::FromCache => self.stats.from_cache += 1,
         }
         let world = detect_world(self.runtime.engine(), file, &component)?;
-        let mismatch = |reason: String| LoadError::Mismatch {
-            file: file_buf.clone(),
-            world,
-            reason,
-        };
-        let mut meta = PluginMeta {
+        let meta = PluginMeta {
             id: String::new(),
             name: String::new(),
             version: Version::new(0, 0, 0),
@@ -136,61 +131,81 @@ impl PluginRegistry {
             load_time: started.elapsed(),
         };
         let plugin = match world {
-            World::KeyPolicy => {
-                let mut linker = self.runtime.key_linker.clone();
-                super::state::stub_other_imports(&mut linker, &component, &[])
-                    .map_err(|e| mismatch(format!("{e:#}")))?;
-                let pre = linker
-                    .instantiate_pre(&component)
-                    .and_then(bindings::key_policy::KeyPolicyPluginPre::new)
-                    .map_err(|e| mismatch(format!("{e:#}")))?;
-                let info = self.describe(file, |store| {
-                    pre.instantiate(&mut *store)?.call_describe(&mut *store)
-                })?;
-                self.fill_meta(&mut meta, info)?;
-                meta.load_time = started.elapsed();
-                Plugin::KeyPolicy(Arc::new(KeyPolicyPlugin::new(
-                    meta,
-                    self.runtime.clone(),
-                    pre,
-                )))
-            }
-            World::Channel => {
-                let mut linker = self.runtime.channel_linker.clone();
-                super::state::stub_other_imports(
-                    &mut linker,
-                    &component,
-                    super::state::CHANNEL_EXTRA_INTERFACES,
-                )
-                .map_err(|e| mismatch(format!("{e:#}")))?;
-                let pre = linker
-                    .instantiate_pre(&component)
-                    .and_then(bindings::channel::ChannelPluginPre::new)
-                    .map_err(|e| mismatch(format!("{e:#}")))?;
-                // Channel exports are async; `describe` does no I/O, so it
-                // completes by polling alone (no runtime needed, none nested).
-                let info = self.describe(file, |store| {
-                    super::channel::block_on(async {
-                        let inst = pre.instantiate_async(&mut *store).await?;
-                        let info = inst.call_describe(&mut *store).await?;
-                        Ok(PluginInfo {
-                            name: info.name,
-                            version: info.version,
-                            description: info.description,
-                        })
-                    })
-                })?;
-                self.fill_meta(&mut meta, info)?;
-                meta.load_time = started.elapsed();
-                Plugin::Channel(Arc::new(ChannelPlugin::new(
-                    meta,
-                    self.runtime.clone(),
-                    pre,
-                )))
-            }
+            World::KeyPolicy => self.key_policy_plugin(file, &component, meta, started)?,
+            World::Channel => self.channel_plugin(file, &component, meta, started)?,
         };
         self.register(&plugin);
         Ok(plugin)
+    }
+
+    /// A key policy component, linked, described and ready to instantiate.
+    fn key_policy_plugin(
+        &self,
+        file: &Path,
+        component: &Component,
+        mut meta: PluginMeta,
+        started: Instant,
+    ) -> Result<Plugin, LoadError> {
+        let mismatch = mismatch(file, meta.world);
+        let mut linker = self.runtime.key_linker.clone();
+        super::state::stub_other_imports(&mut linker, component, &[])
+            .map_err(|e| mismatch(format!("{e:#}")))?;
+        let pre = linker
+            .instantiate_pre(component)
+            .and_then(bindings::key_policy::KeyPolicyPluginPre::new)
+            .map_err(|e| mismatch(format!("{e:#}")))?;
+        let info = self.describe(file, |store| {
+            pre.instantiate(&mut *store)?.call_describe(&mut *store)
+        })?;
+        self.fill_meta(&mut meta, info)?;
+        meta.load_time = started.elapsed();
+        Ok(Plugin::KeyPolicy(Arc::new(KeyPolicyPlugin::new(
+            meta,
+            self.runtime.clone(),
+            pre,
+        ))))
+    }
+
+    /// A channel component, linked, described and ready to instantiate.
+    fn channel_plugin(
+        &self,
+        file: &Path,
+        component: &Component,
+        mut meta: PluginMeta,
+        started: Instant,
+    ) -> Result<Plugin, LoadError> {
+        let mismatch = mismatch(file, meta.world);
+        let mut linker = self.runtime.channel_linker.clone();
+        super::state::stub_other_imports(
+            &mut linker,
+            component,
+            super::state::CHANNEL_EXTRA_INTERFACES,
+        )
+        .map_err(|e| mismatch(format!("{e:#}")))?;
+        let pre = linker
+            .instantiate_pre(component)
+            .and_then(bindings::channel::ChannelPluginPre::new)
+            .map_err(|e| mismatch(format!("{e:#}")))?;
+        // Channel exports are async; `describe` does no I/O, so it
+        // completes by polling alone (no runtime needed, none nested).
+        let info = self.describe(file, |store| {
+            super::channel::block_on(async {
+                let inst = pre.instantiate_async(&mut *store).await?;
+                let info = inst.call_describe(&mut *store).await?;
+                Ok(PluginInfo {
+                    name: info.name,
+                    version: info.version,
+                    description: info.description,
+                })
+            })
+        })?;
+        self.fill_meta(&mut meta, info)?;
+        meta.load_time = started.elapsed();
+        Ok(Plugin::Channel(Arc::new(ChannelPlugin::new(
+            meta,
+            self.runtime.clone(),
+            pre,
+        ))))
     }
 
     /// Runs `describe` in a fresh store under the call limits.
@@ -412,6 +427,16 @@ fn detect_world(
                 exports.join(", ")
             },
         }),
+    }
+}
+
+/// A load error for a component of `world` that does not fit it.
+fn mismatch(file: &Path, world: World) -> impl Fn(String) -> LoadError {
+    let file = file.to_path_buf();
+    move |reason| LoadError::Mismatch {
+        file: file.clone(),
+        world,
+        reason,
     }
 }
 

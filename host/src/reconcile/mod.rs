@@ -53,11 +53,11 @@ pub struct PassReport {
 /// The reconciler of one host process.
 pub struct Reconciler {
     /// Everything its checks share.
-    shared: Arc<Shared>,
+    shared: Arc<ReconcileContext>,
 }
 
 /// What every check of one reconciler shares.
-struct Shared {
+struct ReconcileContext {
     /// The permit layer (claim and settle scripts).
     permits: Permits,
     /// Asks the providers.
@@ -72,7 +72,7 @@ impl Reconciler {
     /// A reconciler over `permits`, asking providers through `sender`.
     pub fn new(permits: Permits, sender: Arc<dyn Sender>, config: ReconcileConfig) -> Reconciler {
         Reconciler {
-            shared: Arc::new(Shared {
+            shared: Arc::new(ReconcileContext {
                 permits,
                 sender,
                 config,
@@ -181,7 +181,7 @@ impl Reconciler {
     }
 }
 
-impl Shared {
+impl ReconcileContext {
     /// Writes a task the reconciler settled to the ledger, when there is one.
     async fn note(&self, task: &Task, status: &str) {
         if let Some(ledger) = &self.ledger {

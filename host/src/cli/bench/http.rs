@@ -102,7 +102,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let result = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?
-        .block_on(bench(&args, &tmp));
+        .block_on(measure_http(&args, &tmp));
     let _ = std::fs::remove_dir_all(&tmp);
     result
 }
@@ -655,7 +655,7 @@ impl Phases<'_> {
     }
 }
 
-async fn bench(args: &Args, tmp: &Path) -> anyhow::Result<()> {
+async fn measure_http(args: &Args, tmp: &Path) -> anyhow::Result<()> {
     let load_avg = || {
         std::fs::read_to_string("/proc/loadavg")
             .unwrap_or_default()

@@ -49,10 +49,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?
-        .block_on(bench(args))
+        .block_on(measure_permits(args))
 }
 
-async fn bench(args: Args) -> anyhow::Result<()> {
+async fn measure_permits(args: Args) -> anyhow::Result<()> {
     let n = args.requests.max(1);
     let c = args.concurrency.max(1);
     let tmp = std::env::temp_dir().join(format!("pushonce-bench-{}", std::process::id()));

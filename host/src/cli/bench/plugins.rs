@@ -56,7 +56,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         fresh_calls: args.fresh_calls.max(1),
         compiles: args.compiles.max(1),
     };
-    let result = bench(&settings, &cache_dir);
+    let result = measure_plugins(&settings, &cache_dir);
     let _ = std::fs::remove_dir_all(&cache_dir);
     result
 }
@@ -73,7 +73,7 @@ struct Settings {
     compiles: usize,
 }
 
-fn bench(s: &Settings, cache_dir: &std::path::Path) -> anyhow::Result<()> {
+fn measure_plugins(s: &Settings, cache_dir: &std::path::Path) -> anyhow::Result<()> {
     let limits = Limits::default();
     let (registry, refused) = PluginRegistry::load_dir(&s.dir, &limits, Some(cache_dir))
         .with_context(|| format!("loading plugins from {}", s.dir.display()))?;

@@ -16,7 +16,6 @@ use pushonce_tests::host::{Backend, Setup, TestHost, order_shipped};
 use pushonce_tests::process::{PushonceProcess, read_ledger, sent_by_key};
 use pushonce_tests::wait_until;
 use reqwest::StatusCode;
-use tokio::task::JoinSet;
 
 fn request(key: &str, biz_id: &str) -> AcceptRequest {
     AcceptRequest {
@@ -85,32 +84,6 @@ async fn assert_each_sent_once(ledger: &Path, keys: &[String], within: Duration)
         .collect();
     assert!(twice.is_empty(), "sent more than once: {twice:?}");
     assert_eq!(sent.len(), keys.len(), "only the accepted keys were sent");
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_thousand_concurrent_accepts_of_one_key_take_one_permit() {
-    let cluster = RedisCluster::start(3).await.unwrap();
-    let permits = cluster.permits(permit_config()).await.unwrap();
-    let mut set = JoinSet::new();
-    for _ in 0..1000 {
-        let permits = permits.clone();
-        set.spawn(async move { permits.accept(&request("one-key", "o-1")).await });
-    }
-    let mut accepted = Vec::new();
-    let mut owners = HashSet::new();
-    let mut duplicates = 0;
-    while let Some(res) = set.join_next().await {
-        match res.unwrap().unwrap() {
-            Acceptance::Accepted { task_id } => accepted.push(task_id),
-            Acceptance::Duplicate { task_id, .. } => {
-                duplicates += 1;
-                owners.insert(task_id);
-            }
-        }
-    }
-    assert_eq!(accepted.len(), 1, "exactly one accept wins");
-    assert_eq!(duplicates, 999);
-    assert_eq!(owners, HashSet::from([accepted[0].clone()]));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

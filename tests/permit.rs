@@ -8,6 +8,7 @@ use pushonce::permit::{
     AcceptRequest, Acceptance, Begin, CheckAction, CheckNote, HeldCause, Outcome, PermitConfig,
     PermitFate, Permits, RecordContext, Recorded, Requeue, RetryPolicy, TaskStatus, shard_of_task,
 };
+use pushonce_tests::cluster::RedisCluster;
 use pushonce_tests::fixtures::{accept_request, permit_config};
 use pushonce_tests::redis::RedisServer;
 use pushonce_tests::wait_until;
@@ -60,13 +61,25 @@ fn accepted(a: &Acceptance) -> String {
     }
 }
 
+/// A thousand accepts of one key at once over eight connections, on one
+/// Redis and on a Redis Cluster: one task, 999 duplicates naming it, one
+/// stream entry.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_thousand_concurrent_accepts_of_one_key_make_one_task() {
     let server = RedisServer::start().await.unwrap();
-    let mut layers = Vec::new();
+    let cluster = RedisCluster::start(3).await.unwrap();
+    let mut single = Vec::new();
+    let mut clustered = Vec::new();
     for _ in 0..8 {
-        layers.push(server.permits(permit_config()).await.unwrap());
+        single.push(server.permits(permit_config()).await.unwrap());
+        clustered.push(cluster.permits(permit_config()).await.unwrap());
     }
+    for (target, layers) in [("one Redis", single), ("a Redis Cluster", clustered)] {
+        one_task_from_a_thousand_accepts(target, &layers).await;
+    }
+}
+
+async fn one_task_from_a_thousand_accepts(target: &str, layers: &[Permits]) {
     let key = "push:per-event@1:sms:ORDER_SHIPPED:o-1:u-42";
     let mut set = tokio::task::JoinSet::new();
     for i in 0..1000 {
@@ -82,7 +95,7 @@ async fn a_thousand_concurrent_accepts_of_one_key_make_one_task() {
         .iter()
         .filter(|a| matches!(a, Acceptance::Accepted { .. }))
         .collect();
-    assert_eq!(winners.len(), 1, "exactly one accepted");
+    assert_eq!(winners.len(), 1, "{target}: exactly one accepted");
     let task_id = winners[0].task_id().to_string();
     let duplicates = answers
         .iter()
@@ -90,22 +103,22 @@ async fn a_thousand_concurrent_accepts_of_one_key_make_one_task() {
         .count();
     assert_eq!(
         duplicates, 999,
-        "999 duplicates naming the same queued task"
+        "{target}: 999 duplicates naming the same queued task"
     );
     let permits = &layers[0];
     assert_eq!(
         permits.permit_owner(key).await.unwrap().as_deref(),
-        Some(task_id.as_str())
+        Some(task_id.as_str()),
+        "{target}"
     );
     // One task record, one stream entry.
     let shard = permits.layout().shard_of(key);
-    let mut conn = server.manager().await.unwrap();
     let len: usize = redis::cmd("XLEN")
         .arg(permits.layout().ready(shard))
-        .query_async(&mut conn)
+        .query_async(&mut permits.connection())
         .await
         .unwrap();
-    assert_eq!(len, 1);
+    assert_eq!(len, 1, "{target}: one stream entry");
     let task = permits.task(&task_id).await.unwrap().unwrap();
     assert_eq!(task.key, key);
     assert_eq!(task.status, TaskStatus::Queued);

@@ -20,8 +20,6 @@ enum Command {
     Keys(cli::keys::Args),
     /// Validate policy files, or compare the keys of two policy sets.
     Policies(cli::policies::Args),
-    /// Run benchmarks and print a table.
-    Bench(cli::bench::Args),
     /// Run dispatcher workers against a Redis.
     Worker(cli::worker::Args),
     /// Run the whole host: HTTP API, dispatcher workers, embedded Redis if no URL.
@@ -43,7 +41,6 @@ fn main() -> anyhow::Result<()> {
         Command::Plugins(args) => cli::plugins::run(args),
         Command::Keys(args) => cli::keys::run(args),
         Command::Policies(args) => cli::policies::run(args),
-        Command::Bench(args) => cli::bench::run(args),
         Command::Worker(args) => cli::worker::run(args),
         Command::Serve(args) => cli::serve::run(args),
         Command::Openapi(args) => cli::openapi::run(args),

@@ -1,6 +1,6 @@
 //! What the commands read: the default plugin and cache directories,
 //! `name=value` parameters, a file or stdin, and the sample event that
-//! `plugins check` and `bench plugins` try policies on.
+//! `plugins check` and `pushonce-bench plugins` try policies on.
 
 use std::path::{Path, PathBuf};
 
@@ -40,7 +40,7 @@ pub fn read_to_string(path: &Path) -> anyhow::Result<String> {
     std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))
 }
 
-/// The event `plugins check` and `bench plugins` try policies on.
+/// The event `plugins check` and `pushonce-bench plugins` try policies on.
 pub fn sample_event() -> Event {
     Event {
         biz_type: "ORDER_SHIPPED".into(),

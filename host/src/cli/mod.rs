@@ -3,7 +3,6 @@
 //! `main.rs` parses arguments with clap and calls `run` of the chosen module;
 //! each module returns `anyhow::Result` because this is the binary's edge.
 
-pub mod bench;
 pub mod inputs;
 pub mod keys;
 pub mod ledger;

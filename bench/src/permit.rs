@@ -1,4 +1,4 @@
-//! `pushonce bench permit`: the host's accept script against the floor set by
+//! `pushonce-bench permit`: the host's accept script against the floor set by
 //! `redis-benchmark` running a bare `SET NX PX` script on the same server in
 //! the same run; prints permits/s, p50/p99 latency and Redis memory per open permit.
 
@@ -9,10 +9,10 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 
-use crate::permit::{AcceptRequest, Acceptance, PermitConfig, Permits, RetryPolicy};
-use crate::store::{RedisConn, RedisTarget, Store};
+use pushonce::permit::{AcceptRequest, Acceptance, PermitConfig, Permits, RetryPolicy};
+use pushonce::store::{RedisConn, RedisTarget, Store};
 
-/// Arguments of `pushonce bench permit`.
+/// Arguments of `pushonce-bench permit`.
 #[derive(Debug, clap::Args)]
 pub struct Args {
     /// Redis URL to measure; without it an embedded redis-server is started in a temporary directory.
@@ -44,7 +44,7 @@ pub(super) struct Row {
     pub p99: f64,
 }
 
-/// Run `pushonce bench permit`.
+/// Run `pushonce-bench permit`.
 pub fn run(args: Args) -> anyhow::Result<()> {
     tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -110,7 +110,7 @@ async fn measure_permits(args: Args) -> anyhow::Result<()> {
         },
     ];
     println!(
-        "pushonce bench permit: redis {version} (aof_enabled={aof}), {} , requests={n}, concurrency={c}, shards={}",
+        "pushonce-bench permit: redis {version} (aof_enabled={aof}), {} , requests={n}, concurrency={c}, shards={}",
         if args.redis.is_some() {
             "given URL"
         } else {
@@ -251,7 +251,7 @@ pub(super) fn redis_benchmark_accept(
     let (keys, args) = permits.accept_keys_and_args(&req, &task_id);
     let mut command = vec![
         "EVALSHA".to_string(),
-        crate::permit::scripts::ACCEPT.get_hash().to_string(),
+        pushonce::permit::scripts::ACCEPT.get_hash().to_string(),
         keys.len().to_string(),
     ];
     command.extend(keys);

@@ -1,4 +1,4 @@
-//! `pushonce bench load` (hidden): the HTTP load generator that `pushonce bench
+//! `pushonce-bench load` (hidden): the HTTP load generator that `pushonce-bench
 //! http` runs as a separate process. It posts unique events (or each event
 //! twice) to `POST /v1/events` over keep-alive connections from C concurrent
 //! tasks on ONE thread (so it takes at most one core), bounded by a count and
@@ -15,7 +15,7 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 
-/// Arguments of `pushonce bench load`.
+/// Arguments of `pushonce-bench load`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct Args {
     /// The host's base URL, e.g. `http://127.0.0.1:8080` (loopback only).
@@ -77,7 +77,7 @@ pub struct Report {
     pub first_error: Option<String>,
 }
 
-/// Run `pushonce bench load`.
+/// Run `pushonce-bench load`.
 pub fn run(args: Args) -> anyhow::Result<()> {
     let host = args
         .url

@@ -1,4 +1,4 @@
-//! `pushonce bench plugins`: what a plugin costs. Prints per-call cost of
+//! `pushonce-bench plugins`: what a plugin costs. Prints per-call cost of
 //! `derive-key` on a warm pooled instance and on a fresh instance, the fuel a
 //! call uses, and the load time of a plugin compiled cold vs from the disk cache.
 
@@ -7,12 +7,12 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 
-use crate::cli::inputs::{default_plugin_dir, sample_event};
-use crate::cli::output::print_table;
-use crate::plugin::cache::{self, CacheOutcome};
-use crate::plugin::{Limits, Plugin, PluginRegistry};
+use pushonce::cli::inputs::{default_plugin_dir, sample_event};
+use pushonce::cli::output::print_table;
+use pushonce::plugin::cache::{self, CacheOutcome};
+use pushonce::plugin::{Limits, Plugin, PluginRegistry};
 
-/// Arguments of `pushonce bench plugins`.
+/// Arguments of `pushonce-bench plugins`.
 #[derive(Debug, clap::Args)]
 pub struct Args {
     /// Plugin directory [default: $PUSHONCE_PLUGIN_DIR or target/plugins].
@@ -46,7 +46,7 @@ fn summary(samples: &mut [Duration]) -> [String; 3] {
     [us(mean), us(pick(0.50)), us(pick(0.99))]
 }
 
-/// Run `pushonce bench plugins`.
+/// Run `pushonce-bench plugins`.
 pub fn run(args: Args) -> anyhow::Result<()> {
     let dir = args.dir.unwrap_or_else(default_plugin_dir);
     let cache_dir = std::env::temp_dir().join(format!("pushonce-bench-{}", std::process::id()));
@@ -116,7 +116,7 @@ fn measure_plugins(s: &Settings, cache_dir: &std::path::Path) -> anyhow::Result<
         let mut full = Vec::with_capacity(s.calls);
         for _ in 0..s.calls {
             let t = Instant::now();
-            let r = crate::derive::derive(p, &event, "sms", &params);
+            let r = pushonce::derive::derive(p, &event, "sms", &params);
             full.push(t.elapsed());
             r?;
         }

@@ -1,9 +1,9 @@
-//! `pushonce bench http`: the whole host measured the way its users see it,
+//! `pushonce-bench http`: the whole host measured the way its users see it,
 //! against the floor Redis sets on the same machine in the same run. Starts an
 //! embedded Redis (AOF on, as in production), the provider simulator (the
 //! `provider-sim` binary, a separate process), and the host as its own
 //! `pushonce serve` process (a generated configuration: the channel plugins
-//! send to the simulator); drives `POST /v1/events` from `pushonce bench load`
+//! send to the simulator); drives `POST /v1/events` from `pushonce-bench load`
 //! run as a separate process; prints one table where every rate is also a
 //! ratio to `redis-benchmark`'s bare `SET NX PX` script at the same
 //! concurrency.
@@ -33,12 +33,12 @@ use tokio::io::AsyncBufReadExt;
 
 use super::load::Report;
 use super::permit::{self, Row};
-use crate::config::HostConfig;
-use crate::permit::{PermitConfig, Permits};
-use crate::route::Live;
-use crate::store::{RedisTarget, Store};
+use pushonce::config::HostConfig;
+use pushonce::permit::{PermitConfig, Permits};
+use pushonce::route::Live;
+use pushonce::store::{RedisTarget, Store};
 
-/// Arguments of `pushonce bench http`.
+/// Arguments of `pushonce-bench http`.
 #[derive(Debug, clap::Args)]
 pub struct Args {
     /// Plugin directory (key policies and the four channel plugins) [default: $PUSHONCE_PLUGIN_DIR or target/plugins].
@@ -95,7 +95,7 @@ struct Line {
     note: String,
 }
 
-/// Run `pushonce bench http`.
+/// Run `pushonce-bench http`.
 pub fn run(args: Args) -> anyhow::Result<()> {
     let tmp = PathBuf::from(format!("/tmp/pob-{}", std::process::id()));
     std::fs::create_dir_all(&tmp)?;
@@ -218,7 +218,7 @@ struct HostProcess {
 impl HostProcess {
     /// Starts `pushonce serve --config <config>` and waits until it serves.
     async fn start(config: &Path, log: &Path) -> anyhow::Result<HostProcess> {
-        let mut child = tokio::process::Command::new(std::env::current_exe()?)
+        let mut child = tokio::process::Command::new(sibling("pushonce")?)
             .args(["serve", "--config"])
             .arg(config)
             .env("BENCH_WECHAT_SECRET", "bench-secret")
@@ -325,7 +325,7 @@ async fn load(
     rate: f64,
 ) -> anyhow::Result<Report> {
     let mut cmd = tokio::process::Command::new(std::env::current_exe()?);
-    cmd.args(["bench", "load", "--url", url, "--biz-type", biz_type])
+    cmd.args(["load", "--url", url, "--biz-type", biz_type])
         .args(["--channels", channels, "--tag", tag])
         .args(["--concurrency", &c.to_string()])
         .args(["--requests", &requests.to_string()])
@@ -373,7 +373,7 @@ async fn permit_buckets(client: &HttpClient, host: &str) -> anyhow::Result<Vec<(
     let res = client.get(format!("{host}/metrics").parse()?).await?;
     let bytes = res.into_body().collect().await?.to_bytes();
     let text = String::from_utf8_lossy(&bytes);
-    let name = format!("{}_bucket{{le=\"", crate::metric_names::PERMIT_SECONDS);
+    let name = format!("{}_bucket{{le=\"", pushonce::metric_names::PERMIT_SECONDS);
     Ok(text
         .lines()
         .filter_map(|l| {
@@ -816,7 +816,7 @@ async fn measure_http(args: &Args, tmp: &Path) -> anyhow::Result<()> {
     };
     let snapshot = live.current();
     let plugin = snapshot.registry.resolve_key_policy("per-event@^1")?;
-    let event = crate::cli::inputs::sample_event();
+    let event = pushonce::cli::inputs::sample_event();
     for _ in 0..1000 {
         plugin.derive_key(&event, "sms", &[])?;
     }
@@ -834,7 +834,7 @@ async fn measure_http(args: &Args, tmp: &Path) -> anyhow::Result<()> {
     let redis_rss = permit::info_field(&mut conn, "memory", "used_memory_rss").await?;
 
     println!(
-        "pushonce bench http: redis {version} (aof_enabled={aof}, embedded), {} cores, loadavg at start {load_start}, at end {}",
+        "pushonce-bench http: redis {version} (aof_enabled={aof}, embedded), {} cores, loadavg at start {load_start}, at end {}",
         std::thread::available_parallelism()
             .map(|n| n.get())
             .unwrap_or(0),
@@ -868,7 +868,7 @@ async fn measure_http(args: &Args, tmp: &Path) -> anyhow::Result<()> {
             l.note.clone(),
         ]);
     }
-    crate::cli::output::print_table(
+    pushonce::cli::output::print_table(
         &[
             "WHAT", "C", "RATE", "P50 MS", "P99 MS", "P999 MS", "VS FLOOR", "NOTE",
         ],

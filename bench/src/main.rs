@@ -1,0 +1,47 @@
+//! `pushonce-bench`: benchmarks that print a table, one subcommand per
+//! layer. A binary of its own so the product binary (`pushonce`) carries no
+//! benchmark code; `http` runs the `pushonce` binary beside it as the host
+//! under test.
+
+mod http;
+mod load;
+mod permit;
+mod plugins;
+
+use clap::{Parser, Subcommand};
+
+/// pushonce-bench: measures pushonce against the floor Redis sets, in one run.
+#[derive(Debug, Parser)]
+#[command(name = "pushonce-bench", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    what: What,
+}
+
+#[derive(Debug, Subcommand)]
+enum What {
+    /// Plugin calls: warm `derive-key` cost, cache load vs cold compile.
+    Plugins(plugins::Args),
+    /// The Redis permit layer against `redis-benchmark` on the same server.
+    Permit(permit::Args),
+    /// The whole host over HTTP (separate load generator process), against the Redis floor.
+    Http(http::Args),
+    /// The HTTP load generator `http` runs as a separate process.
+    #[command(hide = true)]
+    Load(load::Args),
+}
+
+fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    match Cli::parse().what {
+        What::Plugins(a) => plugins::run(a),
+        What::Permit(a) => permit::run(a),
+        What::Http(a) => http::run(a),
+        What::Load(a) => load::run(a),
+    }
+}

@@ -282,12 +282,28 @@ async fn under_provider_faults_every_message_arrives_once_through_a_real_host_pr
     // rather than risk a second push.
     let arrears = "13800009999";
     let st = &sim.state;
+    // At least one cut-off answer on each provider, whatever the dice say.
     assert!(st.set_faults(
         "aliyun-sms",
-        faulty(0.1, &[(arrears, "isv.AMOUNT_NOT_ENOUGH")])
+        Faults {
+            drop_next: 1,
+            ..faulty(0.1, &[(arrears, "isv.AMOUNT_NOT_ENOUGH")])
+        }
     ));
-    assert!(st.set_faults("fcm", faulty(0.1, &[])));
-    assert!(st.set_faults("wechat", faulty(0.1, &[])));
+    assert!(st.set_faults(
+        "fcm",
+        Faults {
+            drop_next: 1,
+            ..faulty(0.1, &[])
+        }
+    ));
+    assert!(st.set_faults(
+        "wechat",
+        Faults {
+            drop_next: 1,
+            ..faulty(0.1, &[])
+        }
+    ));
 
     let events = 20;
     let mut task_ids = Vec::new();

@@ -32,12 +32,7 @@ enum What {
 }
 
 fn main() -> anyhow::Result<()> {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    pushonce::cli::init_logging();
     match Cli::parse().what {
         What::Plugins(a) => plugins::run(a),
         What::Permit(a) => permit::run(a),

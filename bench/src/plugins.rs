@@ -37,6 +37,18 @@ fn params_for(name: &str) -> Vec<(String, String)> {
     }
 }
 
+/// How long each of `n` calls of `call` took (the first error stops it).
+fn timed<E>(n: usize, mut call: impl FnMut() -> Result<(), E>) -> Result<Vec<Duration>, E> {
+    let mut times = Vec::with_capacity(n);
+    for _ in 0..n {
+        let t = Instant::now();
+        let r = call();
+        times.push(t.elapsed());
+        r?;
+    }
+    Ok(times)
+}
+
 /// Mean, p50, p99 in µs of `samples`.
 fn summary(samples: &mut [Duration]) -> [String; 3] {
     samples.sort_unstable();
@@ -106,27 +118,13 @@ fn measure_plugins(s: &Settings, cache_dir: &std::path::Path) -> anyhow::Result<
         for _ in 0..1000 {
             p.derive_key(&event, "sms", &params)?;
         }
-        let mut warm = Vec::with_capacity(s.calls);
-        for _ in 0..s.calls {
-            let t = Instant::now();
-            let r = p.derive_key(&event, "sms", &params);
-            warm.push(t.elapsed());
-            r?;
-        }
-        let mut full = Vec::with_capacity(s.calls);
-        for _ in 0..s.calls {
-            let t = Instant::now();
-            let r = pushonce::derive::derive(p, &event, "sms", &params);
-            full.push(t.elapsed());
-            r?;
-        }
-        let mut fresh = Vec::with_capacity(s.fresh_calls);
-        for _ in 0..s.fresh_calls {
-            let t = Instant::now();
-            let r = p.derive_key_fresh(&event, "sms", &params);
-            fresh.push(t.elapsed());
-            r?;
-        }
+        let mut warm = timed(s.calls, || p.derive_key(&event, "sms", &params).map(drop))?;
+        let mut full = timed(s.calls, || {
+            pushonce::derive::derive(p, &event, "sms", &params).map(drop)
+        })?;
+        let mut fresh = timed(s.fresh_calls, || {
+            p.derive_key_fresh(&event, "sms", &params).map(drop)
+        })?;
         let fuel = p.fuel_used_by_one_call(&event, "sms", &params)?;
         let [wm, w50, w99] = summary(&mut warm);
         let [dm, _, d99] = summary(&mut full);

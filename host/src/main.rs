@@ -31,12 +31,7 @@ enum Command {
 }
 
 fn main() -> anyhow::Result<()> {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    cli::init_logging();
     match Cli::parse().command {
         Command::Plugins(args) => cli::plugins::run(args),
         Command::Keys(args) => cli::keys::run(args),

@@ -12,3 +12,14 @@ pub mod plugins;
 pub mod policies;
 pub mod serve;
 pub mod worker;
+
+/// Logs to stderr at `RUST_LOG`'s levels (`info` when unset): what every
+/// binary of the project (`pushonce`, `pushonce-bench`) starts with.
+pub fn init_logging() {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+}

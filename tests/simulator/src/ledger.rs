@@ -197,6 +197,11 @@ impl Sim {
                 f.fail_next -= 1;
             }
             Verdict::ServerError
+        } else if f.drop_next > 0 {
+            if let Some(f) = self.faults.get_mut(provider) {
+                f.drop_next -= 1;
+            }
+            Verdict::Accept { drop: true }
         } else {
             self.roll_rates(&f)
         };

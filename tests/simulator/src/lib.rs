@@ -83,6 +83,9 @@ pub struct Faults {
     pub fail_queries_next: u32,
     /// The next N sends get a server error, whatever the rates say.
     pub fail_next: u32,
+    /// The next N sends (after `fail_next`) are accepted and their answer
+    /// then cut off, whatever the rates say.
+    pub drop_next: u32,
     /// Delay before answering any send, in milliseconds.
     pub slow_ms: u64,
     /// Seconds sent in `Retry-After` with 429 and 503 answers (default 1).

@@ -19,7 +19,6 @@ use pushonce_tests::postgres::PostgresServer;
 use pushonce_tests::process::{read_ledger, sent_by_key};
 use pushonce_tests::redis::RedisServer;
 use pushonce_tests::relay::ReplicationRelay;
-use pushonce_tests::wait_until;
 use reqwest::StatusCode;
 use serde_json::Value;
 
@@ -73,25 +72,6 @@ async fn wait_tasks(host: &TestHost, tasks: &[(String, String)], done: &[&str]) 
     views
 }
 
-/// The replica has finished its initial sync through the relay.
-async fn wait_synced(replica: &RedisServer) {
-    let mut conn = replica.manager().await.unwrap();
-    let ok = wait_until(Duration::from_secs(20), || {
-        let mut conn = conn.clone();
-        async move {
-            let info: String = redis::cmd("INFO")
-                .arg("replication")
-                .query_async(&mut conn)
-                .await
-                .unwrap();
-            info.contains("master_link_status:up")
-        }
-    })
-    .await;
-    ok.expect("the replica syncs");
-    let _ = &mut conn;
-}
-
 /// A primary and a replica syncing from it through a relay.
 struct Replicated {
     primary: RedisServer,
@@ -114,7 +94,10 @@ async fn replicated() -> Replicated {
         .query_async::<()>(&mut conn)
         .await
         .unwrap();
-    wait_synced(&replica).await;
+    replica
+        .wait_replica_synced(Duration::from_secs(20))
+        .await
+        .expect("the replica syncs through the relay");
     Replicated {
         primary,
         replica,

@@ -10,7 +10,6 @@ use std::time::{Duration, Instant};
 
 use pushonce::permit::{AcceptRequest, PermitConfig, Permits, RetryPolicy};
 use pushonce_tests::redis::RedisServer;
-use pushonce_tests::wait_until;
 
 /// Events accepted per row.
 const EVENTS: usize = 6000;
@@ -96,19 +95,10 @@ async fn main() {
         .await
         .unwrap();
     eprintln!("replicas bench: waiting for the replica's first sync");
-    wait_until(Duration::from_secs(30), || {
-        let mut conn = conn.clone();
-        async move {
-            let info: String = redis::cmd("INFO")
-                .arg("replication")
-                .query_async(&mut conn)
-                .await
-                .unwrap_or_default();
-            info.contains("master_link_status:up")
-        }
-    })
-    .await
-    .expect("the replica syncs from the primary within 30 s");
+    replica
+        .wait_replica_synced(Duration::from_secs(30))
+        .await
+        .expect("the replica syncs from the primary within 30 s");
 
     eprintln!("replicas bench: {EVENTS} events without WAIT");
     let off = run(&primary, "off", 0).await;

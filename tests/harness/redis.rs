@@ -108,6 +108,26 @@ impl RedisServer {
         Ok(permits)
     }
 
+    /// Waits until this server, a replica, reports its link to the primary
+    /// up (`master_link_status:up`: the first sync is done), or fails after
+    /// `deadline`.
+    pub async fn wait_replica_synced(&self, deadline: Duration) -> anyhow::Result<()> {
+        let conn = self.manager().await?;
+        wait_until(deadline, || {
+            let mut conn = conn.clone();
+            async move {
+                let info: String = redis::cmd("INFO")
+                    .arg("replication")
+                    .query_async(&mut conn)
+                    .await
+                    .unwrap_or_default();
+                info.contains("master_link_status:up")
+            }
+        })
+        .await
+        .context("the replica did not finish its first sync")
+    }
+
     /// `SHUTDOWN` (the server writes and fsyncs its AOF), wait for the exit,
     /// then start again on the same port with the same data directory.
     pub async fn restart(&mut self) -> anyhow::Result<()> {

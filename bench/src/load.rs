@@ -120,7 +120,7 @@ fn body(args: &Args, i: usize) -> Bytes {
         })
         .collect();
     Bytes::from(format!(
-        r#"{{"biz_type":"{}","biz_id":"{}-{event}","user_id":"u{event}","recipients":{{{}}},"params":{{"t":"@@{}@@"}}}}"#,
+        r#"{{"biz_type":"{}","biz_id":"{}-{event}","user_id":"u{event}","template":"BENCH_T","recipients":{{{}}},"params":{{"t":"@@{}@@"}}}}"#,
         args.biz_type,
         args.tag,
         recipients.join(","),

@@ -157,6 +157,11 @@ impl ServeProcess {
         format!("{}{path}", self.base)
     }
 
+    /// The process id of the running process (`None` while killed).
+    pub fn pid(&self) -> Option<u32> {
+        self.process.as_ref().map(|p| p.pid())
+    }
+
     /// The log of the running process (empty while killed).
     pub fn log(&self) -> String {
         self.process.as_ref().map(|p| p.log()).unwrap_or_default()

@@ -1,0 +1,353 @@
+//! The HTTP runs of one phase against one host: throughput per kind of event
+//! and concurrency, permit latency paced at half of the peak, and (while
+//! dispatching) end to end from the post to the simulator. Each run is one
+//! table line; a run that fails becomes a line with its error.
+
+use std::time::Duration;
+
+use anyhow::Context;
+
+use super::report::Line;
+use super::stack::{BenchStack, FOUR, ONE};
+use super::{Args, Floors};
+use crate::load::Report;
+use pushonce_tests::stack::ServeProcess;
+
+/// One run of the load generator.
+struct LoadSpec<'a> {
+    /// `(biz_type, channels)` of the events.
+    kind: (&'a str, &'a str),
+    /// Concurrent connections.
+    c: usize,
+    /// Most requests.
+    requests: usize,
+    /// Longest run.
+    duration: Duration,
+    /// Every event posted twice.
+    dup: bool,
+    /// Unique per run (biz ids).
+    tag: String,
+    /// Requests per second (0: as fast as answered).
+    rate: f64,
+}
+
+/// One phase's runs against `host`.
+pub(super) struct PhaseRuns<'a> {
+    /// The options.
+    pub args: &'a Args,
+    /// Redis and the simulator.
+    pub stack: &'a BenchStack,
+    /// The floors the rates are compared with.
+    pub floors: &'a Floors,
+    /// The host under test.
+    pub host: &'a ServeProcess,
+    /// Whether the host dispatches (its backlog is delivered between runs).
+    pub dispatch: bool,
+    /// Messages the simulator should have once the backlog is delivered.
+    pub expected: u64,
+}
+
+impl PhaseRuns<'_> {
+    /// Every run of the phase, as table lines.
+    pub async fn lines(&mut self) -> Vec<Line> {
+        let mut lines = Vec::new();
+        let peak_one = self.throughput(&mut lines).await;
+        self.paced(peak_one, &mut lines).await;
+        if self.dispatch {
+            for kind in [("1 channel", ONE, 1), ("4 channels", FOUR, 4)] {
+                let what = format!("end to end {}: post → simulator, messages/s", kind.0);
+                let line = self.end_to_end(&what, kind.1, kind.2).await;
+                lines.push(line.unwrap_or_else(|e| Line::failed(what, 16, &e)));
+            }
+        }
+        lines
+    }
+
+    /// `" API only,"` or nothing.
+    fn label(&self) -> &'static str {
+        if self.dispatch { "" } else { "API only, " }
+    }
+
+    /// Accepted events/s per kind and concurrency; returns the 1-channel peak.
+    async fn throughput(&mut self, lines: &mut Vec<Line>) -> f64 {
+        let mut kinds = vec![("1 channel", ONE, false), ("4 channels", FOUR, false)];
+        if !self.args.no_dup && !self.dispatch {
+            kinds.push(("1 channel, half dup", ONE, true));
+            kinds.push(("4 channels, half dup", FOUR, true));
+        }
+        let mut peak_one: f64 = 0.0;
+        for (i, (label, kind, dup)) in kinds.into_iter().enumerate() {
+            for &c in &self.args.concurrency {
+                let what = format!("HTTP /v1/events {label}, {}accepted events/s", self.label());
+                let spec = LoadSpec {
+                    kind,
+                    c,
+                    requests: self.args.requests,
+                    duration: self.args.duration,
+                    dup,
+                    tag: format!("{}h{i}c{c}", self.phase_tag()),
+                    rate: 0.0,
+                };
+                match self.throughput_run(what.clone(), &spec).await {
+                    Ok(line) => {
+                        if !dup && kind == ONE {
+                            peak_one = peak_one.max(line.rate);
+                        }
+                        lines.push(line);
+                    }
+                    Err(e) => lines.push(Line::failed(what, c, &e)),
+                }
+            }
+        }
+        peak_one
+    }
+
+    /// One throughput run, then (dispatching) its backlog delivered.
+    async fn throughput_run(&mut self, what: String, spec: &LoadSpec<'_>) -> anyhow::Result<Line> {
+        let r = self.load(spec).await?;
+        let events = if spec.dup { r.ok / 2 } else { r.ok };
+        eprintln!(
+            "{what} c={}: {:.0} req/s, {} accepted, {} duplicate, {} errors",
+            spec.c, r.rps, r.accepted, r.duplicates, r.errors
+        );
+        let mut note = format!("{:.0} req/s, {} errors", r.rps, r.errors);
+        if spec.dup {
+            note.push_str(&format!(", {} dup answers", r.duplicates));
+        }
+        if !self.deliver_backlog(&r).await {
+            note.push_str(", backlog NOT delivered in time");
+        }
+        Ok(Line {
+            what,
+            c: spec.c,
+            rate: events as f64 / r.elapsed_s,
+            p50: r.p50_ms,
+            p99: r.p99_ms,
+            p999: r.p999_ms,
+            floor: self.floors.at(spec.c),
+            note,
+        })
+    }
+
+    /// Permit latency at half of the 1-channel peak (paced load, 64 connections).
+    async fn paced(&mut self, peak_one: f64, lines: &mut Vec<Line>) {
+        let what = format!(
+            "HTTP 1 channel, {}paced at half peak, events/s",
+            self.label()
+        );
+        let half = (peak_one / 2.0).max(1.0);
+        let spec = LoadSpec {
+            kind: ONE,
+            c: 64,
+            requests: self.args.requests,
+            duration: self.args.duration,
+            dup: false,
+            tag: format!("{}half", self.phase_tag()),
+            rate: half,
+        };
+        match self.paced_run(what.clone(), &spec).await {
+            Ok(two) => lines.extend(two),
+            Err(e) => lines.push(Line::failed(what, 64, &e)),
+        }
+    }
+
+    /// The paced run and its permit pipeline's latency from the host's histogram.
+    async fn paced_run(&mut self, what: String, spec: &LoadSpec<'_>) -> anyhow::Result<[Line; 2]> {
+        let before = self.permit_buckets().await?;
+        let r = self.load(spec).await?;
+        let after = self.permit_buckets().await?;
+        let delivered = self.deliver_backlog(&r).await;
+        let run = Line {
+            what,
+            c: spec.c,
+            rate: r.ok as f64 / r.elapsed_s,
+            p50: r.p50_ms,
+            p99: r.p99_ms,
+            p999: r.p999_ms,
+            floor: self.floors.at(spec.c),
+            note: format!(
+                "target {:.0}/s{}",
+                spec.rate,
+                if delivered {
+                    ""
+                } else {
+                    ", backlog NOT delivered in time"
+                }
+            ),
+        };
+        let permit = Line {
+            what: "  its permit pipeline (host histogram), ms".into(),
+            c: spec.c,
+            rate: f64::NAN,
+            p50: bucket_quantile(&before, &after, 0.50),
+            p99: bucket_quantile(&before, &after, 0.99),
+            p999: f64::NAN,
+            floor: f64::NAN,
+            note: "bucket upper bounds".into(),
+        };
+        Ok([run, permit])
+    }
+
+    /// End to end: `per`-channel events posted, every message's time from its
+    /// post to the simulator's accept.
+    async fn end_to_end(
+        &mut self,
+        what: &str,
+        kind: (&str, &str),
+        per: usize,
+    ) -> anyhow::Result<Line> {
+        let spec = LoadSpec {
+            kind,
+            c: 16,
+            requests: self.args.e2e_events,
+            duration: Duration::from_secs(60),
+            dup: false,
+            tag: format!("e2e{per}"),
+            rate: 0.0,
+        };
+        let r = self.load(&spec).await?;
+        let all = self.deliver_backlog(&r).await;
+        let (mut lat, last) = post_to_accept_ms(self.stack, r.first_post_ms);
+        lat.sort_unstable();
+        let pct = |q: f64| {
+            lat.get(((lat.len() as f64 * q) as usize).min(lat.len().saturating_sub(1)))
+                .map(|v| *v as f64)
+                .unwrap_or(f64::NAN)
+        };
+        let span = last.saturating_sub(r.first_post_ms).max(1) as f64 / 1000.0;
+        Ok(Line {
+            what: what.to_string(),
+            c: spec.c,
+            rate: lat.len() as f64 / span,
+            p50: pct(0.50),
+            p99: pct(0.99),
+            p999: pct(0.999),
+            floor: self.floors.at(spec.c),
+            note: format!(
+                "{} msgs of {} events{}",
+                lat.len(),
+                r.ok,
+                if all { "" } else { ", NOT all delivered" }
+            ),
+        })
+    }
+
+    /// `a` (API only) or `f` (dispatching): keeps biz ids apart between phases.
+    fn phase_tag(&self) -> &'static str {
+        if self.dispatch { "f" } else { "a" }
+    }
+
+    /// Dispatching: waits until the run's accepted messages reached the
+    /// simulator (false on timeout). API only: nothing to wait for.
+    async fn deliver_backlog(&mut self, r: &Report) -> bool {
+        if !self.dispatch {
+            return true;
+        }
+        self.expected += r.accepted as u64;
+        let done = self
+            .stack
+            .drain(self.expected, self.args.drain_timeout)
+            .await;
+        if !done {
+            // The next run starts from what is there.
+            self.expected = self.stack.delivered();
+        }
+        done
+    }
+
+    /// Runs the load generator as a separate process and reads its report.
+    async fn load(&self, spec: &LoadSpec<'_>) -> anyhow::Result<Report> {
+        let mut cmd = tokio::process::Command::new(std::env::current_exe()?);
+        cmd.args(["load", "--url", self.host.base(), "--biz-type", spec.kind.0])
+            .args(["--channels", spec.kind.1, "--tag", &spec.tag])
+            .args(["--concurrency", &spec.c.to_string()])
+            .args(["--requests", &spec.requests.to_string()])
+            .args(["--duration", &format!("{}ms", spec.duration.as_millis())])
+            .args(["--rate", &spec.rate.to_string()]);
+        if spec.dup {
+            cmd.arg("--dup");
+        }
+        let out = cmd.output().await.context("running the load generator")?;
+        anyhow::ensure!(
+            out.status.success(),
+            "the load generator failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let report: Report = serde_json::from_slice(&out.stdout).with_context(|| {
+            format!(
+                "the load generator's report {:?}",
+                String::from_utf8_lossy(&out.stdout)
+            )
+        })?;
+        if let Some(e) = &report.first_error {
+            let e: String = e.chars().take(300).collect();
+            eprintln!("  ({} errors in {}; first: {e})", report.errors, spec.tag);
+        }
+        Ok(report)
+    }
+
+    /// Cumulative counts of the host's permit-latency histogram, by bucket
+    /// bound (s), from its `/metrics`.
+    async fn permit_buckets(&self) -> anyhow::Result<Vec<(f64, f64)>> {
+        let text = reqwest::get(self.host.url("/metrics"))
+            .await
+            .and_then(|r| r.error_for_status())
+            .context("reading the host's /metrics")?
+            .text()
+            .await?;
+        let name = format!("{}_bucket{{le=\"", pushonce::metric_names::PERMIT_SECONDS);
+        Ok(text
+            .lines()
+            .filter_map(|l| {
+                let (le, count) = l.strip_prefix(&name)?.split_once("\"} ")?;
+                let le = if le == "+Inf" {
+                    f64::INFINITY
+                } else {
+                    le.parse().ok()?
+                };
+                Some((le, count.trim().parse().ok()?))
+            })
+            .collect())
+    }
+}
+
+/// For every message the simulator accepted from an event posted at or after
+/// `since_ms`: ms from its post (stamped in its params by the load generator)
+/// to its accept; and the last accept's time.
+fn post_to_accept_ms(stack: &BenchStack, since_ms: u64) -> (Vec<u64>, u64) {
+    let mut lat = Vec::new();
+    let mut last = 0u64;
+    for m in stack.sim.state.ledger().values().flatten() {
+        let posted = m.params.to_string();
+        let posted = posted
+            .split("@@")
+            .nth(1)
+            .and_then(|t| t.parse::<u64>().ok());
+        if let Some(p) = posted.filter(|p| *p >= since_ms && m.accepted_at_ms >= since_ms) {
+            lat.push(m.accepted_at_ms.saturating_sub(p));
+            last = last.max(m.accepted_at_ms);
+        }
+    }
+    (lat, last)
+}
+
+/// The bucket bound (ms) under which fraction `q` of the calls between two snapshots fell.
+fn bucket_quantile(before: &[(f64, f64)], after: &[(f64, f64)], q: f64) -> f64 {
+    let delta: Vec<(f64, f64)> = after
+        .iter()
+        .map(|(le, n)| {
+            let b = before
+                .iter()
+                .find(|(l, _)| l == le)
+                .map(|(_, n)| *n)
+                .unwrap_or(0.0);
+            (*le, n - b)
+        })
+        .collect();
+    let total = delta.last().map(|(_, n)| *n).unwrap_or(0.0);
+    delta
+        .iter()
+        .find(|(_, n)| *n >= q * total)
+        .map(|(le, _)| le * 1000.0)
+        .unwrap_or(f64::NAN)
+}

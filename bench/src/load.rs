@@ -133,97 +133,142 @@ fn count(hay: &[u8], needle: &[u8]) -> usize {
     hay.windows(needle.len()).filter(|w| *w == needle).count()
 }
 
+type LoadClient = Client<hyper_util::client::legacy::connect::HttpConnector, Full<Bytes>>;
+
+/// What the concurrent posting tasks share.
+struct Shared {
+    /// The options.
+    args: Args,
+    /// The keep-alive client.
+    client: LoadClient,
+    /// `POST /v1/events` on the host.
+    uri: http::Uri,
+    /// The next request's number.
+    next: AtomicUsize,
+    /// When the run started, and when it must stop.
+    start: Instant,
+    deadline: Instant,
+}
+
 async fn load(args: Args) -> anyhow::Result<Report> {
     let c = args.concurrency.max(1);
-    let client: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new())
-        .pool_max_idle_per_host(c)
-        .build_http();
-    let uri: http::Uri = format!("{}/v1/events", args.url.trim_end_matches('/')).parse()?;
-    let args = Arc::new(args);
-    let next = Arc::new(AtomicUsize::new(0));
-    let start = Instant::now();
+    let shared = Arc::new(Shared {
+        client: Client::builder(TokioExecutor::new())
+            .pool_max_idle_per_host(c)
+            .build_http(),
+        uri: format!("{}/v1/events", args.url.trim_end_matches('/')).parse()?,
+        next: AtomicUsize::new(0),
+        start: Instant::now(),
+        deadline: Instant::now() + args.duration,
+        args,
+    });
     let first_post_ms = now_ms();
-    let deadline = start + args.duration;
     let mut set = tokio::task::JoinSet::new();
     for _ in 0..c {
-        let (client, uri, args, next) = (client.clone(), uri.clone(), args.clone(), next.clone());
-        set.spawn(async move {
-            let mut r = Report::default();
-            let mut lat: Vec<u32> = Vec::new();
-            loop {
-                let i = next.fetch_add(1, Ordering::Relaxed);
-                if i >= args.requests || Instant::now() >= deadline {
-                    break;
-                }
-                let t0 = if args.rate > 0.0 {
-                    let at = start + Duration::from_secs_f64(i as f64 / args.rate);
-                    if at >= deadline {
-                        break;
-                    }
-                    tokio::time::sleep_until(at.into()).await;
-                    at
-                } else {
-                    Instant::now()
-                };
-                let req = http::Request::post(uri.clone())
-                    .header("content-type", "application/json")
-                    .body(Full::new(body(&args, i)))
-                    .expect("a valid request");
-                let answer = async {
-                    let res = client.request(req).await?;
-                    let status = res.status();
-                    let bytes = res.into_body().collect().await?.to_bytes();
-                    Ok::<_, anyhow::Error>((status, bytes))
-                }
-                .await;
-                lat.push(t0.elapsed().as_micros().min(u32::MAX as u128) as u32);
-                r.requests += 1;
-                match answer {
-                    Ok((status, bytes)) if status.as_u16() == 202 => {
-                        r.ok += 1;
-                        r.accepted += count(&bytes, br#""result":"accepted""#);
-                        r.duplicates += count(&bytes, br#""result":"duplicate""#);
-                    }
-                    Ok((status, bytes)) => {
-                        r.errors += 1;
-                        r.first_error.get_or_insert_with(|| {
-                            format!("{status}: {}", String::from_utf8_lossy(&bytes))
-                        });
-                    }
-                    Err(e) => {
-                        r.errors += 1;
-                        r.first_error.get_or_insert_with(|| format!("{e:#}"));
-                    }
-                }
-            }
-            (r, lat)
-        });
+        set.spawn(post_until_done(shared.clone()));
     }
     let mut total = Report::default();
     let mut lat: Vec<u32> = Vec::new();
     while let Some(res) = set.join_next().await {
         let (r, l) = res?;
-        total.requests += r.requests;
-        total.ok += r.ok;
-        total.errors += r.errors;
-        total.accepted += r.accepted;
-        total.duplicates += r.duplicates;
-        if total.first_error.is_none() {
-            total.first_error = r.first_error;
-        }
+        total.add(r);
         lat.extend(l);
     }
-    total.elapsed_s = start.elapsed().as_secs_f64();
-    total.rps = total.requests as f64 / total.elapsed_s;
-    total.first_post_ms = first_post_ms;
-    lat.sort_unstable();
-    let pct = |p: f64| {
-        lat.get(((lat.len() as f64 * p) as usize).min(lat.len().saturating_sub(1)))
-            .map(|us| f64::from(*us) / 1000.0)
-            .unwrap_or(0.0)
-    };
-    total.p50_ms = pct(0.50);
-    total.p99_ms = pct(0.99);
-    total.p999_ms = pct(0.999);
+    total.finish(shared.start.elapsed(), first_post_ms, lat);
     Ok(total)
+}
+
+/// One concurrent task: posts the next request until the count or the time
+/// is used up; its counts and latencies (µs).
+async fn post_until_done(shared: Arc<Shared>) -> (Report, Vec<u32>) {
+    let mut r = Report::default();
+    let mut lat: Vec<u32> = Vec::new();
+    loop {
+        let i = shared.next.fetch_add(1, Ordering::Relaxed);
+        let Some(t0) = shared.start_of(i).await else {
+            break;
+        };
+        let answer = shared.post(i).await;
+        lat.push(t0.elapsed().as_micros().min(u32::MAX as u128) as u32);
+        r.count(answer);
+    }
+    (r, lat)
+}
+
+impl Shared {
+    /// When request `i` starts (paced: its slot, waited for), or `None` when
+    /// the run is over.
+    async fn start_of(&self, i: usize) -> Option<Instant> {
+        if i >= self.args.requests || Instant::now() >= self.deadline {
+            return None;
+        }
+        if self.args.rate <= 0.0 {
+            return Some(Instant::now());
+        }
+        let at = self.start + Duration::from_secs_f64(i as f64 / self.args.rate);
+        if at >= self.deadline {
+            return None;
+        }
+        tokio::time::sleep_until(at.into()).await;
+        Some(at)
+    }
+
+    /// Posts request `i`; its status and body.
+    async fn post(&self, i: usize) -> anyhow::Result<(http::StatusCode, Bytes)> {
+        let req = http::Request::post(self.uri.clone())
+            .header("content-type", "application/json")
+            .body(Full::new(body(&self.args, i)))?;
+        let res = self.client.request(req).await?;
+        let status = res.status();
+        let bytes = res.into_body().collect().await?.to_bytes();
+        Ok((status, bytes))
+    }
+}
+
+impl Report {
+    /// Counts one answer.
+    fn count(&mut self, answer: anyhow::Result<(http::StatusCode, Bytes)>) {
+        self.requests += 1;
+        match answer {
+            Ok((status, bytes)) if status.as_u16() == 202 => {
+                self.ok += 1;
+                self.accepted += count(&bytes, br#""result":"accepted""#);
+                self.duplicates += count(&bytes, br#""result":"duplicate""#);
+            }
+            Ok((status, bytes)) => {
+                self.errors += 1;
+                self.first_error.get_or_insert_with(|| {
+                    format!("{status}: {}", String::from_utf8_lossy(&bytes))
+                });
+            }
+            Err(e) => {
+                self.errors += 1;
+                self.first_error.get_or_insert_with(|| format!("{e:#}"));
+            }
+        }
+    }
+
+    /// Adds another task's counts.
+    fn add(&mut self, r: Report) {
+        self.requests += r.requests;
+        self.ok += r.ok;
+        self.errors += r.errors;
+        self.accepted += r.accepted;
+        self.duplicates += r.duplicates;
+        if self.first_error.is_none() {
+            self.first_error = r.first_error;
+        }
+    }
+
+    /// Rate and latency percentiles of the whole run.
+    fn finish(&mut self, elapsed: Duration, first_post_ms: u64, mut lat: Vec<u32>) {
+        self.elapsed_s = elapsed.as_secs_f64();
+        self.rps = self.requests as f64 / self.elapsed_s;
+        self.first_post_ms = first_post_ms;
+        lat.sort_unstable();
+        let ms = |q: f64| crate::percentile(&lat, q).map_or(0.0, |us| f64::from(us) / 1000.0);
+        self.p50_ms = ms(0.50);
+        self.p99_ms = ms(0.99);
+        self.p999_ms = ms(0.999);
+    }
 }

@@ -40,3 +40,9 @@ fn main() -> anyhow::Result<()> {
         What::Load(a) => load::run(a),
     }
 }
+
+/// The value at quantile `q` (0..=1) of `sorted` (ascending), `None` when empty.
+fn percentile<T: Copy>(sorted: &[T], q: f64) -> Option<T> {
+    let i = ((sorted.len() as f64 * q) as usize).min(sorted.len().checked_sub(1)?);
+    Some(sorted[i])
+}

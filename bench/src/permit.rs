@@ -67,30 +67,74 @@ async fn measure_permits(args: Args) -> anyhow::Result<()> {
     let version = info_field(&mut conn, "server", "redis_version").await?;
     let aof = info_field(&mut conn, "persistence", "aof_enabled").await?;
 
-    // The floor: redis-benchmark, a bare SET NX PX script, unique keys.
     let ns = format!("bench{}", std::process::id());
-    let before_floor = used_memory(&mut conn).await?;
-    let floor = redis_benchmark(store.url(), n, c, &ns)?;
-    let floor_bytes = used_memory(&mut conn).await?.saturating_sub(before_floor) as f64 / n as f64;
+    let (rows, memory) = measure_rows(&store, &mut conn, &args, &ns).await?;
+    let given = if args.redis.is_some() {
+        "given URL"
+    } else {
+        "embedded"
+    };
+    println!(
+        "pushonce-bench permit: redis {version} (aof_enabled={aof}), {given}, requests={n}, concurrency={c}, shards={}",
+        args.shards
+    );
+    print_rows(&rows);
+    println!(
+        "memory per open permit (permit + task hash + stream entry + event index): {:.0} bytes; floor key alone: {:.0} bytes (INFO used_memory delta / {n})",
+        memory.per_permit, memory.floor_key
+    );
+    println!(
+        "p50/p99 of batch rows are per pipeline of {}; redis-benchmark latencies are its own (-P 1, {c} connections)",
+        args.batch.max(1)
+    );
 
-    // The host: accept.lua through the host's Redis layer, C tasks on one multiplexed connection.
+    if args.redis.is_some() {
+        // Leave a shared Redis as found: drop this run's keys.
+        cleanup(&mut conn, &ns).await?;
+    }
+    store.shutdown().await;
+    let _ = std::fs::remove_dir_all(&tmp);
+    Ok(())
+}
+
+/// Redis memory per key of the run, bytes (`INFO used_memory` deltas).
+struct Memory {
+    /// Per open permit (permit + task hash + stream entry + event index).
+    per_permit: f64,
+    /// Per key of the floor's bare `SET NX PX`.
+    floor_key: f64,
+}
+
+/// The four rows: the floor, the accept script under redis-benchmark, the
+/// host's accept one call at a time and in pipelines; and the memory per key.
+async fn measure_rows(
+    store: &Store,
+    conn: &mut RedisConn,
+    args: &Args,
+    ns: &str,
+) -> anyhow::Result<([Row; 4], Memory)> {
+    let (n, c, batch) = (
+        args.requests.max(1),
+        args.concurrency.max(1),
+        args.batch.max(1),
+    );
+    let before_floor = used_memory(conn).await?;
+    let floor = redis_benchmark(store.url(), n, c, ns)?;
+    let floor_key = used_memory(conn).await?.saturating_sub(before_floor) as f64 / n as f64;
     let permits = Permits::new(
         conn.clone(),
         PermitConfig {
-            namespace: ns.clone(),
+            namespace: ns.to_string(),
             shards: args.shards,
             ..PermitConfig::default()
         },
     );
     permits.prepare().await?;
-    // The same script under redis-benchmark: what Redis itself does with accept.lua.
     let script_floor = redis_benchmark_accept(store.url(), n, c, &permits)?;
-    let before = used_memory(&mut conn).await?;
+    let before = used_memory(conn).await?;
     let single = host_accepts(&permits, n, c, 1, "s").await?;
-    let per_permit = used_memory(&mut conn).await?.saturating_sub(before) as f64 / n as f64;
-    let batch = args.batch.max(1);
+    let per_permit = used_memory(conn).await?.saturating_sub(before) as f64 / n as f64;
     let batched = host_accepts(&permits, n, c, batch, "b").await?;
-
     let rows = [
         Row {
             what: "redis-benchmark EVAL SET NX PX (floor)".into(),
@@ -109,15 +153,17 @@ async fn measure_permits(args: Args) -> anyhow::Result<()> {
             ..batched
         },
     ];
-    println!(
-        "pushonce-bench permit: redis {version} (aof_enabled={aof}), {} , requests={n}, concurrency={c}, shards={}",
-        if args.redis.is_some() {
-            "given URL"
-        } else {
-            "embedded"
+    Ok((
+        rows,
+        Memory {
+            per_permit,
+            floor_key,
         },
-        args.shards
-    );
+    ))
+}
+
+/// The table: each row against the floor (first row) and the accept script under redis-benchmark (second row).
+fn print_rows(rows: &[Row]) {
     println!(
         "| {:<42} | {:>10} | {:>7} | {:>7} | {:>8} | {:>9} |",
         "what", "permits/s", "p50 ms", "p99 ms", "vs floor", "vs script"
@@ -126,7 +172,7 @@ async fn measure_permits(args: Args) -> anyhow::Result<()> {
         "|{:-<44}|{:->12}|{:->9}|{:->9}|{:->10}|{:->11}|",
         "", "", "", "", "", ""
     );
-    for r in &rows {
+    for r in rows {
         println!(
             "| {:<42} | {:>10.0} | {:>7.3} | {:>7.3} | {:>8.2} | {:>9.2} |",
             r.what,
@@ -137,20 +183,6 @@ async fn measure_permits(args: Args) -> anyhow::Result<()> {
             r.rate / rows[1].rate
         );
     }
-    println!(
-        "memory per open permit (permit + task hash + stream entry + event index): {per_permit:.0} bytes; floor key alone: {floor_bytes:.0} bytes (INFO used_memory delta / {n})"
-    );
-    println!(
-        "p50/p99 of batch rows are per pipeline of {batch}; redis-benchmark latencies are its own (-P 1, {c} connections)"
-    );
-
-    if args.redis.is_some() {
-        // Leave a shared Redis as found: drop this run's keys.
-        cleanup(&mut conn, &ns).await?;
-    }
-    store.shutdown().await;
-    let _ = std::fs::remove_dir_all(&tmp);
-    Ok(())
 }
 
 /// Runs `n` accepts (in pipelines of `batch`) from `c` concurrent tasks; latency per call.
@@ -202,11 +234,7 @@ pub(super) async fn host_accepts(
     }
     let elapsed = start.elapsed();
     lat.sort_unstable();
-    let pct = |p: f64| {
-        lat.get(((lat.len() as f64 * p) as usize).min(lat.len().saturating_sub(1)))
-            .map(|d| d.as_secs_f64() * 1000.0)
-            .unwrap_or(0.0)
-    };
+    let pct = |q: f64| crate::percentile(&lat, q).map_or(0.0, |d| d.as_secs_f64() * 1000.0);
     Ok(Row {
         what: String::new(),
         rate: n as f64 / elapsed.as_secs_f64(),

@@ -209,11 +209,7 @@ impl PhaseRuns<'_> {
         let all = self.deliver_backlog(&r).await;
         let (mut lat, last) = post_to_accept_ms(self.stack, r.first_post_ms);
         lat.sort_unstable();
-        let pct = |q: f64| {
-            lat.get(((lat.len() as f64 * q) as usize).min(lat.len().saturating_sub(1)))
-                .map(|v| *v as f64)
-                .unwrap_or(f64::NAN)
-        };
+        let pct = |q: f64| crate::percentile(&lat, q).map_or(f64::NAN, |ms| ms as f64);
         let span = last.saturating_sub(r.first_post_ms).max(1) as f64 / 1000.0;
         Ok(Line {
             what: what.to_string(),

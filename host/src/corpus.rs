@@ -7,10 +7,10 @@
 use crate::plugin::Event;
 
 /// How many recent events the corpus keeps.
-pub const CORPUS_LEN: usize = 1000;
+pub(crate) const CORPUS_LEN: usize = 1000;
 
 /// Recent events a reload derives keys for, old and new, before swapping.
-pub const CORPUS_CHECK_LEN: usize = 200;
+pub(crate) const CORPUS_CHECK_LEN: usize = 200;
 
 /// The Redis key of the corpus of recent events: `{<ns>:corpus}:events`.
 pub fn corpus_key(namespace: &str) -> String {
@@ -53,7 +53,7 @@ impl Default for CorpusSampler {
 
 impl CorpusSampler {
     /// Samples kept per second under load (and the burst allowed at once).
-    pub const PER_SECOND: u64 = 100;
+    pub(crate) const PER_SECOND: u64 = 100;
 
     /// Whether the event accepted now goes into the corpus.
     pub fn sample(&self) -> bool {

@@ -13,9 +13,9 @@ use serde::Deserialize;
 use crate::plugin::{CallError, Event, KeyPolicyPlugin};
 
 /// The longest key body a plugin may return, in bytes.
-pub const MAX_BODY: usize = 200;
+pub(crate) const MAX_BODY: usize = 200;
 /// The longest channel name, in bytes.
-pub const MAX_CHANNEL: usize = 32;
+pub(crate) const MAX_CHANNEL: usize = 32;
 
 /// The key one channel gets for one event.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -82,12 +82,12 @@ pub fn derive(
 }
 
 /// `push:<policy>@<major>:<channel>:<body>`.
-pub fn compose(policy: &str, major: u64, channel: &str, body: &str) -> String {
+pub(crate) fn compose(policy: &str, major: u64, channel: &str, body: &str) -> String {
     format!("push:{policy}@{major}:{channel}:{body}")
 }
 
 /// A channel name usable in a key: 1..=32 bytes of `[a-z0-9-]`.
-pub fn valid_channel(channel: &str) -> bool {
+pub(crate) fn valid_channel(channel: &str) -> bool {
     (1..=MAX_CHANNEL).contains(&channel.len())
         && channel
             .bytes()
@@ -146,7 +146,7 @@ pub enum EventError {
 /// `{"biz_type", "biz_id", "user_id", "occurred_at", "attributes": {..}}`,
 /// `occurred_at` being an RFC 3339 string or milliseconds since the epoch.
 #[derive(Debug, Deserialize)]
-pub struct EventJson {
+pub(crate) struct EventJson {
     /// Business type, e.g. `ORDER_SHIPPED`.
     pub biz_type: String,
     /// The business's id of the subject, e.g. an order id.
@@ -174,7 +174,7 @@ pub struct YearRange {
 impl YearRange {
     /// Every year since the epoch a time can be written in (RFC 3339 has
     /// four-digit years): no plausibility bound.
-    pub const ANY: YearRange = YearRange {
+    pub(crate) const ANY: YearRange = YearRange {
         from: 1970,
         to: 9999,
     };
@@ -196,13 +196,13 @@ pub fn event_from_json(text: &str) -> Result<Event, EventError> {
 }
 
 /// Parses an event from its JSON text; `occurred_at` within `years`.
-pub fn event_from_json_within(text: &str, years: YearRange) -> Result<Event, EventError> {
+pub(crate) fn event_from_json_within(text: &str, years: YearRange) -> Result<Event, EventError> {
     event_from_parsed(serde_json::from_str(text)?, years)
 }
 
 /// Converts the parsed JSON form into the plugins' `Event`; `occurred_at`
 /// must fall within `years`.
-pub fn event_from_parsed(json: EventJson, years: YearRange) -> Result<Event, EventError> {
+pub(crate) fn event_from_parsed(json: EventJson, years: YearRange) -> Result<Event, EventError> {
     let occurred_at_ms =
         occurred_at_ms(&json.occurred_at, years).map_err(|reason| EventError::Field {
             field: "occurred_at",

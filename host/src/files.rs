@@ -11,11 +11,11 @@ use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
 use std::path::Path;
 
 /// The largest policy or configuration file read, in bytes (1 MiB).
-pub const MAX_TEXT_FILE: u64 = 1 << 20;
+pub(crate) const MAX_TEXT_FILE: u64 = 1 << 20;
 
 /// Reads `path` whole if it is (or links to) a regular file of at most `max`
 /// bytes; otherwise an `InvalidData` error saying what it is.
-pub fn read_regular_file(path: &Path, max: u64) -> io::Result<Vec<u8>> {
+pub(crate) fn read_regular_file(path: &Path, max: u64) -> io::Result<Vec<u8>> {
     let file = std::fs::OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_NONBLOCK)
@@ -31,7 +31,7 @@ pub fn read_regular_file(path: &Path, max: u64) -> io::Result<Vec<u8>> {
 }
 
 /// Reads `path` as UTF-8 text under the same rules, capped at [`MAX_TEXT_FILE`].
-pub fn read_text_file(path: &Path) -> io::Result<String> {
+pub(crate) fn read_text_file(path: &Path) -> io::Result<String> {
     let bytes = read_regular_file(path, MAX_TEXT_FILE)?;
     String::from_utf8(bytes).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))
 }

@@ -227,7 +227,7 @@ impl Store {
 
 /// Opens a Redis client from a URL (`rediss://`: TLS against the system's
 /// roots); a password in the URL never appears in the error.
-pub fn open_client(url: &str) -> Result<redis::Client, StoreError> {
+pub(crate) fn open_client(url: &str) -> Result<redis::Client, StoreError> {
     install_crypto_provider();
     redis::Client::open(url).map_err(|source| bad_url(url, source))
 }
@@ -515,7 +515,7 @@ impl Batch {
 
     /// Adds `cmd` whose first argument is its key (`LPUSH`, `LTRIM`,
     /// `SMEMBERS`, `ZCARD`…; not `EVALSHA`: use [`Batch::add`]).
-    pub fn add_keyed(&mut self, cmd: Cmd) -> &mut Batch {
+    pub(crate) fn add_keyed(&mut self, cmd: Cmd) -> &mut Batch {
         let key = match cmd.args_iter().nth(1) {
             Some(redis::Arg::Simple(key)) => key.to_vec(),
             _ => Vec::new(),
@@ -614,7 +614,7 @@ fn redact(url: &str) -> String {
 /// RDB snapshots, listening on a unix socket in its data directory (or on a
 /// free loopback port when the socket path would be too long).
 #[derive(Debug)]
-pub struct EmbeddedRedis {
+pub(crate) struct EmbeddedRedis {
     /// The child process; killed on drop if still running.
     child: Option<Child>,
     /// URL clients connect to.
@@ -685,11 +685,6 @@ impl EmbeddedRedis {
         server.wait_ready().await?;
         tracing::info!(url = %server.url, "embedded redis-server ready");
         Ok(server)
-    }
-
-    /// The URL clients connect to.
-    pub fn url(&self) -> &str {
-        &self.url
     }
 
     async fn wait_ready(&mut self) -> Result<(), StoreError> {

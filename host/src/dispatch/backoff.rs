@@ -7,7 +7,7 @@ use crate::permit::RetryPolicy;
 /// The delay before the attempt after failed attempt number `attempt` (1-based):
 /// `initial · factor^(attempt−1)`, capped at `max_delay`; with jitter, drawn
 /// uniformly from [d/2, d]. `unit` is a number in [0, 1) (random in production).
-pub fn delay_after(policy: &RetryPolicy, attempt: u32, unit: f64) -> Duration {
+pub(crate) fn delay_after(policy: &RetryPolicy, attempt: u32, unit: f64) -> Duration {
     let exp = attempt.saturating_sub(1).min(64) as i32;
     let base = policy.initial.as_secs_f64() * policy.factor.max(1.0).powi(exp);
     let capped = base.min(policy.max_delay.as_secs_f64()).max(0.0);
@@ -20,7 +20,7 @@ pub fn delay_after(policy: &RetryPolicy, attempt: u32, unit: f64) -> Duration {
 }
 
 /// [`delay_after`] with a random jitter draw.
-pub fn random_delay_after(policy: &RetryPolicy, attempt: u32) -> Duration {
+pub(crate) fn random_delay_after(policy: &RetryPolicy, attempt: u32) -> Duration {
     delay_after(policy, attempt, rand::random::<f64>())
 }
 
@@ -33,7 +33,7 @@ pub fn min_delay_after(policy: &RetryPolicy, attempt: u32) -> Duration {
 /// (`Retry-After`): at least `after`, but never longer than the policy's
 /// `max_delay` (the schedule bounds every wait; a provider asking for more
 /// gets `max_delay`, and the attempt spent counts against `max_attempts`).
-pub fn respecting_retry_after(
+pub(crate) fn respecting_retry_after(
     backoff: Duration,
     after: Option<Duration>,
     policy: &RetryPolicy,

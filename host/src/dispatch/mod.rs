@@ -89,7 +89,7 @@ impl Default for DispatchConfig {
 }
 
 /// A consumer name unique to this process: `<hostname>-<pid>-<random>`.
-pub fn default_consumer_name() -> String {
+pub(crate) fn default_consumer_name() -> String {
     let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
         .ok()
         .map(|h| h.trim().to_string())

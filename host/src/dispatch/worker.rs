@@ -26,7 +26,7 @@ use crate::store::RedisConn;
 /// Longest pause between two empty polling rounds on a cluster (bounds the
 /// latency an idle cluster reader adds; at 16 shards, at most 320 cheap
 /// reads a second per process while idle).
-pub const CLUSTER_POLL_MAX: Duration = Duration::from_millis(50);
+pub(crate) const CLUSTER_POLL_MAX: Duration = Duration::from_millis(50);
 
 /// The reader loop: waits for a free worker slot, reads (`COUNT 1` per
 /// stream, so up to one entry per shard), and hands each entry to a worker

@@ -114,7 +114,7 @@ impl Ledger {
     /// Queues the settlement of a task by a receipt or the reconciler
     /// (`delivered`, `failed`, `dead`); a failure to queue is logged (the
     /// ledger is history here: the claim is what guards sends).
-    pub async fn note_settled(&self, key: &str, task_id: &str, status: &str) {
+    pub(crate) async fn note_settled(&self, key: &str, task_id: &str, status: &str) {
         let update = Update {
             key: key.to_string(),
             task_id: task_id.to_string(),

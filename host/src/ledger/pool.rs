@@ -116,7 +116,7 @@ impl LedgerPool {
     }
 
     /// Applies the backend's migrations (`host/migrations/<backend>/`).
-    pub async fn migrate(&self) -> Result<(), LedgerError> {
+    pub(crate) async fn migrate(&self) -> Result<(), LedgerError> {
         let migrator = migrator(match self {
             LedgerPool::Sqlite(_) => SQLITE_MIGRATIONS,
             LedgerPool::Postgres(_) => POSTGRES_MIGRATIONS,

@@ -15,7 +15,7 @@ use super::{LedgerError, LedgerPool};
 
 /// Settings of the writer.
 #[derive(Debug, Clone)]
-pub struct WriterConfig {
+pub(crate) struct WriterConfig {
     /// Updates queued at most before pushers wait.
     pub queue: usize,
     /// Most rows per transaction.

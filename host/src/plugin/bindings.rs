@@ -44,8 +44,8 @@ pub use key_policy::exports::pushonce::plugin::key_policy::KeyDecision;
 pub use key_policy::pushonce::plugin::types::{Event, PluginInfo};
 
 /// The name under which a component exports the key-policy interface.
-pub const KEY_POLICY_EXPORT: &str = "pushonce:plugin/key-policy@1.0.0";
+pub(crate) const KEY_POLICY_EXPORT: &str = "pushonce:plugin/key-policy@1.0.0";
 /// The name under which a component exports the channel interface (contract 2).
-pub const CHANNEL_EXPORT: &str = "pushonce:channel/channel@2.0.0";
+pub(crate) const CHANNEL_EXPORT: &str = "pushonce:channel/channel@2.0.0";
 /// The export of channel contract 1, refused at load (prefix before `@`).
-pub const CHANNEL_V1_EXPORT: &str = "pushonce:plugin/channel";
+pub(crate) const CHANNEL_V1_EXPORT: &str = "pushonce:plugin/channel";

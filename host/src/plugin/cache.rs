@@ -24,7 +24,7 @@ pub fn sha256_hex(bytes: &[u8]) -> String {
 }
 
 /// The cache file for a wasm with digest `wasm_sha` under engine `fingerprint`.
-pub fn cache_path(cache_dir: &Path, wasm_sha: &str, fingerprint: &str) -> PathBuf {
+pub(crate) fn cache_path(cache_dir: &Path, wasm_sha: &str, fingerprint: &str) -> PathBuf {
     cache_dir.join(format!("{wasm_sha}-{fingerprint}.cwasm"))
 }
 

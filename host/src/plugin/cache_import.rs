@@ -22,15 +22,15 @@ use super::bindings::CacheError;
 use crate::store::RedisConn;
 
 /// Longest key a plugin may use, in bytes.
-pub const MAX_KEY_BYTES: usize = 256;
+pub(crate) const MAX_KEY_BYTES: usize = 256;
 /// Longest value, in bytes.
-pub const MAX_VALUE_BYTES: usize = 16 * 1024;
+pub(crate) const MAX_VALUE_BYTES: usize = 16 * 1024;
 /// Most live entries per channel instance.
-pub const MAX_ENTRIES: u64 = 1_000;
+pub(crate) const MAX_ENTRIES: u64 = 1_000;
 /// Longest TTL of an entry (a longer one is shortened to this).
-pub const MAX_TTL: Duration = Duration::from_secs(7 * 24 * 3600);
+pub(crate) const MAX_TTL: Duration = Duration::from_secs(7 * 24 * 3600);
 /// Budget of one cache call.
-pub const CALL_TIMEOUT: Duration = Duration::from_secs(2);
+pub(crate) const CALL_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// The cache's writes (`shared_cache.lua`).
 static SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("shared_cache.lua")));

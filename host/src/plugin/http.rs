@@ -286,7 +286,7 @@ pub struct OutboundHooks {
 
 impl OutboundHooks {
     /// Hooks that refuse every request.
-    pub fn deny_all() -> OutboundHooks {
+    pub(crate) fn deny_all() -> OutboundHooks {
         OutboundHooks {
             policy: Arc::new(OutboundPolicy::default()),
             client: None,
@@ -647,7 +647,7 @@ async fn resolve(
 
 /// Loopback, private, link-local, unspecified, shared (CGNAT), multicast,
 /// broadcast, unique-local: addresses a name on the allowlist must not reach.
-pub fn is_internal(ip: IpAddr) -> bool {
+pub(crate) fn is_internal(ip: IpAddr) -> bool {
     match ip {
         IpAddr::V4(v4) => {
             let o = v4.octets();

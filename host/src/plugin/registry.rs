@@ -69,7 +69,7 @@ impl PluginRegistry {
     }
 
     /// Adds every `*.wasm` in `dir` to this registry; returns the refusals.
-    pub fn add_dir(&mut self, dir: &Path) -> Result<Vec<LoadError>, LoadError> {
+    pub(crate) fn add_dir(&mut self, dir: &Path) -> Result<Vec<LoadError>, LoadError> {
         let dir_error = |source| LoadError::Dir {
             dir: dir.to_path_buf(),
             source,

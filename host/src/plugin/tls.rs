@@ -73,7 +73,7 @@ fn web_pki_roots() -> RootCertStore {
 
 /// The TLS client configuration for a channel: the web PKI roots, plus the
 /// PEM certificates of `ca_file` when set.
-pub fn tls_config(ca_file: Option<&Path>) -> Result<Arc<ClientConfig>, TlsSetupError> {
+pub(crate) fn tls_config(ca_file: Option<&Path>) -> Result<Arc<ClientConfig>, TlsSetupError> {
     let Some(path) = ca_file else {
         return Ok(WEB_PKI.clone());
     };
@@ -99,7 +99,7 @@ pub fn tls_config(ca_file: Option<&Path>) -> Result<Arc<ClientConfig>, TlsSetupE
 }
 
 /// The default web-PKI-only configuration (no `ca_file`).
-pub fn default_tls_config() -> Arc<ClientConfig> {
+pub(crate) fn default_tls_config() -> Arc<ClientConfig> {
     WEB_PKI.clone()
 }
 
@@ -135,7 +135,7 @@ impl Checked {
 
 /// Why a connection could not be made; nothing of the request was written.
 #[derive(Debug, thiserror::Error)]
-pub enum ConnectError {
+pub(crate) enum ConnectError {
     /// The authority was never checked by the policy (cannot happen through
     /// `send_request`; the connector refuses rather than resolve).
     #[error("{authority} was not checked by the outbound policy")]
@@ -252,7 +252,7 @@ impl ConnectError {
 /// address, then TLS for `https` (SNI and verification = the URI's host, the
 /// checked name). Counts TLS handshakes.
 #[derive(Clone)]
-pub struct Connector {
+pub(crate) struct Connector {
     /// Where each checked authority may be reached.
     pub checked: Checked,
     /// rustls configuration (roots, ALPN).
@@ -342,7 +342,7 @@ fn handshake_error(name: String, e: io::Error) -> ConnectError {
 }
 
 /// A connection: plain TCP (`http`, only with `allow_plaintext`) or TLS.
-pub enum Stream {
+pub(crate) enum Stream {
     /// Plain HTTP/1.1.
     Plain(TcpStream),
     /// TLS; HTTP/2 when ALPN chose `h2`.

@@ -8,7 +8,7 @@ use crate::send::Check;
 
 /// What to do with a checked task.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Decision {
+pub(crate) enum Decision {
     /// The provider settled it: `delivered` (true) or failed after accepting
     /// it (false; the fallback is accepted first) — the receipt path.
     Settle {
@@ -26,7 +26,7 @@ pub enum Decision {
 /// killed worker, a cut-off answer — is re-queued again; a provider that
 /// keeps losing the message is not retried for ever: the task is checked
 /// on, then `dead`).
-pub fn decide(claimed: &Claimed, check: &Check, config: &ReconcileConfig) -> Decision {
+pub(crate) fn decide(claimed: &Claimed, check: &Check, config: &ReconcileConfig) -> Decision {
     let (status, checks) = (claimed.status, claimed.checks);
     match (status, check) {
         (_, Check::Delivered) => Decision::Settle { delivered: true },

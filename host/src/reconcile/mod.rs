@@ -26,7 +26,7 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
-pub use decide::{Decision, decide};
+pub(crate) use decide::{Decision, decide};
 
 use crate::config::ReconcileConfig;
 use crate::metric_names::{AWAITING_TASKS, CHECKS_TOTAL, GAVE_UP_TOTAL, LAG_SECONDS};
@@ -35,7 +35,7 @@ use crate::send::receipts::settle_from_provider;
 use crate::send::{Check, NO_STATUS_QUERY, OutgoingMessage, Sender};
 
 /// Checks in flight at once in one reconciler (also how many entries one claim takes).
-pub const CONCURRENT_CHECKS: usize = 8;
+pub(crate) const CONCURRENT_CHECKS: usize = 8;
 
 /// What one pass did (for logs and tests).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

@@ -12,7 +12,7 @@ use super::Fallback;
 use crate::permit::{AcceptRequest, Acceptance, PermitError, Permits, Task};
 
 /// Accepts `fallback` of `task` (a duplicate answer is success too).
-pub async fn accept_fallback(
+pub(crate) async fn accept_fallback(
     permits: &Permits,
     task: &Task,
     fallback: &Fallback,

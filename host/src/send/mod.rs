@@ -22,7 +22,7 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 /// A boxed future that can cross threads, as [`Sender::send`] returns.
-pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+pub(crate) type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
 /// One attempt of one task, as the sender sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -50,7 +50,7 @@ pub struct OutgoingMessage {
 impl OutgoingMessage {
     /// The message of `task`'s current attempt, with what the task recorded
     /// of earlier ones (reference, provider id, attempt times).
-    pub fn of_task(task: &crate::permit::Task) -> OutgoingMessage {
+    pub(crate) fn of_task(task: &crate::permit::Task) -> OutgoingMessage {
         OutgoingMessage {
             task_id: task.id.clone(),
             idempotency_key: task.key.clone(),
@@ -132,7 +132,7 @@ pub enum Check {
 
 impl Check {
     /// Every [`Check::label`], for registering the series up front.
-    pub const LABELS: [&'static str; 5] =
+    pub(crate) const LABELS: [&'static str; 5] =
         ["delivered", "pending", "failed", "absent", "cannot_tell"];
 
     /// A short name, for metrics labels: `delivered`, `pending`, `failed`, `absent`, `cannot_tell`.
@@ -148,7 +148,7 @@ impl Check {
 }
 
 /// How a [`Check::CannotTell`] says that nothing could be asked at all.
-pub const NO_STATUS_QUERY: &str = "has no status query";
+pub(crate) const NO_STATUS_QUERY: &str = "has no status query";
 
 /// Sends one attempt. Object safe: the dispatcher holds an `Arc<dyn Sender>`.
 pub trait Sender: Send + Sync {

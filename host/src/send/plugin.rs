@@ -31,7 +31,7 @@ use crate::plugin::{HttpClient, OutboundLog, PluginRegistry};
 use crate::store::RedisConn;
 
 /// Where the current plugin registry comes from (e.g. `route::Live::current().registry`).
-pub type RegistrySource = Arc<dyn Fn() -> Arc<PluginRegistry> + Send + Sync>;
+pub(crate) type RegistrySource = Arc<dyn Fn() -> Arc<PluginRegistry> + Send + Sync>;
 
 /// Why a `PluginSender` cannot be built.
 #[derive(Debug, thiserror::Error)]
@@ -233,7 +233,7 @@ impl PluginSender {
     }
 
     /// `channel`'s secrets redacted from `text` (unknown channel: unchanged).
-    pub fn redact(&self, channel: &str, text: &str) -> String {
+    pub(crate) fn redact(&self, channel: &str, text: &str) -> String {
         match self.channels.get(channel) {
             Some(rt) => rt.redact(text),
             None => text.to_string(),

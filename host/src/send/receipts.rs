@@ -135,7 +135,7 @@ pub async fn handle_callback(
 }
 
 /// Settles the tasks `settlements` name (see the module doc).
-pub async fn apply_settlements(
+pub(crate) async fn apply_settlements(
     permits: &Permits,
     channel: &str,
     settlements: &[Settlement],
@@ -233,7 +233,7 @@ pub struct Settled {
 /// host dies between the two writes, the next receipt or check finds the task
 /// still `sent` and does both again; the second accept is a duplicate, not a
 /// second task), and only then the failure recorded.
-pub async fn settle_from_provider(
+pub(crate) async fn settle_from_provider(
     permits: &Permits,
     task: &Task,
     delivered: bool,

@@ -18,11 +18,11 @@ const QUERY: &AsciiSet = &NON_ALPHANUMERIC
     .remove(b'~');
 
 /// What replaces a secret.
-pub const REDACTED: &str = "[redacted]";
+pub(crate) const REDACTED: &str = "[redacted]";
 
 /// The secret values of one channel instance, as they may appear in text.
 #[derive(Clone, Default)]
-pub struct Redactor {
+pub(crate) struct Redactor {
     /// Every form to replace (raw, URL-encoded), longest first, so a secret
     /// that contains another is replaced whole.
     forms: Vec<String>,
@@ -52,7 +52,7 @@ impl Redactor {
     }
 
     /// `text` with every secret form replaced by [`REDACTED`].
-    pub fn redact(&self, text: &str) -> String {
+    pub(crate) fn redact(&self, text: &str) -> String {
         let mut out = text.to_string();
         for form in &self.forms {
             if out.contains(form.as_str()) {

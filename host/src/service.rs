@@ -296,54 +296,24 @@ pub async fn start(
     let config = Arc::new(config);
     let addr = listener.local_addr().map_err(ServiceError::Serve)?;
     config.check_exposure(addr, |v| (options.env)(v))?;
-    let store = Store::open(&config.redis_target()).await?;
-    let permits = open_permits(&config, &store).await?;
-    let ledger = open_ledger(&config).await?;
-    let live = load_live(&config).await?;
-    let plugins = channel_sender(
-        &config,
-        &live,
-        &options.env,
-        &permits.connection(),
-        permits.layout().namespace(),
-    )?;
-    let sender: Arc<dyn Sender> = match &options.sender {
-        Some(s) => s.clone(),
-        None => plugins.clone(),
-    };
-    let receipts = receipts_handler(&config, &options, &permits, &plugins, &ledger);
-    let callbacks = callback_gates(&config, &plugins).await?;
-    let reload = corpus_checked_reloader(&live, &permits);
+    let parts = open_parts(&config, &options).await?;
+    let reload = corpus_checked_reloader(&parts.live, &parts.permits);
     let (triggers, trigger_rx) = mpsc::channel(4);
     let watching = watch_dirs(&[&config.plugin_dir, &config.policy_dir], triggers.clone())
         .map_err(ServiceError::Watch)?;
     let reloading = tokio::spawn(reload_loop(reload.clone(), trigger_rx));
-    // The API takes permits on its own multiplexed connection, so an accept
-    // never queues behind the dispatcher's scripts on the same socket.
-    let api_permits = Permits::new(store.manager().await?, permits.config().clone());
-    let state = AppState::new(SharedState {
-        live: live.clone(),
-        permits: api_permits,
-        ledger: ledger.clone(),
-        limits: ApiLimits {
-            occurred_at_years: config.occurred_at_years,
-            ..options.limits
-        },
-        api_token: token(&options.env, config.auth.api_token_env.as_deref(), "/v1"),
-        admin_token: token(
-            &options.env,
-            config.auth.admin_token_env.as_deref(),
-            "/admin",
-        ),
-        callbacks,
-        receipts: Some(receipts),
-        reload,
-        metrics: api::metrics::prometheus_handle(),
-        corpus: Arc::new(CorpusSampler::default()),
-    });
+    let state = api_state(&config, &options, &parts, reload).await?;
     api::metrics::register_channels(config.channels.keys().map(String::as_str));
     let (stop, stop_rx) = watch::channel(false);
     let (dispatch_stop, dispatch_rx) = watch::channel(false);
+    let Parts {
+        store,
+        permits,
+        ledger,
+        live,
+        sender,
+        ..
+    } = parts;
     let delivery = spawn_delivery(
         &config,
         &store,
@@ -353,18 +323,20 @@ pub async fn start(
         options.dispatch_block,
         dispatch_rx,
     );
-    let app = api::app(state);
-    let http = config.http.clone();
-    let task = tokio::spawn(async move {
-        crate::listener::serve(listener, app, &http, stop_rx).await;
-        tracing::info!("API stopped; stopping the dispatcher (attempts in flight finish)");
-        let _ = dispatch_stop.send(true);
-        let stopped = delivery.stop().await;
-        store.shutdown().await;
-        drop(watching);
-        reloading.abort();
-        stopped
-    });
+    let background = Background {
+        dispatch_stop,
+        delivery,
+        store,
+        watching,
+        reloading,
+    };
+    let task = tokio::spawn(serve_then_stop(
+        listener,
+        api::app(state),
+        config.http.clone(),
+        stop_rx,
+        background,
+    ));
     tracing::info!(%addr, "pushonce serving");
     Ok(Running {
         addr,
@@ -373,6 +345,120 @@ pub async fn start(
         stop,
         task,
     })
+}
+
+/// What the host is made of, opened and checked before anything serves.
+struct Parts {
+    /// Redis.
+    store: Store,
+    /// The permit layer of the dispatcher, the reconciler and the receipts.
+    permits: Permits,
+    /// The delivery ledger, when on.
+    ledger: Option<Ledger>,
+    /// Plugins and policies in force.
+    live: Arc<Live>,
+    /// What sends a task (the channel plugins, unless a test gave its own).
+    sender: Arc<dyn Sender>,
+    /// What settles provider callbacks.
+    receipts: SharedReceiptHandler,
+    /// Which channels take callbacks, and how they are gated.
+    callbacks: CallbackGates,
+}
+
+/// Opens Redis, the permit layer and the ledger, loads plugins and policies,
+/// and sets up the channels and their callbacks.
+async fn open_parts(
+    config: &Arc<HostConfig>,
+    options: &ServiceOptions,
+) -> Result<Parts, ServiceError> {
+    let store = Store::open(&config.redis_target()).await?;
+    let permits = open_permits(config, &store).await?;
+    let ledger = open_ledger(config).await?;
+    let live = load_live(config).await?;
+    let plugins = channel_sender(
+        config,
+        &live,
+        &options.env,
+        &permits.connection(),
+        permits.layout().namespace(),
+    )?;
+    let sender: Arc<dyn Sender> = match &options.sender {
+        Some(s) => s.clone(),
+        None => plugins.clone(),
+    };
+    let receipts = receipts_handler(config, options, &permits, &plugins, &ledger);
+    let callbacks = callback_gates(config, &plugins).await?;
+    Ok(Parts {
+        store,
+        permits,
+        ledger,
+        live,
+        sender,
+        receipts,
+        callbacks,
+    })
+}
+
+/// The API's state. The API takes permits on its own multiplexed
+/// connection, so an accept never queues behind the dispatcher's scripts on
+/// the same socket.
+async fn api_state(
+    config: &HostConfig,
+    options: &ServiceOptions,
+    parts: &Parts,
+    reload: crate::route::watch::Reloader,
+) -> Result<AppState, ServiceError> {
+    let api_permits = Permits::new(parts.store.manager().await?, parts.permits.config().clone());
+    let env = &options.env;
+    Ok(AppState::new(SharedState {
+        live: parts.live.clone(),
+        permits: api_permits,
+        ledger: parts.ledger.clone(),
+        limits: ApiLimits {
+            occurred_at_years: config.occurred_at_years,
+            ..options.limits
+        },
+        api_token: token(env, config.auth.api_token_env.as_deref(), "/v1"),
+        admin_token: token(env, config.auth.admin_token_env.as_deref(), "/admin"),
+        callbacks: parts.callbacks.clone(),
+        receipts: Some(parts.receipts.clone()),
+        reload,
+        metrics: api::metrics::prometheus_handle(),
+        corpus: Arc::new(CorpusSampler::default()),
+    }))
+}
+
+/// What runs beside the API and stops after it.
+struct Background {
+    /// Asks the dispatcher and the reconciler to stop.
+    dispatch_stop: watch::Sender<bool>,
+    /// The dispatcher and the reconciler.
+    delivery: Delivery,
+    /// Redis (the embedded server stops with it).
+    store: Store,
+    /// The directory watcher (stops when dropped).
+    watching: crate::route::watch::DirWatch,
+    /// The reload loop.
+    reloading: JoinHandle<()>,
+}
+
+/// Serves the API until `stop`, then stops what runs beside it: the
+/// dispatcher (attempts in flight finish and are recorded), Redis, the watcher.
+async fn serve_then_stop(
+    listener: TcpListener,
+    app: axum::Router,
+    http: crate::config::HttpConfig,
+    stop: watch::Receiver<bool>,
+    background: Background,
+) -> Result<(), ServiceError> {
+    crate::listener::serve(listener, app, &http, stop).await;
+    tracing::info!("API stopped; stopping the dispatcher (attempts in flight finish)");
+    let _ = background.dispatch_stop.send(true);
+    let stopped = background.delivery.stop().await;
+    background.store.shutdown().await;
+    drop(background.watching);
+    background.reloading.abort();
+    stopped
 }
 
 /// The permit layer on the store, its scripts and groups prepared.

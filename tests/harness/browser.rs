@@ -13,7 +13,7 @@ use serde_json::{Value, json};
 use crate::wait_until;
 
 /// The key of an element reference in WebDriver answers.
-const ELEMENT: &str = "element-6066-11e4-a52f-4f924ef2e3e4";
+const ELEMENT: &str = "element-6066-11e4-a52e-4f735466cecf";
 
 /// A chromedriver process and one browser session.
 pub struct Browser {
@@ -38,7 +38,9 @@ impl Browser {
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
-            .context("chromedriver is missing: run `cargo xtask setup` (Debian: chromium-driver)")?;
+            .context(
+                "chromedriver is missing: run `cargo xtask setup` (Debian: chromium-driver)",
+            )?;
         let profile = tempfile::tempdir()?;
         let mut browser = Browser {
             driver,
@@ -157,7 +159,11 @@ impl Browser {
     /// The visible text of `element`.
     pub async fn text_of(&self, element: &Element) -> anyhow::Result<String> {
         let v = self
-            .call("GET", &self.at(&format!("/element/{}/text", element.0)), None)
+            .call(
+                "GET",
+                &self.at(&format!("/element/{}/text", element.0)),
+                None,
+            )
             .await?;
         Ok(v.as_str().unwrap_or_default().to_string())
     }

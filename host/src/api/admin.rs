@@ -566,7 +566,10 @@ pub async fn settle_task(
     note: &OperatorNote,
 ) -> Result<TaskView, ApiError> {
     if note.why.is_empty() {
-        return Err(ApiError::invalid("why", "say why (it is recorded on the task)"));
+        return Err(ApiError::invalid(
+            "why",
+            "say why (it is recorded on the task)",
+        ));
     }
     if id.len() > 64 {
         return Err(ApiError::NotFound("no such task".into()));

@@ -128,7 +128,10 @@ pub fn app(state: AppState) -> Router {
         .route("/admin/tasks/dead", get(admin::dead_tasks))
         .route("/admin/tasks/held", get(admin::held_tasks))
         .route("/admin/tasks/{id}/requeue", post(admin::requeue))
-        .route("/admin/tasks/{id}/mark-delivered", post(admin::mark_delivered))
+        .route(
+            "/admin/tasks/{id}/mark-delivered",
+            post(admin::mark_delivered),
+        )
         .route("/admin/tasks/{id}/give-up", post(admin::give_up))
         .route_layer(from_fn_with_state(state.admin_token.clone(), auth::require));
     let open = Router::new()

@@ -45,6 +45,7 @@ pub static RECONCILE: LazyLock<Script> =
 /// Every script, for loading them all up front.
 pub fn all() -> [&'static Script; 10] {
     [
-        &ACCEPT, &BEGIN, &EXTEND, &RECORD, &PROMOTE, &RECEIPT, &REQUEUE, &SETTLE, &CLAIM, &RECONCILE,
+        &ACCEPT, &BEGIN, &EXTEND, &RECORD, &PROMOTE, &RECEIPT, &REQUEUE, &SETTLE, &CLAIM,
+        &RECONCILE,
     ]
 }

@@ -53,7 +53,11 @@ pub async fn page(
         .iter()
         .filter(|t| filter.channel.is_empty() || t.task.channel == filter.channel)
         .filter(|t| {
-            let kind = t.task.held_cause.as_ref().map_or("none", |c| c.kind.as_str());
+            let kind = t
+                .task
+                .held_cause
+                .as_ref()
+                .map_or("none", |c| c.kind.as_str());
             filter.cause.is_empty() || kind == filter.cause
         })
         .collect();

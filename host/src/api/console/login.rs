@@ -46,11 +46,7 @@ pub async fn sign_in(State(state): State<AppState>, Form(form): Form<SignIn>) ->
     }
     if !state.admin_token.matches(form.token.trim()) {
         tracing::warn!("console sign-in refused: wrong admin token");
-        return page(
-            StatusCode::UNAUTHORIZED,
-            Some("Wrong admin token."),
-            false,
-        );
+        return page(StatusCode::UNAUTHORIZED, Some("Wrong admin token."), false);
     }
     tracing::info!(by = %name, "console sign-in");
     let cookie = session::set_cookie(&signer.issue(name, SystemTime::now()));

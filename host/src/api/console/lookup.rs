@@ -13,7 +13,7 @@ use super::task::card;
 use super::{Operator, layout};
 use crate::api::admin::{KeyQuery, task_by_key};
 use crate::api::model::{EventQuery, TaskView};
-use crate::api::{AppState, ApiError, events};
+use crate::api::{ApiError, AppState, events};
 
 /// The look-up form's fields (each optional; the first given is used).
 #[derive(Debug, Default, Deserialize)]

@@ -31,7 +31,10 @@ use session::{Session, Signer};
 /// The console's routes (merged into the API's router).
 pub fn routes(state: AppState) -> Router<AppState> {
     Router::new()
-        .route("/console", get(|| async { Redirect::to("/console/overview") }))
+        .route(
+            "/console",
+            get(|| async { Redirect::to("/console/overview") }),
+        )
         .route("/console/login", get(login::form).post(login::sign_in))
         .route("/console/logout", post(login::sign_out))
         .route("/console/overview", get(overview::page))
@@ -39,7 +42,10 @@ pub fn routes(state: AppState) -> Router<AppState> {
         .route("/console/lookup", get(lookup::page))
         .route("/console/tasks/{id}", get(task::page))
         .route("/console/tasks/{id}/requeue", post(task::requeue))
-        .route("/console/tasks/{id}/mark-delivered", post(task::mark_delivered))
+        .route(
+            "/console/tasks/{id}/mark-delivered",
+            post(task::mark_delivered),
+        )
         .route("/console/tasks/{id}/give-up", post(task::give_up))
         .layer(from_fn_with_state(state, guard))
 }
@@ -91,7 +97,8 @@ async fn guard(State(state): State<AppState>, req: Request, next: Next) -> Respo
     if !session::csrf_matches(&session, &presented) {
         return refused("missing or wrong CSRF token: reload the page and try again");
     }
-    next.run(Request::from_parts(parts, Body::from(bytes))).await
+    next.run(Request::from_parts(parts, Body::from(bytes)))
+        .await
 }
 
 /// False when `Origin` names another host than `Host` (no `Origin`: true;

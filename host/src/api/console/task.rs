@@ -121,8 +121,8 @@ async fn settle(
 }
 
 fn done(id: &str, what: &str) -> Response {
-    let id: String = percent_encoding::utf8_percent_encode(id, percent_encoding::NON_ALPHANUMERIC)
-        .to_string();
+    let id: String =
+        percent_encoding::utf8_percent_encode(id, percent_encoding::NON_ALPHANUMERIC).to_string();
     Redirect::to(&format!("/console/tasks/{id}?done={what}")).into_response()
 }
 

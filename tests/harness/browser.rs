@@ -47,7 +47,7 @@ impl Browser {
             base: format!("http://127.0.0.1:{port}"),
             session: String::new(),
             http: reqwest::Client::new(),
-            profile: profile,
+            profile,
         };
         let (http, status) = (browser.http.clone(), format!("{}/status", browser.base));
         wait_until(Duration::from_secs(30), || {

@@ -123,10 +123,13 @@ fn epoch_ms(t: std::time::SystemTime) -> u64 {
         .unwrap_or(0)
 }
 
+/// Which counter of [`ChannelCounts`] a metric adds to.
+type Field = fn(&mut ChannelCounts) -> &mut u64;
+
 /// The per-channel counters of the rendered exposition `text`.
 fn channel_counts(text: &str) -> Vec<ChannelCounts> {
     let mut by_channel: BTreeMap<String, ChannelCounts> = BTreeMap::new();
-    let fields: [(&str, fn(&mut ChannelCounts) -> &mut u64); 6] = [
+    let fields: [(&str, Field); 6] = [
         (m::SENT, |c| &mut c.sent),
         (m::DELIVERED, |c| &mut c.delivered),
         (m::FAILED, |c| &mut c.failed),

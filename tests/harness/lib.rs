@@ -2,6 +2,7 @@
 //! services (redis-server, host processes) on loopback and waits on conditions
 //! with deadlines instead of sleeping.
 
+pub mod browser;
 pub mod channels;
 pub mod chaos;
 pub mod cluster;

@@ -109,8 +109,8 @@ fn has_program(name: &str) -> bool {
         .unwrap_or(false)
 }
 
-/// Installs what is missing: the `wasm32-wasip2` Rust target, `redis-server`
-/// and schemathesis.
+/// Installs what is missing: the `wasm32-wasip2` Rust target, `redis-server`,
+/// PostgreSQL, Chromium with chromedriver and schemathesis.
 fn setup(root: &Path) -> Result<()> {
     let targets = Command::new("rustup")
         .args(["target", "list", "--installed"])
@@ -129,6 +129,13 @@ fn setup(root: &Path) -> Result<()> {
     if !has_postgres() {
         apt_install("postgresql").context(
             "could not install PostgreSQL; install it by hand (Debian: apt-get install postgresql)",
+        )?;
+    }
+    // The console's browser test (tests/console.rs) drives a headless
+    // Chromium through chromedriver.
+    if !(has_program("chromium") && has_program("chromedriver")) {
+        apt_install("chromium chromium-driver").context(
+            "could not install Chromium; install it by hand (Debian: apt-get install chromium chromium-driver)",
         )?;
     }
     install_schemathesis(root)

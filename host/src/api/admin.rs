@@ -14,7 +14,7 @@ use super::AppState;
 use super::model::Problem;
 use super::model::TaskView;
 use super::problem::ApiError;
-use crate::permit::{Requeue, millis};
+use crate::permit::{OperatorNote, Requeue, Settle, Settled, millis};
 use crate::plugin::Plugin;
 use crate::route::policy::RetrySpec;
 
@@ -171,6 +171,32 @@ pub struct RequeueQuery {
     /// (an attempt's outcome was unknown and nothing settled it): the
     /// operator accepts that the user may get it twice. Default false.
     pub force: Option<bool>,
+    /// Who requeues it (recorded on the task; default `admin-api`).
+    #[param(max_length = 200)]
+    pub by: Option<String>,
+    /// Why (recorded on the task).
+    #[param(max_length = 2000)]
+    pub why: Option<String>,
+}
+
+/// `?by=&why=` of an operator's settle (mark delivered, give up).
+#[derive(Debug, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct SettleQuery {
+    /// Who settles it (recorded on the task; default `admin-api`).
+    #[param(max_length = 200)]
+    pub by: Option<String>,
+    /// Why, e.g. "the user confirmed they got it" (required, recorded on the task).
+    #[param(min_length = 1, max_length = 2000)]
+    pub why: String,
+}
+
+/// The answer to a settle: the task as it is now.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct SettleView {
+    /// The task, settled.
+    pub task: TaskView,
 }
 
 /// The answer to a requeue.
@@ -410,24 +436,44 @@ pub async fn requeue(
     query: Result<Query<RequeueQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Json<RequeueView>, ApiError> {
     let Query(query) = query.map_err(|e| ApiError::invalid("force", e.body_text()))?;
+    let note = operator_note(query.by, query.why.unwrap_or_default())?;
+    requeue_task(&state, &id, query.force.unwrap_or(false), &note)
+        .await
+        .map(Json)
+}
+
+/// Requeues task `id` for an operator (`note`: who and why, recorded on
+/// the task); the admin API and the console both act through this.
+pub async fn requeue_task(
+    state: &AppState,
+    id: &str,
+    force: bool,
+    note: &OperatorNote,
+) -> Result<RequeueView, ApiError> {
     if id.len() > 64 {
         return Err(ApiError::NotFound("no such task".into()));
     }
-    match state
-        .permits
-        .requeue(&id, query.force.unwrap_or(false))
-        .await?
-    {
+    let answer = state.permits.requeue_by(id, force, note).await?;
+    requeue_answer(id, answer, note)
+}
+
+/// What a requeue's answer means for an operator: the view, or why not.
+pub fn requeue_answer(
+    id: &str,
+    answer: Requeue,
+    note: &OperatorNote,
+) -> Result<RequeueView, ApiError> {
+    match answer {
         Requeue::Requeued {
             attempts,
             max_attempts,
         } => {
-            tracing::info!(task = %id, attempts, max_attempts, "task requeued by an operator");
-            Ok(Json(RequeueView {
-                task_id: id,
+            tracing::info!(task = %id, attempts, max_attempts, by = %note.by, "task requeued by an operator");
+            Ok(RequeueView {
+                task_id: id.to_string(),
                 attempts,
                 max_attempts,
-            }))
+            })
         }
         Requeue::Refused { owner } => Err(ApiError::Conflict(format!(
             "task {owner} now holds the permit of this task's key; requeueing would send twice"
@@ -440,6 +486,108 @@ pub async fn requeue(
              requeueing can send it twice. Check with the provider or the user, then repeat with ?force=true to send again"
         ))),
         Requeue::Missing => Err(ApiError::NotFound(format!("no task {id:?}"))),
+    }
+}
+
+/// Who acts and why, checked: `by` defaults to `admin-api`; both bounded.
+pub fn operator_note(by: Option<String>, why: String) -> Result<OperatorNote, ApiError> {
+    let by = by
+        .map(|b| b.trim().to_string())
+        .filter(|b| !b.is_empty())
+        .unwrap_or_else(|| "admin-api".into());
+    if by.len() > 200 {
+        return Err(ApiError::invalid("by", "must be at most 200 bytes"));
+    }
+    if why.len() > 2000 {
+        return Err(ApiError::invalid("why", "must be at most 2000 bytes"));
+    }
+    Ok(OperatorNote {
+        by,
+        why: why.trim().to_string(),
+    })
+}
+
+/// Mark a held, failed or dead (or sent) task delivered without a send:
+/// the operator confirmed with the user or the provider that it arrived.
+#[utoipa::path(post, path = "/admin/tasks/{id}/mark-delivered", tag = "admin",
+    params(("id" = String, Path, description = "Task id"), SettleQuery),
+    responses(
+        (status = 200, description = "Delivered; recorded on the task with who and why", body = SettleView),
+        (status = 401, description = "Missing or wrong admin token", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such task", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "Not held, failed, dead or sent, or another task owns the key's permit", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "A malformed query (why is required)", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "Redis unavailable", body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("admin_token" = [])))]
+pub async fn mark_delivered(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    query: Result<Query<SettleQuery>, axum::extract::rejection::QueryRejection>,
+) -> Result<Json<SettleView>, ApiError> {
+    let Query(query) = query.map_err(|e| ApiError::invalid("why", e.body_text()))?;
+    let note = operator_note(query.by, query.why)?;
+    settle_task(&state, &id, Settle::Delivered, &note)
+        .await
+        .map(|task| Json(SettleView { task }))
+}
+
+/// Give up a held, failed or dead task: nobody will send it; it becomes
+/// `failed` and leaves the held list (its permit kept for the window).
+#[utoipa::path(post, path = "/admin/tasks/{id}/give-up", tag = "admin",
+    params(("id" = String, Path, description = "Task id"), SettleQuery),
+    responses(
+        (status = 200, description = "Given up; recorded on the task with who and why", body = SettleView),
+        (status = 401, description = "Missing or wrong admin token", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such task", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "Not held, failed or dead, or another task owns the key's permit", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "A malformed query (why is required)", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "Redis unavailable", body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("admin_token" = [])))]
+pub async fn give_up(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    query: Result<Query<SettleQuery>, axum::extract::rejection::QueryRejection>,
+) -> Result<Json<SettleView>, ApiError> {
+    let Query(query) = query.map_err(|e| ApiError::invalid("why", e.body_text()))?;
+    let note = operator_note(query.by, query.why)?;
+    settle_task(&state, &id, Settle::GivenUp, &note)
+        .await
+        .map(|task| Json(SettleView { task }))
+}
+
+/// Settles task `id` for an operator; the admin API and the console both
+/// act through this. Answers the task as it is now.
+pub async fn settle_task(
+    state: &AppState,
+    id: &str,
+    how: Settle,
+    note: &OperatorNote,
+) -> Result<TaskView, ApiError> {
+    if note.why.is_empty() {
+        return Err(ApiError::invalid(
+            "why",
+            "say why (it is recorded on the task)",
+        ));
+    }
+    if id.len() > 64 {
+        return Err(ApiError::NotFound("no such task".into()));
+    }
+    match state.permits.settle(id, how, note).await? {
+        Settled::Settled(status) => {
+            tracing::info!(task = %id, %status, by = %note.by, "task settled by an operator");
+            let task = state.permits.task(id).await?;
+            task.map(|t| TaskView::from(&t))
+                .ok_or_else(|| ApiError::NotFound(format!("no task {id:?}")))
+        }
+        Settled::Refused { owner } => Err(ApiError::Conflict(format!(
+            "task {owner} now holds the permit of this task's key; settle that task instead"
+        ))),
+        Settled::NotSettleable(status) => Err(ApiError::Conflict(format!(
+            "task {id} is {status}; only held, failed or dead tasks (or sent ones, to mark delivered) are settled by hand"
+        ))),
+        Settled::Missing => Err(ApiError::NotFound(format!("no task {id:?}"))),
     }
 }
 

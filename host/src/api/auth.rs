@@ -48,9 +48,9 @@ impl Token {
 
     /// Checks the `Authorization: Bearer <token>` header of a request.
     pub fn check(&self, headers: &HeaderMap) -> Result<(), ApiError> {
-        let Some(expected) = &self.digest else {
+        if self.digest.is_none() {
             return Ok(());
-        };
+        }
         let Some(value) = headers.get(header::AUTHORIZATION) else {
             return Err(ApiError::Unauthorized("missing bearer token".into()));
         };
@@ -64,12 +64,33 @@ impl Token {
             .ok_or_else(|| {
                 ApiError::Unauthorized("expected `Authorization: Bearer <token>`".into())
             })?;
-        let digest: [u8; 32] = Sha256::digest(presented.as_bytes()).into();
-        if bool::from(digest.ct_eq(expected.as_ref())) {
+        if self.matches(presented) {
             Ok(())
         } else {
             Err(ApiError::Unauthorized("wrong bearer token".into()))
         }
+    }
+
+    /// Whether `presented` is the token (digests compared in constant time);
+    /// always true for an open surface.
+    pub fn matches(&self, presented: &str) -> bool {
+        let Some(expected) = &self.digest else {
+            return true;
+        };
+        let digest: [u8; 32] = Sha256::digest(presented.as_bytes()).into();
+        bool::from(digest.ct_eq(expected.as_ref()))
+    }
+
+    /// A key for `purpose` derived from the token (SHA-256 of the purpose and
+    /// the token's digest), e.g. to sign the console's session cookies: it
+    /// changes when the token does. `None` for an open surface.
+    pub fn derive_key(&self, purpose: &str) -> Option<[u8; 32]> {
+        let digest = self.digest.as_ref()?;
+        let mut hasher = Sha256::new();
+        hasher.update(purpose.as_bytes());
+        hasher.update([0u8]);
+        hasher.update(digest.as_ref());
+        Some(hasher.finalize().into())
     }
 }
 

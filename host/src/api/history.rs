@@ -77,6 +77,7 @@ fn view(row: &LedgerRow) -> TaskView {
         held_cause: None,
         provider_answer: None,
         reconcile_log: Vec::new(),
+        operator_log: Vec::new(),
         from_ledger: true,
         event: serde_json::Value::Null,
         payload: serde_json::Value::Null,

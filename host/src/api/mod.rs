@@ -10,6 +10,7 @@
 pub mod admin;
 pub mod auth;
 pub mod body;
+pub mod console;
 pub mod events;
 pub mod history;
 pub mod log;
@@ -17,6 +18,7 @@ pub mod metrics;
 pub mod model;
 pub mod openapi;
 pub mod ops;
+pub mod overview;
 pub mod problem;
 pub mod receipts;
 
@@ -118,6 +120,7 @@ pub fn app(state: AppState) -> Router {
         .route("/v1/tasks/{id}", get(events::get_task))
         .route_layer(from_fn_with_state(state.api_token.clone(), auth::require));
     let admin = Router::new()
+        .route("/admin/overview", get(overview::get_overview))
         .route("/admin/plugins", get(admin::plugins))
         .route("/admin/policies", get(admin::policies))
         .route("/admin/reload", post(admin::reload))
@@ -125,6 +128,11 @@ pub fn app(state: AppState) -> Router {
         .route("/admin/tasks/dead", get(admin::dead_tasks))
         .route("/admin/tasks/held", get(admin::held_tasks))
         .route("/admin/tasks/{id}/requeue", post(admin::requeue))
+        .route(
+            "/admin/tasks/{id}/mark-delivered",
+            post(admin::mark_delivered),
+        )
+        .route("/admin/tasks/{id}/give-up", post(admin::give_up))
         .route_layer(from_fn_with_state(state.admin_token.clone(), auth::require));
     let open = Router::new()
         .route(
@@ -144,6 +152,7 @@ pub fn app(state: AppState) -> Router {
         .merge(v1)
         .merge(admin)
         .merge(open)
+        .merge(console::routes(state.clone()))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .with_state(state)

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
-use crate::permit::{HeldCause, ReconcileStep, Task};
+use crate::permit::{HeldCause, OperatorStep, ReconcileStep, Task};
 
 /// Longest `biz_type`, `biz_id`, `user_id`, `template`, in characters.
 pub const MAX_ID: usize = 128;
@@ -253,6 +253,9 @@ pub struct TaskView {
     /// What the reconciler tried, oldest first (the newest 32 checks).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub reconcile_log: Vec<ReconcileStepView>,
+    /// What operators did to it (requeue, delivered, given up): who, when, why; oldest first.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub operator_log: Vec<OperatorStepView>,
     /// True when Redis no longer has the task (retention) and this is the
     /// delivery ledger's row: no event, payload or schedule, the recipient only as a digest.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
@@ -301,6 +304,11 @@ impl From<&Task> for TaskView {
                 .reconcile_log()
                 .into_iter()
                 .map(ReconcileStepView::from)
+                .collect(),
+            operator_log: task
+                .operator_log()
+                .into_iter()
+                .map(OperatorStepView::from)
                 .collect(),
             from_ledger: false,
             event: json(&task.event_json),
@@ -369,6 +377,31 @@ pub struct ReconcileStepView {
     pub detail: String,
     /// What the reconciler did: `later`, `untrack`, `sent`, `requeue`, `dead`.
     pub action: String,
+}
+
+/// One operator action on a task.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct OperatorStepView {
+    /// When (ms since the epoch, Redis clock).
+    pub at: u64,
+    /// Who (the console's signed-in name, or the admin API's `by`).
+    pub by: String,
+    /// `requeue`, `requeue (forced)`, `delivered` or `given_up`.
+    pub action: String,
+    /// Why, in the operator's words.
+    pub why: String,
+}
+
+impl From<OperatorStep> for OperatorStepView {
+    /// An operator action as the API shows it.
+    fn from(step: OperatorStep) -> OperatorStepView {
+        OperatorStepView {
+            at: step.at,
+            by: step.by,
+            action: step.action,
+            why: step.why,
+        }
+    }
 }
 
 /// The tasks of one event: `GET /v1/events/{biz_type}/{biz_id}`.

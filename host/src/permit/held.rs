@@ -109,6 +109,36 @@ pub fn parse_log(text: &str) -> Vec<ReconcileStep> {
         .collect()
 }
 
+/// Who acts on a task and why, as an operator action records it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct OperatorNote {
+    /// Who: the console's signed-in name, or the admin API's `by`.
+    pub by: String,
+    /// Why, in the operator's words.
+    pub why: String,
+}
+
+/// One operator action on a task, as `operator_log` keeps it (one JSON
+/// object a line, the newest last): requeue, delivered, given up.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OperatorStep {
+    /// When (Redis clock, ms since the epoch).
+    pub at: u64,
+    /// Who.
+    pub by: String,
+    /// `requeue`, `requeue (forced)`, `delivered` or `given_up`.
+    pub action: String,
+    /// Why.
+    pub why: String,
+}
+
+/// The steps of a stored `operator_log`, oldest first; unreadable lines are skipped.
+pub fn parse_operator_log(text: &str) -> Vec<OperatorStep> {
+    text.lines()
+        .filter_map(|line| serde_json::from_str(line).ok())
+        .collect()
+}
+
 /// What a worker knows about an outcome beyond the outcome itself.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RecordContext {

@@ -22,7 +22,7 @@ use redis::Value;
 use crate::store::{Batch, RedisConn};
 
 pub use awaiting::{CheckAction, CheckNote, ClaimPass, Claimed};
-pub use held::{HeldCause, ReconcileStep, RecordContext};
+pub use held::{HeldCause, OperatorNote, OperatorStep, ReconcileStep, RecordContext};
 pub use keys::{Layout, shard_of_task};
 pub use task::{RetryPolicy, Task, TaskStatus};
 
@@ -940,6 +940,41 @@ pub enum Requeue {
     Missing,
 }
 
+/// How an operator settles a task without a send ([`Permits::settle`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Settle {
+    /// The message arrived (the operator confirmed it): `delivered`.
+    Delivered,
+    /// Nobody will send it: `failed`, off the operators' lists.
+    GivenUp,
+}
+
+impl Settle {
+    /// Its name in `settle.lua` and `operator_log`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Settle::Delivered => "delivered",
+            Settle::GivenUp => "given_up",
+        }
+    }
+}
+
+/// The answer to [`Permits::settle`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Settled {
+    /// Settled: the task's status now.
+    Settled(TaskStatus),
+    /// Another task owns the permit of this key now: nothing changed.
+    Refused {
+        /// The owner.
+        owner: String,
+    },
+    /// The task is not held, failed or dead (nor `sent`, to deliver): nothing changed.
+    NotSettleable(TaskStatus),
+    /// No such task (never existed, or expired).
+    Missing,
+}
+
 impl Permits {
     /// Sends a `failed` or `dead` task again under the same key and task id:
     /// re-takes the permit if it is free or still this task's, refuses if
@@ -947,6 +982,17 @@ impl Permits {
     /// `force` requeues a task whose message may already be at the provider
     /// ([`Requeue::MaybeSent`] without it).
     pub async fn requeue(&self, task_id: &str, force: bool) -> Result<Requeue, PermitError> {
+        self.requeue_by(task_id, force, &OperatorNote::default())
+            .await
+    }
+
+    /// [`Permits::requeue`], recorded in the task's `operator_log` with who and why.
+    pub async fn requeue_by(
+        &self,
+        task_id: &str,
+        force: bool,
+        note: &OperatorNote,
+    ) -> Result<Requeue, PermitError> {
         let task_key = self.task_key(task_id)?;
         let shard =
             shard_of_task(task_id).ok_or_else(|| PermitError::BadTaskId(task_id.to_string()))?;
@@ -962,6 +1008,8 @@ impl Permits {
             .arg(task_id)
             .arg(millis(self.config.retention).max(1))
             .arg(if force { "1" } else { "0" })
+            .arg(&note.by)
+            .arg(&note.why)
             .invoke_async(&mut self.conn.clone())
             .await?;
         let items = array(answer, "requeue")?;
@@ -979,6 +1027,51 @@ impl Permits {
             "maybe_sent" => Ok(Requeue::MaybeSent),
             "missing" => Ok(Requeue::Missing),
             _ => Err(unexpected("requeue", &items)),
+        }
+    }
+
+    /// Settles a held, failed or dead task without a send (`settle.lua`):
+    /// [`Settle::Delivered`] (also from `sent`) or [`Settle::GivenUp`]
+    /// (`failed`); owner-checked, the permit kept for the window, recorded
+    /// in the task's `operator_log` with who and why.
+    pub async fn settle(
+        &self,
+        task_id: &str,
+        how: Settle,
+        note: &OperatorNote,
+    ) -> Result<Settled, PermitError> {
+        let task_key = self.task_key(task_id)?;
+        let shard =
+            shard_of_task(task_id).ok_or_else(|| PermitError::BadTaskId(task_id.to_string()))?;
+        let Some(key) = self.task_idempotency_key(&task_key).await? else {
+            return Ok(Settled::Missing);
+        };
+        let answer: Value = scripts::SETTLE
+            .key(&task_key)
+            .key(self.layout.permit(&key))
+            .key(self.layout.dead(shard))
+            .key(self.layout.awaiting(shard))
+            .arg(task_id)
+            .arg(how.as_str())
+            .arg(millis(self.config.retention).max(1))
+            .arg(&note.by)
+            .arg(&note.why)
+            .invoke_async(&mut self.conn.clone())
+            .await?;
+        let items = array(answer, "settle")?;
+        let status = || TaskStatus::parse(&text(items.get(1)));
+        match text(items.first()).as_str() {
+            "settled" => status()
+                .map(Settled::Settled)
+                .ok_or_else(|| unexpected("settle", &items)),
+            "refused" => Ok(Settled::Refused {
+                owner: text(items.get(1)),
+            }),
+            "not_settleable" => status()
+                .map(Settled::NotSettleable)
+                .ok_or_else(|| unexpected("settle", &items)),
+            "missing" => Ok(Settled::Missing),
+            _ => Err(unexpected("settle", &items)),
         }
     }
 
@@ -1031,6 +1124,11 @@ impl Permits {
     /// Entries of the failed-and-dead index, summed over every shard (`ZCARD`).
     pub async fn dead_count(&self) -> Result<u64, PermitError> {
         self.zcard_all(|l, s| l.dead(s)).await
+    }
+
+    /// Entries of the held (`unknown`) index, summed over every shard (`ZCARD`).
+    pub async fn held_count(&self) -> Result<u64, PermitError> {
+        self.zcard_all(|l, s| l.held(s)).await
     }
 
     async fn zcard_all(&self, key: impl Fn(&Layout, u16) -> String) -> Result<u64, PermitError> {

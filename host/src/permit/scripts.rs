@@ -32,6 +32,9 @@ pub static RECEIPT: LazyLock<Script> = LazyLock::new(|| script(include_str!("lua
 /// Send a failed or dead task again, owner-checked (`requeue.lua`).
 pub static REQUEUE: LazyLock<Script> = LazyLock::new(|| script(include_str!("lua/requeue.lua")));
 
+/// Settle a task without a send by an operator: delivered or given up (`settle.lua`).
+pub static SETTLE: LazyLock<Script> = LazyLock::new(|| script(include_str!("lua/settle.lua")));
+
 /// Take due entries of a shard's awaiting index for the reconciler (`claim.lua`).
 pub static CLAIM: LazyLock<Script> = LazyLock::new(|| script(include_str!("lua/claim.lua")));
 
@@ -40,8 +43,9 @@ pub static RECONCILE: LazyLock<Script> =
     LazyLock::new(|| script(include_str!("lua/reconcile.lua")));
 
 /// Every script, for loading them all up front.
-pub fn all() -> [&'static Script; 9] {
+pub fn all() -> [&'static Script; 10] {
     [
-        &ACCEPT, &BEGIN, &EXTEND, &RECORD, &PROMOTE, &RECEIPT, &REQUEUE, &CLAIM, &RECONCILE,
+        &ACCEPT, &BEGIN, &EXTEND, &RECORD, &PROMOTE, &RECEIPT, &REQUEUE, &SETTLE, &CLAIM,
+        &RECONCILE,
     ]
 }

@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use super::held::{HeldCause, ReconcileStep, parse_log};
+use super::held::{HeldCause, OperatorStep, ReconcileStep, parse_log, parse_operator_log};
 
 /// Where a task is in its life. `queued → sending → sent → delivered`, with
 /// `retry_wait`, `unknown`, `failed`, `dead` and `superseded` on the side.
@@ -177,6 +177,14 @@ impl Task {
         self.fields
             .get("reconcile_log")
             .map(|log| parse_log(log))
+            .unwrap_or_default()
+    }
+
+    /// What operators did to it, oldest first (`operator_log`).
+    pub fn operator_log(&self) -> Vec<OperatorStep> {
+        self.fields
+            .get("operator_log")
+            .map(|log| parse_operator_log(log))
             .unwrap_or_default()
     }
 }

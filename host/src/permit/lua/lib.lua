@@ -83,3 +83,14 @@ local function log_step(task, step)
   end
   redis.call('HSET', task, 'reconcile_log', log)
 end
+
+-- Appends one operator action (a JSON object, one line) to a task's
+-- `operator_log`: who, when, what and why (never trimmed: operators act rarely).
+local function log_operator(task, now, by, action, why)
+  local entry = cjson.encode({at = now, by = by, action = action, why = why})
+  local log = redis.call('HGET', task, 'operator_log') or ''
+  if log ~= '' then
+    log = log .. '\n'
+  end
+  redis.call('HSET', task, 'operator_log', log .. entry)
+end

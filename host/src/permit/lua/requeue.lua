@@ -3,7 +3,8 @@
 -- owned by this task; if another task owns it, nothing changes.
 -- KEYS[1] task, KEYS[2] permit, KEYS[3] ready stream, KEYS[4] dead zset, KEYS[5] awaiting zset
 -- ARGV[1] task id, ARGV[2] retention ms, ARGV[3] '1' to requeue a task that may
--- have reached the provider (an unknown outcome nothing could settle)
+-- have reached the provider (an unknown outcome nothing could settle),
+-- ARGV[4] who, ARGV[5] why (appended to `operator_log`)
 -- Returns {'requeued', attempts so far, new max attempts} | {'refused', owner id}
 --       | {'not_requeueable', status} | {'maybe_sent'} | {'missing'}.
 local id, retention = ARGV[1], tonumber(ARGV[2])
@@ -50,6 +51,11 @@ redis.call('PERSIST', KEYS[1])
 redis.call('XADD', KEYS[3], '*', 'task', id, 'key', redis.call('HGET', KEYS[1], 'key'))
 redis.call('ZREM', KEYS[4], id)
 redis.call('ZREM', KEYS[5], id)
+local action = 'requeue'
+if ARGV[3] == '1' then
+  action = 'requeue (forced)'
+end
+log_operator(KEYS[1], now, ARGV[4] or '', action, ARGV[5] or '')
 local ev = redis.call('HGET', KEYS[1], 'event_index')
 if ev and ev ~= '' then
   extend_or_set(ev, now + window + retention)

@@ -1,0 +1,112 @@
+//! `/console/lookup`: a task by id, an event's tasks (biz_type + biz_id,
+//! optionally one user's), or the task holding an idempotency key — through
+//! `GET /v1/tasks/{id}`, `GET /v1/events/{biz_type}/{biz_id}` and
+//! `GET /admin/tasks?key=`.
+
+use axum::extract::{Path, Query, State};
+use axum::response::{IntoResponse, Response};
+use maud::{Markup, html};
+use serde::Deserialize;
+
+use super::session::Session;
+use super::task::card;
+use super::{Operator, layout};
+use crate::api::admin::{KeyQuery, task_by_key};
+use crate::api::model::{EventQuery, TaskView};
+use crate::api::{ApiError, AppState, events};
+
+/// The look-up form's fields (each optional; the first given is used).
+#[derive(Debug, Default, Deserialize)]
+pub struct Find {
+    /// A task id.
+    #[serde(default)]
+    pub task: String,
+    /// Business type of an event.
+    #[serde(default)]
+    pub biz_type: String,
+    /// Business id of an event.
+    #[serde(default)]
+    pub biz_id: String,
+    /// Only this user's tasks of the event.
+    #[serde(default)]
+    pub user_id: String,
+    /// An idempotency key.
+    #[serde(default)]
+    pub key: String,
+}
+
+/// The look-up page: the form and what it found.
+pub async fn page(
+    State(state): State<AppState>,
+    Operator(session): Operator,
+    Query(find): Query<Find>,
+) -> Response {
+    let found = search(&state, &find).await;
+    let body = html! {
+        h1 { "Look-up" }
+        (form(&find))
+        @match found {
+            None => {}
+            Some(Ok(tasks)) => { (results(&session, &tasks)) }
+            Some(Err(e)) => { p role="alert" class="error" { (e.to_string()) } }
+        }
+    };
+    layout("Look-up", Some(&session), body).into_response()
+}
+
+/// The tasks `find` names; `None` when nothing was asked.
+async fn search(state: &AppState, find: &Find) -> Option<Result<Vec<TaskView>, ApiError>> {
+    let state = State(state.clone());
+    if !find.task.trim().is_empty() {
+        let task = events::get_task(state, Path(find.task.trim().to_string())).await;
+        return Some(task.map(|t| vec![t.0]));
+    }
+    if !find.biz_type.trim().is_empty() && !find.biz_id.trim().is_empty() {
+        let path = Path((find.biz_type.trim().into(), find.biz_id.trim().into()));
+        let user_id = Some(find.user_id.trim().to_string()).filter(|u| !u.is_empty());
+        let event = events::get_event(state, path, Ok(Query(EventQuery { user_id }))).await;
+        return Some(event.map(|e| e.0.tasks));
+    }
+    if !find.key.trim().is_empty() {
+        let key = Ok(Query(KeyQuery {
+            key: find.key.trim().to_string(),
+        }));
+        let found = task_by_key(state, key).await;
+        return Some(found.map(|k| k.0.task.into_iter().collect()));
+    }
+    None
+}
+
+fn form(find: &Find) -> Markup {
+    html! {
+        form method="get" action="/console/lookup" {
+            fieldset {
+                legend { "By task id" }
+                label for="task" { "Task id" }
+                input type="text" id="task" name="task" value=(find.task);
+            }
+            fieldset {
+                legend { "By event" }
+                label for="biz_type" { "Business type" }
+                input type="text" id="biz_type" name="biz_type" value=(find.biz_type);
+                label for="biz_id" { "Business id" }
+                input type="text" id="biz_id" name="biz_id" value=(find.biz_id);
+                label for="user_id" { "User id (optional)" }
+                input type="text" id="user_id" name="user_id" value=(find.user_id);
+            }
+            fieldset {
+                legend { "By idempotency key" }
+                label for="key" { "Key" }
+                input type="text" id="key" name="key" value=(find.key);
+            }
+            p { button type="submit" id="find" { "Find" } }
+        }
+    }
+}
+
+fn results(session: &Session, tasks: &[TaskView]) -> Markup {
+    html! {
+        p role="status" { (tasks.len()) " tasks" }
+        @for task in tasks { (card(session, task)) }
+    }
+}

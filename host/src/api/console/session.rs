@@ -1,0 +1,148 @@
+//! The console's session: a cookie that names the operator and carries an
+//! HMAC-SHA256 made with a key derived from the admin token (never the
+//! token itself), and the session's CSRF token, an HMAC of its nonce.
+//!
+//! The cookie is `HttpOnly; SameSite=Strict; Path=/console` and lasts
+//! [`LIFETIME`]; changing the admin token ends every session. Sessions are
+//! stateless (any host of a fleet with the same token accepts them); logout
+//! clears the browser's cookie.
+
+use std::time::{Duration, SystemTime};
+
+use axum::http::{HeaderMap, header};
+use base64::Engine;
+use base64::engine::general_purpose::URL_SAFE_NO_PAD as B64;
+use hmac::{Hmac, Mac};
+use sha2::Sha256;
+use subtle::ConstantTimeEq;
+
+use crate::api::Token;
+
+/// The cookie's name.
+pub const COOKIE: &str = "pushonce_console";
+
+/// How long a session lasts.
+pub const LIFETIME: Duration = Duration::from_secs(8 * 3600);
+
+/// Purpose of the key derived from the admin token.
+const PURPOSE: &str = "pushonce console session v1";
+
+/// A signed-in operator.
+#[derive(Debug, Clone)]
+pub struct Session {
+    /// The name given at sign-in (recorded with every action).
+    pub by: String,
+    /// The token each of this session's forms carries.
+    pub csrf: String,
+}
+
+/// Makes and checks sessions with the key of `token`.
+pub struct Signer {
+    key: [u8; 32],
+}
+
+impl Signer {
+    /// A signer for `token`; `None` when the admin surface is open (the
+    /// console then refuses to sign anyone in).
+    pub fn new(token: &Token) -> Option<Signer> {
+        token.derive_key(PURPOSE).map(|key| Signer { key })
+    }
+
+    fn mac(&self, parts: &[&[u8]]) -> [u8; 32] {
+        let mut mac = <Hmac<Sha256> as Mac>::new_from_slice(&self.key)
+            .expect("HMAC takes a key of any length");
+        for part in parts {
+            mac.update(part);
+            mac.update(b"\n");
+        }
+        mac.finalize().into_bytes().into()
+    }
+
+    /// A new session for `by`: the cookie's value.
+    pub fn issue(&self, by: &str, now: SystemTime) -> String {
+        let expires = epoch_secs(now) + LIFETIME.as_secs();
+        let nonce: [u8; 16] = rand::random();
+        let payload = format!("{}.{expires}.{}", B64.encode(by), B64.encode(nonce));
+        let mac = self.mac(&[b"session", payload.as_bytes()]);
+        format!("{payload}.{}", B64.encode(mac))
+    }
+
+    /// The session of cookie value `value`, if its MAC checks and it has not expired.
+    pub fn verify(&self, value: &str, now: SystemTime) -> Option<Session> {
+        let (payload, mac) = value.rsplit_once('.')?;
+        let presented = B64.decode(mac).ok()?;
+        let expected = self.mac(&[b"session", payload.as_bytes()]);
+        if !bool::from(presented.as_slice().ct_eq(&expected)) {
+            return None;
+        }
+        let mut parts = payload.split('.');
+        let by = String::from_utf8(B64.decode(parts.next()?).ok()?).ok()?;
+        let expires: u64 = parts.next()?.parse().ok()?;
+        let nonce = parts.next()?;
+        if expires <= epoch_secs(now) {
+            return None;
+        }
+        let csrf = B64.encode(self.mac(&[b"csrf", nonce.as_bytes()]));
+        Some(Session { by, csrf })
+    }
+}
+
+fn epoch_secs(t: SystemTime) -> u64 {
+    t.duration_since(SystemTime::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+/// The console cookie's value in `headers`, if any.
+pub fn cookie(headers: &HeaderMap) -> Option<String> {
+    headers
+        .get_all(header::COOKIE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(';'))
+        .find_map(|pair| {
+            let (name, value) = pair.trim().split_once('=')?;
+            (name == COOKIE).then(|| value.to_string())
+        })
+}
+
+/// The `Set-Cookie` value that stores `value` for the session's lifetime.
+pub fn set_cookie(value: &str) -> String {
+    format!(
+        "{COOKIE}={value}; HttpOnly; SameSite=Strict; Path=/console; Max-Age={}",
+        LIFETIME.as_secs()
+    )
+}
+
+/// The `Set-Cookie` value that clears the cookie (logout).
+pub fn clear_cookie() -> String {
+    format!("{COOKIE}=; HttpOnly; SameSite=Strict; Path=/console; Max-Age=0")
+}
+
+/// Whether CSRF token `presented` is the session's (constant time).
+pub fn csrf_matches(session: &Session, presented: &str) -> bool {
+    bool::from(presented.as_bytes().ct_eq(session.csrf.as_bytes()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_session_verifies_only_with_its_token_and_before_it_expires() {
+        let now = SystemTime::now();
+        let signer = Signer::new(&Token::new(Some("s3cret"))).unwrap();
+        let value = signer.issue("ana", now);
+        assert!(!value.contains("s3cret"));
+        let session = signer.verify(&value, now).unwrap();
+        assert_eq!(session.by, "ana");
+        assert!(csrf_matches(&session, &session.csrf.clone()));
+        assert!(!csrf_matches(&session, "nope"));
+        let other = Signer::new(&Token::new(Some("other"))).unwrap();
+        assert!(other.verify(&value, now).is_none());
+        assert!(signer.verify(&value, now + LIFETIME).is_none());
+        let tampered = value.replacen(&B64.encode("ana"), &B64.encode("bob"), 1);
+        assert!(signer.verify(&tampered, now).is_none());
+        assert!(Signer::new(&Token::new(None)).is_none());
+    }
+}

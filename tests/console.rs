@@ -1,0 +1,434 @@
+//! The operator console in a real headless Chromium (chromedriver's
+//! WebDriver API) against a real `pushonce serve` process, real Redis and
+//! the provider simulator: sign in, the overview, held WeChat tasks made by
+//! real cut-off answers, a requeue through its explicit confirmation that
+//! reaches the provider once, a task marked delivered with no send, the
+//! audit on each task, look-up by business id, a refused reload in words.
+//! The session cookie and the CSRF and origin checks are asserted with
+//! plain HTTP. Screenshots of the overview and the held list go to `docs/console/`.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use provider_sim::Faults;
+use pushonce_tests::browser::Browser;
+use pushonce_tests::providers::{self, Sim};
+use pushonce_tests::redis::RedisServer;
+use pushonce_tests::stack::{ServeConfig, ServeProcess};
+use pushonce_tests::wait_until;
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+
+const ADMIN_TOKEN: &str = "console-test-admin-token";
+
+const POLICY: &str = r#"
+biz_type = "ORDER_SHIPPED"
+key_policy = "per-event@^1"
+channels = ["wechat"]
+window = "1h"
+
+[retry]
+max_attempts = 3
+backoff = { initial = "50ms", factor = 2.0, max = "200ms", jitter = false }
+"#;
+
+/// Quick reconciler: a held WeChat task (no status query) is checked
+/// twice, then `dead`, in well under a second.
+const RECONCILE: &str = r#"
+[auth]
+admin_token_env = "CONSOLE_ADMIN_TOKEN"
+
+[reconcile]
+every = "50ms"
+unknown_age = "50ms"
+max_checks = 2
+backoff = { initial = "50ms", factor = 1.0, max = "50ms" }
+"#;
+
+fn docs_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/console")
+}
+
+async fn serve(redis: &RedisServer, dir: &Path, sim: &Sim) -> ServeProcess {
+    let policies = dir.join("policies");
+    std::fs::create_dir_all(&policies).unwrap();
+    std::fs::write(policies.join("order-shipped.toml"), POLICY).unwrap();
+    let mut config = ServeConfig::new(&redis.url(), sim);
+    config.extra = RECONCILE.into();
+    config
+        .env
+        .push(("CONSOLE_ADMIN_TOKEN".into(), ADMIN_TOKEN.into()));
+    ServeProcess::start(&config, dir, &policies).await.unwrap()
+}
+
+/// Posts one ORDER_SHIPPED event for WeChat recipient `openid`; its task id.
+async fn post_event(host: &ServeProcess, biz_id: &str, openid: &str) -> String {
+    let event = json!({
+        "biz_type": "ORDER_SHIPPED", "biz_id": biz_id, "user_id": format!("u-{biz_id}"),
+        "occurred_at": "2026-11-30T08:00:00Z", "template": "order_shipped",
+        "params": {"order": biz_id}, "recipients": {"wechat": openid}
+    });
+    let answer: Value = reqwest::Client::new()
+        .post(host.url("/v1/events"))
+        .json(&event)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(answer["results"][0]["result"], "accepted", "{answer}");
+    answer["results"][0]["task_id"]
+        .as_str()
+        .unwrap()
+        .to_string()
+}
+
+async fn task(host: &ServeProcess, id: &str) -> Value {
+    let url = host.url(&format!("/v1/tasks/{id}"));
+    reqwest::get(url).await.unwrap().json().await.unwrap()
+}
+
+async fn wait_status(host: &ServeProcess, id: &str, status: &str) {
+    let result = wait_until(Duration::from_secs(30), || async move {
+        task(host, id).await["status"] == status
+    })
+    .await;
+    assert!(
+        result.is_ok(),
+        "task {id} never {status}: {}",
+        task(host, id).await
+    );
+}
+
+/// Messages the WeChat provider accepted for `openid`.
+fn at_provider(sim: &Sim, openid: &str) -> usize {
+    sim.ledger("wechat")
+        .iter()
+        .filter(|m| m.recipient == openid)
+        .count()
+}
+
+/// Makes a held (then `dead`) WeChat task whose answer was cut off:
+/// before the provider took the message (`taken` false) or after.
+async fn held_task(
+    host: &ServeProcess,
+    sim: &Sim,
+    biz_id: &str,
+    openid: &str,
+    taken: bool,
+) -> String {
+    let faults = if taken {
+        Faults {
+            drop_after_accept: 1.0,
+            ..Faults::default()
+        }
+    } else {
+        Faults {
+            drop_before_accept: 1.0,
+            ..Faults::default()
+        }
+    };
+    sim.set_faults("wechat", faults);
+    let id = post_event(host, biz_id, openid).await;
+    wait_status(host, &id, "dead").await;
+    sim.set_faults("wechat", Faults::default());
+    id
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operator_settles_held_tasks_in_the_browser() {
+    let redis = RedisServer::start().await.unwrap();
+    let sim = providers::sim().await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut host = serve(&redis, dir.path(), &sim).await;
+    let never_got = held_task(&host, &sim, "o-never", "openid-never", false).await;
+    let has_it = held_task(&host, &sim, "o-has", "openid-has", true).await;
+    assert_eq!(
+        (
+            at_provider(&sim, "openid-never"),
+            at_provider(&sim, "openid-has")
+        ),
+        (0, 1)
+    );
+
+    let browser = Browser::start().await.unwrap();
+    sign_in(&browser, &host).await;
+    held_list(&browser, &host, &[&never_got, &has_it]).await;
+    requeue_with_confirmation(&browser, &host, &never_got).await;
+    wait_until(Duration::from_secs(30), || async {
+        at_provider(&sim, "openid-never") == 1
+    })
+    .await
+    .expect("the requeued message reaches the provider");
+    let attempts = task(&host, &has_it).await["attempts"].as_u64();
+    mark_delivered(&browser, &host, &has_it).await;
+    assert_eq!(
+        at_provider(&sim, "openid-has"),
+        1,
+        "marking delivered sends nothing"
+    );
+    let settled = task(&host, &has_it).await;
+    assert_eq!(
+        (settled["status"].as_str(), settled["attempts"].as_u64()),
+        (Some("delivered"), attempts),
+        "no attempt: {settled}"
+    );
+    look_up(&browser, &host, &never_got).await;
+    refused_reload_in_words(&browser, &host, dir.path()).await;
+    wait_status(&host, &never_got, "sent").await;
+    assert_eq!(
+        at_provider(&sim, "openid-never"),
+        1,
+        "sent once: {:?}",
+        sim.ledger("wechat")
+    );
+    session_checks(&browser, &host, &has_it).await;
+    browser.stop().await;
+    host.terminate(Duration::from_secs(10)).await.unwrap();
+}
+
+/// No cookie: the sign-in page; a wrong token refused; the right one: the
+/// overview, with an HttpOnly, SameSite=Strict session cookie.
+async fn sign_in(browser: &Browser, host: &ServeProcess) {
+    browser.goto(&host.url("/console/overview")).await.unwrap();
+    assert!(browser.url().await.unwrap().ends_with("/console/login"));
+    browser.fill("#name", "ana").await.unwrap();
+    browser.fill("#token", "not-the-token").await.unwrap();
+    browser.click("button[type=submit]").await.unwrap();
+    let text = browser.text().await.unwrap();
+    assert!(text.contains("Wrong admin token"), "{text}");
+    browser.fill("#name", "ana").await.unwrap();
+    browser.fill("#token", ADMIN_TOKEN).await.unwrap();
+    browser.click("button[type=submit]").await.unwrap();
+    assert!(browser.url().await.unwrap().ends_with("/console/overview"));
+    let text = browser.text().await.unwrap();
+    assert!(text.contains("Signed in as ana"), "{text}");
+    assert!(
+        text.contains("wechat"),
+        "the overview lists the channel: {text}"
+    );
+    let cookies = browser.cookies().await.unwrap();
+    let cookie = cookies
+        .iter()
+        .find(|c| c["name"] == "pushonce_console")
+        .unwrap_or_else(|| panic!("{cookies:?}"));
+    assert_eq!(cookie["httpOnly"], true, "{cookie}");
+    assert_eq!(cookie["sameSite"], "Strict", "{cookie}");
+    assert_eq!(cookie["path"], "/console", "{cookie}");
+    assert!(!cookie["value"].as_str().unwrap().contains(ADMIN_TOKEN));
+}
+
+/// Both held tasks listed with their cause and the provider's answer,
+/// filterable by channel and cause.
+async fn held_list(browser: &Browser, host: &ServeProcess, ids: &[&str]) {
+    browser
+        .goto(&host.url("/console/held?channel=wechat&cause=cut_off_after_write"))
+        .await
+        .unwrap();
+    let text = browser.text().await.unwrap();
+    for id in ids {
+        assert!(text.contains(id), "{id} listed: {text}");
+    }
+    assert!(text.contains("cut_off_after_write"), "{text}");
+    assert!(
+        text.contains("the message may already be at the provider"),
+        "{text}"
+    );
+    browser
+        .screenshot(&docs_dir().join("held.png"))
+        .await
+        .unwrap();
+    browser
+        .goto(&host.url("/console/held?cause=retries_exhausted"))
+        .await
+        .unwrap();
+    let text = browser.text().await.unwrap();
+    assert!(
+        ids.iter().all(|id| !text.contains(id)),
+        "filtered out: {text}"
+    );
+}
+
+/// Requeue asks first ("may already be at the provider"), then sends; the
+/// task shows the action with who and why.
+async fn requeue_with_confirmation(browser: &Browser, host: &ServeProcess, id: &str) {
+    browser
+        .goto(&host.url(&format!("/console/tasks/{id}")))
+        .await
+        .unwrap();
+    browser
+        .fill(
+            &format!("#why-requeue-{id}"),
+            "provider support: never received",
+        )
+        .await
+        .unwrap();
+    browser.click("button.requeue").await.unwrap();
+    let text = browser.text().await.unwrap();
+    assert!(
+        text.contains("The message may already be at the provider — send anyway?"),
+        "{text}"
+    );
+    assert_eq!(
+        task(host, id).await["status"],
+        "dead",
+        "nothing done before the confirmation"
+    );
+    browser.click("#send-anyway").await.unwrap();
+    assert!(browser.url().await.unwrap().contains("done=requeued"));
+    let audit = browser
+        .text_of(&browser.find("table.audit").await.unwrap())
+        .await
+        .unwrap();
+    assert!(audit.contains("ana"), "{audit}");
+    assert!(audit.contains("requeue (forced)"), "{audit}");
+    assert!(
+        audit.contains("provider support: never received"),
+        "{audit}"
+    );
+}
+
+/// Mark delivered: settled without a send, audited.
+async fn mark_delivered(browser: &Browser, host: &ServeProcess, id: &str) {
+    browser
+        .goto(&host.url(&format!("/console/tasks/{id}")))
+        .await
+        .unwrap();
+    browser
+        .fill(
+            &format!("#why-mark-delivered-{id}"),
+            "the user has the message",
+        )
+        .await
+        .unwrap();
+    browser.click("button.mark-delivered").await.unwrap();
+    assert!(browser.url().await.unwrap().contains("done=delivered"));
+    let status = browser
+        .text_of(&browser.find("dd.status").await.unwrap())
+        .await
+        .unwrap();
+    assert_eq!(status, "delivered");
+    let audit = browser
+        .text_of(&browser.find("table.audit").await.unwrap())
+        .await
+        .unwrap();
+    assert!(
+        audit.contains("ana") && audit.contains("delivered"),
+        "{audit}"
+    );
+    assert!(audit.contains("the user has the message"), "{audit}");
+}
+
+/// Look-up by business type and id finds the event's task.
+async fn look_up(browser: &Browser, host: &ServeProcess, id: &str) {
+    browser.goto(&host.url("/console/lookup")).await.unwrap();
+    browser.fill("#biz_type", "ORDER_SHIPPED").await.unwrap();
+    browser.fill("#biz_id", "o-never").await.unwrap();
+    browser.click("#find").await.unwrap();
+    let text = browser.text().await.unwrap();
+    assert!(text.contains(id), "{text}");
+    assert!(
+        text.contains("requeue (forced)"),
+        "the audit shows in the look-up: {text}"
+    );
+}
+
+/// A policy file that does not parse: the reload is refused and the
+/// overview says why, in words.
+async fn refused_reload_in_words(browser: &Browser, host: &ServeProcess, dir: &Path) {
+    std::fs::write(
+        dir.join("policies/broken.toml"),
+        "biz_type = \"BROKEN\"\nchannels = [",
+    )
+    .unwrap();
+    let answer = reqwest::Client::new()
+        .post(host.url("/admin/reload"))
+        .bearer_auth(ADMIN_TOKEN)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(answer.status(), StatusCode::UNPROCESSABLE_ENTITY);
+    browser.goto(&host.url("/console/overview")).await.unwrap();
+    let text = browser.text().await.unwrap();
+    assert!(text.contains("refused at"), "{text}");
+    assert!(
+        text.contains("broken.toml"),
+        "the reason names the file: {text}"
+    );
+    browser
+        .screenshot(&docs_dir().join("overview.png"))
+        .await
+        .unwrap();
+}
+
+/// Plain HTTP: no cookie, a redirect to sign-in; a POST without the CSRF
+/// token or from another origin is refused (403) and changes nothing; with
+/// both right, the same session's POST goes through.
+async fn session_checks(browser: &Browser, host: &ServeProcess, id: &str) {
+    let http = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap();
+    let anonymous = http.get(host.url("/console/held")).send().await.unwrap();
+    assert_eq!(anonymous.status(), StatusCode::SEE_OTHER);
+    assert_eq!(anonymous.headers()["location"], "/console/login");
+    let cookies = browser.cookies().await.unwrap();
+    let value = cookies
+        .iter()
+        .find(|c| c["name"] == "pushonce_console")
+        .unwrap()["value"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let cookie = format!("pushonce_console={value}");
+    let page = http
+        .get(host.url(&format!("/console/tasks/{id}")))
+        .header("cookie", &cookie)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let csrf = page
+        .split("name=\"csrf\" value=\"")
+        .nth(1)
+        .and_then(|rest| rest.split('"').next())
+        .expect("a CSRF field")
+        .to_string();
+    let give_up = host.url(&format!("/console/tasks/{id}/give-up"));
+    let without = http
+        .post(&give_up)
+        .header("cookie", &cookie)
+        .form(&[("why", "no token")])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(without.status(), StatusCode::FORBIDDEN);
+    let cross_site = http
+        .post(&give_up)
+        .header("cookie", &cookie)
+        .header("origin", "http://evil.example")
+        .form(&[("why", "cross site"), ("csrf", csrf.as_str())])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(cross_site.status(), StatusCode::FORBIDDEN);
+    assert_eq!(
+        task(host, id).await["status"],
+        "delivered",
+        "nothing changed"
+    );
+    let logout = http
+        .post(host.url("/console/logout"))
+        .header("cookie", &cookie)
+        .header("origin", host.base())
+        .form(&[("csrf", csrf.as_str())])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(logout.status(), StatusCode::SEE_OTHER);
+    let cleared = logout.headers()["set-cookie"].to_str().unwrap();
+    assert!(cleared.contains("Max-Age=0"), "{cleared}");
+}

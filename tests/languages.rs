@@ -22,6 +22,9 @@ mod key_util;
 
 const EVENTS: usize = 10_000;
 
+/// A Rust reference implementation of a key policy: key body or error.
+type Reference = fn(&Event, &[(String, String)]) -> Result<String, String>;
+
 /// The component built from `plugins/key-policies-*/<name>`, or `None` (with
 /// the reason printed) when its toolchain is not installed.
 fn built(name: &str) -> Option<PathBuf> {
@@ -97,14 +100,14 @@ impl Gen {
             1 => format!("{prefix}:+={}/é", self.next() % 100),
             2 => format!("用户{}", self.next() % 100),
             3 => format!("{prefix}-{}", "x".repeat(60 + (self.next() % 20) as usize)),
-            4 if self.next() % 20 == 0 => String::new(),
+            4 if self.next().is_multiple_of(20) => String::new(),
             _ => format!("{prefix}-{}", self.next() % 1000),
         }
     }
 
     /// An instant: anywhere in 1970–2100, or within four days of a new year.
     fn instant(&mut self) -> u64 {
-        if self.next() % 3 == 0 {
+        if self.next().is_multiple_of(3) {
             let year = 1971 + (self.next() % 129) as i64;
             let new_year = days_from_civil(year, 1, 1) * 86_400_000;
             let around = (self.next() % (8 * 86_400_000)) as i64 - 4 * 86_400_000;
@@ -211,8 +214,8 @@ fn generated(g: &mut Gen) -> (Event, Vec<(String, String)>) {
         p.push(("tenant_attr".to_string(), tenant_attr.to_string()));
     }
     let mut attributes = vec![("job_id".to_string(), g.id("job"))];
-    if g.next() % 10 != 0 {
-        let name = if g.next() % 4 == 0 {
+    if !g.next().is_multiple_of(10) {
+        let name = if g.next().is_multiple_of(4) {
             "org"
         } else {
             "tenant_id"
@@ -233,11 +236,7 @@ fn generated(g: &mut Gen) -> (Event, Vec<(String, String)>) {
 /// take about a CPU-minute), checks it describes itself as `manifest` says,
 /// then runs it and `reference` on [`EVENTS`] generated events: same key
 /// bodies and errors, and the host composes every key it returns.
-fn same_as_reference(
-    name: &str,
-    manifest: &str,
-    reference: fn(&Event, &[(String, String)]) -> Result<String, String>,
-) {
+fn same_as_reference(name: &str, manifest: &str, reference: Reference) {
     let Some(file) = built(name) else { return };
     let registry = registry_of(&[file], None);
     let plugin = registry.resolve_key_policy(name).expect("resolves");

@@ -3,6 +3,9 @@
 //! release, with a target directory inside `OUT_DIR`, and tells the tests
 //! where the components are: `PUSHONCE_TEST_PLUGINS` (the real plugins) and
 //! `PUSHONCE_FIXTURE_PLUGINS` (misbehave, versioned, stable, wrong-world, http-probe).
+//! The JavaScript and Python key policies are built too when their toolchains
+//! are installed (`cargo xtask setup`): `PUSHONCE_LANG_PLUGINS` is their
+//! directory, `PUSHONCE_LANG_SKIPPED` says which were not built and why.
 //!
 //! The nested cargo gets a clean environment: the variables cargo sets for a
 //! build script (target, flags, wrappers, jobserver) would otherwise leak into
@@ -10,6 +13,11 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
+
+/// Building the JavaScript and Python plugins, shared with `cargo xtask plugins`.
+#[path = "../xtask/src/languages.rs"]
+#[allow(dead_code)]
+mod languages;
 
 fn main() {
     let manifest_dir = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").unwrap());
@@ -41,7 +49,13 @@ fn main() {
         &out.join("fixtures"),
         "test plugins",
     );
+    build_other_languages(&root, &out);
     println!("cargo:rustc-env=PUSHONCE_TEST_PLUGINS={}", real.display());
+    // Where the plugins' dependencies are compiled (a scaffolded project reuses them).
+    println!(
+        "cargo:rustc-env=PUSHONCE_WASM_TARGET_DIR={}",
+        target_dir.display()
+    );
     println!(
         "cargo:rustc-env=PUSHONCE_FIXTURE_PLUGINS={}",
         fixture.display()
@@ -153,4 +167,40 @@ fn members(manifest: &str) -> Vec<String> {
         .step_by(2)
         .map(str::to_string)
         .collect()
+}
+
+/// Builds the JavaScript and Python plugins into `OUT_DIR/languages`; one
+/// whose toolchain is missing is skipped (named with the reason in
+/// `PUSHONCE_LANG_SKIPPED`), one that fails to build fails the build.
+fn build_other_languages(root: &Path, out: &Path) {
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| root.join("target"));
+    let toolchains = languages::toolchains(&target);
+    let dest = out.join("languages");
+    let _ = std::fs::remove_dir_all(&dest);
+    std::fs::create_dir_all(&dest).unwrap();
+    let mut skipped = Vec::new();
+    for src in languages::sources(&root.join("plugins")) {
+        if let Some(reason) = languages::missing(src.lang, &toolchains) {
+            skipped.push(format!("{}: {reason}", src.name));
+            continue;
+        }
+        let work = out.join("language-sources");
+        if let Err(e) = languages::build(&src, &root.join("wit"), &toolchains, &work, &dest) {
+            panic!("building plugin {} failed: {e}", src.name);
+        }
+    }
+    // Installing a toolchain (`cargo xtask setup`) makes the next build use it.
+    for tool in [
+        languages::componentize_js(&toolchains),
+        languages::componentize_py(&toolchains),
+    ] {
+        println!("cargo:rerun-if-changed={}", tool.display());
+    }
+    println!("cargo:rustc-env=PUSHONCE_LANG_PLUGINS={}", dest.display());
+    println!(
+        "cargo:rustc-env=PUSHONCE_LANG_SKIPPED={}",
+        skipped.join("; ")
+    );
 }

@@ -4,6 +4,7 @@
 //! under test.
 
 mod http;
+mod languages;
 mod load;
 mod permit;
 mod plugins;
@@ -22,6 +23,8 @@ struct Cli {
 enum What {
     /// Plugin calls: warm `derive-key` cost, cache load vs cold compile.
     Plugins(plugins::Args),
+    /// Key policies per language (Rust, JavaScript, Python): size, compile, cache load, call, memory.
+    Languages(languages::Args),
     /// The Redis permit layer against `redis-benchmark` on the same server.
     Permit(permit::Args),
     /// The whole host over HTTP (separate load generator process), against the Redis floor.
@@ -35,6 +38,7 @@ fn main() -> anyhow::Result<()> {
     pushonce::cli::init_logging();
     match Cli::parse().what {
         What::Plugins(a) => plugins::run(a),
+        What::Languages(a) => languages::run(a),
         What::Permit(a) => permit::run(a),
         What::Http(a) => http::run(a),
         What::Load(a) => load::run(a),

@@ -1,15 +1,20 @@
 //! `cargo xtask`: the developer's tasks, kept out of the host's build.
 //!
 //! - `setup`: install what a fresh machine lacks (the `wasm32-wasip2` target,
-//!   `redis-server`, schemathesis in `target/schemathesis` for `tests/schemathesis.rs`).
+//!   `redis-server`, schemathesis in `target/schemathesis` for `tests/schemathesis.rs`,
+//!   componentize-js and componentize-py in `target/plugin-toolchains` for the
+//!   plugins written in JavaScript and Python).
 //! - `plugins`: build every plugin in `plugins/` for `wasm32-wasip2` and copy the
-//!   components to `target/plugins/`.
+//!   components to `target/plugins/`; the JavaScript and Python key policies
+//!   too when their toolchains are installed (skipped, with the reason, when not).
 //! - `test`: `setup`, build the binaries, then the whole test suite (`cargo test --workspace`).
 //! - `run`: `setup`, `plugins`, then the provider simulator on 127.0.0.1:9090
 //!   and the host with its defaults (`pushonce.toml`: embedded Redis, the
 //!   four channels pointing at the simulator).
 //! - `chaos`: `setup`, build `pushonce` and the `chaos` program in release,
 //!   then run it (arguments after `chaos` go to it; `--help` lists them).
+
+mod languages;
 
 use anyhow::{Context, Result, bail};
 use std::path::{Path, PathBuf};
@@ -138,7 +143,70 @@ fn setup(root: &Path) -> Result<()> {
             "could not install Chromium; install it by hand (Debian: apt-get install chromium chromium-driver)",
         )?;
     }
-    install_schemathesis(root)
+    install_schemathesis(root)?;
+    install_plugin_toolchains(root)
+}
+
+/// The target directory: `CARGO_TARGET_DIR`, else `target/`.
+fn target_dir(root: &Path) -> PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| root.join("target"))
+}
+
+/// Installs componentize-js (npm, into `plugin-toolchains/js`) and
+/// componentize-py (pip, into the virtualenv `plugin-toolchains/py`) under
+/// the target directory, at the pinned releases; a missing Node.js skips
+/// the JavaScript one with a warning (its plugins are then skipped too).
+fn install_plugin_toolchains(root: &Path) -> Result<()> {
+    let dir = languages::toolchains(&target_dir(root));
+    let js = dir.join("js");
+    let js_pin = format!("\"version\": \"{}\"", languages::COMPONENTIZE_JS);
+    let js_installed = std::fs::read_to_string(
+        js.join("node_modules/@bytecodealliance/componentize-js/package.json"),
+    )
+    .is_ok_and(|p| p.contains(&js_pin));
+    if !js_installed && has_program("npm") && has_program("node") {
+        eprintln!(
+            "xtask: installing componentize-js {} into {}",
+            languages::COMPONENTIZE_JS,
+            js.display()
+        );
+        std::fs::create_dir_all(&js)?;
+        std::fs::write(js.join("package.json"), "{\"private\": true}\n")?;
+        run(Command::new("npm")
+            .current_dir(&js)
+            .args(["install", "--no-audit", "--no-fund", "--loglevel=error"])
+            .arg(format!(
+                "@bytecodealliance/componentize-js@{}",
+                languages::COMPONENTIZE_JS
+            )))
+        .context("npm could not install componentize-js (is the npm registry reachable?)")?;
+    } else if !js_installed {
+        eprintln!(
+            "xtask: warning: Node.js/npm not found: the JavaScript plugins will not be built (Debian: apt-get install nodejs npm)"
+        );
+    }
+    let py = dir.join("py");
+    let py_installed = Command::new(languages::componentize_py(&dir))
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains(languages::COMPONENTIZE_PY));
+    if !py_installed {
+        eprintln!(
+            "xtask: installing componentize-py {} into {}",
+            languages::COMPONENTIZE_PY,
+            py.display()
+        );
+        run(Command::new("python3").args(["-m", "venv"]).arg(&py)).context(
+            "python3 could not make a virtualenv (Debian: apt-get install python3-venv)",
+        )?;
+        run(Command::new(py.join("bin/pip"))
+            .args(["install", "--quiet"])
+            .arg(format!("componentize-py=={}", languages::COMPONENTIZE_PY)))
+        .context("pip could not install componentize-py (is PyPI reachable?)")?;
+    }
+    Ok(())
 }
 
 /// The schemathesis release `tests/schemathesis.rs` runs (pinned: its checks
@@ -233,8 +301,30 @@ fn build_plugins(root: &Path) -> Result<PathBuf> {
             n += 1;
         }
     }
+    n += build_other_languages(root, &out)?;
     eprintln!("xtask: {n} plugin(s) in {}", out.display());
     Ok(out)
+}
+
+/// Builds the JavaScript and Python plugins into `out`; one whose toolchain
+/// is missing is skipped with the reason. Returns how many were built.
+fn build_other_languages(root: &Path, out: &Path) -> Result<usize> {
+    let target = target_dir(root);
+    let toolchains = languages::toolchains(&target);
+    let work = target.join("plugin-sources");
+    let mut n = 0;
+    for src in languages::sources(&root.join("plugins")) {
+        if let Some(reason) = languages::missing(src.lang, &toolchains) {
+            eprintln!("xtask: skipped plugin {}: {reason}", src.name);
+            continue;
+        }
+        eprintln!("xtask: building plugin {} ({:?})", src.name, src.lang);
+        languages::build(&src, &root.join("wit"), &toolchains, &work, out)
+            .map_err(anyhow::Error::msg)
+            .with_context(|| format!("building plugin {}", src.name))?;
+        n += 1;
+    }
+    Ok(n)
 }
 
 /// Where `cargo xtask run` keeps the simulator's CA and test keys.

@@ -8,8 +8,10 @@ pub mod keys;
 pub mod ledger;
 pub mod openapi;
 pub mod output;
+pub mod plugin_test;
 pub mod plugins;
 pub mod policies;
+pub mod scaffold;
 pub mod serve;
 pub mod worker;
 

@@ -1,4 +1,5 @@
-//! `pushonce plugins list|check`: inspect plugin files.
+//! `pushonce plugins list|check|test|new`: inspect plugin files, run an
+//! author's test cases against one, scaffold a new plugin project.
 
 use std::path::{Path, PathBuf};
 
@@ -31,6 +32,28 @@ enum What {
         #[arg(long = "param", value_parser = parse_param)]
         params: Vec<(String, String)>,
     },
+    /// Run a key policy against event → expected-key cases (TOML `[[case]]`
+    /// or JSON lines); prints a pass/fail table, fails if any case fails.
+    Test {
+        /// The `.wasm` file.
+        file: PathBuf,
+        /// The cases file (`.toml`, else JSON lines).
+        #[arg(long)]
+        cases: PathBuf,
+    },
+    /// Write a new plugin project (sources, WIT, build command, test cases).
+    New {
+        /// `key-policy` or `channel`.
+        kind: super::scaffold::Kind,
+        /// The plugin's name, `[a-z][a-z0-9-]*`.
+        name: String,
+        /// The language.
+        #[arg(long, value_enum, default_value = "rust")]
+        lang: super::scaffold::Lang,
+        /// Where to write it [default: ./NAME].
+        #[arg(long)]
+        dir: Option<PathBuf>,
+    },
 }
 
 /// Run `pushonce plugins`.
@@ -38,6 +61,18 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     match args.what {
         What::List { dir } => list(&dir.unwrap_or_else(default_plugin_dir)),
         What::Check { file, params } => check(&file, &params),
+        What::Test { file, cases } => test(&file, &cases),
+        What::New {
+            kind,
+            name,
+            lang,
+            dir,
+        } => new(
+            kind,
+            &name,
+            lang,
+            &dir.unwrap_or_else(|| PathBuf::from(&name)),
+        ),
     }
 }
 
@@ -112,6 +147,63 @@ fn check(file: &Path, params: &[(String, String)]) -> anyhow::Result<()> {
     }
     if failed {
         bail!("{} failed on the sample event", m.id);
+    }
+    Ok(())
+}
+
+fn test(file: &Path, cases: &Path) -> anyhow::Result<()> {
+    let cases = super::plugin_test::read_cases(cases)?;
+    let mut registry = PluginRegistry::new(&Limits::default(), Some(&default_cache_dir()))?;
+    let plugin = match registry.load_file(file) {
+        Ok(Plugin::KeyPolicy(p)) => p,
+        Ok(other) => bail!(
+            "{} is a {} plugin: `plugins test` runs key policies",
+            other.meta().id,
+            other.meta().world
+        ),
+        Err(e) => bail!("refused: {e}"),
+    };
+    let outcomes = super::plugin_test::run_cases(&plugin, cases);
+    let rows: Vec<[String; 4]> = outcomes
+        .iter()
+        .map(|o| {
+            let result = if o.passed { "pass" } else { "FAIL" };
+            [
+                o.name.clone(),
+                result.into(),
+                o.expected.clone(),
+                o.got.clone(),
+            ]
+        })
+        .collect();
+    print_table(&["CASE", "RESULT", "EXPECTED", "GOT"], &rows);
+    let failed = outcomes.iter().filter(|o| !o.passed).count();
+    println!(
+        "{}: {} passed, {failed} failed",
+        plugin.id(),
+        outcomes.len() - failed
+    );
+    if failed > 0 {
+        bail!("{failed} of {} case(s) failed", outcomes.len());
+    }
+    Ok(())
+}
+
+fn new(
+    kind: super::scaffold::Kind,
+    name: &str,
+    lang: super::scaffold::Lang,
+    dir: &Path,
+) -> anyhow::Result<()> {
+    let files = super::scaffold::scaffold(kind, name, lang, dir)?;
+    println!("wrote {} files into {}", files.len(), dir.display());
+    println!(
+        "build: cd {} && {}",
+        dir.display(),
+        super::scaffold::build_command(lang)
+    );
+    if kind == super::scaffold::Kind::KeyPolicy {
+        println!("test:  pushonce plugins test <the .wasm> --cases cases.toml");
     }
     Ok(())
 }

@@ -209,6 +209,19 @@ impl KeyPolicyPlugin {
             .map_err(|e| classify(&self.meta.id, e, warm.store.data(), fuel))
     }
 
+    /// The linear memory (bytes, all memories) a fresh instance holds after
+    /// one `derive-key` call: what each warm instance of this plugin costs.
+    pub fn memory_after_one_call(
+        &self,
+        event: &Event,
+        channel: &str,
+        params: &[(String, String)],
+    ) -> Result<usize, CallError> {
+        let mut warm = self.instantiate()?;
+        self.call(&mut warm, event, channel, params)?.ok();
+        Ok(warm.store.data().limiter.memory_bytes)
+    }
+
     /// The fuel one `derive-key` call uses, measured on a fresh instance
     /// (for benchmarks and for choosing `Limits::fuel_per_call`).
     pub fn fuel_used_by_one_call(

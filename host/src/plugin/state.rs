@@ -328,6 +328,8 @@ pub(crate) struct CapLimiter {
     pub(crate) hit: bool,
     /// The cap in bytes, for messages.
     cap_bytes: usize,
+    /// Linear memory the instance holds, in bytes (all its memories).
+    pub(crate) memory_bytes: usize,
 }
 
 impl CapLimiter {
@@ -339,6 +341,7 @@ impl CapLimiter {
                 .build(),
             hit: false,
             cap_bytes: memory_bytes,
+            memory_bytes: 0,
         }
     }
 }
@@ -351,7 +354,9 @@ impl ResourceLimiter for CapLimiter {
         maximum: Option<usize>,
     ) -> wasmtime::Result<bool> {
         let answer = self.inner.memory_growing(current, desired, maximum);
-        if !matches!(answer, Ok(true)) {
+        if matches!(answer, Ok(true)) {
+            self.memory_bytes += desired.saturating_sub(current);
+        } else {
             self.hit = true;
         }
         answer

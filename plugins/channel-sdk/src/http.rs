@@ -44,6 +44,36 @@ impl Response {
             .map(|s| s.saturating_mul(1000))
     }
 
+    /// The error for a refused answer from `provider`, by its status alone:
+    /// 429 and 5xx retryable (honouring `Retry-After`), other statuses
+    /// permanent.
+    pub fn refusal(&self, provider: &str) -> crate::SendError {
+        let refusal = crate::provider::auth::Refusal::of_status(self.status);
+        crate::provider::refused_by(provider, &refusal, self)
+    }
+
+    /// A receipt whose provider id is the string field `id_field` of the
+    /// JSON body, with `reference`; an answer without it is `unknown` (the
+    /// provider may have taken the message).
+    pub fn receipt(
+        &self,
+        id_field: &str,
+        reference: Option<String>,
+    ) -> Result<crate::Receipt, crate::SendError> {
+        let id = self.json_str(id_field).ok_or_else(|| {
+            crate::SendError::Unknown(format!("status {} without a message id", self.status))
+        })?;
+        Ok(crate::Receipt {
+            provider_message_id: id,
+            reference,
+        })
+    }
+
+    /// The string field `name` of the JSON body, if there is one.
+    pub fn json_str(&self, name: &str) -> Option<String> {
+        self.json().get(name)?.as_str().map(str::to_string)
+    }
+
     /// The body parsed as JSON (`Null` when it is not JSON).
     pub fn json(&self) -> serde_json::Value {
         serde_json::from_slice(&self.body).unwrap_or(serde_json::Value::Null)
@@ -72,6 +102,11 @@ impl std::fmt::Display for HttpError {
             HttpError::MaybeSent(m) => write!(f, "no complete answer: {m}"),
         }
     }
+}
+
+/// `GET url` without extra headers.
+pub fn get(url: &str) -> Result<Response, HttpError> {
+    request("GET", url, &[], None)
 }
 
 /// Sends `method url` with `headers` and `body`, and reads the whole response.

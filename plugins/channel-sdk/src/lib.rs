@@ -83,11 +83,45 @@ impl ProviderCapabilities {
         query_lag_secs: 0,
         callbacks: false,
     };
+
+    /// The same, with a provider that dedupes on the reference for
+    /// `window_secs` (`None`: for good).
+    pub const fn reference(mut self, window_secs: Option<u32>) -> ProviderCapabilities {
+        self.honours_reference = true;
+        self.reference_window_secs = window_secs;
+        self
+    }
+
+    /// The same, with a status query that may lag a send by `lag_secs`.
+    pub const fn query(mut self, lag_secs: u32) -> ProviderCapabilities {
+        self.can_query = true;
+        self.query_lag_secs = lag_secs;
+        self
+    }
+
+    /// The same, with delivery callbacks this plugin handles.
+    pub const fn callbacks(mut self) -> ProviderCapabilities {
+        self.callbacks = true;
+        self
+    }
+}
+
+/// This plugin's [`PluginInfo`], from the calling crate's `Cargo.toml`
+/// (`name`, `version`, `description`).
+#[macro_export]
+macro_rules! plugin_info {
+    () => {
+        $crate::PluginInfo {
+            name: env!("CARGO_PKG_NAME").into(),
+            version: env!("CARGO_PKG_VERSION").into(),
+            description: env!("CARGO_PKG_DESCRIPTION").into(),
+        }
+    };
 }
 
 /// Exports `$t: Channel` as the plugin's `channel` interface, with a
-/// `describe` built from the calling crate's `Cargo.toml` (name, version,
-/// description).
+/// `describe` built by [`plugin_info!`] from the calling crate's
+/// `Cargo.toml` (name, version, description).
 #[macro_export]
 macro_rules! export_channel {
     ($t:ty) => {
@@ -95,11 +129,7 @@ macro_rules! export_channel {
             struct __PushonceChannel;
             impl $crate::Guest for __PushonceChannel {
                 fn describe() -> $crate::PluginInfo {
-                    $crate::PluginInfo {
-                        name: env!("CARGO_PKG_NAME").into(),
-                        version: env!("CARGO_PKG_VERSION").into(),
-                        description: env!("CARGO_PKG_DESCRIPTION").into(),
-                    }
+                    $crate::plugin_info!()
                 }
             }
             impl $crate::ChannelGuest for __PushonceChannel {

@@ -2,51 +2,18 @@
 //! job. The key body is `<user_id>:job=<job id>`; the job id is the event
 //! attribute named by param `job_attr` (default `job_id`), and a missing
 //! attribute is an error naming it.
+use key_policy_sdk::{Event, Params, attribute, non_empty, param, part};
 
-wit_bindgen::generate!({ world: "key-policy-plugin", path: "../../../wit" });
-
-use exports::pushonce::plugin::key_policy::{Guest as KeyPolicy, KeyDecision};
-use pushonce::plugin::types::Event;
-
-/// The plugin; its methods are the world's exports.
-struct PerUserPerJob;
-
-impl KeyPolicy for PerUserPerJob {
-    fn derive_key(
-        event: Event,
-        _channel: String,
-        params: Vec<(String, String)>,
-    ) -> Result<KeyDecision, String> {
-        let attr = key_util::param(&params, "job_attr").unwrap_or("job_id");
-        let job = key_util::attribute(&event.attributes, attr).ok_or_else(|| {
-            format!("event attribute `{attr}` (the job id, param `job_attr`) is missing")
-        })?;
-        if job.is_empty() {
-            return Err(format!("event attribute `{attr}` (the job id) is empty"));
-        }
-        if event.user_id.is_empty() {
-            return Err("event field `user_id` is empty".into());
-        }
-        let key = format!(
-            "{}:job={}",
-            key_util::part(&event.user_id),
-            key_util::part(job)
-        );
-        Ok(KeyDecision {
-            key,
-            window_secs: None,
-        })
+fn derive(event: &Event, _channel: &str, params: &Params) -> Result<String, String> {
+    let attr = param(params, "job_attr").unwrap_or("job_id");
+    let job = attribute(&event.attributes, attr).ok_or_else(|| {
+        format!("event attribute `{attr}` (the job id, param `job_attr`) is missing")
+    })?;
+    if job.is_empty() {
+        return Err(format!("event attribute `{attr}` (the job id) is empty"));
     }
+    let user = part(non_empty("user_id", &event.user_id)?);
+    Ok(format!("{user}:job={}", part(job)))
 }
 
-impl Guest for PerUserPerJob {
-    fn describe() -> PluginInfo {
-        PluginInfo {
-            name: "per-user-per-job".into(),
-            version: env!("CARGO_PKG_VERSION").into(),
-            description: env!("CARGO_PKG_DESCRIPTION").into(),
-        }
-    }
-}
-
-export!(PerUserPerJob);
+key_policy_sdk::export_key_policy!(derive);

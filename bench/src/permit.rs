@@ -90,6 +90,10 @@ async fn measure_permits(args: Args) -> anyhow::Result<()> {
     let per_permit = used_memory(&mut conn).await?.saturating_sub(before) as f64 / n as f64;
     let batch = args.batch.max(1);
     let batched = host_accepts(&permits, n, c, batch, "b").await?;
+    let before = used_memory(&mut conn).await?;
+    let capped = host_accepts(&permits, n, c, 1, "c").await?;
+    let per_capped = used_memory(&mut conn).await?.saturating_sub(before) as f64 / n as f64;
+    let cap_ratio = capped.rate / single.rate;
 
     let rows = [
         Row {
@@ -107,6 +111,10 @@ async fn measure_permits(args: Args) -> anyhow::Result<()> {
         Row {
             what: format!("host accept_batch x{batch}, 1 conn"),
             ..batched
+        },
+        Row {
+            what: "host accept.lua + 1 rolling cap, 1 conn".into(),
+            ..capped
         },
     ];
     println!(
@@ -139,6 +147,9 @@ async fn measure_permits(args: Args) -> anyhow::Result<()> {
     }
     println!(
         "memory per open permit (permit + task hash + stream entry + event index): {per_permit:.0} bytes; floor key alone: {floor_bytes:.0} bytes (INFO used_memory delta / {n})"
+    );
+    println!(
+        "accept with a cap / without: {cap_ratio:.2}x the rate; memory per capped accept {per_capped:.0} bytes (the cap's zset member included)"
     );
     println!(
         "p50/p99 of batch rows are per pipeline of {batch}; redis-benchmark latencies are its own (-P 1, {c} connections)"
@@ -234,6 +245,25 @@ pub(super) fn request(tag: &str, i: usize) -> AcceptRequest {
         policy_name: "per-event".into(),
         policy_version: "1.0.0".into(),
         retry: RetryPolicy::default(),
+        gate: gate_of(tag, &user),
+    }
+}
+
+/// No cap, except for the capped row (tag `c`): one rolling 24 h cap per
+/// user and channel with room for every request (so every accept checks,
+/// trims and counts, and none is refused).
+fn gate_of(tag: &str, user: &str) -> pushonce::permit::Gate {
+    if tag != "c" {
+        return pushonce::permit::Gate::default();
+    }
+    pushonce::permit::Gate {
+        caps: vec![pushonce::permit::CapCheck {
+            name: "bench".into(),
+            subject: format!("{user}:sms"),
+            max: 1_000_000,
+            period: pushonce::permit::CapPeriod::Rolling(Duration::from_secs(24 * 3600)),
+        }],
+        quiet: None,
     }
 }
 

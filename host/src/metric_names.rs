@@ -35,6 +35,7 @@ pub const POLICY_GENERATION: &str = "pushonce_policy_generation";
 pub const PER_CHANNEL: &[&str] = &[
     ACCEPTED,
     DUPLICATES,
+    QUIET_DEFERRED,
     SENT,
     DELIVERED,
     FAILED,

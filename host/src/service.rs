@@ -342,6 +342,7 @@ pub async fn start(
         corpus: Arc::new(CorpusSampler::default()),
     });
     api::metrics::register_channels(config.channels.keys().map(String::as_str));
+    api::metrics::register_caps(&live.current().policies);
     let (stop, stop_rx) = watch::channel(false);
     let (dispatch_stop, dispatch_rx) = watch::channel(false);
     let delivery = spawn_delivery(

@@ -31,7 +31,7 @@ use crate::route::plan::{PlanRequest, PlannedEvent};
     post, path = "/v1/events", tag = "events",
     request_body(content = EventRequest, content_type = "application/json"),
     responses(
-        (status = 202, description = "One result per channel: accepted or duplicate", body = EventAccepted),
+        (status = 202, description = "One result per channel: accepted, duplicate or capped", body = EventAccepted),
         (status = 400, description = "Malformed JSON", body = Problem, content_type = "application/problem+json"),
         (status = 401, description = "Missing or wrong bearer token", body = Problem, content_type = "application/problem+json"),
         (status = 413, description = "Body too large", body = Problem, content_type = "application/problem+json"),

@@ -80,24 +80,26 @@ fn next_allowed(a: &Acceptance, name: &str) -> i64 {
 
 /// Accepts `req` again and again until it is accepted (within 5 s); returns the answer.
 async fn accept_when_allowed(permits: &Permits, req: &AcceptRequest) -> String {
-    let mut last = None;
+    let last = std::sync::Arc::new(std::sync::Mutex::new(None));
     let got = wait_until(Duration::from_secs(5), || {
         let permits = permits.clone();
         let req = req.clone();
-        let last = &mut last;
+        let last = last.clone();
         async move {
             let a = permits.accept(&req).await.unwrap();
             let ok = matches!(a, Acceptance::Accepted { .. });
-            *last = Some(a);
+            *last.lock().unwrap() = Some(a);
             ok
         }
     })
     .await;
+    let last = last.lock().unwrap().clone();
     got.unwrap_or_else(|e| panic!("{e}: last answer {last:?}"));
     accepted(last.as_ref().unwrap())
 }
 
-/// Three of four messages in a 1.5 s window pass; the fourth is capped until
+/// Three of four messages in a 2 s window pass (the first a second before
+/// the others); the fourth is capped until
 /// the first leaves the window, takes no permit and enqueues nothing; a
 /// re-post of an accepted key stays `duplicate`; once the window slid past
 /// the first message the fourth is accepted, and a fifth is capped until
@@ -106,7 +108,7 @@ async fn accept_when_allowed(permits: &Permits, req: &AcceptRequest) -> String {
 async fn n_plus_one_in_the_window_gives_n_accepted_and_one_capped_then_the_window_slides() {
     let server = RedisServer::start().await.unwrap();
     let permits = server.permits(permit_config()).await.unwrap();
-    let window = 1500;
+    let window = 2000;
     let c = cap(
         "burst",
         "u-1:sms",
@@ -120,6 +122,16 @@ async fn n_plus_one_in_the_window_gives_n_accepted_and_one_capped_then_the_windo
             .await
             .unwrap();
         ids.push(accepted(&a));
+        if i == 0 {
+            // The second and third come a second later, so the window
+            // slides past the first well before them.
+            let first_at = accepted_at(&permits, &ids[0]).await;
+            wait_until(Duration::from_secs(5), || async move {
+                now_ms() >= first_at + 1000
+            })
+            .await
+            .unwrap();
+        }
     }
     let fourth = gated("k-3", capped_by(&c));
     let answer = permits.accept(&fourth).await.unwrap();
@@ -135,13 +147,14 @@ async fn n_plus_one_in_the_window_gives_n_accepted_and_one_capped_then_the_windo
         }
         v
     };
-    assert_eq!(entries.iter().sum::<i64>(), 3, "one stream entry per accepted message");
+    assert_eq!(
+        entries.iter().sum::<i64>(),
+        3,
+        "one stream entry per accepted message"
+    );
     let _ = shard;
 
-    let again = permits
-        .accept(&gated("k-0", capped_by(&c)))
-        .await
-        .unwrap();
+    let again = permits.accept(&gated("k-0", capped_by(&c))).await.unwrap();
     assert!(
         matches!(&again, Acceptance::Duplicate { task_id, .. } if *task_id == ids[0]),
         "a re-post of an accepted key is a duplicate, not capped: {again:?}"
@@ -149,10 +162,7 @@ async fn n_plus_one_in_the_window_gives_n_accepted_and_one_capped_then_the_windo
 
     let fourth_id = accept_when_allowed(&permits, &fourth).await;
     assert!(accepted_at(&permits, &fourth_id).await >= first_at + window as i64);
-    let fifth = permits
-        .accept(&gated("k-4", capped_by(&c)))
-        .await
-        .unwrap();
+    let fifth = permits.accept(&gated("k-4", capped_by(&c))).await.unwrap();
     let second_at = accepted_at(&permits, &ids[1]).await;
     assert_eq!(next_allowed(&fifth, "burst"), second_at + window as i64);
 }
@@ -188,7 +198,10 @@ async fn a_thousand_concurrent_accepts_from_two_instances_take_exactly_the_cap()
         .count();
     assert_eq!((ok, capped), (3, 997));
     let mut conn = server.manager().await.unwrap();
-    let counted: i64 = conn.zcard(a.layout().cap("marketing", "u-9")).await.unwrap();
+    let counted: i64 = conn
+        .zcard(a.layout().cap("marketing", "u-9"))
+        .await
+        .unwrap();
     assert_eq!(counted, 3);
     let mut entries = 0;
     for s in 0..a.layout().shards() {
@@ -397,7 +410,11 @@ async fn the_api_answers_capped_with_the_cap_and_a_repost_stays_duplicate() {
         .post("/v1/events", &event("PROMO_B", "p-2", json!({})), None)
         .await
         .unwrap();
-    assert_eq!(second.body["results"][0]["result"], "accepted", "{}", second.body);
+    assert_eq!(
+        second.body["results"][0]["result"], "accepted",
+        "{}",
+        second.body
+    );
     let third = host
         .post("/v1/events", &event("PROMO_A", "p-3", json!({})), None)
         .await
@@ -415,7 +432,11 @@ async fn the_api_answers_capped_with_the_cap_and_a_repost_stays_duplicate() {
         .post("/v1/events", &event("PROMO_A", "p-1", json!({})), None)
         .await
         .unwrap();
-    assert_eq!(again.body["results"][0]["result"], "duplicate", "{}", again.body);
+    assert_eq!(
+        again.body["results"][0]["result"], "duplicate",
+        "{}",
+        again.body
+    );
     assert_eq!(again.body["results"][0]["task_id"], first_task);
 }
 
@@ -441,14 +462,26 @@ async fn quiet_hours_over_the_api_and_urgent_events_bypass() {
     );
     let eight = ((now + offset).div_euclid(DAY_MS) + 1) * DAY_MS + 8 * hour - offset;
     let night = host
-        .post("/v1/events", &event("DIGEST", "d-1", json!({"tz": tz})), None)
+        .post(
+            "/v1/events",
+            &event("DIGEST", "d-1", json!({"tz": tz})),
+            None,
+        )
         .await
         .unwrap();
     let r = &night.body["results"][0];
     assert_eq!(r["result"], "accepted", "{}", night.body);
-    assert_eq!(r["scheduled_for"].as_i64(), Some(eight), "tz {tz}: {}", night.body);
+    assert_eq!(
+        r["scheduled_for"].as_i64(),
+        Some(eight),
+        "tz {tz}: {}",
+        night.body
+    );
     let view = host
-        .get(&format!("/v1/tasks/{}", r["task_id"].as_str().unwrap()), None)
+        .get(
+            &format!("/v1/tasks/{}", r["task_id"].as_str().unwrap()),
+            None,
+        )
         .await
         .unwrap();
     assert_eq!(view.body["scheduled_for"].as_i64(), Some(eight));

@@ -58,10 +58,9 @@ impl CapSpec {
             (Some(w), false) if w < Duration::from_secs(1) => {
                 Err(("window".into(), "must be at least 1s".into()))
             }
-            (Some(w), false) if w > MAX_CAP_WINDOW => Err((
-                "window".into(),
-                "must be at most 366 days".into(),
-            )),
+            (Some(w), false) if w > MAX_CAP_WINDOW => {
+                Err(("window".into(), "must be at most 366 days".into()))
+            }
             _ => Ok(()),
         }
     }
@@ -155,7 +154,11 @@ mod tests {
         assert_eq!(parse_offset("UTC"), Ok(0));
         assert_eq!(parse_offset("+08:00"), Ok(8 * 3_600_000));
         assert_eq!(parse_offset("-05:30"), Ok(-(5 * 60 + 30) * 60_000));
-        assert!(parse_offset("Europe/Paris").unwrap_err().contains("named zones"));
+        assert!(
+            parse_offset("Europe/Paris")
+                .unwrap_err()
+                .contains("named zones")
+        );
         assert!(parse_offset("+8").is_err());
         assert!(parse_offset("+15:00").is_err());
     }

@@ -590,10 +590,11 @@ impl HostConfig {
     /// Every cap group on its own (`max`, exactly one period).
     fn check_caps(&self) -> Result<(), ConfigError> {
         for (name, cap) in &self.caps {
-            cap.check().map_err(|(field, reason)| ConfigError::Invalid {
-                field: format!("caps.{name}.{field}"),
-                reason,
-            })?;
+            cap.check()
+                .map_err(|(field, reason)| ConfigError::Invalid {
+                    field: format!("caps.{name}.{field}"),
+                    reason,
+                })?;
         }
         Ok(())
     }

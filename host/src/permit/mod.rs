@@ -557,6 +557,7 @@ impl Permits {
             }
         }
         for arg in [
+            "key",
             &req.key,
             "retry_max_attempts",
             &attempts,

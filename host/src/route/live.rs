@@ -101,10 +101,12 @@ impl Catalog for RegistryCatalog<'_> {
         if self.config.redis_cluster.is_empty() {
             Ok(())
         } else {
-            Err("frequency caps need one Redis (`redis_url` or the embedded one), not a \
+            Err(
+                "frequency caps need one Redis (`redis_url` or the embedded one), not a \
                  Redis Cluster: a user's count and the permits it guards would sit in \
                  different hash slots (see docs/caps.md)"
-                .into())
+                    .into(),
+            )
         }
     }
 }

@@ -240,8 +240,7 @@ impl PolicyFile {
                     .map_err(|(f, r)| invalid(&format!("overrides.{channel}.quiet.{f}"), r))?;
             }
         }
-        self.check_gates()
-            .map_err(|(f, r)| invalid(&f, r))?;
+        self.check_gates().map_err(|(f, r)| invalid(&f, r))?;
         self.check_fallback()
             .map_err(|(f, r)| invalid(&format!("fallback.{f}"), r))
     }

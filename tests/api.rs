@@ -587,7 +587,21 @@ async fn admin_reload_takes_a_new_policy_and_refuses_a_bad_one() {
     );
     let p = host.get("/admin/policies", None).await.unwrap();
     assert_eq!(p.body["generation"], 2);
-    assert_eq!(p.body["policies"].as_array().unwrap().len(), 4);
+    let in_repo = std::fs::read_dir(repo_root().join("policies"))
+        .unwrap()
+        .filter(|e| {
+            e.as_ref()
+                .unwrap()
+                .path()
+                .extension()
+                .is_some_and(|x| x == "toml")
+        })
+        .count();
+    assert_eq!(
+        p.body["policies"].as_array().unwrap().len(),
+        in_repo + 1,
+        "the repository's policies and the reloaded one"
+    );
     assert!(
         p.body["last_refused"]["errors"][0]
             .as_str()

@@ -81,8 +81,24 @@ fn every_example_policy_validates_against_the_real_plugins() {
     types.sort();
     assert_eq!(
         types,
-        ["INTERVIEW_REMINDER", "ORDER_SHIPPED", "RESUME_VIEWED"]
+        [
+            "INTERVIEW_REMINDER",
+            "JOB_RECOMMENDATION",
+            "ORDER_SHIPPED",
+            "RESUME_VIEWED",
+            "WEEKLY_DIGEST"
+        ]
     );
+    let capped = set.get("JOB_RECOMMENDATION").unwrap();
+    let names: Vec<&str> = capped.caps.iter().map(|c| c.name.as_str()).collect();
+    assert_eq!(
+        names,
+        [
+            "JOB_RECOMMENDATION/all-channels",
+            "JOB_RECOMMENDATION/per-channel"
+        ]
+    );
+    assert!(set.get("WEEKLY_DIGEST").unwrap().spec.quiet.is_some());
     let shipped = set.get("ORDER_SHIPPED").unwrap();
     assert_eq!(shipped.key_policy_version.to_string(), "1.0.0");
     assert_eq!(

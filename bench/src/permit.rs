@@ -84,6 +84,11 @@ async fn measure_permits(args: Args) -> anyhow::Result<()> {
         memory.per_permit, memory.floor_key
     );
     println!(
+        "accept with a cap / without: {:.2}x the rate; memory per capped accept {:.0} bytes (the cap's zset member included)",
+        rows[4].rate / rows[2].rate,
+        memory.per_capped
+    );
+    println!(
         "p50/p99 of batch rows are per pipeline of {}; redis-benchmark latencies are its own (-P 1, {c} connections)",
         args.batch.max(1)
     );
@@ -103,6 +108,8 @@ struct Memory {
     per_permit: f64,
     /// Per key of the floor's bare `SET NX PX`.
     floor_key: f64,
+    /// Per accept under one rolling cap (the cap's zset member included).
+    per_capped: f64,
 }
 
 /// The four rows: the floor, the accept script under redis-benchmark, the
@@ -112,7 +119,7 @@ async fn measure_rows(
     conn: &mut RedisConn,
     args: &Args,
     ns: &str,
-) -> anyhow::Result<([Row; 4], Memory)> {
+) -> anyhow::Result<([Row; 5], Memory)> {
     let (n, c, batch) = (
         args.requests.max(1),
         args.concurrency.max(1),
@@ -135,6 +142,9 @@ async fn measure_rows(
     let single = host_accepts(&permits, n, c, 1, "s").await?;
     let per_permit = used_memory(conn).await?.saturating_sub(before) as f64 / n as f64;
     let batched = host_accepts(&permits, n, c, batch, "b").await?;
+    let before = used_memory(conn).await?;
+    let capped = host_accepts(&permits, n, c, 1, "c").await?;
+    let per_capped = used_memory(conn).await?.saturating_sub(before) as f64 / n as f64;
     let rows = [
         Row {
             what: "redis-benchmark EVAL SET NX PX (floor)".into(),
@@ -152,12 +162,17 @@ async fn measure_rows(
             what: format!("host accept_batch x{batch}, 1 conn"),
             ..batched
         },
+        Row {
+            what: "host accept.lua + 1 rolling cap, 1 conn".into(),
+            ..capped
+        },
     ];
     Ok((
         rows,
         Memory {
             per_permit,
             floor_key,
+            per_capped,
         },
     ))
 }
@@ -262,6 +277,25 @@ pub(super) fn request(tag: &str, i: usize) -> AcceptRequest {
         policy_name: "per-event".into(),
         policy_version: "1.0.0".into(),
         retry: RetryPolicy::default(),
+        gate: gate_of(tag, &user),
+    }
+}
+
+/// No cap, except for the capped row (tag `c`): one rolling 24 h cap per
+/// user and channel with room for every request (so every accept checks,
+/// trims and counts, and none is refused).
+fn gate_of(tag: &str, user: &str) -> pushonce::permit::Gate {
+    if tag != "c" {
+        return pushonce::permit::Gate::default();
+    }
+    pushonce::permit::Gate {
+        caps: vec![pushonce::permit::CapCheck {
+            name: "bench".into(),
+            subject: format!("{user}:sms"),
+            max: 1_000_000,
+            period: pushonce::permit::CapPeriod::Rolling(Duration::from_secs(24 * 3600)),
+        }],
+        quiet: None,
     }
 }
 

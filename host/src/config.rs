@@ -89,6 +89,10 @@ pub struct HostConfig {
     pub occurred_at_years: crate::derive::YearRange,
     /// The HTTP listener: exposure, header timeout, connection cap.
     pub http: HttpConfig,
+    /// Named frequency-cap groups (`[caps.marketing]`) that policies share
+    /// through `cap_groups = ["marketing"]`: one count per user (and
+    /// channel) across every business type naming the group (`docs/caps.md`).
+    pub caps: BTreeMap<String, crate::caps::CapSpec>,
 }
 
 /// Providers' delivery callbacks (`[receipts]`).
@@ -436,6 +440,7 @@ impl Default for HostConfig {
             receipts: ReceiptsConfig::default(),
             occurred_at_years: crate::derive::YearRange::default(),
             http: HttpConfig::default(),
+            caps: BTreeMap::new(),
         }
     }
 }
@@ -578,7 +583,20 @@ impl HostConfig {
         self.check_workers_and_plugins()?;
         self.check_reconcile()?;
         self.check_http_and_events()?;
+        self.check_caps()?;
         self.check_redis()
+    }
+
+    /// Every cap group on its own (`max`, exactly one period).
+    fn check_caps(&self) -> Result<(), ConfigError> {
+        for (name, cap) in &self.caps {
+            cap.check()
+                .map_err(|(field, reason)| ConfigError::Invalid {
+                    field: format!("caps.{name}.{field}"),
+                    reason,
+                })?;
+        }
+        Ok(())
     }
 
     /// Shards, workers, the lease, replica waits and the plugin limits.

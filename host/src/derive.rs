@@ -146,7 +146,7 @@ pub enum EventError {
 /// `{"biz_type", "biz_id", "user_id", "occurred_at", "attributes": {..}}`,
 /// `occurred_at` being an RFC 3339 string or milliseconds since the epoch.
 #[derive(Debug, Deserialize)]
-pub(crate) struct EventJson {
+pub struct EventJson {
     /// Business type, e.g. `ORDER_SHIPPED`.
     pub biz_type: String,
     /// The business's id of the subject, e.g. an order id.

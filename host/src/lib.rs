@@ -6,6 +6,7 @@
 //! embedded `redis-server`). See `ARCHITECTURE.md` for the map and invariants.
 
 pub mod api;
+pub mod caps;
 pub mod cli;
 pub mod config;
 pub mod corpus;

@@ -7,6 +7,10 @@
 pub const ACCEPTED: &str = "pushonce_accepted_total";
 /// Channels answered duplicate (permit held).
 pub const DUPLICATES: &str = "pushonce_duplicates_total";
+/// Channels answered `capped` (a frequency cap had no room), by channel and cap.
+pub const CAPPED: &str = "pushonce_capped_total";
+/// Channels accepted inside quiet hours (first attempt scheduled for their end), by channel.
+pub const QUIET_DEFERRED: &str = "pushonce_quiet_deferred_total";
 /// Requests refused or failed, by HTTP status.
 pub const REFUSED: &str = "pushonce_http_refused_total";
 /// Seconds of one pipelined accept (all channels of a request).
@@ -31,6 +35,7 @@ pub const POLICY_GENERATION: &str = "pushonce_policy_generation";
 pub const PER_CHANNEL: &[&str] = &[
     ACCEPTED,
     DUPLICATES,
+    QUIET_DEFERRED,
     SENT,
     DELIVERED,
     FAILED,

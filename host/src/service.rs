@@ -304,6 +304,7 @@ pub async fn start(
     let reloading = tokio::spawn(reload_loop(reload.clone(), trigger_rx));
     let state = api_state(&config, &options, &parts, reload).await?;
     api::metrics::register_channels(config.channels.keys().map(String::as_str));
+    api::metrics::register_caps(&parts.live.current().policies);
     let (stop, stop_rx) = watch::channel(false);
     let (dispatch_stop, dispatch_rx) = watch::channel(false);
     let Parts {

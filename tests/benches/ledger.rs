@@ -35,6 +35,7 @@ fn request(i: usize, run: &str) -> AcceptRequest {
         policy_name: "per-event".into(),
         policy_version: "1.0.0".into(),
         retry: RetryPolicy::default(),
+        gate: Default::default(),
     }
 }
 

@@ -32,6 +32,7 @@ fn event(run: &str, i: usize) -> Vec<AcceptRequest> {
             policy_name: "per-event".into(),
             policy_version: "1.0.0".into(),
             retry: RetryPolicy::default(),
+            gate: Default::default(),
         })
         .collect()
 }

@@ -213,6 +213,7 @@ impl Env {
             policy_name: "per-event".into(),
             policy_version: "1.0.0".into(),
             retry: self.retry,
+            gate: Default::default(),
         };
         match self.permits.accept(&req).await.unwrap() {
             Acceptance::Accepted { task_id } => task_id,

@@ -30,5 +30,6 @@ pub fn accept_request(key: &str) -> AcceptRequest {
         policy_name: "per-event".into(),
         policy_version: "1.0.0".into(),
         retry: RetryPolicy::default(),
+        gate: Default::default(),
     }
 }

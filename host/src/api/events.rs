@@ -31,7 +31,7 @@ use crate::route::plan::{PlanRequest, PlannedEvent};
     post, path = "/v1/events", tag = "events",
     request_body(content = EventRequest, content_type = "application/json"),
     responses(
-        (status = 202, description = "One result per channel: accepted or duplicate", body = EventAccepted),
+        (status = 202, description = "One result per channel: accepted, duplicate or capped", body = EventAccepted),
         (status = 400, description = "Malformed JSON", body = Problem, content_type = "application/problem+json"),
         (status = 401, description = "Missing or wrong bearer token", body = Problem, content_type = "application/problem+json"),
         (status = 413, description = "Body too large", body = Problem, content_type = "application/problem+json"),
@@ -428,30 +428,7 @@ async fn accept(state: &AppState, events: &[PlannedEvent]) -> Result<Vec<EventAc
             let answer = answers
                 .next()
                 .ok_or(ApiError::Bug("Redis gave fewer answers than requests"))?;
-            let result = match answer {
-                Acceptance::Accepted { task_id } => {
-                    metrics::counter!(crate::metric_names::ACCEPTED, "channel" => planned.channel.clone())
-                        .increment(1);
-                    ChannelResult {
-                        channel: planned.channel.clone(),
-                        result: ResultKind::Accepted,
-                        task_id,
-                        key: planned.request.key.clone(),
-                        status: None,
-                    }
-                }
-                Acceptance::Duplicate { task_id, status } => {
-                    metrics::counter!(crate::metric_names::DUPLICATES, "channel" => planned.channel.clone())
-                        .increment(1);
-                    ChannelResult {
-                        channel: planned.channel.clone(),
-                        result: ResultKind::Duplicate,
-                        task_id,
-                        key: planned.request.key.clone(),
-                        status: status.map(|s| s.to_string()),
-                    }
-                }
-            };
+            let result = channel_result(planned, answer);
             results.push(result);
         }
         out.push(EventAccepted {
@@ -462,4 +439,53 @@ async fn accept(state: &AppState, events: &[PlannedEvent]) -> Result<Vec<EventAc
         });
     }
     Ok(out)
+}
+
+/// One channel's answer, counted in the metrics.
+fn channel_result(planned: &crate::route::plan::Planned, answer: Acceptance) -> ChannelResult {
+    let channel = planned.channel.clone();
+    let mut result = ChannelResult {
+        channel: channel.clone(),
+        result: ResultKind::Accepted,
+        task_id: String::new(),
+        key: planned.request.key.clone(),
+        status: None,
+        cap: None,
+        next_allowed_at: None,
+        scheduled_for: None,
+    };
+    match answer {
+        Acceptance::Accepted { task_id } => {
+            metrics::counter!(crate::metric_names::ACCEPTED, "channel" => channel).increment(1);
+            result.task_id = task_id;
+        }
+        Acceptance::Deferred {
+            task_id,
+            scheduled_for_ms,
+        } => {
+            metrics::counter!(crate::metric_names::ACCEPTED, "channel" => channel.clone())
+                .increment(1);
+            metrics::counter!(crate::metric_names::QUIET_DEFERRED, "channel" => channel)
+                .increment(1);
+            result.task_id = task_id;
+            result.scheduled_for = Some(scheduled_for_ms);
+        }
+        Acceptance::Duplicate { task_id, status } => {
+            metrics::counter!(crate::metric_names::DUPLICATES, "channel" => channel).increment(1);
+            result.result = ResultKind::Duplicate;
+            result.task_id = task_id;
+            result.status = status.map(|s| s.to_string());
+        }
+        Acceptance::Capped {
+            cap,
+            next_allowed_ms,
+        } => {
+            metrics::counter!(crate::metric_names::CAPPED, "channel" => channel, "cap" => cap.clone())
+                .increment(1);
+            result.result = ResultKind::Capped;
+            result.cap = Some(cap);
+            result.next_allowed_at = Some(next_allowed_ms);
+        }
+    }
+    result
 }

@@ -65,6 +65,7 @@ fn view(row: &LedgerRow) -> TaskView {
         sent_at: None,
         finished_at: None,
         next_due: None,
+        scheduled_for: None,
         last_error: row.last_error.clone(),
         provider_message_id: row.provider_message_id.clone(),
         reference: None,

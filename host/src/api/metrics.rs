@@ -33,6 +33,20 @@ pub fn register_channels<'a>(channels: impl IntoIterator<Item = &'a str>) {
     }
 }
 
+/// Registers `pushonce_capped_total` at zero for every cap of every policy
+/// in force and each of its channels (a cap's series exists before its
+/// first refusal, so a dashboard's rate starts at zero).
+pub fn register_caps(policies: &crate::route::PolicySet) {
+    for policy in policies.by_biz_type.values() {
+        for cap in &policy.caps {
+            for channel in &policy.spec.channels {
+                metrics::counter!(CAPPED, "channel" => channel.clone(), "cap" => cap.name.clone())
+                    .increment(0);
+            }
+        }
+    }
+}
+
 /// Histogram buckets in seconds (0.25 ms .. 5 s).
 const BUCKETS: [f64; 14] = [
     0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0,

@@ -128,9 +128,18 @@ pub struct ChannelResult {
     /// For a duplicate: the holding task's status (absent if its record expired).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub status: Option<String>,
+    /// For `capped`: the frequency cap that had no room.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cap: Option<String>,
+    /// For `capped`: when the next message would be allowed (ms since the epoch, Redis clock).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub next_allowed_at: Option<u64>,
+    /// For `accepted` inside quiet hours: when its first attempt is due (ms since the epoch).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub scheduled_for: Option<u64>,
 }
 
-/// Accepted or duplicate.
+/// Accepted, duplicate or capped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, ToSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum ResultKind {
@@ -138,6 +147,8 @@ pub enum ResultKind {
     Accepted,
     /// An earlier task holds the permit; nothing new was created.
     Duplicate,
+    /// A frequency cap had no room: nothing was created (`cap`, `next_allowed_at`).
+    Capped,
 }
 
 /// The answer to `POST /v1/events` (202).
@@ -213,6 +224,9 @@ pub struct TaskView {
     /// When a `retry_wait` task is due (ms).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub next_due: Option<u64>,
+    /// When quiet hours scheduled its first attempt (ms since the epoch).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub scheduled_for: Option<u64>,
     /// The last error the sender reported.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub last_error: Option<String>,
@@ -289,6 +303,7 @@ impl From<&Task> for TaskView {
             sent_at: num("sent_at"),
             finished_at: num("finished_at"),
             next_due: task.next_due_ms,
+            scheduled_for: num("scheduled_for"),
             last_error: task.last_error.clone(),
             provider_message_id: task.provider_message_id.clone(),
             reference: task.reference.clone(),

@@ -9,6 +9,7 @@
 //! and touches the permit only while the task owns it. See `docs/redis.md`.
 
 pub mod awaiting;
+pub mod gate;
 pub mod held;
 pub mod keys;
 pub mod scripts;
@@ -22,6 +23,7 @@ use redis::Value;
 use crate::store::{Batch, RedisConn};
 
 pub use awaiting::{CheckAction, CheckNote, ClaimPass, Claimed};
+pub use gate::{CapCheck, CapPeriod, Gate, QuietCheck};
 pub use held::{HeldCause, OperatorNote, OperatorStep, ReconcileStep, RecordContext};
 pub use keys::{Layout, shard_of_task};
 pub use task::{RetryPolicy, Task, TaskStatus};
@@ -126,6 +128,8 @@ pub struct AcceptRequest {
     pub policy_version: String,
     /// The retry schedule, snapshotted into the task.
     pub retry: RetryPolicy,
+    /// Frequency caps and quiet hours checked with the permit (none by default).
+    pub gate: Gate,
 }
 
 /// The answer to an accept.
@@ -143,13 +147,31 @@ pub enum Acceptance {
         /// Its status; `None` if its record already expired (retention shorter than the window).
         status: Option<TaskStatus>,
     },
+    /// Accepted inside quiet hours: the task's first attempt waits until
+    /// `scheduled_for_ms` (it sits in the shard's delayed set, not the stream).
+    Deferred {
+        /// The new task's id (the permit's value).
+        task_id: String,
+        /// When its first attempt is due (ms since the epoch, Redis clock).
+        scheduled_for_ms: u64,
+    },
+    /// A frequency cap has no room: no permit was taken, no task created.
+    Capped {
+        /// The cap's name.
+        cap: String,
+        /// When the next message would be allowed (ms since the epoch, Redis clock).
+        next_allowed_ms: u64,
+    },
 }
 
 impl Acceptance {
-    /// The task id named by the answer, accepted or not.
+    /// The task id named by the answer (empty for `Capped`: no task).
     pub fn task_id(&self) -> &str {
         match self {
-            Acceptance::Accepted { task_id } | Acceptance::Duplicate { task_id, .. } => task_id,
+            Acceptance::Accepted { task_id }
+            | Acceptance::Deferred { task_id, .. }
+            | Acceptance::Duplicate { task_id, .. } => task_id,
+            Acceptance::Capped { .. } => "",
         }
     }
 }
@@ -505,7 +527,11 @@ impl Permits {
             self.layout.permit(&req.key),
             format!("{}{}", self.layout.task_prefix(shard), task_id),
             self.layout.ready(shard),
+            self.layout.delayed(shard),
         ];
+        for cap in &req.gate.caps {
+            keys.push(self.layout.cap(&cap.name, &cap.subject));
+        }
         if !req.biz_type.is_empty() {
             keys.push(self.layout.event_index(shard, &req.biz_type, &req.biz_id));
         }
@@ -520,10 +546,17 @@ impl Permits {
         // The fields no script reads travel packed in one JSON field (`spec`):
         // fewer hash fields make the accept script cheaper inside Redis.
         let spec = spec_json(req);
+        let caps = req.gate.caps.len().to_string();
+        let quiet = QuietCheck::arg(req.gate.quiet.as_ref());
+        for arg in [task_id, &window, &retention, &caps, &quiet] {
+            f(arg);
+        }
+        for cap in &req.gate.caps {
+            for a in cap.args() {
+                f(&a);
+            }
+        }
         for arg in [
-            task_id,
-            &window,
-            &retention,
             "key",
             &req.key,
             "retry_max_attempts",
@@ -1219,12 +1252,24 @@ pub fn millis(d: Duration) -> u64 {
 fn parse_acceptance(answer: Value) -> Result<Acceptance, PermitError> {
     let items = array(answer, "accept")?;
     match text(items.first()).as_str() {
-        "accepted" => Ok(Acceptance::Accepted {
-            task_id: text(items.get(1)),
-        }),
+        "accepted" => match text(items.get(2)).parse() {
+            Ok(scheduled_for_ms) => Ok(Acceptance::Deferred {
+                task_id: text(items.get(1)),
+                scheduled_for_ms,
+            }),
+            Err(_) => Ok(Acceptance::Accepted {
+                task_id: text(items.get(1)),
+            }),
+        },
         "duplicate" => Ok(Acceptance::Duplicate {
             task_id: text(items.get(1)),
             status: TaskStatus::parse(&text(items.get(2))),
+        }),
+        "capped" => Ok(Acceptance::Capped {
+            cap: text(items.get(1)),
+            next_allowed_ms: text(items.get(2))
+                .parse()
+                .map_err(|_| unexpected("accept", &items))?,
         }),
         _ => Err(unexpected("accept", &items)),
     }
@@ -1281,6 +1326,7 @@ mod spec_json_tests {
                 max_delay: Duration::from_secs(60),
                 jitter: true,
             },
+            gate: Default::default(),
         };
         let r = &req.retry;
         let reference = serde_json::json!({

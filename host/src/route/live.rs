@@ -92,6 +92,23 @@ impl Catalog for RegistryCatalog<'_> {
     fn has_channel(&self, channel: &str) -> bool {
         self.config.channels.contains_key(channel)
     }
+
+    fn cap_group(&self, name: &str) -> Option<crate::caps::CapSpec> {
+        self.config.caps.get(name).cloned()
+    }
+
+    fn caps_supported(&self) -> Result<(), String> {
+        if self.config.redis_cluster.is_empty() {
+            Ok(())
+        } else {
+            Err(
+                "frequency caps need one Redis (`redis_url` or the embedded one), not a \
+                 Redis Cluster: a user's count and the permits it guards would sit in \
+                 different hash slots (see docs/caps.md)"
+                    .into(),
+            )
+        }
+    }
 }
 
 /// The plugin limits a host configuration asks for.

@@ -25,6 +25,24 @@ pub trait Catalog {
     fn resolve_key_policy(&self, requirement: &str) -> Result<semver::Version, String>;
     /// Whether `channel` is a channel instance of the host configuration.
     fn has_channel(&self, channel: &str) -> bool;
+    /// The host's cap group `name` (`[caps.<name>]`), if configured.
+    fn cap_group(&self, _name: &str) -> Option<crate::caps::CapSpec> {
+        None
+    }
+    /// Whether frequency caps can run on this host's Redis, or why not.
+    fn caps_supported(&self) -> Result<(), String> {
+        Ok(())
+    }
+}
+
+/// A frequency cap in force for a policy.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NamedCap {
+    /// The name answered with `capped` and used in the cap's Redis key: the
+    /// group's name, or `<biz_type>/<name>` for a policy's own cap.
+    pub name: String,
+    /// The cap.
+    pub spec: crate::caps::CapSpec,
 }
 
 /// One business type's policy, checked and resolved.
@@ -36,6 +54,12 @@ pub struct Policy {
     pub key_policy_version: semver::Version,
     /// The file as written.
     pub spec: PolicyFile,
+    /// Its caps: its own and the host groups it names, resolved.
+    pub caps: Vec<NamedCap>,
+    /// Why this host cannot apply its caps (a Redis Cluster), if it cannot:
+    /// its events are then refused naming the reason, while the policies
+    /// without caps of the same directory run.
+    pub caps_unsupported: Option<String>,
 }
 
 /// Every policy in force, by business type.
@@ -123,10 +147,49 @@ impl PolicySet {
                 ));
             }
         }
+        let caps = resolve_caps(&spec, catalog).map_err(|(f, r)| invalid(f, r))?;
+        let caps_unsupported = match (caps.is_empty(), catalog.caps_supported()) {
+            (false, Err(reason)) => {
+                tracing::warn!(policy = %file.display(), %reason, "this policy's events will be refused");
+                Some(reason)
+            }
+            _ => None,
+        };
         Ok(Policy {
             file: file.to_path_buf(),
             key_policy_version,
             spec,
+            caps,
+            caps_unsupported,
         })
     }
+}
+
+/// The caps of a policy: its own (named `<biz_type>/<name>`) and the host
+/// groups it names; refused when a group is missing.
+fn resolve_caps(
+    spec: &PolicyFile,
+    catalog: &dyn Catalog,
+) -> Result<Vec<NamedCap>, (String, String)> {
+    let mut caps: Vec<NamedCap> = spec
+        .caps
+        .iter()
+        .map(|(name, cap)| NamedCap {
+            name: format!("{}/{name}", spec.biz_type),
+            spec: cap.clone(),
+        })
+        .collect();
+    for group in &spec.cap_groups {
+        let cap = catalog.cap_group(group).ok_or_else(|| {
+            (
+                "cap_groups".to_string(),
+                format!("cap group `{group}` is not configured on this host (`[caps.{group}]`)"),
+            )
+        })?;
+        caps.push(NamedCap {
+            name: group.clone(),
+            spec: cap,
+        });
+    }
+    Ok(caps)
 }

@@ -12,7 +12,7 @@ use std::time::Duration;
 use super::{Policy, Snapshot};
 use crate::config::ChannelConfig;
 use crate::derive::{DeriveError, DerivedKey, derive};
-use crate::permit::{AcceptRequest, RetryPolicy};
+use crate::permit::{AcceptRequest, CapCheck, CapPeriod, Gate, QuietCheck, RetryPolicy};
 use crate::plugin::{Event, KeyPolicyPlugin};
 use crate::route::policy::RetrySpec;
 use crate::send::{Fallback, Payload};
@@ -260,9 +260,94 @@ impl ChannelPlanner<'_> {
                 policy_name: meta.name.clone(),
                 policy_version: meta.version.to_string(),
                 retry: self.retry(&channel),
+                gate: self.gate(&channel)?,
             },
             channel,
         })
+    }
+
+    /// The caps this channel's message counts against and its quiet hours
+    /// (none for an urgent event), in the recipient's time zone.
+    fn gate(&self, channel: &str) -> Result<Gate, PlanError> {
+        let spec = &self.policy.spec;
+        let quiet = spec
+            .overrides
+            .get(channel)
+            .and_then(|o| o.quiet.as_ref())
+            .or(spec.quiet.as_ref());
+        if self.policy.caps.is_empty() && quiet.is_none() {
+            return Ok(Gate::default());
+        }
+        if let Some(reason) = &self.policy.caps_unsupported {
+            return Err(PlanError::invalid("biz_type", reason.clone()));
+        }
+        let offset_ms = self.offset_ms()?;
+        let caps = self
+            .policy
+            .caps
+            .iter()
+            .map(|cap| CapCheck {
+                name: cap.name.clone(),
+                subject: match cap.spec.scope {
+                    crate::caps::CapScope::Channel => format!("{}:{channel}", self.event.user_id),
+                    crate::caps::CapScope::User => self.event.user_id.clone(),
+                },
+                max: cap.spec.max,
+                period: match cap.spec.window {
+                    Some(w) => CapPeriod::Rolling(w),
+                    None => CapPeriod::Day { offset_ms },
+                },
+            })
+            .collect();
+        let quiet = match quiet {
+            Some(q) if !self.urgent() => {
+                let hours = q
+                    .parse()
+                    .map_err(|(f, r)| PlanError::invalid(format!("quiet.{f}"), r))?;
+                Some(QuietCheck {
+                    offset_ms,
+                    from_ms: hours.from_ms,
+                    to_ms: hours.to_ms,
+                })
+            }
+            _ => None,
+        };
+        Ok(Gate { caps, quiet })
+    }
+
+    /// The value of the event's attribute `name` (the last one given).
+    fn attribute(&self, name: &str) -> Option<&str> {
+        self.event
+            .attributes
+            .iter()
+            .rev()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.as_str())
+    }
+
+    /// The recipient's UTC offset: the event's `tz_attribute`, else the
+    /// policy's `tz`, else UTC. A malformed attribute is the client's error.
+    fn offset_ms(&self) -> Result<i64, PlanError> {
+        let spec = &self.policy.spec;
+        if let Some(attr) = &spec.tz_attribute
+            && let Some(value) = self.attribute(attr)
+        {
+            return crate::caps::parse_offset(value)
+                .map_err(|r| PlanError::invalid(format!("attributes.{attr}"), r));
+        }
+        match &spec.tz {
+            Some(tz) => crate::caps::parse_offset(tz).map_err(|r| PlanError::invalid("tz", r)),
+            None => Ok(0),
+        }
+    }
+
+    /// Whether the event is urgent (its `urgent_attribute` is `true` or `1`).
+    fn urgent(&self) -> bool {
+        let spec = &self.policy.spec;
+        spec.urgent_attribute
+            .as_deref()
+            .and_then(|a| self.attribute(a))
+            .is_some_and(|v| v.eq_ignore_ascii_case("true") || v == "1")
     }
 
     /// The channel plugin (`name@version`) the channel instance resolves to

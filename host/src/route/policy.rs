@@ -6,6 +6,7 @@
 //! names the file, line and field. Checks that need the rest of the system (the
 //! key policy exists, the channels are configured) live in `route::PolicySet`.
 
+use crate::caps::{CapSpec, QuietSpec};
 use crate::config::{FileError, parse_toml, read_file};
 use serde::Deserialize;
 use std::collections::BTreeMap;
@@ -43,6 +44,31 @@ pub struct PolicyFile {
     /// Per-channel overrides of the window or the retry schedule.
     #[serde(default)]
     pub overrides: BTreeMap<String, ChannelOverride>,
+    /// This policy's own frequency caps by name (`[caps.daily]`): at most
+    /// `max` messages per user (and channel) per rolling `window` or per
+    /// calendar day (`per_day = true`). See `docs/caps.md`.
+    #[serde(default)]
+    pub caps: BTreeMap<String, CapSpec>,
+    /// Cap groups of the host configuration (`[caps.<name>]` in
+    /// `pushonce.toml`) this policy's messages count against, shared with
+    /// every other policy naming them.
+    #[serde(default)]
+    pub cap_groups: Vec<String>,
+    /// The recipient's time zone when the event does not name one
+    /// (`tz_attribute`): a fixed offset such as `+08:00`, or `UTC` (the default).
+    #[serde(default)]
+    pub tz: Option<String>,
+    /// The event attribute that holds the recipient's time zone (same form as `tz`).
+    #[serde(default)]
+    pub tz_attribute: Option<String>,
+    /// Quiet hours in the recipient's time zone, e.g. `{ from = "22:00", to
+    /// = "08:00" }`: an event accepted inside them is sent when they end.
+    #[serde(default)]
+    pub quiet: Option<QuietSpec>,
+    /// The event attribute that marks an event urgent (`"true"`): urgent
+    /// events skip the quiet hours (never the caps).
+    #[serde(default)]
+    pub urgent_attribute: Option<String>,
 }
 
 /// A retry schedule: exponential backoff with optional jitter.
@@ -86,6 +112,9 @@ pub struct ChannelOverride {
     /// This channel's own retry schedule.
     #[serde(default)]
     pub retry: Option<RetrySpec>,
+    /// This channel's own quiet hours (instead of the policy's).
+    #[serde(default)]
+    pub quiet: Option<QuietSpec>,
 }
 
 impl RetrySpec {
@@ -206,9 +235,29 @@ impl PolicyFile {
                 r.check()
                     .map_err(|(f, r)| invalid(&format!("overrides.{channel}.retry.{f}"), r))?;
             }
+            if let Some(q) = &o.quiet {
+                q.parse()
+                    .map_err(|(f, r)| invalid(&format!("overrides.{channel}.quiet.{f}"), r))?;
+            }
         }
+        self.check_gates().map_err(|(f, r)| invalid(&f, r))?;
         self.check_fallback()
             .map_err(|(f, r)| invalid(&format!("fallback.{f}"), r))
+    }
+
+    /// The caps, the time zone and the quiet hours, each on its own.
+    fn check_gates(&self) -> Result<(), (String, String)> {
+        for (name, cap) in &self.caps {
+            cap.check()
+                .map_err(|(f, r)| (format!("caps.{name}.{f}"), r))?;
+        }
+        if let Some(tz) = &self.tz {
+            crate::caps::parse_offset(tz).map_err(|r| ("tz".to_string(), r))?;
+        }
+        if let Some(q) = &self.quiet {
+            q.parse().map_err(|(f, r)| (format!("quiet.{f}"), r))?;
+        }
+        Ok(())
     }
 
     /// Every fallback starts from a channel of the policy, and no chain loops.

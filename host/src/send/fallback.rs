@@ -29,6 +29,9 @@ pub(crate) async fn accept_fallback(
         policy_name: task.policy_name.clone(),
         policy_version: task.policy_version.clone(),
         retry: task.retry,
+        // The fallback stands in for a message the caps and quiet hours
+        // already let through: it is neither counted again nor held back.
+        gate: crate::permit::Gate::default(),
     };
     let answer = permits.accept(&req).await?;
     tracing::info!(task = %task.id, fallback = %answer.task_id(), channel = %fallback.channel, "fallback accepted");

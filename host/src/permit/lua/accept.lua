@@ -1,41 +1,149 @@
--- accept: take the permit of an idempotency key and enqueue its task, atomically.
+-- accept: take the permit of an idempotency key and enqueue its task, atomically,
+-- after the frequency caps of the message (if any) had room; quiet hours
+-- (if any) schedule the first attempt for their end instead of enqueueing it.
 -- KEYS[1] permit   {ns:shard}:permit:<key>
 -- KEYS[2] task     {ns:shard}:task:<task-id>
 -- KEYS[3] ready    {ns:shard}:ready            (stream)
--- KEYS[4] index    {ns:shard}:event:<biz_type>:<biz_id>   (optional set)
+-- KEYS[4] delayed  {ns:shard}:delayed          (zset, for quiet hours)
+-- KEYS[5 .. 4+n]   the caps' zsets {ns:s}:cap:<name>:<subject>, scored by accept time
+-- KEYS[5+n] index  {ns:shard}:event:<biz_type>:<biz_id>   (optional set)
 -- ARGV[1] task id proposed by the caller (becomes the permit's value: its owner)
 -- ARGV[2] window in ms
 -- ARGV[3] retention of ended tasks in ms (the index lives window + retention)
--- ARGV[4..] task fields, name/value pairs; the first pair is 'key', <idempotency key>
+-- ARGV[4] n, the number of caps
+-- ARGV[5] quiet hours: '' or '<offset ms>,<from ms>,<to ms>' (local time of day)
+-- ARGV[6 .. 5+4n] per cap: name, kind ('r' rolling window, 'd' calendar day),
+--           max, window ms (kind r) or the recipient's UTC offset ms (kind d)
+-- ARGV[6+4n ..] task fields, name/value pairs; the first pair is 'key', <idempotency key>
 --           (fields no script reads come packed in one JSON field, `spec`:
 --           every hash field costs Redis work on this, the hottest path)
--- Returns {'accepted', id} or {'duplicate', owner id, owner status or ''}.
+-- Returns {'accepted', id, scheduled_for or ''}, {'duplicate', owner id,
+-- owner status or ''} or {'capped', cap name, next allowed ms}.
+local DAY = 86400000
 local id = ARGV[1]
 local window = tonumber(ARGV[2])
-if redis.call('SET', KEYS[1], id, 'NX', 'PX', window) then
-  local now = now_ms()
-  local at = n2s(now)
-  redis.call('HSET', KEYS[2], 'status', 'queued', 'accepted_at', at,
-    'updated_at', at, 'attempts', '0', 'window_ms', ARGV[2],
-    'event_index', KEYS[4] or '', unpack(ARGV, 4))
-  redis.call('XADD', KEYS[3], '*', 'task', id, 'key', ARGV[5])
-  if KEYS[4] then
-    redis.call('SADD', KEYS[4], id)
-    -- extend_or_set in two calls at most, one for a new index (no PTTL):
-    -- NX gives an expiry to an index without one; GT only pushes one later.
-    local until_ms = n2s(now + window + tonumber(ARGV[3]))
-    if redis.call('PEXPIREAT', KEYS[4], until_ms, 'NX') == 0 then
-      redis.call('PEXPIREAT', KEYS[4], until_ms, 'GT')
+local ncaps = tonumber(ARGV[4])
+local fields = 6 + 4 * ncaps
+local index = KEYS[5 + ncaps]
+
+-- The answer when the permit is held: the same request again, or a duplicate.
+local function held(owner)
+  if owner == id then
+    -- The same request again (its first answer was lost): same answer.
+    return {'accepted', id, redis.call('HGET', KEYS[2], 'scheduled_for') or ''}
+  end
+  -- The owner's task lives in this shard: same hash tag, same slot.
+  local prefix = string.sub(KEYS[2], 1, #KEYS[2] - #id)
+  local status = redis.call('HGET', prefix .. owner, 'status')
+  return {'duplicate', owner, status or ''}
+end
+
+-- Cap i: its key, name, kind, max and parameter.
+local function cap(i)
+  local a = 6 + 4 * (i - 1)
+  return KEYS[4 + i], ARGV[a], ARGV[a + 1], tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3])
+end
+
+-- Start of the span a cap counts at `now`, and the end of its period.
+local function span(kind, param, now)
+  if kind == 'r' then
+    return now - param
+  end
+  local local_now = now + param
+  return local_now - (local_now % DAY) - param
+end
+
+-- Drops what a cap no longer counts; returns {name, next allowed} when it is full.
+local function full(i, now)
+  local key, name, kind, max, param = cap(i)
+  local since = span(kind, param, now)
+  if kind == 'r' then
+    redis.call('ZREMRANGEBYSCORE', key, '-inf', n2s(since))
+  else
+    redis.call('ZREMRANGEBYSCORE', key, '-inf', '(' .. n2s(since))
+  end
+  local count = redis.call('ZCARD', key)
+  if count < max then
+    return nil
+  end
+  if kind == 'd' then
+    return {name, since + DAY}
+  end
+  -- Room again once all but max-1 of the counted messages left the window.
+  local oldest = redis.call('ZRANGE', key, count - max, count - max, 'WITHSCORES')
+  return {name, tonumber(oldest[2]) + param}
+end
+
+-- Counts this message in cap i.
+local function count_in(i, now)
+  local key, _, kind, _, param = cap(i)
+  redis.call('ZADD', key, n2s(now), id)
+  if kind == 'r' then
+    redis.call('PEXPIREAT', key, n2s(now + param))
+  else
+    redis.call('PEXPIREAT', key, n2s(span(kind, param, now) + DAY))
+  end
+end
+
+-- When quiet hours hold the first attempt back: their end (ms), else nil.
+local function quiet_end(now)
+  if ARGV[5] == '' then
+    return nil
+  end
+  local offset, from, to = string.match(ARGV[5], '^(-?%d+),(%d+),(%d+)$')
+  offset, from, to = tonumber(offset), tonumber(from), tonumber(to)
+  local t = (now + offset) % DAY
+  local inside
+  if from < to then
+    inside = t >= from and t < to
+  else
+    inside = t >= from or t < to
+  end
+  if not inside then
+    return nil
+  end
+  return now + (to - t) % DAY
+end
+
+local now = now_ms()
+if ncaps > 0 then
+  local owner = redis.call('GET', KEYS[1])
+  if owner then
+    return held(owner)
+  end
+  for i = 1, ncaps do
+    local capped = full(i, now)
+    if capped then
+      return {'capped', capped[1], n2s(capped[2])}
     end
   end
-  return {'accepted', id}
 end
-local owner = redis.call('GET', KEYS[1])
-if owner == id then
-  -- The same request again (its first answer was lost): same answer.
-  return {'accepted', id}
+if not redis.call('SET', KEYS[1], id, 'NX', 'PX', window) then
+  return held(redis.call('GET', KEYS[1]))
 end
--- The owner's task lives in this shard: same hash tag, same slot.
-local prefix = string.sub(KEYS[2], 1, #KEYS[2] - #id)
-local status = redis.call('HGET', prefix .. owner, 'status')
-return {'duplicate', owner, status or ''}
+local at = n2s(now)
+redis.call('HSET', KEYS[2], 'status', 'queued', 'accepted_at', at,
+  'updated_at', at, 'attempts', '0', 'window_ms', ARGV[2],
+  'event_index', index or '', unpack(ARGV, fields))
+local due = quiet_end(now)
+if due then
+  -- Held back until the quiet time ends; the retry scheduler promotes it.
+  redis.call('HSET', KEYS[2], 'scheduled_for', n2s(due), 'next_due', n2s(due))
+  redis.call('ZADD', KEYS[4], n2s(due), id)
+  redis.call('PEXPIREAT', KEYS[1], n2s(due + window), 'GT')
+else
+  redis.call('XADD', KEYS[3], '*', 'task', id, 'key', ARGV[fields + 1])
+end
+for i = 1, ncaps do
+  count_in(i, now)
+end
+if index then
+  redis.call('SADD', index, id)
+  -- extend_or_set in two calls at most, one for a new index (no PTTL):
+  -- NX gives an expiry to an index without one; GT only pushes one later.
+  local until_ms = n2s(now + window + tonumber(ARGV[3]))
+  if redis.call('PEXPIREAT', index, until_ms, 'NX') == 0 then
+    redis.call('PEXPIREAT', index, until_ms, 'GT')
+  end
+end
+return {'accepted', id, due and n2s(due) or ''}

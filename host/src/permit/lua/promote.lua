@@ -1,4 +1,5 @@
--- promote: move due retries of one shard from its delayed zset to its ready stream.
+-- promote: move due retries of one shard from its delayed zset to its ready stream,
+-- and tasks whose first attempt quiet hours held back (`queued`, `scheduled_for`).
 -- KEYS[1] delayed zset, KEYS[2] ready stream
 -- ARGV[1] most entries to move, ARGV[2] task key prefix of the shard ({ns:shard}:task:)
 -- Returns how many were taken off the delayed set.
@@ -7,7 +8,7 @@ local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', n2s(now), 'LIMIT', 0, t
 for _, id in ipairs(due) do
   -- Same hash tag as KEYS: same slot on a cluster.
   local task = redis.call('HMGET', ARGV[2] .. id, 'status', 'key')
-  if task[1] == 'retry_wait' then
+  if task[1] == 'retry_wait' or task[1] == 'queued' then
     redis.call('XADD', KEYS[2], '*', 'task', id, 'key', task[2])
   end
   redis.call('ZREM', KEYS[1], id)

@@ -44,11 +44,16 @@ impl Response {
             .map(|s| s.saturating_mul(1000))
     }
 
-    /// The error for a refused answer from `provider`, by its status alone:
-    /// 429 and 5xx retryable (honouring `Retry-After`), other statuses
-    /// permanent.
+    /// The error for a refused answer from `provider`, classed by its status
+    /// alone: 429 and 5xx retryable (honouring `Retry-After`), other statuses
+    /// permanent. The text names the status and the start of the provider's
+    /// answer, which is what an operator reads to tell why.
     pub fn refusal(&self, provider: &str) -> crate::SendError {
-        let refusal = crate::provider::auth::Refusal::of_status(self.status);
+        let mut refusal = crate::provider::auth::Refusal::of_status(self.status);
+        let answer: String = self.text().trim().chars().take(200).collect();
+        if !answer.is_empty() {
+            refusal.code = format!("{}: {answer}", refusal.code);
+        }
         crate::provider::refused_by(provider, &refusal, self)
     }
 

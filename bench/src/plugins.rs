@@ -2,7 +2,8 @@
 //! `derive-key` on a warm pooled instance and on a fresh instance, the fuel a
 //! call uses, and the load time of a plugin compiled cold vs from the disk cache.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
@@ -10,7 +11,7 @@ use anyhow::{Context, bail};
 use pushonce::cli::inputs::{default_plugin_dir, sample_event};
 use pushonce::cli::output::print_table;
 use pushonce::plugin::cache::{self, CacheOutcome};
-use pushonce::plugin::{Limits, Plugin, PluginRegistry};
+use pushonce::plugin::{KeyPolicyPlugin, Limits, Plugin, PluginRegistry, PluginRuntime};
 
 /// Arguments of `pushonce-bench plugins`.
 #[derive(Debug, clap::Args)]
@@ -85,63 +86,22 @@ struct Settings {
     compiles: usize,
 }
 
-fn measure_plugins(s: &Settings, cache_dir: &std::path::Path) -> anyhow::Result<()> {
+fn measure_plugins(s: &Settings, cache_dir: &Path) -> anyhow::Result<()> {
     let limits = Limits::default();
     let (registry, refused) = PluginRegistry::load_dir(&s.dir, &limits, Some(cache_dir))
         .with_context(|| format!("loading plugins from {}", s.dir.display()))?;
     for r in &refused {
         eprintln!("refused: {r}");
     }
-    let policies: Vec<_> = registry
-        .plugins()
-        .into_iter()
-        .filter_map(|p| match p {
-            Plugin::KeyPolicy(p) => Some(p),
-            Plugin::Channel(_) => None,
-        })
-        .collect();
-    if policies.is_empty() {
-        bail!(
-            "no key-policy plugins in {} (build them: cargo xtask plugins)",
-            s.dir.display()
-        );
-    }
-    let event = sample_event();
+    let policies = key_policies(&registry, s)?;
     println!(
         "derive-key per call, µs ({} warm calls, {} fresh-instance calls per policy; pooling allocator: {})",
         s.calls, s.fresh_calls, limits.pooling
     );
-    let mut rows = Vec::new();
-    for p in &policies {
-        let params = params_for(&p.meta().name);
-        // Warm up the pool, then time each call.
-        for _ in 0..1000 {
-            p.derive_key(&event, "sms", &params)?;
-        }
-        let mut warm = timed(s.calls, || p.derive_key(&event, "sms", &params).map(drop))?;
-        let mut full = timed(s.calls, || {
-            pushonce::derive::derive(p, &event, "sms", &params).map(drop)
-        })?;
-        let mut fresh = timed(s.fresh_calls, || {
-            p.derive_key_fresh(&event, "sms", &params).map(drop)
-        })?;
-        let fuel = p.fuel_used_by_one_call(&event, "sms", &params)?;
-        let [wm, w50, w99] = summary(&mut warm);
-        let [dm, _, d99] = summary(&mut full);
-        let [fm, f50, f99] = summary(&mut fresh);
-        rows.push([
-            p.id().to_string(),
-            wm,
-            w50,
-            w99,
-            dm,
-            d99,
-            fm,
-            f50,
-            f99,
-            fuel.to_string(),
-        ]);
-    }
+    let rows = policies
+        .iter()
+        .map(|p| call_costs(s, p))
+        .collect::<anyhow::Result<Vec<_>>>()?;
     print_table(
         &[
             "POLICY",
@@ -158,70 +118,15 @@ fn measure_plugins(s: &Settings, cache_dir: &std::path::Path) -> anyhow::Result<
         &rows,
     );
     println!("(+KEY: warm call plus host-side validation and composition of the full key)");
-
     println!(
         "\nload one plugin, ms (cold compile ×{}, cache load ×{})",
         s.compiles,
         s.compiles * 20
     );
-    let runtime = registry.runtime();
-    let mut rows = Vec::new();
-    for p in &policies {
-        let bytes = std::fs::read(&p.meta().file)?;
-        let sha = cache::sha256_hex(&bytes);
-        let mut cold = Vec::new();
-        for _ in 0..s.compiles {
-            let t = Instant::now();
-            let (_, outcome) =
-                cache::load_component(runtime.engine(), runtime.fingerprint(), &bytes, &sha, None)
-                    .map_err(|e| anyhow::anyhow!("compiling {}: {e:#}", p.id()))?;
-            cold.push(t.elapsed());
-            debug_assert_eq!(outcome, CacheOutcome::Compiled);
-        }
-        let mut cached = Vec::new();
-        for _ in 0..s.compiles * 20 {
-            let t = Instant::now();
-            let (_, outcome) = cache::load_component(
-                runtime.engine(),
-                runtime.fingerprint(),
-                &bytes,
-                &sha,
-                Some(cache_dir),
-            )
-            .map_err(|e| anyhow::anyhow!("loading {} from the cache: {e:#}", p.id()))?;
-            cached.push(t.elapsed());
-            if outcome != CacheOutcome::FromCache {
-                bail!("{} did not load from the cache", p.id());
-            }
-        }
-        let mut whole = Vec::new();
-        for _ in 0..s.compiles * 20 {
-            let mut r = PluginRegistry::with_runtime(runtime.clone(), Some(cache_dir));
-            let t = Instant::now();
-            r.load_file(&p.meta().file)?;
-            whole.push(t.elapsed());
-        }
-        let ms = |mut v: Vec<Duration>| {
-            v.sort_unstable();
-            let mean = v.iter().sum::<Duration>() / v.len() as u32;
-            (
-                format!("{:.3}", mean.as_secs_f64() * 1e3),
-                format!("{:.3}", v[0].as_secs_f64() * 1e3),
-            )
-        };
-        let (cm, cmin) = ms(cold);
-        let (km, kmin) = ms(cached);
-        let (lm, _) = ms(whole);
-        rows.push([
-            p.id().to_string(),
-            format!("{:.1} KiB", bytes.len() as f64 / 1024.0),
-            cm,
-            cmin,
-            km,
-            kmin,
-            lm,
-        ]);
-    }
+    let rows = policies
+        .iter()
+        .map(|p| load_costs(s, registry.runtime(), p, cache_dir))
+        .collect::<anyhow::Result<Vec<_>>>()?;
     print_table(
         &[
             "PLUGIN",
@@ -236,4 +141,120 @@ fn measure_plugins(s: &Settings, cache_dir: &std::path::Path) -> anyhow::Result<
     );
     println!("(LOAD_FILE: read + hash + cache load + link + instantiate + describe)");
     Ok(())
+}
+
+/// The key policies of `registry`; an error when there are none.
+fn key_policies(
+    registry: &PluginRegistry,
+    s: &Settings,
+) -> anyhow::Result<Vec<Arc<KeyPolicyPlugin>>> {
+    let policies: Vec<_> = registry
+        .plugins()
+        .into_iter()
+        .filter_map(|p| match p {
+            Plugin::KeyPolicy(p) => Some(p),
+            Plugin::Channel(_) => None,
+        })
+        .collect();
+    if policies.is_empty() {
+        bail!(
+            "no key-policy plugins in {} (build them: cargo xtask plugins)",
+            s.dir.display()
+        );
+    }
+    Ok(policies)
+}
+
+/// One policy's call costs: warm, warm plus the host's key composition,
+/// fresh instance (mean, p50, p99 in µs), and the fuel of one call.
+fn call_costs(s: &Settings, p: &KeyPolicyPlugin) -> anyhow::Result<[String; 10]> {
+    let event = sample_event();
+    let params = params_for(&p.meta().name);
+    // Warm up the pool, then time each call.
+    for _ in 0..1000 {
+        p.derive_key(&event, "sms", &params)?;
+    }
+    let mut warm = timed(s.calls, || p.derive_key(&event, "sms", &params).map(drop))?;
+    let mut full = timed(s.calls, || {
+        pushonce::derive::derive(p, &event, "sms", &params).map(drop)
+    })?;
+    let mut fresh = timed(s.fresh_calls, || {
+        p.derive_key_fresh(&event, "sms", &params).map(drop)
+    })?;
+    let fuel = p.fuel_used_by_one_call(&event, "sms", &params)?;
+    let [wm, w50, w99] = summary(&mut warm);
+    let [dm, _, d99] = summary(&mut full);
+    let [fm, f50, f99] = summary(&mut fresh);
+    Ok([
+        p.id().to_string(),
+        wm,
+        w50,
+        w99,
+        dm,
+        d99,
+        fm,
+        f50,
+        f99,
+        fuel.to_string(),
+    ])
+}
+
+/// One plugin's load costs: cold compile, load from the disk cache, and a
+/// whole `load_file` from the cache (mean and min in ms).
+fn load_costs(
+    s: &Settings,
+    runtime: &Arc<PluginRuntime>,
+    p: &KeyPolicyPlugin,
+    cache_dir: &Path,
+) -> anyhow::Result<[String; 7]> {
+    let bytes = std::fs::read(&p.meta().file)?;
+    let sha = cache::sha256_hex(&bytes);
+    let load = |cache: Option<&Path>| {
+        let t = Instant::now();
+        let (_, outcome) =
+            cache::load_component(runtime.engine(), runtime.fingerprint(), &bytes, &sha, cache)
+                .map_err(|e| anyhow::anyhow!("loading {}: {e:#}", p.id()))?;
+        Ok::<_, anyhow::Error>((t.elapsed(), outcome))
+    };
+    let mut cold = Vec::new();
+    for _ in 0..s.compiles {
+        let (took, outcome) = load(None)?;
+        debug_assert_eq!(outcome, CacheOutcome::Compiled);
+        cold.push(took);
+    }
+    let mut cached = Vec::new();
+    for _ in 0..s.compiles * 20 {
+        let (took, outcome) = load(Some(cache_dir))?;
+        if outcome != CacheOutcome::FromCache {
+            bail!("{} did not load from the cache", p.id());
+        }
+        cached.push(took);
+    }
+    let mut whole = Vec::new();
+    for _ in 0..s.compiles * 20 {
+        let mut r = PluginRegistry::with_runtime(runtime.clone(), Some(cache_dir));
+        let t = Instant::now();
+        r.load_file(&p.meta().file)?;
+        whole.push(t.elapsed());
+    }
+    let [cm, cmin] = mean_min_ms(cold);
+    let [km, kmin] = mean_min_ms(cached);
+    let [lm, _] = mean_min_ms(whole);
+    Ok([
+        p.id().to_string(),
+        format!("{:.1} KiB", bytes.len() as f64 / 1024.0),
+        cm,
+        cmin,
+        km,
+        kmin,
+        lm,
+    ])
+}
+
+/// Mean and min in ms of `samples`.
+fn mean_min_ms(samples: Vec<Duration>) -> [String; 2] {
+    let ms = |d: Duration| format!("{:.3}", d.as_secs_f64() * 1e3);
+    let mean = samples.iter().sum::<Duration>() / samples.len().max(1) as u32;
+    let min = samples.iter().min().copied().unwrap_or_default();
+    [ms(mean), ms(min)]
 }

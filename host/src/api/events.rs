@@ -7,6 +7,7 @@
 //! channel's permit is taken in ONE pipelined `accept_batch` — for a batch,
 //! one pipeline for all its events.
 
+use std::collections::BTreeMap;
 use std::time::Instant;
 
 use axum::Json;
@@ -274,65 +275,70 @@ fn validate(req: &EventRequest) -> Result<(), ApiError> {
         check_text("template", t, MAX_ID)?;
     }
     if let Some(channels) = &req.channels {
-        if channels.is_empty() {
-            return Err(ApiError::invalid(
-                "channels",
-                "must name at least one channel when given",
-            ));
-        }
-        if channels.len() > MAX_CHANNELS {
-            return Err(ApiError::invalid(
-                "channels",
-                format!("{} channels; at most {MAX_CHANNELS}", channels.len()),
-            ));
-        }
+        check_channels(channels)?;
     }
-    for (map, entries) in [("params", &req.params), ("recipients", &req.recipients)] {
-        if entries.len() > MAX_ENTRIES {
-            return Err(ApiError::invalid(
-                map,
-                format!("{} entries; at most {MAX_ENTRIES}", entries.len()),
-            ));
-        }
-        let max_value = if map == "recipients" {
-            MAX_RECIPIENT
-        } else {
-            MAX_VALUE
-        };
-        for (k, v) in entries.iter() {
-            if k.len() > MAX_NAME {
-                return Err(ApiError::invalid(
-                    map,
-                    format!("a name is {} bytes long; at most {MAX_NAME}", k.len()),
-                ));
-            }
-            if v.len() > max_value {
-                return Err(ApiError::invalid(
-                    format!("{map}.{k}"),
-                    format!("is {} bytes long; at most {max_value}", v.len()),
-                ));
-            }
-        }
-    }
-    if req.attributes.len() > MAX_ENTRIES {
+    check_entries("params", &text_lengths(&req.params), MAX_VALUE)?;
+    check_entries("recipients", &text_lengths(&req.recipients), MAX_RECIPIENT)?;
+    let attributes: Vec<(&str, Option<usize>)> = req
+        .attributes
+        .iter()
+        .map(|(k, v)| match v {
+            AttributeValue::Text(t) => (k.as_str(), Some(t.len())),
+            _ => (k.as_str(), None),
+        })
+        .collect();
+    check_entries("attributes", &attributes, MAX_VALUE)
+}
+
+/// Each entry's name and its value's length.
+fn text_lengths(map: &BTreeMap<String, String>) -> Vec<(&str, Option<usize>)> {
+    map.iter()
+        .map(|(k, v)| (k.as_str(), Some(v.len())))
+        .collect()
+}
+
+/// The request's channel list: at least one, at most [`MAX_CHANNELS`].
+fn check_channels(channels: &[String]) -> Result<(), ApiError> {
+    if channels.is_empty() {
         return Err(ApiError::invalid(
-            "attributes",
-            format!("{} entries; at most {MAX_ENTRIES}", req.attributes.len()),
+            "channels",
+            "must name at least one channel when given",
         ));
     }
-    for (k, v) in &req.attributes {
+    if channels.len() > MAX_CHANNELS {
+        return Err(ApiError::invalid(
+            "channels",
+            format!("{} channels; at most {MAX_CHANNELS}", channels.len()),
+        ));
+    }
+    Ok(())
+}
+
+/// A map of the request (`map`): at most [`MAX_ENTRIES`] entries, names of at
+/// most [`MAX_NAME`] bytes, text values (their length, when text) of at most
+/// `max_value` bytes.
+fn check_entries(
+    map: &str,
+    entries: &[(&str, Option<usize>)],
+    max_value: usize,
+) -> Result<(), ApiError> {
+    if entries.len() > MAX_ENTRIES {
+        return Err(ApiError::invalid(
+            map,
+            format!("{} entries; at most {MAX_ENTRIES}", entries.len()),
+        ));
+    }
+    for (k, len) in entries {
         if k.len() > MAX_NAME {
             return Err(ApiError::invalid(
-                "attributes",
+                map,
                 format!("a name is {} bytes long; at most {MAX_NAME}", k.len()),
             ));
         }
-        if let AttributeValue::Text(t) = v
-            && t.len() > MAX_VALUE
-        {
+        if let Some(len) = len.filter(|len| *len > max_value) {
             return Err(ApiError::invalid(
-                format!("attributes.{k}"),
-                format!("is {} bytes long; at most {MAX_VALUE}", t.len()),
+                format!("{map}.{k}"),
+                format!("is {len} bytes long; at most {max_value}"),
             ));
         }
     }

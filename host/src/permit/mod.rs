@@ -770,23 +770,7 @@ impl Permits {
     ) -> Result<Recorded, PermitError> {
         let shard = shard_of_task(&attempt.task_id)
             .ok_or_else(|| PermitError::BadTaskId(attempt.task_id.clone()))?;
-        let reference = match outcome {
-            Outcome::Sent { reference, .. } => reference.as_deref().unwrap_or(""),
-            _ => "",
-        };
-        let (name, delay, provider_id, reason) = match outcome {
-            Outcome::Sent {
-                provider_message_id,
-                ..
-            } => ("sent", 0, provider_message_id.as_str(), ""),
-            Outcome::Retry { delay, reason } => ("retry", millis(*delay), "", reason.as_str()),
-            Outcome::Resend { delay, reason } => ("resend", millis(*delay), "", reason.as_str()),
-            Outcome::Unknown { reason } => ("unknown", 0, "", reason.as_str()),
-            Outcome::Failed { reason } => ("failed", 0, "", reason.as_str()),
-            Outcome::Dead { reason } => ("dead", 0, "", reason.as_str()),
-            Outcome::DuplicatePrevented { owner } => ("duplicate_prevented", 0, "", owner.as_str()),
-            Outcome::Release => ("release", 0, "", ""),
-        };
+        let args = OutcomeArgs::of(outcome);
         let (cause, provider_answer) = held_of(outcome, context.held);
         let sent_after = if context.checkable {
             millis(self.config.check_sent_after).to_string()
@@ -801,34 +785,22 @@ impl Permits {
             .key(self.layout.awaiting(shard))
             .arg(&attempt.task_id)
             .arg(&attempt.token)
-            .arg(name)
+            .arg(args.name)
             .arg(entry.map(|e| e.id.as_str()).unwrap_or(""))
             .arg(&self.config.group)
             .arg(millis(self.config.retention).max(1))
             .arg(millis(self.config.grace))
-            .arg(delay)
-            .arg(provider_id)
-            .arg(reason)
+            .arg(args.delay)
+            .arg(args.provider_id)
+            .arg(args.reason)
             .arg(sent_after)
             .arg(millis(self.config.check_unknown_after))
-            .arg(reference)
+            .arg(args.reference)
             .arg(cause)
             .arg(provider_answer)
             .invoke_async(&mut self.conn.clone())
             .await?;
-        let items = array(answer, "record")?;
-        match text(items.first()).as_str() {
-            "recorded" => Ok(Recorded::Done(match text(items.get(1)).as_str() {
-                "kept" => PermitFate::Kept,
-                "released" => PermitFate::Released,
-                "retaken" => PermitFate::Retaken,
-                _ => PermitFate::NotOwner,
-            })),
-            "fenced" => Ok(Recorded::Fenced {
-                status: TaskStatus::parse(&text(items.get(1))),
-            }),
-            _ => Err(unexpected("record", &items)),
-        }
+        recorded(array(answer, "record")?)
     }
 
     /// Settles a `sent` or `unknown` task from a receipt: `delivered` or
@@ -1300,6 +1272,68 @@ fn text(v: Option<&Value>) -> String {
         Some(Value::Int(i)) => i.to_string(),
         Some(Value::Okay) => "OK".into(),
         _ => String::new(),
+    }
+}
+
+/// The arguments of `record.lua` that come from an attempt's outcome.
+struct OutcomeArgs<'a> {
+    /// The outcome's name in the script.
+    name: &'static str,
+    /// Delay before the next attempt, ms.
+    delay: u64,
+    /// The provider's message id (sent).
+    provider_id: &'a str,
+    /// Why (or, for a prevented duplicate, the owner).
+    reason: &'a str,
+    /// The client reference it was sent with (sent).
+    reference: &'a str,
+}
+
+impl<'a> OutcomeArgs<'a> {
+    fn of(outcome: &'a Outcome) -> OutcomeArgs<'a> {
+        let args = |name, delay, provider_id, reason| OutcomeArgs {
+            name,
+            delay,
+            provider_id,
+            reason,
+            reference: "",
+        };
+        match outcome {
+            Outcome::Sent {
+                provider_message_id,
+                reference,
+            } => OutcomeArgs {
+                reference: reference.as_deref().unwrap_or(""),
+                ..args("sent", 0, provider_message_id.as_str(), "")
+            },
+            Outcome::Retry { delay, reason } => args("retry", millis(*delay), "", reason.as_str()),
+            Outcome::Resend { delay, reason } => {
+                args("resend", millis(*delay), "", reason.as_str())
+            }
+            Outcome::Unknown { reason } => args("unknown", 0, "", reason.as_str()),
+            Outcome::Failed { reason } => args("failed", 0, "", reason.as_str()),
+            Outcome::Dead { reason } => args("dead", 0, "", reason.as_str()),
+            Outcome::DuplicatePrevented { owner } => {
+                args("duplicate_prevented", 0, "", owner.as_str())
+            }
+            Outcome::Release => args("release", 0, "", ""),
+        }
+    }
+}
+
+/// `record.lua`'s answer.
+fn recorded(items: Vec<Value>) -> Result<Recorded, PermitError> {
+    match text(items.first()).as_str() {
+        "recorded" => Ok(Recorded::Done(match text(items.get(1)).as_str() {
+            "kept" => PermitFate::Kept,
+            "released" => PermitFate::Released,
+            "retaken" => PermitFate::Retaken,
+            _ => PermitFate::NotOwner,
+        })),
+        "fenced" => Ok(Recorded::Fenced {
+            status: TaskStatus::parse(&text(items.get(1))),
+        }),
+        _ => Err(unexpected("record", &items)),
     }
 }
 

@@ -9,12 +9,12 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, bail};
+use anyhow::bail;
 
 use pushonce::cli::inputs::default_plugin_dir;
 use pushonce::cli::output::print_table;
 use pushonce::plugin::cache::{self, CacheOutcome};
-use pushonce::plugin::{Event, KeyPolicyPlugin, Limits, Plugin, PluginRegistry, PluginRuntime};
+use pushonce::plugin::{Event, KeyPolicyPlugin, Limits, PluginRuntime};
 
 /// Arguments of `pushonce-bench languages`.
 #[derive(Debug, clap::Args)]
@@ -57,19 +57,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
 }
 
 fn measure(dir: &Path, calls: usize, compiles: usize, cache_dir: &Path) -> anyhow::Result<()> {
-    let (registry, refused) = PluginRegistry::load_dir(dir, &Limits::default(), Some(cache_dir))
-        .with_context(|| format!("loading plugins from {}", dir.display()))?;
-    for r in &refused {
-        eprintln!("refused: {r}");
-    }
-    let mut policies: Vec<Arc<KeyPolicyPlugin>> = registry
-        .plugins()
-        .into_iter()
-        .filter_map(|p| match p {
-            Plugin::KeyPolicy(p) => Some(p),
-            Plugin::Channel(_) => None,
-        })
-        .collect();
+    let (registry, mut policies) =
+        super::plugins::load_key_policies(dir, &Limits::default(), cache_dir)?;
     policies.sort_by_key(|p| (lang_of(&p.meta().name) != "Rust", p.id().to_string()));
     if !policies.iter().any(|p| p.meta().name == BASELINE) {
         bail!(

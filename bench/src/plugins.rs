@@ -88,12 +88,7 @@ struct Settings {
 
 fn measure_plugins(s: &Settings, cache_dir: &Path) -> anyhow::Result<()> {
     let limits = Limits::default();
-    let (registry, refused) = PluginRegistry::load_dir(&s.dir, &limits, Some(cache_dir))
-        .with_context(|| format!("loading plugins from {}", s.dir.display()))?;
-    for r in &refused {
-        eprintln!("refused: {r}");
-    }
-    let policies = key_policies(&registry, s)?;
+    let (registry, policies) = load_key_policies(&s.dir, &limits, cache_dir)?;
     println!(
         "derive-key per call, µs ({} warm calls, {} fresh-instance calls per policy; pooling allocator: {})",
         s.calls, s.fresh_calls, limits.pooling
@@ -143,11 +138,18 @@ fn measure_plugins(s: &Settings, cache_dir: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The key policies of `registry`; an error when there are none.
-fn key_policies(
-    registry: &PluginRegistry,
-    s: &Settings,
-) -> anyhow::Result<Vec<Arc<KeyPolicyPlugin>>> {
+/// Loads the plugins of `dir` (printing the refused ones) and returns the
+/// registry with its key policies; an error when there are none.
+pub(super) fn load_key_policies(
+    dir: &Path,
+    limits: &Limits,
+    cache_dir: &Path,
+) -> anyhow::Result<(PluginRegistry, Vec<Arc<KeyPolicyPlugin>>)> {
+    let (registry, refused) = PluginRegistry::load_dir(dir, limits, Some(cache_dir))
+        .with_context(|| format!("loading plugins from {}", dir.display()))?;
+    for r in &refused {
+        eprintln!("refused: {r}");
+    }
     let policies: Vec<_> = registry
         .plugins()
         .into_iter()
@@ -159,10 +161,10 @@ fn key_policies(
     if policies.is_empty() {
         bail!(
             "no key-policy plugins in {} (build them: cargo xtask plugins)",
-            s.dir.display()
+            dir.display()
         );
     }
-    Ok(policies)
+    Ok((registry, policies))
 }
 
 /// One policy's call costs: warm, warm plus the host's key composition,

@@ -525,11 +525,7 @@ pub async fn mark_delivered(
     Path(id): Path<String>,
     query: Result<Query<SettleQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Json<SettleView>, ApiError> {
-    let Query(query) = query.map_err(|e| ApiError::invalid("why", e.body_text()))?;
-    let note = operator_note(query.by, query.why)?;
-    settle_task(&state, &id, Settle::Delivered, &note)
-        .await
-        .map(|task| Json(SettleView { task }))
+    settle_from_query(&state, &id, Settle::Delivered, query).await
 }
 
 /// Give up a held, failed or dead task: nobody will send it; it becomes
@@ -550,9 +546,19 @@ pub async fn give_up(
     Path(id): Path<String>,
     query: Result<Query<SettleQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Json<SettleView>, ApiError> {
+    settle_from_query(&state, &id, Settle::GivenUp, query).await
+}
+
+/// The two settle endpoints: the operator's note from the query, then [`settle_task`].
+async fn settle_from_query(
+    state: &AppState,
+    id: &str,
+    how: Settle,
+    query: Result<Query<SettleQuery>, axum::extract::rejection::QueryRejection>,
+) -> Result<Json<SettleView>, ApiError> {
     let Query(query) = query.map_err(|e| ApiError::invalid("why", e.body_text()))?;
     let note = operator_note(query.by, query.why)?;
-    settle_task(&state, &id, Settle::GivenUp, &note)
+    settle_task(state, id, how, &note)
         .await
         .map(|task| Json(SettleView { task }))
 }

@@ -221,7 +221,7 @@ impl Default for ReconcileBackoff {
 impl ReconcileBackoff {
     /// The delay after check number `check` (1-based): `initial ·
     /// factor^(check−1)`, capped at `max`.
-    pub fn delay_after(&self, check: u32) -> Duration {
+    pub(crate) fn delay_after(&self, check: u32) -> Duration {
         let exp = check.saturating_sub(1).min(64) as i32;
         let secs = self.initial.as_secs_f64() * self.factor.max(1.0).powi(exp);
         Duration::from_secs_f64(secs.min(self.max.as_secs_f64()).max(0.0))
@@ -507,7 +507,7 @@ pub enum ConfigError {
 }
 
 /// 1-based line of a byte offset in `text`.
-pub fn line_of(text: &str, offset: usize) -> usize {
+pub(crate) fn line_of(text: &str, offset: usize) -> usize {
     text[..offset.min(text.len())].matches('\n').count() + 1
 }
 
@@ -532,7 +532,10 @@ impl HostConfig {
     }
 
     /// Applies the `PUSHONCE_*` overrides found by `get`.
-    pub fn apply_env(&mut self, get: impl Fn(&str) -> Option<String>) -> Result<(), ConfigError> {
+    pub(crate) fn apply_env(
+        &mut self,
+        get: impl Fn(&str) -> Option<String>,
+    ) -> Result<(), ConfigError> {
         if let Some(v) = get("PUSHONCE_LISTEN") {
             self.listen = v.parse().map_err(|e| ConfigError::Env {
                 var: "PUSHONCE_LISTEN",
@@ -713,7 +716,7 @@ impl HostConfig {
 
     /// The Redis this configuration names: a cluster, one URL, or the
     /// embedded server under `<data_dir>/redis`.
-    pub fn redis_target(&self) -> crate::store::RedisTarget {
+    pub(crate) fn redis_target(&self) -> crate::store::RedisTarget {
         use crate::store::RedisTarget;
         match (&self.redis_url, self.redis_cluster.is_empty()) {
             (None, false) => RedisTarget::Cluster(self.redis_cluster.clone()),
@@ -772,7 +775,7 @@ impl HostConfig {
 }
 
 /// Reads a text file (a regular file of at most 1 MiB), naming it in the error.
-pub fn read_file(file: &Path) -> Result<String, FileError> {
+pub(crate) fn read_file(file: &Path) -> Result<String, FileError> {
     crate::files::read_text_file(file).map_err(|source| FileError::Read {
         file: file.to_path_buf(),
         source,
@@ -782,7 +785,10 @@ pub fn read_file(file: &Path) -> Result<String, FileError> {
 /// Deserialises the TOML `text` of `file` strictly, naming the line and the
 /// dotted path of the field at fault (serde_path_to_error), so operators see
 /// `file:line: field.path: why`.
-pub fn parse_toml<T: serde::de::DeserializeOwned>(file: &Path, text: &str) -> Result<T, FileError> {
+pub(crate) fn parse_toml<T: serde::de::DeserializeOwned>(
+    file: &Path,
+    text: &str,
+) -> Result<T, FileError> {
     let error = |line: usize, message: String| FileError::Parse {
         file: file.to_path_buf(),
         line,

@@ -42,7 +42,7 @@ impl Token {
     }
 
     /// True when no token is required.
-    pub fn is_open(&self) -> bool {
+    pub(crate) fn is_open(&self) -> bool {
         self.digest.is_none()
     }
 

@@ -42,10 +42,10 @@ where
 /// The body limit in force, put in the request's extensions by the router so
 /// the 413 answer can name it.
 #[derive(Debug, Clone, Copy)]
-pub struct BodyLimit(pub usize);
+pub(crate) struct BodyLimit(pub usize);
 
 /// `application/json`, with or without parameters (`; charset=utf-8`), or `+json`.
-pub fn check_json_media_type(value: Option<&header::HeaderValue>) -> Result<(), ApiError> {
+pub(crate) fn check_json_media_type(value: Option<&header::HeaderValue>) -> Result<(), ApiError> {
     let Some(value) = value else {
         return Err(ApiError::UnsupportedMediaType(
             "missing Content-Type: send application/json".into(),
@@ -72,7 +72,7 @@ pub fn check_json_media_type(value: Option<&header::HeaderValue>) -> Result<(), 
 
 /// Parses JSON text into `T`: syntax errors are 400; a body that is not an
 /// object, or an object of the wrong shape, is 422 naming the field.
-pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
+pub(crate) fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
     let value: serde_json::Value =
         serde_json::from_slice(bytes).map_err(|e| ApiError::BadJson(e.to_string()))?;
     if !value.is_object() {
@@ -83,7 +83,7 @@ pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
 }
 
 /// Converts a value already parsed (a batch item) into `T`, naming the field on error.
-pub fn from_value<T: DeserializeOwned>(value: serde_json::Value) -> Result<T, ApiError> {
+pub(crate) fn from_value<T: DeserializeOwned>(value: serde_json::Value) -> Result<T, ApiError> {
     match serde_path_to_error::deserialize::<_, T>(value) {
         Ok(v) => Ok(v),
         Err(e) => {

@@ -79,7 +79,7 @@ pub async fn post_event(
     ),
     security(("api_token" = []))
 )]
-pub async fn post_batch(
+pub(crate) async fn post_batch(
     State(state): State<AppState>,
     JsonBody(batch): JsonBody<BatchRequest>,
 ) -> Result<Json<BatchResponse>, ApiError> {
@@ -161,7 +161,7 @@ fn prefix_field(e: ApiError, index: usize) -> ApiError {
     ),
     security(("api_token" = []))
 )]
-pub async fn get_task(
+pub(crate) async fn get_task(
     State(state): State<AppState>,
     Path(id): Path<String>,
 ) -> Result<Json<TaskView>, ApiError> {
@@ -194,7 +194,7 @@ pub async fn get_task(
     ),
     security(("api_token" = []))
 )]
-pub async fn get_event(
+pub(crate) async fn get_event(
     State(state): State<AppState>,
     Path((biz_type, biz_id)): Path<(String, String)>,
     query: Result<Query<EventQuery>, axum::extract::rejection::QueryRejection>,

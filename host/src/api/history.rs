@@ -25,7 +25,7 @@ pub async fn task(state: &AppState, id: &str) -> Result<Option<TaskView>, ApiErr
 
 /// Adds to `tasks` the ledger's rows of the event whose tasks Redis no
 /// longer has (only `user_id`'s when given: compared by digest).
-pub async fn add_event_rows(
+pub(crate) async fn add_event_rows(
     state: &AppState,
     biz_type: &str,
     biz_id: &str,

@@ -21,7 +21,7 @@ use super::problem::Refusal;
 
 /// How many requests the current outage answered 503 (0: none going on).
 #[derive(Debug, Default)]
-pub struct Outage {
+pub(crate) struct Outage {
     /// 503s answered since the episode began.
     refused: AtomicU64,
 }
@@ -42,7 +42,11 @@ impl Outage {
 }
 
 /// Logs each refusal at the level its event deserves (see the module doc).
-pub async fn log_refusals(State(outage): State<Arc<Outage>>, req: Request, next: Next) -> Response {
+pub(crate) async fn log_refusals(
+    State(outage): State<Arc<Outage>>,
+    req: Request,
+    next: Next,
+) -> Response {
     let method = req.method().clone();
     let path = req.uri().path().to_string();
     let response = next.run(req).await;

@@ -16,7 +16,7 @@ use crate::metric_names::*;
 /// Registers every [`PER_CHANNEL`](crate::metric_names::PER_CHANNEL) counter of each channel, and the unlabelled
 /// counters, at zero (an increment by zero: a counter other code already
 /// counted keeps its value).
-pub fn register_channels<'a>(channels: impl IntoIterator<Item = &'a str>) {
+pub(crate) fn register_channels<'a>(channels: impl IntoIterator<Item = &'a str>) {
     metrics::counter!(RELOAD_REFUSED).increment(0);
     for channel in channels {
         for name in PER_CHANNEL {
@@ -36,7 +36,7 @@ pub fn register_channels<'a>(channels: impl IntoIterator<Item = &'a str>) {
 /// Registers `pushonce_capped_total` at zero for every cap of every policy
 /// in force and each of its channels (a cap's series exists before its
 /// first refusal, so a dashboard's rate starts at zero).
-pub fn register_caps(policies: &crate::route::PolicySet) {
+pub(crate) fn register_caps(policies: &crate::route::PolicySet) {
     for policy in policies.by_biz_type.values() {
         for cap in &policy.caps {
             for channel in &policy.spec.channels {

@@ -33,8 +33,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 
 pub use auth::Token;
-pub use model::Problem;
-pub use problem::ApiError;
+pub(crate) use problem::ApiError;
 pub use receipts::{ReceiptHandler, SharedReceiptHandler};
 
 use crate::permit::Permits;

@@ -10,17 +10,17 @@ use utoipa::ToSchema;
 use crate::permit::{HeldCause, OperatorStep, ReconcileStep, Task};
 
 /// Longest `biz_type`, `biz_id`, `user_id`, `template`, in characters.
-pub const MAX_ID: usize = 128;
+pub(crate) const MAX_ID: usize = 128;
 /// Most entries in `params`, `attributes`, `recipients`.
-pub const MAX_ENTRIES: usize = 64;
+pub(crate) const MAX_ENTRIES: usize = 64;
 /// Longest name of a param or attribute, in bytes.
-pub const MAX_NAME: usize = 64;
+pub(crate) const MAX_NAME: usize = 64;
 /// Longest value of a param or attribute, in bytes.
-pub const MAX_VALUE: usize = 1024;
+pub(crate) const MAX_VALUE: usize = 1024;
 /// Longest recipient address, in bytes.
-pub const MAX_RECIPIENT: usize = 256;
+pub(crate) const MAX_RECIPIENT: usize = 256;
 /// Most channels one event may name.
-pub const MAX_CHANNELS: usize = 16;
+pub(crate) const MAX_CHANNELS: usize = 16;
 
 /// One business event: `POST /v1/events`.
 #[derive(Debug, Clone, Deserialize, ToSchema)]
@@ -107,7 +107,7 @@ pub enum AttributeValue {
 /// Many events in one request: `POST /v1/events:batch`.
 #[derive(Debug, Clone, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
-pub struct BatchRequest {
+pub(crate) struct BatchRequest {
     /// The events (at most the configured batch limit, 100 by default). Each is
     /// checked on its own: one bad event does not refuse the others.
     #[schema(value_type = Vec<EventRequest>, min_items = 1)]
@@ -153,7 +153,7 @@ pub enum ResultKind {
 
 /// The answer to `POST /v1/events` (202).
 #[derive(Debug, Clone, Serialize, ToSchema)]
-pub struct EventAccepted {
+pub(crate) struct EventAccepted {
     /// The event's business type.
     pub biz_type: String,
     /// The event's business id.
@@ -166,7 +166,7 @@ pub struct EventAccepted {
 
 /// The result of one event of a batch.
 #[derive(Debug, Clone, Serialize, ToSchema)]
-pub struct BatchItem {
+pub(crate) struct BatchItem {
     /// Position of the event in the request.
     pub index: usize,
     /// The status `POST /v1/events` would have answered: 202 or 4xx.
@@ -181,7 +181,7 @@ pub struct BatchItem {
 
 /// The answer to `POST /v1/events:batch` (200).
 #[derive(Debug, Clone, Serialize, ToSchema)]
-pub struct BatchResponse {
+pub(crate) struct BatchResponse {
     /// One item per event, in request order.
     pub results: Vec<BatchItem>,
 }
@@ -269,7 +269,7 @@ pub struct TaskView {
     pub reconcile_log: Vec<ReconcileStepView>,
     /// What operators did to it (requeue, delivered, given up): who, when, why; oldest first.
     #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub operator_log: Vec<OperatorStepView>,
+    pub(crate) operator_log: Vec<OperatorStepView>,
     /// True when Redis no longer has the task (retention) and this is the
     /// delivery ledger's row: no event, payload or schedule, the recipient only as a digest.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
@@ -396,7 +396,7 @@ pub struct ReconcileStepView {
 
 /// One operator action on a task.
 #[derive(Debug, Clone, Serialize, ToSchema)]
-pub struct OperatorStepView {
+pub(crate) struct OperatorStepView {
     /// When (ms since the epoch, Redis clock).
     pub at: u64,
     /// Who (the console's signed-in name, or the admin API's `by`).
@@ -421,7 +421,7 @@ impl From<OperatorStep> for OperatorStepView {
 
 /// The tasks of one event: `GET /v1/events/{biz_type}/{biz_id}`.
 #[derive(Debug, Clone, Serialize, ToSchema)]
-pub struct EventTasks {
+pub(crate) struct EventTasks {
     /// Business type.
     pub biz_type: String,
     /// Business id.
@@ -434,7 +434,7 @@ pub struct EventTasks {
 #[derive(Debug, Clone, Deserialize, utoipa::IntoParams)]
 #[serde(deny_unknown_fields)]
 #[into_params(parameter_in = Query)]
-pub struct EventQuery {
+pub(crate) struct EventQuery {
     /// Only the tasks of this user's event.
     pub user_id: Option<String>,
 }

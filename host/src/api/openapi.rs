@@ -35,7 +35,7 @@ use super::{admin, events, model, ops, overview, receipts};
         (name = "ops", description = "Probes, metrics, this document"),
     )
 )]
-pub struct ApiDoc;
+pub(crate) struct ApiDoc;
 
 /// This API's OpenAPI 3.1 document.
 #[utoipa::path(get, path = "/openapi.json", tag = "ops",

@@ -12,10 +12,10 @@ use crate::permit::PermitError;
 use crate::route::plan::PlanError;
 
 /// The media type of problem details.
-pub const PROBLEM_JSON: &str = "application/problem+json";
+pub(crate) const PROBLEM_JSON: &str = "application/problem+json";
 
 /// How long a client should wait before retrying after a 503, in seconds.
-pub const RETRY_AFTER_SECS: u64 = 1;
+pub(crate) const RETRY_AFTER_SECS: u64 = 1;
 
 /// Why a request was refused or failed.
 #[derive(Debug, thiserror::Error)]
@@ -118,7 +118,7 @@ impl ApiError {
 
     /// Whether this is the host's own failure (answered 500, details logged
     /// and never echoed to the client).
-    pub fn is_internal(&self) -> bool {
+    pub(crate) fn is_internal(&self) -> bool {
         matches!(
             self,
             ApiError::Permit(_)
@@ -267,7 +267,7 @@ impl From<PermitError> for ApiError {
 
 /// Whether a Redis error means "Redis cannot be reached or cannot serve now"
 /// (answer 503, retry later) rather than a bug.
-pub fn redis_unavailable(e: &redis::RedisError) -> bool {
+pub(crate) fn redis_unavailable(e: &redis::RedisError) -> bool {
     use redis::{ErrorKind, ServerErrorKind};
     e.is_io_error()
         || e.is_timeout()

@@ -55,7 +55,7 @@ pub struct ProviderReply {
 
 /// Headers a plugin's reply may set; others are dropped (a plugin cannot
 /// set cookies, CORS or caching rules on the host's origin).
-pub const REPLY_HEADERS: &[&str] = &["content-type", "retry-after"];
+pub(crate) const REPLY_HEADERS: &[&str] = &["content-type", "retry-after"];
 
 /// Handles one provider callback of a channel: the plugin verifies it and
 /// names what it settles, the host settles, and the plugin's reply is
@@ -115,7 +115,7 @@ impl CallbackGate {
 }
 
 /// The served channels and their gates (a channel absent is closed).
-pub type CallbackGates = Arc<BTreeMap<String, CallbackGate>>;
+pub(crate) type CallbackGates = Arc<BTreeMap<String, CallbackGate>>;
 
 /// A provider callback to an open channel (`open_callbacks = true`).
 #[utoipa::path(post, path = "/v1/receipts/{channel}", tag = "receipts",
@@ -128,7 +128,7 @@ pub type CallbackGates = Arc<BTreeMap<String, CallbackGate>>;
         (status = 404, description = "No such channel, or its callbacks are closed", body = super::model::Problem, content_type = "application/problem+json"),
         (status = 503, description = "Redis unavailable, or the callback names a send not recorded yet: send it again", body = super::model::Problem, content_type = "application/problem+json"),
     ))]
-pub async fn open_receipt(
+pub(crate) async fn open_receipt(
     State(state): State<AppState>,
     Path(channel): Path<String>,
     method: Method,

@@ -16,7 +16,7 @@ pub fn default_plugin_dir() -> PathBuf {
 }
 
 /// `<data dir>/cache`, the data dir being `$PUSHONCE_DATA_DIR` or `./data`.
-pub fn default_cache_dir() -> PathBuf {
+pub(crate) fn default_cache_dir() -> PathBuf {
     std::env::var_os("PUSHONCE_DATA_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from("data"))

@@ -7,7 +7,7 @@ pub fn window(secs: Option<u32>) -> String {
 }
 
 /// `12.3 KiB`.
-pub fn human_size(bytes: u64) -> String {
+pub(crate) fn human_size(bytes: u64) -> String {
     if bytes >= 1 << 20 {
         format!("{:.1} MiB", bytes as f64 / (1u64 << 20) as f64)
     } else {

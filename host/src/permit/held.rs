@@ -37,7 +37,7 @@ pub enum HeldCause {
 
 impl HeldCause {
     /// The cause as stored in the task hash (JSON).
-    pub fn to_json(self) -> String {
+    pub(crate) fn to_json(self) -> String {
         serde_json::to_string(&self).unwrap_or_default()
     }
 
@@ -57,7 +57,7 @@ impl HeldCause {
     }
 
     /// What the cause means for an operator, in plain words.
-    pub fn explain(self) -> &'static str {
+    pub(crate) fn explain(self) -> &'static str {
         match self {
             HeldCause::CutOffAfterWrite => {
                 "the request was written and the answer cut off: the provider may have the message"
@@ -99,11 +99,8 @@ pub struct ReconcileStep {
     pub action: String,
 }
 
-/// Most steps `reconcile_log` keeps (the oldest are dropped first).
-pub const LOG_STEPS: usize = 32;
-
 /// The steps of a stored `reconcile_log`, oldest first; unreadable lines are skipped.
-pub fn parse_log(text: &str) -> Vec<ReconcileStep> {
+pub(crate) fn parse_log(text: &str) -> Vec<ReconcileStep> {
     text.lines()
         .filter_map(|line| serde_json::from_str(line).ok())
         .collect()
@@ -121,7 +118,7 @@ pub struct OperatorNote {
 /// One operator action on a task, as `operator_log` keeps it (one JSON
 /// object a line, the newest last): requeue, delivered, given up.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct OperatorStep {
+pub(crate) struct OperatorStep {
     /// When (Redis clock, ms since the epoch).
     pub at: u64,
     /// Who.
@@ -133,7 +130,7 @@ pub struct OperatorStep {
 }
 
 /// The steps of a stored `operator_log`, oldest first; unreadable lines are skipped.
-pub fn parse_operator_log(text: &str) -> Vec<OperatorStep> {
+pub(crate) fn parse_operator_log(text: &str) -> Vec<OperatorStep> {
     text.lines()
         .filter_map(|line| serde_json::from_str(line).ok())
         .collect()

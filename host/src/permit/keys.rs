@@ -54,7 +54,7 @@ impl Layout {
     }
 
     /// Prefix of every task key of a shard: `{po:3}:task:`.
-    pub fn task_prefix(&self, shard: u16) -> String {
+    pub(crate) fn task_prefix(&self, shard: u16) -> String {
         format!("{}:task:", self.tag(shard))
     }
 
@@ -103,12 +103,12 @@ impl Layout {
     /// task ids of that event whose keys landed in this shard. An event's
     /// channels land in different shards, so finding all its tasks reads this
     /// set in every shard (see `docs/redis.md`).
-    pub fn event_index(&self, shard: u16, biz_type: &str, biz_id: &str) -> String {
+    pub(crate) fn event_index(&self, shard: u16, biz_type: &str, biz_id: &str) -> String {
         format!("{}:event:{}:{}", self.tag(shard), biz_type, biz_id)
     }
 
     /// A fresh task id in `shard`: `<shard>-<ms since epoch>-<64 random bits in hex>`.
-    pub fn new_task_id(&self, shard: u16) -> String {
+    pub(crate) fn new_task_id(&self, shard: u16) -> String {
         let ms = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_millis())

@@ -22,9 +22,11 @@ use redis::Value;
 
 use crate::store::{Batch, RedisConn};
 
-pub use awaiting::{CheckAction, CheckNote, ClaimPass, Claimed};
+pub(crate) use awaiting::Claimed;
+pub use awaiting::{CheckAction, CheckNote};
 pub use gate::{CapCheck, CapPeriod, Gate, QuietCheck};
-pub use held::{HeldCause, OperatorNote, OperatorStep, ReconcileStep, RecordContext};
+pub use held::{HeldCause, RecordContext};
+pub(crate) use held::{OperatorNote, OperatorStep, ReconcileStep};
 pub use keys::{Layout, shard_of_task};
 pub use task::{RetryPolicy, Task, TaskStatus};
 
@@ -363,7 +365,7 @@ impl Permits {
     }
 
     /// Creates the consumer group of every shard's ready stream if missing.
-    pub async fn ensure_groups(&self) -> Result<(), PermitError> {
+    pub(crate) async fn ensure_groups(&self) -> Result<(), PermitError> {
         let mut conn = self.conn.clone();
         for shard in 0..self.layout.shards() {
             let res: redis::RedisResult<()> = redis::cmd("XGROUP")
@@ -845,7 +847,7 @@ impl Permits {
     /// Remembers that `channel`'s message `provider_id` is task `task_id`, for
     /// receipts that name only the provider's id. Written after the send is
     /// recorded (best effort: a receipt that finds nothing is reported unmatched).
-    pub async fn index_provider_id(
+    pub(crate) async fn index_provider_id(
         &self,
         channel: &str,
         provider_id: &str,
@@ -862,7 +864,7 @@ impl Permits {
     }
 
     /// The task of `channel`'s message `provider_id`, if indexed.
-    pub async fn task_by_provider_id(
+    pub(crate) async fn task_by_provider_id(
         &self,
         channel: &str,
         provider_id: &str,
@@ -876,7 +878,7 @@ impl Permits {
     /// How long ago (ms) a receipt first named `channel`'s message `id`
     /// that matched no task: the first call records now (kept for `keep`)
     /// and answers 0. Bounds how long such a receipt is answered 503.
-    pub async fn unmatched_age(
+    pub(crate) async fn unmatched_age(
         &self,
         channel: &str,
         id: &str,
@@ -992,7 +994,7 @@ impl Permits {
     }
 
     /// [`Permits::requeue`], recorded in the task's `operator_log` with who and why.
-    pub async fn requeue_by(
+    pub(crate) async fn requeue_by(
         &self,
         task_id: &str,
         force: bool,
@@ -1132,7 +1134,7 @@ impl Permits {
     }
 
     /// Entries of the held (`unknown`) index, summed over every shard (`ZCARD`).
-    pub async fn held_count(&self) -> Result<u64, PermitError> {
+    pub(crate) async fn held_count(&self) -> Result<u64, PermitError> {
         self.zcard_all(|l, s| l.held(s)).await
     }
 
@@ -1217,7 +1219,7 @@ fn spec_json(req: &AcceptRequest) -> String {
 }
 
 /// A duration in whole milliseconds.
-pub fn millis(d: Duration) -> u64 {
+pub(crate) fn millis(d: Duration) -> u64 {
     d.as_millis().min(u128::from(u64::MAX)) as u64
 }
 

@@ -19,24 +19,30 @@ fn script(body: &str) -> Script {
 /// Take the permit and enqueue the task (`accept.lua`).
 pub static ACCEPT: LazyLock<Script> = LazyLock::new(|| script(include_str!("lua/accept.lua")));
 /// Claim a lease for an attempt (`begin.lua`).
-pub static BEGIN: LazyLock<Script> = LazyLock::new(|| script(include_str!("lua/begin.lua")));
+pub(crate) static BEGIN: LazyLock<Script> = LazyLock::new(|| script(include_str!("lua/begin.lua")));
 /// Extend a lease in flight (`extend.lua`).
-pub static EXTEND: LazyLock<Script> = LazyLock::new(|| script(include_str!("lua/extend.lua")));
+pub(crate) static EXTEND: LazyLock<Script> =
+    LazyLock::new(|| script(include_str!("lua/extend.lua")));
 /// Record an attempt's outcome (`record.lua`).
-pub static RECORD: LazyLock<Script> = LazyLock::new(|| script(include_str!("lua/record.lua")));
+pub(crate) static RECORD: LazyLock<Script> =
+    LazyLock::new(|| script(include_str!("lua/record.lua")));
 /// Move due retries to the ready stream (`promote.lua`).
-pub static PROMOTE: LazyLock<Script> = LazyLock::new(|| script(include_str!("lua/promote.lua")));
+pub(crate) static PROMOTE: LazyLock<Script> =
+    LazyLock::new(|| script(include_str!("lua/promote.lua")));
 /// Settle a sent task from a receipt (`receipt.lua`).
-pub static RECEIPT: LazyLock<Script> = LazyLock::new(|| script(include_str!("lua/receipt.lua")));
+pub(crate) static RECEIPT: LazyLock<Script> =
+    LazyLock::new(|| script(include_str!("lua/receipt.lua")));
 
 /// Send a failed or dead task again, owner-checked (`requeue.lua`).
-pub static REQUEUE: LazyLock<Script> = LazyLock::new(|| script(include_str!("lua/requeue.lua")));
+pub(crate) static REQUEUE: LazyLock<Script> =
+    LazyLock::new(|| script(include_str!("lua/requeue.lua")));
 
 /// Settle a task without a send by an operator: delivered or given up (`settle.lua`).
-pub static SETTLE: LazyLock<Script> = LazyLock::new(|| script(include_str!("lua/settle.lua")));
+pub(crate) static SETTLE: LazyLock<Script> =
+    LazyLock::new(|| script(include_str!("lua/settle.lua")));
 
 /// Take due entries of a shard's awaiting index for the reconciler (`claim.lua`).
-pub static CLAIM: LazyLock<Script> = LazyLock::new(|| script(include_str!("lua/claim.lua")));
+pub(crate) static CLAIM: LazyLock<Script> = LazyLock::new(|| script(include_str!("lua/claim.lua")));
 
 /// Apply what a reconciler check decided, fenced by its claim (`reconcile.lua`).
 pub static RECONCILE: LazyLock<Script> =

@@ -68,14 +68,6 @@ impl TaskStatus {
             _ => return None,
         })
     }
-
-    /// True when no worker will touch the task again (`sent` waits only for receipts).
-    pub fn is_settled(self) -> bool {
-        !matches!(
-            self,
-            TaskStatus::Queued | TaskStatus::Sending | TaskStatus::RetryWait | TaskStatus::Unknown
-        )
-    }
 }
 
 impl std::fmt::Display for TaskStatus {
@@ -181,7 +173,7 @@ impl Task {
     }
 
     /// What operators did to it, oldest first (`operator_log`).
-    pub fn operator_log(&self) -> Vec<OperatorStep> {
+    pub(crate) fn operator_log(&self) -> Vec<OperatorStep> {
         self.fields
             .get("operator_log")
             .map(|log| parse_operator_log(log))
@@ -191,7 +183,7 @@ impl Task {
 
 impl Task {
     /// Builds a task from its hash fields; `None` if the hash is empty or malformed.
-    pub fn from_fields(id: &str, fields: HashMap<String, String>) -> Option<Task> {
+    pub(crate) fn from_fields(id: &str, fields: HashMap<String, String>) -> Option<Task> {
         // Fields no script reads are packed in `spec` (JSON) since the accept
         // script was made cheaper; tasks written before carry them one by one.
         let spec: serde_json::Map<String, serde_json::Value> = fields

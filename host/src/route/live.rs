@@ -186,7 +186,7 @@ impl Live {
     /// snapshot with `check` (e.g. key stability over a corpus of events), and
     /// swaps it in. On refusal the running snapshot stays and the refusal is
     /// recorded. Returns the generation in force afterwards.
-    pub fn reload_with(
+    pub(crate) fn reload_with(
         &self,
         check: impl FnOnce(&Snapshot, &Snapshot) -> Result<(), Vec<String>>,
     ) -> Result<u64, Refusal> {

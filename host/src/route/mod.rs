@@ -11,8 +11,9 @@ pub mod policy;
 pub mod stability;
 pub mod watch;
 
-pub use live::{Live, Snapshot};
-pub use policy::{PolicyError, PolicyFile};
+pub use live::Live;
+pub(crate) use live::Snapshot;
+pub(crate) use policy::{PolicyError, PolicyFile};
 
 use crate::config::FileError;
 use std::collections::BTreeMap;

@@ -14,9 +14,9 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 /// Longest dedup window a policy may ask for; longer is almost surely a typo.
-pub const MAX_WINDOW: Duration = Duration::from_secs(366 * 24 * 3600);
+pub(crate) const MAX_WINDOW: Duration = Duration::from_secs(366 * 24 * 3600);
 /// Most attempts a retry schedule may allow for one task.
-pub const MAX_ATTEMPTS: u32 = 100;
+pub(crate) const MAX_ATTEMPTS: u32 = 100;
 
 /// A policy file as written by an operator.
 #[derive(Debug, Clone, Deserialize, PartialEq)]
@@ -43,7 +43,7 @@ pub struct PolicyFile {
     pub fallback: BTreeMap<String, String>,
     /// Per-channel overrides of the window or the retry schedule.
     #[serde(default)]
-    pub overrides: BTreeMap<String, ChannelOverride>,
+    pub(crate) overrides: BTreeMap<String, ChannelOverride>,
     /// This policy's own frequency caps by name (`[caps.daily]`): at most
     /// `max` messages per user (and channel) per rolling `window` or per
     /// calendar day (`per_day = true`). See `docs/caps.md`.
@@ -105,7 +105,7 @@ pub struct BackoffSpec {
 /// What one channel does differently from the file's defaults.
 #[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
-pub struct ChannelOverride {
+pub(crate) struct ChannelOverride {
     /// This channel's own dedup window.
     #[serde(default, with = "humantime_serde")]
     pub window: Option<Duration>,

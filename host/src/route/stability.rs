@@ -11,7 +11,7 @@ use crate::plugin::{Event, KeyPolicyPlugin};
 use std::sync::Arc;
 
 /// The parameters a policy hands its key policy.
-pub fn params_of(policy: &Policy) -> Vec<(String, String)> {
+pub(crate) fn params_of(policy: &Policy) -> Vec<(String, String)> {
     policy
         .spec
         .params

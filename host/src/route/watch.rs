@@ -30,7 +30,7 @@ pub enum Trigger {
 }
 
 /// How long a file change waits for the rest of its burst before reloading.
-pub const SETTLE: Duration = Duration::from_millis(200);
+pub(crate) const SETTLE: Duration = Duration::from_millis(200);
 
 /// Keeps the directory watch alive; dropping it stops watching.
 pub struct DirWatch {
@@ -73,11 +73,11 @@ pub fn watch_dirs(
 
 /// Runs one checked reload: what every trigger (file change, SIGHUP, admin
 /// API) ends up calling. Returns the generation in force or the refusal.
-pub type Reloader = Arc<dyn Fn() -> BoxFuture<'static, Result<u64, Refusal>> + Send + Sync>;
+pub(crate) type Reloader = Arc<dyn Fn() -> BoxFuture<'static, Result<u64, Refusal>> + Send + Sync>;
 
 /// Rebuilds `live` off the async threads and swaps it in only if the key
 /// policies keep their keys over `corpus` (recent real events).
-pub async fn reload_checked(live: Arc<Live>, corpus: Vec<Event>) -> Result<u64, Refusal> {
+pub(crate) async fn reload_checked(live: Arc<Live>, corpus: Vec<Event>) -> Result<u64, Refusal> {
     tokio::task::spawn_blocking(move || {
         live.reload_with(|old, new| super::stability::check(old, new, &corpus))
     })

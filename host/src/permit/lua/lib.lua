@@ -69,7 +69,7 @@ local function hold(task, index, id, now, cause, answer)
 end
 
 -- Appends one step (a JSON object, one line) to a task's `reconcile_log`,
--- keeping the newest 32 (`held::LOG_STEPS`).
+-- keeping the newest 32 (the oldest are dropped first).
 local function log_step(task, step)
   local log = redis.call('HGET', task, 'reconcile_log') or ''
   if log ~= '' then

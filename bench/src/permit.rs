@@ -112,8 +112,9 @@ struct Memory {
     per_capped: f64,
 }
 
-/// The four rows: the floor, the accept script under redis-benchmark, the
-/// host's accept one call at a time and in pipelines; and the memory per key.
+/// The five rows: the floor, the accept script under redis-benchmark, the
+/// host's accept one call at a time, in pipelines and under a cap; and the
+/// memory per key.
 async fn measure_rows(
     store: &Store,
     conn: &mut RedisConn,
@@ -125,9 +126,8 @@ async fn measure_rows(
         args.concurrency.max(1),
         args.batch.max(1),
     );
-    let before_floor = used_memory(conn).await?;
-    let floor = redis_benchmark(store.url(), n, c, ns)?;
-    let floor_key = used_memory(conn).await?.saturating_sub(before_floor) as f64 / n as f64;
+    let (floor, floor_key) =
+        per_key(conn, n, async { redis_benchmark(store.url(), n, c, ns) }).await?;
     let permits = Permits::new(
         conn.clone(),
         PermitConfig {
@@ -138,43 +138,41 @@ async fn measure_rows(
     );
     permits.prepare().await?;
     let script_floor = redis_benchmark_accept(store.url(), n, c, &permits)?;
-    let before = used_memory(conn).await?;
-    let single = host_accepts(&permits, n, c, 1, "s").await?;
-    let per_permit = used_memory(conn).await?.saturating_sub(before) as f64 / n as f64;
+    let (single, per_permit) = per_key(conn, n, host_accepts(&permits, n, c, 1, "s")).await?;
     let batched = host_accepts(&permits, n, c, batch, "b").await?;
-    let before = used_memory(conn).await?;
-    let capped = host_accepts(&permits, n, c, 1, "c").await?;
-    let per_capped = used_memory(conn).await?.saturating_sub(before) as f64 / n as f64;
+    let (capped, per_capped) = per_key(conn, n, host_accepts(&permits, n, c, 1, "c")).await?;
     let rows = [
-        Row {
-            what: "redis-benchmark EVAL SET NX PX (floor)".into(),
-            ..floor
-        },
-        Row {
-            what: "redis-benchmark EVALSHA accept.lua (same)".into(),
-            ..script_floor
-        },
-        Row {
-            what: "host accept.lua, 1 multiplexed conn".into(),
-            ..single
-        },
-        Row {
-            what: format!("host accept_batch x{batch}, 1 conn"),
-            ..batched
-        },
-        Row {
-            what: "host accept.lua + 1 rolling cap, 1 conn".into(),
-            ..capped
-        },
+        named("redis-benchmark EVAL SET NX PX (floor)", floor),
+        named("redis-benchmark EVALSHA accept.lua (same)", script_floor),
+        named("host accept.lua, 1 multiplexed conn", single),
+        named(format!("host accept_batch x{batch}, 1 conn"), batched),
+        named("host accept.lua + 1 rolling cap, 1 conn", capped),
     ];
-    Ok((
-        rows,
-        Memory {
-            per_permit,
-            floor_key,
-            per_capped,
-        },
-    ))
+    let memory = Memory {
+        per_permit,
+        floor_key,
+        per_capped,
+    };
+    Ok((rows, memory))
+}
+
+/// Runs `step`, and the Redis memory it added per key (`n` keys).
+async fn per_key<T>(
+    conn: &mut RedisConn,
+    n: usize,
+    step: impl std::future::Future<Output = anyhow::Result<T>>,
+) -> anyhow::Result<(T, f64)> {
+    let before = used_memory(conn).await?;
+    let out = step.await?;
+    let added = used_memory(conn).await?.saturating_sub(before);
+    Ok((out, added as f64 / n as f64))
+}
+
+fn named(what: impl Into<String>, row: Row) -> Row {
+    Row {
+        what: what.into(),
+        ..row
+    }
 }
 
 /// The table: each row against the floor (first row) and the accept script under redis-benchmark (second row).

@@ -610,6 +610,49 @@ fn redact(url: &str) -> String {
     }
 }
 
+/// Creates `data_dir` if needed; its canonical path.
+fn data_dir_made(data_dir: &Path) -> Result<PathBuf, StoreError> {
+    let failed = |source| StoreError::DataDir {
+        dir: data_dir.to_path_buf(),
+        source,
+    };
+    std::fs::create_dir_all(data_dir).map_err(failed)?;
+    data_dir.canonicalize().map_err(failed)
+}
+
+/// Makes `cmd` listen on a unix socket in `dir`, or on a free loopback port
+/// when the socket path would be too long; the URL to connect to.
+fn listen_on(cmd: &mut Command, dir: &Path) -> Result<String, StoreError> {
+    let socket = dir.join("redis.sock");
+    if socket.as_os_str().len() <= MAX_UNIX_SOCKET_PATH {
+        // A stale socket file from a killed server would make bind fail.
+        let _ = std::fs::remove_file(&socket);
+        cmd.args(["--port", "0", "--unixsocket"])
+            .arg(&socket)
+            .args(["--unixsocketperm", "700"]);
+        return Ok(format!("redis+unix://{}", socket.display()));
+    }
+    let port = free_loopback_port().map_err(StoreError::Spawn)?;
+    cmd.args(["--bind", "127.0.0.1", "--port", &port.to_string()]);
+    Ok(format!("redis://127.0.0.1:{port}"))
+}
+
+/// AOF on (`everysec`), no RDB snapshots, task hashes kept as listpacks.
+fn durable_and_compact(cmd: &mut Command) -> &mut Command {
+    cmd.args([
+        "--appendonly",
+        "yes",
+        "--appendfsync",
+        "everysec",
+        "--save",
+        "",
+    ])
+    // A task hash holds the event and payload JSON (often > 64 bytes): let it
+    // stay a compact listpack anyway (measured: about half the memory per
+    // open permit, same throughput).
+    .args(["--hash-max-listpack-value", "1024"])
+}
+
 /// A `redis-server` child process owned by the host: AOF on (`everysec`), no
 /// RDB snapshots, listening on a unix socket in its data directory (or on a
 /// free loopback port when the socket path would be too long).
@@ -626,50 +669,18 @@ pub(crate) struct EmbeddedRedis {
 impl EmbeddedRedis {
     /// Starts `redis-server` with its data in `data_dir` and waits for `PING`.
     pub async fn start(data_dir: &Path) -> Result<EmbeddedRedis, StoreError> {
-        std::fs::create_dir_all(data_dir).map_err(|source| StoreError::DataDir {
-            dir: data_dir.to_path_buf(),
-            source,
-        })?;
-        let dir = data_dir
-            .canonicalize()
-            .map_err(|source| StoreError::DataDir {
-                dir: data_dir.to_path_buf(),
-                source,
-            })?;
-        let socket = dir.join("redis.sock");
+        let dir = data_dir_made(data_dir)?;
         let log = dir.join("redis.log");
         let mut cmd = Command::new("redis-server");
-        let url = if socket.as_os_str().len() <= MAX_UNIX_SOCKET_PATH {
-            // A stale socket file from a killed server would make bind fail.
-            let _ = std::fs::remove_file(&socket);
-            cmd.args(["--port", "0", "--unixsocket"])
-                .arg(&socket)
-                .args(["--unixsocketperm", "700"]);
-            format!("redis+unix://{}", socket.display())
-        } else {
-            let port = free_loopback_port().map_err(StoreError::Spawn)?;
-            cmd.args(["--bind", "127.0.0.1", "--port", &port.to_string()]);
-            format!("redis://127.0.0.1:{port}")
-        };
-        cmd.args([
-            "--appendonly",
-            "yes",
-            "--appendfsync",
-            "everysec",
-            "--save",
-            "",
-        ])
-        // A task hash holds the event and payload JSON (often > 64 bytes): let it
-        // stay a compact listpack anyway (measured: about half the memory per
-        // open permit, same throughput).
-        .args(["--hash-max-listpack-value", "1024"])
-        .args(["--daemonize", "no", "--dir"])
-        .arg(&dir)
-        .arg("--logfile")
-        .arg(&log)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null());
+        let url = listen_on(&mut cmd, &dir)?;
+        durable_and_compact(&mut cmd)
+            .args(["--daemonize", "no", "--dir"])
+            .arg(&dir)
+            .arg("--logfile")
+            .arg(&log)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
         let child = cmd.spawn().map_err(|e| {
             if e.kind() == std::io::ErrorKind::NotFound {
                 StoreError::RedisServerMissing

@@ -26,62 +26,70 @@ fn main() -> Result<()> {
     match args.first().map(String::as_str) {
         Some("setup") => setup(&root),
         Some("plugins") => build_plugins(&root).map(|_| ()),
-        Some("test") => {
-            setup(&root)?;
-            // Tests spawn the real `pushonce` binary (kill -9, several instances).
-            run(Command::new(cargo())
-                .current_dir(&root)
-                .args(["build", "--workspace", "--bins"]))?;
-            // The plugins' shared key encoder and their signatures (provider-auth,
-            // checked against the providers' published vectors) are plain
-            // Rust: their unit tests run natively.
-            run(Command::new(cargo())
-                .current_dir(root.join("plugins"))
-                .args([
-                    "test",
-                    "-p",
-                    "key-util",
-                    "-p",
-                    "provider-auth",
-                    "--target-dir",
-                ])
-                .arg(root.join("target").join("plugins-native")))?;
-            run(Command::new(cargo())
-                .current_dir(&root)
-                .args(["test", "--workspace"])
-                .args(&args[1..]))
-        }
+        Some("test") => test(&root, &args[1..]),
         Some("run") => {
             setup(&root)?;
             let dir = build_plugins(&root)?;
             run_service(&root, &dir, &args[1..])
         }
-        Some("chaos") => {
-            setup(&root)?;
-            run(Command::new(cargo()).current_dir(&root).args([
-                "build",
-                "--release",
-                "-p",
-                "pushonce",
-                "--bin",
-                "pushonce",
-                "-p",
-                "pushonce-tests",
-                "--bin",
-                "chaos",
-            ]))?;
-            // `cargo xtask chaos -- --cluster`: the `--` only separates.
-            let rest = match args.get(1).map(String::as_str) {
-                Some("--") => &args[2..],
-                _ => &args[1..],
-            };
-            run(Command::new(root.join("target/release/chaos")).args(rest))
-        }
+        Some("chaos") => chaos(&root, &args[1..]),
         _ => {
             eprintln!("usage: cargo xtask <setup|plugins|test|run|chaos> [args...]");
             std::process::exit(2);
         }
     }
+}
+
+/// `cargo xtask test [args]`: set-up, the binaries the tests spawn, the
+/// plugins' native unit tests, then `cargo test --workspace [args]`.
+fn test(root: &Path, args: &[String]) -> Result<()> {
+    setup(root)?;
+    // Tests spawn the real `pushonce` binary (kill -9, several instances).
+    run(Command::new(cargo())
+        .current_dir(root)
+        .args(["build", "--workspace", "--bins"]))?;
+    // The plugins' shared key encoder and their signatures (provider-auth,
+    // checked against the providers' published vectors) are plain
+    // Rust: their unit tests run natively.
+    run(Command::new(cargo())
+        .current_dir(root.join("plugins"))
+        .args([
+            "test",
+            "-p",
+            "key-util",
+            "-p",
+            "provider-auth",
+            "--target-dir",
+        ])
+        .arg(target_dir(root).join("plugins-native")))?;
+    run(Command::new(cargo())
+        .current_dir(root)
+        .args(["test", "--workspace"])
+        .args(args))
+}
+
+/// `cargo xtask chaos [--] [args]`: builds the release host and the chaos
+/// runner, then runs it with `args`.
+fn chaos(root: &Path, args: &[String]) -> Result<()> {
+    setup(root)?;
+    run(Command::new(cargo()).current_dir(root).args([
+        "build",
+        "--release",
+        "-p",
+        "pushonce",
+        "--bin",
+        "pushonce",
+        "-p",
+        "pushonce-tests",
+        "--bin",
+        "chaos",
+    ]))?;
+    // `cargo xtask chaos -- --cluster`: the `--` only separates.
+    let rest = match args.first().map(String::as_str) {
+        Some("--") => &args[1..],
+        _ => args,
+    };
+    run(Command::new(target_dir(root).join("release/chaos")).args(rest))
 }
 
 fn workspace_root() -> PathBuf {

@@ -200,35 +200,58 @@ async fn serve(
     rest: Option<&str>,
     req: Incoming,
 ) -> Result<ProviderReply, ApiError> {
+    let path = open_gate(state, channel, rest)?;
+    let body = req.body.map_err(|e| body_error(state, &e))?;
+    let Some(handler) = &state.receipts else {
+        return Err(ApiError::NotImplemented(
+            "this host has no callback handler".into(),
+        ));
+    };
+    let request = ProviderRequest {
+        method: req.method.as_str().to_string(),
+        path,
+        query: req.query.unwrap_or_default(),
+        headers: header_pairs(&req.headers),
+        body: body.to_vec(),
+    };
+    handler
+        .handle(channel, request)
+        .await
+        .map_err(refusal_error)
+}
+
+/// The path after the channel's gate: anything for an open channel, the
+/// rest after a matching token for a token channel; else not found (a
+/// wrong token and an unknown channel look the same).
+fn open_gate(state: &AppState, channel: &str, rest: Option<&str>) -> Result<String, ApiError> {
     let not_found = || ApiError::NotFound("no such route".into());
-    let path = match (state.callbacks.get(channel), rest) {
-        (Some(CallbackGate::Open), rest) => rest.unwrap_or("").to_string(),
+    match (state.callbacks.get(channel), rest) {
+        (Some(CallbackGate::Open), rest) => Ok(rest.unwrap_or("").to_string()),
         (Some(CallbackGate::Token(expected)), Some(rest)) => {
             let (token, path) = rest.split_once('/').unwrap_or((rest, ""));
             let digest: [u8; 32] = Sha256::digest(token.as_bytes()).into();
             if !bool::from(digest.ct_eq(expected)) {
                 return Err(not_found());
             }
-            path.to_string()
+            Ok(path.to_string())
         }
-        _ => return Err(not_found()),
-    };
-    let body = req.body.map_err(|e| {
-        if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
-            ApiError::TooLarge {
-                limit: state.limits.body_bytes,
-            }
-        } else {
-            ApiError::MalformedCallback(format!("could not read the body: {e}"))
+        _ => Err(not_found()),
+    }
+}
+
+fn body_error(state: &AppState, e: &axum::extract::rejection::BytesRejection) -> ApiError {
+    if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
+        ApiError::TooLarge {
+            limit: state.limits.body_bytes,
         }
-    })?;
-    let Some(handler) = &state.receipts else {
-        return Err(ApiError::NotImplemented(
-            "this host has no callback handler".into(),
-        ));
-    };
-    let headers = req
-        .headers
+    } else {
+        ApiError::MalformedCallback(format!("could not read the body: {e}"))
+    }
+}
+
+/// The request's headers as (name, value) text, as the plugin sees them.
+fn header_pairs(headers: &HeaderMap) -> Vec<(String, String)> {
+    headers
         .iter()
         .map(|(k, v)| {
             (
@@ -236,27 +259,20 @@ async fn serve(
                 String::from_utf8_lossy(v.as_bytes()).into_owned(),
             )
         })
-        .collect();
-    let request = ProviderRequest {
-        method: req.method.as_str().to_string(),
-        path,
-        query: req.query.unwrap_or_default(),
-        headers,
-        body: body.to_vec(),
-    };
-    handler
-        .handle(channel, request)
-        .await
-        .map_err(|refusal| match refusal {
-            ReceiptRefusal::Forbidden(r) => ApiError::Forbidden(r),
-            ReceiptRefusal::Malformed(r) => ApiError::MalformedCallback(r),
-            ReceiptRefusal::Failed(r) => ApiError::CallbackFailed(r),
-            ReceiptRefusal::Unavailable(e) => ApiError::from(e),
-            ReceiptRefusal::NotYet(detail) => ApiError::Unavailable {
-                detail,
-                accepted: None,
-            },
-        })
+        .collect()
+}
+
+fn refusal_error(refusal: ReceiptRefusal) -> ApiError {
+    match refusal {
+        ReceiptRefusal::Forbidden(r) => ApiError::Forbidden(r),
+        ReceiptRefusal::Malformed(r) => ApiError::MalformedCallback(r),
+        ReceiptRefusal::Failed(r) => ApiError::CallbackFailed(r),
+        ReceiptRefusal::Unavailable(e) => ApiError::from(e),
+        ReceiptRefusal::NotYet(detail) => ApiError::Unavailable {
+            detail,
+            accepted: None,
+        },
+    }
 }
 
 /// The plugin's reply as an HTTP response: its status (500 if invalid), the

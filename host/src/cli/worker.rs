@@ -99,38 +99,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
 }
 
 async fn serve(args: Options) -> anyhow::Result<()> {
-    let target = match &args.redis {
-        Some(url) => RedisTarget::Url(url.clone()),
-        None if !args.redis_cluster.is_empty() => RedisTarget::Cluster(args.redis_cluster.clone()),
-        None => RedisTarget::Embedded {
-            data_dir: args.data_dir.clone(),
-        },
-    };
-    let store = Store::open(&target).await?;
-    let permits = Permits::new(
-        store.manager().await?,
-        PermitConfig {
-            namespace: args.namespace.clone(),
-            shards: args.shards,
-            retention: args.retention,
-            grace: args.grace,
-            ..PermitConfig::default()
-        },
-    );
-    if let Some(dir) = args.ledger.parent().filter(|d| !d.as_os_str().is_empty()) {
-        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    }
-    let sender = LedgerFileSender::open(
-        &args.ledger,
-        Faults {
-            fail_first: args.fail_first,
-            permanent_match: args.permanent_match.clone(),
-            unknown_match: args.unknown_match.clone(),
-            send_delay: args.send_delay,
-            hold_after_send: args.hold_after_send,
-        },
-    )
-    .with_context(|| format!("opening the ledger {}", args.ledger.display()))?;
+    let store = Store::open(&redis_target(&args)).await?;
+    let permits = Permits::new(store.manager().await?, permit_config(&args));
+    let sender = open_file_sender(&args)?;
     let (stop_tx, stop_rx) = watch::channel(false);
     tokio::spawn(async move {
         wait_for_signal().await;
@@ -141,14 +112,7 @@ async fn serve(args: Options) -> anyhow::Result<()> {
         store.client().clone(),
         permits,
         Arc::new(sender),
-        DispatchConfig {
-            workers: args.workers,
-            lease: args.lease,
-            block: args.block,
-            consumer: default_consumer_name(),
-            promote_every: args.promote_every,
-            ..DispatchConfig::default()
-        },
+        dispatch_config(&args),
         stop_rx,
     );
     let dispatcher = match &args.ledger_url {
@@ -162,6 +126,55 @@ async fn serve(args: Options) -> anyhow::Result<()> {
     let result = dispatcher.run().await;
     store.shutdown().await;
     Ok(result?)
+}
+
+/// The Redis named on the command line, else the embedded one.
+fn redis_target(args: &Options) -> RedisTarget {
+    match &args.redis {
+        Some(url) => RedisTarget::Url(url.clone()),
+        None if !args.redis_cluster.is_empty() => RedisTarget::Cluster(args.redis_cluster.clone()),
+        None => RedisTarget::Embedded {
+            data_dir: args.data_dir.clone(),
+        },
+    }
+}
+
+fn permit_config(args: &Options) -> PermitConfig {
+    PermitConfig {
+        namespace: args.namespace.clone(),
+        shards: args.shards,
+        retention: args.retention,
+        grace: args.grace,
+        ..PermitConfig::default()
+    }
+}
+
+fn dispatch_config(args: &Options) -> DispatchConfig {
+    DispatchConfig {
+        workers: args.workers,
+        lease: args.lease,
+        block: args.block,
+        consumer: default_consumer_name(),
+        promote_every: args.promote_every,
+        ..DispatchConfig::default()
+    }
+}
+
+/// The sender that appends each message to the file `--ledger`, with the
+/// faults asked for on the command line.
+fn open_file_sender(args: &Options) -> anyhow::Result<LedgerFileSender> {
+    if let Some(dir) = args.ledger.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    let faults = Faults {
+        fail_first: args.fail_first,
+        permanent_match: args.permanent_match.clone(),
+        unknown_match: args.unknown_match.clone(),
+        send_delay: args.send_delay,
+        hold_after_send: args.hold_after_send,
+    };
+    LedgerFileSender::open(&args.ledger, faults)
+        .with_context(|| format!("opening the ledger {}", args.ledger.display()))
 }
 
 async fn wait_for_signal() {

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use redis::Value;
 use redis::streams::StreamReadReply;
-use tokio::sync::Semaphore;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
 
 use super::{DispatchContext, backoff, pause};
@@ -42,30 +42,18 @@ pub(crate) async fn run(shared: Arc<DispatchContext>, mut conn: RedisConn) {
     let mut idle = Duration::ZERO;
     while !shared.stopping() {
         // Read only when a worker is free, so read entries do not queue here.
-        let first = match slots.clone().acquire_owned().await {
-            Ok(p) => p,
-            Err(_) => break,
+        let Ok(first) = slots.clone().acquire_owned().await else {
+            break;
         };
         if shared.stopping() {
             break;
         }
         while running.try_join_next().is_some() {}
-        let read = if conn.is_cluster() {
-            poll_each_shard(&shared, &conn, &streams).await
-        } else {
-            read_all_shards(&shared, &mut conn, &streams).await
-        };
-        let entries = match read {
+        let entries = match read(&shared, &mut conn, &streams).await {
             Ok(entries) => entries,
             Err(e) => {
-                if e.code() == Some("NOGROUP") {
-                    // A Redis that lost its groups (flushed, or restarted without AOF).
-                    let _ = shared.permits.ensure_groups().await;
-                } else {
-                    tracing::warn!(error = %e, "reading the ready streams failed");
-                }
                 drop(first);
-                if pause(&shared, Duration::from_millis(200)).await {
+                if after_read_error(&shared, &e).await {
                     break;
                 }
                 continue;
@@ -81,24 +69,64 @@ pub(crate) async fn run(shared: Arc<DispatchContext>, mut conn: RedisConn) {
             continue;
         }
         idle = Duration::ZERO;
-        let mut first = Some(first);
-        for entry in entries {
-            let slot = match first.take() {
-                Some(p) => p,
-                None => match slots.clone().acquire_owned().await {
-                    Ok(p) => p,
-                    Err(_) => return,
-                },
-            };
-            let shared = shared.clone();
-            running.spawn(async move {
-                deliver(&shared, &entry).await;
-                drop(slot);
-            });
+        if !hand_out(&shared, entries, first, &slots, &mut running).await {
+            return;
         }
     }
     while running.join_next().await.is_some() {}
     tracing::debug!("reader stopped");
+}
+
+/// One read of every shard's ready stream: a blocking read on one Redis,
+/// a poll per shard on a cluster.
+async fn read(
+    shared: &DispatchContext,
+    conn: &mut RedisConn,
+    streams: &[String],
+) -> redis::RedisResult<Vec<Entry>> {
+    if conn.is_cluster() {
+        poll_each_shard(shared, conn, streams).await
+    } else {
+        read_all_shards(shared, conn, streams).await
+    }
+}
+
+/// Recreates the consumer groups of a Redis that lost them (flushed, or
+/// restarted without AOF), else warns; then pauses. True when stopping.
+async fn after_read_error(shared: &DispatchContext, e: &redis::RedisError) -> bool {
+    if e.code() == Some("NOGROUP") {
+        let _ = shared.permits.ensure_groups().await;
+    } else {
+        tracing::warn!(error = %e, "reading the ready streams failed");
+    }
+    pause(shared, Duration::from_millis(200)).await
+}
+
+/// Hands each entry to a worker task, the first on the slot already held,
+/// the others as slots free up. False when the slots were closed.
+async fn hand_out(
+    shared: &Arc<DispatchContext>,
+    entries: Vec<Entry>,
+    first: OwnedSemaphorePermit,
+    slots: &Arc<Semaphore>,
+    running: &mut JoinSet<()>,
+) -> bool {
+    let mut first = Some(first);
+    for entry in entries {
+        let slot = match first.take() {
+            Some(p) => p,
+            None => match slots.clone().acquire_owned().await {
+                Ok(p) => p,
+                Err(_) => return false,
+            },
+        };
+        let shared = shared.clone();
+        running.spawn(async move {
+            deliver(&shared, &entry).await;
+            drop(slot);
+        });
+    }
+    true
 }
 
 /// The `XREADGROUP` of this consumer for new entries of `streams`, `COUNT 1`

@@ -148,6 +148,96 @@ impl std::fmt::Debug for PluginSender {
     }
 }
 
+impl ChannelRuntime {
+    /// The runtime of channel instance `name`: its settings with secrets
+    /// filled in from `env`, its outbound policy, slots and rate limit.
+    fn from_config(
+        name: &str,
+        cfg: &ChannelConfig,
+        env: &impl Fn(&str) -> Option<String>,
+    ) -> Result<ChannelRuntime, SenderSetupError> {
+        let (config, mut secrets) = settings_with_secrets(name, cfg, env)?;
+        let callback_token = callback_token(name, cfg, env)?;
+        secrets.extend(callback_token.clone());
+        let policy = cfg
+            .outbound_policy()
+            .map_err(|source| SenderSetupError::AllowedHost {
+                channel: name.to_string(),
+                source,
+            })?;
+        let settings = ChannelSettings {
+            config: Arc::new(config),
+            client: HttpClient::new(&policy),
+            policy: Arc::new(policy),
+            call_timeout: cfg.call_timeout,
+            warm_instances: cfg.concurrency.clamp(1, 64),
+            cache: None,
+        };
+        Ok(ChannelRuntime {
+            name: name.to_string(),
+            requirement: cfg.plugin.clone(),
+            on_unknown: cfg.on_unknown,
+            settings,
+            slots: Arc::new(Semaphore::new(cfg.concurrency.max(1))),
+            rate: rate_limit(cfg.rate_limit),
+            instances: Mutex::new(HashMap::new()),
+            capabilities: Mutex::new(HashMap::new()),
+            redactor: Redactor::new(secrets.iter().map(String::as_str)),
+            callback_token,
+            open_callbacks: cfg.open_callbacks,
+        })
+    }
+}
+
+/// The plugin's settings with each `secrets_from_env` setting read from
+/// `env`, and the secret values (for redaction).
+fn settings_with_secrets(
+    name: &str,
+    cfg: &ChannelConfig,
+    env: &impl Fn(&str) -> Option<String>,
+) -> Result<(HashMap<String, String>, Vec<String>), SenderSetupError> {
+    let mut config: HashMap<String, String> = cfg.settings.clone().into_iter().collect();
+    let mut secrets = Vec::new();
+    for (setting, var) in &cfg.secrets_from_env {
+        let value = env(var).ok_or_else(|| SenderSetupError::MissingSecret {
+            channel: name.to_string(),
+            setting: setting.clone(),
+            var: var.clone(),
+        })?;
+        secrets.push(value.clone());
+        config.insert(setting.clone(), value);
+    }
+    Ok((config, secrets))
+}
+
+/// The token the provider's callbacks must carry, read from
+/// `callback_token_env` when the channel names one (empty counts as missing).
+fn callback_token(
+    name: &str,
+    cfg: &ChannelConfig,
+    env: &impl Fn(&str) -> Option<String>,
+) -> Result<Option<String>, SenderSetupError> {
+    let Some(var) = &cfg.callback_token_env else {
+        return Ok(None);
+    };
+    let token = env(var).filter(|v| !v.is_empty());
+    token
+        .ok_or_else(|| SenderSetupError::MissingSecret {
+            channel: name.to_string(),
+            setting: "callback_token_env".into(),
+            var: var.clone(),
+        })
+        .map(Some)
+}
+
+/// The pacing of a channel's sends at `per_second` (none when 0).
+fn rate_limit(per_second: f64) -> Option<RateLimit> {
+    (per_second > 0.0).then(|| RateLimit {
+        every: Duration::from_secs_f64(1.0 / per_second),
+        next: Mutex::new(tokio::time::Instant::now()),
+    })
+}
+
 impl PluginSender {
     /// A sender for the channel instances `channels`, resolving plugins in
     /// `registry()`; secrets are read with `env` (e.g. `|v| std::env::var(v).ok()`).
@@ -158,61 +248,9 @@ impl PluginSender {
     ) -> Result<PluginSender, SenderSetupError> {
         let mut out = BTreeMap::new();
         for (name, cfg) in channels {
-            let mut config: HashMap<String, String> = cfg.settings.clone().into_iter().collect();
-            let mut secrets = Vec::new();
-            for (setting, var) in &cfg.secrets_from_env {
-                let value = env(var).ok_or_else(|| SenderSetupError::MissingSecret {
-                    channel: name.clone(),
-                    setting: setting.clone(),
-                    var: var.clone(),
-                })?;
-                secrets.push(value.clone());
-                config.insert(setting.clone(), value);
-            }
-            let callback_token = match &cfg.callback_token_env {
-                Some(var) => Some(env(var).filter(|v| !v.is_empty()).ok_or_else(|| {
-                    SenderSetupError::MissingSecret {
-                        channel: name.clone(),
-                        setting: "callback_token_env".into(),
-                        var: var.clone(),
-                    }
-                })?),
-                None => None,
-            };
-            secrets.extend(callback_token.clone());
-            let policy = cfg
-                .outbound_policy()
-                .map_err(|source| SenderSetupError::AllowedHost {
-                    channel: name.clone(),
-                    source,
-                })?;
-            let settings = ChannelSettings {
-                config: Arc::new(config),
-                client: HttpClient::new(&policy),
-                policy: Arc::new(policy),
-                call_timeout: cfg.call_timeout,
-                warm_instances: cfg.concurrency.clamp(1, 64),
-                cache: None,
-            };
-            let rate = (cfg.rate_limit > 0.0).then(|| RateLimit {
-                every: Duration::from_secs_f64(1.0 / cfg.rate_limit),
-                next: Mutex::new(tokio::time::Instant::now()),
-            });
             out.insert(
                 name.clone(),
-                Arc::new(ChannelRuntime {
-                    name: name.clone(),
-                    requirement: cfg.plugin.clone(),
-                    on_unknown: cfg.on_unknown,
-                    settings,
-                    slots: Arc::new(Semaphore::new(cfg.concurrency.max(1))),
-                    rate,
-                    instances: Mutex::new(HashMap::new()),
-                    capabilities: Mutex::new(HashMap::new()),
-                    redactor: Redactor::new(secrets.iter().map(String::as_str)),
-                    callback_token,
-                    open_callbacks: cfg.open_callbacks,
-                }),
+                Arc::new(ChannelRuntime::from_config(name, cfg, &env)?),
             );
         }
         Ok(PluginSender {

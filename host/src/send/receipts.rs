@@ -146,58 +146,109 @@ pub(crate) async fn apply_settlements(
         ..ReceiptReport::default()
     };
     for s in settlements {
-        let delivered = match s.status {
-            DeliveryStatus::Delivered => true,
-            DeliveryStatus::Failed => false,
-            DeliveryStatus::Pending | DeliveryStatus::Unknown => {
-                report.ignored += 1;
-                continue;
-            }
-        };
-        let id = s.id.clone();
-        let Some(task) = find_task(permits, channel, &id).await? else {
-            let age = permits
-                .unmatched_age(channel, &id, grace + UNMATCHED_MEMORY)
-                .await?;
-            if Duration::from_millis(age) < grace {
-                report.not_yet.push(id);
-            } else {
-                metrics::counter!(crate::metric_names::RECEIPTS_UNMATCHED, "channel" => channel.to_string())
-                    .increment(1);
-                report.unmatched.push(id);
-            }
-            continue;
-        };
-        if task.channel != channel {
-            report.ignored += 1;
-            continue;
-        }
-        match task.status {
-            TaskStatus::Sent | TaskStatus::Unknown => {}
-            TaskStatus::Queued | TaskStatus::Sending | TaskStatus::RetryWait => {
-                report.not_yet.push(id);
-                continue;
-            }
-            _ => {
-                report.ignored += 1;
-                continue;
-            }
-        }
-        let named_by_key = id == task.key || Some(&id) == task.reference.as_ref();
-        let pmid = (!named_by_key).then_some(id.as_str());
-        let settled = settle_from_provider(permits, &task, delivered, pmid).await?;
-        report.fallbacks += usize::from(settled.fallback);
-        if settled.updated {
-            report.updated += 1;
-            let status = if delivered { "delivered" } else { "failed" };
-            report
-                .settled
-                .push((task.key.clone(), task.id.clone(), status));
-        } else {
-            report.ignored += 1;
-        }
+        let applied = apply_one(permits, channel, s, grace).await?;
+        report.count(&s.id, applied);
     }
     Ok(report)
+}
+
+/// What became of one settlement.
+enum Applied {
+    /// Nothing to settle: a pending or unknown status, another channel's
+    /// task, or a task not in `sent`/`unknown`.
+    Ignored,
+    /// Too early: the task is still being sent, or its id is not indexed yet.
+    NotYet,
+    /// No task has that id, past the unmatched grace.
+    Unmatched,
+    /// Handed to the permit layer.
+    Settled {
+        task: Box<Task>,
+        delivered: bool,
+        updated: bool,
+        fallback: bool,
+    },
+}
+
+/// Settles the task one settlement names, if it is waiting for one.
+async fn apply_one(
+    permits: &Permits,
+    channel: &str,
+    s: &Settlement,
+    grace: Duration,
+) -> Result<Applied, PermitError> {
+    let delivered = match s.status {
+        DeliveryStatus::Delivered => true,
+        DeliveryStatus::Failed => false,
+        DeliveryStatus::Pending | DeliveryStatus::Unknown => return Ok(Applied::Ignored),
+    };
+    let Some(task) = find_task(permits, channel, &s.id).await? else {
+        return unmatched(permits, channel, &s.id, grace).await;
+    };
+    if task.channel != channel {
+        return Ok(Applied::Ignored);
+    }
+    match task.status {
+        TaskStatus::Sent | TaskStatus::Unknown => {}
+        TaskStatus::Queued | TaskStatus::Sending | TaskStatus::RetryWait => {
+            return Ok(Applied::NotYet);
+        }
+        _ => return Ok(Applied::Ignored),
+    }
+    let named_by_key = s.id == task.key || Some(&s.id) == task.reference.as_ref();
+    let pmid = (!named_by_key).then_some(s.id.as_str());
+    let settled = settle_from_provider(permits, &task, delivered, pmid).await?;
+    Ok(Applied::Settled {
+        task: Box::new(task),
+        delivered,
+        updated: settled.updated,
+        fallback: settled.fallback,
+    })
+}
+
+/// A settlement naming no task: too early while its id was first seen
+/// inside the grace, else unmatched (and counted).
+async fn unmatched(
+    permits: &Permits,
+    channel: &str,
+    id: &str,
+    grace: Duration,
+) -> Result<Applied, PermitError> {
+    let age = permits
+        .unmatched_age(channel, id, grace + UNMATCHED_MEMORY)
+        .await?;
+    if Duration::from_millis(age) < grace {
+        return Ok(Applied::NotYet);
+    }
+    metrics::counter!(crate::metric_names::RECEIPTS_UNMATCHED, "channel" => channel.to_string())
+        .increment(1);
+    Ok(Applied::Unmatched)
+}
+
+impl ReceiptReport {
+    /// Counts what became of the settlement naming `id`.
+    fn count(&mut self, id: &str, applied: Applied) {
+        match applied {
+            Applied::Ignored => self.ignored += 1,
+            Applied::NotYet => self.not_yet.push(id.to_string()),
+            Applied::Unmatched => self.unmatched.push(id.to_string()),
+            Applied::Settled {
+                task,
+                delivered,
+                updated,
+                fallback,
+            } => {
+                self.fallbacks += usize::from(fallback);
+                if !updated {
+                    self.ignored += 1;
+                    return;
+                }
+                self.updated += 1;
+                let status = if delivered { "delivered" } else { "failed" };
+                self.settled.push((task.key, task.id, status));
+            }
+        }
+    }
 }
 
 /// The task a settlement names: by idempotency key (the permit names its

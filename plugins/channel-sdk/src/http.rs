@@ -8,7 +8,7 @@
 
 use crate::bindings::wasi::http::outgoing_handler;
 use crate::bindings::wasi::http::types::{
-    ErrorCode, Fields, Method, OutgoingBody, OutgoingRequest, Scheme,
+    ErrorCode, Fields, IncomingResponse, Method, OutgoingBody, OutgoingRequest, Scheme,
 };
 use crate::bindings::wasi::io::streams::StreamError;
 
@@ -122,6 +122,30 @@ pub fn request(
     headers: &[(&str, &str)],
     body: Option<&[u8]>,
 ) -> Result<Response, HttpError> {
+    let (scheme, authority, path) = split_url(url)?;
+    let req = OutgoingRequest::new(fields(headers, body)?);
+    let bad = |what: &str| HttpError::NotSent(format!("invalid {what} in the request URL"));
+    req.set_method(&to_method(method))
+        .map_err(|()| bad("method"))?;
+    req.set_scheme(Some(&scheme)).map_err(|()| bad("scheme"))?;
+    req.set_authority(Some(authority))
+        .map_err(|()| bad("authority"))?;
+    req.set_path_with_query(Some(path))
+        .map_err(|()| bad("path"))?;
+    let out = req.body().map_err(|()| bad("body"))?;
+    let future = outgoing_handler::handle(req, None).map_err(|e| classify(&e))?;
+    write_body(out, body);
+    future.subscribe().block();
+    let resp = match future.get() {
+        Some(Ok(Ok(r))) => r,
+        Some(Ok(Err(e))) => return Err(classify(&e)),
+        Some(Err(())) | None => return Err(HttpError::MaybeSent("no response".into())),
+    };
+    read_response(resp)
+}
+
+/// `url`'s scheme, authority and path with query.
+fn split_url(url: &str) -> Result<(Scheme, &str, &str), HttpError> {
     let (scheme, rest) = url.split_once("://").ok_or_else(|| {
         HttpError::NotSent("the endpoint is not an absolute URL (scheme://host/path)".into())
     })?;
@@ -134,18 +158,25 @@ pub fn request(
         Some(i) => (&rest[..i], &rest[i..]),
         None => (rest, "/"),
     };
+    Ok((scheme, authority, path))
+}
+
+/// The request's header fields, with `content-length` when there is a body.
+fn fields(headers: &[(&str, &str)], body: Option<&[u8]>) -> Result<Fields, HttpError> {
     let fields = Fields::new();
     for (name, value) in headers {
         fields
             .append(name, value.as_bytes())
             .map_err(|e| HttpError::Denied(format!("header `{name}` refused ({e:?})")))?;
     }
-    if body.is_some() {
-        let len = body.map_or(0, <[u8]>::len).to_string();
-        let _ = fields.append("content-length", len.as_bytes());
+    if let Some(body) = body {
+        let _ = fields.append("content-length", body.len().to_string().as_bytes());
     }
-    let req = OutgoingRequest::new(fields);
-    let m = match method {
+    Ok(fields)
+}
+
+fn to_method(method: &str) -> Method {
+    match method {
         "GET" => Method::Get,
         "POST" => Method::Post,
         "PUT" => Method::Put,
@@ -153,16 +184,12 @@ pub fn request(
         "PATCH" => Method::Patch,
         "HEAD" => Method::Head,
         other => Method::Other(other.to_string()),
-    };
-    let bad = |what: &str| HttpError::NotSent(format!("invalid {what} in the request URL"));
-    req.set_method(&m).map_err(|()| bad("method"))?;
-    req.set_scheme(Some(&scheme)).map_err(|()| bad("scheme"))?;
-    req.set_authority(Some(authority))
-        .map_err(|()| bad("authority"))?;
-    req.set_path_with_query(Some(path))
-        .map_err(|()| bad("path"))?;
-    let out = req.body().map_err(|()| bad("body"))?;
-    let future = outgoing_handler::handle(req, None).map_err(|e| classify(&e))?;
+    }
+}
+
+/// Writes `body` (if any) and finishes the request body; a failed write
+/// leaves the rest to the response, which then tells what happened.
+fn write_body(out: OutgoingBody, body: Option<&[u8]>) {
     if let Some(bytes) = body
         && let Ok(stream) = out.write()
     {
@@ -173,13 +200,11 @@ pub fn request(
         }
     }
     let _ = OutgoingBody::finish(out, None);
-    let pollable = future.subscribe();
-    pollable.block();
-    let resp = match future.get() {
-        Some(Ok(Ok(r))) => r,
-        Some(Ok(Err(e))) => return Err(classify(&e)),
-        Some(Err(())) | None => return Err(HttpError::MaybeSent("no response".into())),
-    };
+}
+
+/// The response's status, headers (names in lower case) and whole body; a
+/// body cut off after the status is `MaybeSent`.
+fn read_response(resp: IncomingResponse) -> Result<Response, HttpError> {
     let status = resp.status();
     let headers = resp
         .headers()
@@ -192,14 +217,11 @@ pub fn request(
             )
         })
         .collect();
-    let incoming = resp
-        .consume()
-        .map_err(|()| HttpError::MaybeSent("response body unavailable".into()))?;
+    let unavailable = || HttpError::MaybeSent("response body unavailable".into());
+    let incoming = resp.consume().map_err(|()| unavailable())?;
     let mut body = Vec::new();
     {
-        let stream = incoming
-            .stream()
-            .map_err(|()| HttpError::MaybeSent("response body unavailable".into()))?;
+        let stream = incoming.stream().map_err(|()| unavailable())?;
         loop {
             match stream.blocking_read(64 * 1024) {
                 Ok(chunk) => body.extend_from_slice(&chunk),

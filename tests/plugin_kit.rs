@@ -196,11 +196,9 @@ fn scaffolded_projects_build_with_plugins_build_and_pass_their_own_cases() {
             3,
         ),
     ] {
-        if let Some(lang) = args.get(3) {
-            if let Some(reason) = toolchain_missing(lang) {
-                eprintln!("skipped: {id}: {reason}");
-                continue;
-            }
+        if let Some(reason) = args.get(3).and_then(|lang| toolchain_missing(lang)) {
+            eprintln!("skipped: {id}: {reason}");
+            continue;
         }
         let out = plugins_new(tmp.path(), &args);
         assert!(out.status.success(), "{args:?}: {:?}", text(&out));
@@ -415,6 +413,10 @@ reply = { status = 201, body = '{"id":"m-9"}' }
 [[case.step]]
 request = { method = "GET", path = "/api/inbox/v1/messages" }
 reply = { status = 200, body = '{"status":"delivered"}' }
+
+[[case]]
+name = "a request beyond the script"
+expect = "retryable"
 "#;
 
 #[test]
@@ -449,11 +451,21 @@ fn a_wrong_outcome_or_request_is_a_fail_row_and_a_cut_off_is_unknown() {
         ),
         "{stdout}"
     );
+    // Answered 500 (so retryable, as expected), yet the case fails.
+    let beyond = row(&stdout, "a request beyond the script");
     assert!(
-        stdout.contains("inbox@2.0.0: 1 passed, 3 failed"),
+        beyond.contains("FAIL") && beyond.contains("retryable: ") && beyond.ends_with("0/0"),
+        "{beyond}"
+    );
+    assert!(
+        stdout.contains("a request beyond the script: unexpected request POST /api/inbox/v1/messages (the case scripts 0 step(s); answered 500)"),
         "{stdout}"
     );
-    assert!(stderr.contains("3 of 4 case(s) failed"), "{stderr}");
+    assert!(
+        stdout.contains("inbox@2.0.0: 1 passed, 4 failed"),
+        "{stdout}"
+    );
+    assert!(stderr.contains("4 of 5 case(s) failed"), "{stderr}");
 }
 
 #[test]

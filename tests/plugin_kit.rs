@@ -15,12 +15,17 @@ use pushonce_tests::process::pushonce_bin;
 /// `pushonce plugins test <plugin> --cases <cases>`, with a private data dir (plugin cache).
 fn plugins_test(plugin: &Path, cases: &Path) -> Output {
     let cache = tempfile::tempdir().unwrap();
+    plugins_test_in(plugin, cases, cache.path())
+}
+
+/// The same with the data dir `data` (to reuse a plugin compiled before).
+fn plugins_test_in(plugin: &Path, cases: &Path, data: &Path) -> Output {
     Command::new(pushonce_bin().unwrap())
         .args(["plugins", "test"])
         .arg(plugin)
         .arg("--cases")
         .arg(cases)
-        .env("PUSHONCE_DATA_DIR", cache.path())
+        .env("PUSHONCE_DATA_DIR", data)
         .output()
         .unwrap()
 }
@@ -145,8 +150,8 @@ fn plugins_new(dir: &Path, args: &[&str]) -> Output {
 /// `pushonce plugins build <project> --out <out>`, building Rust offline in
 /// the target directory where `build.rs` compiled the plugins' dependencies
 /// (wit-bindgen, serde_json, sha2...), so only the project's crates compile.
-fn plugins_build(project: &Path, out: &Path) -> Output {
-    let data = tempfile::tempdir().unwrap();
+/// The data dir `data` keeps the compiled component for the next command.
+fn plugins_build(project: &Path, out: &Path, data: &Path) -> Output {
     Command::new(pushonce_bin().unwrap())
         .args(["plugins", "build"])
         .arg(project)
@@ -158,7 +163,7 @@ fn plugins_build(project: &Path, out: &Path) -> Output {
             "PUSHONCE_PLUGIN_TOOLCHAINS",
             env!("PUSHONCE_PLUGIN_TOOLCHAINS"),
         )
-        .env("PUSHONCE_DATA_DIR", data.path())
+        .env("PUSHONCE_DATA_DIR", data)
         .env_remove("RUSTFLAGS")
         .output()
         .unwrap()
@@ -178,6 +183,7 @@ fn toolchain_missing(lang: &str) -> Option<String> {
 fn scaffolded_projects_build_with_plugins_build_and_pass_their_own_cases() {
     let tmp = tempfile::tempdir().unwrap();
     let plugin_dir = tmp.path().join("plugins");
+    let data = tmp.path().join("data");
     for (args, id, n) in [
         (
             vec!["key-policy", "per-user-per-type"],
@@ -203,7 +209,7 @@ fn scaffolded_projects_build_with_plugins_build_and_pass_their_own_cases() {
         let out = plugins_new(tmp.path(), &args);
         assert!(out.status.success(), "{args:?}: {:?}", text(&out));
         let project = tmp.path().join(args[1]);
-        let out = plugins_build(&project, &plugin_dir);
+        let out = plugins_build(&project, &plugin_dir, &data);
         let (stdout, stderr) = text(&out);
         assert!(out.status.success(), "{id}: {stdout}\n{stderr}");
         let wasm = plugin_dir.join(format!("{}.wasm", args[1].replace('-', "_")));
@@ -212,7 +218,8 @@ fn scaffolded_projects_build_with_plugins_build_and_pass_their_own_cases() {
                 && stdout.contains(&format!("plugin      {id}")),
             "{stdout}"
         );
-        let out = plugins_test(&wasm, &project.join("cases.toml"));
+        // The same data dir: the component compiled by the build's check is cached.
+        let out = plugins_test_in(&wasm, &project.join("cases.toml"), &data);
         let (stdout, stderr) = text(&out);
         assert!(out.status.success(), "{id}: {stdout}\n{stderr}");
         assert!(
@@ -225,7 +232,7 @@ fn scaffolded_projects_build_with_plugins_build_and_pass_their_own_cases() {
 #[test]
 fn plugins_build_names_what_is_missing() {
     let tmp = tempfile::tempdir().unwrap();
-    let out = plugins_build(tmp.path(), tmp.path());
+    let out = plugins_build(tmp.path(), tmp.path(), tmp.path());
     let (_, stderr) = text(&out);
     assert!(
         !out.status.success()

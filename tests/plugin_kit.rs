@@ -509,3 +509,74 @@ fn bad_scripts_are_refused_naming_the_case_step_and_field() {
         );
     }
 }
+
+/// The webhook plugin's script: an endpoint name mapped by a setting, the
+/// signing secret as a setting, the signature headers present.
+const WEBHOOK_SCRIPT: &str = r#"
+[channel]
+settings = { "endpoint.shop" = "{provider}/hooks/shop", secret = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw" }
+
+[[case]]
+name = "2xx"
+message = { recipient = "shop", template = "ORDER_SHIPPED", params = { order = "o-1" } }
+expect = "sent"
+[[case.step]]
+request = { method = "POST", path = "/hooks/shop", headers = { content-type = "application/json", webhook-id = "*", webhook-timestamp = "*", webhook-signature = "*" }, body_contains = ['"type":"ORDER_SHIPPED"', '"order":"o-1"'] }
+reply = { status = 204 }
+
+[[case]]
+name = "gone"
+message = { recipient = "shop" }
+expect = "permanent"
+reason = "status 410"
+[[case.step]]
+request = { method = "POST", path = "/hooks/shop" }
+reply = { status = 410 }
+
+[[case]]
+name = "cut off"
+message = { recipient = "shop" }
+expect = "unknown"
+[[case.step]]
+request = { method = "POST", path = "/hooks/shop" }
+cut_off = true
+
+[[case]]
+name = "no such endpoint"
+message = { recipient = "nowhere" }
+expect = "permanent"
+reason = "neither a configured endpoint name"
+
+[[case]]
+name = "unsigned"
+message = { recipient = "shop" }
+expect = "sent"
+[[case.step]]
+request = { method = "POST", path = "/hooks/shop", headers = { authorization = "*" } }
+reply = { status = 200 }
+"#;
+
+#[test]
+fn the_kit_runs_the_webhook_plugin_with_its_settings_and_headers() {
+    let (_dir, file) = script("webhook.toml", WEBHOOK_SCRIPT);
+    let out = plugins_test(&real("webhook"), &file);
+    let (stdout, stderr) = text(&out);
+    assert!(!out.status.success(), "{stdout}");
+    for name in ["2xx", "gone", "cut off", "no such endpoint"] {
+        assert!(row(&stdout, name).contains(" pass "), "{name}: {stdout}");
+    }
+    assert!(row(&stdout, "2xx").contains("sent, id msg_"), "{stdout}");
+    // A header the plugin does not send fails the case, even with `*`.
+    assert!(row(&stdout, "unsigned").contains("FAIL"), "{stdout}");
+    assert!(
+        stdout.contains(
+            "unsigned: step 1 (POST /hooks/shop): header authorization missing (expected `*`)"
+        ),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("webhook@2.0.0: 4 passed, 1 failed"),
+        "{stdout}"
+    );
+    assert!(stderr.contains("1 of 5 case(s) failed"), "{stderr}");
+}

@@ -202,7 +202,8 @@ pub struct ExpectedRequest {
     pub method: String,
     /// The path; with a `?`, the path and query string.
     pub path: String,
-    /// Headers the request must carry, with these values (names in any case).
+    /// Headers the request must carry, with these values (names in any
+    /// case; the value `*`: present, any value).
     #[serde(default)]
     pub headers: BTreeMap<String, String>,
     /// Texts the body must contain.

@@ -199,6 +199,11 @@ fn build_other_languages(root: &Path, out: &Path) {
         println!("cargo:rerun-if-changed={}", tool.display());
     }
     println!("cargo:rustc-env=PUSHONCE_LANG_PLUGINS={}", dest.display());
+    // Where `pushonce plugins build` finds the tools in tests/plugin_kit.
+    println!(
+        "cargo:rustc-env=PUSHONCE_PLUGIN_TOOLCHAINS={}",
+        toolchains.display()
+    );
     println!(
         "cargo:rustc-env=PUSHONCE_LANG_SKIPPED={}",
         skipped.join("; ")

@@ -3,11 +3,14 @@
 //! `main.rs` parses arguments with clap and calls `run` of the chosen module;
 //! each module returns `anyhow::Result` because this is the binary's edge.
 
+pub mod channel_kit;
+pub mod channel_script;
 pub mod inputs;
 pub mod keys;
 pub mod ledger;
 pub mod openapi;
 pub mod output;
+pub mod plugin_build;
 pub mod plugin_test;
 pub mod plugins;
 pub mod policies;

@@ -1,5 +1,5 @@
-//! `pushonce plugins list|check|test|new`: inspect plugin files, run an
-//! author's test cases against one, scaffold a new plugin project.
+//! `pushonce plugins list|check|test|build|new`: inspect plugin files, run
+//! an author's test cases against one, build and scaffold plugin projects.
 
 use std::path::{Path, PathBuf};
 
@@ -32,14 +32,28 @@ enum What {
         #[arg(long = "param", value_parser = parse_param)]
         params: Vec<(String, String)>,
     },
-    /// Run a key policy against event → expected-key cases (TOML `[[case]]`
-    /// or JSON lines); prints a pass/fail table, fails if any case fails.
+    /// Run a plugin against its cases: a key policy against event →
+    /// expected-key cases (TOML `[[case]]` or JSON lines), a channel plugin
+    /// against a scripted provider on 127.0.0.1 (a TOML script of expected
+    /// requests and canned or cut-off answers); prints a pass/fail table,
+    /// fails if any case fails.
     Test {
         /// The `.wasm` file.
         file: PathBuf,
-        /// The cases file (`.toml`, else JSON lines).
-        #[arg(long)]
+        /// The cases file (key policy: `.toml`, else JSON lines) or the
+        /// channel script (TOML).
+        #[arg(long, visible_alias = "script")]
         cases: PathBuf,
+    },
+    /// Build a plugin project written by `plugins new` (Rust, JavaScript or
+    /// Python, told by its files) and copy the `.wasm` into a plugin directory.
+    Build {
+        /// The project directory.
+        #[arg(default_value = ".")]
+        dir: PathBuf,
+        /// Where to copy the component [default: $PUSHONCE_PLUGIN_DIR, else the project directory].
+        #[arg(long)]
+        out: Option<PathBuf>,
     },
     /// Write a new plugin project (sources, WIT, build command, test cases).
     New {
@@ -62,6 +76,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         What::List { dir } => list(&dir.unwrap_or_else(default_plugin_dir)),
         What::Check { file, params } => check(&file, &params),
         What::Test { file, cases } => test(&file, &cases),
+        What::Build { dir, out } => build(&dir, out),
         What::New {
             kind,
             name,
@@ -152,25 +167,23 @@ fn check(file: &Path, params: &[(String, String)]) -> anyhow::Result<()> {
 }
 
 fn test(file: &Path, cases: &Path) -> anyhow::Result<()> {
-    let cases = super::plugin_test::read_cases(cases)?;
     let mut registry = PluginRegistry::new(&Limits::default(), Some(&default_cache_dir()))?;
-    let plugin = match registry.load_file(file) {
-        Ok(Plugin::KeyPolicy(p)) => p,
-        Ok(other) => bail!(
-            "{} is a {} plugin: `plugins test` runs key policies",
-            other.meta().id,
-            other.meta().world
-        ),
+    match registry.load_file(file) {
+        Ok(Plugin::KeyPolicy(p)) => test_key_policy(&p, cases),
+        Ok(Plugin::Channel(p)) => test_channel(registry, &p, cases),
         Err(e) => bail!("refused: {e}"),
-    };
-    let outcomes = super::plugin_test::run_cases(&plugin, cases);
+    }
+}
+
+fn test_key_policy(plugin: &crate::plugin::KeyPolicyPlugin, cases: &Path) -> anyhow::Result<()> {
+    let cases = super::plugin_test::read_cases(cases)?;
+    let outcomes = super::plugin_test::run_cases(plugin, cases);
     let rows: Vec<[String; 4]> = outcomes
         .iter()
         .map(|o| {
-            let result = if o.passed { "pass" } else { "FAIL" };
             [
                 o.name.clone(),
-                result.into(),
+                pass_fail(o.passed),
                 o.expected.clone(),
                 o.got.clone(),
             ]
@@ -178,15 +191,62 @@ fn test(file: &Path, cases: &Path) -> anyhow::Result<()> {
         .collect();
     print_table(&["CASE", "RESULT", "EXPECTED", "GOT"], &rows);
     let failed = outcomes.iter().filter(|o| !o.passed).count();
-    println!(
-        "{}: {} passed, {failed} failed",
-        plugin.id(),
-        outcomes.len() - failed
+    summary(plugin.id(), outcomes.len(), failed)
+}
+
+fn test_channel(
+    registry: PluginRegistry,
+    plugin: &crate::plugin::ChannelPlugin,
+    script: &Path,
+) -> anyhow::Result<()> {
+    let script = super::channel_script::read_script(script)?;
+    let outcomes = super::channel_kit::run_script(registry, plugin, script)?;
+    let rows: Vec<[String; 6]> = outcomes
+        .iter()
+        .map(|o| {
+            [
+                o.name.clone(),
+                pass_fail(o.passed),
+                o.call.into(),
+                o.expected.clone(),
+                o.got.clone(),
+                o.requests.clone(),
+            ]
+        })
+        .collect();
+    print_table(
+        &["CASE", "RESULT", "CALL", "EXPECTED", "GOT", "REQUESTS"],
+        &rows,
     );
+    for o in outcomes.iter().filter(|o| !o.problems.is_empty()) {
+        for p in &o.problems {
+            println!("{}: {p}", o.name);
+        }
+    }
+    let failed = outcomes.iter().filter(|o| !o.passed).count();
+    summary(plugin.id(), outcomes.len(), failed)
+}
+
+fn pass_fail(passed: bool) -> String {
+    if passed { "pass" } else { "FAIL" }.into()
+}
+
+/// Prints `id: N passed, M failed`; an error when any failed.
+fn summary(id: &str, total: usize, failed: usize) -> anyhow::Result<()> {
+    println!("{id}: {} passed, {failed} failed", total - failed);
     if failed > 0 {
-        bail!("{failed} of {} case(s) failed", outcomes.len());
+        bail!("{failed} of {total} case(s) failed");
     }
     Ok(())
+}
+
+fn build(dir: &Path, out: Option<PathBuf>) -> anyhow::Result<()> {
+    let out = out
+        .or_else(|| std::env::var_os("PUSHONCE_PLUGIN_DIR").map(PathBuf::from))
+        .unwrap_or_else(|| dir.to_path_buf());
+    let file = super::plugin_build::build(dir, &out)?;
+    println!("built {}", file.display());
+    check(&file, &[])
 }
 
 fn new(
@@ -202,8 +262,7 @@ fn new(
         dir.display(),
         super::scaffold::build_command(lang)
     );
-    if kind == super::scaffold::Kind::KeyPolicy {
-        println!("test:  pushonce plugins test <the .wasm> --cases cases.toml");
-    }
+    println!("or:    pushonce plugins build {}", dir.display());
+    println!("test:  pushonce plugins test <the .wasm> --cases cases.toml");
     Ok(())
 }

@@ -4,7 +4,8 @@
 //! with, so they build offline with `cargo build --release --target
 //! wasm32-wasip2`; JavaScript and Python projects get the WIT and the key
 //! encoding (`key-util`) in their language. Key policies come with a cases
-//! file for `pushonce plugins test`. The templates are the files in
+//! file for `pushonce plugins test`, channels with a script of a provider's
+//! answers for it. The templates are the files in
 //! `scaffold/` beside this one; the SDK files are the repository's own.
 
 use std::path::{Path, PathBuf};
@@ -200,6 +201,7 @@ const RUST_CHANNEL: &[Template] = &[
         include_str!("scaffold/rust-channel.Cargo.toml"),
     ),
     ("src/lib.rs", include_str!("scaffold/rust-channel.lib.rs")),
+    ("cases.toml", include_str!("scaffold/channel.cases.toml")),
     LOCK,
     GITIGNORE,
 ];

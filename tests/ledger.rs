@@ -47,6 +47,7 @@ fn update(key: &str, task: &str, status: &str, at_ms: i64) -> Update {
         provider_message_id: Some(format!("pm-{key}")),
         error: None,
         at_ms,
+        operator_note: None,
     }
 }
 

@@ -309,3 +309,207 @@ async fn readyz_names_a_ledger_that_is_down_while_accepts_continue() {
     back.expect("ready again once the ledger is back");
     host.shutdown().await.unwrap();
 }
+
+/// The development ledger playing a provider that neither dedupes a resend
+/// nor answers a status query (as WeChat's template messages): an unknown
+/// outcome holds the task for an operator.
+struct CannotTell(pushonce::send::LedgerFileSender);
+
+impl pushonce::send::Sender for CannotTell {
+    fn send<'a>(
+        &'a self,
+        msg: &'a pushonce::send::OutgoingMessage,
+    ) -> std::pin::Pin<Box<dyn Future<Output = pushonce::send::SendOutcome> + Send + 'a>> {
+        self.0.send(msg)
+    }
+
+    fn can_check<'a>(
+        &'a self,
+        _: &'a pushonce::send::OutgoingMessage,
+    ) -> std::pin::Pin<Box<dyn Future<Output = bool> + Send + 'a>> {
+        Box::pin(async { false })
+    }
+}
+
+/// Held (`unknown`) tasks through the admin API: a requeue without `force`
+/// is refused (the message may be at the provider), a forced one sends
+/// again under the same key; mark delivered and give up settle without a
+/// send, and the ledger keeps who and why after Redis's retention.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn operators_requeue_and_settle_held_tasks_and_the_ledger_keeps_who_and_why() {
+    use pushonce_tests::host::{Setup, TestHost, order_shipped};
+    let redis = RedisServer::start().await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let sent_file = dir.path().join("sent.jsonl");
+    let sender = CannotTell(
+        pushonce::send::LedgerFileSender::open(
+            &sent_file,
+            Faults {
+                unknown_match: Some("o-held".into()),
+                ..Faults::default()
+            },
+        )
+        .unwrap(),
+    );
+    let host = TestHost::start_with(
+        &redis,
+        Setup {
+            sender: Some(std::sync::Arc::new(sender)),
+            // Nothing checks the held tasks while the operators act.
+            configure: Some(Box::new(|c| {
+                c.reconcile.unknown_age = Duration::from_secs(3600)
+            })),
+            ..Setup::default()
+        },
+    )
+    .await
+    .unwrap();
+    let answer = host
+        .post("/v1/events", &order_shipped("o-held"), None)
+        .await
+        .unwrap();
+    assert_eq!(
+        answer.status,
+        reqwest::StatusCode::ACCEPTED,
+        "{}",
+        answer.body
+    );
+    let ids: Vec<String> = answer.body["results"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["task_id"].as_str().unwrap().to_string())
+        .collect();
+    let permits = redis
+        .permits(PermitConfig {
+            shards: 4,
+            ..permit_config()
+        })
+        .await
+        .unwrap();
+    for id in &ids {
+        wait_status(&permits, id, TaskStatus::Unknown).await;
+    }
+    let (requeued, delivered, given_up) = (&ids[0], &ids[1], &ids[2]);
+
+    let blind = host
+        .post(
+            &format!("/admin/tasks/{requeued}/requeue"),
+            &serde_json::json!({}),
+            None,
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        blind.status,
+        reqwest::StatusCode::CONFLICT,
+        "{}",
+        blind.body
+    );
+    assert!(
+        blind.body["detail"]
+            .as_str()
+            .unwrap()
+            .contains("may already be at the provider"),
+        "{}",
+        blind.body
+    );
+    let forced = host
+        .post(
+            &format!("/admin/tasks/{requeued}/requeue?force=true&by=alice&why=provider+lost+it"),
+            &serde_json::json!({}),
+            None,
+        )
+        .await
+        .unwrap();
+    assert_eq!(forced.status, reqwest::StatusCode::OK, "{}", forced.body);
+    let key = permits.task(requeued).await.unwrap().unwrap().key;
+    let attempts_of = |key: String| {
+        let file = sent_file.clone();
+        move || {
+            let key = key.clone();
+            let file = file.clone();
+            async move { read_ledger(&file).iter().filter(|l| l.key == key).count() == 2 }
+        }
+    };
+    wait_until(Duration::from_secs(20), attempts_of(key))
+        .await
+        .expect("the forced requeue sent the held task a second time");
+
+    let marked = host
+        .post(
+            &format!("/admin/tasks/{delivered}/mark-delivered?by=bob&why=the+user+has+it"),
+            &serde_json::json!({}),
+            None,
+        )
+        .await
+        .unwrap();
+    assert_eq!(marked.status, reqwest::StatusCode::OK, "{}", marked.body);
+    assert_eq!(
+        marked.body["task"]["status"], "delivered",
+        "{}",
+        marked.body
+    );
+    let gave_up = host
+        .post(
+            &format!("/admin/tasks/{given_up}/give-up?by=carol&why=user+left"),
+            &serde_json::json!({}),
+            None,
+        )
+        .await
+        .unwrap();
+    assert_eq!(gave_up.status, reqwest::StatusCode::OK, "{}", gave_up.body);
+    assert_eq!(gave_up.body["task"]["status"], "failed", "{}", gave_up.body);
+    let again = host
+        .post(
+            &format!("/admin/tasks/{delivered}/give-up?why=too+late"),
+            &serde_json::json!({}),
+            None,
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        again.status,
+        reqwest::StatusCode::CONFLICT,
+        "{}",
+        again.body
+    );
+
+    // Retention drops the task records; the ledger still says who and why.
+    let mut conn = redis.manager().await.unwrap();
+    for (id, status, by, action) in [
+        (delivered, "delivered", "bob", "delivered"),
+        (given_up, "failed", "carol", "given_up"),
+    ] {
+        let _: () = redis::cmd("DEL")
+            .arg(permits.layout().task(id).unwrap())
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        let path = format!("/v1/tasks/{id}");
+        let seen = wait_until(Duration::from_secs(10), || {
+            let fut = host.get(&path, None);
+            async move {
+                let a = fut.await.unwrap();
+                a.body["from_ledger"] == true
+                    && a.body["status"] == status
+                    && a.body["operator_log"][0]["by"] == by
+                    && a.body["operator_log"][0]["action"] == action
+            }
+        })
+        .await;
+        if seen.is_err() {
+            panic!("{id}: {}", host.get(&path, None).await.unwrap().body);
+        }
+    }
+    // Neither settled task was sent again.
+    let lines = read_ledger(&sent_file);
+    for id in [delivered, given_up] {
+        assert_eq!(
+            lines.iter().filter(|l| &l.task_id == id).count(),
+            1,
+            "{lines:?}"
+        );
+    }
+    host.shutdown().await.unwrap();
+}

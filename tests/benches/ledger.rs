@@ -119,6 +119,7 @@ fn update(i: usize) -> Update {
         provider_message_id: Some(format!("pm-{i:016x}")),
         error: None,
         at_ms: 1_764_561_601_000,
+        operator_note: None,
     }
 }
 

@@ -14,7 +14,7 @@ use super::AppState;
 use super::model::Problem;
 use super::model::TaskView;
 use super::problem::ApiError;
-use crate::permit::{OperatorNote, Requeue, Settle, Settled, millis};
+use crate::permit::{OperatorNote, Requeue, Settle, Settled, Task, millis};
 use crate::plugin::Plugin;
 use crate::route::policy::RetrySpec;
 
@@ -479,10 +479,10 @@ pub fn requeue_answer(
             "task {owner} now holds the permit of this task's key; requeueing would send twice"
         ))),
         Requeue::NotRequeueable(status) => Err(ApiError::Conflict(format!(
-            "task {id} is {status}; only failed or dead tasks are requeued"
+            "task {id} is {status}; only failed, dead or held (unknown) tasks are requeued"
         ))),
         Requeue::MaybeSent => Err(ApiError::Conflict(format!(
-            "task {id}'s message may already be at the provider (an attempt's outcome was unknown and nothing could settle it); \
+            "task {id}'s message may already be at the provider (an attempt's outcome was unknown and nothing has settled it); \
              requeueing can send it twice. Check with the provider or the user, then repeat with ?force=true to send again"
         ))),
         Requeue::Missing => Err(ApiError::NotFound(format!("no task {id:?}"))),
@@ -563,6 +563,19 @@ async fn settle_from_query(
         .map(|task| Json(SettleView { task }))
 }
 
+/// Writes a task an operator settled to the delivery ledger (when there is
+/// one), with the operator's step, so the history keeps who and why after
+/// Redis's retention.
+async fn note_in_ledger(state: &AppState, task: &Task) {
+    let (Some(ledger), Some(step)) = (&state.ledger, task.operator_log().pop()) else {
+        return;
+    };
+    let note = serde_json::to_string(&step).unwrap_or_default();
+    ledger
+        .note_settled_by_operator(&task.key, &task.id, task.status.as_str(), note)
+        .await;
+}
+
 /// Settles task `id` for an operator; the admin API and the console both
 /// act through this. Answers the task as it is now.
 pub async fn settle_task(
@@ -584,8 +597,9 @@ pub async fn settle_task(
         Settled::Settled(status) => {
             tracing::info!(task = %id, %status, by = %note.by, "task settled by an operator");
             let task = state.permits.task(id).await?;
-            task.map(|t| TaskView::from(&t))
-                .ok_or_else(|| ApiError::NotFound(format!("no task {id:?}")))
+            let task = task.ok_or_else(|| ApiError::NotFound(format!("no task {id:?}")))?;
+            note_in_ledger(state, &task).await;
+            Ok(TaskView::from(&task))
         }
         Settled::Refused { owner } => Err(ApiError::Conflict(format!(
             "task {owner} now holds the permit of this task's key; settle that task instead"

@@ -2,9 +2,10 @@
 //! the delivery ledger's rows for tasks Redis no longer has.
 
 use super::AppState;
-use super::model::TaskView;
+use super::model::{OperatorStepView, TaskView};
 use super::problem::ApiError;
 use crate::ledger::{LedgerError, LedgerRow, recipient_digest};
+use crate::permit::parse_operator_log;
 
 impl From<LedgerError> for ApiError {
     fn from(e: LedgerError) -> ApiError {
@@ -78,7 +79,14 @@ fn view(row: &LedgerRow) -> TaskView {
         held_cause: None,
         provider_answer: None,
         reconcile_log: Vec::new(),
-        operator_log: Vec::new(),
+        operator_log: row
+            .operator_note
+            .as_deref()
+            .map(parse_operator_log)
+            .unwrap_or_default()
+            .into_iter()
+            .map(OperatorStepView::from)
+            .collect(),
         from_ledger: true,
         event: serde_json::Value::Null,
         payload: serde_json::Value::Null,

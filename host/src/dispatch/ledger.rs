@@ -103,6 +103,7 @@ pub(crate) async fn note_outcome(shared: &DispatchContext, attempt: &Attempt, ou
         provider_message_id: provider_message_id.filter(|p| !p.is_empty()),
         error,
         at_ms: now_ms(),
+        operator_note: None,
     };
     if let Err(e) = ledger.update(update).await {
         tracing::warn!(task = %attempt.task_id, error = %e, "could not queue the ledger update");

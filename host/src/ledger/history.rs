@@ -35,6 +35,8 @@ pub struct LedgerRow {
     pub claimed_at_ms: i64,
     /// When the row last changed, ms since the epoch.
     pub updated_at_ms: i64,
+    /// Who settled the task by hand and why, when an operator did.
+    pub operator_note: Option<String>,
 }
 
 type Tuple = (
@@ -51,10 +53,12 @@ type Tuple = (
     Option<String>,
     i64,
     i64,
+    Option<String>,
 );
 
 const COLUMNS: &str = "SELECT key, task_id, channel, policy, recipient_digest, biz_type, biz_id, \
-    status, attempts, provider_message_id, last_error, claimed_at, updated_at FROM deliveries ";
+    status, attempts, provider_message_id, last_error, claimed_at, updated_at, operator_note \
+    FROM deliveries ";
 
 fn row(t: Tuple) -> LedgerRow {
     LedgerRow {
@@ -71,6 +75,7 @@ fn row(t: Tuple) -> LedgerRow {
         last_error: t.10,
         claimed_at_ms: t.11,
         updated_at_ms: t.12,
+        operator_note: t.13,
     }
 }
 

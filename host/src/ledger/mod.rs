@@ -115,6 +115,22 @@ impl Ledger {
     /// (`delivered`, `failed`, `dead`); a failure to queue is logged (the
     /// ledger is history here: the claim is what guards sends).
     pub(crate) async fn note_settled(&self, key: &str, task_id: &str, status: &str) {
+        self.queue_settled(key, task_id, status, None).await;
+    }
+
+    /// Queues the settlement of a task by an operator (`delivered` when
+    /// marked delivered, `failed` when given up) with `note`: who and why.
+    pub(crate) async fn note_settled_by_operator(
+        &self,
+        key: &str,
+        task_id: &str,
+        status: &str,
+        note: String,
+    ) {
+        self.queue_settled(key, task_id, status, Some(note)).await;
+    }
+
+    async fn queue_settled(&self, key: &str, task_id: &str, status: &str, note: Option<String>) {
         let update = Update {
             key: key.to_string(),
             task_id: task_id.to_string(),
@@ -123,6 +139,7 @@ impl Ledger {
             provider_message_id: None,
             error: None,
             at_ms: now_ms(),
+            operator_note: note,
         };
         if let Err(e) = self.update(update).await {
             tracing::warn!(task = %task_id, error = %e, "could not queue the ledger update");

@@ -20,18 +20,32 @@ type Step = (i64, &'static str, &'static str);
 
 /// The SQLite schema's migrations, in order (embedded: the binary needs no
 /// files beside it; `sqlx::migrate!` would need sqlx's macros).
-const SQLITE_MIGRATIONS: &[Step] = &[(
-    1,
-    "deliveries",
-    include_str!("../../migrations/sqlite/0001_deliveries.sql"),
-)];
+const SQLITE_MIGRATIONS: &[Step] = &[
+    (
+        1,
+        "deliveries",
+        include_str!("../../migrations/sqlite/0001_deliveries.sql"),
+    ),
+    (
+        2,
+        "operator note",
+        include_str!("../../migrations/sqlite/0002_operator_note.sql"),
+    ),
+];
 
 /// The PostgreSQL schema's migrations, in order.
-const POSTGRES_MIGRATIONS: &[Step] = &[(
-    1,
-    "deliveries",
-    include_str!("../../migrations/postgres/0001_deliveries.sql"),
-)];
+const POSTGRES_MIGRATIONS: &[Step] = &[
+    (
+        1,
+        "deliveries",
+        include_str!("../../migrations/postgres/0001_deliveries.sql"),
+    ),
+    (
+        2,
+        "operator note",
+        include_str!("../../migrations/postgres/0002_operator_note.sql"),
+    ),
+];
 
 /// A migrator running `steps` (each in its own transaction, under sqlx's
 /// migration lock, so instances starting together apply each once).

@@ -51,6 +51,8 @@ pub struct Update {
     pub error: Option<String>,
     /// When, ms since the epoch.
     pub at_ms: i64,
+    /// Who settled the task by hand and why, when an operator did.
+    pub operator_note: Option<String>,
 }
 
 enum Job {
@@ -128,7 +130,8 @@ async fn write_until_done(pool: &LedgerPool, rows: &[Update]) {
 const UPDATE_SQL: &str = "UPDATE deliveries SET status = $3, \
     attempts = COALESCE($4, attempts), \
     provider_message_id = COALESCE($5, provider_message_id), \
-    last_error = COALESCE($6, last_error), updated_at = $7 \
+    last_error = COALESCE($6, last_error), updated_at = $7, \
+    operator_note = COALESCE($8, operator_note) \
     WHERE key = $1 AND task_id = $2";
 
 /// One transaction for the whole batch.
@@ -147,6 +150,7 @@ async fn write(pool: &LedgerPool, rows: &[Update]) -> Result<(), LedgerError> {
                 .bind(&u.provider_message_id)
                 .bind(&u.error)
                 .bind(u.at_ms)
+                .bind(&u.operator_note)
                 .execute(&mut *tx)
                 .await?;
         }

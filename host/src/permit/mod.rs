@@ -26,7 +26,7 @@ pub(crate) use awaiting::Claimed;
 pub use awaiting::{CheckAction, CheckNote};
 pub use gate::{CapCheck, CapPeriod, Gate, QuietCheck};
 pub use held::{HeldCause, RecordContext};
-pub(crate) use held::{OperatorNote, OperatorStep, ReconcileStep};
+pub(crate) use held::{OperatorNote, OperatorStep, ReconcileStep, parse_operator_log};
 pub use keys::{Layout, shard_of_task};
 pub use task::{RetryPolicy, Task, TaskStatus};
 
@@ -983,11 +983,11 @@ pub enum Settled {
 }
 
 impl Permits {
-    /// Sends a `failed` or `dead` task again under the same key and task id:
-    /// re-takes the permit if it is free or still this task's, refuses if
-    /// another task owns it (`requeue.lua`).
-    /// `force` requeues a task whose message may already be at the provider
-    /// ([`Requeue::MaybeSent`] without it).
+    /// Sends a `failed`, `dead` or held (`unknown`) task again under the same
+    /// key and task id: re-takes the permit if it is free or still this
+    /// task's, refuses if another task owns it (`requeue.lua`).
+    /// `force` requeues a task whose message may already be at the provider,
+    /// an `unknown` one always ([`Requeue::MaybeSent`] without it).
     pub async fn requeue(&self, task_id: &str, force: bool) -> Result<Requeue, PermitError> {
         self.requeue_by(task_id, force, &OperatorNote::default())
             .await

@@ -1,9 +1,11 @@
--- requeue: an operator sends a failed or dead task again, under the same key
--- and task id, owner-checked: the permit is re-taken if it is free or still
--- owned by this task; if another task owns it, nothing changes.
+-- requeue: an operator sends a failed, dead or held (`unknown`) task again,
+-- under the same key and task id, owner-checked: the permit is re-taken if it
+-- is free or still owned by this task; if another task owns it, nothing
+-- changes. An `unknown` task's message may be at the provider: it is
+-- requeued only when forced, and a reconciler check in flight is fenced.
 -- KEYS[1] task, KEYS[2] permit, KEYS[3] ready stream, KEYS[4] dead zset, KEYS[5] awaiting zset
 -- ARGV[1] task id, ARGV[2] retention ms, ARGV[3] '1' to requeue a task that may
--- have reached the provider (an unknown outcome nothing could settle),
+-- have reached the provider (an unknown outcome nothing settled yet),
 -- ARGV[4] who, ARGV[5] why (appended to `operator_log`)
 -- Returns {'requeued', attempts so far, new max attempts} | {'refused', owner id}
 --       | {'not_requeueable', status} | {'maybe_sent'} | {'missing'}.
@@ -12,8 +14,11 @@ local status = redis.call('HGET', KEYS[1], 'status')
 if not status then
   return {'missing'}
 end
-if status ~= 'dead' and status ~= 'failed' then
+if status ~= 'dead' and status ~= 'failed' and status ~= 'unknown' then
   return {'not_requeueable', status}
+end
+if status == 'unknown' and ARGV[3] ~= '1' then
+  return {'maybe_sent'}
 end
 -- Compensation must not double-send by accident: a task whose message may
 -- be at the provider (never confirmed sent, but an attempt's outcome was
@@ -46,11 +51,12 @@ local requeues = tonumber(redis.call('HGET', KEYS[1], 'requeues') or '0') + 1
 redis.call('HSET', KEYS[1], 'status', 'queued', 'retry_max_attempts', n2s(max),
   'retry_max_attempts_base', base, 'requeues', n2s(requeues),
   'requeued_at', n2s(now), 'updated_at', n2s(now), 'lease_token', '',
-  'finished_at', '')
+  'finished_at', '', 'check_token', '')
 redis.call('PERSIST', KEYS[1])
 redis.call('XADD', KEYS[3], '*', 'task', id, 'key', redis.call('HGET', KEYS[1], 'key'))
 redis.call('ZREM', KEYS[4], id)
 redis.call('ZREM', KEYS[5], id)
+redis.call('ZREM', held_index(KEYS[5], 'awaiting'), id)
 local action = 'requeue'
 if ARGV[3] == '1' then
   action = 'requeue (forced)'

@@ -511,5 +511,42 @@ async fn operators_requeue_and_settle_held_tasks_and_the_ledger_keeps_who_and_wh
             "{lines:?}"
         );
     }
+    // The user's tasks: from Redis while it has them, else from the ledger.
+    let mine = host.get("/admin/users/u-42/tasks", None).await.unwrap();
+    assert_eq!(mine.status, reqwest::StatusCode::OK, "{}", mine.body);
+    let tasks = mine.body["tasks"].as_array().unwrap();
+    let found = |id: &str| tasks.iter().find(|t| t["id"] == id).cloned();
+    assert_eq!(tasks.len(), 3, "{}", mine.body);
+    assert_eq!(
+        found(requeued).unwrap()["from_ledger"],
+        serde_json::Value::Null
+    );
+    assert_eq!(found(delivered).unwrap()["from_ledger"], true);
+    assert_eq!(found(given_up).unwrap()["status"], "failed");
+    let nobody = host.get("/admin/users/u-7/tasks", None).await.unwrap();
+    assert_eq!(
+        nobody.body["tasks"],
+        serde_json::json!([]),
+        "{}",
+        nobody.body
+    );
+    let bad = host
+        .get("/admin/users/u-42/tasks?limit=0", None)
+        .await
+        .unwrap();
+    assert_eq!(
+        bad.status,
+        reqwest::StatusCode::UNPROCESSABLE_ENTITY,
+        "{}",
+        bad.body
+    );
+    assert!(
+        bad.body["detail"]
+            .as_str()
+            .unwrap()
+            .contains("between 1 and"),
+        "{}",
+        bad.body
+    );
     host.shutdown().await.unwrap();
 }

@@ -1,8 +1,14 @@
 //! History after Redis's retention: the task and event lookups fall back to
 //! the delivery ledger's rows for tasks Redis no longer has.
 
+use axum::Json;
+use axum::extract::rejection::QueryRejection;
+use axum::extract::{Path, Query, State};
+use serde::{Deserialize, Serialize};
+use utoipa::{IntoParams, ToSchema};
+
 use super::AppState;
-use super::model::{OperatorStepView, TaskView};
+use super::model::{OperatorStepView, Problem, TaskView};
 use super::problem::ApiError;
 use crate::ledger::{LedgerError, LedgerRow, recipient_digest};
 use crate::permit::parse_operator_log;
@@ -45,6 +51,82 @@ pub(crate) async fn add_event_rows(
         }
     }
     Ok(())
+}
+
+/// Most tasks one look-up by user answers.
+const USER_TASKS_MAX: u32 = 500;
+
+/// Query of `GET /admin/users/{user_id}/tasks`.
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub(crate) struct UserTasksQuery {
+    /// Most tasks to return, newest first (1–500, default 50).
+    #[serde(default = "default_user_tasks")]
+    pub limit: u32,
+}
+
+fn default_user_tasks() -> u32 {
+    50
+}
+
+/// A user's tasks.
+#[derive(Debug, Serialize, ToSchema)]
+pub(crate) struct UserTasks {
+    /// The user id asked for.
+    pub user_id: String,
+    /// Newest first: as Redis has them now, else as the ledger last wrote them.
+    pub tasks: Vec<TaskView>,
+}
+
+/// A user's tasks, newest first, found through the delivery ledger (every
+/// task that reached a send attempt; one only queued is not there yet).
+#[utoipa::path(get, path = "/admin/users/{user_id}/tasks", tag = "admin",
+    params(("user_id" = String, Path, description = "The user id"), UserTasksQuery),
+    responses(
+        (status = 200, description = "The user's tasks", body = UserTasks),
+        (status = 401, description = "Missing or wrong admin token", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "Bad limit", body = Problem, content_type = "application/problem+json"),
+        (status = 501, description = "The delivery ledger is off", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "Redis or the ledger unavailable", body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("admin_token" = [])))]
+pub(crate) async fn get_user_tasks(
+    State(state): State<AppState>,
+    Path(user_id): Path<String>,
+    query: Result<Query<UserTasksQuery>, QueryRejection>,
+) -> Result<Json<UserTasks>, ApiError> {
+    let Query(query) = query.map_err(|e| ApiError::invalid("limit", e.body_text()))?;
+    if !(1..=USER_TASKS_MAX).contains(&query.limit) {
+        return Err(ApiError::invalid(
+            "limit",
+            format!("between 1 and {USER_TASKS_MAX}"),
+        ));
+    }
+    let tasks = user_tasks(&state, &user_id, query.limit).await?;
+    Ok(Json(UserTasks { user_id, tasks }))
+}
+
+/// The newest `limit` tasks of `user_id`: the ledger's rows, each replaced
+/// by Redis's task while Redis still has it (fresher, with event and history).
+pub(crate) async fn user_tasks(
+    state: &AppState,
+    user_id: &str,
+    limit: u32,
+) -> Result<Vec<TaskView>, ApiError> {
+    let Some(ledger) = &state.ledger else {
+        return Err(ApiError::NotImplemented(
+            "a look-up by user needs the delivery ledger (ledger_url is off)".into(),
+        ));
+    };
+    let rows = ledger
+        .by_recipient(&recipient_digest(user_id), limit)
+        .await?;
+    let mut tasks = Vec::with_capacity(rows.len());
+    for row in rows {
+        let live = state.permits.task(&row.task_id).await?;
+        tasks.push(live.map_or_else(|| view(&row), |t| TaskView::from(&t)));
+    }
+    Ok(tasks)
 }
 
 /// A ledger row as a task view (no event, payload or schedule).

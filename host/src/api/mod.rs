@@ -124,6 +124,7 @@ pub fn app(state: AppState) -> Router {
         .route("/admin/policies", get(admin::policies))
         .route("/admin/reload", post(admin::reload))
         .route("/admin/tasks", get(admin::task_by_key))
+        .route("/admin/users/{user_id}/tasks", get(history::get_user_tasks))
         .route("/admin/tasks/dead", get(admin::dead_tasks))
         .route("/admin/tasks/held", get(admin::held_tasks))
         .route("/admin/tasks/{id}/requeue", post(admin::requeue))

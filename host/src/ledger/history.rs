@@ -102,6 +102,21 @@ impl Ledger {
         Ok(rows.into_iter().map(row).collect())
     }
 
+    /// The newest `limit` rows of the user whose id has `digest`
+    /// ([`crate::ledger::recipient_digest`]), newest claim first.
+    pub async fn by_recipient(
+        &self,
+        digest: &str,
+        limit: u32,
+    ) -> Result<Vec<LedgerRow>, LedgerError> {
+        let sql =
+            format!("{COLUMNS}WHERE recipient_digest = $1 ORDER BY claimed_at DESC, key LIMIT $2");
+        let rows: Vec<Tuple> = on_pool!(self.pool(), p => {
+            sqlx::query_as(&sql).bind(digest).bind(i64::from(limit)).fetch_all(p).await?
+        });
+        Ok(rows.into_iter().map(row).collect())
+    }
+
     /// The rows changed at or after `since_ms`, oldest change first.
     pub async fn since(&self, since_ms: i64) -> Result<Vec<LedgerRow>, LedgerError> {
         let sql = format!("{COLUMNS}WHERE updated_at >= $1 ORDER BY updated_at, key");

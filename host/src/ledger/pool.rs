@@ -28,8 +28,8 @@ const SQLITE_MIGRATIONS: &[Step] = &[
     ),
     (
         2,
-        "operator note",
-        include_str!("../../migrations/sqlite/0002_operator_note.sql"),
+        "operators",
+        include_str!("../../migrations/sqlite/0002_operators.sql"),
     ),
 ];
 
@@ -42,8 +42,8 @@ const POSTGRES_MIGRATIONS: &[Step] = &[
     ),
     (
         2,
-        "operator note",
-        include_str!("../../migrations/postgres/0002_operator_note.sql"),
+        "operators",
+        include_str!("../../migrations/postgres/0002_operators.sql"),
     ),
 ];
 

@@ -1,7 +1,8 @@
 //! `/console/lookup`: a task by id, an event's tasks (biz_type + biz_id,
-//! optionally one user's), or the task holding an idempotency key — through
-//! `GET /v1/tasks/{id}`, `GET /v1/events/{biz_type}/{biz_id}` and
-//! `GET /admin/tasks?key=`.
+//! optionally one user's), the task holding an idempotency key, or a user's
+//! latest tasks — through `GET /v1/tasks/{id}`,
+//! `GET /v1/events/{biz_type}/{biz_id}`, `GET /admin/tasks?key=` and
+//! `GET /admin/users/{user_id}/tasks`.
 
 use axum::extract::{Path, Query, State};
 use axum::response::{IntoResponse, Response};
@@ -13,7 +14,10 @@ use super::task::card;
 use super::{Operator, layout};
 use crate::api::admin::{KeyQuery, task_by_key};
 use crate::api::model::{EventQuery, TaskView};
-use crate::api::{ApiError, AppState, events};
+use crate::api::{ApiError, AppState, events, history};
+
+/// Most tasks a look-up by user shows.
+const USER_TASKS: u32 = 100;
 
 /// The look-up form's fields (each optional; the first given is used).
 #[derive(Debug, Default, Deserialize)]
@@ -74,6 +78,9 @@ async fn search(state: &AppState, find: &Find) -> Option<Result<Vec<TaskView>, A
         let found = task_by_key(state, key).await;
         return Some(found.map(|k| k.0.task.into_iter().collect()));
     }
+    if !find.user_id.trim().is_empty() {
+        return Some(history::user_tasks(&state, find.user_id.trim(), USER_TASKS).await);
+    }
     None
 }
 
@@ -91,7 +98,7 @@ fn form(find: &Find) -> Markup {
                 input type="text" id="biz_type" name="biz_type" value=(find.biz_type);
                 label for="biz_id" { "Business id" }
                 input type="text" id="biz_id" name="biz_id" value=(find.biz_id);
-                label for="user_id" { "User id (optional)" }
+                label for="user_id" { "User id (with an event: only their tasks of it; alone: their latest tasks)" }
                 input type="text" id="user_id" name="user_id" value=(find.user_id);
             }
             fieldset {

@@ -3,11 +3,11 @@
 
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
-use maud::html;
+use maud::{Markup, html};
 
 use super::{Operator, error_page, layout, when};
 use crate::api::AppState;
-use crate::api::overview::overview;
+use crate::api::overview::{ChannelCounts, RECENT_WINDOW, overview};
 
 /// The overview page.
 pub async fn page(State(state): State<AppState>, Operator(session): Operator) -> Response {
@@ -18,27 +18,9 @@ pub async fn page(State(state): State<AppState>, Operator(session): Operator) ->
     let reload = &view.reload;
     let body = html! {
         h1 { "Overview" }
-        p { "Counters since this host started; queues as Redis has them now." }
-        div class="scroll" {
-            table {
-                caption { "Per channel" }
-                thead { tr {
-                    th scope="col" { "Channel" } th scope="col" { "Sent" } th scope="col" { "Delivered" }
-                    th scope="col" { "Failed" } th scope="col" { "Retrying" } th scope="col" { "Held" }
-                    th scope="col" { "Dead" }
-                } }
-                tbody {
-                    @for c in &view.channels {
-                        tr {
-                            th scope="row" { (c.channel) }
-                            td class="n" { (c.sent) } td class="n" { (c.delivered) }
-                            td class="n" { (c.failed) } td class="n" { (c.retrying) }
-                            td class="n" { (c.held) } td class="n" { (c.dead) }
-                        }
-                    }
-                }
-            }
-        }
+        p { "Counters of this host (since it started, and over the last minutes); queues as Redis has them now." }
+        (counts_table(&recent_caption(view.recent.seconds), "recent", &view.recent.channels))
+        (counts_table("Per channel since this host started", "since-start", &view.channels))
         dl {
             dt { "Retry queue" } dd { (view.retry_queue_depth) " tasks waiting for a retry" }
             dt { "Held now" }
@@ -64,4 +46,41 @@ pub async fn page(State(state): State<AppState>, Operator(session): Operator) ->
         }
     };
     layout("Overview", Some(&session), body).into_response()
+}
+
+/// The caption of the recent counters: the window, or the shorter span
+/// covered while the host is younger.
+fn recent_caption(seconds: u64) -> String {
+    let window = RECENT_WINDOW.as_secs();
+    if seconds + 15 >= window {
+        format!("Per channel over the last {} minutes", window / 60)
+    } else {
+        format!("Per channel over the last {seconds} s (the host is younger than {} minutes)", window / 60)
+    }
+}
+
+/// One table of per-channel counters.
+fn counts_table(caption: &str, class: &str, channels: &[ChannelCounts]) -> Markup {
+    html! {
+        div class="scroll" {
+            table class=(class) {
+                caption { (caption) }
+                thead { tr {
+                    th scope="col" { "Channel" } th scope="col" { "Sent" } th scope="col" { "Delivered" }
+                    th scope="col" { "Failed" } th scope="col" { "Retrying" } th scope="col" { "Held" }
+                    th scope="col" { "Dead" }
+                } }
+                tbody {
+                    @for c in channels {
+                        tr {
+                            th scope="row" { (c.channel) }
+                            td class="n" { (c.sent) } td class="n" { (c.delivered) }
+                            td class="n" { (c.failed) } td class="n" { (c.retrying) }
+                            td class="n" { (c.held) } td class="n" { (c.dead) }
+                        }
+                    }
+                }
+            }
+        }
+    }
 }

@@ -516,6 +516,7 @@ async fn key_explorer(browser: &Browser, host: &ServeProcess) {
     let event = r#"{"biz_type": "ORDER_SHIPPED", "biz_id": "o-keys", "user_id": "u-keys", "occurred_at": "2026-11-30T08:00:00Z"}"#;
     browser.fill("#event", event).await.unwrap();
     browser.click("#derive").await.unwrap();
+    browser.wait_for("code.key").await.unwrap();
     let text = browser.text().await.unwrap();
     assert!(
         text.contains("push:per-event@1:wechat:ORDER_SHIPPED:o-keys:u-keys"),
@@ -529,7 +530,7 @@ async fn key_explorer(browser: &Browser, host: &ServeProcess) {
         .unwrap();
     browser.click("#derive").await.unwrap();
     let error = browser
-        .text_of(&browser.find("#event-error").await.unwrap())
+        .text_of(&browser.wait_for("#event-error").await.unwrap())
         .await
         .unwrap();
     assert!(error.contains("missing field `biz_id`"), "{error}");
@@ -547,6 +548,7 @@ async fn pasted_policies(browser: &Browser, host: &ServeProcess, dir: &Path) {
     let bad = POLICY.replace("per-event@^1", "per-week@^1");
     browser.fill("#policy", &bad).await.unwrap();
     browser.click("#check-policy").await.unwrap();
+    browser.wait_for("#refused-title").await.unwrap();
     let text = browser.text().await.unwrap();
     assert!(text.contains("The policy does not check"), "{text}");
     assert!(text.contains("key_policy") && text.contains("per-week"), "{text}");
@@ -557,7 +559,7 @@ async fn pasted_policies(browser: &Browser, host: &ServeProcess, dir: &Path) {
     browser.fill("#policy", &good).await.unwrap();
     browser.click("#check-policy").await.unwrap();
     let summary = browser
-        .text_of(&browser.find(".diff-summary").await.unwrap())
+        .text_of(&browser.wait_for(".diff-summary").await.unwrap())
         .await
         .unwrap();
     assert!(summary.starts_with("3 events, 3 keys compared: 3 changed"), "{summary}");
@@ -569,6 +571,11 @@ async fn pasted_policies(browser: &Browser, host: &ServeProcess, dir: &Path) {
     let file = dir.join("policies/order-shipped.toml");
     assert_eq!(std::fs::read_to_string(&file).unwrap(), POLICY, "nothing written yet");
     browser.click("#apply-policy").await.unwrap();
+    let text = browser
+        .text_of(&browser.wait_for("p[role=status]").await.unwrap())
+        .await
+        .unwrap();
+    assert!(text.contains("Applied: the reload put generation"), "{text}");
     assert!(browser.url().await.unwrap().contains("applied="));
     let text = browser.text().await.unwrap();
     assert!(text.contains("Applied: the reload put generation"), "{text}");

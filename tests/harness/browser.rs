@@ -118,10 +118,22 @@ impl Browser {
         Ok(v.as_str().unwrap_or_default().to_string())
     }
 
-    /// The visible text of the whole page.
+    /// The visible text of the whole page. A page a click loads may replace
+    /// the body between finding it and reading it: read again (within 10 s).
     pub async fn text(&self) -> anyhow::Result<String> {
-        let body = self.find("body").await?;
-        self.text_of(&body).await
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let read = match self.find("body").await {
+                Ok(body) => self.text_of(&body).await,
+                Err(e) => Err(e),
+            };
+            match read {
+                Err(e) if is_stale(&e) && std::time::Instant::now() < deadline => {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                other => return other,
+            }
+        }
     }
 
     /// The first element matching CSS selector `css`.
@@ -138,6 +150,21 @@ impl Browser {
             .as_str()
             .map(|id| Element(id.to_string()))
             .with_context(|| format!("no element id for {css}: {v}"))
+    }
+
+    /// The first element matching `css`, waiting up to 10 s for it to
+    /// appear (on the page a click loads).
+    pub async fn wait_for(&self, css: &str) -> anyhow::Result<Element> {
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            match self.find(css).await {
+                Ok(element) => return Ok(element),
+                Err(_) if std::time::Instant::now() < deadline => {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                Err(e) => return Err(e),
+            }
+        }
     }
 
     /// Types `text` into the element matching `css`.
@@ -200,6 +227,11 @@ impl Drop for Browser {
     fn drop(&mut self) {
         let _ = self.driver.kill();
     }
+}
+
+/// Whether a WebDriver error says the element left the page (a new page loaded).
+fn is_stale(e: &anyhow::Error) -> bool {
+    format!("{e:#}").contains("stale element")
 }
 
 /// The Chromium binary (Debian: `/usr/bin/chromium`).

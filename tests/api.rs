@@ -823,18 +823,30 @@ async fn mark_delivered_by_hand(host: &TestHost, id: &str) {
     assert_problem(&bare, 422, Some("why"));
     assert_eq!(task_status(host, id).await, "unknown", "nothing done");
     let marked = host
-        .post(&format!("{path}?by=ana&why=the%20user%20has%20it"), &json!({}), None)
+        .post(
+            &format!("{path}?by=ana&why=the%20user%20has%20it"),
+            &json!({}),
+            None,
+        )
         .await
         .unwrap();
     assert_eq!(marked.status, StatusCode::OK, "{}", marked.body);
-    assert_eq!(marked.body["task"]["status"], "delivered", "{}", marked.body);
+    assert_eq!(
+        marked.body["task"]["status"], "delivered",
+        "{}",
+        marked.body
+    );
     assert_eq!(task_status(host, id).await, "delivered");
     assert_eq!(
         operator_log(host, id).await,
         [("ana".into(), "delivered".into(), "the user has it".into())]
     );
     let give_up = format!("/admin/tasks/{id}/give-up?why=too%20late");
-    assert_problem(&host.post(&give_up, &json!({}), None).await.unwrap(), 409, None);
+    assert_problem(
+        &host.post(&give_up, &json!({}), None).await.unwrap(),
+        409,
+        None,
+    );
     let none = host
         .post("/admin/tasks/1-1-00/mark-delivered?why=x", &json!({}), None)
         .await
@@ -865,7 +877,11 @@ async fn give_up_by_hand(host: &TestHost) {
         .await
         .unwrap();
     assert_eq!(given_up.status, StatusCode::OK, "{}", given_up.body);
-    assert_eq!(given_up.body["task"]["status"], "failed", "{}", given_up.body);
+    assert_eq!(
+        given_up.body["task"]["status"], "failed",
+        "{}",
+        given_up.body
+    );
     assert_eq!(task_status(host, &id).await, "failed");
     assert_eq!(
         operator_log(host, &id).await,
@@ -882,7 +898,10 @@ async fn give_up_by_hand(host: &TestHost) {
         .iter()
         .filter_map(|t| t["task"]["id"].as_str())
         .collect();
-    assert!(!listed.contains(&id.as_str()), "off the held list: {listed:?}");
+    assert!(
+        !listed.contains(&id.as_str()),
+        "off the held list: {listed:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

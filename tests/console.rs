@@ -217,7 +217,8 @@ async fn sign_in(browser: &Browser, host: &ServeProcess) {
         "the overview lists the channel: {text}"
     );
     assert!(
-        text.contains("Per channel over the last") && text.contains("Per channel since this host started"),
+        text.contains("Per channel over the last")
+            && text.contains("Per channel since this host started"),
         "both spans, labelled: {text}"
     );
     let cookies = browser.cookies().await.unwrap();
@@ -500,7 +501,9 @@ async fn give_up(browser: &Browser, host: &ServeProcess, id: &str) {
         .await
         .unwrap();
     assert!(
-        audit.contains("ana") && audit.contains("given_up") && audit.contains("the order was cancelled"),
+        audit.contains("ana")
+            && audit.contains("given_up")
+            && audit.contains("the order was cancelled"),
         "{audit}"
     );
     assert_eq!(task(host, id).await["status"], "failed");
@@ -522,10 +525,16 @@ async fn key_explorer(browser: &Browser, host: &ServeProcess) {
         text.contains("push:per-event@1:wechat:ORDER_SHIPPED:o-keys:u-keys"),
         "{text}"
     );
-    assert!(text.contains("routes this event") && text.contains("1h"), "{text}");
+    assert!(
+        text.contains("routes this event") && text.contains("1h"),
+        "{text}"
+    );
     browser.goto(&host.url("/console/keys")).await.unwrap();
     browser
-        .fill("#event", r#"{"biz_type": "ORDER_SHIPPED", "user_id": "u-1"}"#)
+        .fill(
+            "#event",
+            r#"{"biz_type": "ORDER_SHIPPED", "user_id": "u-1"}"#,
+        )
         .await
         .unwrap();
     browser.click("#derive").await.unwrap();
@@ -544,15 +553,24 @@ async fn pasted_policies(browser: &Browser, host: &ServeProcess, dir: &Path) {
     browser.goto(&host.url("/console/policies")).await.unwrap();
     let text = browser.text().await.unwrap();
     assert!(text.contains("per-event@^1 → 1."), "{text}");
-    assert!(text.contains("per-user-per-day@1."), "the plugin list: {text}");
+    assert!(
+        text.contains("per-user-per-day@1."),
+        "the plugin list: {text}"
+    );
     let bad = POLICY.replace("per-event@^1", "per-week@^1");
     browser.fill("#policy", &bad).await.unwrap();
     browser.click("#check-policy").await.unwrap();
     browser.wait_for("#refused-title").await.unwrap();
     let text = browser.text().await.unwrap();
     assert!(text.contains("The policy does not check"), "{text}");
-    assert!(text.contains("key_policy") && text.contains("per-week"), "{text}");
-    assert!(browser.find("#apply-policy").await.is_err(), "nothing to apply");
+    assert!(
+        text.contains("key_policy") && text.contains("per-week"),
+        "{text}"
+    );
+    assert!(
+        browser.find("#apply-policy").await.is_err(),
+        "nothing to apply"
+    );
 
     browser.goto(&host.url("/console/policies")).await.unwrap();
     let good = POLICY.replace("per-event@^1", "per-user-per-day@^1");
@@ -562,23 +580,46 @@ async fn pasted_policies(browser: &Browser, host: &ServeProcess, dir: &Path) {
         .text_of(&browser.wait_for(".diff-summary").await.unwrap())
         .await
         .unwrap();
-    assert!(summary.starts_with("3 events, 3 keys compared: 3 changed"), "{summary}");
+    assert!(
+        summary.starts_with("3 events, 3 keys compared: 3 changed"),
+        "{summary}"
+    );
     let diff = browser
         .text_of(&browser.find("table.diff").await.unwrap())
         .await
         .unwrap();
-    assert!(diff.contains("push:per-user-per-day@1:wechat:u-o-never:2026-11-30"), "{diff}");
+    assert!(
+        diff.contains("push:per-user-per-day@1:wechat:u-o-never:2026-11-30"),
+        "{diff}"
+    );
     let file = dir.join("policies/order-shipped.toml");
-    assert_eq!(std::fs::read_to_string(&file).unwrap(), POLICY, "nothing written yet");
+    assert_eq!(
+        std::fs::read_to_string(&file).unwrap(),
+        POLICY,
+        "nothing written yet"
+    );
     browser.click("#apply-policy").await.unwrap();
     let text = browser
         .text_of(&browser.wait_for("p[role=status]").await.unwrap())
         .await
         .unwrap();
-    assert!(text.contains("Applied: the reload put generation"), "{text}");
+    assert!(
+        text.contains("Applied: the reload put generation"),
+        "{text}"
+    );
     assert!(browser.url().await.unwrap().contains("applied="));
     let text = browser.text().await.unwrap();
-    assert!(text.contains("Applied: the reload put generation"), "{text}");
-    assert!(text.contains("per-user-per-day@^1 → 1."), "in force: {text}");
-    assert!(std::fs::read_to_string(&file).unwrap().contains("per-user-per-day@^1"));
+    assert!(
+        text.contains("Applied: the reload put generation"),
+        "{text}"
+    );
+    assert!(
+        text.contains("per-user-per-day@^1 → 1."),
+        "in force: {text}"
+    );
+    assert!(
+        std::fs::read_to_string(&file)
+            .unwrap()
+            .contains("per-user-per-day@^1")
+    );
 }

@@ -145,19 +145,25 @@ fn epoch_ms(t: std::time::SystemTime) -> u64 {
 /// Which counter of [`ChannelCounts`] a metric adds to.
 type Field = fn(&mut ChannelCounts) -> &mut u64;
 
+/// A metric, the one label value its samples must have (if any), and the
+/// counter they add to.
+type Source = (&'static str, Option<(&'static str, &'static str)>, Field);
+
 /// The per-channel counters of the rendered exposition `text`. Dead counts
 /// both ways to `dead`: retries exhausted (the dispatcher) and a held task
 /// whose checks ran out (the reconciler's give-up of an `unknown` task).
 pub fn channel_counts(text: &str) -> Vec<ChannelCounts> {
     let mut by_channel: BTreeMap<String, ChannelCounts> = BTreeMap::new();
-    let fields: [(&str, Option<(&str, &str)>, Field); 7] = [
+    let fields: [Source; 7] = [
         (m::SENT, None, |c| &mut c.sent),
         (m::DELIVERED, None, |c| &mut c.delivered),
         (m::FAILED, None, |c| &mut c.failed),
         (m::RETRIED, None, |c| &mut c.retrying),
         (m::UNKNOWN, None, |c| &mut c.held),
         (m::DEAD, None, |c| &mut c.dead),
-        (m::GAVE_UP_TOTAL, Some(("status", "unknown")), |c| &mut c.dead),
+        (m::GAVE_UP_TOTAL, Some(("status", "unknown")), |c| {
+            &mut c.dead
+        }),
     ];
     for (name, only, field) in fields {
         for (labels, value) in samples(text, name) {
@@ -333,7 +339,10 @@ mod tests {
         let later = t0 + RECENT_WINDOW + Duration::from_secs(30);
         recent.record(later, sent("sms", 50));
         let r = recent.since(later, &sent("sms", 50));
-        assert_eq!((r.seconds, r.channels[0].sent), (RECENT_WINDOW.as_secs() - 30, 25));
+        assert_eq!(
+            (r.seconds, r.channels[0].sent),
+            (RECENT_WINDOW.as_secs() - 30, 25)
+        );
         // A channel without a snapshot counts from zero.
         assert_eq!(recent.since(later, &sent("inbox", 3)).channels[0].sent, 3);
     }

@@ -6,8 +6,8 @@ use std::path::PathBuf;
 
 use anyhow::{Context, bail};
 
-pub use crate::derive::{ChannelKey, dry_run};
 use crate::derive::event_from_json;
+pub use crate::derive::{ChannelKey, dry_run};
 use crate::plugin::{Limits, PluginRegistry};
 
 use super::inputs::{default_cache_dir, default_plugin_dir, parse_param, read_to_string};

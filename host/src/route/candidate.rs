@@ -102,7 +102,13 @@ pub fn plan(
     let key_policy = candidate
         .policies
         .get(&spec.biz_type)
-        .map(|p| format!("{}@{}", key_policy_name(&p.spec.key_policy), p.key_policy_version))
+        .map(|p| {
+            format!(
+                "{}@{}",
+                key_policy_name(&p.spec.key_policy),
+                p.key_policy_version
+            )
+        })
         .unwrap_or_default();
     Ok(Planned {
         biz_type: spec.biz_type,
@@ -190,7 +196,8 @@ fn candidate_set(
 /// `reload` (the checked reload every trigger runs). A refused reload puts
 /// the file back as it was (or removes it, if it is new).
 pub async fn apply(live: &Live, reload: &Reloader, text: &str) -> Result<Applied, ApplyError> {
-    let planned = plan(&live.current(), live.config(), text, &[], 0).map_err(ApplyError::Invalid)?;
+    let planned =
+        plan(&live.current(), live.config(), text, &[], 0).map_err(ApplyError::Invalid)?;
     let target = planned.target;
     let previous = write(&target, text)?;
     match reload().await {

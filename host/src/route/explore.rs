@@ -20,8 +20,11 @@ pub struct PolicyKeys {
     /// The key policy's `name@version`, or why it did not resolve.
     pub plugin: Result<String, String>,
     /// Each channel's key and window, or why not, in the policy's order.
-    pub keys: Vec<(String, Result<(String, Duration), String>)>,
+    pub keys: Vec<ChannelKey>,
 }
+
+/// One channel and its key and window, or why it gets none.
+pub type ChannelKey = (String, Result<(String, Duration), String>);
 
 /// The keys `event` would get under each policy of `snapshot`, the policy
 /// routing its `biz_type` first.

@@ -76,7 +76,10 @@ impl PolicySet {
     /// refusal found (not just the first) so an operator fixes them in one pass.
     pub fn load_dir(dir: &Path, catalog: &dyn Catalog) -> Result<PolicySet, Vec<PolicyError>> {
         let files = policy_files(dir).map_err(|e| vec![e])?;
-        Self::from_files(files.iter().map(|f| (f.clone(), PolicyFile::load(f))), catalog)
+        Self::from_files(
+            files.iter().map(|f| (f.clone(), PolicyFile::load(f))),
+            catalog,
+        )
     }
 
     /// Checks parsed policy files (`(file, parsed or why not)`, in order)

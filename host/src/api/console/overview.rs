@@ -55,7 +55,10 @@ fn recent_caption(seconds: u64) -> String {
     if seconds + 15 >= window {
         format!("Per channel over the last {} minutes", window / 60)
     } else {
-        format!("Per channel over the last {seconds} s (the host is younger than {} minutes)", window / 60)
+        format!(
+            "Per channel over the last {seconds} s (the host is younger than {} minutes)",
+            window / 60
+        )
     }
 }
 

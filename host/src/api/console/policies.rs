@@ -95,7 +95,11 @@ pub async fn apply(
                 .into_response()
         }
         Err(e) => {
-            let lines: Vec<String> = e.to_string().lines().map(|l| l.trim().to_string()).collect();
+            let lines: Vec<String> = e
+                .to_string()
+                .lines()
+                .map(|l| l.trim().to_string())
+                .collect();
             let result = refused_view("Not applied.", &lines);
             let page = render(&state, &session, &form.policy, result).await;
             (StatusCode::UNPROCESSABLE_ENTITY, page).into_response()

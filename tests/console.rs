@@ -8,7 +8,8 @@
 //! refused with its reason or diffed over the sampled events and applied
 //! (the reload puts it in force), a refused reload in words.
 //! The session cookie and the CSRF and origin checks are asserted with
-//! plain HTTP. Screenshots of the overview and the held list go to `docs/console/`.
+//! plain HTTP. Screenshots of the overview, the held list, the policies page and the key
+//! explorer go to `docs/console/`.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -529,6 +530,10 @@ async fn key_explorer(browser: &Browser, host: &ServeProcess) {
         text.contains("routes this event") && text.contains("1h"),
         "{text}"
     );
+    browser
+        .screenshot(&docs_dir().join("keys.png"))
+        .await
+        .unwrap();
     browser.goto(&host.url("/console/keys")).await.unwrap();
     browser
         .fill(
@@ -592,6 +597,10 @@ async fn pasted_policies(browser: &Browser, host: &ServeProcess, dir: &Path) {
         diff.contains("push:per-user-per-day@1:wechat:u-o-never:2026-11-30"),
         "{diff}"
     );
+    browser
+        .screenshot(&docs_dir().join("policies.png"))
+        .await
+        .unwrap();
     let file = dir.join("policies/order-shipped.toml");
     assert_eq!(
         std::fs::read_to_string(&file).unwrap(),

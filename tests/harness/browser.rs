@@ -176,11 +176,45 @@ impl Browser {
             .map(|_| ())
     }
 
-    /// Clicks the element matching `css` (a page it loads is waited for).
+    /// Clicks the element matching `css` (a link or a form's button) and
+    /// waits, within 10 s, until the page it loads has replaced this one and
+    /// finished loading: chromedriver may answer the click before the
+    /// navigation commits.
     pub async fn click(&self, css: &str) -> anyhow::Result<()> {
+        let before = self.find("html").await?;
         let element = self.find(css).await?;
         let path = self.at(&format!("/element/{}/click", element.0));
-        self.call("POST", &path, None).await.map(|_| ())
+        self.call("POST", &path, None).await?;
+        self.wait_replaced(&before)
+            .await
+            .with_context(|| format!("clicking {css}"))
+    }
+
+    /// Waits until `before` (the old page's root) has left the page and the
+    /// new document is complete.
+    async fn wait_replaced(&self, before: &Element) -> anyhow::Result<()> {
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        let name = self.at(&format!("/element/{}/name", before.0));
+        let script = json!({"script": "return document.readyState", "args": []});
+        loop {
+            let replaced = match self.call("GET", &name, None).await {
+                Ok(_) => false,
+                Err(e) if is_stale(&e) => true,
+                Err(e) => return Err(e),
+            };
+            if replaced {
+                let state = self
+                    .call("POST", &self.at("/execute/sync"), Some(script.clone()))
+                    .await?;
+                if state == "complete" {
+                    return Ok(());
+                }
+            }
+            if std::time::Instant::now() >= deadline {
+                bail!("no new page loaded within 10 s");
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
     }
 
     /// The visible text of `element`.
@@ -231,7 +265,8 @@ impl Drop for Browser {
 
 /// Whether a WebDriver error says the element left the page (a new page loaded).
 fn is_stale(e: &anyhow::Error) -> bool {
-    format!("{e:#}").contains("stale element")
+    let text = format!("{e:#}");
+    text.contains("stale element") || text.contains("no such element")
 }
 
 /// The Chromium binary (Debian: `/usr/bin/chromium`).

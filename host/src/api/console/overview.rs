@@ -18,9 +18,7 @@ pub async fn page(State(state): State<AppState>, Operator(session): Operator) ->
     let reload = &view.reload;
     let body = html! {
         h1 { "Overview" }
-        p { "Counters of this host (since it started, and over the last minutes); queues as Redis has them now." }
-        (counts_table(&recent_caption(view.recent.seconds), "recent", &view.recent.channels))
-        (counts_table("Per channel since this host started", "since-start", &view.channels))
+        p { "Queues as Redis has them now; below, this host's counters over the last minutes and since it started." }
         dl {
             dt { "Retry queue" } dd { (view.retry_queue_depth) " tasks waiting for a retry" }
             dt { "Held now" }
@@ -31,7 +29,7 @@ pub async fn page(State(state): State<AppState>, Operator(session): Operator) ->
                 None => { "no pass yet" }
             } }
             dt { "Policies" }
-            dd { "generation " (reload.generation) ", " (reload.policies) " policies, loaded " (when(reload.loaded_at_ms)) }
+            dd { a href="/console/policies" { "generation " (reload.generation) ", " (reload.policies) " policies" } ", loaded " (when(reload.loaded_at_ms)) }
             dt { "Last reload" }
             dd {
                 @if reload.refused.is_empty() {
@@ -44,6 +42,8 @@ pub async fn page(State(state): State<AppState>, Operator(session): Operator) ->
                 }
             }
         }
+        (counts_table(&recent_caption(view.recent.seconds), "recent", &view.recent.channels))
+        (counts_table("Per channel since this host started", "since-start", &view.channels))
     };
     layout("Overview", Some(&session), body).into_response()
 }

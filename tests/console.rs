@@ -192,6 +192,7 @@ async fn an_operator_settles_held_tasks_in_the_browser() {
     key_explorer(&browser, &host).await;
     pasted_policies(&browser, &host, dir.path()).await;
     refused_reload_in_words(&browser, &host, dir.path()).await;
+    readable_on_a_phone(&browser, &host).await;
     session_checks(&browser, &host, &has_it).await;
     browser.stop().await;
     host.terminate(Duration::from_secs(10)).await.unwrap();
@@ -631,4 +632,29 @@ async fn pasted_policies(browser: &Browser, host: &ServeProcess, dir: &Path) {
             .unwrap()
             .contains("per-user-per-day@^1")
     );
+}
+
+/// At a phone's width (390 CSS pixels) no page is wider than the screen:
+/// wide tables scroll inside their own box, long keys wrap.
+async fn readable_on_a_phone(browser: &Browser, host: &ServeProcess) {
+    browser.resize(390, 844).await.unwrap();
+    let width = "return [document.documentElement.scrollWidth, window.innerWidth]";
+    for page in ["overview", "held", "lookup", "policies", "keys"] {
+        browser
+            .goto(&host.url(&format!("/console/{page}")))
+            .await
+            .unwrap();
+        let sizes = browser.script(width).await.unwrap();
+        assert!(
+            sizes[0].as_u64() <= sizes[1].as_u64(),
+            "/console/{page} is wider than a phone: {sizes}"
+        );
+        if page == "overview" {
+            browser
+                .screenshot(&docs_dir().join("phone-overview.png"))
+                .await
+                .unwrap();
+        }
+    }
+    browser.resize(1200, 900).await.unwrap();
 }

@@ -197,11 +197,10 @@ impl Browser {
         let name = self.at(&format!("/element/{}/name", before.0));
         let script = json!({"script": "return document.readyState", "args": []});
         loop {
-            let replaced = match self.call("GET", &name, None).await {
-                Ok(_) => false,
-                Err(e) if is_stale(&e) => true,
-                Err(e) => return Err(e),
-            };
+            // Any error reading the old root (stale, "does not belong to
+            // the document", ...) means it left the page; a driver that
+            // failed fails the readyState read below.
+            let replaced = self.call("GET", &name, None).await.is_err();
             if replaced {
                 let state = self
                     .call("POST", &self.at("/execute/sync"), Some(script.clone()))
@@ -235,6 +234,21 @@ impl Browser {
         Ok(v.as_array().cloned().unwrap_or_default())
     }
 
+    /// Runs `script` (a function body; `return` gives the value) in the page.
+    pub async fn script(&self, script: &str) -> anyhow::Result<Value> {
+        let body = json!({"script": script, "args": []});
+        self.call("POST", &self.at("/execute/sync"), Some(body))
+            .await
+    }
+
+    /// Resizes the window to `width` x `height` CSS pixels.
+    pub async fn resize(&self, width: u32, height: u32) -> anyhow::Result<()> {
+        let rect = json!({"width": width, "height": height});
+        self.call("POST", &self.at("/window/rect"), Some(rect))
+            .await
+            .map(|_| ())
+    }
+
     /// Saves a PNG screenshot of the page at `path`.
     pub async fn screenshot(&self, path: &Path) -> anyhow::Result<()> {
         use base64::Engine;
@@ -266,7 +280,9 @@ impl Drop for Browser {
 /// Whether a WebDriver error says the element left the page (a new page loaded).
 fn is_stale(e: &anyhow::Error) -> bool {
     let text = format!("{e:#}");
-    text.contains("stale element") || text.contains("no such element")
+    ["stale element", "no such element", "does not belong to the document"]
+        .iter()
+        .any(|gone| text.contains(gone))
 }
 
 /// The Chromium binary (Debian: `/usr/bin/chromium`).

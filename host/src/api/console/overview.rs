@@ -64,10 +64,11 @@ fn recent_caption(seconds: u64) -> String {
 
 /// One table of per-channel counters.
 fn counts_table(caption: &str, class: &str, channels: &[ChannelCounts]) -> Markup {
+    let title = format!("{class}-title");
     html! {
+        h2 id=(title) class="counts" { (caption) }
         div class="scroll" {
-            table class=(class) {
-                caption { (caption) }
+            table class=(class) aria-labelledby=(title) {
                 thead { tr {
                     th scope="col" { "Channel" } th scope="col" { "Sent" } th scope="col" { "Delivered" }
                     th scope="col" { "Failed" } th scope="col" { "Retrying" } th scope="col" { "Held" }

@@ -280,9 +280,13 @@ impl Drop for Browser {
 /// Whether a WebDriver error says the element left the page (a new page loaded).
 fn is_stale(e: &anyhow::Error) -> bool {
     let text = format!("{e:#}");
-    ["stale element", "no such element", "does not belong to the document"]
-        .iter()
-        .any(|gone| text.contains(gone))
+    [
+        "stale element",
+        "no such element",
+        "does not belong to the document",
+    ]
+    .iter()
+    .any(|gone| text.contains(gone))
 }
 
 /// The Chromium binary (Debian: `/usr/bin/chromium`).

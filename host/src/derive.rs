@@ -6,7 +6,8 @@
 //! the body (1..=200 bytes of `[A-Za-z0-9._:@+=/-]`).
 //!
 //! Also the JSON form of an event (`event_from_json`), shared by the CLI's
-//! dry run and the HTTP API.
+//! dry run and the HTTP API, and the dry run itself ([`dry_run`]: `pushonce
+//! keys` and the console's key explorer).
 
 use serde::Deserialize;
 

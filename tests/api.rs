@@ -795,7 +795,113 @@ async fn a_held_task_is_listed_with_its_cause() {
         "{}",
         view.body
     );
+    mark_delivered_by_hand(&host, &task).await;
+    give_up_by_hand(&host).await;
     host.shutdown().await.unwrap();
+}
+
+/// The operator log of task `id` as (by, action, why).
+async fn operator_log(host: &TestHost, id: &str) -> Vec<(String, String, String)> {
+    let view = host.get(&format!("/v1/tasks/{id}"), None).await.unwrap();
+    view.body["operator_log"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no operator_log: {}", view.body))
+        .iter()
+        .map(|s| {
+            let field = |k: &str| s[k].as_str().unwrap_or_default().to_string();
+            (field("by"), field("action"), field("why"))
+        })
+        .collect()
+}
+
+/// `POST /admin/tasks/{id}/mark-delivered`: `why` required (422); then
+/// 200 with the task `delivered`, recorded with who and why; a delivered
+/// task is not given up (409); no such task: 404.
+async fn mark_delivered_by_hand(host: &TestHost, id: &str) {
+    let path = format!("/admin/tasks/{id}/mark-delivered");
+    let bare = host.post(&path, &json!({}), None).await.unwrap();
+    assert_problem(&bare, 422, Some("why"));
+    assert_eq!(task_status(host, id).await, "unknown", "nothing done");
+    let marked = host
+        .post(
+            &format!("{path}?by=ana&why=the%20user%20has%20it"),
+            &json!({}),
+            None,
+        )
+        .await
+        .unwrap();
+    assert_eq!(marked.status, StatusCode::OK, "{}", marked.body);
+    assert_eq!(
+        marked.body["task"]["status"], "delivered",
+        "{}",
+        marked.body
+    );
+    assert_eq!(task_status(host, id).await, "delivered");
+    assert_eq!(
+        operator_log(host, id).await,
+        [("ana".into(), "delivered".into(), "the user has it".into())]
+    );
+    let give_up = format!("/admin/tasks/{id}/give-up?why=too%20late");
+    assert_problem(
+        &host.post(&give_up, &json!({}), None).await.unwrap(),
+        409,
+        None,
+    );
+    let none = host
+        .post("/admin/tasks/1-1-00/mark-delivered?why=x", &json!({}), None)
+        .await
+        .unwrap();
+    assert_problem(&none, 404, None);
+}
+
+/// `POST /admin/tasks/{id}/give-up` on another held task: 200, the task
+/// `failed`, off the held list, recorded (default `by`: `admin-api`).
+async fn give_up_by_hand(host: &TestHost) {
+    let a = host
+        .post("/v1/events", &order_shipped("o-held-2"), None)
+        .await
+        .unwrap();
+    let id = results(&a.body)[0].2.clone();
+    let (h, t) = (host, id.as_str());
+    wait_until(Duration::from_secs(20), || async move {
+        task_status(h, t).await == "unknown"
+    })
+    .await
+    .unwrap();
+    let given_up = host
+        .post(
+            &format!("/admin/tasks/{id}/give-up?why=provider%20says%20never%20sent"),
+            &json!({}),
+            None,
+        )
+        .await
+        .unwrap();
+    assert_eq!(given_up.status, StatusCode::OK, "{}", given_up.body);
+    assert_eq!(
+        given_up.body["task"]["status"], "failed",
+        "{}",
+        given_up.body
+    );
+    assert_eq!(task_status(host, &id).await, "failed");
+    assert_eq!(
+        operator_log(host, &id).await,
+        [(
+            "admin-api".into(),
+            "given_up".into(),
+            "provider says never sent".into()
+        )]
+    );
+    let held = host.get("/admin/tasks/held", None).await.unwrap();
+    let listed: Vec<&str> = held.body["tasks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|t| t["task"]["id"].as_str())
+        .collect();
+    assert!(
+        !listed.contains(&id.as_str()),
+        "off the held list: {listed:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -3,9 +3,13 @@
 //! the provider simulator: sign in, the overview, held WeChat tasks made by
 //! real cut-off answers, a requeue through its explicit confirmation that
 //! reaches the provider once, a task marked delivered with no send, the
-//! audit on each task, look-up by business id, a refused reload in words.
+//! audit on each task, a task given up, look-up by business id, the key
+//! explorer (a pasted event's keys; bad JSON named), a pasted policy
+//! refused with its reason or diffed over the sampled events and applied
+//! (the reload puts it in force), a refused reload in words.
 //! The session cookie and the CSRF and origin checks are asserted with
-//! plain HTTP. Screenshots of the overview and the held list go to `docs/console/`.
+//! plain HTTP. Screenshots of the overview, the held list, the policies page and the key
+//! explorer go to `docs/console/`.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -144,6 +148,8 @@ async fn an_operator_settles_held_tasks_in_the_browser() {
     let mut host = serve(&redis, dir.path(), &sim).await;
     let never_got = held_task(&host, &sim, "o-never", "openid-never", false).await;
     let has_it = held_task(&host, &sim, "o-has", "openid-has", true).await;
+    let to_give_up = held_task(&host, &sim, "o-give", "openid-give", false).await;
+    dead_counted(&host).await;
     assert_eq!(
         (
             at_provider(&sim, "openid-never"),
@@ -174,8 +180,8 @@ async fn an_operator_settles_held_tasks_in_the_browser() {
         (Some("delivered"), attempts),
         "no attempt: {settled}"
     );
+    give_up(&browser, &host, &to_give_up).await;
     look_up(&browser, &host, &never_got).await;
-    refused_reload_in_words(&browser, &host, dir.path()).await;
     wait_status(&host, &never_got, "sent").await;
     assert_eq!(
         at_provider(&sim, "openid-never"),
@@ -183,6 +189,10 @@ async fn an_operator_settles_held_tasks_in_the_browser() {
         "sent once: {:?}",
         sim.ledger("wechat")
     );
+    key_explorer(&browser, &host).await;
+    pasted_policies(&browser, &host, dir.path()).await;
+    refused_reload_in_words(&browser, &host, dir.path()).await;
+    readable_on_a_phone(&browser, &host).await;
     session_checks(&browser, &host, &has_it).await;
     browser.stop().await;
     host.terminate(Duration::from_secs(10)).await.unwrap();
@@ -207,6 +217,11 @@ async fn sign_in(browser: &Browser, host: &ServeProcess) {
     assert!(
         text.contains("wechat"),
         "the overview lists the channel: {text}"
+    );
+    assert!(
+        text.contains("Per channel over the last")
+            && text.contains("Per channel since this host started"),
+        "both spans, labelled: {text}"
     );
     let cookies = browser.cookies().await.unwrap();
     let cookie = cookies
@@ -431,4 +446,215 @@ async fn session_checks(browser: &Browser, host: &ServeProcess, id: &str) {
     assert_eq!(logout.status(), StatusCode::SEE_OTHER);
     let cleared = logout.headers()["set-cookie"].to_str().unwrap();
     assert!(cleared.contains("Max-Age=0"), "{cleared}");
+}
+
+/// The overview counts the three held WeChat tasks the reconciler made
+/// `dead` in its Dead column, since start and over the last minutes.
+async fn dead_counted(host: &ServeProcess) {
+    let overview = || async {
+        let answer = reqwest::Client::new()
+            .get(host.url("/admin/overview"))
+            .bearer_auth(ADMIN_TOKEN)
+            .send()
+            .await
+            .unwrap();
+        answer.json::<Value>().await.unwrap()
+    };
+    let wechat = |counts: &Value, what: &str| {
+        counts
+            .as_array()
+            .and_then(|a| a.iter().find(|c| c["channel"] == "wechat"))
+            .and_then(|c| c[what].as_u64())
+    };
+    // The reconciler counts its give-up right after the task turns `dead`.
+    let counted = wait_until(Duration::from_secs(10), || async {
+        wechat(&overview().await["channels"], "dead") == Some(3)
+    })
+    .await;
+    let view = overview().await;
+    assert!(counted.is_ok(), "three dead: {view}");
+    assert_eq!(wechat(&view["channels"], "held"), Some(3), "{view}");
+    assert_eq!(
+        wechat(&view["recent"]["channels"], "dead"),
+        Some(3),
+        "the host is younger than the window: {view}"
+    );
+}
+
+/// Give up: the task becomes `failed`, leaves the held list, audited.
+async fn give_up(browser: &Browser, host: &ServeProcess, id: &str) {
+    browser
+        .goto(&host.url(&format!("/console/tasks/{id}")))
+        .await
+        .unwrap();
+    browser
+        .fill(&format!("#why-give-up-{id}"), "the order was cancelled")
+        .await
+        .unwrap();
+    browser.click("button.give-up").await.unwrap();
+    assert!(browser.url().await.unwrap().contains("done=given_up"));
+    let status = browser
+        .text_of(&browser.find("dd.status").await.unwrap())
+        .await
+        .unwrap();
+    assert_eq!(status, "failed");
+    let audit = browser
+        .text_of(&browser.find("table.audit").await.unwrap())
+        .await
+        .unwrap();
+    assert!(
+        audit.contains("ana")
+            && audit.contains("given_up")
+            && audit.contains("the order was cancelled"),
+        "{audit}"
+    );
+    assert_eq!(task(host, id).await["status"], "failed");
+    browser.goto(&host.url("/console/held")).await.unwrap();
+    let text = browser.text().await.unwrap();
+    assert!(!text.contains(id), "off the held list: {text}");
+}
+
+/// The key explorer: a pasted event's key on WeChat under the policy in
+/// force, with its window; JSON that is not an event is named.
+async fn key_explorer(browser: &Browser, host: &ServeProcess) {
+    browser.goto(&host.url("/console/keys")).await.unwrap();
+    let event = r#"{"biz_type": "ORDER_SHIPPED", "biz_id": "o-keys", "user_id": "u-keys", "occurred_at": "2026-11-30T08:00:00Z"}"#;
+    browser.fill("#event", event).await.unwrap();
+    browser.click("#derive").await.unwrap();
+    browser.wait_for("code.key").await.unwrap();
+    let text = browser.text().await.unwrap();
+    assert!(
+        text.contains("push:per-event@1:wechat:ORDER_SHIPPED:o-keys:u-keys"),
+        "{text}"
+    );
+    assert!(
+        text.contains("routes this event") && text.contains("1h"),
+        "{text}"
+    );
+    browser
+        .screenshot(&docs_dir().join("keys.png"))
+        .await
+        .unwrap();
+    browser.goto(&host.url("/console/keys")).await.unwrap();
+    browser
+        .fill(
+            "#event",
+            r#"{"biz_type": "ORDER_SHIPPED", "user_id": "u-1"}"#,
+        )
+        .await
+        .unwrap();
+    browser.click("#derive").await.unwrap();
+    let error = browser
+        .text_of(&browser.wait_for("#event-error").await.unwrap())
+        .await
+        .unwrap();
+    assert!(error.contains("missing field `biz_id`"), "{error}");
+}
+
+/// A pasted policy naming a key policy that is not loaded: refused with
+/// the reason, nothing to apply. A good one (another key policy): checked,
+/// its key changes over the three sampled events shown; applied, the reload
+/// puts it in force and the page lists its version.
+async fn pasted_policies(browser: &Browser, host: &ServeProcess, dir: &Path) {
+    browser.goto(&host.url("/console/policies")).await.unwrap();
+    let text = browser.text().await.unwrap();
+    assert!(text.contains("per-event@^1 → 1."), "{text}");
+    assert!(
+        text.contains("per-user-per-day@1."),
+        "the plugin list: {text}"
+    );
+    let bad = POLICY.replace("per-event@^1", "per-week@^1");
+    browser.fill("#policy", &bad).await.unwrap();
+    browser.click("#check-policy").await.unwrap();
+    browser.wait_for("#refused-title").await.unwrap();
+    let text = browser.text().await.unwrap();
+    assert!(text.contains("The policy does not check"), "{text}");
+    assert!(
+        text.contains("key_policy") && text.contains("per-week"),
+        "{text}"
+    );
+    assert!(
+        browser.find("#apply-policy").await.is_err(),
+        "nothing to apply"
+    );
+
+    browser.goto(&host.url("/console/policies")).await.unwrap();
+    let good = POLICY.replace("per-event@^1", "per-user-per-day@^1");
+    browser.fill("#policy", &good).await.unwrap();
+    browser.click("#check-policy").await.unwrap();
+    let summary = browser
+        .text_of(&browser.wait_for(".diff-summary").await.unwrap())
+        .await
+        .unwrap();
+    assert!(
+        summary.starts_with("3 events, 3 keys compared: 3 changed"),
+        "{summary}"
+    );
+    let diff = browser
+        .text_of(&browser.find("table.diff").await.unwrap())
+        .await
+        .unwrap();
+    assert!(
+        diff.contains("push:per-user-per-day@1:wechat:u-o-never:2026-11-30"),
+        "{diff}"
+    );
+    browser
+        .screenshot(&docs_dir().join("policies.png"))
+        .await
+        .unwrap();
+    let file = dir.join("policies/order-shipped.toml");
+    assert_eq!(
+        std::fs::read_to_string(&file).unwrap(),
+        POLICY,
+        "nothing written yet"
+    );
+    browser.click("#apply-policy").await.unwrap();
+    let text = browser
+        .text_of(&browser.wait_for("p[role=status]").await.unwrap())
+        .await
+        .unwrap();
+    assert!(
+        text.contains("Applied: the reload put generation"),
+        "{text}"
+    );
+    assert!(browser.url().await.unwrap().contains("applied="));
+    let text = browser.text().await.unwrap();
+    assert!(
+        text.contains("Applied: the reload put generation"),
+        "{text}"
+    );
+    assert!(
+        text.contains("per-user-per-day@^1 → 1."),
+        "in force: {text}"
+    );
+    assert!(
+        std::fs::read_to_string(&file)
+            .unwrap()
+            .contains("per-user-per-day@^1")
+    );
+}
+
+/// At a phone's width (390 CSS pixels) no page is wider than the screen:
+/// wide tables scroll inside their own box, long keys wrap.
+async fn readable_on_a_phone(browser: &Browser, host: &ServeProcess) {
+    browser.resize(390, 844).await.unwrap();
+    let width = "return [document.documentElement.scrollWidth, window.innerWidth]";
+    for page in ["overview", "held", "lookup", "policies", "keys"] {
+        browser
+            .goto(&host.url(&format!("/console/{page}")))
+            .await
+            .unwrap();
+        let sizes = browser.script(width).await.unwrap();
+        assert!(
+            sizes[0].as_u64() <= sizes[1].as_u64(),
+            "/console/{page} is wider than a phone: {sizes}"
+        );
+        if page == "overview" {
+            browser
+                .screenshot(&docs_dir().join("phone-overview.png"))
+                .await
+                .unwrap();
+        }
+    }
+    browser.resize(1200, 900).await.unwrap();
 }

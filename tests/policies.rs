@@ -2,9 +2,12 @@
 //! bad files are refused precisely, a running host picks up edits by itself,
 //! an invalid edit leaves the old set serving, a minor upgrade of a key policy
 //! that would change keys is refused with an example, and a new policy name or
-//! major version starts a new key space on purpose.
+//! major version starts a new key space on purpose. A pasted policy (the
+//! console's) is checked against the directory, diffed, applied through the
+//! checked reload, and put back when that reload is refused.
 
 use pushonce::config::HostConfig;
+use pushonce::route::candidate::{self, ApplyError};
 use pushonce::route::live::{Live, RegistryCatalog};
 use pushonce::route::watch::{Trigger, reload_loop, reloader, watch_dirs};
 use pushonce::route::{PolicySet, stability};
@@ -416,5 +419,114 @@ fn policies_diff_counts_changed_keys_with_examples() {
     assert_eq!(
         d.errors,
         ["ORDER_SHIPPED/o-1/u-9: old set: no policy routes biz_type `ORDER_SHIPPED`"]
+    );
+}
+
+/// The corpus event of [`running`], for a reloader of one's own.
+fn resume_event() -> pushonce::plugin::Event {
+    let mut e = event("u-7", 1_764_000_000_000, &[]);
+    e.biz_type = "RESUME_VIEWED".into();
+    e.biz_id = "r-42".into();
+    e
+}
+
+/// The checked reload of [`running`]'s host, as `POST /admin/reload` runs it.
+fn admin_reload(r: &Running) -> pushonce::route::watch::Reloader {
+    reloader(r.live.clone(), || async { vec![resume_event()] })
+}
+
+#[tokio::test]
+async fn a_pasted_policy_is_checked_diffed_and_applied() {
+    let r = running(
+        &[real("per_event"), real("per_user_per_day")],
+        &policy("per-event@^1", "[\"inbox\"]"),
+    )
+    .await;
+    let file = r.policies.path().join("resume.toml");
+    let (current, config) = (r.live.current(), r.live.config().clone());
+    let bad = policy("per-week@^1", "[\"inbox\"]");
+    let errors = candidate::plan(&current, &config, &bad, &[], 10).unwrap_err();
+    assert!(
+        errors[0].contains("resume.toml: key_policy: ") && errors[0].contains("per-week"),
+        "names the file the candidate would replace and the field: {errors:?}"
+    );
+    let unparsable = candidate::plan(&current, &config, "biz_type = [", &[], 10).unwrap_err();
+    assert!(unparsable[0].starts_with("pasted.toml:1"), "{unparsable:?}");
+
+    let good = policy("per-user-per-day@^1", "[\"inbox\", \"sms\"]");
+    let plan = candidate::plan(&current, &config, &good, &[resume_event()], 10).unwrap();
+    assert_eq!(
+        (plan.target.as_path(), plan.replaces),
+        (file.as_path(), true)
+    );
+    assert_eq!(
+        (plan.diff.compared, plan.diff.changed, plan.diff.added),
+        (1, 1, 1),
+        "{}",
+        plan.diff.summary()
+    );
+    assert!(plan.diff.examples[0][3].starts_with("push:per-user-per-day@1:inbox:u-7:"));
+    assert_eq!(
+        std::fs::read_to_string(&file).unwrap(),
+        policy("per-event@^1", "[\"inbox\"]")
+    );
+
+    let applied = candidate::apply(&r.live, &admin_reload(&r), &good)
+        .await
+        .unwrap();
+    assert_eq!(applied.target, file);
+    assert!(applied.generation >= 2);
+    assert_eq!(std::fs::read_to_string(&file).unwrap(), good);
+    assert!(
+        r.resolved().starts_with("per-user-per-day@1."),
+        "{}",
+        r.resolved()
+    );
+
+    // A new business type goes to a file of its own.
+    let other = good.replace("RESUME_VIEWED", "JOB_POSTED");
+    let plan = candidate::plan(&r.live.current(), &config, &other, &[], 10).unwrap();
+    assert_eq!(plan.target, r.policies.path().join("job-posted.toml"));
+    assert!(!plan.replaces);
+}
+
+#[tokio::test]
+async fn a_refused_apply_puts_the_policy_directory_back() {
+    let original = policy("versioned@^1", "[\"inbox\"]");
+    let r = running(&[fixture("versioned_1_0_0")], &original).await;
+    // A minor upgrade that changes keys arrives in the plugin directory:
+    // the reload it triggers is refused, 1.0.0 keeps serving.
+    copy_plugin(fixture("versioned_1_2_0"), r.plugins.path());
+    r.wait_refused("versioned 1.2.0").await;
+    let edit = policy("versioned@^1", "[\"inbox\", \"sms\"]");
+    let refused = candidate::apply(&r.live, &admin_reload(&r), &edit).await;
+    let Err(ApplyError::Refused { errors, restored }) = refused else {
+        panic!("refused: {refused:?}");
+    };
+    assert!(restored);
+    assert!(
+        errors[0].contains("changes keys within major version 1"),
+        "{errors:?}"
+    );
+    let file = r.policies.path().join("resume.toml");
+    assert_eq!(
+        std::fs::read_to_string(&file).unwrap(),
+        original,
+        "put back"
+    );
+    assert_eq!(r.generation(), 1);
+    let new_file = candidate::apply(
+        &r.live,
+        &admin_reload(&r),
+        &edit.replace("RESUME_VIEWED", "JOB_POSTED"),
+    )
+    .await;
+    assert!(matches!(
+        new_file,
+        Err(ApplyError::Refused { restored: true, .. })
+    ));
+    assert!(
+        !r.policies.path().join("job-posted.toml").exists(),
+        "a new file is removed again"
     );
 }

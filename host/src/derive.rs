@@ -6,11 +6,12 @@
 //! the body (1..=200 bytes of `[A-Za-z0-9._:@+=/-]`).
 //!
 //! Also the JSON form of an event (`event_from_json`), shared by the CLI's
-//! dry run and the HTTP API.
+//! dry run and the HTTP API, and the dry run itself ([`dry_run`]: `pushonce
+//! keys` and the console's key explorer).
 
 use serde::Deserialize;
 
-use crate::plugin::{CallError, Event, KeyPolicyPlugin};
+use crate::plugin::{CallError, Event, KeyPolicyPlugin, PluginRegistry, ResolveError};
 
 /// The longest key body a plugin may return, in bytes.
 pub(crate) const MAX_BODY: usize = 200;
@@ -79,6 +80,28 @@ pub fn derive(
         window_secs: decision.window_secs,
         plugin: meta.id.clone(),
     })
+}
+
+/// One channel's outcome in a dry run: the channel and its key or why not.
+pub type ChannelKey = (String, Result<DerivedKey, DeriveError>);
+
+/// A dry run of key derivation (`pushonce keys`, the console's key
+/// explorer): resolves `policy` (`NAME@REQ`) and derives the key of every
+/// channel. Returns the plugin's `name@version` and one result per
+/// channel, in order.
+pub fn dry_run(
+    registry: &PluginRegistry,
+    policy: &str,
+    event: &Event,
+    channels: &[String],
+    params: &[(String, String)],
+) -> Result<(String, Vec<ChannelKey>), ResolveError> {
+    let plugin = registry.resolve_key_policy(policy)?;
+    let results = channels
+        .iter()
+        .map(|c| (c.clone(), derive(&plugin, event, c, params)))
+        .collect();
+    Ok((plugin.id().to_string(), results))
 }
 
 /// `push:<policy>@<major>:<channel>:<body>`.

@@ -411,6 +411,9 @@ async fn api_state(
 ) -> Result<AppState, ServiceError> {
     let api_permits = Permits::new(parts.store.manager().await?, parts.permits.config().clone());
     let env = &options.env;
+    let metrics = api::metrics::prometheus_handle();
+    let recent = Arc::new(api::overview::Recent::default());
+    api::overview::spawn_sampler(Arc::downgrade(&recent), metrics.clone());
     Ok(AppState::new(SharedState {
         live: parts.live.clone(),
         permits: api_permits,
@@ -424,8 +427,9 @@ async fn api_state(
         callbacks: parts.callbacks.clone(),
         receipts: Some(parts.receipts.clone()),
         reload,
-        metrics: api::metrics::prometheus_handle(),
+        metrics,
         corpus: Arc::new(CorpusSampler::default()),
+        recent,
     }))
 }
 

@@ -118,10 +118,22 @@ impl Browser {
         Ok(v.as_str().unwrap_or_default().to_string())
     }
 
-    /// The visible text of the whole page.
+    /// The visible text of the whole page. A page a click loads may replace
+    /// the body between finding it and reading it: read again (within 10 s).
     pub async fn text(&self) -> anyhow::Result<String> {
-        let body = self.find("body").await?;
-        self.text_of(&body).await
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let read = match self.find("body").await {
+                Ok(body) => self.text_of(&body).await,
+                Err(e) => Err(e),
+            };
+            match read {
+                Err(e) if is_stale(&e) && std::time::Instant::now() < deadline => {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                other => return other,
+            }
+        }
     }
 
     /// The first element matching CSS selector `css`.
@@ -140,6 +152,21 @@ impl Browser {
             .with_context(|| format!("no element id for {css}: {v}"))
     }
 
+    /// The first element matching `css`, waiting up to 10 s for it to
+    /// appear (on the page a click loads).
+    pub async fn wait_for(&self, css: &str) -> anyhow::Result<Element> {
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            match self.find(css).await {
+                Ok(element) => return Ok(element),
+                Err(_) if std::time::Instant::now() < deadline => {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
     /// Types `text` into the element matching `css`.
     pub async fn fill(&self, css: &str, text: &str) -> anyhow::Result<()> {
         let element = self.find(css).await?;
@@ -149,11 +176,44 @@ impl Browser {
             .map(|_| ())
     }
 
-    /// Clicks the element matching `css` (a page it loads is waited for).
+    /// Clicks the element matching `css` (a link or a form's button) and
+    /// waits, within 10 s, until the page it loads has replaced this one and
+    /// finished loading: chromedriver may answer the click before the
+    /// navigation commits.
     pub async fn click(&self, css: &str) -> anyhow::Result<()> {
+        let before = self.find("html").await?;
         let element = self.find(css).await?;
         let path = self.at(&format!("/element/{}/click", element.0));
-        self.call("POST", &path, None).await.map(|_| ())
+        self.call("POST", &path, None).await?;
+        self.wait_replaced(&before)
+            .await
+            .with_context(|| format!("clicking {css}"))
+    }
+
+    /// Waits until `before` (the old page's root) has left the page and the
+    /// new document is complete.
+    async fn wait_replaced(&self, before: &Element) -> anyhow::Result<()> {
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        let name = self.at(&format!("/element/{}/name", before.0));
+        let script = json!({"script": "return document.readyState", "args": []});
+        loop {
+            // Any error reading the old root (stale, "does not belong to
+            // the document", ...) means it left the page; a driver that
+            // failed fails the readyState read below.
+            let replaced = self.call("GET", &name, None).await.is_err();
+            if replaced {
+                let state = self
+                    .call("POST", &self.at("/execute/sync"), Some(script.clone()))
+                    .await?;
+                if state == "complete" {
+                    return Ok(());
+                }
+            }
+            if std::time::Instant::now() >= deadline {
+                bail!("no new page loaded within 10 s");
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
     }
 
     /// The visible text of `element`.
@@ -172,6 +232,21 @@ impl Browser {
     pub async fn cookies(&self) -> anyhow::Result<Vec<Value>> {
         let v = self.call("GET", &self.at("/cookie"), None).await?;
         Ok(v.as_array().cloned().unwrap_or_default())
+    }
+
+    /// Runs `script` (a function body; `return` gives the value) in the page.
+    pub async fn script(&self, script: &str) -> anyhow::Result<Value> {
+        let body = json!({"script": script, "args": []});
+        self.call("POST", &self.at("/execute/sync"), Some(body))
+            .await
+    }
+
+    /// Resizes the window to `width` x `height` CSS pixels.
+    pub async fn resize(&self, width: u32, height: u32) -> anyhow::Result<()> {
+        let rect = json!({"width": width, "height": height});
+        self.call("POST", &self.at("/window/rect"), Some(rect))
+            .await
+            .map(|_| ())
     }
 
     /// Saves a PNG screenshot of the page at `path`.
@@ -200,6 +275,18 @@ impl Drop for Browser {
     fn drop(&mut self) {
         let _ = self.driver.kill();
     }
+}
+
+/// Whether a WebDriver error says the element left the page (a new page loaded).
+fn is_stale(e: &anyhow::Error) -> bool {
+    let text = format!("{e:#}");
+    [
+        "stale element",
+        "no such element",
+        "does not belong to the document",
+    ]
+    .iter()
+    .any(|gone| text.contains(gone))
 }
 
 /// The Chromium binary (Debian: `/usr/bin/chromium`).

@@ -108,6 +108,8 @@ pub struct SharedState {
     pub metrics: metrics_exporter_prometheus::PrometheusHandle,
     /// Which accepted events are sampled into the corpus of recent events.
     pub corpus: Arc<crate::corpus::CorpusSampler>,
+    /// Snapshots of the per-channel counters of the last minutes (the overview).
+    pub recent: Arc<overview::Recent>,
 }
 
 /// The router of the whole API.

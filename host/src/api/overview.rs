@@ -1,10 +1,14 @@
 //! `GET /admin/overview`: what an operator looks at first — per channel
 //! sent / delivered / failed / retried / held / dead since the host started
-//! (the host's own counters, as `/metrics` renders them), the retry queue,
+//! (the host's own counters, as `/metrics` renders them) and over the last
+//! minutes ([`Recent`]: a small ring of snapshots of those counters, taken
+//! every [`SAMPLE_EVERY`] by [`spawn_sampler`]), the retry queue,
 //! the tasks waiting for an operator, the reconciler's lag and the last
 //! policy reload. The console's overview page shows the same [`Overview`].
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::{Mutex, Weak};
+use std::time::{Duration, Instant};
 
 use axum::Json;
 use axum::extract::State;
@@ -31,8 +35,19 @@ pub struct ChannelCounts {
     pub retrying: u64,
     /// Tasks held `unknown` for an operator.
     pub held: u64,
-    /// Tasks that ran out of retries.
+    /// Tasks made `dead`: out of retries, or held until the reconciler's
+    /// checks ran out.
     pub dead: u64,
+}
+
+/// The per-channel counters over the last minutes.
+#[derive(Debug, Default, Clone, Serialize, ToSchema)]
+pub struct RecentCounts {
+    /// The span they cover, in seconds: [`RECENT_WINDOW`], or less while
+    /// the host is younger.
+    pub seconds: u64,
+    /// Per channel, by channel name.
+    pub channels: Vec<ChannelCounts>,
 }
 
 /// The last reload of policies and plugins.
@@ -57,6 +72,8 @@ pub struct ReloadState {
 pub struct Overview {
     /// Per channel counters since this host started, by channel name.
     pub channels: Vec<ChannelCounts>,
+    /// The same counters over the last minutes.
+    pub recent: RecentCounts,
     /// Tasks waiting for a retry (every shard).
     pub retry_queue_depth: u64,
     /// Tasks held `unknown` now (every shard).
@@ -88,8 +105,10 @@ pub async fn overview(state: &AppState) -> Result<Overview, ApiError> {
     let held_now = state.permits.held_count().await?;
     let failed_or_dead_now = state.permits.dead_count().await?;
     let text = state.metrics.render();
+    let channels = channel_counts(&text);
     Ok(Overview {
-        channels: channel_counts(&text),
+        recent: state.recent.since(Instant::now(), &channels),
+        channels,
         retry_queue_depth,
         held_now,
         failed_or_dead_now,
@@ -126,22 +145,34 @@ fn epoch_ms(t: std::time::SystemTime) -> u64 {
 /// Which counter of [`ChannelCounts`] a metric adds to.
 type Field = fn(&mut ChannelCounts) -> &mut u64;
 
-/// The per-channel counters of the rendered exposition `text`.
-fn channel_counts(text: &str) -> Vec<ChannelCounts> {
+/// A metric, the one label value its samples must have (if any), and the
+/// counter they add to.
+type Source = (&'static str, Option<(&'static str, &'static str)>, Field);
+
+/// The per-channel counters of the rendered exposition `text`. Dead counts
+/// both ways to `dead`: retries exhausted (the dispatcher) and a held task
+/// whose checks ran out (the reconciler's give-up of an `unknown` task).
+pub fn channel_counts(text: &str) -> Vec<ChannelCounts> {
     let mut by_channel: BTreeMap<String, ChannelCounts> = BTreeMap::new();
-    let fields: [(&str, Field); 6] = [
-        (m::SENT, |c| &mut c.sent),
-        (m::DELIVERED, |c| &mut c.delivered),
-        (m::FAILED, |c| &mut c.failed),
-        (m::RETRIED, |c| &mut c.retrying),
-        (m::UNKNOWN, |c| &mut c.held),
-        (m::DEAD, |c| &mut c.dead),
+    let fields: [Source; 7] = [
+        (m::SENT, None, |c| &mut c.sent),
+        (m::DELIVERED, None, |c| &mut c.delivered),
+        (m::FAILED, None, |c| &mut c.failed),
+        (m::RETRIED, None, |c| &mut c.retrying),
+        (m::UNKNOWN, None, |c| &mut c.held),
+        (m::DEAD, None, |c| &mut c.dead),
+        (m::GAVE_UP_TOTAL, Some(("status", "unknown")), |c| {
+            &mut c.dead
+        }),
     ];
-    for (name, field) in fields {
+    for (name, only, field) in fields {
         for (labels, value) in samples(text, name) {
             let Some(channel) = label(&labels, "channel") else {
                 continue;
             };
+            if only.is_some_and(|(k, v)| label(&labels, k).as_deref() != Some(v)) {
+                continue;
+            }
             let counts = by_channel
                 .entry(channel.clone())
                 .or_insert_with(|| ChannelCounts {
@@ -152,6 +183,88 @@ fn channel_counts(text: &str) -> Vec<ChannelCounts> {
         }
     }
     by_channel.into_values().collect()
+}
+
+/// How far back the overview's recent counters reach.
+pub const RECENT_WINDOW: Duration = Duration::from_secs(5 * 60);
+
+/// How often [`spawn_sampler`] snapshots the counters.
+pub const SAMPLE_EVERY: Duration = Duration::from_secs(10);
+
+/// Snapshots of the per-channel counters of the last [`RECENT_WINDOW`],
+/// oldest first: the recent counters are now's minus the oldest's.
+#[derive(Debug, Default)]
+pub struct Recent {
+    samples: Mutex<VecDeque<(Instant, Vec<ChannelCounts>)>>,
+}
+
+impl Recent {
+    /// Keeps `counts` as the snapshot at `at`; forgets those older than the window.
+    pub fn record(&self, at: Instant, counts: Vec<ChannelCounts>) {
+        let mut samples = self.samples.lock().unwrap_or_else(|e| e.into_inner());
+        samples.push_back((at, counts));
+        while samples
+            .front()
+            .is_some_and(|(t, _)| at.saturating_duration_since(*t) > RECENT_WINDOW)
+        {
+            samples.pop_front();
+        }
+    }
+
+    /// The counters `now` minus the oldest snapshot within the window.
+    pub fn since(&self, now: Instant, now_counts: &[ChannelCounts]) -> RecentCounts {
+        let samples = self.samples.lock().unwrap_or_else(|e| e.into_inner());
+        let Some((at, base)) = samples
+            .iter()
+            .find(|(t, _)| now.saturating_duration_since(*t) <= RECENT_WINDOW)
+        else {
+            return RecentCounts::default();
+        };
+        let channels = now_counts
+            .iter()
+            .map(|c| {
+                let before = base.iter().find(|b| b.channel == c.channel);
+                difference(c, before)
+            })
+            .collect();
+        RecentCounts {
+            seconds: now.saturating_duration_since(*at).as_secs(),
+            channels,
+        }
+    }
+}
+
+/// `now` minus `before` (absent: zero), counter by counter.
+fn difference(now: &ChannelCounts, before: Option<&ChannelCounts>) -> ChannelCounts {
+    let zero = ChannelCounts::default();
+    let b = before.unwrap_or(&zero);
+    ChannelCounts {
+        channel: now.channel.clone(),
+        sent: now.sent.saturating_sub(b.sent),
+        delivered: now.delivered.saturating_sub(b.delivered),
+        failed: now.failed.saturating_sub(b.failed),
+        retrying: now.retrying.saturating_sub(b.retrying),
+        held: now.held.saturating_sub(b.held),
+        dead: now.dead.saturating_sub(b.dead),
+    }
+}
+
+/// Snapshots the host's counters into `recent` now and every
+/// [`SAMPLE_EVERY`], until `recent` is dropped with the API's state.
+pub fn spawn_sampler(
+    recent: Weak<Recent>,
+    metrics: metrics_exporter_prometheus::PrometheusHandle,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(SAMPLE_EVERY);
+        loop {
+            tick.tick().await;
+            let Some(recent) = recent.upgrade() else {
+                return;
+            };
+            recent.record(Instant::now(), channel_counts(&metrics.render()));
+        }
+    })
 }
 
 /// `(labels, value)` of every sample of metric `name` in exposition `text`.
@@ -194,5 +307,43 @@ mod tests {
         assert_eq!((counts[0].channel.as_str(), counts[0].sent), ("sms", 3));
         assert_eq!((counts[1].sent, counts[1].held), (2, 1));
         assert_eq!(samples(text, m::LAG_SECONDS), [(String::new(), 0.25)]);
+    }
+
+    #[test]
+    fn dead_counts_retries_exhausted_and_held_tasks_given_up() {
+        let text = "pushonce_dead_total{channel=\"wechat\"} 2\n\
+            pushonce_reconcile_gave_up_total{channel=\"wechat\",status=\"unknown\"} 3\n\
+            pushonce_reconcile_gave_up_total{channel=\"wechat\",status=\"sent\"} 7\n";
+        assert_eq!(channel_counts(text)[0].dead, 5);
+    }
+
+    fn sent(channel: &str, sent: u64) -> Vec<ChannelCounts> {
+        vec![ChannelCounts {
+            channel: channel.into(),
+            sent,
+            ..ChannelCounts::default()
+        }]
+    }
+
+    #[test]
+    fn recent_counts_are_now_minus_the_oldest_snapshot_of_the_window() {
+        let recent = Recent::default();
+        let t0 = Instant::now();
+        assert_eq!(recent.since(t0, &sent("sms", 4)).seconds, 0);
+        recent.record(t0, sent("sms", 10));
+        recent.record(t0 + Duration::from_secs(60), sent("sms", 25));
+        let now = t0 + Duration::from_secs(120);
+        let r = recent.since(now, &sent("sms", 40));
+        assert_eq!((r.seconds, r.channels[0].sent), (120, 30));
+        // Past the window, the first snapshot is forgotten.
+        let later = t0 + RECENT_WINDOW + Duration::from_secs(30);
+        recent.record(later, sent("sms", 50));
+        let r = recent.since(later, &sent("sms", 50));
+        assert_eq!(
+            (r.seconds, r.channels[0].sent),
+            (RECENT_WINDOW.as_secs() - 30, 25)
+        );
+        // A channel without a snapshot counts from zero.
+        assert_eq!(recent.since(later, &sent("inbox", 3)).channels[0].sent, 3);
     }
 }

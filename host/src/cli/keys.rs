@@ -6,8 +6,9 @@ use std::path::PathBuf;
 
 use anyhow::{Context, bail};
 
-use crate::derive::{DeriveError, DerivedKey, derive, event_from_json};
-use crate::plugin::{Event, Limits, PluginRegistry, ResolveError};
+use crate::derive::event_from_json;
+pub use crate::derive::{ChannelKey, dry_run};
+use crate::plugin::{Limits, PluginRegistry};
 
 use super::inputs::{default_cache_dir, default_plugin_dir, parse_param, read_to_string};
 use super::output::{print_table, window};
@@ -68,25 +69,4 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         bail!("{errors} of {} channel(s) got no key", channels.len());
     }
     Ok(())
-}
-
-/// One channel's outcome in a dry run: the channel and its key or why not.
-pub type ChannelKey = (String, Result<DerivedKey, DeriveError>);
-
-/// What `pushonce keys` computes: resolves `policy` (`NAME@REQ`) and derives
-/// the key of every channel. Returns the plugin's `name@version` and one
-/// result per channel, in order.
-pub fn dry_run(
-    registry: &PluginRegistry,
-    policy: &str,
-    event: &Event,
-    channels: &[String],
-    params: &[(String, String)],
-) -> Result<(String, Vec<ChannelKey>), ResolveError> {
-    let plugin = registry.resolve_key_policy(policy)?;
-    let results = channels
-        .iter()
-        .map(|c| (c.clone(), derive(&plugin, event, c, params)))
-        .collect();
-    Ok((plugin.id().to_string(), results))
 }

@@ -62,15 +62,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             let (old, new) = (snapshot_of(&config, &old)?, snapshot_of(&config, &new)?);
             let events = read_events(&events)?;
             let d = stability::diff(&old, &new, &events, examples);
-            println!(
-                "{} events, {} keys compared: {} changed, {} channels added, {} removed, {} events not derivable",
-                d.events,
-                d.compared,
-                d.changed,
-                d.added,
-                d.removed,
-                d.errors.len()
-            );
+            println!("{}", d.summary());
             if !d.examples.is_empty() {
                 println!();
                 print_table(&["EVENT", "CHANNEL", "OLD KEY", "NEW KEY"], &d.examples);

@@ -5,6 +5,8 @@
 //! of the system (which key policies and channels exist); a set that fails any
 //! check is refused as a whole, so the running set only ever changes atomically.
 
+pub mod candidate;
+pub mod explore;
 pub mod live;
 pub mod plan;
 pub mod policy;
@@ -74,23 +76,24 @@ impl PolicySet {
     /// Loads every `*.toml` of `dir` and checks it against `catalog`. Returns every
     /// refusal found (not just the first) so an operator fixes them in one pass.
     pub fn load_dir(dir: &Path, catalog: &dyn Catalog) -> Result<PolicySet, Vec<PolicyError>> {
-        let mut files: Vec<PathBuf> = match std::fs::read_dir(dir) {
-            Ok(rd) => rd
-                .filter_map(|e| e.ok().map(|e| e.path()))
-                .filter(|p| p.extension().is_some_and(|e| e == "toml"))
-                .collect(),
-            Err(source) => {
-                return Err(vec![PolicyError::File(FileError::Read {
-                    file: dir.to_path_buf(),
-                    source,
-                })]);
-            }
-        };
-        files.sort();
+        let files = policy_files(dir).map_err(|e| vec![e])?;
+        Self::from_files(
+            files.iter().map(|f| (f.clone(), PolicyFile::load(f))),
+            catalog,
+        )
+    }
+
+    /// Checks parsed policy files (`(file, parsed or why not)`, in order)
+    /// against `catalog`, as [`PolicySet::load_dir`] does for a directory's:
+    /// every refusal, or the set.
+    pub fn from_files(
+        files: impl IntoIterator<Item = (PathBuf, Result<PolicyFile, PolicyError>)>,
+        catalog: &dyn Catalog,
+    ) -> Result<PolicySet, Vec<PolicyError>> {
         let mut set = PolicySet::default();
         let mut errors = Vec::new();
-        for file in files {
-            match PolicyFile::load(&file).and_then(|spec| Self::resolve(&file, spec, catalog)) {
+        for (file, parsed) in files {
+            match parsed.and_then(|spec| Self::resolve(&file, spec, catalog)) {
                 Ok(policy) => {
                     if let Some(other) = set.by_biz_type.get(&policy.spec.biz_type) {
                         errors.push(PolicyError::Invalid {
@@ -164,6 +167,22 @@ impl PolicySet {
             caps_unsupported,
         })
     }
+}
+
+/// The policy files of `dir`: every `*.toml`, sorted by name.
+pub fn policy_files(dir: &Path) -> Result<Vec<PathBuf>, PolicyError> {
+    let entries = std::fs::read_dir(dir).map_err(|source| {
+        PolicyError::File(FileError::Read {
+            file: dir.to_path_buf(),
+            source,
+        })
+    })?;
+    let mut files: Vec<PathBuf> = entries
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|e| e == "toml"))
+        .collect();
+    files.sort();
+    Ok(files)
 }
 
 /// The caps of a policy: its own (named `<biz_type>/<name>`) and the host

@@ -378,12 +378,7 @@ impl ChannelPlanner<'_> {
     }
 
     fn window(&self, channel: &str, derived: &DerivedKey) -> Duration {
-        let spec = &self.policy.spec;
-        derived
-            .window_secs
-            .map(|s| Duration::from_secs(u64::from(s).max(1)))
-            .or_else(|| spec.overrides.get(channel).and_then(|o| o.window))
-            .unwrap_or(spec.window)
+        self.policy.spec.window_for(channel, derived.window_secs)
     }
 
     fn retry(&self, channel: &str) -> RetryPolicy {

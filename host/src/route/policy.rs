@@ -189,6 +189,15 @@ impl PolicyFile {
         Self::parse(file, &read_file(file)?)
     }
 
+    /// The window of a key on `channel`: the one the key policy asked for
+    /// (`derived_secs`, at least 1 s), else the channel's override, else the file's.
+    pub fn window_for(&self, channel: &str, derived_secs: Option<u32>) -> Duration {
+        derived_secs
+            .map(|s| Duration::from_secs(u64::from(s).max(1)))
+            .or_else(|| self.overrides.get(channel).and_then(|o| o.window))
+            .unwrap_or(self.window)
+    }
+
     /// Checks that need nothing but the file itself.
     fn check(&self, file: &Path) -> Result<(), PolicyError> {
         let invalid = |field: &str, reason: String| PolicyError::Invalid {

@@ -142,6 +142,21 @@ pub struct KeyDiff {
     pub examples: Vec<[String; 4]>,
 }
 
+impl KeyDiff {
+    /// What an operator reads first (the CLI's first line, the console's summary).
+    pub fn summary(&self) -> String {
+        format!(
+            "{} events, {} keys compared: {} changed, {} channels added, {} removed, {} events not derivable",
+            self.events,
+            self.compared,
+            self.changed,
+            self.added,
+            self.removed,
+            self.errors.len()
+        )
+    }
+}
+
 /// Compares the keys of `events` under `old` and `new`.
 pub fn diff(old: &Snapshot, new: &Snapshot, events: &[Event], max_examples: usize) -> KeyDiff {
     let mut d = KeyDiff {

@@ -6,9 +6,11 @@
 //! `Origin` ([`guard`]).
 
 pub mod held;
+pub mod keys;
 pub mod login;
 pub mod lookup;
 pub mod overview;
+pub mod policies;
 pub mod session;
 pub mod task;
 
@@ -40,6 +42,10 @@ pub fn routes(state: AppState) -> Router<AppState> {
         .route("/console/overview", get(overview::page))
         .route("/console/held", get(held::page))
         .route("/console/lookup", get(lookup::page))
+        .route("/console/policies", get(policies::page))
+        .route("/console/policies/check", post(policies::check))
+        .route("/console/policies/apply", post(policies::apply))
+        .route("/console/keys", get(keys::page).post(keys::explore))
         .route("/console/tasks/{id}", get(task::page))
         .route("/console/tasks/{id}/requeue", post(task::requeue))
         .route(
@@ -144,12 +150,15 @@ pub fn layout(title: &str, session: Option<&Session>, content: Markup) -> Markup
                 style { (maud::PreEscaped(STYLE)) }
             }
             body {
+                a class="skip" href="#main" { "Skip to content" }
                 @if let Some(session) = session {
                     header {
                         nav aria-label="Console" {
                             a href="/console/overview" { "Overview" }
                             a href="/console/held" { "Held tasks" }
                             a href="/console/lookup" { "Look-up" }
+                            a href="/console/policies" { "Policies" }
+                            a href="/console/keys" { "Key explorer" }
                         }
                         form method="post" action="/console/logout" class="logout" {
                             (csrf_field(session))
@@ -158,7 +167,7 @@ pub fn layout(title: &str, session: Option<&Session>, content: Markup) -> Markup
                         }
                     }
                 }
-                main { (content) }
+                main id="main" { (content) }
             }
         }
     }

@@ -3,11 +3,11 @@
 
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
-use maud::html;
+use maud::{Markup, html};
 
 use super::{Operator, error_page, layout, when};
 use crate::api::AppState;
-use crate::api::overview::overview;
+use crate::api::overview::{ChannelCounts, RECENT_WINDOW, overview};
 
 /// The overview page.
 pub async fn page(State(state): State<AppState>, Operator(session): Operator) -> Response {
@@ -18,27 +18,7 @@ pub async fn page(State(state): State<AppState>, Operator(session): Operator) ->
     let reload = &view.reload;
     let body = html! {
         h1 { "Overview" }
-        p { "Counters since this host started; queues as Redis has them now." }
-        div class="scroll" {
-            table {
-                caption { "Per channel" }
-                thead { tr {
-                    th scope="col" { "Channel" } th scope="col" { "Sent" } th scope="col" { "Delivered" }
-                    th scope="col" { "Failed" } th scope="col" { "Retrying" } th scope="col" { "Held" }
-                    th scope="col" { "Dead" }
-                } }
-                tbody {
-                    @for c in &view.channels {
-                        tr {
-                            th scope="row" { (c.channel) }
-                            td class="n" { (c.sent) } td class="n" { (c.delivered) }
-                            td class="n" { (c.failed) } td class="n" { (c.retrying) }
-                            td class="n" { (c.held) } td class="n" { (c.dead) }
-                        }
-                    }
-                }
-            }
-        }
+        p { "Queues as Redis has them now; below, this host's counters over the last minutes and since it started." }
         dl {
             dt { "Retry queue" } dd { (view.retry_queue_depth) " tasks waiting for a retry" }
             dt { "Held now" }
@@ -49,7 +29,7 @@ pub async fn page(State(state): State<AppState>, Operator(session): Operator) ->
                 None => { "no pass yet" }
             } }
             dt { "Policies" }
-            dd { "generation " (reload.generation) ", " (reload.policies) " policies, loaded " (when(reload.loaded_at_ms)) }
+            dd { a href="/console/policies" { "generation " (reload.generation) ", " (reload.policies) " policies" } ", loaded " (when(reload.loaded_at_ms)) }
             dt { "Last reload" }
             dd {
                 @if reload.refused.is_empty() {
@@ -62,6 +42,49 @@ pub async fn page(State(state): State<AppState>, Operator(session): Operator) ->
                 }
             }
         }
+        (counts_table(&recent_caption(view.recent.seconds), "recent", &view.recent.channels))
+        (counts_table("Per channel since this host started", "since-start", &view.channels))
     };
     layout("Overview", Some(&session), body).into_response()
+}
+
+/// The caption of the recent counters: the window, or the shorter span
+/// covered while the host is younger.
+fn recent_caption(seconds: u64) -> String {
+    let window = RECENT_WINDOW.as_secs();
+    if seconds + 15 >= window {
+        format!("Per channel over the last {} minutes", window / 60)
+    } else {
+        format!(
+            "Per channel over the last {seconds} s (the host is younger than {} minutes)",
+            window / 60
+        )
+    }
+}
+
+/// One table of per-channel counters.
+fn counts_table(caption: &str, class: &str, channels: &[ChannelCounts]) -> Markup {
+    let title = format!("{class}-title");
+    html! {
+        h2 id=(title) class="counts" { (caption) }
+        div class="scroll" {
+            table class=(class) aria-labelledby=(title) {
+                thead { tr {
+                    th scope="col" { "Channel" } th scope="col" { "Sent" } th scope="col" { "Delivered" }
+                    th scope="col" { "Failed" } th scope="col" { "Retrying" } th scope="col" { "Held" }
+                    th scope="col" { "Dead" }
+                } }
+                tbody {
+                    @for c in channels {
+                        tr {
+                            th scope="row" { (c.channel) }
+                            td class="n" { (c.sent) } td class="n" { (c.delivered) }
+                            td class="n" { (c.failed) } td class="n" { (c.retrying) }
+                            td class="n" { (c.held) } td class="n" { (c.dead) }
+                        }
+                    }
+                }
+            }
+        }
+    }
 }

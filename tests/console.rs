@@ -347,6 +347,13 @@ async fn look_up(browser: &Browser, host: &ServeProcess, id: &str) {
         text.contains("requeue (forced)"),
         "the audit shows in the look-up: {text}"
     );
+    // The user's latest tasks, by user id alone.
+    browser.goto(&host.url("/console/lookup")).await.unwrap();
+    browser.fill("#user_id", "u-o-never").await.unwrap();
+    browser.click("#find").await.unwrap();
+    let text = browser.text().await.unwrap();
+    assert!(text.contains(id), "by user id: {text}");
+    assert!(!text.contains("o-has"), "only this user's tasks: {text}");
 }
 
 /// A policy file that does not parse: the reload is refused and the

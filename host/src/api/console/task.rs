@@ -204,7 +204,7 @@ pub fn card(session: &Session, task: &TaskView) -> Markup {
 
 fn actions(session: &Session, task: &TaskView) -> Markup {
     let status = task.status.as_str();
-    let requeueable = matches!(status, "failed" | "dead");
+    let requeueable = matches!(status, "failed" | "dead" | "unknown");
     let settleable = matches!(status, "unknown" | "failed" | "dead");
     let deliverable = settleable || status == "sent";
     html! {

@@ -72,7 +72,7 @@ pub struct RetryView {
 
 /// One channel's overrides.
 #[derive(Debug, Serialize, ToSchema)]
-pub struct OverrideView {
+pub(crate) struct OverrideView {
     /// Its own window, ms.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub window_ms: Option<u64>,
@@ -103,7 +103,7 @@ pub struct PolicyView {
     /// Fallback channel per channel.
     pub fallback: BTreeMap<String, String>,
     /// Per-channel overrides.
-    pub overrides: BTreeMap<String, OverrideView>,
+    pub(crate) overrides: BTreeMap<String, OverrideView>,
 }
 
 /// A refused reload.
@@ -214,7 +214,7 @@ pub struct RequeueView {
 #[derive(Debug, Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]
 #[into_params(parameter_in = Query)]
-pub struct KeyQuery {
+pub(crate) struct KeyQuery {
     /// The full idempotency key, `push:<policy>@<major>:<channel>:<body>`.
     #[param(min_length = 1, max_length = 512)]
     pub key: String,
@@ -222,7 +222,7 @@ pub struct KeyQuery {
 
 /// The permit of a key and the task holding it.
 #[derive(Debug, Serialize, ToSchema)]
-pub struct KeySearch {
+pub(crate) struct KeySearch {
     /// The key.
     pub key: String,
     /// The task id holding the permit.
@@ -444,7 +444,7 @@ pub async fn requeue(
 
 /// Requeues task `id` for an operator (`note`: who and why, recorded on
 /// the task); the admin API and the console both act through this.
-pub async fn requeue_task(
+pub(crate) async fn requeue_task(
     state: &AppState,
     id: &str,
     force: bool,
@@ -458,7 +458,7 @@ pub async fn requeue_task(
 }
 
 /// What a requeue's answer means for an operator: the view, or why not.
-pub fn requeue_answer(
+pub(crate) fn requeue_answer(
     id: &str,
     answer: Requeue,
     note: &OperatorNote,
@@ -578,7 +578,7 @@ async fn note_in_ledger(state: &AppState, task: &Task) {
 
 /// Settles task `id` for an operator; the admin API and the console both
 /// act through this. Answers the task as it is now.
-pub async fn settle_task(
+pub(crate) async fn settle_task(
     state: &AppState,
     id: &str,
     how: Settle,
@@ -622,7 +622,7 @@ pub async fn settle_task(
         (status = 503, description = "Redis unavailable", body = Problem, content_type = "application/problem+json"),
     ),
     security(("admin_token" = [])))]
-pub async fn task_by_key(
+pub(crate) async fn task_by_key(
     State(state): State<AppState>,
     query: Result<Query<KeyQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Json<KeySearch>, ApiError> {

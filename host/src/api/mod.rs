@@ -7,20 +7,20 @@
 //! refusal is an [`ApiError`] answered as RFC 9457 problem details.
 //! [`app`] builds the router from an [`AppState`]; `service` serves it.
 
-pub mod admin;
-pub mod auth;
-pub mod body;
-pub mod console;
-pub mod events;
-pub mod history;
-pub mod log;
+pub(crate) mod admin;
+pub(crate) mod auth;
+pub(crate) mod body;
+pub(crate) mod console;
+pub(crate) mod events;
+pub(crate) mod history;
+pub(crate) mod log;
 pub mod metrics;
-pub mod model;
-pub mod openapi;
-pub mod ops;
-pub mod overview;
-pub mod problem;
-pub mod receipts;
+pub(crate) mod model;
+pub(crate) mod openapi;
+pub(crate) mod ops;
+pub(crate) mod overview;
+pub(crate) mod problem;
+pub(crate) mod receipts;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -95,7 +95,9 @@ pub struct Overview {
         (status = 503, description = "Redis unavailable", body = Problem, content_type = "application/problem+json"),
     ),
     security(("admin_token" = [])))]
-pub async fn get_overview(State(state): State<AppState>) -> Result<Json<Overview>, ApiError> {
+pub(crate) async fn get_overview(
+    State(state): State<AppState>,
+) -> Result<Json<Overview>, ApiError> {
     overview(&state).await.map(Json)
 }
 
@@ -152,7 +154,7 @@ type Source = (&'static str, Option<(&'static str, &'static str)>, Field);
 /// The per-channel counters of the rendered exposition `text`. Dead counts
 /// both ways to `dead`: retries exhausted (the dispatcher) and a held task
 /// whose checks ran out (the reconciler's give-up of an `unknown` task).
-pub fn channel_counts(text: &str) -> Vec<ChannelCounts> {
+pub(crate) fn channel_counts(text: &str) -> Vec<ChannelCounts> {
     let mut by_channel: BTreeMap<String, ChannelCounts> = BTreeMap::new();
     let fields: [Source; 7] = [
         (m::SENT, None, |c| &mut c.sent),
@@ -186,10 +188,10 @@ pub fn channel_counts(text: &str) -> Vec<ChannelCounts> {
 }
 
 /// How far back the overview's recent counters reach.
-pub const RECENT_WINDOW: Duration = Duration::from_secs(5 * 60);
+pub(crate) const RECENT_WINDOW: Duration = Duration::from_secs(5 * 60);
 
 /// How often [`spawn_sampler`] snapshots the counters.
-pub const SAMPLE_EVERY: Duration = Duration::from_secs(10);
+pub(crate) const SAMPLE_EVERY: Duration = Duration::from_secs(10);
 
 /// Snapshots of the per-channel counters of the last [`RECENT_WINDOW`],
 /// oldest first: the recent counters are now's minus the oldest's.
@@ -251,7 +253,7 @@ fn difference(now: &ChannelCounts, before: Option<&ChannelCounts>) -> ChannelCou
 
 /// Snapshots the host's counters into `recent` now and every
 /// [`SAMPLE_EVERY`], until `recent` is dropped with the API's state.
-pub fn spawn_sampler(
+pub(crate) fn spawn_sampler(
     recent: Weak<Recent>,
     metrics: metrics_exporter_prometheus::PrometheusHandle,
 ) -> tokio::task::JoinHandle<()> {

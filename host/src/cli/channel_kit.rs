@@ -34,7 +34,7 @@ const CHANNEL: &str = "test";
 
 /// The outcome of one case.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct CaseOutcome {
+pub(crate) struct CaseOutcome {
     /// The case's name.
     pub name: String,
     /// `send` or `query`.
@@ -52,7 +52,7 @@ pub struct CaseOutcome {
 }
 
 /// Runs every case of `script` against `plugin` (loaded in `registry`).
-pub fn run_script(
+pub(crate) fn run_script(
     registry: PluginRegistry,
     plugin: &ChannelPlugin,
     script: Script,

@@ -27,7 +27,7 @@ use serde::Deserialize;
 /// A channel plugin's script.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct Script {
+pub(crate) struct Script {
     /// The channel instance the plugin is bound to.
     #[serde(default)]
     pub channel: ScriptChannel,
@@ -39,7 +39,7 @@ pub struct Script {
 /// The channel instance of a script.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct ScriptChannel {
+pub(crate) struct ScriptChannel {
     /// Settings handed to the plugin (secrets too: use test values);
     /// `{provider}` in a value becomes the scripted provider's base URL,
     /// `http://127.0.0.1:<port>`.
@@ -77,7 +77,7 @@ pub enum Call {
 /// The class of answer a case expects.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "lowercase")]
-pub enum Expect {
+pub(crate) enum Expect {
     /// `send` returned a receipt.
     Sent,
     /// `send-error.retryable`.
@@ -105,7 +105,7 @@ pub enum Status {
 /// One case of a script.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct ChannelCase {
+pub(crate) struct ChannelCase {
     /// A name for the table (default: `#<n>`, its position in the file).
     pub name: Option<String>,
     /// `send` (default) or `query`.
@@ -134,7 +134,7 @@ pub struct ChannelCase {
 /// as a sent message).
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct CaseMessage {
+pub(crate) struct CaseMessage {
     /// The address on the channel.
     #[serde(default = "default_recipient")]
     pub recipient: String,
@@ -184,7 +184,7 @@ fn one() -> u32 {
 /// One request the plugin must make, and the provider's answer to it.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct Step {
+pub(crate) struct Step {
     /// What the request must be.
     pub request: ExpectedRequest,
     /// The answer (give this or `cut_off = true`).
@@ -197,7 +197,7 @@ pub struct Step {
 /// What a request must be.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct ExpectedRequest {
+pub(crate) struct ExpectedRequest {
     /// `GET`, `POST`, ...
     pub method: String,
     /// The path; with a `?`, the path and query string.
@@ -214,7 +214,7 @@ pub struct ExpectedRequest {
 /// A canned answer.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct Reply {
+pub(crate) struct Reply {
     /// The status code.
     pub status: u16,
     /// Headers, e.g. `content-type`, `retry-after`.
@@ -227,7 +227,7 @@ pub struct Reply {
 
 /// Why a script cannot be used.
 #[derive(Debug, thiserror::Error)]
-pub enum ScriptError {
+pub(crate) enum ScriptError {
     /// The file cannot be read.
     #[error("cannot read script {}", file.display())]
     Read {
@@ -267,7 +267,7 @@ pub enum ScriptError {
 }
 
 /// Reads and checks the script in `file` (TOML).
-pub fn read_script(file: &Path) -> Result<Script, ScriptError> {
+pub(crate) fn read_script(file: &Path) -> Result<Script, ScriptError> {
     let text = std::fs::read_to_string(file).map_err(|source| ScriptError::Read {
         file: file.to_path_buf(),
         source,

@@ -3,18 +3,18 @@
 //! `main.rs` parses arguments with clap and calls `run` of the chosen module;
 //! each module returns `anyhow::Result` because this is the binary's edge.
 
-pub mod channel_kit;
-pub mod channel_script;
+pub(crate) mod channel_kit;
+pub(crate) mod channel_script;
 pub mod inputs;
 pub mod keys;
 pub mod ledger;
 pub mod openapi;
 pub mod output;
-pub mod plugin_build;
-pub mod plugin_test;
+pub(crate) mod plugin_build;
+pub(crate) mod plugin_test;
 pub mod plugins;
 pub mod policies;
-pub mod scaffold;
+pub(crate) mod scaffold;
 pub mod serve;
 pub mod worker;
 

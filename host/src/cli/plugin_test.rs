@@ -18,7 +18,7 @@ use crate::plugin::{CallError, KeyPolicyPlugin};
 /// One case of a cases file.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct Case {
+pub(crate) struct Case {
     /// A name for the table (default: `#<n>`, its position in the file).
     pub name: Option<String>,
     /// The event, in the API's JSON form (`occurred_at`: RFC 3339 or epoch ms).
@@ -52,7 +52,7 @@ struct TomlCases {
 
 /// Why a cases file cannot be used.
 #[derive(Debug, thiserror::Error)]
-pub enum CasesError {
+pub(crate) enum CasesError {
     /// The file cannot be read.
     #[error("cannot read cases file {}", file.display())]
     Read {
@@ -100,7 +100,7 @@ pub enum CasesError {
 
 /// Reads the cases of `file` (TOML when it ends in `.toml`, else JSON lines;
 /// blank lines and lines starting with `#` or `//` are skipped).
-pub fn read_cases(file: &Path) -> Result<Vec<Case>, CasesError> {
+pub(crate) fn read_cases(file: &Path) -> Result<Vec<Case>, CasesError> {
     let text = std::fs::read_to_string(file).map_err(|source| CasesError::Read {
         file: file.to_path_buf(),
         source,
@@ -166,7 +166,7 @@ pub struct Outcome {
 }
 
 /// Runs every case against `plugin`.
-pub fn run_cases(plugin: &KeyPolicyPlugin, cases: Vec<Case>) -> Vec<Outcome> {
+pub(crate) fn run_cases(plugin: &KeyPolicyPlugin, cases: Vec<Case>) -> Vec<Outcome> {
     cases.into_iter().map(|c| run_case(plugin, c)).collect()
 }
 

@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 
 /// What kind of plugin to scaffold.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum Kind {
+pub(crate) enum Kind {
     /// A channel plugin (`pushonce:channel@2`).
     Channel,
     /// A key-policy plugin (`pushonce:plugin@1`).
@@ -32,7 +32,7 @@ pub enum Lang {
 
 /// Why a project cannot be written.
 #[derive(Debug, thiserror::Error)]
-pub enum ScaffoldError {
+pub(crate) enum ScaffoldError {
     /// The name is not a plugin name.
     #[error("`{0}` is not a plugin name: use 1..=64 of [a-z0-9-], starting with a letter")]
     BadName(String),
@@ -247,7 +247,7 @@ fn templates(kind: Kind, lang: Lang) -> Result<Vec<Template>, ScaffoldError> {
 }
 
 /// Writes a `kind` plugin `name` in `lang` into `dir`; returns the files written.
-pub fn scaffold(
+pub(crate) fn scaffold(
     kind: Kind,
     name: &str,
     lang: Lang,
@@ -294,7 +294,7 @@ fn check_name(name: &str) -> Result<(), ScaffoldError> {
 }
 
 /// The build command of a `lang` project, for the message after writing it.
-pub fn build_command(lang: Lang) -> &'static str {
+pub(crate) fn build_command(lang: Lang) -> &'static str {
     match lang {
         Lang::Rust => "cargo build --release --target wasm32-wasip2",
         Lang::Js => "npm install && npm run build",

@@ -21,7 +21,7 @@ use crate::config::HostConfig;
 use crate::plugin::Event;
 
 /// The name a pasted policy's own errors give it (before its file is known).
-pub const PASTED: &str = "pasted.toml";
+pub(crate) const PASTED: &str = "pasted.toml";
 
 /// A candidate that checked: where it goes and how keys change.
 #[derive(Debug)]

@@ -12,7 +12,7 @@ use crate::plugin::Event;
 
 /// One policy's keys for the event.
 #[derive(Debug)]
-pub struct PolicyKeys {
+pub(crate) struct PolicyKeys {
     /// The policy's business type.
     pub biz_type: String,
     /// Whether the event's own `biz_type` is routed by this policy.
@@ -24,11 +24,11 @@ pub struct PolicyKeys {
 }
 
 /// One channel and its key and window, or why it gets none.
-pub type ChannelKey = (String, Result<(String, Duration), String>);
+pub(crate) type ChannelKey = (String, Result<(String, Duration), String>);
 
 /// The keys `event` would get under each policy of `snapshot`, the policy
 /// routing its `biz_type` first.
-pub fn keys_under_each(snapshot: &Snapshot, event: &Event) -> Vec<PolicyKeys> {
+pub(crate) fn keys_under_each(snapshot: &Snapshot, event: &Event) -> Vec<PolicyKeys> {
     let mut all: Vec<PolicyKeys> = snapshot
         .policies
         .by_biz_type

@@ -6,10 +6,10 @@
 //! check is refused as a whole, so the running set only ever changes atomically.
 
 pub mod candidate;
-pub mod explore;
+pub(crate) mod explore;
 pub mod live;
-pub mod plan;
-pub mod policy;
+pub(crate) mod plan;
+pub(crate) mod policy;
 pub mod stability;
 pub mod watch;
 

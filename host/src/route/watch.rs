@@ -73,7 +73,7 @@ pub fn watch_dirs(
 
 /// Runs one checked reload: what every trigger (file change, SIGHUP, admin
 /// API) ends up calling. Returns the generation in force or the refusal.
-pub(crate) type Reloader = Arc<dyn Fn() -> BoxFuture<'static, Result<u64, Refusal>> + Send + Sync>;
+pub type Reloader = Arc<dyn Fn() -> BoxFuture<'static, Result<u64, Refusal>> + Send + Sync>;
 
 /// Rebuilds `live` off the async threads and swaps it in only if the key
 /// policies keep their keys over `corpus` (recent real events).

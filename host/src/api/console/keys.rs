@@ -22,7 +22,7 @@ const EXAMPLE: &str = r#"{"biz_type": "ORDER_SHIPPED", "biz_id": "o-1", "user_id
 
 /// The explorer's form (the CSRF token is checked by the guard).
 #[derive(Debug, Deserialize)]
-pub struct EventForm {
+pub(crate) struct EventForm {
     /// The event's JSON.
     #[serde(default)]
     pub event: String,
@@ -34,7 +34,7 @@ pub async fn page(Operator(session): Operator) -> Response {
 }
 
 /// The keys of the pasted event, or what is wrong with it.
-pub async fn explore(
+pub(crate) async fn explore(
     State(state): State<AppState>,
     Operator(session): Operator,
     Form(form): Form<EventForm>,

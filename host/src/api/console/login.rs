@@ -58,7 +58,7 @@ pub async fn sign_in(State(state): State<AppState>, Form(form): Form<SignIn>) ->
 }
 
 /// Clears the session cookie (the CSRF guard checked the form).
-pub async fn sign_out() -> Response {
+pub(crate) async fn sign_out() -> Response {
     (
         [(header::SET_COOKIE, session::clear_cookie())],
         Redirect::to("/console/login"),

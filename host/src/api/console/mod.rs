@@ -124,7 +124,7 @@ fn refused(why: &str) -> Response {
 }
 
 /// An admin function's refusal as a page: its status and its words.
-pub fn error_page(session: &Session, err: ApiError) -> Response {
+pub(crate) fn error_page(session: &Session, err: ApiError) -> Response {
     let status = err.status();
     let body = layout(
         "Not done",
@@ -174,7 +174,7 @@ pub fn layout(title: &str, session: Option<&Session>, content: Markup) -> Markup
 }
 
 /// The hidden CSRF field every console form carries.
-pub fn csrf_field(session: &Session) -> Markup {
+pub(crate) fn csrf_field(session: &Session) -> Markup {
     html! { input type="hidden" name="csrf" value=(session.csrf); }
 }
 

@@ -19,10 +19,10 @@ use subtle::ConstantTimeEq;
 use crate::api::Token;
 
 /// The cookie's name.
-pub const COOKIE: &str = "pushonce_console";
+pub(crate) const COOKIE: &str = "pushonce_console";
 
 /// How long a session lasts.
-pub const LIFETIME: Duration = Duration::from_secs(8 * 3600);
+pub(crate) const LIFETIME: Duration = Duration::from_secs(8 * 3600);
 
 /// Purpose of the key derived from the admin token.
 const PURPOSE: &str = "pushonce console session v1";
@@ -37,7 +37,7 @@ pub struct Session {
 }
 
 /// Makes and checks sessions with the key of `token`.
-pub struct Signer {
+pub(crate) struct Signer {
     key: [u8; 32],
 }
 
@@ -107,7 +107,7 @@ pub fn cookie(headers: &HeaderMap) -> Option<String> {
 }
 
 /// The `Set-Cookie` value that stores `value` for the session's lifetime.
-pub fn set_cookie(value: &str) -> String {
+pub(crate) fn set_cookie(value: &str) -> String {
     format!(
         "{COOKIE}={value}; HttpOnly; SameSite=Strict; Path=/console; Max-Age={}",
         LIFETIME.as_secs()
@@ -115,12 +115,12 @@ pub fn set_cookie(value: &str) -> String {
 }
 
 /// The `Set-Cookie` value that clears the cookie (logout).
-pub fn clear_cookie() -> String {
+pub(crate) fn clear_cookie() -> String {
     format!("{COOKIE}=; HttpOnly; SameSite=Strict; Path=/console; Max-Age=0")
 }
 
 /// Whether CSRF token `presented` is the session's (constant time).
-pub fn csrf_matches(session: &Session, presented: &str) -> bool {
+pub(crate) fn csrf_matches(session: &Session, presented: &str) -> bool {
     bool::from(presented.as_bytes().ct_eq(session.csrf.as_bytes()))
 }
 

@@ -154,7 +154,7 @@ fn confirm(session: &Session, id: &str, why: &str) -> Response {
 
 /// One task: what it is, why it is held, what was tried, what operators
 /// did, and the actions.
-pub fn card(session: &Session, task: &TaskView) -> Markup {
+pub(crate) fn card(session: &Session, task: &TaskView) -> Markup {
     html! {
         article class="task" id={ "task-" (task.id) } {
             h2 { a href={ "/console/tasks/" (task.id) } { "Task " (task.id) } }

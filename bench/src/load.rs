@@ -135,8 +135,8 @@ fn count(hay: &[u8], needle: &[u8]) -> usize {
 
 type LoadClient = Client<hyper_util::client::legacy::connect::HttpConnector, Full<Bytes>>;
 
-/// What the concurrent posting tasks share.
-struct Shared {
+/// One load run, shared by its concurrent posting tasks.
+struct PostingRun {
     /// The options.
     args: Args,
     /// The keep-alive client.
@@ -152,7 +152,7 @@ struct Shared {
 
 async fn load(args: Args) -> anyhow::Result<Report> {
     let c = args.concurrency.max(1);
-    let shared = Arc::new(Shared {
+    let shared = Arc::new(PostingRun {
         client: Client::builder(TokioExecutor::new())
             .pool_max_idle_per_host(c)
             .build_http(),
@@ -180,7 +180,7 @@ async fn load(args: Args) -> anyhow::Result<Report> {
 
 /// One concurrent task: posts the next request until the count or the time
 /// is used up; its counts and latencies (µs).
-async fn post_until_done(shared: Arc<Shared>) -> (Report, Vec<u32>) {
+async fn post_until_done(shared: Arc<PostingRun>) -> (Report, Vec<u32>) {
     let mut r = Report::default();
     let mut lat: Vec<u32> = Vec::new();
     loop {
@@ -195,7 +195,7 @@ async fn post_until_done(shared: Arc<Shared>) -> (Report, Vec<u32>) {
     (r, lat)
 }
 
-impl Shared {
+impl PostingRun {
     /// When request `i` starts (paced: its slot, waited for), or `None` when
     /// the run is over.
     async fn start_of(&self, i: usize) -> Option<Instant> {

@@ -510,3 +510,108 @@ async fn quiet_hours_over_the_api_and_urgent_events_bypass() {
     assert_eq!(bad.status, 422, "{}", bad.body);
     assert_eq!(bad.body["field"], "attributes.tz", "{}", bad.body);
 }
+
+/// `pushonce keys` on an event routed through the repository's policies and
+/// configuration, asking the accept script of `redis` (a dry run).
+fn keys_cli(redis: &RedisServer, dir: &std::path::Path, biz_id: &str) -> String {
+    let root = pushonce_tests::host::repo_root();
+    let event = dir.join(format!("{biz_id}.json"));
+    let text = json!({
+        "biz_type": "JOB_RECOMMENDATION", "biz_id": biz_id, "user_id": "u-9",
+        "occurred_at": "2026-11-30T15:59:59Z", "attributes": {"tz": "+08:00"},
+    });
+    std::fs::write(&event, text.to_string()).unwrap();
+    // The repository's configuration with the test host's shard count: the
+    // command must see the keys where the host put them.
+    let config = dir.join("pushonce.toml");
+    let text = std::fs::read_to_string(root.join("pushonce.toml")).unwrap();
+    std::fs::write(&config, text.replace("shards = 16", "shards = 4")).unwrap();
+    let out = std::process::Command::new(pushonce_tests::process::pushonce_bin().unwrap())
+        .arg("keys")
+        .arg("--config")
+        .arg(&config)
+        .arg("--event")
+        .arg(&event)
+        .args(["--redis", &redis.url()])
+        .env("PUSHONCE_PLUGIN_DIR", pushonce_tests::plugins::real_dir())
+        .env("PUSHONCE_POLICY_DIR", root.join("policies"))
+        .env("PUSHONCE_DATA_DIR", dir.join("data"))
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
+
+/// The table line of `channel`.
+fn line_of<'a>(table: &'a str, channel: &str) -> &'a str {
+    table
+        .lines()
+        .find(|l| l.starts_with(&format!("{channel} ")))
+        .unwrap_or_else(|| panic!("no {channel} line in\n{table}"))
+}
+
+/// `pushonce keys` shows each channel's caps and what the accept would
+/// answer: accepted while the caps have room, a re-post `duplicate`, and
+/// once three events took five messages (the third's app-push was capped)
+/// `capped` by the all-channels cap (5 a day) until the recipient's next
+/// midnight; asking writes nothing (the same answer twice).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_keys_command_shows_what_a_cap_would_answer() {
+    let redis = RedisServer::start().await.unwrap();
+    let host = TestHost::start(&redis).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let before = keys_cli(&redis, dir.path(), "j-1");
+    let inbox = line_of(&before, "inbox");
+    assert!(
+        inbox.contains("per-channel ≤3 per day at +08:00"),
+        "{before}"
+    );
+    assert!(
+        inbox.contains("all-channels ≤5 per day at +08:00"),
+        "{before}"
+    );
+    assert!(inbox.ends_with("accepted"), "{before}");
+    assert_eq!(
+        keys_cli(&redis, dir.path(), "j-1"),
+        before,
+        "a dry run writes nothing"
+    );
+    let mut first = String::new();
+    for biz_id in ["j-1", "j-2", "j-3"] {
+        let job = json!({
+            "biz_type": "JOB_RECOMMENDATION", "biz_id": biz_id, "user_id": "u-9",
+            "occurred_at": "2026-11-30T15:59:59Z", "attributes": {"tz": "+08:00"},
+            "recipients": {"app-push": "token-9"},
+        });
+        let a = host.post("/v1/events", &job, None).await.unwrap();
+        assert_eq!(a.status, 202, "{}", a.body);
+        if first.is_empty() {
+            let inbox = a.body["results"].as_array().unwrap().iter();
+            let inbox = inbox.clone().find(|r| r["channel"] == "inbox").unwrap();
+            first = inbox["task_id"].as_str().unwrap().to_string();
+        }
+    }
+    let again = keys_cli(&redis, dir.path(), "j-1");
+    assert!(
+        line_of(&again, "inbox").contains(&format!("duplicate of {first}")),
+        "{again}"
+    );
+    let fourth = keys_cli(&redis, dir.path(), "j-4");
+    let local_midnight = (now_ms() + 8 * 3_600_000) / DAY_MS * DAY_MS + DAY_MS - 8 * 3_600_000;
+    let until = humantime::format_rfc3339_seconds(
+        UNIX_EPOCH + Duration::from_millis(local_midnight as u64),
+    )
+    .to_string();
+    assert!(
+        line_of(&fourth, "inbox").ends_with(&format!(
+            "capped by JOB_RECOMMENDATION/all-channels until {until}"
+        )),
+        "{fourth}"
+    );
+    host.shutdown().await.unwrap();
+}

@@ -468,20 +468,22 @@ async fn serve_then_stop(
 
 /// The permit layer on the store, its scripts and groups prepared.
 async fn open_permits(config: &HostConfig, store: &Store) -> Result<Permits, ServiceError> {
-    let permits = Permits::new(
-        store.manager().await?,
-        PermitConfig {
-            shards: config.shards,
-            retention: config.task_retention,
-            check_sent_after: config.reconcile.sent_age,
-            check_unknown_after: config.reconcile.unknown_age,
-            wait_replicas: config.wait_replicas,
-            wait_replicas_timeout: config.wait_replicas_timeout,
-            ..PermitConfig::default()
-        },
-    );
+    let permits = Permits::new(store.manager().await?, permit_config(config));
     permits.prepare().await?;
     Ok(permits)
+}
+
+/// The permit layer's settings from the host configuration.
+pub(crate) fn permit_config(config: &HostConfig) -> PermitConfig {
+    PermitConfig {
+        shards: config.shards,
+        retention: config.task_retention,
+        check_sent_after: config.reconcile.sent_age,
+        check_unknown_after: config.reconcile.unknown_age,
+        wait_replicas: config.wait_replicas,
+        wait_replicas_timeout: config.wait_replicas_timeout,
+        ..PermitConfig::default()
+    }
 }
 
 /// The plugins and policies, loaded and checked (off the async threads: it

@@ -76,7 +76,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
 }
 
 /// Builds a snapshot with `dir` as the policy directory, or fails with every reason.
-fn snapshot_of(config: &HostConfig, dir: &Path) -> anyhow::Result<Snapshot> {
+pub(crate) fn snapshot_of(config: &HostConfig, dir: &Path) -> anyhow::Result<Snapshot> {
     let config = HostConfig {
         policy_dir: dir.to_path_buf(),
         ..config.clone()

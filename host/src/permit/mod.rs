@@ -396,6 +396,16 @@ impl Permits {
         parse_acceptance(answer)
     }
 
+    /// What [`Permits::accept`] would answer for `req` now, without taking
+    /// the permit, counting in a cap or creating a task (a task id of an
+    /// answer that would create one is empty).
+    pub async fn would_accept(&self, req: &AcceptRequest) -> Result<Acceptance, PermitError> {
+        let mut inv = scripts::ACCEPT.prepare_invoke();
+        self.accept_invocation(&mut inv, req, "");
+        let answer: Value = inv.invoke_async(&mut self.conn.clone()).await?;
+        parse_acceptance(answer)
+    }
+
     /// Accepts many requests in one pipeline (one round trip, one script call each).
     /// Answers come in the order of `reqs`. Safe to retry: a request whose first
     /// answer was lost is answered `Accepted` with the same task id again.

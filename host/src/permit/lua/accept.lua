@@ -7,7 +7,9 @@
 -- KEYS[4] delayed  {ns:shard}:delayed          (zset, for quiet hours)
 -- KEYS[5 .. 4+n]   the caps' zsets {ns:s}:cap:<name>:<subject>, scored by accept time
 -- KEYS[5+n] index  {ns:shard}:event:<biz_type>:<biz_id>   (optional set)
--- ARGV[1] task id proposed by the caller (becomes the permit's value: its owner)
+-- ARGV[1] task id proposed by the caller (becomes the permit's value: its owner),
+--         or '' for a dry run: the answer this accept would get, nothing written
+--         (but a cap's expired entries, which any accept drops)
 -- ARGV[2] window in ms
 -- ARGV[3] retention of ended tasks in ms (the index lives window + retention)
 -- ARGV[4] n, the number of caps
@@ -117,6 +119,15 @@ if ncaps > 0 then
       return {'capped', capped[1], n2s(capped[2])}
     end
   end
+end
+if id == '' then
+  -- A dry run (`pushonce keys --redis`): accepted, deferred or a duplicate.
+  local owner = redis.call('GET', KEYS[1])
+  if owner then
+    return held(owner)
+  end
+  local due = quiet_end(now)
+  return {'accepted', '', due and n2s(due) or ''}
 end
 if not redis.call('SET', KEYS[1], id, 'NX', 'PX', window) then
   return held(redis.call('GET', KEYS[1]))

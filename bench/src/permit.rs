@@ -294,6 +294,7 @@ fn gate_of(tag: &str, user: &str) -> pushonce::permit::Gate {
             period: pushonce::permit::CapPeriod::Rolling(Duration::from_secs(24 * 3600)),
         }],
         quiet: None,
+        bloom: None,
     }
 }
 

@@ -94,3 +94,27 @@ local function log_operator(task, now, by, action, why)
   end
   redis.call('HSET', task, 'operator_log', log .. entry)
 end
+
+-- Bloom mode: whether all `k` bit positions ARGV[first .. first+k-1] are
+-- set in the filter `filter` (a missing filter has none set).
+local function bloom_has(filter, first, k)
+  for i = first, first + k - 1 do
+    if redis.call('GETBIT', filter, ARGV[i]) == 0 then
+      return false
+    end
+  end
+  return true
+end
+
+-- Bloom mode: sets the `k` bit positions ARGV[first .. first+k-1] in `filter`.
+local function bloom_add(filter, first, k)
+  for i = first, first + k - 1 do
+    redis.call('SETBIT', filter, ARGV[i], 1)
+  end
+end
+
+-- Bloom mode: whether task `task` was accepted by a Bloom filter (it keeps
+-- a permit only while it is open, never for the window after it ends).
+local function bloom_task(task)
+  return redis.call('HGET', task, 'dedup') == 'bloom'
+end

@@ -1,0 +1,321 @@
+//! Bloom mode (`dedup = "bloom"`) against one real redis-server for the
+//! whole binary: over the HTTP API a re-posted event is `duplicate`, is sent
+//! once, and no per-key permit is left once it is sent; distinct events are
+//! accepted; the answers are counted by mode; a re-post is caught for at
+//! least one window and accepted again once both filters expired; a bloom
+//! policy with a fallback is refused with its reason; and the measured
+//! false-positive rate over 1,000,000 keys is within the configured bound.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use pushonce::permit::{AcceptRequest, Acceptance, BloomCheck, BloomSizing, Gate, TaskStatus};
+use pushonce::route::policy::PolicyFile;
+use pushonce_tests::fixtures::{accept_request, permit_config};
+use pushonce_tests::host::{Setup, TestHost};
+use pushonce_tests::process::read_ledger;
+use pushonce_tests::redis::RedisServer;
+use pushonce_tests::wait_until;
+use serde_json::{Value, json};
+
+const BROADCAST: &str = r#"
+biz_type = "BROADCAST"
+key_policy = "per-event@^1"
+channels = ["inbox"]
+window = "1h"
+dedup = "bloom"
+bloom = { items = 100_000, false_positive = 0.001 }
+"#;
+
+fn event(biz_id: &str) -> Value {
+    json!({
+        "biz_type": "BROADCAST",
+        "biz_id": biz_id,
+        "user_id": "u-7",
+        "occurred_at": "2026-12-01T10:00:00Z",
+        "attributes": {},
+    })
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64
+}
+
+/// Keys of this server matching `pattern` (SCAN, all of them).
+async fn keys_like(server: &RedisServer, pattern: &str) -> Vec<String> {
+    let mut conn = server.manager().await.unwrap();
+    let mut out = Vec::new();
+    let mut cursor = 0u64;
+    loop {
+        let (next, batch): (u64, Vec<String>) = redis::cmd("SCAN")
+            .arg(cursor)
+            .arg("MATCH")
+            .arg(pattern)
+            .arg("COUNT")
+            .arg(1000)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        out.extend(batch);
+        if next == 0 {
+            return out;
+        }
+        cursor = next;
+    }
+}
+
+/// One server for the binary; the parts run one after the other.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bloom_mode() {
+    let server = RedisServer::start().await.unwrap();
+    a_repost_is_duplicate_and_sent_once_over_the_api(&server).await;
+    a_repost_is_caught_for_a_window_then_accepted_again(&server).await;
+    the_false_positive_rate_on_a_million_keys_is_within_the_bound(&server).await;
+}
+
+/// An event of a bloom policy is accepted and sent once; its re-post is
+/// `duplicate` (no task named: the filter does not know it) and not sent
+/// again; once it is sent no permit key is left in Redis (the memory win);
+/// 50 distinct events are all accepted; the answers are counted by mode.
+async fn a_repost_is_duplicate_and_sent_once_over_the_api(server: &RedisServer) {
+    let setup = Setup {
+        policies: Some(vec![("broadcast.toml".into(), BROADCAST.into())]),
+        ..Setup::default()
+    };
+    let host = TestHost::start_with(server, setup).await.unwrap();
+    let first = host.post("/v1/events", &event("b-1"), None).await.unwrap();
+    assert_eq!(first.status, 202, "{}", first.body);
+    assert_eq!(
+        first.body["results"][0]["result"], "accepted",
+        "{}",
+        first.body
+    );
+    let task = first.body["results"][0]["task_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let again = host.post("/v1/events", &event("b-1"), None).await.unwrap();
+    let r = &again.body["results"][0];
+    assert_eq!(r["result"], "duplicate", "{}", again.body);
+
+    let ledger = host.ledger();
+    wait_until(Duration::from_secs(10), || {
+        let ledger = ledger.clone();
+        let task = task.clone();
+        async move {
+            read_ledger(&ledger)
+                .iter()
+                .any(|l| l.task_id == task && l.outcome == "sent")
+        }
+    })
+    .await
+    .expect("the accepted event is sent");
+    let view = wait_until(Duration::from_secs(10), || async {
+        let view = host.get(&format!("/v1/tasks/{task}"), None).await.unwrap();
+        view.body["status"] == "sent" || view.body["status"] == "delivered"
+    })
+    .await;
+    view.expect("the task is recorded sent");
+    assert_eq!(
+        keys_like(server, "*:permit:*").await,
+        Vec::<String>::new(),
+        "a sent bloom task keeps no permit"
+    );
+    let after = host.post("/v1/events", &event("b-1"), None).await.unwrap();
+    assert_eq!(
+        after.body["results"][0]["result"], "duplicate",
+        "{}",
+        after.body
+    );
+
+    for i in 0..50 {
+        let a = host
+            .post("/v1/events", &event(&format!("d-{i}")), None)
+            .await
+            .unwrap();
+        assert_eq!(
+            a.body["results"][0]["result"], "accepted",
+            "d-{i}: {}",
+            a.body
+        );
+    }
+    let sends = read_ledger(&ledger)
+        .into_iter()
+        .filter(|l| l.task_id == task)
+        .count();
+    assert_eq!(sends, 1, "the re-posted event is sent once");
+    let metrics = host.metrics().await.unwrap();
+    let count = |answer: &str| {
+        metrics
+            .lines()
+            .find(|l| {
+                l.starts_with("pushonce_dedup_answers_total{")
+                    && l.contains("mode=\"bloom\"")
+                    && l.contains(&format!("answer=\"{answer}\""))
+            })
+            .and_then(|l| l.rsplit(' ').next())
+            .map(|v| v.parse::<f64>().unwrap())
+    };
+    assert_eq!(count("accepted"), Some(51.0), "{metrics}");
+    assert_eq!(count("duplicate"), Some(2.0), "{metrics}");
+    host.shutdown().await.unwrap();
+}
+
+fn bloom_request(key: &str, window: Duration) -> AcceptRequest {
+    AcceptRequest {
+        window,
+        gate: Gate {
+            bloom: Some(BloomCheck {
+                filter: "BROADCAST:sms".into(),
+                items: 10_000,
+                false_positive: 0.001,
+            }),
+            ..Gate::default()
+        },
+        ..accept_request(key)
+    }
+}
+
+/// Filters live two window periods and both are checked: with a 1 s window
+/// a re-post is `duplicate` until at least one window after the first
+/// accept, and accepted again once both filters that knew it expired (within
+/// two windows and a bit). No permit is written at accept.
+async fn a_repost_is_caught_for_a_window_then_accepted_again(server: &RedisServer) {
+    let permits = server.permits(permit_config()).await.unwrap();
+    let window = Duration::from_secs(1);
+    let req = bloom_request("w-1", window);
+    let first = permits.accept(&req).await.unwrap();
+    let Acceptance::Accepted { task_id } = first else {
+        panic!("expected accepted, got {first:?}");
+    };
+    let task = permits.task(&task_id).await.unwrap().unwrap();
+    assert_eq!(task.status, TaskStatus::Queued);
+    assert_eq!(task.fields["dedup"], "bloom");
+    assert_eq!(permits.permit_owner("w-1").await.unwrap(), None);
+    let accepted_at = task.accepted_at_ms;
+    let again = permits.accept(&req).await.unwrap();
+    assert_eq!(
+        again,
+        Acceptance::Duplicate {
+            task_id: String::new(),
+            status: None
+        }
+    );
+    let last_duplicate = Arc::new(AtomicU64::new(now_ms()));
+    wait_until(Duration::from_secs(5), || {
+        let permits = permits.clone();
+        let req = req.clone();
+        let last_duplicate = last_duplicate.clone();
+        async move {
+            let t = now_ms();
+            match permits.accept(&req).await.unwrap() {
+                Acceptance::Accepted { .. } => true,
+                _ => {
+                    last_duplicate.store(t, Ordering::SeqCst);
+                    false
+                }
+            }
+        }
+    })
+    .await
+    .expect("accepted again once both filters expired");
+    let seen_duplicate_at = last_duplicate.load(Ordering::SeqCst);
+    // Polled every 20 ms: the last duplicate is seen within 50 ms of the end.
+    assert!(
+        seen_duplicate_at + 50 >= accepted_at + 1000,
+        "duplicate until at least one window after the first accept \
+         (last duplicate {} ms after it)",
+        seen_duplicate_at - accepted_at
+    );
+}
+
+/// A filter sized for n = 1,000,000 keys at p = 0.001 holds 1,000,000 keys;
+/// 1,000,000 other keys are checked with the accept script's own bit
+/// functions (`bloom.lua`). The bound: the filter's expected rate q =
+/// (1 - e^(-kn/m))^k (≤ p by the sizing) and the number of false positives
+/// X ~ Binomial(N, q): X must lie within 6 standard deviations of N·q (a
+/// correct filter falls outside with probability ~1e-9; one whose positions
+/// are correlated or mis-sized lands far outside), and X/N ≤ 1.2 p (the
+/// configured rate with room for that noise: N·q + 6σ ≈ 1,190 < 1,200).
+async fn the_false_positive_rate_on_a_million_keys_is_within_the_bound(server: &RedisServer) {
+    let permits = server.permits(permit_config()).await.unwrap();
+    let (n, probes, p) = (1_000_000u64, 1_000_000u64, 0.001);
+    let sizing = BloomSizing::for_filter(n, p).unwrap();
+    let filter = "{measure}:bloom:fp";
+    let chunk = 50_000u64;
+    let mut collisions = 0;
+    for start in (0..n).step_by(chunk as usize) {
+        let keys: Vec<String> = (start..start + chunk).map(|i| format!("in-{i}")).collect();
+        collisions += permits
+            .bloom_keys(filter, &sizing, &keys, true)
+            .await
+            .unwrap();
+    }
+    let mut found = 0;
+    for start in (0..probes).step_by(chunk as usize) {
+        let keys: Vec<String> = (start..start + chunk).map(|i| format!("out-{i}")).collect();
+        found += permits
+            .bloom_keys(filter, &sizing, &keys, false)
+            .await
+            .unwrap();
+    }
+    let q = sizing.expected_rate(n);
+    let mean = probes as f64 * q;
+    let sd = (probes as f64 * q * (1.0 - q)).sqrt();
+    let rate = found as f64 / probes as f64;
+    eprintln!(
+        "bloom: m = {} bits, k = {}, {n} keys in ({collisions} already all set while \
+         inserting), {found} of {probes} other keys found: rate {rate:.6} \
+         (expected {q:.6}, configured {p})",
+        sizing.bits, sizing.hashes
+    );
+    assert!(q <= p, "the sizing gives {q} > {p}");
+    assert!(
+        (found as f64 - mean).abs() <= 6.0 * sd,
+        "{found} false positives, expected {mean:.0} ± {:.0} (6σ)",
+        6.0 * sd
+    );
+    assert!(rate <= 1.2 * p, "rate {rate} above 1.2 × {p}");
+    let mut conn = server.manager().await.unwrap();
+    let bytes: u64 = redis::cmd("STRLEN")
+        .arg(filter)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert!(
+        bytes <= sizing.bits.div_ceil(8),
+        "{bytes} bytes > m/8 = {}",
+        sizing.bits.div_ceil(8)
+    );
+}
+
+/// A bloom policy naming a fallback is refused, saying why in words.
+#[test]
+fn bloom_with_a_fallback_is_refused() {
+    let text = format!(
+        "{}\n[fallback]\ninbox = \"sms\"\n",
+        BROADCAST.replace("[\"inbox\"]", "[\"inbox\", \"sms\"]")
+    );
+    let err = PolicyFile::parse(std::path::Path::new("policies/broadcast.toml"), &text)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.starts_with("policies/broadcast.toml: dedup: policy `BROADCAST`"),
+        "{err}"
+    );
+    assert!(err.contains("cannot be used with a fallback"), "{err}");
+    assert!(err.contains("false positive skips the message"), "{err}");
+    assert!(err.contains("inbox -> sms"), "{err}");
+    let no_sizing = BROADCAST.replace("bloom = { items = 100_000, false_positive = 0.001 }", "");
+    let err = PolicyFile::parse(std::path::Path::new("policies/b.toml"), &no_sizing)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("bloom: `dedup = \"bloom\"` needs `[bloom]`"),
+        "{err}"
+    );
+}

@@ -30,6 +30,9 @@ pub struct Args {
     /// Shards of the key layout.
     #[arg(long, default_value_t = 16)]
     shards: u16,
+    /// Keys of the dedup memory table (permit mode vs Bloom mode); 0 skips it.
+    #[arg(long, default_value_t = 0)]
+    memory_keys: usize,
 }
 
 /// One row of the table.
@@ -93,6 +96,18 @@ async fn measure_permits(args: Args) -> anyhow::Result<()> {
         args.batch.max(1)
     );
 
+    if args.memory_keys > 0 {
+        let permits = Permits::new(
+            conn.clone(),
+            PermitConfig {
+                namespace: ns.to_string(),
+                shards: args.shards,
+                ..PermitConfig::default()
+            },
+        );
+        permits.prepare().await?;
+        crate::dedup_memory::run(&mut conn, &permits, args.memory_keys).await?;
+    }
     if args.redis.is_some() {
         // Leave a shared Redis as found: drop this run's keys.
         cleanup(&mut conn, &ns).await?;

@@ -100,6 +100,9 @@ impl BloomSizing {
     /// at false-positive rate `rate`, spread over `shards` shards: two
     /// filters are checked per accept, so each gets half the rate.
     pub fn per_shard(items: u64, rate: f64, shards: u16) -> Result<BloomSizing, SizingError> {
+        if !(rate > 0.0 && rate < 0.5) {
+            return Err(SizingError::Rate(rate));
+        }
         let per = items.div_ceil(u64::from(shards.max(1)));
         BloomSizing::for_filter(per, rate / 2.0)
     }
@@ -120,6 +123,11 @@ impl BloomSizing {
         // Odd, so that it is never 0 and the positions differ.
         let h2 = u128::from(word(16) | 1) % m;
         (0..u128::from(self.hashes)).map(move |i| ((h1 + i * h2) % m) as u64)
+    }
+
+    /// The filter's size in bytes (m / 8, rounded up).
+    pub fn bytes(&self) -> u64 {
+        self.bits.div_ceil(8)
     }
 
     /// The false-positive rate this filter has once it holds `items` keys:
@@ -209,7 +217,8 @@ impl Permits {
                 .arg(1)
                 .arg(filter)
                 .arg(if add { "add" } else { "check" })
-                .arg(sizing.hashes);
+                .arg(sizing.hashes)
+                .arg(sizing.bytes());
             for key in chunk {
                 for bit in sizing.positions(key) {
                     cmd.arg(bit);

@@ -564,11 +564,15 @@ impl Permits {
             Some(bloom) => {
                 let sizing = bloom.sizing(self.layout.shards());
                 f(&sizing.hashes.to_string());
+                f(&sizing.bytes().to_string());
                 for bit in sizing.positions(&req.key) {
                     f(&bit.to_string());
                 }
             }
-            None => f("0"),
+            None => {
+                f("0");
+                f("0");
+            }
         }
         for cap in &req.gate.caps {
             for a in cap.args() {

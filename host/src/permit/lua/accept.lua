@@ -17,10 +17,11 @@
 -- ARGV[4] n, the number of caps
 -- ARGV[5] quiet hours: '' or '<offset ms>,<from ms>,<to ms>' (local time of day)
 -- ARGV[6] k, the key's bit positions in Bloom mode (0: permit mode)
--- ARGV[7 .. 6+k] the bit positions
--- ARGV[7+k .. 6+k+4n] per cap: name, kind ('r' rolling window, 'd' calendar day),
+-- ARGV[7] Bloom mode: the filter's size in bytes (permit mode: 0)
+-- ARGV[8 .. 7+k] the bit positions
+-- ARGV[8+k .. 7+k+4n] per cap: name, kind ('r' rolling window, 'd' calendar day),
 --           max, window ms (kind r) or the recipient's UTC offset ms (kind d)
--- ARGV[7+k+4n ..] task fields, name/value pairs; the first pair is 'key', <idempotency key>
+-- ARGV[8+k+4n ..] task fields, name/value pairs; the first pair is 'key', <idempotency key>
 --           (fields no script reads come packed in one JSON field, `spec`:
 --           every hash field costs Redis work on this, the hottest path)
 -- Returns {'accepted', id, scheduled_for or ''}, {'duplicate', owner id,
@@ -31,7 +32,7 @@ local id = ARGV[1]
 local window = tonumber(ARGV[2])
 local ncaps = tonumber(ARGV[4])
 local nbits = tonumber(ARGV[6])
-local capargs = 7 + nbits
+local capargs = 8 + nbits
 local fields = capargs + 4 * ncaps
 local filters = nbits > 0 and 2 or 0
 local index = nil
@@ -177,14 +178,15 @@ local function bloom_accept(now)
   local period = math.floor(now / window)
   local current = KEYS[#KEYS - 1 + period % 2]
   local previous = KEYS[#KEYS - period % 2]
-  if bloom_has(previous, 7, nbits) or bloom_has(current, 7, nbits) then
+  if bloom_has(previous, 8, nbits) or bloom_has(current, 8, nbits) then
     return {'duplicate', '', ''}
   end
   local c = capped(now)
   if c then
     return c
   end
-  bloom_add(current, 7, nbits)
+  bloom_create(current, tonumber(ARGV[7]))
+  bloom_add(current, 8, nbits)
   redis.call('PEXPIREAT', current, n2s((period + 2) * window - 1))
   return enqueue(now, false)
 end

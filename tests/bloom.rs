@@ -10,7 +10,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use pushonce::permit::{AcceptRequest, Acceptance, BloomCheck, BloomSizing, Gate, TaskStatus};
+use pushonce::permit::{
+    AcceptRequest, Acceptance, Begin, BloomCheck, BloomSizing, Gate, Outcome, PermitFate, Recorded,
+    TaskStatus,
+};
 use pushonce::route::policy::PolicyFile;
 use pushonce_tests::fixtures::{accept_request, permit_config};
 use pushonce_tests::host::{Setup, TestHost};
@@ -74,6 +77,7 @@ async fn bloom_mode() {
     let server = RedisServer::start().await.unwrap();
     a_repost_is_duplicate_and_sent_once_over_the_api(&server).await;
     a_repost_is_caught_for_a_window_then_accepted_again(&server).await;
+    an_open_task_holds_a_permit_only_until_it_ends(&server).await;
     the_false_positive_rate_on_a_million_keys_is_within_the_bound(&server).await;
 }
 
@@ -231,6 +235,58 @@ async fn a_repost_is_caught_for_a_window_then_accepted_again(server: &RedisServe
          (last duplicate {} ms after it)",
         seen_duplicate_at - accepted_at
     );
+}
+
+/// A bloom task takes a permit when its attempt begins (the lease's
+/// fencing works as in the permit mode) and drops it when it ends: after a
+/// `resend` (it may have been sent) and a `dead` outcome, where the permit
+/// mode keeps the permit for the window, no permit is left; a re-post is
+/// still `duplicate` (the filter's bits stay).
+async fn an_open_task_holds_a_permit_only_until_it_ends(server: &RedisServer) {
+    let permits = server.permits(permit_config()).await.unwrap();
+    let req = bloom_request("life-1", Duration::from_secs(600));
+    let Acceptance::Accepted { task_id } = permits.accept(&req).await.unwrap() else {
+        panic!("expected accepted");
+    };
+    let lease = Duration::from_secs(30);
+    let begin = |permits: pushonce::permit::Permits, id: String| async move {
+        match permits.begin_attempt(&id, "life-1", lease).await.unwrap() {
+            Begin::Begun(a) => a,
+            other => panic!("expected to begin, got {other:?}"),
+        }
+    };
+    let first = begin(permits.clone(), task_id.clone()).await;
+    assert_eq!(
+        permits.permit_owner("life-1").await.unwrap(),
+        Some(task_id.clone()),
+        "an open task holds the permit"
+    );
+    let ttl = permits
+        .permit_ttl("life-1")
+        .await
+        .unwrap()
+        .flatten()
+        .unwrap();
+    assert!(
+        ttl <= (lease + permit_config().grace).as_millis() as u64,
+        "held for the lease and the grace, not the window: {ttl} ms"
+    );
+    let resend = Outcome::Resend {
+        delay: Duration::from_millis(1),
+        reason: "timeout after write".into(),
+    };
+    permits.record(&first, &resend, None).await.unwrap();
+    // retry_wait: the next attempt may begin at once (no promotion needed).
+    let second = begin(permits.clone(), task_id.clone()).await;
+    assert_eq!(second.number, 2);
+    let dead = Outcome::Dead {
+        reason: "gave up".into(),
+    };
+    let done = permits.record(&second, &dead, None).await.unwrap();
+    assert_eq!(done, Recorded::Done(PermitFate::Released));
+    assert_eq!(permits.permit_owner("life-1").await.unwrap(), None);
+    let again = permits.accept(&req).await.unwrap();
+    assert!(matches!(again, Acceptance::Duplicate { .. }), "{again:?}");
 }
 
 /// A filter sized for n = 1,000,000 keys at p = 0.001 holds 1,000,000 keys;

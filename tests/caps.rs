@@ -51,6 +51,7 @@ fn capped_by(c: &CapCheck) -> Gate {
     Gate {
         caps: vec![c.clone()],
         quiet: None,
+        bloom: None,
     }
 }
 
@@ -257,6 +258,7 @@ async fn quiet_hours_schedule_the_first_attempt_for_their_end() {
             from_ms: 22 * hour,
             to_ms: 8 * hour,
         }),
+        bloom: None,
     };
     let answer = permits.accept(&gated("q-night", night)).await.unwrap();
     let Acceptance::Deferred {
@@ -299,6 +301,7 @@ async fn quiet_hours_schedule_the_first_attempt_for_their_end() {
             from_ms: (t - 60_000).rem_euclid(DAY_MS),
             to_ms: (t + 1500).rem_euclid(DAY_MS),
         }),
+        bloom: None,
     };
     let answer = permits.accept(&gated("q-soon", soon)).await.unwrap();
     let Acceptance::Deferred {

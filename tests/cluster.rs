@@ -135,6 +135,37 @@ async fn batches_over_every_shard_and_cross_shard_reads_work() {
         .await
         .unwrap();
     assert_eq!(corpus, 1, "the corpus sample went with the batch");
+
+    // Bloom mode: each shard's filters share the shard's hash tag with its
+    // tasks, so the bits and the enqueue run in one script on a cluster too.
+    let bloom: Vec<AcceptRequest> = keys_over_every_shard(&permits, "bloom", 64)
+        .iter()
+        .map(|k| AcceptRequest {
+            gate: pushonce::permit::Gate {
+                bloom: Some(pushonce::permit::BloomCheck {
+                    filter: "ORDER:sms".into(),
+                    items: 10_000,
+                    false_positive: 0.001,
+                }),
+                ..Default::default()
+            },
+            ..request(k, "o-bloom")
+        })
+        .collect();
+    let first = permits.accept_batch(&bloom).await.unwrap();
+    assert!(
+        first
+            .iter()
+            .all(|a| matches!(a, Acceptance::Accepted { .. })),
+        "{first:?}"
+    );
+    let again = permits.accept_batch(&bloom).await.unwrap();
+    assert!(
+        again
+            .iter()
+            .all(|a| matches!(a, Acceptance::Duplicate { .. })),
+        "{again:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

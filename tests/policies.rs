@@ -89,8 +89,14 @@ fn every_example_policy_validates_against_the_real_plugins() {
             "JOB_RECOMMENDATION",
             "ORDER_SHIPPED",
             "RESUME_VIEWED",
+            "SYSTEM_BROADCAST",
             "WEEKLY_DIGEST"
         ]
+    );
+    let broadcast = set.get("SYSTEM_BROADCAST").unwrap();
+    assert_eq!(
+        broadcast.spec.dedup,
+        pushonce::route::policy::DedupMode::Bloom
     );
     let capped = set.get("JOB_RECOMMENDATION").unwrap();
     let names: Vec<&str> = capped.caps.iter().map(|c| c.name.as_str()).collect();

@@ -30,6 +30,9 @@ pub struct Args {
     /// Shards of the key layout.
     #[arg(long, default_value_t = 16)]
     shards: u16,
+    /// Keys of the dedup memory table (permit mode vs Bloom mode); 0 skips it.
+    #[arg(long, default_value_t = 0)]
+    memory_keys: usize,
 }
 
 /// One row of the table.
@@ -89,10 +92,27 @@ async fn measure_permits(args: Args) -> anyhow::Result<()> {
         memory.per_capped
     );
     println!(
+        "accept in bloom mode / permit mode: {:.2}x the rate; memory per open bloom accept {:.0} bytes (task, stream entry, index; no permit)",
+        rows[5].rate / rows[2].rate,
+        memory.per_bloom
+    );
+    println!(
         "p50/p99 of batch rows are per pipeline of {}; redis-benchmark latencies are its own (-P 1, {c} connections)",
         args.batch.max(1)
     );
 
+    if args.memory_keys > 0 {
+        let permits = Permits::new(
+            conn.clone(),
+            PermitConfig {
+                namespace: ns.to_string(),
+                shards: args.shards,
+                ..PermitConfig::default()
+            },
+        );
+        permits.prepare().await?;
+        crate::dedup_memory::run(&mut conn, &permits, args.memory_keys).await?;
+    }
     if args.redis.is_some() {
         // Leave a shared Redis as found: drop this run's keys.
         cleanup(&mut conn, &ns).await?;
@@ -110,17 +130,19 @@ struct Memory {
     floor_key: f64,
     /// Per accept under one rolling cap (the cap's zset member included).
     per_capped: f64,
+    /// Per accept in Bloom mode (no permit; the filters' share included).
+    per_bloom: f64,
 }
 
-/// The five rows: the floor, the accept script under redis-benchmark, the
-/// host's accept one call at a time, in pipelines and under a cap; and the
-/// memory per key.
+/// The six rows: the floor, the accept script under redis-benchmark, the
+/// host's accept one call at a time, in pipelines, under a cap and in Bloom
+/// mode; and the memory per key.
 async fn measure_rows(
     store: &Store,
     conn: &mut RedisConn,
     args: &Args,
     ns: &str,
-) -> anyhow::Result<([Row; 5], Memory)> {
+) -> anyhow::Result<([Row; 6], Memory)> {
     let (n, c, batch) = (
         args.requests.max(1),
         args.concurrency.max(1),
@@ -141,17 +163,20 @@ async fn measure_rows(
     let (single, per_permit) = per_key(conn, n, host_accepts(&permits, n, c, 1, "s")).await?;
     let batched = host_accepts(&permits, n, c, batch, "b").await?;
     let (capped, per_capped) = per_key(conn, n, host_accepts(&permits, n, c, 1, "c")).await?;
+    let (bloom, per_bloom) = per_key(conn, n, host_accepts(&permits, n, c, 1, "f")).await?;
     let rows = [
         named("redis-benchmark EVAL SET NX PX (floor)", floor),
         named("redis-benchmark EVALSHA accept.lua (same)", script_floor),
         named("host accept.lua, 1 multiplexed conn", single),
         named(format!("host accept_batch x{batch}, 1 conn"), batched),
         named("host accept.lua + 1 rolling cap, 1 conn", capped),
+        named("host accept.lua bloom mode, 1 conn", bloom),
     ];
     let memory = Memory {
         per_permit,
         floor_key,
         per_capped,
+        per_bloom,
     };
     Ok((rows, memory))
 }
@@ -279,10 +304,21 @@ pub(super) fn request(tag: &str, i: usize) -> AcceptRequest {
     }
 }
 
-/// No cap, except for the capped row (tag `c`): one rolling 24 h cap per
+/// No cap and the permit mode, except for the bloom row (tag `f`) and the capped row (tag `c`): one rolling 24 h cap per
 /// user and channel with room for every request (so every accept checks,
 /// trims and counts, and none is refused).
 fn gate_of(tag: &str, user: &str) -> pushonce::permit::Gate {
+    if tag == "f" {
+        // The bloom row: filters sized for a million keys at 0.001.
+        return pushonce::permit::Gate {
+            bloom: Some(pushonce::permit::BloomCheck {
+                filter: "ORDER_SHIPPED:sms".into(),
+                items: 1_000_000,
+                false_positive: 0.001,
+            }),
+            ..Default::default()
+        };
+    }
     if tag != "c" {
         return pushonce::permit::Gate::default();
     }
@@ -294,6 +330,7 @@ fn gate_of(tag: &str, user: &str) -> pushonce::permit::Gate {
             period: pushonce::permit::CapPeriod::Rolling(Duration::from_secs(24 * 3600)),
         }],
         quiet: None,
+        bloom: None,
     }
 }
 

@@ -7,6 +7,10 @@
 pub const ACCEPTED: &str = "pushonce_accepted_total";
 /// Channels answered duplicate (permit held).
 pub const DUPLICATES: &str = "pushonce_duplicates_total";
+/// Accept answers by dedup mode (`mode`: `permit` or `bloom`) and
+/// `answer` (`accepted` or `duplicate`), per channel: how much traffic the
+/// Bloom filters answer, and how often they answer duplicate.
+pub const DEDUP_ANSWERS: &str = "pushonce_dedup_answers_total";
 /// Channels answered `capped` (a frequency cap had no room), by channel and cap.
 pub const CAPPED: &str = "pushonce_capped_total";
 /// Channels accepted inside quiet hours (first attempt scheduled for their end), by channel.

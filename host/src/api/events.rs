@@ -447,6 +447,22 @@ async fn accept(state: &AppState, events: &[PlannedEvent]) -> Result<Vec<EventAc
     Ok(out)
 }
 
+/// Counts an accepted or duplicate answer by dedup mode (permit or bloom).
+fn count_dedup_answer(planned: &crate::route::plan::Planned, answer: &Acceptance) {
+    let kind = match answer {
+        Acceptance::Accepted { .. } | Acceptance::Deferred { .. } => "accepted",
+        Acceptance::Duplicate { .. } => "duplicate",
+        Acceptance::Capped { .. } => return,
+    };
+    let mode = match planned.request.gate.bloom {
+        Some(_) => "bloom",
+        None => "permit",
+    };
+    metrics::counter!(crate::metric_names::DEDUP_ANSWERS,
+        "channel" => planned.channel.clone(), "mode" => mode, "answer" => kind)
+    .increment(1);
+}
+
 /// One channel's answer, counted in the metrics.
 fn channel_result(planned: &crate::route::plan::Planned, answer: Acceptance) -> ChannelResult {
     let channel = planned.channel.clone();
@@ -460,6 +476,7 @@ fn channel_result(planned: &crate::route::plan::Planned, answer: Acceptance) -> 
         next_allowed_at: None,
         scheduled_for: None,
     };
+    count_dedup_answer(planned, &answer);
     match answer {
         Acceptance::Accepted { task_id } => {
             metrics::counter!(crate::metric_names::ACCEPTED, "channel" => channel).increment(1);

@@ -121,7 +121,8 @@ pub struct ChannelResult {
     pub channel: String,
     /// `accepted`: a new task; `duplicate`: the permit is held by an earlier task.
     pub result: ResultKind,
-    /// The new task, or the task that holds the permit.
+    /// The new task, or the task that holds the permit (empty for a
+    /// duplicate in Bloom mode: the filter names no task).
     pub task_id: String,
     /// The idempotency key.
     pub key: String,

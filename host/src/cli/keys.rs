@@ -196,6 +196,9 @@ fn answer_text(answer: &Acceptance) -> String {
         } => {
             format!("accepted, first attempt at {}", at(*scheduled_for_ms))
         }
+        Acceptance::Duplicate { task_id, .. } if task_id.is_empty() => {
+            "duplicate (its key is in the bloom filter)".into()
+        }
         Acceptance::Duplicate { task_id, status } => match status {
             Some(status) => format!("duplicate of {task_id} ({status})"),
             None => format!("duplicate of {task_id}"),

@@ -8,12 +8,15 @@ use std::time::Duration;
 use super::keys::Layout;
 
 /// The caps and quiet hours of one accept; the default holds nothing back.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct Gate {
     /// Frequency caps this message counts against; all must have room.
     pub caps: Vec<CapCheck>,
     /// Quiet hours in the recipient's time zone, if they apply (not urgent).
     pub quiet: Option<QuietCheck>,
+    /// Bloom mode (`dedup = "bloom"`): a Bloom filter instead of a permit
+    /// per key; `None` is the permit mode (the default).
+    pub bloom: Option<super::bloom::BloomCheck>,
 }
 
 /// One frequency cap as the accept script checks it.

@@ -9,6 +9,7 @@
 //! and touches the permit only while the task owns it. See `docs/redis.md`.
 
 pub mod awaiting;
+pub mod bloom;
 pub mod gate;
 pub mod held;
 pub mod keys;
@@ -24,6 +25,7 @@ use crate::store::{Batch, RedisConn};
 
 pub(crate) use awaiting::Claimed;
 pub use awaiting::{CheckAction, CheckNote};
+pub use bloom::{BloomCheck, BloomSizing};
 pub use gate::{CapCheck, CapPeriod, Gate, QuietCheck};
 pub use held::{HeldCause, RecordContext};
 pub(crate) use held::{OperatorNote, OperatorStep, ReconcileStep, parse_operator_log};
@@ -547,6 +549,11 @@ impl Permits {
         if !req.biz_type.is_empty() {
             keys.push(self.layout.event_index(shard, &req.biz_type, &req.biz_id));
         }
+        if let Some(bloom) = &req.gate.bloom {
+            let sizing = bloom.sizing(self.layout.shards());
+            let window = millis(req.window).max(1);
+            keys.extend(self.layout.bloom(shard, &bloom.filter, window, &sizing));
+        }
         keys
     }
 
@@ -562,6 +569,20 @@ impl Permits {
         let quiet = QuietCheck::arg(req.gate.quiet.as_ref());
         for arg in [task_id, &window, &retention, &caps, &quiet] {
             f(arg);
+        }
+        match &req.gate.bloom {
+            Some(bloom) => {
+                let sizing = bloom.sizing(self.layout.shards());
+                f(&sizing.hashes.to_string());
+                f(&sizing.bytes().to_string());
+                for bit in sizing.positions(&req.key) {
+                    f(&bit.to_string());
+                }
+            }
+            None => {
+                f("0");
+                f("0");
+            }
         }
         for cap in &req.gate.caps {
             for a in cap.args() {

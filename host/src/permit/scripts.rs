@@ -48,10 +48,13 @@ pub(crate) static CLAIM: LazyLock<Script> = LazyLock::new(|| script(include_str!
 pub static RECONCILE: LazyLock<Script> =
     LazyLock::new(|| script(include_str!("lua/reconcile.lua")));
 
+/// Add or check many keys in one Bloom filter, without tasks (`bloom.lua`).
+pub static BLOOM: LazyLock<Script> = LazyLock::new(|| script(include_str!("lua/bloom.lua")));
+
 /// Every script, for loading them all up front.
-pub fn all() -> [&'static Script; 10] {
+pub fn all() -> [&'static Script; 11] {
     [
         &ACCEPT, &BEGIN, &EXTEND, &RECORD, &PROMOTE, &RECEIPT, &REQUEUE, &SETTLE, &CLAIM,
-        &RECONCILE,
+        &RECONCILE, &BLOOM,
     ]
 }

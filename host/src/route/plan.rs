@@ -12,9 +12,11 @@ use std::time::Duration;
 use super::{Policy, Snapshot};
 use crate::config::ChannelConfig;
 use crate::derive::{DeriveError, DerivedKey, derive};
-use crate::permit::{AcceptRequest, CapCheck, CapPeriod, Gate, QuietCheck, RetryPolicy};
+use crate::permit::{
+    AcceptRequest, BloomCheck, CapCheck, CapPeriod, Gate, QuietCheck, RetryPolicy,
+};
 use crate::plugin::{Event, KeyPolicyPlugin};
-use crate::route::policy::RetrySpec;
+use crate::route::policy::{DedupMode, RetrySpec};
 use crate::send::{Fallback, Payload};
 
 /// Deepest fallback chain followed (policies refuse cycles; this is a guard).
@@ -275,8 +277,12 @@ impl ChannelPlanner<'_> {
             .get(channel)
             .and_then(|o| o.quiet.as_ref())
             .or(spec.quiet.as_ref());
+        let bloom = self.bloom(channel);
         if self.policy.caps.is_empty() && quiet.is_none() {
-            return Ok(Gate::default());
+            return Ok(Gate {
+                bloom,
+                ..Gate::default()
+            });
         }
         if let Some(reason) = &self.policy.caps_unsupported {
             return Err(PlanError::invalid("biz_type", reason.clone()));
@@ -312,7 +318,21 @@ impl ChannelPlanner<'_> {
             }
             _ => None,
         };
-        Ok(Gate { caps, quiet })
+        Ok(Gate { caps, quiet, bloom })
+    }
+
+    /// Bloom mode (`dedup = "bloom"`): the filter of this business type and
+    /// channel, sized by the policy's `[bloom]`; `None` in permit mode.
+    fn bloom(&self, channel: &str) -> Option<BloomCheck> {
+        let spec = &self.policy.spec;
+        match (spec.dedup, &spec.bloom) {
+            (DedupMode::Bloom, Some(b)) => Some(BloomCheck {
+                filter: format!("{}:{channel}", self.event.biz_type),
+                items: b.items,
+                false_positive: b.false_positive,
+            }),
+            _ => None,
+        }
     }
 
     /// The value of the event's attribute `name` (the last one given).

@@ -69,6 +69,37 @@ pub struct PolicyFile {
     /// events skip the quiet hours (never the caps).
     #[serde(default)]
     pub urgent_attribute: Option<String>,
+    /// How "the same notification" is remembered: `permit` (the default, one
+    /// permit per key for the window, exact) or `bloom` (a Bloom filter sized
+    /// by `[bloom]`: far less memory, but a false positive skips a message;
+    /// refused with a fallback). See `docs/caps.md`.
+    #[serde(default)]
+    pub dedup: DedupMode,
+    /// The Bloom filter's sizing, required with `dedup = "bloom"`.
+    #[serde(default)]
+    pub bloom: Option<BloomSpec>,
+}
+
+/// How a policy dedups its keys.
+#[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum DedupMode {
+    /// One permit per idempotency key, kept for the window: exact.
+    #[default]
+    Permit,
+    /// A Bloom filter per window period: a false positive skips a message.
+    Bloom,
+}
+
+/// The sizing of a policy's Bloom filter (`[bloom]`).
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct BloomSpec {
+    /// Keys expected per channel in one window, e.g. `10_000_000`.
+    pub items: u64,
+    /// The false-positive rate wanted at that many keys, e.g. `0.001`: the
+    /// share of new messages skipped as if they were duplicates.
+    pub false_positive: f64,
 }
 
 /// A retry schedule: exponential backoff with optional jitter.
@@ -250,6 +281,7 @@ impl PolicyFile {
             }
         }
         self.check_gates().map_err(|(f, r)| invalid(&f, r))?;
+        self.check_dedup().map_err(|(f, r)| invalid(&f, r))?;
         self.check_fallback()
             .map_err(|(f, r)| invalid(&format!("fallback.{f}"), r))
     }
@@ -267,6 +299,43 @@ impl PolicyFile {
             q.parse().map_err(|(f, r)| (format!("quiet.{f}"), r))?;
         }
         Ok(())
+    }
+
+    /// Bloom mode: sized, and no fallback (a false positive would skip the
+    /// message silently, and with it the reason a fallback exists).
+    fn check_dedup(&self) -> Result<(), (String, String)> {
+        match (self.dedup, &self.bloom) {
+            (DedupMode::Permit, Some(_)) => Err((
+                "bloom".into(),
+                "is only read with `dedup = \"bloom\"`".into(),
+            )),
+            (DedupMode::Bloom, None) => Err((
+                "bloom".into(),
+                "`dedup = \"bloom\"` needs `[bloom]` with `items` and `false_positive`, \
+                 e.g. `bloom = { items = 10_000_000, false_positive = 0.001 }`"
+                    .into(),
+            )),
+            (DedupMode::Bloom, Some(_)) if !self.fallback.is_empty() => Err((
+                "dedup".into(),
+                format!(
+                    "policy `{}`: `dedup = \"bloom\"` cannot be used with a fallback: a \
+                     false positive skips the message silently, so the fallback \
+                     ({}) would never be tried for it; use the permit mode",
+                    self.biz_type,
+                    self.fallback
+                        .iter()
+                        .map(|(a, b)| format!("{a} -> {b}"))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            )),
+            (DedupMode::Bloom, Some(b)) => {
+                crate::permit::BloomSizing::per_shard(b.items, b.false_positive, 1)
+                    .map(|_| ())
+                    .map_err(|e| ("bloom".into(), e.to_string()))
+            }
+            (DedupMode::Permit, None) => Ok(()),
+        }
     }
 
     /// Every fallback starts from a channel of the policy, and no chain loops.
@@ -431,6 +500,22 @@ mod tests {
             (
                 format!("{BASE}[fallback]\nwechat = \"sms\"\n"),
                 "fallback.wechat",
+            ),
+            (format!("{BASE}dedup = \"bloom\"\n"), "bloom"),
+            (
+                format!("{BASE}[bloom]\nitems = 10\nfalse_positive = 0.01\n"),
+                "bloom",
+            ),
+            (
+                format!("{BASE}dedup = \"bloom\"\n[bloom]\nitems = 10\nfalse_positive = 0.9\n"),
+                "bloom",
+            ),
+            (
+                format!(
+                    "{BASE}dedup = \"bloom\"\nbloom = {{ items = 10, false_positive = 0.01 }}\n\
+                     [fallback]\nsms = \"app-push\"\n"
+                ),
+                "dedup",
             ),
         ];
         for (text, field) in cases {

@@ -26,8 +26,12 @@ local owner = redis.call('GET', KEYS[2])
 if not owner then
   -- The permit lapsed while the task waited (queued longer than its window,
   -- or a retry promoted later than the grace): the task takes it back.
+  -- (A Bloom mode task takes one here for every attempt: it holds a
+  -- permit only while it is open; that is not counted as retaken.)
   redis.call('SET', KEYS[2], id, 'NX', 'PX', lease + grace)
-  redis.call('HINCRBY', KEYS[1], 'permit_retaken', 1)
+  if not bloom_task(KEYS[1]) then
+    redis.call('HINCRBY', KEYS[1], 'permit_retaken', 1)
+  end
 elseif owner ~= id then
   -- The permit lapsed and a newer task took it: that task sends, this one must not.
   redis.call('HSET', KEYS[1], 'status', 'superseded', 'superseded_by', owner,

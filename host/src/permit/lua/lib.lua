@@ -94,3 +94,43 @@ local function log_operator(task, now, by, action, why)
   end
   redis.call('HSET', task, 'operator_log', log .. entry)
 end
+
+-- Bloom mode: whether all `k` bit positions ARGV[first .. first+k-1] are
+-- set in the filter `filter` (a missing filter has none set).
+local function bloom_has(filter, first, k)
+  for i = first, first + k - 1 do
+    if redis.call('GETBIT', filter, ARGV[i]) == 0 then
+      return false
+    end
+  end
+  return true
+end
+
+-- Bloom mode: creates filter `filter` of `bytes` bytes (all bits 0) when it
+-- does not exist. Allocated whole up front: a string grown by SETBIT is
+-- allocated greedily (up to twice its length below 1 MB); above 4 MB (too
+-- large to build in Lua) SETBIT of the last bit sizes it, with at most
+-- 1 MB to spare.
+local function bloom_create(filter, bytes)
+  if redis.call('EXISTS', filter) == 1 then
+    return
+  end
+  if bytes <= 4194304 then
+    redis.call('SET', filter, string.rep('\0', bytes))
+  else
+    redis.call('SETBIT', filter, n2s(bytes * 8 - 1), 0)
+  end
+end
+
+-- Bloom mode: sets the `k` bit positions ARGV[first .. first+k-1] in `filter`.
+local function bloom_add(filter, first, k)
+  for i = first, first + k - 1 do
+    redis.call('SETBIT', filter, ARGV[i], 1)
+  end
+end
+
+-- Bloom mode: whether task `task` was accepted by a Bloom filter (it keeps
+-- a permit only while it is open, never for the window after it ends).
+local function bloom_task(task)
+  return redis.call('HGET', task, 'dedup') == 'bloom'
+end

@@ -15,7 +15,10 @@ redis.call('HSET', KEYS[1], 'status', ARGV[2], 'ever_sent', '1',
 if ARGV[4] ~= '' then
   redis.call('HSET', KEYS[1], 'provider_message_id', ARGV[4])
 end
-if redis.call('GET', KEYS[2]) == id then
+if redis.call('GET', KEYS[2]) == id and bloom_task(KEYS[1]) then
+  -- Bloom mode: the ended task's permit goes (its filter bits stay).
+  redis.call('DEL', KEYS[2])
+elseif redis.call('GET', KEYS[2]) == id then
   -- The provider had it: the permit keeps the window (a held one gets its expiry back).
   redis.call('PEXPIREAT', KEYS[2], n2s(window_end(KEYS[1], now)))
 end

@@ -17,6 +17,9 @@
 -- An unknown task is listed in the shard's held index ({ns:shard}:held)
 -- until it moves on.
 -- Returns {'recorded', permit fate (kept|released|retaken|not_owner)} or {'fenced', status}.
+-- A task accepted in Bloom mode (field dedup = bloom) keeps its permit only
+-- while it is open: when it ends the permit is deleted (owner-checked),
+-- never kept or retaken for the window (its filter bits block re-posts).
 local id, token, outcome, entry = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local retention, grace = tonumber(ARGV[6]), tonumber(ARGV[7])
 local now = now_ms()
@@ -38,6 +41,7 @@ if entry ~= '' then
 end
 local owner = redis.call('GET', KEYS[2])
 local fate = 'not_owner'
+local bloom = bloom_task(KEYS[1])
 if outcome == 'sent' then
   redis.call('HSET', KEYS[1], 'status', 'sent', 'provider_message_id', ARGV[9],
     'ever_sent', '1', 'sent_at', n2s(now), 'finished_at', n2s(now),
@@ -45,7 +49,12 @@ if outcome == 'sent' then
   if ARGV[13] ~= '' then
     redis.call('HSET', KEYS[1], 'reference', ARGV[13])
   end
-  if owner == id then
+  if bloom then
+    if owner == id then
+      redis.call('DEL', KEYS[2])
+      fate = 'released'
+    end
+  elseif owner == id then
     -- Sent: the permit now lasts exactly the window from accept.
     redis.call('PEXPIREAT', KEYS[2], n2s(window_end(KEYS[1], now)))
     fate = 'kept'
@@ -93,7 +102,7 @@ elseif outcome == 'failed' or outcome == 'dead' then
   if owner == id then
     local sent = redis.call('HGET', KEYS[1], 'ever_sent') == '1'
     local maybe = redis.call('HGET', KEYS[1], 'maybe_sent') == '1'
-    if sent or maybe then
+    if (sent or maybe) and not bloom then
       -- Something may have reached the provider: keep the window.
       redis.call('PEXPIREAT', KEYS[2], n2s(window_end(KEYS[1], now)))
       fate = 'kept'
@@ -118,7 +127,10 @@ elseif outcome == 'duplicate_prevented' then
   redis.call('HSET', KEYS[1], 'status', 'duplicate_prevented', 'duplicate_of', ARGV[10],
     'last_error', 'the delivery ledger holds this key for task ' .. ARGV[10],
     'finished_at', n2s(now), 'lease_token', '', 'updated_at', n2s(now))
-  if owner == id then
+  if owner == id and bloom then
+    redis.call('DEL', KEYS[2])
+    fate = 'released'
+  elseif owner == id then
     redis.call('PEXPIREAT', KEYS[2], n2s(window_end(KEYS[1], now)))
     fate = 'kept'
   end

@@ -9,7 +9,7 @@ pub mod candidate;
 pub(crate) mod explore;
 pub mod live;
 pub(crate) mod plan;
-pub(crate) mod policy;
+pub mod policy;
 pub mod stability;
 pub mod watch;
 

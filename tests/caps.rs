@@ -517,10 +517,19 @@ async fn quiet_hours_over_the_api_and_urgent_events_bypass() {
 /// `pushonce keys` on an event routed through the repository's policies and
 /// configuration, asking the accept script of `redis` (a dry run).
 fn keys_cli(redis: &RedisServer, dir: &std::path::Path, biz_id: &str) -> String {
+    keys_cli_for(redis, dir, "JOB_RECOMMENDATION", biz_id)
+}
+
+fn keys_cli_for(
+    redis: &RedisServer,
+    dir: &std::path::Path,
+    biz_type: &str,
+    biz_id: &str,
+) -> String {
     let root = pushonce_tests::host::repo_root();
     let event = dir.join(format!("{biz_id}.json"));
     let text = json!({
-        "biz_type": "JOB_RECOMMENDATION", "biz_id": biz_id, "user_id": "u-9",
+        "biz_type": biz_type, "biz_id": biz_id, "user_id": "u-9",
         "occurred_at": "2026-11-30T15:59:59Z", "attributes": {"tz": "+08:00"},
     });
     std::fs::write(&event, text.to_string()).unwrap();
@@ -562,7 +571,8 @@ fn line_of<'a>(table: &'a str, channel: &str) -> &'a str {
 /// answer: accepted while the caps have room, a re-post `duplicate`, and
 /// once three events took five messages (the third's app-push was capped)
 /// `capped` by the all-channels cap (5 a day) until the recipient's next
-/// midnight; asking writes nothing (the same answer twice).
+/// midnight; asking writes nothing (the same answer twice). Under a bloom
+/// policy a key in the filter is `duplicate`, and a dry run sets no bits.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_keys_command_shows_what_a_cap_would_answer() {
     let redis = RedisServer::start().await.unwrap();
@@ -616,5 +626,21 @@ async fn the_keys_command_shows_what_a_cap_would_answer() {
         )),
         "{fourth}"
     );
+    // A bloom policy: a key in the filter is a duplicate; a dry run sets no bits.
+    let broadcast = json!({
+        "biz_type": "SYSTEM_BROADCAST", "biz_id": "b-1", "user_id": "u-9",
+        "occurred_at": "2026-11-30T15:59:59Z",
+    });
+    let a = host.post("/v1/events", &broadcast, None).await.unwrap();
+    assert_eq!(a.status, 202, "{}", a.body);
+    let seen = keys_cli_for(&redis, dir.path(), "SYSTEM_BROADCAST", "b-1");
+    assert!(
+        line_of(&seen, "inbox").ends_with("duplicate (its key is in the bloom filter)"),
+        "{seen}"
+    );
+    for _ in 0..2 {
+        let new = keys_cli_for(&redis, dir.path(), "SYSTEM_BROADCAST", "b-2");
+        assert!(line_of(&new, "inbox").ends_with("accepted"), "{new}");
+    }
     host.shutdown().await.unwrap();
 }

@@ -92,6 +92,10 @@ async fn measure_permits(args: Args) -> anyhow::Result<()> {
         memory.per_capped
     );
     println!(
+        "accept.lua with a cap / without under redis-benchmark (Redis alone): {:.2}x the rate",
+        rows[6].rate / rows[1].rate
+    );
+    println!(
         "accept in bloom mode / permit mode: {:.2}x the rate; memory per open bloom accept {:.0} bytes (task, stream entry, index; no permit)",
         rows[5].rate / rows[2].rate,
         memory.per_bloom
@@ -142,7 +146,7 @@ async fn measure_rows(
     conn: &mut RedisConn,
     args: &Args,
     ns: &str,
-) -> anyhow::Result<([Row; 6], Memory)> {
+) -> anyhow::Result<([Row; 7], Memory)> {
     let (n, c, batch) = (
         args.requests.max(1),
         args.concurrency.max(1),
@@ -160,6 +164,7 @@ async fn measure_rows(
     );
     permits.prepare().await?;
     let script_floor = redis_benchmark_accept(store.url(), n, c, &permits)?;
+    let script_capped = redis_benchmark_capped_accept(store.url(), n, c, &permits)?;
     let (single, per_permit) = per_key(conn, n, host_accepts(&permits, n, c, 1, "s")).await?;
     let batched = host_accepts(&permits, n, c, batch, "b").await?;
     let (capped, per_capped) = per_key(conn, n, host_accepts(&permits, n, c, 1, "c")).await?;
@@ -171,6 +176,7 @@ async fn measure_rows(
         named(format!("host accept_batch x{batch}, 1 conn"), batched),
         named("host accept.lua + 1 rolling cap, 1 conn", capped),
         named("host accept.lua bloom mode, 1 conn", bloom),
+        named("redis-benchmark EVALSHA accept.lua + 1 cap", script_capped),
     ];
     let memory = Memory {
         per_permit,
@@ -342,10 +348,36 @@ pub(super) fn redis_benchmark_accept(
     c: usize,
     permits: &Permits,
 ) -> anyhow::Result<Row> {
-    let req = request("f__rand_int__", 0);
+    run_accept_script(url, n, c, permits, &request("f__rand_int__", 0))
+}
+
+/// [`redis_benchmark_accept`] under one rolling cap per (random) user with
+/// room for every request: Redis's own cost of checking, trimming and
+/// counting a cap.
+pub(super) fn redis_benchmark_capped_accept(
+    url: &str,
+    n: usize,
+    c: usize,
+    permits: &Permits,
+) -> anyhow::Result<Row> {
+    let req = AcceptRequest {
+        gate: gate_of("c", "u-__rand_int__"),
+        ..request("g__rand_int__", 0)
+    };
+    run_accept_script(url, n, c, permits, &req)
+}
+
+/// redis-benchmark calling the accept script by SHA with `req`'s keys and arguments.
+fn run_accept_script(
+    url: &str,
+    n: usize,
+    c: usize,
+    permits: &Permits,
+    req: &AcceptRequest,
+) -> anyhow::Result<Row> {
     let shard = permits.layout().shard_of(&req.key);
     let task_id = format!("{shard}-0-__rand_int__");
-    let (keys, args) = permits.accept_keys_and_args(&req, &task_id);
+    let (keys, args) = permits.accept_keys_and_args(req, &task_id);
     let mut command = vec![
         "EVALSHA".to_string(),
         pushonce::permit::scripts::ACCEPT.get_hash().to_string(),

@@ -12,7 +12,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use pushonce::permit::{
     AcceptRequest, Acceptance, Begin, BloomCheck, BloomSizing, Gate, Outcome, PermitFate, Recorded,
-    TaskStatus,
+    Requeue, Settle, Settled, TaskStatus,
 };
 use pushonce::route::policy::PolicyFile;
 use pushonce_tests::fixtures::{accept_request, permit_config};
@@ -241,7 +241,8 @@ async fn a_repost_is_caught_for_a_window_then_accepted_again(server: &RedisServe
 /// fencing works as in the permit mode) and drops it when it ends: after a
 /// `resend` (it may have been sent) and a `dead` outcome, where the permit
 /// mode keeps the permit for the window, no permit is left; a re-post is
-/// still `duplicate` (the filter's bits stay).
+/// still `duplicate` (the filter's bits stay). An operator's requeue and
+/// give-up follow the same rule.
 async fn an_open_task_holds_a_permit_only_until_it_ends(server: &RedisServer) {
     let permits = server.permits(permit_config()).await.unwrap();
     let req = bloom_request("life-1", Duration::from_secs(600));
@@ -287,6 +288,39 @@ async fn an_open_task_holds_a_permit_only_until_it_ends(server: &RedisServer) {
     assert_eq!(permits.permit_owner("life-1").await.unwrap(), None);
     let again = permits.accept(&req).await.unwrap();
     assert!(matches!(again, Acceptance::Duplicate { .. }), "{again:?}");
+
+    // An operator's forced requeue takes no permit for the window; the
+    // next attempt takes it for the lease. Held (`unknown`), the task keeps
+    // it; given up, it keeps none.
+    let requeued = permits.requeue(&task_id, true).await.unwrap();
+    assert!(matches!(requeued, Requeue::Requeued { .. }), "{requeued:?}");
+    assert_eq!(
+        permits.permit_owner("life-1").await.unwrap(),
+        None,
+        "a requeue takes no permit"
+    );
+    let third = begin(permits.clone(), task_id.clone()).await;
+    let unknown = Outcome::Unknown {
+        reason: "cut off after write".into(),
+    };
+    permits.record(&third, &unknown, None).await.unwrap();
+    assert_eq!(
+        permits.permit_owner("life-1").await.unwrap(),
+        Some(task_id.clone()),
+        "a held task keeps its permit"
+    );
+    let settled = permits
+        .settle(&task_id, Settle::GivenUp, &Default::default())
+        .await
+        .unwrap();
+    assert!(matches!(settled, Settled::Settled(_)), "{settled:?}");
+    assert_eq!(
+        permits.permit_owner("life-1").await.unwrap(),
+        None,
+        "a task given up keeps no permit"
+    );
+    let still = permits.accept(&req).await.unwrap();
+    assert!(matches!(still, Acceptance::Duplicate { .. }), "{still:?}");
 }
 
 /// A filter sized for n = 1,000,000 keys at p = 0.001 holds 1,000,000 keys;

@@ -33,7 +33,13 @@ local owner = redis.call('GET', KEYS[2])
 if owner and owner ~= id then
   return {'refused', owner}
 end
-if owner then
+if bloom_task(KEYS[1]) then
+  -- Bloom mode: the filter's bits guard re-posts; `begin` takes the permit
+  -- for the lease when the task is sent again, and its end releases it.
+  if owner then
+    redis.call('DEL', KEYS[2])
+  end
+elseif owner then
   -- Still ours (kept for the window after a maybe-sent failure): a fresh window.
   redis.call('PEXPIREAT', KEYS[2], n2s(now + window), 'GT')
 else

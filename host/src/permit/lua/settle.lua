@@ -2,7 +2,8 @@
 -- `delivered` (the operator confirmed with the user or the provider that the
 -- message arrived) or `given_up` (nobody will send it; it leaves the
 -- operators' lists). Both keep the permit for the window from accept (the
--- message may be at the provider) and are recorded in `operator_log`.
+-- message may be at the provider; in Bloom mode the filter's bits do, and
+-- the permit goes) and are recorded in `operator_log`.
 -- KEYS[1] task, KEYS[2] permit, KEYS[3] dead zset, KEYS[4] awaiting zset
 -- (the shard's held index is named after it)
 -- ARGV[1] task id, ARGV[2] 'delivered' | 'given_up', ARGV[3] retention ms,
@@ -31,7 +32,12 @@ end
 local now = now_ms()
 local at = n2s(now)
 local until_ms = n2s(window_end(KEYS[1], now))
-if owner then
+if bloom_task(KEYS[1]) then
+  -- Bloom mode: the filter's bits guard re-posts; an ended task keeps no permit.
+  if owner then
+    redis.call('DEL', KEYS[2])
+  end
+elseif owner then
   -- Held without expiry while unknown: the window from accept again.
   redis.call('PEXPIREAT', KEYS[2], until_ms)
 else

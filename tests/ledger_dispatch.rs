@@ -46,6 +46,48 @@ async fn wait_status(permits: &Permits, id: &str, status: TaskStatus) {
     }
 }
 
+/// Posts `event` to `host`, expects 202, and answers its task ids.
+async fn accepted_task_ids(
+    host: &pushonce_tests::host::TestHost,
+    event: &serde_json::Value,
+) -> Vec<String> {
+    let answer = host.post("/v1/events", event, None).await.unwrap();
+    assert_eq!(
+        answer.status,
+        reqwest::StatusCode::ACCEPTED,
+        "{}",
+        answer.body
+    );
+    answer.body["results"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["task_id"].as_str().unwrap().to_string())
+        .collect()
+}
+
+/// The permit layer as a test host sees it (four shards).
+async fn host_permits(redis: &RedisServer) -> Permits {
+    redis
+        .permits(PermitConfig {
+            shards: 4,
+            ..permit_config()
+        })
+        .await
+        .unwrap()
+}
+
+/// Drops task `id`'s record from Redis, as its retention would.
+async fn forget_task(redis: &RedisServer, permits: &Permits, id: &str) {
+    let mut conn = redis.manager().await.unwrap();
+    redis::cmd("DEL")
+        .arg(permits.layout().task(id).unwrap())
+        .query_async::<()>(&mut conn)
+        .await
+        .unwrap();
+    assert!(permits.task(id).await.unwrap().is_none());
+}
+
 fn dispatcher(
     redis: &RedisServer,
     permits: &Permits,
@@ -172,43 +214,15 @@ async fn lookups_fall_back_to_the_ledger_after_redis_retention() {
     use pushonce_tests::host::{TestHost, order_shipped};
     let redis = RedisServer::start().await.unwrap();
     let host = TestHost::start(&redis).await.unwrap();
-    let answer = host
-        .post("/v1/events", &order_shipped("o-h"), None)
-        .await
-        .unwrap();
-    assert_eq!(
-        answer.status,
-        reqwest::StatusCode::ACCEPTED,
-        "{}",
-        answer.body
-    );
-    let ids: Vec<String> = answer.body["results"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|r| r["task_id"].as_str().unwrap().to_string())
-        .collect();
+    let ids = accepted_task_ids(&host, &order_shipped("o-h")).await;
     // Sent, and the outcome written to the ledger (batched, so wait for it).
-    let permits = redis
-        .permits(PermitConfig {
-            shards: 4,
-            ..permit_config()
-        })
-        .await
-        .unwrap();
+    let permits = host_permits(&redis).await;
     for id in &ids {
         wait_status(&permits, id, TaskStatus::Sent).await;
     }
     // Retention: the task records and the event index expire in Redis.
-    let mut conn = redis.manager().await.unwrap();
     for id in &ids {
-        let key = permits.layout().task(id).unwrap();
-        redis::cmd("DEL")
-            .arg(&key)
-            .query_async::<()>(&mut conn)
-            .await
-            .unwrap();
-        assert!(permits.task(id).await.unwrap().is_none());
+        forget_task(&redis, &permits, id).await;
     }
     for id in &ids {
         let path = format!("/v1/tasks/{id}");
@@ -364,29 +378,8 @@ async fn operators_requeue_and_settle_held_tasks_and_the_ledger_keeps_who_and_wh
     )
     .await
     .unwrap();
-    let answer = host
-        .post("/v1/events", &order_shipped("o-held"), None)
-        .await
-        .unwrap();
-    assert_eq!(
-        answer.status,
-        reqwest::StatusCode::ACCEPTED,
-        "{}",
-        answer.body
-    );
-    let ids: Vec<String> = answer.body["results"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|r| r["task_id"].as_str().unwrap().to_string())
-        .collect();
-    let permits = redis
-        .permits(PermitConfig {
-            shards: 4,
-            ..permit_config()
-        })
-        .await
-        .unwrap();
+    let ids = accepted_task_ids(&host, &order_shipped("o-held")).await;
+    let permits = host_permits(&redis).await;
     for id in &ids {
         wait_status(&permits, id, TaskStatus::Unknown).await;
     }
@@ -476,16 +469,11 @@ async fn operators_requeue_and_settle_held_tasks_and_the_ledger_keeps_who_and_wh
     );
 
     // Retention drops the task records; the ledger still says who and why.
-    let mut conn = redis.manager().await.unwrap();
     for (id, status, by, action) in [
         (delivered, "delivered", "bob", "delivered"),
         (given_up, "failed", "carol", "given_up"),
     ] {
-        let _: () = redis::cmd("DEL")
-            .arg(permits.layout().task(id).unwrap())
-            .query_async(&mut conn)
-            .await
-            .unwrap();
+        forget_task(&redis, &permits, id).await;
         let path = format!("/v1/tasks/{id}");
         let seen = wait_until(Duration::from_secs(10), || {
             let fut = host.get(&path, None);

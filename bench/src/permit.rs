@@ -106,15 +106,7 @@ async fn measure_permits(args: Args) -> anyhow::Result<()> {
     );
 
     if args.memory_keys > 0 {
-        let permits = Permits::new(
-            conn.clone(),
-            PermitConfig {
-                namespace: ns.to_string(),
-                shards: args.shards,
-                ..PermitConfig::default()
-            },
-        );
-        permits.prepare().await?;
+        let permits = bench_permits(&conn, &args, &ns).await?;
         crate::dedup_memory::run(&mut conn, &permits, args.memory_keys).await?;
     }
     if args.redis.is_some() {
@@ -154,15 +146,7 @@ async fn measure_rows(
     );
     let (floor, floor_key) =
         per_key(conn, n, async { redis_benchmark(store.url(), n, c, ns) }).await?;
-    let permits = Permits::new(
-        conn.clone(),
-        PermitConfig {
-            namespace: ns.to_string(),
-            shards: args.shards,
-            ..PermitConfig::default()
-        },
-    );
-    permits.prepare().await?;
+    let permits = bench_permits(conn, args, ns).await?;
     let script_floor = redis_benchmark_accept(store.url(), n, c, &permits)?;
     let script_capped = redis_benchmark_capped_accept(store.url(), n, c, &permits)?;
     let (single, per_permit) = per_key(conn, n, host_accepts(&permits, n, c, 1, "s")).await?;
@@ -185,6 +169,20 @@ async fn measure_rows(
         per_bloom,
     };
     Ok((rows, memory))
+}
+
+/// The permit layer under this run's namespace, its scripts loaded.
+async fn bench_permits(conn: &RedisConn, args: &Args, ns: &str) -> anyhow::Result<Permits> {
+    let permits = Permits::new(
+        conn.clone(),
+        PermitConfig {
+            namespace: ns.to_string(),
+            shards: args.shards,
+            ..PermitConfig::default()
+        },
+    );
+    permits.prepare().await?;
+    Ok(permits)
 }
 
 /// Runs `step`, and the Redis memory it added per key (`n` keys).

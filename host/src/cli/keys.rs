@@ -9,10 +9,10 @@
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::time::{Duration, UNIX_EPOCH};
 
 use anyhow::{Context, bail};
 
+use crate::api::console::when;
 use crate::config::HostConfig;
 use crate::derive::event_from_json;
 pub use crate::derive::{ChannelKey, dry_run};
@@ -194,7 +194,7 @@ fn answer_text(answer: &Acceptance) -> String {
         Acceptance::Deferred {
             scheduled_for_ms, ..
         } => {
-            format!("accepted, first attempt at {}", at(*scheduled_for_ms))
+            format!("accepted, first attempt at {}", when(*scheduled_for_ms))
         }
         Acceptance::Duplicate { task_id, .. } if task_id.is_empty() => {
             "duplicate (its key is in the bloom filter)".into()
@@ -207,7 +207,7 @@ fn answer_text(answer: &Acceptance) -> String {
             cap,
             next_allowed_ms,
         } => {
-            format!("capped by {cap} until {}", at(*next_allowed_ms))
+            format!("capped by {cap} until {}", when(*next_allowed_ms))
         }
     }
 }
@@ -250,9 +250,4 @@ fn offset(ms: i64) -> String {
     let sign = if ms < 0 { '-' } else { '+' };
     let minutes = ms.abs() / 60_000;
     format!("{sign}{:02}:{:02}", minutes / 60, minutes % 60)
-}
-
-/// A time in ms since the epoch, RFC 3339 in UTC.
-fn at(ms: u64) -> String {
-    humantime::format_rfc3339_seconds(UNIX_EPOCH + Duration::from_millis(ms)).to_string()
 }

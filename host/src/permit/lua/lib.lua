@@ -134,3 +134,31 @@ end
 local function bloom_task(task)
   return redis.call('HGET', task, 'dedup') == 'bloom'
 end
+
+-- The permit `permit` of task `task` (id `id`) once the task ended and its
+-- message may be at the provider: it lasts the window from accept (until
+-- `until_ms`; re-taken if it lapsed and `retake`), except in Bloom mode,
+-- where the filter's bits guard re-posts and the permit goes. Another
+-- task's permit is left alone. Returns its fate: kept, retaken, released
+-- or not_owner.
+local function end_permit(task, permit, id, owner, until_ms, retake)
+  if owner and owner ~= id then
+    return 'not_owner'
+  end
+  if bloom_task(task) then
+    if owner then
+      redis.call('DEL', permit)
+      return 'released'
+    end
+    return 'not_owner'
+  end
+  if owner then
+    redis.call('PEXPIREAT', permit, until_ms)
+    return 'kept'
+  end
+  if retake then
+    redis.call('SET', permit, id, 'NX', 'PXAT', until_ms)
+    return 'retaken'
+  end
+  return 'not_owner'
+end

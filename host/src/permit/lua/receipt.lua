@@ -15,13 +15,9 @@ redis.call('HSET', KEYS[1], 'status', ARGV[2], 'ever_sent', '1',
 if ARGV[4] ~= '' then
   redis.call('HSET', KEYS[1], 'provider_message_id', ARGV[4])
 end
-if redis.call('GET', KEYS[2]) == id and bloom_task(KEYS[1]) then
-  -- Bloom mode: the ended task's permit goes (its filter bits stay).
-  redis.call('DEL', KEYS[2])
-elseif redis.call('GET', KEYS[2]) == id then
-  -- The provider had it: the permit keeps the window (a held one gets its expiry back).
-  redis.call('PEXPIREAT', KEYS[2], n2s(window_end(KEYS[1], now)))
-end
+-- The provider had it: the permit keeps the window (a held one gets its expiry back).
+end_permit(KEYS[1], KEYS[2], id, redis.call('GET', KEYS[2]),
+  n2s(window_end(KEYS[1], now)), false)
 redis.call('ZREM', KEYS[3], id)
 redis.call('ZREM', held_index(KEYS[3], 'awaiting'), id)
 redis.call('PEXPIRE', KEYS[1], ARGV[3])

@@ -55,25 +55,14 @@ elseif action == 'untrack' then
   return {'done', action}
 end
 local owner = redis.call('GET', KEYS[2])
--- Bloom mode: an ended task's permit is deleted, never kept for the window.
-local bloom = bloom_task(KEYS[1])
 if action == 'sent' then
   redis.call('HSET', KEYS[1], 'status', 'sent', 'ever_sent', '1', 'sent_at', at,
     'finished_at', at, 'updated_at', at, 'last_error', ARGV[8], 'check_token', '')
   if ARGV[9] ~= '' then
     redis.call('HSET', KEYS[1], 'provider_message_id', ARGV[9])
   end
-  local until_ms = n2s(window_end(KEYS[1], now))
-  if bloom then
-    if owner == id then
-      redis.call('DEL', KEYS[2])
-    end
-  elseif owner == id then
-    -- Held without expiry while unknown: the window from accept again.
-    redis.call('PEXPIREAT', KEYS[2], until_ms)
-  elseif not owner then
-    redis.call('SET', KEYS[2], id, 'NX', 'PXAT', until_ms)
-  end
+  -- Held without expiry while unknown: the window from accept again.
+  end_permit(KEYS[1], KEYS[2], id, owner, n2s(window_end(KEYS[1], now)), true)
   redis.call('PEXPIRE', KEYS[1], retention)
   keep_index(KEYS[1], now, retention)
   await(KEYS[1], KEYS[3], id, now, after)
@@ -101,12 +90,8 @@ elseif action == 'dead' then
   -- The cause stays the attempt's; only a task held without one gets this.
   redis.call('HSETNX', KEYS[1], 'held_cause', '{"kind":"query_could_not_tell"}')
   redis.call('ZREM', held, id)
-  if owner == id and bloom then
-    redis.call('DEL', KEYS[2])
-  elseif owner == id then
-    -- It may have reached the provider: the permit keeps the window.
-    redis.call('PEXPIREAT', KEYS[2], n2s(window_end(KEYS[1], now)))
-  end
+  -- It may have reached the provider: the permit keeps the window.
+  end_permit(KEYS[1], KEYS[2], id, owner, n2s(window_end(KEYS[1], now)), false)
   redis.call('PEXPIRE', KEYS[1], retention)
   keep_index(KEYS[1], now, retention)
   redis.call('ZREM', KEYS[3], id)

@@ -49,19 +49,8 @@ if outcome == 'sent' then
   if ARGV[13] ~= '' then
     redis.call('HSET', KEYS[1], 'reference', ARGV[13])
   end
-  if bloom then
-    if owner == id then
-      redis.call('DEL', KEYS[2])
-      fate = 'released'
-    end
-  elseif owner == id then
-    -- Sent: the permit now lasts exactly the window from accept.
-    redis.call('PEXPIREAT', KEYS[2], n2s(window_end(KEYS[1], now)))
-    fate = 'kept'
-  elseif not owner then
-    redis.call('SET', KEYS[2], id, 'NX', 'PXAT', n2s(window_end(KEYS[1], now)))
-    fate = 'retaken'
-  end
+  -- Sent: the permit now lasts exactly the window from accept.
+  fate = end_permit(KEYS[1], KEYS[2], id, owner, n2s(window_end(KEYS[1], now)), true)
   redis.call('PEXPIRE', KEYS[1], retention)
   keep_index(KEYS[1], now, retention)
   if ARGV[11] ~= '-1' then
@@ -127,13 +116,7 @@ elseif outcome == 'duplicate_prevented' then
   redis.call('HSET', KEYS[1], 'status', 'duplicate_prevented', 'duplicate_of', ARGV[10],
     'last_error', 'the delivery ledger holds this key for task ' .. ARGV[10],
     'finished_at', n2s(now), 'lease_token', '', 'updated_at', n2s(now))
-  if owner == id and bloom then
-    redis.call('DEL', KEYS[2])
-    fate = 'released'
-  elseif owner == id then
-    redis.call('PEXPIREAT', KEYS[2], n2s(window_end(KEYS[1], now)))
-    fate = 'kept'
-  end
+  fate = end_permit(KEYS[1], KEYS[2], id, owner, n2s(window_end(KEYS[1], now)), false)
   redis.call('PEXPIRE', KEYS[1], retention)
   keep_index(KEYS[1], now, retention)
 else

@@ -32,17 +32,8 @@ end
 local now = now_ms()
 local at = n2s(now)
 local until_ms = n2s(window_end(KEYS[1], now))
-if bloom_task(KEYS[1]) then
-  -- Bloom mode: the filter's bits guard re-posts; an ended task keeps no permit.
-  if owner then
-    redis.call('DEL', KEYS[2])
-  end
-elseif owner then
-  -- Held without expiry while unknown: the window from accept again.
-  redis.call('PEXPIREAT', KEYS[2], until_ms)
-else
-  redis.call('SET', KEYS[2], id, 'NX', 'PXAT', until_ms)
-end
+-- Held without expiry while unknown: the window from accept again.
+end_permit(KEYS[1], KEYS[2], id, owner, until_ms, true)
 local new = 'failed'
 if action == 'delivered' then
   new = 'delivered'

@@ -346,7 +346,7 @@ pub(super) fn redis_benchmark_accept(
     c: usize,
     permits: &Permits,
 ) -> anyhow::Result<Row> {
-    run_accept_script(url, n, c, permits, &request("f__rand_int__", 0))
+    run_redis_benchmark(url, n, c, &accept_command(permits))
 }
 
 /// [`redis_benchmark_accept`] under one rolling cap per (random) user with
@@ -373,6 +373,17 @@ fn run_accept_script(
     permits: &Permits,
     req: &AcceptRequest,
 ) -> anyhow::Result<Row> {
+    run_redis_benchmark(url, n, c, &accept_command_of(permits, req))
+}
+
+/// The command line of [`redis_benchmark_accept`]: `EVALSHA` of the accept
+/// script with the benchmark's request shape, every key unique.
+pub(super) fn accept_command(permits: &Permits) -> Vec<String> {
+    accept_command_of(permits, &request("f__rand_int__", 0))
+}
+
+/// `EVALSHA` of the accept script with `req`'s keys and arguments.
+fn accept_command_of(permits: &Permits, req: &AcceptRequest) -> Vec<String> {
     let shard = permits.layout().shard_of(&req.key);
     let task_id = format!("{shard}-0-__rand_int__");
     let (keys, args) = permits.accept_keys_and_args(req, &task_id);
@@ -383,7 +394,7 @@ fn run_accept_script(
     ];
     command.extend(keys);
     command.extend(args);
-    run_redis_benchmark(url, n, c, &command)
+    command
 }
 
 /// Runs redis-benchmark (a bare SET NX PX script) against the server behind `url`.

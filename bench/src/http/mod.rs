@@ -17,11 +17,15 @@
 //! end-to-end rows. A run that fails is a table line with its error; the
 //! other runs go on.
 
+mod cost;
 mod report;
 mod runs;
 mod stack;
+mod targets;
 
 use std::collections::BTreeMap;
+
+use anyhow::Context;
 use std::path::Path;
 use std::time::Duration;
 
@@ -137,6 +141,8 @@ impl Floors {
                 p99: r.p99,
                 p999: f64::NAN,
                 floor: r.rate,
+                redis_us: f64::NAN,
+                host_us: f64::NAN,
                 note: "-P 1".into(),
             })
             .collect()
@@ -144,12 +150,34 @@ impl Floors {
 }
 
 /// What the run found besides its table lines.
-#[derive(Default)]
 struct Notes {
     /// Redis memory per open permit, bytes.
     per_permit: f64,
+    /// The same with `event_index = false`.
+    per_permit_lean: f64,
     /// Per phase: host RSS once it serves (idle), after its runs, and its peak (MiB).
     rss: Vec<(Phase, f64, (f64, f64))>,
+    /// The accept script's profile (Redis µs per call), with its error if it failed.
+    profile: anyhow::Result<Vec<cost::ProfileLine>>,
+    /// Redis memory a delivered message keeps, and Redis's commands per
+    /// delivered message (phase full).
+    delivered: Option<Delivered>,
+}
+
+/// What the 1-channel end-to-end run found: memory, and Redis's commands
+/// per message with the number of messages.
+type Delivered = (runs::DeliveredMemory, Option<cost::PerMessage>);
+
+impl Default for Notes {
+    fn default() -> Notes {
+        Notes {
+            per_permit: f64::NAN,
+            per_permit_lean: f64::NAN,
+            rss: Vec::new(),
+            profile: Ok(Vec::new()),
+            delivered: None,
+        }
+    }
 }
 
 async fn measure_http(args: &Args, tmp: &Path) -> anyhow::Result<()> {
@@ -166,9 +194,10 @@ async fn measure_http(args: &Args, tmp: &Path) -> anyhow::Result<()> {
     permit_layer(&mut stack, args, &floors, &mut lines, &mut notes).await;
     for &phase in &args.phases {
         match run_phase(&mut stack, args, &floors, phase).await {
-            Ok((phase_lines, rss)) => {
+            Ok((phase_lines, rss, delivered)) => {
                 lines.extend(phase_lines);
                 notes.rss.push(rss);
+                notes.delivered = notes.delivered.take().or(delivered);
             }
             Err(e) => lines.push(Line::failed(format!("phase {}", phase.name()), 0, &e)),
         }
@@ -191,6 +220,24 @@ async fn permit_layer(
     let what = "accept.lua (redis-benchmark and Permits::accept direct)".to_string();
     if let Err(e) = permit_rows(stack, args, floors, pc, lines, notes).await {
         lines.push(Line::failed(what, pc, &e));
+    }
+    if let Err(e) = drop_everything(stack).await {
+        lines.push(Line::failed("before the profile".into(), 0, &e));
+    }
+    eprintln!("profiling accept.lua (INFO commandstats; 5 scripts, 3 rounds) …");
+    let permits = Permits::new(
+        stack.conn.clone(),
+        PermitConfig {
+            namespace: "benchq".into(),
+            ..PermitConfig::default()
+        },
+    );
+    let url = stack.store.url().to_string();
+    // Each row runs three times: half the requests each.
+    let n = (args.floor_requests / 2).max(1);
+    notes.profile = cost::accept_profile(&mut stack.conn, &url, n, pc, &permits).await;
+    if let Err(e) = drop_everything(stack).await {
+        lines.push(Line::failed("after the permit layer".into(), 0, &e));
     }
 }
 
@@ -216,6 +263,17 @@ async fn permit_rows(
     let single = permit::host_accepts(&permits, n, pc, 1, "s").await?;
     let after = permit::used_memory(&mut stack.conn).await?;
     notes.per_permit = after.saturating_sub(before) as f64 / n as f64;
+    let lean = Permits::new(
+        stack.conn.clone(),
+        PermitConfig {
+            event_index: false,
+            ..permits.config().clone()
+        },
+    );
+    let before = permit::used_memory(&mut stack.conn).await?;
+    permit::host_accepts(&lean, n, pc, 1, "l").await?;
+    let after = permit::used_memory(&mut stack.conn).await?;
+    notes.per_permit_lean = after.saturating_sub(before) as f64 / n as f64;
     let batched = permit::host_accepts(&permits, n, pc, 16, "b").await?;
     for (what, row, note) in [
         (
@@ -242,6 +300,8 @@ async fn permit_rows(
             p99: row.p99,
             p999: f64::NAN,
             floor: floors.at(pc),
+            redis_us: f64::NAN,
+            host_us: f64::NAN,
             note: note.into(),
         });
     }
@@ -255,28 +315,67 @@ async fn run_phase(
     args: &Args,
     floors: &Floors,
     phase: Phase,
-) -> anyhow::Result<(Vec<Line>, (Phase, f64, (f64, f64)))> {
+) -> anyhow::Result<(Vec<Line>, (Phase, f64, (f64, f64)), Option<Delivered>)> {
     let dispatch = phase == Phase::Full;
     let name = phase.name();
     let mut host = stack.serve(name, args.workers, dispatch).await?;
     eprintln!("host ({name}) on {}", host.base());
     let (rss_idle, _) = report::rss_of(host.pid());
-    let lines = PhaseRuns {
+    let mut runs = PhaseRuns {
         args,
         stack,
         floors,
         host: &host,
         dispatch,
         expected: stack.delivered(),
-    }
-    .lines()
-    .await;
+        delivered_memory: None,
+        redis_per_message: None,
+    };
+    let mut lines = runs.lines().await;
+    let delivered = runs
+        .delivered_memory
+        .take()
+        .map(|m| (m, runs.redis_per_message.take()));
     let rss_after = report::rss_of(host.pid());
-    host.terminate(Duration::from_secs(60)).await?;
-    if !dispatch {
-        let _: () = redis::cmd("FLUSHALL").query_async(&mut stack.conn).await?;
+    // A failure from here on is a line of its own: the phase's runs stay.
+    let stop = host
+        .terminate(Duration::from_secs(60))
+        .await
+        .with_context(|| format!("stopping the host of phase {name}"));
+    if let Err(e) = stop {
+        lines.push(Line::failed(format!("phase {name}, end"), 0, &e));
     }
-    Ok((lines, (phase, rss_idle, rss_after)))
+    if !dispatch && let Err(e) = drop_everything(stack).await {
+        lines.push(Line::failed(format!("phase {name}, end"), 0, &e));
+    }
+    Ok((lines, (phase, rss_idle, rss_after), delivered))
+}
+
+/// Empties Redis for what comes next: `FLUSHALL ASYNC` (a large Redis
+/// answers at once), then waits until its background thread freed the keys
+/// (`lazyfree_pending_objects` 0), so the next run does not share the CPU
+/// with it.
+async fn drop_everything(stack: &mut BenchStack) -> anyhow::Result<()> {
+    redis::cmd("FLUSHALL")
+        .arg("ASYNC")
+        .query_async::<()>(&mut stack.conn)
+        .await
+        .context("emptying Redis (FLUSHALL ASYNC)")?;
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    loop {
+        let pending = permit::info_field(&mut stack.conn, "memory", "lazyfree_pending_objects")
+            .await?
+            .parse::<u64>()
+            .unwrap_or(0);
+        if pending == 0 {
+            return Ok(());
+        }
+        anyhow::ensure!(
+            std::time::Instant::now() < deadline,
+            "Redis still freeing {pending} objects after FLUSHALL ASYNC, 120 s on"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
 
 /// Prints the header, the table and the notes.
@@ -308,11 +407,31 @@ async fn print_report(
         );
     }
     println!(
-        "redis memory per open permit (permit + task hash + stream entry + event index): {:.0} bytes (used_memory delta / {}); redis used_memory_rss now {:.1} MiB",
+        "redis memory per open permit (permit + task hash + stream entry + event index): {:.0} bytes (used_memory delta / {}); with event_index = false {:.0} bytes; redis used_memory_rss now {:.1} MiB",
         notes.per_permit,
         args.floor_requests,
+        notes.per_permit_lean,
         redis_rss.parse::<f64>().unwrap_or(0.0) / 1048576.0
     );
     println!("warm derive-key cost: `pushonce-bench plugins` (the plugin layer alone)");
+    if let Some((d, _)) = &notes.delivered {
+        println!(
+            "redis memory per delivered message (1 channel, end-to-end run): {:.0} bytes while its task is retained (used_memory delta / messages); MEMORY USAGE of one, mean of {}: permit {:.0}, task record {:.0}, event index {:.0} bytes; after the retention the permit and the event index stay for the window: {:.0} bytes",
+            d.per_message,
+            d.sampled,
+            d.permit,
+            d.task,
+            d.index,
+            d.permit + d.index
+        );
+    }
+    println!();
+    cost::print_profile(&notes.profile);
+    if let Some((_, Some(per_message))) = &notes.delivered {
+        println!();
+        per_message.print();
+    }
+    println!();
+    targets::print(lines, notes);
     Ok(())
 }

@@ -16,6 +16,12 @@ pub(super) struct Line {
     pub p999: f64,
     /// The floor it is compared with.
     pub floor: f64,
+    /// Redis's CPU time (all its threads) over the run per accepted channel
+    /// (one message), µs (NaN: not measured).
+    pub redis_us: f64,
+    /// The host process's CPU time over the run per accepted message, µs
+    /// (NaN: not measured).
+    pub host_us: f64,
     /// A remark.
     pub note: String,
 }
@@ -31,6 +37,8 @@ impl Line {
             p99: f64::NAN,
             p999: f64::NAN,
             floor: f64::NAN,
+            redis_us: f64::NAN,
+            host_us: f64::NAN,
             note: format!("FAILED: {error:#}"),
         }
     }
@@ -45,7 +53,7 @@ pub(super) fn print(lines: &[Line]) {
             format!("{v:.p$}")
         }
     };
-    let rows: Vec<[String; 8]> = lines
+    let rows: Vec<[String; 10]> = lines
         .iter()
         .map(|l| {
             [
@@ -60,13 +68,24 @@ pub(super) fn print(lines: &[Line]) {
                 f(l.p99, 3),
                 f(l.p999, 3),
                 f(l.rate / l.floor, 3),
+                f(l.redis_us, 1),
+                f(l.host_us, 1),
                 l.note.clone(),
             ]
         })
         .collect();
     pushonce::cli::output::print_table(
         &[
-            "WHAT", "C", "RATE", "P50 MS", "P99 MS", "P999 MS", "VS FLOOR", "NOTE",
+            "WHAT",
+            "C",
+            "RATE",
+            "P50 MS",
+            "P99 MS",
+            "P999 MS",
+            "VS FLOOR",
+            "REDIS µS/MSG",
+            "HOST µS/MSG",
+            "NOTE",
         ],
         &rows,
     );
@@ -86,6 +105,23 @@ pub(super) fn rss_of(pid: Option<u32>) -> (f64, f64) {
             .unwrap_or(f64::NAN)
     };
     (field("VmRSS:"), field("VmHWM:"))
+}
+
+/// CPU time (user + system) process `pid` has used so far, s (NaN when unreadable).
+pub(super) fn cpu_of(pid: Option<u32>) -> f64 {
+    let stat = pid
+        .and_then(|pid| std::fs::read_to_string(format!("/proc/{pid}/stat")).ok())
+        .unwrap_or_default();
+    // Fields after the command name (which may hold spaces): state is the
+    // 3rd field, utime the 14th, stime the 15th.
+    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = |i: usize| fields.get(i).and_then(|v| v.parse::<f64>().ok());
+    match (ticks(11), ticks(12)) {
+        // Linux reports these in clock ticks of 1/100 s (USER_HZ).
+        (Some(u), Some(s)) => (u + s) / 100.0,
+        _ => f64::NAN,
+    }
 }
 
 /// The machine's load average (1, 5, 15 minutes).

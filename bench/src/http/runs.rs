@@ -45,6 +45,107 @@ pub(super) struct PhaseRuns<'a> {
     pub dispatch: bool,
     /// Messages the simulator should have once the backlog is delivered.
     pub expected: u64,
+    /// Redis memory of the delivered messages of the 1-channel end-to-end run.
+    pub delivered_memory: Option<DeliveredMemory>,
+    /// Redis's commands per delivered message over that run.
+    pub redis_per_message: Option<super::cost::PerMessage>,
+}
+
+/// Redis memory a delivered message keeps.
+pub(super) struct DeliveredMemory {
+    /// `used_memory` grown over the run and its delivery, per message, bytes
+    /// (its permit, task record kept for the retention, event index and
+    /// everything the dispatch wrote).
+    pub per_message: f64,
+    /// Mean `MEMORY USAGE` of one delivered message's permit, bytes.
+    pub permit: f64,
+    /// Mean `MEMORY USAGE` of its task record, bytes.
+    pub task: f64,
+    /// Mean `MEMORY USAGE` of its event index, bytes.
+    pub index: f64,
+    /// How many messages the means are over.
+    pub sampled: usize,
+}
+
+impl DeliveredMemory {
+    /// Reads the permits of run `tag` (up to 100), and their task records
+    /// and event indexes.
+    async fn measure(
+        conn: &mut pushonce::store::RedisConn,
+        tag: &str,
+        grown: f64,
+        messages: usize,
+    ) -> anyhow::Result<DeliveredMemory> {
+        let permits = scan(conn, &format!("*:permit:*{tag}-*"), 100).await?;
+        let (mut permit, mut task, mut index) = (0.0, 0.0, 0.0);
+        for key in &permits {
+            permit += usage(conn, key).await?;
+            let id: Option<String> = redis::cmd("GET").arg(key).query_async(conn).await?;
+            let tag_end = key.find('}').map_or(0, |i| i + 1);
+            let task_key = format!("{}:task:{}", &key[..tag_end], id.unwrap_or_default());
+            task += usage(conn, &task_key).await?;
+            let ev: Option<String> = redis::cmd("HGET")
+                .arg(&task_key)
+                .arg("event_index")
+                .query_async(conn)
+                .await?;
+            index += usage(conn, &ev.unwrap_or_default()).await?;
+        }
+        let n = permits.len().max(1) as f64;
+        Ok(DeliveredMemory {
+            per_message: grown / messages.max(1) as f64,
+            permit: permit / n,
+            task: task / n,
+            index: index / n,
+            sampled: permits.len(),
+        })
+    }
+}
+
+/// Up to `most` keys matching `pattern`.
+async fn scan(
+    conn: &mut pushonce::store::RedisConn,
+    pattern: &str,
+    most: usize,
+) -> anyhow::Result<Vec<String>> {
+    let mut found = Vec::new();
+    let mut cursor: u64 = 0;
+    loop {
+        let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
+            .arg(cursor)
+            .arg("MATCH")
+            .arg(pattern)
+            .arg("COUNT")
+            .arg(10_000)
+            .query_async(conn)
+            .await?;
+        found.extend(keys);
+        if next == 0 || found.len() >= most {
+            found.truncate(most);
+            return Ok(found);
+        }
+        cursor = next;
+    }
+}
+
+/// `MEMORY USAGE key SAMPLES 0`, bytes (0 for a missing key).
+async fn usage(conn: &mut pushonce::store::RedisConn, key: &str) -> anyhow::Result<f64> {
+    let bytes: Option<u64> = redis::cmd("MEMORY")
+        .arg("USAGE")
+        .arg(key)
+        .arg("SAMPLES")
+        .arg(0)
+        .query_async(conn)
+        .await?;
+    Ok(bytes.unwrap_or(0) as f64)
+}
+
+/// Redis CPU seconds over a run as µs per accepted message (NaN when unknown).
+fn per_message_us(cpu_s: f64, accepted: usize) -> f64 {
+    if accepted == 0 {
+        return f64::NAN;
+    }
+    cpu_s * 1e6 / accepted as f64
 }
 
 impl PhaseRuns<'_> {
@@ -104,7 +205,9 @@ impl PhaseRuns<'_> {
 
     /// One throughput run, then (dispatching) its backlog delivered.
     async fn throughput_run(&mut self, what: String, spec: &LoadSpec<'_>) -> anyhow::Result<Line> {
+        let (cpu, host) = (self.redis_cpu().await, self.host_cpu());
         let r = self.load(spec).await?;
+        let (cpu, host) = (self.redis_cpu().await - cpu, self.host_cpu() - host);
         let events = if spec.dup { r.ok / 2 } else { r.ok };
         eprintln!(
             "{what} c={}: {:.0} req/s, {} accepted, {} duplicate, {} errors",
@@ -125,6 +228,8 @@ impl PhaseRuns<'_> {
             p99: r.p99_ms,
             p999: r.p999_ms,
             floor: self.floors.at(spec.c),
+            redis_us: per_message_us(cpu, r.accepted),
+            host_us: per_message_us(host, r.accepted),
             note,
         })
     }
@@ -154,7 +259,9 @@ impl PhaseRuns<'_> {
     /// The paced run and its permit pipeline's latency from the host's histogram.
     async fn paced_run(&mut self, what: String, spec: &LoadSpec<'_>) -> anyhow::Result<[Line; 2]> {
         let before = self.permit_buckets().await?;
+        let (cpu, host) = (self.redis_cpu().await, self.host_cpu());
         let r = self.load(spec).await?;
+        let (cpu, host) = (self.redis_cpu().await - cpu, self.host_cpu() - host);
         let after = self.permit_buckets().await?;
         let delivered = self.deliver_backlog(&r).await;
         let run = Line {
@@ -165,6 +272,8 @@ impl PhaseRuns<'_> {
             p99: r.p99_ms,
             p999: r.p999_ms,
             floor: self.floors.at(spec.c),
+            redis_us: per_message_us(cpu, r.accepted),
+            host_us: per_message_us(host, r.accepted),
             note: format!(
                 "target {:.0}/s{}",
                 spec.rate,
@@ -183,6 +292,8 @@ impl PhaseRuns<'_> {
             p99: bucket_quantile(&before, &after, 0.99),
             p999: f64::NAN,
             floor: f64::NAN,
+            redis_us: f64::NAN,
+            host_us: f64::NAN,
             note: "bucket upper bounds".into(),
         };
         Ok([run, permit])
@@ -205,9 +316,21 @@ impl PhaseRuns<'_> {
             tag: format!("e2e{per}"),
             rate: 0.0,
         };
+        let mut conn = self.stack.conn.clone();
+        super::cost::reset(&mut conn).await?;
+        let memory = super::super::permit::used_memory(&mut conn).await?;
+        let (cpu, host) = (self.redis_cpu().await, self.host_cpu());
         let r = self.load(&spec).await?;
         let all = self.deliver_backlog(&r).await;
+        let (cpu, host) = (self.redis_cpu().await - cpu, self.host_cpu() - host);
+        let memory = super::super::permit::used_memory(&mut conn).await? as f64 - memory as f64;
         let (mut lat, last) = post_to_accept_ms(self.stack, r.first_post_ms);
+        if per == 1 {
+            let stats = super::cost::command_stats(&mut conn).await?;
+            self.redis_per_message = Some(super::cost::PerMessage::of(&stats, lat.len()));
+            self.delivered_memory =
+                Some(DeliveredMemory::measure(&mut conn, &spec.tag, memory, lat.len()).await?);
+        }
         lat.sort_unstable();
         let pct = |q: f64| crate::percentile(&lat, q).map_or(f64::NAN, |ms| ms as f64);
         let span = last.saturating_sub(r.first_post_ms).max(1) as f64 / 1000.0;
@@ -219,6 +342,8 @@ impl PhaseRuns<'_> {
             p99: pct(0.99),
             p999: pct(0.999),
             floor: self.floors.at(spec.c),
+            redis_us: per_message_us(cpu, r.accepted),
+            host_us: per_message_us(host, r.accepted),
             note: format!(
                 "{} msgs of {} events{}",
                 lat.len(),
@@ -226,6 +351,19 @@ impl PhaseRuns<'_> {
                 if all { "" } else { ", NOT all delivered" }
             ),
         })
+    }
+
+    /// Redis's CPU time so far, s (NaN when it cannot be read: the run's
+    /// line then shows no Redis cost rather than failing).
+    async fn redis_cpu(&self) -> f64 {
+        super::cost::cpu_s(&mut self.stack.conn.clone())
+            .await
+            .unwrap_or(f64::NAN)
+    }
+
+    /// The host process's CPU time so far, s.
+    fn host_cpu(&self) -> f64 {
+        super::report::cpu_of(self.host.pid())
     }
 
     /// `a` (API only) or `f` (dispatching): keeps biz ids apart between phases.

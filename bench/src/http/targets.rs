@@ -1,0 +1,177 @@
+//! The targets of issue 19, each as a row: what is asked, what this run
+//! measured (as the ratio the target names), and whether it is met. A
+//! target whose measurement is missing (its run failed) says so.
+
+use super::Notes;
+use super::report::Line;
+
+/// Concurrency the single-number targets are read at.
+const C: usize = 64;
+
+/// One target: its name, what it asks, the measured value, whether met, and how it was computed.
+struct Target {
+    name: &'static str,
+    asked: &'static str,
+    value: f64,
+    met: bool,
+    how: String,
+}
+
+/// Prints the targets table.
+pub(super) fn print(lines: &[Line], notes: &Notes) {
+    let targets = [
+        host_vs_script(lines),
+        redis_time(lines, notes),
+        four_vs_one(lines),
+        delivered_bytes(notes),
+        open_bytes(notes),
+        end_to_end(lines),
+        paced_p99(lines),
+    ];
+    println!("targets (issue 19), this run:");
+    let rows: Vec<[String; 5]> = targets
+        .iter()
+        .map(|t| {
+            [
+                t.name.to_string(),
+                t.asked.to_string(),
+                if t.value.is_nan() {
+                    "not measured".into()
+                } else {
+                    format!("{:.2}", t.value)
+                },
+                match (t.value.is_nan(), t.met) {
+                    (true, _) => "-",
+                    (false, true) => "met",
+                    (false, false) => "NOT met",
+                }
+                .into(),
+                t.how.clone(),
+            ]
+        })
+        .collect();
+    pushonce::cli::output::print_table(&["TARGET", "ASKED", "MEASURED", "", "FROM"], &rows);
+}
+
+/// The line whose `what` starts with `what` at concurrency `c`.
+fn find<'a>(lines: &'a [Line], what: &str, c: usize) -> Option<&'a Line> {
+    lines.iter().find(|l| l.what.starts_with(what) && l.c == c)
+}
+
+/// A line's rate (NaN when the line is missing).
+fn rate(lines: &[Line], what: &str, c: usize) -> f64 {
+    find(lines, what, c).map_or(f64::NAN, |l| l.rate)
+}
+
+const API_ONE: &str = "HTTP /v1/events 1 channel, API only, accepted";
+const API_FOUR: &str = "HTTP /v1/events 4 channels, API only, accepted";
+
+fn host_vs_script(lines: &[Line]) -> Target {
+    let host = rate(lines, API_ONE, C);
+    let script = rate(lines, "redis-benchmark EVALSHA accept.lua", C);
+    Target {
+        name: "1. host API-only, 1 channel vs redis-benchmark on accept.lua",
+        asked: "≥ 1.0×",
+        value: host / script,
+        met: host / script >= 1.0,
+        how: format!("{host:.0} / {script:.0} events/s, c={C}"),
+    }
+}
+
+fn redis_time(lines: &[Line], notes: &Notes) -> Target {
+    let script = notes
+        .profile
+        .as_ref()
+        .ok()
+        .and_then(|p| p.first())
+        .map_or(f64::NAN, |l| l.usec);
+    let cpu = find(lines, API_ONE, C).map_or(f64::NAN, |l| l.redis_us);
+    Target {
+        name: "2. Redis time per accepted channel, µs",
+        asked: "≤ 12",
+        value: script,
+        met: script <= 12.0,
+        how: format!(
+            "accept.lua usec_per_call (profile below); Redis CPU over the API-only 1-channel run at c={C}: {cpu:.1} µs per message"
+        ),
+    }
+}
+
+fn four_vs_one(lines: &[Line]) -> Target {
+    let one = find(lines, API_ONE, C).map_or(f64::NAN, |l| l.redis_us);
+    let four = find(lines, API_FOUR, C).map_or(f64::NAN, |l| l.redis_us);
+    let ratio = 4.0 * four / one;
+    Target {
+        name: "3. Redis cost of a 4-channel event vs a 1-channel one",
+        asked: "≤ 1.5×",
+        value: ratio,
+        met: ratio <= 1.5,
+        how: format!("Redis CPU per event, API only, c={C}: 4 × {four:.1} µs / {one:.1} µs"),
+    }
+}
+
+fn delivered_bytes(notes: &Notes) -> Target {
+    let (value, how) = match notes.delivered.as_ref().map(|(d, _)| d) {
+        Some(d) => (
+            d.permit + d.index,
+            format!(
+                "permit {:.0} + event index {:.0} (after the retention); {:.0} while the task record is retained",
+                d.permit, d.index, d.per_message
+            ),
+        ),
+        None => (f64::NAN, "no end-to-end 1-channel run".into()),
+    };
+    Target {
+        name: "4a. Redis bytes per delivered key",
+        asked: "≤ 200",
+        value,
+        met: value <= 200.0,
+        how,
+    }
+}
+
+fn open_bytes(notes: &Notes) -> Target {
+    Target {
+        name: "4b. Redis bytes per open permit",
+        asked: "≤ 700",
+        value: notes.per_permit,
+        met: notes.per_permit <= 700.0,
+        how: format!(
+            "used_memory delta over Permits::accept direct / accepts; {:.0} with event_index = false",
+            notes.per_permit_lean
+        ),
+    }
+}
+
+fn end_to_end(lines: &[Line]) -> Target {
+    let e2e = rate(lines, "end to end 1 channel", 16);
+    let api = lines
+        .iter()
+        .filter(|l| l.what.starts_with(API_ONE))
+        .map(|l| l.rate)
+        .filter(|r| !r.is_nan())
+        .fold(f64::NAN, f64::max);
+    Target {
+        name: "5. end to end 1 channel vs the API-only accept rate",
+        asked: "≥ 0.8×",
+        value: e2e / api,
+        met: e2e / api >= 0.8,
+        how: format!("{e2e:.0} messages/s at the simulator (c=16) / {api:.0} (API-only peak)"),
+    }
+}
+
+fn paced_p99(lines: &[Line]) -> Target {
+    let paced = lines
+        .iter()
+        .position(|l| l.what.starts_with("HTTP 1 channel, paced at half peak"));
+    let p99 = paced
+        .and_then(|i| lines.get(i + 1))
+        .map_or(f64::NAN, |l| l.p99);
+    Target {
+        name: "6. permit p99 at half of peak while dispatching, ms",
+        asked: "< 2",
+        value: p99,
+        met: p99 < 2.0,
+        how: "the host's permit histogram (bucket upper bound)".into(),
+    }
+}

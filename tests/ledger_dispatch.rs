@@ -538,3 +538,70 @@ async fn operators_requeue_and_settle_held_tasks_and_the_ledger_keeps_who_and_wh
     );
     host.shutdown().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_the_event_index_event_lookups_come_through_the_ledger() {
+    use pushonce_tests::host::{Setup, TestHost, order_shipped};
+    let redis = RedisServer::start().await.unwrap();
+    let setup = Setup {
+        configure: Some(Box::new(|c| c.event_index = false)),
+        ..Setup::default()
+    };
+    let host = TestHost::start_with(&redis, setup).await.unwrap();
+    let ids = accepted_task_ids(&host, &order_shipped("o-x")).await;
+    assert_eq!(ids.len(), 3);
+    let permits = host_permits(&redis).await;
+    for id in &ids {
+        wait_status(&permits, id, TaskStatus::Sent).await;
+    }
+    let mut conn = redis.manager().await.unwrap();
+    let indexes: Vec<String> = redis::cmd("KEYS")
+        .arg("*:event:*")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert!(indexes.is_empty(), "no event index written: {indexes:?}");
+    // Each task is found through its ledger row, shown as Redis has it.
+    let event = host
+        .get("/v1/events/ORDER_SHIPPED/o-x", None)
+        .await
+        .unwrap();
+    assert_eq!(event.status, reqwest::StatusCode::OK, "{}", event.body);
+    let tasks = event.body["tasks"].as_array().unwrap();
+    let mut found: Vec<&str> = tasks.iter().map(|t| t["id"].as_str().unwrap()).collect();
+    found.sort_unstable();
+    let mut want: Vec<&str> = ids.iter().map(String::as_str).collect();
+    want.sort_unstable();
+    assert_eq!(found, want);
+    assert!(
+        tasks
+            .iter()
+            .all(|t| t["from_ledger"] != true && t["status"] == "sent" && t["event"].is_object()),
+        "{}",
+        event.body
+    );
+    // After Redis's retention, from the ledger.
+    for id in &ids {
+        forget_task(&redis, &permits, id).await;
+    }
+    let event = host
+        .get("/v1/events/ORDER_SHIPPED/o-x", None)
+        .await
+        .unwrap();
+    let tasks = event.body["tasks"].as_array().unwrap();
+    assert_eq!(tasks.len(), 3, "{}", event.body);
+    assert!(tasks.iter().all(|t| t["from_ledger"] == true));
+    // An event none of whose tasks reached a send attempt is not found, and
+    // the answer says why.
+    let none = host
+        .get("/v1/events/ORDER_SHIPPED/o-never", None)
+        .await
+        .unwrap();
+    assert_eq!(none.status, reqwest::StatusCode::NOT_FOUND);
+    assert!(
+        none.body.to_string().contains("the event index is off"),
+        "{}",
+        none.body
+    );
+    host.shutdown().await.unwrap();
+}

@@ -61,6 +61,24 @@ pub struct HostConfig {
     /// How long finished tasks stay readable before they expire.
     #[serde(with = "humantime_serde")]
     pub task_retention: Duration,
+    /// How long a task that ended delivered (a receipt or a status query
+    /// said so, or it was sent on a channel that can confirm nothing later)
+    /// stays in Redis; absent: as `task_retention`. With the delivery ledger
+    /// on, a look-up after it answers from the ledger (`from_ledger`), and a
+    /// short value (e.g. `"1h"`) keeps Redis small: the record is most of a
+    /// delivered message's memory (BENCHMARKS.md, "Scale on paper"). Failed
+    /// and dead tasks keep `task_retention` (operators requeue them from Redis).
+    #[serde(default, with = "humantime_serde")]
+    pub delivered_retention: Option<Duration>,
+    /// Keep an index of each event's tasks in Redis (the default), so
+    /// `GET /v1/events/{biz_type}/{biz_id}` lists every task of an event,
+    /// also those that have not reached a send attempt. `false`: every
+    /// accept is cheaper in Redis (no index set per event: less CPU and
+    /// memory, measured in BENCHMARKS.md) and that look-up lists the tasks
+    /// the delivery ledger has, i.e. those that reached a send attempt, and
+    /// the event's tasks still in Redis are found through their ledger rows.
+    /// Needs the ledger (refused with `ledger_url = "off"`).
+    pub event_index: bool,
     /// Replicas that must confirm an API accept's writes (Redis `WAIT`)
     /// before the API answers it; 0 (the default): answered once the primary
     /// has them. With N, an accepted event survives a failover to any replica
@@ -431,6 +449,8 @@ impl Default for HostConfig {
             dispatch: true,
             lease: Duration::from_secs(30),
             task_retention: Duration::from_secs(7 * 24 * 3600),
+            delivered_retention: None,
+            event_index: true,
             wait_replicas: 0,
             wait_replicas_timeout: Duration::from_millis(100),
             plugin_limits: PluginLimits::default(),
@@ -587,7 +607,26 @@ impl HostConfig {
         self.check_reconcile()?;
         self.check_http_and_events()?;
         self.check_caps()?;
+        self.check_retention_and_index()?;
         self.check_redis()
+    }
+
+    /// Without the event index, event look-ups come from the ledger alone;
+    /// a delivered retention is a positive time.
+    fn check_retention_and_index(&self) -> Result<(), ConfigError> {
+        if self
+            .delivered_retention
+            .is_some_and(|d| d < Duration::from_secs(1))
+        {
+            return Err(invalid("delivered_retention", "must be at least 1s"));
+        }
+        if !self.event_index && self.ledger().is_none() {
+            return Err(invalid(
+                "event_index",
+                "false needs the delivery ledger (event look-ups then come from it); ledger_url is \"off\"",
+            ));
+        }
+        Ok(())
     }
 
     /// Every cap group on its own (`max`, exactly one period).
@@ -937,6 +976,21 @@ mod tests {
         c.reconcile.max_checks = 0;
         let err = c.check().unwrap_err().to_string();
         assert!(err.starts_with("reconcile.max_checks:"), "{err}");
+        let c = HostConfig {
+            event_index: false,
+            ledger_url: Some("off".into()),
+            ..HostConfig::default()
+        };
+        let err = c.check().unwrap_err().to_string();
+        assert!(
+            err.starts_with("event_index: false needs the delivery ledger"),
+            "{err}"
+        );
+        let c = HostConfig {
+            event_index: false,
+            ..HostConfig::default()
+        };
+        c.check().unwrap();
     }
 
     #[test]

@@ -478,6 +478,8 @@ pub(crate) fn permit_config(config: &HostConfig) -> PermitConfig {
     PermitConfig {
         shards: config.shards,
         retention: config.task_retention,
+        delivered_retention: config.delivered_retention,
+        event_index: config.event_index,
         check_sent_after: config.reconcile.sent_age,
         check_unknown_after: config.reconcile.unknown_age,
         wait_replicas: config.wait_replicas,

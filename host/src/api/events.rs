@@ -225,8 +225,13 @@ pub(crate) async fn get_event(
     )
     .await?;
     if tasks.is_empty() {
+        let why = if state.permits.config().event_index {
+            ""
+        } else {
+            " (the event index is off: a task is listed once it reached a send attempt)"
+        };
         return Err(ApiError::NotFound(format!(
-            "no task of event {biz_type}/{biz_id}"
+            "no task of event {biz_type}/{biz_id}{why}"
         )));
     }
     tasks.sort_by(|a, b| a.accepted_at.cmp(&b.accepted_at).then(a.id.cmp(&b.id)));

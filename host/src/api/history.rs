@@ -30,8 +30,9 @@ pub async fn task(state: &AppState, id: &str) -> Result<Option<TaskView>, ApiErr
     Ok(ledger.by_task(id).await?.map(|row| view(&row)))
 }
 
-/// Adds to `tasks` the ledger's rows of the event whose tasks Redis no
-/// longer has (only `user_id`'s when given: compared by digest).
+/// Adds to `tasks` the event's tasks the ledger has that are not listed yet
+/// (only `user_id`'s when given: compared by digest): each as Redis has it
+/// while it does, else as the ledger last wrote it.
 pub(crate) async fn add_event_rows(
     state: &AppState,
     biz_type: &str,
@@ -47,7 +48,10 @@ pub(crate) async fn add_event_rows(
         let known = tasks.iter().any(|t| t.id == row.task_id);
         let user_ok = digest.as_ref().is_none_or(|d| *d == row.recipient_digest);
         if !known && user_ok {
-            tasks.push(view(&row));
+            // Without the event index (`event_index = false`) a task Redis
+            // still has is found here: shown as Redis has it.
+            let live = state.permits.task(&row.task_id).await?;
+            tasks.push(live.map_or_else(|| view(&row), |t| TaskView::from(&t)));
         }
     }
     Ok(())

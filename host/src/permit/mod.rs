@@ -75,6 +75,15 @@ pub struct PermitConfig {
     /// How long a task that ended (`sent`, `delivered`, `failed`, `dead`,
     /// `superseded`) is kept before it expires (default 7 days).
     pub retention: Duration,
+    /// How long a task that ended delivered (by a receipt or a status
+    /// query, or sent on a channel that can confirm nothing later) is kept
+    /// (`None`, the default: as `retention`). Failed, dead and operator-settled tasks
+    /// keep `retention`.
+    pub delivered_retention: Option<Duration>,
+    /// Whether each accept adds its task to the event's index (default
+    /// true); without it [`Permits::tasks_of_event`] finds nothing and event
+    /// look-ups come from the delivery ledger.
+    pub event_index: bool,
     /// How far past a lease end or a retry's due time the permit is kept, so a
     /// late worker or retry scheduler still finds it (default 5 minutes).
     pub grace: Duration,
@@ -99,6 +108,8 @@ impl Default for PermitConfig {
             namespace: "po".into(),
             shards: 16,
             retention: Duration::from_secs(7 * 24 * 3600),
+            delivered_retention: None,
+            event_index: true,
             grace: Duration::from_secs(300),
             group: "pushonce".into(),
             check_sent_after: Duration::from_secs(600),
@@ -546,7 +557,7 @@ impl Permits {
         for cap in &req.gate.caps {
             keys.push(self.layout.cap(&cap.name, &cap.subject));
         }
-        if !req.biz_type.is_empty() {
+        if self.config.event_index && !req.biz_type.is_empty() {
             keys.push(self.layout.event_index(shard, &req.biz_type, &req.biz_id));
         }
         if let Some(bloom) = &req.gate.bloom {
@@ -605,6 +616,13 @@ impl Permits {
         }
     }
 
+    /// How long a delivered task is kept.
+    fn delivered_retention(&self) -> Duration {
+        self.config
+            .delivered_retention
+            .unwrap_or(self.config.retention)
+    }
+
     fn task_key(&self, task_id: &str) -> Result<String, PermitError> {
         self.layout
             .task(task_id)
@@ -642,12 +660,16 @@ impl Permits {
         })
     }
 
-    /// Ids of the tasks of one event, across every shard (one pipelined `SMEMBERS` per shard).
+    /// Ids of the tasks of one event, across every shard (one pipelined
+    /// `SMEMBERS` per shard); none when the event index is off.
     pub async fn tasks_of_event(
         &self,
         biz_type: &str,
         biz_id: &str,
     ) -> Result<Vec<String>, PermitError> {
+        if !self.config.event_index {
+            return Ok(Vec::new());
+        }
         let sets: Vec<Vec<String>> = self
             .per_shard(|shard| {
                 let mut cmd = redis::cmd("SMEMBERS");
@@ -831,6 +853,7 @@ impl Permits {
             .arg(args.reference)
             .arg(cause)
             .arg(provider_answer)
+            .arg(millis(self.delivered_retention()).max(1))
             .invoke_async(&mut self.conn.clone())
             .await?;
         recorded(array(answer, "record")?)
@@ -859,6 +882,7 @@ impl Permits {
             .arg(if delivered { "delivered" } else { "failed" })
             .arg(millis(self.config.retention).max(1))
             .arg(provider_message_id.unwrap_or(""))
+            .arg(millis(self.delivered_retention()).max(1))
             .invoke_async(&mut self.conn.clone())
             .await?;
         let items = array(answer, "receipt")?;

@@ -331,6 +331,76 @@ async fn ended_tasks_get_retention_and_sent_permits_keep_the_window() {
     assert_eq!(task.status, TaskStatus::Delivered);
 }
 
+/// The task record's time to live, ms.
+async fn task_ttl(server: &RedisServer, permits: &Permits, id: &str) -> i64 {
+    let mut conn = server.manager().await.unwrap();
+    redis::cmd("PTTL")
+        .arg(permits.layout().task(id).unwrap())
+        .query_async(&mut conn)
+        .await
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn delivered_tasks_keep_the_delivered_retention_the_others_the_retention() {
+    let server = RedisServer::start().await.unwrap();
+    let permits = server
+        .permits(PermitConfig {
+            delivered_retention: Some(Duration::from_secs(60)),
+            ..permit_config()
+        })
+        .await
+        .unwrap();
+    let sent = || Outcome::Sent {
+        provider_message_id: "p".into(),
+        reference: None,
+    };
+    let minute = 50_000..=60_000;
+    let hour = 3_590_000..=3_600_000;
+    // Sent and awaiting its receipt: the retention (the receipt settles it).
+    let delivered = recorded(&permits, "dr-delivered", sent()).await;
+    assert!(hour.contains(&task_ttl(&server, &permits, &delivered).await));
+    assert!(
+        permits
+            .record_receipt(&delivered, true, None)
+            .await
+            .unwrap()
+    );
+    let ttl = task_ttl(&server, &permits, &delivered).await;
+    assert!(minute.contains(&ttl), "delivered: {ttl}");
+    // Failed after the provider took it: the retention.
+    let failed = recorded(&permits, "dr-failed", sent()).await;
+    assert!(permits.record_receipt(&failed, false, None).await.unwrap());
+    let ttl = task_ttl(&server, &permits, &failed).await;
+    assert!(hour.contains(&ttl), "failed: {ttl}");
+    // Sent for good on a channel nothing can confirm later: delivered.
+    let id = accepted(
+        &permits
+            .accept(&request("dr-final", Duration::from_secs(30)))
+            .await
+            .unwrap(),
+    );
+    let a = begin(&permits, &id, "dr-final", Duration::from_secs(5)).await;
+    let context = RecordContext {
+        checkable: false,
+        ..RecordContext::default()
+    };
+    permits
+        .record_with(&a, &sent(), None, context)
+        .await
+        .unwrap();
+    let ttl = task_ttl(&server, &permits, &id).await;
+    assert!(minute.contains(&ttl), "sent for good: {ttl}");
+    // The permit keeps the window all the same.
+    let permit = permits
+        .permit_ttl("dr-final")
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert!(permit > 20_000, "permit ttl {permit}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_permit_outlives_a_retry_schedule_longer_than_its_window() {
     let server = RedisServer::start().await.unwrap();

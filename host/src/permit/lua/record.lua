@@ -12,6 +12,8 @@
 -- ARGV[13] sent: the client reference the receipt named, or ''
 -- ARGV[14] unknown/dead: why the task is held (held cause JSON),
 -- ARGV[15] unknown/dead: the provider's last answer as the plugin saw it, or ''
+-- ARGV[16] retention ms of a task that ended sent for good (no receipt or
+--           check can come): the delivered retention
 -- A sent task enters the awaiting index only when ARGV[11] is not '-1' (its
 -- channel can confirm it later: a status query or receipts); else sent is final.
 -- An unknown task is listed in the shard's held index ({ns:shard}:held)
@@ -51,8 +53,11 @@ if outcome == 'sent' then
   end
   -- Sent: the permit now lasts exactly the window from accept.
   fate = end_permit(KEYS[1], KEYS[2], id, owner, n2s(window_end(KEYS[1], now)), true)
-  redis.call('PEXPIRE', KEYS[1], retention)
-  keep_index(KEYS[1], now, retention)
+  -- Awaiting a receipt, the record stays for the retention (the receipt
+  -- settles it); sent for good, for the delivered retention.
+  local keep = ARGV[11] == '-1' and tonumber(ARGV[16]) or retention
+  redis.call('PEXPIRE', KEYS[1], keep)
+  keep_index(KEYS[1], now, keep)
   if ARGV[11] ~= '-1' then
     -- Awaiting its receipt: the reconciler asks the provider if none comes.
     await(KEYS[1], KEYS[5], id, now, tonumber(ARGV[11]))

@@ -82,6 +82,7 @@ pub(super) async fn script_time(
         .query_async::<()>(conn)
         .await
         .context("emptying Redis before a profile run (FLUSHALL)")?;
+    fresh_aof(conn).await?;
     reset(conn).await?;
     permit::run_redis_benchmark(url, n, c, command)?;
     let stats = command_stats(conn).await?;
@@ -92,6 +93,36 @@ pub(super) async fn script_time(
         .map(|(calls, usec)| usec / *calls as f64)
         .unwrap_or(f64::NAN);
     Ok((script, stats))
+}
+
+/// Rewrites the AOF of the (emptied) Redis and waits for the rewrite to
+/// end, so that no automatic rewrite (a fork and a child writing the whole
+/// dataset) starts during the next run: the runs before grew the file.
+/// One the runs before started is waited for first.
+async fn fresh_aof(conn: &mut RedisConn) -> anyhow::Result<()> {
+    no_rewrite(conn).await?;
+    let _: redis::Value = redis::cmd("BGREWRITEAOF")
+        .query_async(conn)
+        .await
+        .context("rewriting the AOF before a profile run (BGREWRITEAOF)")?;
+    no_rewrite(conn).await
+}
+
+/// Waits (60 s at most) until no AOF rewrite runs or is scheduled.
+async fn no_rewrite(conn: &mut RedisConn) -> anyhow::Result<()> {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        let running = permit::info_field(conn, "persistence", "aof_rewrite_in_progress").await?;
+        let scheduled = permit::info_field(conn, "persistence", "aof_rewrite_scheduled").await?;
+        if running == "0" && scheduled == "0" {
+            return Ok(());
+        }
+        anyhow::ensure!(
+            std::time::Instant::now() < deadline,
+            "an AOF rewrite still running 60 s on (before a profile run)"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
 }
 
 /// How many times each profile row runs; its median is shown.
@@ -221,7 +252,7 @@ fn minimal_command(body: &str, nkeys: usize) -> Vec<String> {
 /// Prints the profile as a table (or why it is missing).
 pub(super) fn print_profile(profile: &anyhow::Result<Vec<ProfileLine>>) {
     println!(
-        "accept.lua profile: Redis's own µs per call (INFO commandstats usec_per_call), redis-benchmark -c 64 -P 1, each key unique; each row the median of 3 runs, each on an emptied Redis"
+        "accept.lua profile: Redis's own µs per call (INFO commandstats usec_per_call), redis-benchmark -c 64 -P 1, each key unique; each row the median of 3 runs, each on an emptied Redis with a rewritten AOF"
     );
     match profile {
         Ok(lines) => {

@@ -62,6 +62,10 @@ pub struct Args {
     /// Skip the half-duplicate runs.
     #[arg(long)]
     no_dup: bool,
+    /// The host in its lean configuration: `event_index = false` and
+    /// `delivered_retention = "1h"` (the default: as shipped).
+    #[arg(long)]
+    lean: bool,
     /// Phases to run: `api` (host with `dispatch = false`: the accept path
     /// alone) and `full` (the host dispatching while it accepts, end to end).
     #[arg(long, value_delimiter = ',', default_value = "api,full")]
@@ -318,7 +322,7 @@ async fn run_phase(
 ) -> anyhow::Result<(Vec<Line>, (Phase, f64, (f64, f64)), Option<Delivered>)> {
     let dispatch = phase == Phase::Full;
     let name = phase.name();
-    let mut host = stack.serve(name, args.workers, dispatch).await?;
+    let mut host = stack.serve(name, args.workers, dispatch, args.lean).await?;
     eprintln!("host ({name}) on {}", host.base());
     let (rss_idle, _) = report::rss_of(host.pid());
     let mut runs = PhaseRuns {
@@ -396,8 +400,15 @@ async fn print_report(
         report::load_avg()
     );
     println!(
-        "runs: ≤{} requests or ≤{:?} each; host = separate `pushonce serve` process, workers={} (phase api: dispatch = false; full: dispatching); channels = the real plugins over TLS to the simulator; load generator = separate process, 1 thread",
-        args.requests, args.duration, args.workers
+        "runs: ≤{} requests or ≤{:?} each; host = separate `pushonce serve` process, workers={} (phase api: dispatch = false; full: dispatching){}; channels = the real plugins over TLS to the simulator; load generator = separate process, 1 thread",
+        args.requests,
+        args.duration,
+        args.workers,
+        if args.lean {
+            ", lean: event_index = false, delivered_retention = \"1h\""
+        } else {
+            ", as shipped"
+        }
     );
     report::print(lines);
     for (phase, idle, (after, peak)) in &notes.rss {

@@ -45,16 +45,23 @@ impl BenchStack {
         })
     }
 
-    /// Starts the host of phase `name`: `workers` dispatcher workers, dispatching or not.
+    /// Starts the host of phase `name`: `workers` dispatcher workers,
+    /// dispatching or not, as shipped or lean (see `--lean`).
     pub async fn serve(
         &self,
         name: &str,
         workers: usize,
         dispatch: bool,
+        lean: bool,
     ) -> anyhow::Result<ServeProcess> {
         let mut config = ServeConfig::new(self.store.url(), &self.sim);
         config.workers = workers;
         config.extra = format!("dispatch = {dispatch}\n");
+        if lean {
+            config
+                .extra
+                .push_str("event_index = false\ndelivered_retention = \"1h\"\n");
+        }
         ServeProcess::start(&config, &self.tmp.join(name), &self.tmp.join("policies")).await
     }
 

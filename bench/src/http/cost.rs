@@ -95,11 +95,11 @@ pub(super) async fn script_time(
     Ok((script, stats))
 }
 
-/// Rewrites the AOF of the (emptied) Redis and waits for the rewrite to
-/// end, so that no automatic rewrite (a fork and a child writing the whole
-/// dataset) starts during the next run: the runs before grew the file.
+/// Rewrites the AOF and waits for the rewrite to end, so that no automatic
+/// rewrite (a fork and a child writing the whole dataset) starts during the
+/// next run: the runs before grew the file.
 /// One the runs before started is waited for first.
-async fn fresh_aof(conn: &mut RedisConn) -> anyhow::Result<()> {
+pub(super) async fn fresh_aof(conn: &mut RedisConn) -> anyhow::Result<()> {
     no_rewrite(conn).await?;
     let _: redis::Value = redis::cmd("BGREWRITEAOF")
         .query_async(conn)

@@ -443,6 +443,6 @@ async fn print_report(
         per_message.print();
     }
     println!();
-    targets::print(lines, notes);
+    targets::print(lines, notes, args.lean);
     Ok(())
 }

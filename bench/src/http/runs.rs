@@ -317,6 +317,8 @@ impl PhaseRuns<'_> {
             rate: 0.0,
         };
         let mut conn = self.stack.conn.clone();
+        // No AOF rewrite of the runs before may run during this one.
+        super::cost::fresh_aof(&mut conn).await?;
         super::cost::reset(&mut conn).await?;
         let memory = super::super::permit::used_memory(&mut conn).await?;
         let (cpu, host) = (self.redis_cpu().await, self.host_cpu());

@@ -49,9 +49,8 @@ pub(crate) async fn add_event_rows(
         let user_ok = digest.as_ref().is_none_or(|d| *d == row.recipient_digest);
         if !known && user_ok {
             // Without the event index (`event_index = false`) a task Redis
-            // still has is found here: shown as Redis has it.
-            let live = state.permits.task(&row.task_id).await?;
-            tasks.push(live.map_or_else(|| view(&row), |t| TaskView::from(&t)));
+            // still has is found here.
+            tasks.push(freshest(state, &row).await?);
         }
     }
     Ok(())
@@ -127,10 +126,16 @@ pub(crate) async fn user_tasks(
         .await?;
     let mut tasks = Vec::with_capacity(rows.len());
     for row in rows {
-        let live = state.permits.task(&row.task_id).await?;
-        tasks.push(live.map_or_else(|| view(&row), |t| TaskView::from(&t)));
+        tasks.push(freshest(state, &row).await?);
     }
     Ok(tasks)
+}
+
+/// A ledger row's task as Redis has it while Redis still has it (fresher,
+/// with event and history), else as the ledger last wrote it.
+async fn freshest(state: &AppState, row: &LedgerRow) -> Result<TaskView, ApiError> {
+    let live = state.permits.task(&row.task_id).await?;
+    Ok(live.map_or_else(|| view(row), |t| TaskView::from(&t)))
 }
 
 /// A ledger row as a task view (no event, payload or schedule).

@@ -116,14 +116,7 @@ async fn write_filters(
 async fn memory_usage(conn: &mut RedisConn, keys: &[String]) -> anyhow::Result<u64> {
     let mut total = 0;
     for key in keys {
-        let bytes: Option<u64> = redis::cmd("MEMORY")
-            .arg("USAGE")
-            .arg(key)
-            .arg("SAMPLES")
-            .arg(0)
-            .query_async(conn)
-            .await?;
-        total += bytes.unwrap_or(0);
+        total += crate::permit::memory_usage(conn, key).await?;
     }
     Ok(total)
 }

@@ -5,9 +5,10 @@
 //! costs, and what the Lua around them costs.
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 use anyhow::Context;
-use pushonce::permit::{PermitConfig, Permits};
+use pushonce::permit::Permits;
 use pushonce::store::RedisConn;
 
 use super::super::permit;
@@ -110,18 +111,38 @@ pub(super) async fn fresh_aof(conn: &mut RedisConn) -> anyhow::Result<()> {
 
 /// Waits (60 s at most) until no AOF rewrite runs or is scheduled.
 async fn no_rewrite(conn: &mut RedisConn) -> anyhow::Result<()> {
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let fields = ["aof_rewrite_in_progress", "aof_rewrite_scheduled"];
+    let what = "an AOF rewrite to end (before a profile run)";
+    until_zero(conn, "persistence", &fields, Duration::from_secs(60), what).await
+}
+
+/// Waits until each of `fields` of `INFO <section>` reads 0, for at most
+/// `deadline`; the error names what it waited for and the values last read.
+pub(super) async fn until_zero(
+    conn: &mut RedisConn,
+    section: &str,
+    fields: &[&str],
+    deadline: Duration,
+    what: &str,
+) -> anyhow::Result<()> {
+    let end = std::time::Instant::now() + deadline;
     loop {
-        let running = permit::info_field(conn, "persistence", "aof_rewrite_in_progress").await?;
-        let scheduled = permit::info_field(conn, "persistence", "aof_rewrite_scheduled").await?;
-        if running == "0" && scheduled == "0" {
+        let mut last = Vec::with_capacity(fields.len());
+        for field in fields {
+            last.push(format!(
+                "{field}={}",
+                permit::info_field(conn, section, field).await?
+            ));
+        }
+        if last.iter().all(|kv| kv.ends_with("=0")) {
             return Ok(());
         }
         anyhow::ensure!(
-            std::time::Instant::now() < deadline,
-            "an AOF rewrite still running 60 s on (before a profile run)"
+            std::time::Instant::now() < end,
+            "waited {deadline:?} for {what}: still {}",
+            last.join(", ")
         );
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
 
@@ -141,13 +162,7 @@ pub(super) async fn accept_profile(
     c: usize,
     permits: &Permits,
 ) -> anyhow::Result<Vec<ProfileLine>> {
-    let lean = Permits::new(
-        permits.connection(),
-        PermitConfig {
-            event_index: false,
-            ..permits.config().clone()
-        },
-    );
+    let lean = permit::without_index(permits);
     let mut commands = vec![
         permit::accept_command(permits),
         permit::accept_command(&lean),

@@ -267,13 +267,7 @@ async fn permit_rows(
     let single = permit::host_accepts(&permits, n, pc, 1, "s").await?;
     let after = permit::used_memory(&mut stack.conn).await?;
     notes.per_permit = after.saturating_sub(before) as f64 / n as f64;
-    let lean = Permits::new(
-        stack.conn.clone(),
-        PermitConfig {
-            event_index: false,
-            ..permits.config().clone()
-        },
-    );
+    let lean = permit::without_index(&permits);
     let before = permit::used_memory(&mut stack.conn).await?;
     permit::host_accepts(&lean, n, pc, 1, "l").await?;
     let after = permit::used_memory(&mut stack.conn).await?;
@@ -365,21 +359,16 @@ async fn drop_everything(stack: &mut BenchStack) -> anyhow::Result<()> {
         .query_async::<()>(&mut stack.conn)
         .await
         .context("emptying Redis (FLUSHALL ASYNC)")?;
-    let deadline = std::time::Instant::now() + Duration::from_secs(120);
-    loop {
-        let pending = permit::info_field(&mut stack.conn, "memory", "lazyfree_pending_objects")
-            .await?
-            .parse::<u64>()
-            .unwrap_or(0);
-        if pending == 0 {
-            return Ok(());
-        }
-        anyhow::ensure!(
-            std::time::Instant::now() < deadline,
-            "Redis still freeing {pending} objects after FLUSHALL ASYNC, 120 s on"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let what = "Redis to free the keys of FLUSHALL ASYNC";
+    let fields = ["lazyfree_pending_objects"];
+    cost::until_zero(
+        &mut stack.conn,
+        "memory",
+        &fields,
+        Duration::from_secs(120),
+        what,
+    )
+    .await
 }
 
 /// Prints the header, the table and the notes.

@@ -11,6 +11,8 @@ use super::report::Line;
 use super::stack::{BenchStack, FOUR, ONE};
 use super::{Args, Floors};
 use crate::load::Report;
+use crate::permit::memory_usage;
+use pushonce::permit::{Layout, PermitConfig};
 use pushonce_tests::stack::ServeProcess;
 
 /// One run of the load generator.
@@ -77,26 +79,29 @@ impl DeliveredMemory {
         messages: usize,
     ) -> anyhow::Result<DeliveredMemory> {
         let permits = scan(conn, &format!("*:permit:*{tag}-*"), 100).await?;
-        let (mut permit, mut task, mut index) = (0.0, 0.0, 0.0);
+        // The host's layout: the default namespace (the shard is read from a task id).
+        let layout = Layout::new(PermitConfig::default().namespace, 1);
+        let (mut permit, mut task, mut index) = (0, 0, 0);
         for key in &permits {
-            permit += usage(conn, key).await?;
+            permit += memory_usage(conn, key).await?;
             let id: Option<String> = redis::cmd("GET").arg(key).query_async(conn).await?;
-            let tag_end = key.find('}').map_or(0, |i| i + 1);
-            let task_key = format!("{}:task:{}", &key[..tag_end], id.unwrap_or_default());
-            task += usage(conn, &task_key).await?;
+            let Some(task_key) = id.and_then(|id| layout.task(&id)) else {
+                continue;
+            };
+            task += memory_usage(conn, &task_key).await?;
             let ev: Option<String> = redis::cmd("HGET")
                 .arg(&task_key)
                 .arg("event_index")
                 .query_async(conn)
                 .await?;
-            index += usage(conn, &ev.unwrap_or_default()).await?;
+            index += memory_usage(conn, &ev.unwrap_or_default()).await?;
         }
         let n = permits.len().max(1) as f64;
         Ok(DeliveredMemory {
             per_message: grown / messages.max(1) as f64,
-            permit: permit / n,
-            task: task / n,
-            index: index / n,
+            permit: permit as f64 / n,
+            task: task as f64 / n,
+            index: index as f64 / n,
             sampled: permits.len(),
         })
     }
@@ -128,19 +133,25 @@ async fn scan(
     }
 }
 
-/// `MEMORY USAGE key SAMPLES 0`, bytes (0 for a missing key).
-async fn usage(conn: &mut pushonce::store::RedisConn, key: &str) -> anyhow::Result<f64> {
-    let bytes: Option<u64> = redis::cmd("MEMORY")
-        .arg("USAGE")
-        .arg(key)
-        .arg("SAMPLES")
-        .arg(0)
-        .query_async(conn)
-        .await?;
-    Ok(bytes.unwrap_or(0) as f64)
+/// CPU time Redis and the host process had used at one moment, s.
+#[derive(Clone, Copy)]
+struct CpuMark {
+    redis: f64,
+    host: f64,
 }
 
-/// Redis CPU seconds over a run as µs per accepted message (NaN when unknown).
+impl CpuMark {
+    /// Redis's and the host's CPU time from this mark to `now`, µs per
+    /// accepted message.
+    fn per_message(self, now: CpuMark, accepted: usize) -> (f64, f64) {
+        (
+            per_message_us(now.redis - self.redis, accepted),
+            per_message_us(now.host - self.host, accepted),
+        )
+    }
+}
+
+/// CPU seconds over a run as µs per accepted message (NaN when unknown).
 fn per_message_us(cpu_s: f64, accepted: usize) -> f64 {
     if accepted == 0 {
         return f64::NAN;
@@ -205,9 +216,9 @@ impl PhaseRuns<'_> {
 
     /// One throughput run, then (dispatching) its backlog delivered.
     async fn throughput_run(&mut self, what: String, spec: &LoadSpec<'_>) -> anyhow::Result<Line> {
-        let (cpu, host) = (self.redis_cpu().await, self.host_cpu());
+        let mark = self.cpu().await;
         let r = self.load(spec).await?;
-        let (cpu, host) = (self.redis_cpu().await - cpu, self.host_cpu() - host);
+        let (redis_us, host_us) = mark.per_message(self.cpu().await, r.accepted);
         let events = if spec.dup { r.ok / 2 } else { r.ok };
         eprintln!(
             "{what} c={}: {:.0} req/s, {} accepted, {} duplicate, {} errors",
@@ -228,8 +239,8 @@ impl PhaseRuns<'_> {
             p99: r.p99_ms,
             p999: r.p999_ms,
             floor: self.floors.at(spec.c),
-            redis_us: per_message_us(cpu, r.accepted),
-            host_us: per_message_us(host, r.accepted),
+            redis_us,
+            host_us,
             note,
         })
     }
@@ -259,9 +270,9 @@ impl PhaseRuns<'_> {
     /// The paced run and its permit pipeline's latency from the host's histogram.
     async fn paced_run(&mut self, what: String, spec: &LoadSpec<'_>) -> anyhow::Result<[Line; 2]> {
         let before = self.permit_buckets().await?;
-        let (cpu, host) = (self.redis_cpu().await, self.host_cpu());
+        let mark = self.cpu().await;
         let r = self.load(spec).await?;
-        let (cpu, host) = (self.redis_cpu().await - cpu, self.host_cpu() - host);
+        let (redis_us, host_us) = mark.per_message(self.cpu().await, r.accepted);
         let after = self.permit_buckets().await?;
         let delivered = self.deliver_backlog(&r).await;
         let run = Line {
@@ -272,8 +283,8 @@ impl PhaseRuns<'_> {
             p99: r.p99_ms,
             p999: r.p999_ms,
             floor: self.floors.at(spec.c),
-            redis_us: per_message_us(cpu, r.accepted),
-            host_us: per_message_us(host, r.accepted),
+            redis_us,
+            host_us,
             note: format!(
                 "target {:.0}/s{}",
                 spec.rate,
@@ -321,10 +332,10 @@ impl PhaseRuns<'_> {
         super::cost::fresh_aof(&mut conn).await?;
         super::cost::reset(&mut conn).await?;
         let memory = super::super::permit::used_memory(&mut conn).await?;
-        let (cpu, host) = (self.redis_cpu().await, self.host_cpu());
+        let mark = self.cpu().await;
         let r = self.load(&spec).await?;
         let all = self.deliver_backlog(&r).await;
-        let (cpu, host) = (self.redis_cpu().await - cpu, self.host_cpu() - host);
+        let (redis_us, host_us) = mark.per_message(self.cpu().await, r.accepted);
         let memory = super::super::permit::used_memory(&mut conn).await? as f64 - memory as f64;
         let (mut lat, last) = post_to_accept_ms(self.stack, r.first_post_ms);
         if per == 1 {
@@ -344,8 +355,8 @@ impl PhaseRuns<'_> {
             p99: pct(0.99),
             p999: pct(0.999),
             floor: self.floors.at(spec.c),
-            redis_us: per_message_us(cpu, r.accepted),
-            host_us: per_message_us(host, r.accepted),
+            redis_us,
+            host_us,
             note: format!(
                 "{} msgs of {} events{}",
                 lat.len(),
@@ -355,17 +366,15 @@ impl PhaseRuns<'_> {
         })
     }
 
-    /// Redis's CPU time so far, s (NaN when it cannot be read: the run's
-    /// line then shows no Redis cost rather than failing).
-    async fn redis_cpu(&self) -> f64 {
-        super::cost::cpu_s(&mut self.stack.conn.clone())
-            .await
-            .unwrap_or(f64::NAN)
-    }
-
-    /// The host process's CPU time so far, s.
-    fn host_cpu(&self) -> f64 {
-        super::report::cpu_of(self.host.pid())
+    /// Redis's and the host process's CPU time so far (Redis's NaN when it
+    /// cannot be read: the run's line then shows no Redis cost rather than failing).
+    async fn cpu(&self) -> CpuMark {
+        CpuMark {
+            redis: super::cost::cpu_s(&mut self.stack.conn.clone())
+                .await
+                .unwrap_or(f64::NAN),
+            host: super::report::cpu_of(self.host.pid()),
+        }
     }
 
     /// `a` (API only) or `f` (dispatching): keeps biz ids apart between phases.

@@ -291,13 +291,7 @@ async fn ended_tasks_get_retention_and_sent_permits_keep_the_window() {
     let key = "ret-key";
     let window = Duration::from_secs(600);
     let id = accepted(&permits.accept(&request(key, window)).await.unwrap());
-    let mut conn = server.manager().await.unwrap();
-    let task_key = permits.layout().task(&id).unwrap();
-    let ttl: i64 = redis::cmd("PTTL")
-        .arg(&task_key)
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    let ttl = task_ttl(&server, &permits, &id).await;
     assert_eq!(ttl, -1, "a live task never expires");
     let a = begin(&permits, &id, key, Duration::from_secs(5)).await;
     // During the attempt the permit lasts past the lease by the grace (60 s) or the window, whichever is longer.
@@ -314,11 +308,7 @@ async fn ended_tasks_get_retention_and_sent_permits_keep_the_window() {
         )
         .await
         .unwrap();
-    let ttl: i64 = redis::cmd("PTTL")
-        .arg(&task_key)
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    let ttl = task_ttl(&server, &permits, &id).await;
     assert!(
         ttl > 3_590_000 && ttl <= 3_600_000,
         "task retention ttl {ttl}"

@@ -1,6 +1,6 @@
 //! Build script of the test crate: builds the real plugins (`plugins/`) and
 //! the test-only plugins (`tests/fixtures/plugins/`) for `wasm32-wasip2` in
-//! release, with a target directory inside `OUT_DIR`, and tells the tests
+//! release, in `<target>/wasm` (where `cargo xtask plugins` builds them too), and tells the tests
 //! where the components are: `PUSHONCE_TEST_PLUGINS` (the real plugins) and
 //! `PUSHONCE_FIXTURE_PLUGINS` (misbehave, versioned, stable, wrong-world, http-probe).
 //! The JavaScript and Python key policies are built too when their toolchains
@@ -18,6 +18,10 @@ use std::process::Command;
 #[path = "../xtask/src/languages.rs"]
 #[allow(dead_code)]
 mod languages;
+
+/// Copying a workspace's own components, shared with `cargo xtask plugins`.
+#[path = "../xtask/src/components.rs"]
+mod components;
 
 fn main() {
     let manifest_dir = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").unwrap());
@@ -41,7 +45,8 @@ fn main() {
         }
     }
 
-    let target_dir = out.join("wasm-target");
+    // One build of the plugins: `cargo xtask plugins` uses the same directory.
+    let target_dir = cargo_target_dir(&root).join("wasm");
     let real = build_workspace(&plugins, &target_dir, &out.join("plugins"), "real plugins");
     let fixture = build_workspace(
         &fixtures,
@@ -79,6 +84,13 @@ fn check_target() {
             sysroot.display()
         );
     }
+}
+
+/// The target directory: `CARGO_TARGET_DIR`, else `target/` (as `cargo xtask` has it).
+fn cargo_target_dir(root: &Path) -> PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| root.join("target"))
 }
 
 /// Builds the workspace at `ws` and copies its components into `dest`
@@ -142,41 +154,16 @@ fn build_workspace(ws: &Path, target_dir: &Path, dest: &Path, what: &str) -> Pat
     }
     let built = target_dir.join("wasm32-wasip2").join("release");
     let _ = std::fs::remove_dir_all(dest);
-    std::fs::create_dir_all(dest).unwrap();
-    let manifest = std::fs::read_to_string(ws.join("Cargo.toml")).unwrap();
-    for member in members(&manifest) {
-        let crate_name = Path::new(&member)
-            .file_name()
-            .unwrap()
-            .to_string_lossy()
-            .replace('-', "_");
-        let wasm = built.join(format!("{crate_name}.wasm"));
-        if wasm.is_file() {
-            std::fs::copy(&wasm, dest.join(format!("{crate_name}.wasm"))).unwrap();
-        }
-    }
+    components::copy_members(ws, &built, dest)
+        .unwrap_or_else(|e| panic!("copying the {what} into {}: {e}", dest.display()));
     dest.to_path_buf()
-}
-
-/// The quoted entries of the workspace's `members = [...]` list.
-fn members(manifest: &str) -> Vec<String> {
-    let start = manifest.find("members").expect("a members list");
-    let list = &manifest[start..manifest[start..].find(']').unwrap() + start];
-    list.split('"')
-        .skip(1)
-        .step_by(2)
-        .map(str::to_string)
-        .collect()
 }
 
 /// Builds the JavaScript and Python plugins into `OUT_DIR/languages`; one
 /// whose toolchain is missing is skipped (named with the reason in
 /// `PUSHONCE_LANG_SKIPPED`), one that fails to build fails the build.
 fn build_other_languages(root: &Path, out: &Path) {
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| root.join("target"));
-    let toolchains = languages::toolchains(&target);
+    let toolchains = languages::toolchains(&cargo_target_dir(root));
     let dest = out.join("languages");
     let _ = std::fs::remove_dir_all(&dest);
     std::fs::create_dir_all(&dest).unwrap();

@@ -21,6 +21,17 @@ pub mod tls;
 use std::future::Future;
 use std::time::{Duration, Instant};
 
+/// The runtime of a test that runs in a process of its own (rusty-fork
+/// takes plain `#[test]` functions): multi-threaded with two workers, as the
+/// `#[tokio::test(flavor = "multi_thread", worker_threads = 2)]` tests have.
+pub fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("a tokio runtime")
+}
+
 /// Polls `check` every 20 ms until it returns true; fails after `deadline`.
 pub async fn wait_until<F, Fut>(deadline: Duration, mut check: F) -> anyhow::Result<()>
 where

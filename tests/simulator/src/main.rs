@@ -89,6 +89,10 @@ async fn main() -> anyhow::Result<()> {
     let control = tokio::net::TcpListener::bind(args.control_listen).await?;
     let base_url = format!("https://{}", listener.local_addr()?);
     if let Some(path) = &args.ca_out {
+        // Its folder may not exist yet (`target/sim` on a fresh clone).
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        }
         state.write_ca(path)?;
         println!("wrote CA {}", path.display());
     }

@@ -172,8 +172,17 @@ async fn failover(ledger_url: &str) -> (HashMap<String, usize>, Vec<Value>, Stri
     (per_key, views, metrics)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn with_the_ledger_a_failover_that_loses_permits_sends_nothing_twice() {
+rusty_fork::rusty_fork_test! {
+    /// In a process of its own (rusty-fork): it counts the prevented
+    /// duplicates in the process-wide metrics recorder, which the other
+    /// tests of this binary share.
+    #[test]
+    fn with_the_ledger_a_failover_that_loses_permits_sends_nothing_twice() {
+        pushonce_tests::runtime().block_on(the_ledger_stops_the_failovers_duplicates());
+    }
+}
+
+async fn the_ledger_stops_the_failovers_duplicates() {
     let pg = PostgresServer::shared().await.unwrap();
     let url = pg.database().await.unwrap();
     let (per_key, views, metrics) = failover(&url).await;

@@ -1,12 +1,43 @@
-//! `/metrics` reflects what happened, in its own test binary because the
-//! Prometheus recorder is global to a process: accepted and duplicate
-//! channels, refusals, the permit latency histogram, plugin calls, and the
-//! retry-queue depth read from Redis, and the dispatcher's outcomes.
+//! `/metrics` of a real `pushonce serve` process reflects what happened:
+//! accepted and duplicate channels, refusals, the permit latency histogram,
+//! plugin calls, the retry-queue depth read from Redis, and the dispatcher's
+//! outcomes through the real channel plugins to the provider simulator.
+//! The Prometheus recorder is global to a process, so the host runs in its
+//! own: the other tests of this binary count into theirs.
 
-use pushonce_tests::host::{TestHost, order_shipped};
+use pushonce_tests::host::{order_shipped, repo_root};
+use pushonce_tests::providers;
 use pushonce_tests::redis::RedisServer;
+use pushonce_tests::stack::{ServeConfig, ServeProcess, copy_dir};
 use reqwest::StatusCode;
-use serde_json::json;
+use serde_json::{Value, json};
+
+/// A client's answer: status and body.
+struct Answer {
+    status: StatusCode,
+    body: String,
+}
+
+/// `POST base/path` with a JSON body.
+async fn post(client: &reqwest::Client, base: &str, path: &str, body: &Value) -> Answer {
+    let res = client
+        .post(format!("{base}{path}"))
+        .json(body)
+        .send()
+        .await
+        .unwrap();
+    let status = res.status();
+    Answer {
+        status,
+        body: res.text().await.unwrap(),
+    }
+}
+
+/// The Prometheus text of `GET base/metrics`.
+async fn metrics(client: &reqwest::Client, base: &str) -> String {
+    let res = client.get(format!("{base}/metrics")).send().await.unwrap();
+    res.error_for_status().unwrap().text().await.unwrap()
+}
 
 /// The value of the sample `name{labels}` in a Prometheus text, if present.
 fn sample(text: &str, series: &str) -> Option<f64> {
@@ -19,19 +50,23 @@ fn sample(text: &str, series: &str) -> Option<f64> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_reflect_what_happened() {
     let redis = RedisServer::start().await.unwrap();
-    let host = TestHost::start(&redis).await.unwrap();
+    let sim = providers::sim().await;
+    let dir = tempfile::tempdir().unwrap();
+    let policies = dir.path().join("policies");
+    copy_dir(&repo_root().join("policies"), &policies).unwrap();
+    let config = ServeConfig::new(&redis.url(), &sim);
+    let mut host = ServeProcess::start(&config, dir.path(), &policies)
+        .await
+        .unwrap();
+    let (client, base) = (reqwest::Client::new(), host.base().to_string());
     for _ in 0..3 {
-        let a = host
-            .post("/v1/events", &order_shipped("o-m"), None)
-            .await
-            .unwrap();
-        assert_eq!(a.status, StatusCode::ACCEPTED);
+        let a = post(&client, &base, "/v1/events", &order_shipped("o-m")).await;
+        assert_eq!(a.status, StatusCode::ACCEPTED, "{}", a.body);
     }
     let bad = json!({"biz_type": "NOPE", "biz_id": "b", "user_id": "u"});
     assert_eq!(
-        host.post("/v1/events", &bad, None)
+        post(&client, &base, "/v1/events", &bad)
             .await
-            .unwrap()
             .status
             .as_u16(),
         422
@@ -47,7 +82,7 @@ async fn metrics_reflect_what_happened() {
         .await
         .unwrap();
 
-    let text = host.metrics().await.unwrap();
+    let text = metrics(&client, &base).await;
     for channel in ["sms", "wechat", "app-push"] {
         assert_eq!(
             sample(
@@ -101,18 +136,15 @@ async fn metrics_reflect_what_happened() {
     );
 
     // A refused reload (a policy file that does not parse) is counted.
-    std::fs::write(
-        host.policy_dir().join("broken.toml"),
-        "biz_type = \"X\"\nwindow = 24h\n",
-    )
-    .unwrap();
-    let a = host.post("/admin/reload", &json!({}), None).await.unwrap();
-    assert_eq!(a.status.as_u16(), 422, "{:?}", a.body);
-    std::fs::remove_file(host.policy_dir().join("broken.toml")).unwrap();
+    let broken = policies.join("broken.toml");
+    std::fs::write(&broken, "biz_type = \"X\"\nwindow = 24h\n").unwrap();
+    let a = post(&client, &base, "/admin/reload", &json!({})).await;
+    assert_eq!(a.status.as_u16(), 422, "{}", a.body);
+    std::fs::remove_file(&broken).unwrap();
 
     // The dispatcher's outcomes: each accepted channel sent once, with its
     // send latency observed.
-    let scrape = || async { host.metrics().await.unwrap() };
+    let scrape = || async { metrics(&client, &base).await };
     let all_sent = pushonce_tests::wait_until(std::time::Duration::from_secs(20), || async {
         let text = scrape().await;
         ["sms", "wechat", "app-push"]
@@ -131,5 +163,7 @@ async fn metrics_reflect_what_happened() {
         sample(&text, "pushonce_policy_reload_refused_total").unwrap_or(0.0) >= 1.0,
         "{text}"
     );
-    host.shutdown().await.unwrap();
+    host.terminate(std::time::Duration::from_secs(20))
+        .await
+        .unwrap();
 }

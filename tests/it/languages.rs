@@ -16,7 +16,7 @@ use pushonce::plugin::{CallError, Event, KeyPolicyPlugin};
 use pushonce_tests::plugins::registry_of;
 
 /// The Rust plugins' key encoding, as the reference.
-#[path = "../plugins/key-util/src/lib.rs"]
+#[path = "../../plugins/key-util/src/lib.rs"]
 #[allow(dead_code)]
 mod key_util;
 

@@ -1,8 +1,7 @@
 //! The operators' files in `docs/ops/` — the Grafana dashboard and the
 //! Prometheus alert rules — name only series a real host exports: a host
 //! is started, sends one event, and every `pushonce_*` name the files use
-//! must be in its `/metrics`. (Its own test binary: the metrics recorder is
-//! global to a process.)
+//! must be in its `/metrics`.
 
 use std::collections::BTreeSet;
 use std::time::Duration;

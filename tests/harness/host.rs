@@ -224,8 +224,8 @@ impl TestHost {
             configure(&mut config);
         }
         // API tests look at what was sent in the development ledger; the
-        // channel plugins against the provider simulator are `tests/channels.rs`
-        // and `tests/e2e.rs`.
+        // channel plugins against the provider simulator are `tests/it/channels.rs`
+        // and `tests/it/e2e.rs`.
         let sender = match setup.sender.clone() {
             Some(s) => Some(s),
             None if setup.plugin_sender => None,

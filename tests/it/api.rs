@@ -925,7 +925,7 @@ async fn the_openapi_file_is_the_served_document() {
     assert!(
         in_repo == served,
         "openapi.json differs from the served document: regenerate it with \
-         `PUSHONCE_BLESS=1 cargo test -p pushonce-tests --test api the_openapi_file` \
+         `PUSHONCE_BLESS=1 cargo test -p pushonce-tests --test it -- api::the_openapi_file` \
          or `pushonce openapi --out openapi.json`"
     );
     let doc: Value = serde_json::from_str(&served).unwrap();

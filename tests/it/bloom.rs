@@ -20,6 +20,7 @@ use pushonce_tests::host::{Setup, TestHost};
 use pushonce_tests::process::read_ledger;
 use pushonce_tests::redis::RedisServer;
 use pushonce_tests::wait_until;
+use rusty_fork::rusty_fork_test;
 use serde_json::{Value, json};
 
 const BROADCAST: &str = r#"
@@ -71,7 +72,7 @@ async fn keys_like(server: &RedisServer, pattern: &str) -> Vec<String> {
     }
 }
 
-rusty_fork::rusty_fork_test! {
+rusty_fork_test! {
     /// One server for the parts, run one after the other; in a process of
     /// its own (rusty-fork), since the answers it counts in `/metrics` are
     /// in the process-wide recorder the other tests of this binary share.

@@ -4,7 +4,7 @@
 //! `send`, …) nor the sibling files inside one of them (`api/model.rs`,
 //! `api/problem.rs`, …) import each other in a circle.
 //!
-//! Run alone: `cargo test -p pushonce-tests --test boundaries`.
+//! Run alone: `cargo test -p pushonce-tests --test it -- boundaries::`.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};

@@ -20,6 +20,7 @@ use pushonce_tests::process::{read_ledger, sent_by_key};
 use pushonce_tests::redis::RedisServer;
 use pushonce_tests::relay::ReplicationRelay;
 use reqwest::StatusCode;
+use rusty_fork::rusty_fork_test;
 use serde_json::Value;
 
 const EVENTS: usize = 8;
@@ -172,7 +173,7 @@ async fn failover(ledger_url: &str) -> (HashMap<String, usize>, Vec<Value>, Stri
     (per_key, views, metrics)
 }
 
-rusty_fork::rusty_fork_test! {
+rusty_fork_test! {
     /// In a process of its own (rusty-fork): it counts the prevented
     /// duplicates in the process-wide metrics recorder, which the other
     /// tests of this binary share.

@@ -40,7 +40,7 @@ pub(crate) fn for_testing(root: &Path) -> Result<()> {
             "could not install PostgreSQL; install it by hand (Debian: apt-get install postgresql)",
         )?;
     }
-    // The console's browser test (tests/console.rs) drives a headless
+    // The console's browser test (tests/it/console.rs) drives a headless
     // Chromium through chromedriver.
     if !(has_program("chromium") && has_program("chromedriver")) {
         apt_install("chromium chromium-driver").context(
@@ -106,7 +106,7 @@ fn install_plugin_toolchains(root: &Path) -> Result<()> {
     Ok(())
 }
 
-/// The schemathesis release `tests/schemathesis.rs` runs (pinned: its checks
+/// The schemathesis release `tests/it/schemathesis.rs` runs (pinned: its checks
 /// and options change between releases).
 const SCHEMATHESIS: &str = "4.32.5";
 
@@ -124,7 +124,7 @@ fn install_schemathesis(root: &Path) -> Result<()> {
     }
     if !has_program("python3") {
         bail!(
-            "python3 is missing: schemathesis (tests/schemathesis.rs) needs it with pip and venv (Debian: apt-get install python3-venv python3-pip)"
+            "python3 is missing: schemathesis (tests/it/schemathesis.rs) needs it with pip and venv (Debian: apt-get install python3-venv python3-pip)"
         );
     }
     eprintln!(

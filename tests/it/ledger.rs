@@ -35,6 +35,7 @@ fn claim(key: &str, task: &str) -> Claim {
         biz_id: "o-1".into(),
         attempt: 1,
         now_ms: 1_000,
+        window_ends_ms: 61_000,
     }
 }
 

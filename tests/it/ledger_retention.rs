@@ -11,42 +11,12 @@ use std::time::Duration;
 use pushonce::ledger::{Claim, ClaimAnswer, Ledger, LedgerPool, Update, now_ms, recipient_digest};
 use pushonce::permit::TaskStatus;
 use pushonce_tests::host::{Setup, TestHost, order_shipped};
-use pushonce_tests::postgres::PostgresServer;
 use pushonce_tests::process::{read_ledger, sent_by_key};
 use pushonce_tests::redis::RedisServer;
 use pushonce_tests::wait_until;
 
+use crate::ledger::{both, url};
 use crate::ledger_dispatch::{accepted_task_ids, host_permits, wait_status};
-
-/// A fresh ledger URL of `backend` and what keeps it alive.
-async fn url(backend: &str) -> (String, Option<tempfile::TempDir>) {
-    match backend {
-        "sqlite" => {
-            let dir = tempfile::tempdir().unwrap();
-            (Ledger::sqlite_url(dir.path()), Some(dir))
-        }
-        _ => {
-            let pg = PostgresServer::shared().await.expect("postgres starts");
-            (pg.database().await.expect("a database"), None)
-        }
-    }
-}
-
-/// Runs `f` against each backend, as two tests.
-macro_rules! both {
-    ($name:ident) => {
-        mod $name {
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn sqlite() {
-                super::$name("sqlite").await
-            }
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn postgres() {
-                super::$name("postgres").await
-            }
-        }
-    };
-}
 
 /// A claim of `key` by `task` at 1 s whose window ends at `window_ends_ms`.
 fn claim(key: &str, task: &str, window_ends_ms: i64) -> Claim {

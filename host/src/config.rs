@@ -42,6 +42,14 @@ pub struct HostConfig {
     /// events twice (for measurements and the failover test's control arm).
     /// Env: `PUSHONCE_LEDGER_URL`.
     pub ledger_url: Option<String>,
+    /// How long a delivery ledger row is kept after its key's window ends
+    /// (at least 1s). Until the window ends the row is the last line of
+    /// defence for its key and is never removed; after this much more it is
+    /// deleted in the background, in batches (`docs/ledger.md`,
+    /// "Retention"). Look-ups and `pushonce ledger export` see a task this
+    /// long after its window.
+    #[serde(with = "humantime_serde")]
+    pub ledger_history: Duration,
     /// Directory of plugin components (`*.wasm`).
     pub plugin_dir: PathBuf,
     /// Directory of policy files (`*.toml`).
@@ -442,6 +450,7 @@ impl Default for HostConfig {
             redis_cluster: Vec::new(),
             data_dir: PathBuf::from("data"),
             ledger_url: None,
+            ledger_history: Duration::from_secs(30 * 24 * 3600),
             plugin_dir: PathBuf::from("target/plugins"),
             policy_dir: PathBuf::from("policies"),
             shards: 16,
@@ -612,13 +621,16 @@ impl HostConfig {
     }
 
     /// Without the event index, event look-ups come from the ledger alone;
-    /// a delivered retention is a positive time.
+    /// a delivered retention and the ledger's history are positive times.
     fn check_retention_and_index(&self) -> Result<(), ConfigError> {
         if self
             .delivered_retention
             .is_some_and(|d| d < Duration::from_secs(1))
         {
             return Err(invalid("delivered_retention", "must be at least 1s"));
+        }
+        if self.ledger_history < Duration::from_secs(1) {
+            return Err(invalid("ledger_history", "must be at least 1s"));
         }
         if !self.event_index && self.ledger().is_none() {
             return Err(invalid(
@@ -912,6 +924,25 @@ mod tests {
         assert!(
             c.redis_cluster.is_empty(),
             "an empty value means no cluster"
+        );
+    }
+
+    #[test]
+    fn ledger_history_defaults_to_30_days_and_is_at_least_a_second() {
+        let file = Path::new("pushonce.toml");
+        let default = HostConfig::parse(file, "").unwrap();
+        assert_eq!(default.ledger_history, Duration::from_secs(30 * 24 * 3600));
+        let short = HostConfig::parse(file, "ledger_history = \"5s\"\n").unwrap();
+        assert_eq!(short.ledger_history, Duration::from_secs(5));
+        short.check().unwrap();
+        let err = HostConfig::parse(file, "ledger_history = \"500ms\"\n")
+            .unwrap()
+            .check()
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.starts_with("ledger_history:") && err.contains("at least 1s"),
+            "{err}"
         );
     }
 

@@ -315,6 +315,9 @@ pub async fn start(
         sender,
         ..
     } = parts;
+    let retention = ledger
+        .as_ref()
+        .map(|l| l.start_retention(config.ledger_history));
     let delivery = spawn_delivery(
         &config,
         &store,
@@ -330,6 +333,7 @@ pub async fn start(
         store,
         watching,
         reloading,
+        retention,
     };
     let task = tokio::spawn(serve_then_stop(
         listener,
@@ -445,6 +449,9 @@ struct Background {
     watching: crate::route::watch::DirWatch,
     /// The reload loop.
     reloading: JoinHandle<()>,
+    /// The removal of ledger rows past their window and `ledger_history`
+    /// (stops when dropped).
+    retention: Option<crate::ledger::Retention>,
 }
 
 /// Serves the API until `stop`, then stops what runs beside it: the
@@ -462,6 +469,7 @@ async fn serve_then_stop(
     let stopped = background.delivery.stop().await;
     background.store.shutdown().await;
     drop(background.watching);
+    drop(background.retention);
     background.reloading.abort();
     stopped
 }

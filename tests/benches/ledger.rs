@@ -106,6 +106,7 @@ fn claim(i: usize) -> Claim {
         biz_id: format!("row-{i}"),
         attempt: 1,
         now_ms: 1_764_561_600_000,
+        window_ends_ms: 1_764_561_600_000 + 86_400_000,
     }
 }
 

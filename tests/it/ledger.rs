@@ -11,7 +11,7 @@ use pushonce::ledger::{Claim, ClaimAnswer, Ledger, Update, recipient_digest};
 use pushonce_tests::postgres::PostgresServer;
 
 /// A fresh ledger URL of `backend` and what keeps it alive.
-async fn url(backend: &str) -> (String, Option<tempfile::TempDir>) {
+pub(crate) async fn url(backend: &str) -> (String, Option<tempfile::TempDir>) {
     match backend {
         "sqlite" => {
             let dir = tempfile::tempdir().unwrap();
@@ -35,6 +35,7 @@ fn claim(key: &str, task: &str) -> Claim {
         biz_id: "o-1".into(),
         attempt: 1,
         now_ms: 1_000,
+        window_ends_ms: 61_000,
     }
 }
 
@@ -51,7 +52,7 @@ fn update(key: &str, task: &str, status: &str, at_ms: i64) -> Update {
     }
 }
 
-/// Runs `f` against each backend, as two tests.
+/// Runs `f` against each backend, as two tests (also used by `ledger_retention`).
 macro_rules! both {
     ($name:ident) => {
         mod $name {
@@ -66,6 +67,7 @@ macro_rules! both {
         }
     };
 }
+pub(crate) use both;
 
 both!(a_key_is_claimed_once_and_its_owner_may_claim_again);
 async fn a_key_is_claimed_once_and_its_owner_may_claim_again(backend: &str) {

@@ -32,7 +32,7 @@ async fn accept(permits: &Permits, key: &str) -> String {
     }
 }
 
-async fn wait_status(permits: &Permits, id: &str, status: TaskStatus) {
+pub(crate) async fn wait_status(permits: &Permits, id: &str, status: TaskStatus) {
     let ok = wait_until(Duration::from_secs(20), || {
         let (permits, id) = (permits.clone(), id.to_string());
         async move { permits.task(&id).await.unwrap().map(|t| t.status) == Some(status) }
@@ -47,7 +47,7 @@ async fn wait_status(permits: &Permits, id: &str, status: TaskStatus) {
 }
 
 /// Posts `event` to `host`, expects 202, and answers its task ids.
-async fn accepted_task_ids(
+pub(crate) async fn accepted_task_ids(
     host: &pushonce_tests::host::TestHost,
     event: &serde_json::Value,
 ) -> Vec<String> {
@@ -67,7 +67,7 @@ async fn accepted_task_ids(
 }
 
 /// The permit layer as a test host sees it (four shards).
-async fn host_permits(redis: &RedisServer) -> Permits {
+pub(crate) async fn host_permits(redis: &RedisServer) -> Permits {
     redis
         .permits(PermitConfig {
             shards: 4,

@@ -42,5 +42,6 @@ mod failover;
 mod languages;
 mod ledger;
 mod ledger_dispatch;
+mod ledger_retention;
 mod plugin_kit;
 mod schemathesis;

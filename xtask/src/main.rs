@@ -58,6 +58,7 @@ const QUICK_SKIPS: &[(&str, &str)] = &[
     ("failover::", "PostgreSQL"),
     ("languages::", "the JavaScript and Python toolchains"),
     ("ledger::", "PostgreSQL"),
+    ("ledger_retention::", "PostgreSQL"),
     ("ledger_dispatch::while_the_ledger_is_down", "PostgreSQL"),
     (
         "ledger_dispatch::readyz_names_a_ledger_that_is_down",

@@ -64,6 +64,7 @@ fn claim_of(attempt: &Attempt) -> Claim {
         .ok()
         .and_then(|v| v.get("user_id").and_then(|u| u.as_str()).map(str::to_owned))
         .unwrap_or_default();
+    let now = now_ms();
     Claim {
         key: task.key.clone(),
         task_id: attempt.task_id.clone(),
@@ -73,8 +74,18 @@ fn claim_of(attempt: &Attempt) -> Claim {
         biz_type: task.biz_type.clone(),
         biz_id: task.biz_id.clone(),
         attempt: attempt.number,
-        now_ms: now_ms(),
+        now_ms: now,
+        window_ends_ms: window_end(task, now),
     }
+}
+
+/// When the window of the attempt's key ends: a window from now, or from
+/// the accept if Redis's clock put that later. The permit lives at most that
+/// long unless held (a retry's or a requeue's claim pushes the end again).
+fn window_end(task: &crate::permit::Task, now: i64) -> i64 {
+    let window = i64::try_from(task.window_ms).unwrap_or(i64::MAX);
+    let accepted = i64::try_from(task.accepted_at_ms).unwrap_or(i64::MAX);
+    now.max(accepted).saturating_add(window)
 }
 
 /// Queues the recorded outcome of an attempt for the ledger's batched writer.

@@ -29,6 +29,10 @@ pub struct Claim {
     pub attempt: u32,
     /// Now, ms since the epoch.
     pub now_ms: i64,
+    /// When the key's window ends, ms since the epoch: the row outlives it
+    /// by the configured history ([`crate::ledger::retention`]). A later
+    /// claim by the same task (a retry, a requeue) may push it later, never earlier.
+    pub window_ends_ms: i64,
 }
 
 /// The answer to a claim.
@@ -53,11 +57,16 @@ pub fn recipient_digest(recipient: &str) -> String {
 }
 
 /// Insert, or on conflict the existing row's owner: one statement, one round
-/// trip (the no-op `DO UPDATE` makes `RETURNING` answer for an existing row too).
+/// trip (the `DO UPDATE` makes `RETURNING` answer for an existing row too).
+/// The owner's own re-claim (a retry, a requeue: a fresh window in Redis)
+/// pushes the window's end later; another task's claim changes nothing.
 const CLAIM_SQL: &str = "INSERT INTO deliveries \
-    (key, task_id, channel, policy, recipient_digest, biz_type, biz_id, status, attempts, claimed_at, updated_at) \
-    VALUES ($1, $2, $3, $4, $5, $6, $7, 'claimed', $8, $9, $9) \
-    ON CONFLICT (key) DO UPDATE SET key = excluded.key \
+    (key, task_id, channel, policy, recipient_digest, biz_type, biz_id, status, attempts, claimed_at, updated_at, window_ends_at) \
+    VALUES ($1, $2, $3, $4, $5, $6, $7, 'claimed', $8, $9, $9, $10) \
+    ON CONFLICT (key) DO UPDATE SET window_ends_at = CASE \
+    WHEN deliveries.task_id = excluded.task_id \
+    AND (deliveries.window_ends_at IS NULL OR deliveries.window_ends_at < excluded.window_ends_at) \
+    THEN excluded.window_ends_at ELSE deliveries.window_ends_at END \
     RETURNING task_id, status";
 
 /// Claims waiting together, written in one transaction (group commit): one
@@ -146,6 +155,7 @@ async fn claim_all(pool: &LedgerPool, group: &Waiting) -> Result<Vec<ClaimAnswer
                 .bind(&c.biz_id)
                 .bind(c.attempt as i32)
                 .bind(c.now_ms)
+                .bind(c.window_ends_ms)
                 .fetch_one(&mut *tx)
                 .await?;
             answers.push(if owner == c.task_id {

@@ -37,6 +37,10 @@ pub struct LedgerRow {
     pub updated_at_ms: i64,
     /// Who settled the task by hand and why, when an operator did.
     pub operator_note: Option<String>,
+    /// When the key's window ends, ms since the epoch (`None` on rows
+    /// claimed before the ledger recorded it): the row is removed
+    /// `ledger_history` after this.
+    pub window_ends_at_ms: Option<i64>,
 }
 
 type Tuple = (
@@ -54,10 +58,12 @@ type Tuple = (
     i64,
     i64,
     Option<String>,
+    Option<i64>,
 );
 
 const COLUMNS: &str = "SELECT key, task_id, channel, policy, recipient_digest, biz_type, biz_id, \
-    status, attempts, provider_message_id, last_error, claimed_at, updated_at, operator_note \
+    status, attempts, provider_message_id, last_error, claimed_at, updated_at, operator_note, \
+    window_ends_at \
     FROM deliveries ";
 
 fn row(t: Tuple) -> LedgerRow {
@@ -76,6 +82,7 @@ fn row(t: Tuple) -> LedgerRow {
         claimed_at_ms: t.11,
         updated_at_ms: t.12,
         operator_note: t.13,
+        window_ends_at_ms: t.14,
     }
 }
 

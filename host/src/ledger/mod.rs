@@ -6,11 +6,13 @@
 //! already claimed by another task means that task was accepted and sent
 //! before, and this one must not send. Outcomes after the claim go through
 //! a batched background writer ([`writer`]); the rows are also the durable
-//! history that Redis's retention drops ([`history`]).
+//! history that Redis's retention drops ([`history`]), kept for a
+//! configured time after each key's window ends ([`retention`]).
 
 pub mod claim;
 pub mod history;
 mod pool;
+pub mod retention;
 pub mod writer;
 
 use std::sync::{Arc, Mutex};
@@ -18,6 +20,7 @@ use std::sync::{Arc, Mutex};
 pub use claim::{Claim, ClaimAnswer, recipient_digest};
 pub use history::LedgerRow;
 pub use pool::LedgerPool;
+pub use retention::Retention;
 pub use writer::Update;
 
 /// Now, ms since the epoch (the host's clock: ledger times are for audits).

@@ -31,6 +31,11 @@ const SQLITE_MIGRATIONS: &[Step] = &[
         "operators",
         include_str!("../../migrations/sqlite/0002_operators.sql"),
     ),
+    (
+        3,
+        "window ends",
+        include_str!("../../migrations/sqlite/0003_window_ends.sql"),
+    ),
 ];
 
 /// The PostgreSQL schema's migrations, in order.
@@ -44,6 +49,11 @@ const POSTGRES_MIGRATIONS: &[Step] = &[
         2,
         "operators",
         include_str!("../../migrations/postgres/0002_operators.sql"),
+    ),
+    (
+        3,
+        "window ends",
+        include_str!("../../migrations/postgres/0003_window_ends.sql"),
     ),
 ];
 

@@ -19,19 +19,20 @@ const SIM_DIR: &str = "target/sim";
 /// to this process is passed on to the host, whose graceful stop ends the
 /// command with the host's own exit status.
 ///
-/// Both are built with the dev profile, the one the tests build (their
-/// dependencies optimised, `[profile.dev.package."*"]`): a fresh clone
+/// Both are built with the dev profile and the selection the tests build
+/// (dependencies optimised, `[profile.dev.package."*"]`): a fresh clone
 /// serves sooner, and after `cargo xtask test` nothing is built again. A
 /// production build is `cargo build --release`.
 pub(crate) fn run(root: &Path, plugin_dir: &Path, extra: &[String]) -> Result<()> {
     eprintln!("xtask: building pushonce and provider-sim (the first build takes a while)");
-    run_cmd(Command::new(cargo()).current_dir(root).args([
-        "build",
-        "--bin",
-        "pushonce",
-        "--bin",
-        "provider-sim",
-    ]))?;
+    // The workspace's binaries, as `cargo xtask test` builds them: building
+    // two alone would unify the dependencies' features differently and
+    // compile some of them, and the host, a second time.
+    run_cmd(
+        Command::new(cargo())
+            .current_dir(root)
+            .args(["build", "--workspace", "--bins"]),
+    )?;
     let bin = target_dir(root).join("debug");
     let dir = root.join(SIM_DIR);
     let keys = dir.join("keys");

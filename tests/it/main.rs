@@ -26,6 +26,7 @@ mod cluster;
 mod contract;
 mod dispatch;
 mod e2e;
+mod eviction;
 mod hardening;
 mod ops_files;
 mod outbound_tls;

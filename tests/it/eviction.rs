@@ -1,7 +1,8 @@
 //! An evicting Redis is refused, and a full one loses no accept, against
 //! real `redis-server`s: one with `maxmemory-policy volatile-lru` (the
 //! managed services' default) stops `pushonce serve` and an in-process host
-//! with the policy and the fix named, unless `allow_evicting_redis` opts in;
+//! with the policy and the fix named, unless `allow_evicting_redis` opts in
+//! (one such master of a cluster is named by its address);
 //! `/readyz` names a policy changed after start; a `noeviction` Redis filled
 //! to its `maxmemory` answers 503 with `Retry-After`, and after memory is
 //! freed every event answered 202 is delivered once and every one answered
@@ -11,7 +12,8 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use pushonce::send::{Faults, LedgerFileSender, Sender};
-use pushonce_tests::host::{Answer, Setup, TestHost, order_shipped};
+use pushonce_tests::cluster::RedisCluster;
+use pushonce_tests::host::{Answer, Backend, Setup, TestHost, order_shipped};
 use pushonce_tests::process::{PushonceProcess, read_ledger, sent_by_key};
 use pushonce_tests::redis::RedisServer;
 use pushonce_tests::wait_until;
@@ -102,6 +104,26 @@ async fn an_evicting_redis_is_refused_by_name_unless_opted_in() {
         .unwrap();
     assert_eq!(accepted.status, StatusCode::ACCEPTED, "{}", accepted.body);
     wait_delivered_once(&host, 3).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_evicting_master_of_a_cluster_is_refused_by_its_address() {
+    let cluster = RedisCluster::start(3).await.unwrap();
+    let url = &cluster.urls()[1];
+    let mut master = redis::Client::open(url.as_str())
+        .unwrap()
+        .get_connection_manager()
+        .await
+        .unwrap();
+    config_set(&mut master, "maxmemory-policy", "volatile-lru").await;
+    let refused = TestHost::start_on(Backend::Cluster(&cluster), Setup::default())
+        .await
+        .err()
+        .expect("refused");
+    let text = format!("{refused:#}");
+    assert_names_refusal(&text);
+    let address = url.trim_start_matches("redis://");
+    assert!(text.contains(&format!(" at {address} ")), "{text}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -2,7 +2,8 @@
 //! real `redis-server`s: one with `maxmemory-policy volatile-lru` (the
 //! managed services' default) stops `pushonce serve` and an in-process host
 //! with the policy and the fix named, unless `allow_evicting_redis` opts in
-//! (one such master of a cluster is named by its address);
+//! (one such master of a cluster is named by its address; without `CONFIG`
+//! the policy comes from `INFO memory`);
 //! `/readyz` names a policy changed after start; a `noeviction` Redis filled
 //! to its `maxmemory` answers 503 with `Retry-After`, and after memory is
 //! freed every event answered 202 is delivered once and every one answered
@@ -104,6 +105,27 @@ async fn an_evicting_redis_is_refused_by_name_unless_opted_in() {
         .unwrap();
     assert_eq!(accepted.status, StatusCode::ACCEPTED, "{}", accepted.body);
     wait_delivered_once(&host, 3).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_config_the_policy_is_read_from_info_memory() {
+    // As on managed Redis, where CONFIG is renamed or forbidden.
+    let redis = RedisServer::start_with_args(&[
+        "--rename-command",
+        "CONFIG",
+        "",
+        "--maxmemory-policy",
+        "allkeys-lru",
+    ])
+    .await
+    .unwrap();
+    let refused = TestHost::start(&redis).await.err().expect("refused");
+    let text = format!("{refused:#}");
+    assert!(text.contains("maxmemory-policy allkeys-lru"), "{text}");
+    assert!(
+        text.contains("CONFIG SET maxmemory-policy noeviction"),
+        "{text}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -30,6 +30,14 @@ pub struct HostConfig {
     /// client learns the rest. Exclusive with `redis_url`. Env:
     /// `PUSHONCE_REDIS_CLUSTER`, the URLs separated by commas.
     pub redis_cluster: Vec<String>,
+    /// Run on a Redis whose `maxmemory-policy` is not `noeviction` (e.g. a
+    /// managed Redis's default `volatile-lru`), leaning on the delivery
+    /// ledger alone for keys whose permits it evicts: each evicted permit
+    /// lets a re-posted event be accepted again, and only the ledger's claim
+    /// stops its second send. Off by default: the host refuses to start on
+    /// such a Redis (and `/readyz` answers 503 when a reconnect finds one),
+    /// naming the policy and the fix. Refused with `ledger_url = "off"`.
+    pub allow_evicting_redis: bool,
     /// Directory for the embedded Redis's data, the compiled-plugin cache
     /// and the default SQLite ledger.
     pub data_dir: PathBuf,
@@ -448,6 +456,7 @@ impl Default for HostConfig {
             redis_url: None,
             redis_ca_file: None,
             redis_cluster: Vec::new(),
+            allow_evicting_redis: false,
             data_dir: PathBuf::from("data"),
             ledger_url: None,
             ledger_history: Duration::from_secs(30 * 24 * 3600),
@@ -719,8 +728,15 @@ impl HostConfig {
         Ok(())
     }
 
-    /// The Redis URL, its CA file, or the cluster's node URLs.
+    /// The Redis URL, its CA file, the cluster's node URLs, and the
+    /// eviction opt-in (it needs the ledger).
     fn check_redis(&self) -> Result<(), ConfigError> {
+        if self.allow_evicting_redis && self.ledger().is_none() {
+            return Err(invalid(
+                "allow_evicting_redis",
+                "true needs the delivery ledger (it alone then refuses a key whose permit Redis evicted); ledger_url is \"off\"",
+            ));
+        }
         if let Some(url) = &self.redis_url {
             let known = ["redis://", "rediss://", "redis+unix://", "unix://"];
             if !known.iter().any(|p| url.starts_with(p)) {
@@ -1022,6 +1038,16 @@ mod tests {
             ..HostConfig::default()
         };
         c.check().unwrap();
+        let c = HostConfig {
+            allow_evicting_redis: true,
+            ledger_url: Some("off".into()),
+            ..HostConfig::default()
+        };
+        let err = c.check().unwrap_err().to_string();
+        assert!(
+            err.starts_with("allow_evicting_redis: true needs the delivery ledger"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -53,6 +53,9 @@ pub enum ServiceError {
     /// The dispatcher failed.
     #[error(transparent)]
     Dispatch(#[from] DispatchError),
+    /// Redis may evict permits (`maxmemory-policy` other than `noeviction`).
+    #[error(transparent)]
+    Eviction(#[from] crate::eviction::EvictionError),
     /// The delivery ledger could not be opened or migrated.
     #[error(transparent)]
     Ledger(#[from] crate::ledger::LedgerError),
@@ -422,6 +425,7 @@ async fn api_state(
         live: parts.live.clone(),
         permits: api_permits,
         ledger: parts.ledger.clone(),
+        eviction: eviction_guard(config),
         limits: ApiLimits {
             occurred_at_years: config.occurred_at_years,
             ..options.limits
@@ -474,9 +478,11 @@ async fn serve_then_stop(
     stopped
 }
 
-/// The permit layer on the store, its scripts and groups prepared.
+/// The permit layer on the store, its Redis checked not to evict (before
+/// anything is written), its scripts and groups prepared.
 async fn open_permits(config: &HostConfig, store: &Store) -> Result<Permits, ServiceError> {
     let permits = Permits::new(store.manager().await?, permit_config(config));
+    eviction_guard(config).check(&permits.connection()).await?;
     permits.prepare().await?;
     Ok(permits)
 }
@@ -493,6 +499,14 @@ pub(crate) fn permit_config(config: &HostConfig) -> PermitConfig {
         wait_replicas: config.wait_replicas,
         wait_replicas_timeout: config.wait_replicas_timeout,
         ..PermitConfig::default()
+    }
+}
+
+/// What the host accepts of Redis's `maxmemory-policy`, from the configuration.
+fn eviction_guard(config: &HostConfig) -> crate::eviction::EvictionGuard {
+    crate::eviction::EvictionGuard {
+        allow_evicting: config.allow_evicting_redis,
+        ledger: config.ledger().is_some(),
     }
 }
 

@@ -344,7 +344,7 @@ impl HealingCluster {
     }
 
     /// The connection in use.
-    fn conn(&self) -> ClusterConnection {
+    pub(crate) fn conn(&self) -> ClusterConnection {
         (**self.current.load()).clone()
     }
 
@@ -637,8 +637,12 @@ fn listen_on(cmd: &mut Command, dir: &Path) -> Result<String, StoreError> {
     Ok(format!("redis://127.0.0.1:{port}"))
 }
 
-/// AOF on (`everysec`), no RDB snapshots, task hashes kept as listpacks.
+/// AOF on (`everysec`), no RDB snapshots, never evicting, task hashes kept
+/// as listpacks.
 fn durable_and_compact(cmd: &mut Command) -> &mut Command {
+    // Said explicitly, whatever the build's default: an evicted permit
+    // re-opens its key (see `eviction`).
+    cmd.args(["--maxmemory-policy", crate::eviction::NOEVICTION]);
     cmd.args([
         "--appendonly",
         "yes",

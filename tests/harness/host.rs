@@ -19,6 +19,7 @@ use serde_json::Value;
 
 use crate::cluster::RedisCluster;
 use crate::redis::RedisServer;
+use crate::wait_until;
 
 /// The Redis a test host runs against.
 #[derive(Clone, Copy)]
@@ -148,6 +149,16 @@ pub struct Answer {
 }
 
 impl Answer {
+    /// The `task_id` of every channel result of an accept answer.
+    pub fn task_ids(&self) -> Vec<String> {
+        self.body["results"]
+            .as_array()
+            .unwrap_or_else(|| panic!("no results in {}", self.body))
+            .iter()
+            .map(|r| r["task_id"].as_str().unwrap_or_default().to_string())
+            .collect()
+    }
+
     /// The `content-type` header.
     pub fn content_type(&self) -> &str {
         self.headers
@@ -258,6 +269,21 @@ impl TestHost {
                 .timeout(Duration::from_secs(30))
                 .build()?,
         })
+    }
+
+    /// Waits until `GET /v1/tasks/{id}` answers status `sent` for every one
+    /// of `ids`, or fails after `deadline`.
+    pub async fn wait_sent(&self, ids: &[String], deadline: Duration) -> anyhow::Result<()> {
+        wait_until(deadline, || async move {
+            for id in ids {
+                let task = self.get(&format!("/v1/tasks/{id}"), None).await;
+                if !task.is_ok_and(|t| t.body["status"] == "sent") {
+                    return false;
+                }
+            }
+            true
+        })
+        .await
     }
 
     /// The host's policy directory.

@@ -179,10 +179,18 @@ impl PushonceProcess {
 
     /// SIGTERM, then wait up to `timeout` for a clean exit.
     pub async fn terminate(&mut self, timeout: Duration) -> anyhow::Result<ExitStatus> {
-        let mut child = self.child.take().context("already stopped")?;
+        let pid = self.child.as_ref().context("already stopped")?.id();
         Command::new("kill")
-            .args(["-TERM", &child.id().to_string()])
+            .args(["-TERM", &pid.to_string()])
             .status()?;
+        self.wait_exit(timeout).await
+    }
+
+    /// Waits up to `timeout` for the process to exit by itself (e.g. a
+    /// `serve` refusing its configuration); killed, with its log in the
+    /// error, when it does not.
+    pub async fn wait_exit(&mut self, timeout: Duration) -> anyhow::Result<ExitStatus> {
+        let mut child = self.child.take().context("already stopped")?;
         let mut status = None;
         let waited = wait_until(timeout, || {
             if status.is_none() {
@@ -196,7 +204,7 @@ impl PushonceProcess {
             let _ = child.kill();
             let _ = child.wait();
             bail!(
-                "worker did not stop within {timeout:?}; log:\n{}",
+                "pushonce did not stop within {timeout:?}; log:\n{}",
                 self.log()
             );
         }

@@ -19,11 +19,20 @@ pub struct RedisServer {
     port: u16,
     /// Its data directory (AOF files, log), removed on drop.
     dir: tempfile::TempDir,
+    /// Further `redis-server` arguments (e.g. `--maxmemory-policy`), kept across restarts.
+    args: Vec<String>,
 }
 
 impl RedisServer {
     /// Starts a server with AOF on (`appendfsync everysec`) and waits until it answers `PING`.
     pub async fn start() -> anyhow::Result<RedisServer> {
+        Self::start_with_args(&[]).await
+    }
+
+    /// [`RedisServer::start`] with further `redis-server` arguments, e.g.
+    /// `["--maxmemory", "64mb", "--maxmemory-policy", "volatile-lru"]`.
+    pub async fn start_with_args(args: &[&str]) -> anyhow::Result<RedisServer> {
+        let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
         let mut dir = tempfile::tempdir()?;
         for _ in 0..5 {
             let port = pushonce::store::free_loopback_port()?;
@@ -31,6 +40,7 @@ impl RedisServer {
                 child: None,
                 port,
                 dir,
+                args: args.clone(),
             };
             match server.spawn().await {
                 Ok(()) => return Ok(server),
@@ -61,6 +71,7 @@ impl RedisServer {
             .arg(self.dir.path())
             .arg("--logfile")
             .arg(self.dir.path().join("redis.log"))
+            .args(&self.args)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null())

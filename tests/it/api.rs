@@ -114,21 +114,7 @@ async fn accept_then_duplicate_then_lookups_and_delivery() {
 
     // The dispatcher sends every task once through the development ledger.
     let ids: Vec<String> = got.iter().map(|r| r.2.clone()).collect();
-    wait_until(Duration::from_secs(20), || {
-        let host = &host;
-        let ids = ids.clone();
-        async move {
-            for id in ids {
-                let t = host.get(&format!("/v1/tasks/{id}"), None).await.unwrap();
-                if t.body["status"] != "sent" {
-                    return false;
-                }
-            }
-            true
-        }
-    })
-    .await
-    .unwrap();
+    host.wait_sent(&ids, Duration::from_secs(20)).await.unwrap();
     let ledger = pushonce_tests::process::read_ledger(&host.ledger());
     assert_eq!(ledger.len(), 3, "{ledger:?}");
 

@@ -58,12 +58,7 @@ pub(crate) async fn accepted_task_ids(
         "{}",
         answer.body
     );
-    answer.body["results"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|r| r["task_id"].as_str().unwrap().to_string())
-        .collect()
+    answer.task_ids()
 }
 
 /// The permit layer as a test host sees it (four shards).

@@ -9,6 +9,11 @@
 //! the ones it skips are listed in `xtask/src/main.rs` (`QUICK_SKIPS`) with
 //! what each needs.
 
+// `rusty_fork_test!` calls itself by its bare name (rusty-fork 0.3), so the
+// name must be in scope wherever `bloom` and `failover` use it.
+#[macro_use]
+extern crate rusty_fork;
+
 // Need only redis-server (and the plugins, the simulator, the `pushonce` binary).
 mod api;
 mod api_metrics;
@@ -21,6 +26,7 @@ mod cluster;
 mod contract;
 mod dispatch;
 mod e2e;
+mod eviction;
 mod hardening;
 mod ops_files;
 mod outbound_tls;

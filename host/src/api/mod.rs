@@ -92,6 +92,8 @@ pub struct SharedState {
     pub permits: Permits,
     /// The delivery ledger (`None`: off): readiness, and history after Redis's retention.
     pub ledger: Option<crate::ledger::Ledger>,
+    /// What readiness accepts of Redis's `maxmemory-policy` (read on every probe).
+    pub eviction: crate::eviction::EvictionGuard,
     /// Limits.
     pub limits: ApiLimits,
     /// Token of `/v1` (open when unset).

@@ -46,7 +46,7 @@ pub async fn healthz() -> Json<Health> {
 #[utoipa::path(get, path = "/readyz", tag = "ops",
     responses(
         (status = 200, description = "Ready", body = Health),
-        (status = 503, description = "Redis or the ledger unreachable", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "Redis or the ledger unreachable, or Redis evicts keys (maxmemory-policy)", body = Problem, content_type = "application/problem+json"),
     ))]
 pub async fn readyz(State(state): State<AppState>) -> Result<Json<Health>, ApiError> {
     let mut conn = state.permits.connection();
@@ -70,6 +70,7 @@ pub async fn readyz(State(state): State<AppState>) -> Result<Json<Health>, ApiEr
             });
         }
     }
+    check_eviction(&state).await?;
     check_ledger(&state).await?;
     let snapshot = state.live.current();
     Ok(Json(Health {
@@ -77,6 +78,21 @@ pub async fn readyz(State(state): State<AppState>) -> Result<Json<Health>, ApiEr
         generation: Some(snapshot.generation),
         policies: Some(snapshot.policies.by_biz_type.len()),
     }))
+}
+
+/// Redis does not evict (a reconnect may have reached a server configured
+/// otherwise than at start): 503 naming its policy and the fix when it does.
+async fn check_eviction(state: &AppState) -> Result<(), ApiError> {
+    let conn = state.permits.connection();
+    let detail = match tokio::time::timeout(PING_TIMEOUT, state.eviction.check(&conn)).await {
+        Ok(Ok(())) => return Ok(()),
+        Ok(Err(e)) => e.to_string(),
+        Err(_) => format!("Redis did not tell its maxmemory-policy within {PING_TIMEOUT:?}"),
+    };
+    Err(ApiError::Unavailable {
+        detail,
+        accepted: None,
+    })
 }
 
 /// The ledger answers (no send happens without a claim in it): 503 naming

@@ -251,6 +251,16 @@ impl From<PlanError> for ApiError {
 impl From<PermitError> for ApiError {
     fn from(e: PermitError) -> ApiError {
         match e {
+            PermitError::Redis(e) if crate::eviction::is_out_of_memory(&e) => {
+                ApiError::Unavailable {
+                    detail: format!(
+                        "Redis is out of memory: it refuses writes at its maxmemory \
+                         (policy noeviction, so no permit is dropped to make room) ({e}); \
+                         retry later, once memory is freed or maxmemory raised"
+                    ),
+                    accepted: None,
+                }
+            }
             PermitError::Redis(e) if redis_unavailable(&e) => ApiError::Unavailable {
                 detail: format!("Redis is unavailable ({e}); retry later"),
                 accepted: None,

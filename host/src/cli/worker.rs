@@ -101,6 +101,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
 async fn serve(args: Options) -> anyhow::Result<()> {
     let store = Store::open(&redis_target(&args)).await?;
     let permits = Permits::new(store.manager().await?, permit_config(&args));
+    // No opt-in here: a worker refuses an evicting Redis (see `eviction`).
+    let never_evicting = crate::eviction::EvictionGuard {
+        allow_evicting: false,
+        ledger: false,
+    };
+    never_evicting.check(&permits.connection()).await?;
     let sender = open_file_sender(&args)?;
     let (stop_tx, stop_rx) = watch::channel(false);
     tokio::spawn(async move {

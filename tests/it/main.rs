@@ -9,11 +9,6 @@
 //! the ones it skips are listed in `xtask/src/main.rs` (`QUICK_SKIPS`) with
 //! what each needs.
 
-// `rusty_fork_test!` calls itself by its bare name (rusty-fork 0.3), so the
-// name must be in scope wherever `bloom` and `failover` use it.
-#[macro_use]
-extern crate rusty_fork;
-
 // Need only redis-server (and the plugins, the simulator, the `pushonce` binary).
 mod api;
 mod api_metrics;

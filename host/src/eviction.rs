@@ -17,10 +17,8 @@
 use redis::cluster_routing::{MultipleNodeRoutingInfo, RoutingInfo};
 use redis::{FromRedisValue, Value};
 
+pub use crate::store::NOEVICTION;
 use crate::store::RedisConn;
-
-/// The one policy under which Redis never drops a key to make room.
-pub const NOEVICTION: &str = "noeviction";
 
 /// Why the Redis in use is refused, or its policy could not be read.
 #[derive(Debug, thiserror::Error)]

@@ -637,12 +637,16 @@ fn listen_on(cmd: &mut Command, dir: &Path) -> Result<String, StoreError> {
     Ok(format!("redis://127.0.0.1:{port}"))
 }
 
+/// The one policy under which Redis never drops a key to make room (kept
+/// here, below `eviction`, which checks a Redis against it).
+pub const NOEVICTION: &str = "noeviction";
+
 /// AOF on (`everysec`), no RDB snapshots, never evicting, task hashes kept
 /// as listpacks.
 fn durable_and_compact(cmd: &mut Command) -> &mut Command {
     // Said explicitly, whatever the build's default: an evicted permit
     // re-opens its key (see `eviction`).
-    cmd.args(["--maxmemory-policy", crate::eviction::NOEVICTION]);
+    cmd.args(["--maxmemory-policy", NOEVICTION]);
     cmd.args([
         "--appendonly",
         "yes",

@@ -96,17 +96,7 @@ fn cargo_target_dir(root: &Path) -> PathBuf {
 /// Builds the workspace at `ws` and copies its components into `dest`
 /// (emptied first, so a removed plugin does not linger).
 fn build_workspace(ws: &Path, target_dir: &Path, dest: &Path, what: &str) -> PathBuf {
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let mut cmd = Command::new(cargo);
-    cmd.current_dir(ws)
-        .args([
-            "build",
-            "--release",
-            "--target",
-            "wasm32-wasip2",
-            "--target-dir",
-        ])
-        .arg(target_dir);
+    let mut cmd = components::release_build(ws, target_dir);
     for (key, _) in std::env::vars_os() {
         let key = key.to_string_lossy().into_owned();
         let keep = matches!(key.as_str(), "CARGO_HOME" | "CARGO_TERM_COLOR")

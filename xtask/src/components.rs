@@ -4,6 +4,19 @@
 //! its own workspace's members, never the other's.
 
 use std::path::Path;
+use std::process::Command;
+
+/// `cargo build --release --target wasm32-wasip2` of the workspace at `ws`
+/// into `target_dir`, with the `CARGO` that runs this program.
+pub fn release_build(ws: &Path, target_dir: &Path) -> Command {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let mut cmd = Command::new(cargo);
+    cmd.current_dir(ws)
+        .args(["build", "--release", "--target", "wasm32-wasip2"])
+        .arg("--target-dir")
+        .arg(target_dir);
+    cmd
+}
 
 /// Copies the `.wasm` of every member of the workspace at `ws` found in
 /// `built` into `dest`; returns how many were copied.

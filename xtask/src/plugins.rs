@@ -2,27 +2,17 @@
 //! directory the tests' build script uses too.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use anyhow::{Context, Result};
 
-use crate::{cargo, components, languages, run, target_dir};
+use crate::{components, languages, run, target_dir};
 
 /// Builds the plugin workspace into `<target>/wasm` and copies its components
 /// to `<target>/plugins/`.
 pub(crate) fn build(root: &Path) -> Result<PathBuf> {
     let plugins = root.join("plugins");
     let wasm = target_dir(root).join("wasm");
-    run(Command::new(cargo())
-        .current_dir(&plugins)
-        .args([
-            "build",
-            "--release",
-            "--target",
-            "wasm32-wasip2",
-            "--target-dir",
-        ])
-        .arg(&wasm))?;
+    run(&mut components::release_build(&plugins, &wasm))?;
     let built = wasm.join("wasm32-wasip2").join("release");
     let out = target_dir(root).join("plugins");
     // Only this workspace's components: the test plugins share `built`.

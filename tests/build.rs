@@ -19,7 +19,7 @@ use std::process::Command;
 #[allow(dead_code)]
 mod languages;
 
-/// Copying a workspace's own components, shared with `cargo xtask plugins`.
+/// The shared plugin build and its components, shared with `cargo xtask plugins`.
 #[path = "../xtask/src/components.rs"]
 mod components;
 
@@ -46,7 +46,7 @@ fn main() {
     }
 
     // One build of the plugins: `cargo xtask plugins` uses the same directory.
-    let target_dir = cargo_target_dir(&root).join("wasm");
+    let target_dir = components::wasm_dir(&root);
     let real = build_workspace(&plugins, &target_dir, &out.join("plugins"), "real plugins");
     let fixture = build_workspace(
         &fixtures,
@@ -84,13 +84,6 @@ fn check_target() {
             sysroot.display()
         );
     }
-}
-
-/// The target directory: `CARGO_TARGET_DIR`, else `target/` (as `cargo xtask` has it).
-fn cargo_target_dir(root: &Path) -> PathBuf {
-    std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| root.join("target"))
 }
 
 /// Builds the workspace at `ws` and copies its components into `dest`
@@ -142,9 +135,8 @@ fn build_workspace(ws: &Path, target_dir: &Path, dest: &Path, what: &str) -> Pat
             output.status
         );
     }
-    let built = target_dir.join("wasm32-wasip2").join("release");
     let _ = std::fs::remove_dir_all(dest);
-    components::copy_members(ws, &built, dest)
+    components::copy_members(ws, target_dir, dest)
         .unwrap_or_else(|e| panic!("copying the {what} into {}: {e}", dest.display()));
     dest.to_path_buf()
 }
@@ -153,7 +145,7 @@ fn build_workspace(ws: &Path, target_dir: &Path, dest: &Path, what: &str) -> Pat
 /// whose toolchain is missing is skipped (named with the reason in
 /// `PUSHONCE_LANG_SKIPPED`), one that fails to build fails the build.
 fn build_other_languages(root: &Path, out: &Path) {
-    let toolchains = languages::toolchains(&cargo_target_dir(root));
+    let toolchains = languages::toolchains(&components::target_dir(root));
     let dest = out.join("languages");
     let _ = std::fs::remove_dir_all(&dest);
     std::fs::create_dir_all(&dest).unwrap();

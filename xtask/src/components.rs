@@ -3,24 +3,39 @@
 //! (`tests/build.rs`): both build into that directory, and each copies only
 //! its own workspace's members, never the other's.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
+/// The target directory of the repository at `root`: `CARGO_TARGET_DIR`,
+/// else `target/`.
+pub fn target_dir(root: &Path) -> PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| root.join("target"))
+}
+
+/// `<target>/wasm`, where every plugin workspace is built.
+pub fn wasm_dir(root: &Path) -> PathBuf {
+    target_dir(root).join("wasm")
+}
+
 /// `cargo build --release --target wasm32-wasip2` of the workspace at `ws`
-/// into `target_dir`, with the `CARGO` that runs this program.
-pub fn release_build(ws: &Path, target_dir: &Path) -> Command {
+/// into `wasm_dir`, with the `CARGO` that runs this program.
+pub fn release_build(ws: &Path, wasm_dir: &Path) -> Command {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let mut cmd = Command::new(cargo);
     cmd.current_dir(ws)
         .args(["build", "--release", "--target", "wasm32-wasip2"])
         .arg("--target-dir")
-        .arg(target_dir);
+        .arg(wasm_dir);
     cmd
 }
 
-/// Copies the `.wasm` of every member of the workspace at `ws` found in
-/// `built` into `dest`; returns how many were copied.
-pub fn copy_members(ws: &Path, built: &Path, dest: &Path) -> std::io::Result<usize> {
+/// Copies the `.wasm` of every member of the workspace at `ws`, as
+/// [`release_build`] left it in `wasm_dir`, into `dest`; returns how many
+/// were copied.
+pub fn copy_members(ws: &Path, wasm_dir: &Path, dest: &Path) -> std::io::Result<usize> {
+    let built = wasm_dir.join("wasm32-wasip2").join("release");
     let manifest = std::fs::read_to_string(ws.join("Cargo.toml"))?;
     std::fs::create_dir_all(dest)?;
     let mut n = 0;

@@ -24,6 +24,7 @@ mod service;
 mod setup;
 
 use anyhow::{Context, Result, bail};
+use components::target_dir;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -84,9 +85,7 @@ fn test(root: &Path, args: &[String]) -> Result<()> {
         setup::for_testing(root)?;
     }
     // Tests spawn the real `pushonce` binary (kill -9, several instances).
-    run(Command::new(cargo())
-        .current_dir(root)
-        .args(["build", "--workspace", "--bins"]))?;
+    build_binaries(root)?;
     // The plugins' shared key encoder and their signatures (provider-auth,
     // checked against the providers' published vectors) are plain
     // Rust: their unit tests run natively.
@@ -128,6 +127,17 @@ fn test(root: &Path, args: &[String]) -> Result<()> {
         cmd.args(["--skip", name]);
     }
     run(&mut cmd)
+}
+
+/// Builds the workspace's binaries in the dev profile: the `pushonce` that
+/// tests spawn and `cargo xtask run` serves with, and `provider-sim`. One
+/// selection for both: building two binaries alone would unify the
+/// dependencies' features differently and compile some of them, and the
+/// host, a second time.
+fn build_binaries(root: &Path) -> Result<()> {
+    run(Command::new(cargo())
+        .current_dir(root)
+        .args(["build", "--workspace", "--bins"]))
 }
 
 /// `cargo xtask chaos [--] [args]`: builds the release host and the chaos
@@ -182,11 +192,4 @@ fn has_program(name: &str) -> bool {
         .output()
         .map(|o| o.status.success())
         .unwrap_or(false)
-}
-
-/// The target directory: `CARGO_TARGET_DIR`, else `target/`.
-fn target_dir(root: &Path) -> PathBuf {
-    std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| root.join("target"))
 }

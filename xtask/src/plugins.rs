@@ -11,12 +11,11 @@ use crate::{components, languages, run, target_dir};
 /// to `<target>/plugins/`.
 pub(crate) fn build(root: &Path) -> Result<PathBuf> {
     let plugins = root.join("plugins");
-    let wasm = target_dir(root).join("wasm");
+    let wasm = components::wasm_dir(root);
     run(&mut components::release_build(&plugins, &wasm))?;
-    let built = wasm.join("wasm32-wasip2").join("release");
     let out = target_dir(root).join("plugins");
-    // Only this workspace's components: the test plugins share `built`.
-    let mut n = components::copy_members(&plugins, &built, &out)
+    // Only this workspace's components: the test plugins are built there too.
+    let mut n = components::copy_members(&plugins, &wasm, &out)
         .with_context(|| format!("copying the plugins into {}", out.display()))?;
     n += build_other_languages(root, &out)?;
     eprintln!("xtask: {n} plugin(s) in {}", out.display());

@@ -7,7 +7,7 @@ use anyhow::{Context, Result, bail};
 use signal_hook::consts::{SIGINT, SIGTERM};
 use signal_hook::iterator::Signals;
 
-use crate::{cargo, run as run_cmd, target_dir};
+use crate::{build_binaries, target_dir};
 
 /// Where `cargo xtask run` keeps the simulator's CA and test keys.
 const SIM_DIR: &str = "target/sim";
@@ -25,14 +25,7 @@ const SIM_DIR: &str = "target/sim";
 /// production build is `cargo build --release`.
 pub(crate) fn run(root: &Path, plugin_dir: &Path, extra: &[String]) -> Result<()> {
     eprintln!("xtask: building pushonce and provider-sim (the first build takes a while)");
-    // The workspace's binaries, as `cargo xtask test` builds them: building
-    // two alone would unify the dependencies' features differently and
-    // compile some of them, and the host, a second time.
-    run_cmd(
-        Command::new(cargo())
-            .current_dir(root)
-            .args(["build", "--workspace", "--bins"]),
-    )?;
+    build_binaries(root)?;
     let bin = target_dir(root).join("debug");
     let dir = root.join(SIM_DIR);
     let keys = dir.join("keys");

@@ -338,7 +338,9 @@ pub struct ChannelConfig {
     /// Most time to resolve and connect to the provider.
     #[serde(default = "default_connect_timeout", with = "humantime_serde")]
     pub connect_timeout: Duration,
-    /// Most time to the response head, and between two body chunks.
+    /// Most time from the moment a request starts going out to the response
+    /// head (the connection's set-up is `connect_timeout`'s), and between two
+    /// body chunks.
     #[serde(default = "default_response_timeout", with = "humantime_serde")]
     pub response_timeout: Duration,
     /// Most time one plugin call (a send, with all its requests) may take.

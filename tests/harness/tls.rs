@@ -171,6 +171,16 @@ impl TestServer {
     }
 }
 
+/// How long the server waits, after reading a request, before it answers:
+/// `/delay/<ms>` that many milliseconds, any other path not at all.
+fn response_delay(path: &str) -> std::time::Duration {
+    let ms = path
+        .strip_prefix("/delay/")
+        .and_then(|ms| ms.parse().ok())
+        .unwrap_or(0);
+    std::time::Duration::from_millis(ms)
+}
+
 /// Serves one connection: TLS handshake (if any), then HTTP/1.1 or HTTP/2.
 async fn serve(
     tcp: tokio::net::TcpStream,
@@ -191,6 +201,7 @@ async fn serve(
                 })
                 .unwrap_or_default();
             let (version, method) = (req.version(), req.method().clone());
+            let delay = response_delay(req.uri().path());
             let body = req.into_body().collect().await?.to_bytes();
             c.requests.lock().unwrap().push(Seen {
                 version,
@@ -198,6 +209,7 @@ async fn serve(
                 authority,
                 body_len: body.len(),
             });
+            tokio::time::sleep(delay).await;
             Ok::<_, hyper::Error>(http::Response::new(Full::new(Bytes::from_static(b"ok"))))
         }
     });

@@ -434,3 +434,45 @@ async fn a_missing_port_is_the_schemes_default() {
     .await;
     assert!(matches!(res, Err(HttpError::HttpRequestDenied)), "{res:?}");
 }
+
+/// `response_timeout` counts from the request going out, not from the start
+/// of a connection: on a pooled connection an answer later than it is a
+/// response timeout (before, connect + response timeout was allowed, and an
+/// answer 6 s after a 5 s response timeout still counted), an answer inside
+/// it arrives.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_response_timeout_runs_from_the_request_not_the_connection() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = TestCa::new("pushonce test CA");
+    let server = TestServer::https("127.0.0.1", &ca.leaf(&["127.0.0.1"]), Alpn::H2AndH1).await;
+    let mut policy = tls_policy(dir.path(), &ca, server.addr);
+    policy.connect_timeout = Duration::from_secs(5);
+    policy.first_byte_timeout = Duration::from_secs(1);
+    let mut h = hooks(policy);
+    let url = |path: &str| format!("https://{}{path}", server.addr);
+
+    // Warm: the connection is pooled from here on.
+    assert_eq!(
+        send(&mut h, request("POST", url("/x"), b"x"))
+            .await
+            .unwrap(),
+        200
+    );
+    let inside = send(&mut h, request("POST", url("/delay/200"), b"x")).await;
+    assert_eq!(inside.unwrap(), 200, "an answer inside the timeout arrives");
+    let late = send(&mut h, request("POST", url("/delay/3000"), b"x")).await;
+    assert!(
+        matches!(late, Err(HttpError::HttpResponseTimeout)),
+        "an answer 3 s after the request, with a 1 s response timeout: {late:?}"
+    );
+    assert_eq!(
+        h.client.as_ref().unwrap().tls_handshakes(),
+        1,
+        "all three went over the pooled connection"
+    );
+    assert!(
+        h.log().may_have_sent(),
+        "the late request went out: {:?}",
+        h.log()
+    );
+}

@@ -118,9 +118,11 @@ pub struct OutboundPolicy {
     /// Let allowed *names* resolve to private, loopback or link-local
     /// addresses (IP literals in `allowed` are always reachable).
     pub allow_private: bool,
-    /// Most time to resolve and connect.
+    /// Most time to resolve and connect (and, for a request, to wait for a
+    /// connection to send it on).
     pub connect_timeout: Duration,
-    /// Most time from sending the request to the response head.
+    /// Most time from the moment the request starts going out to the
+    /// response head (not counting the connection's set-up).
     pub first_byte_timeout: Duration,
     /// Most time between two chunks of the response body.
     pub between_bytes_timeout: Duration,
@@ -371,13 +373,11 @@ impl WasiHttpHooks for OutboundHooks {
             };
             client.checked.record(&target.host, target.port, addr);
             let timeouts = Timeouts::clamped(&policy, options);
-            let req = target.request(request, &policy, pending.clone())?;
-            let sent = tokio::time::timeout(
-                timeouts.connect + timeouts.first_byte,
-                client.inner.request(req),
-            );
-            let response = match sent.await {
-                Err(_) => return Err(HttpError::HttpResponseTimeout),
+            let (started, going_out) = tokio::sync::oneshot::channel();
+            let req = target.request(request, &policy, pending.clone(), started)?;
+            let response = match head_within(client.inner.request(req), going_out, &timeouts).await
+            {
+                Err(timed_out) => return Err(timed_out),
                 Ok(Err(e)) => return Err(request_error(&e, &policy, &log, pending.as_deref())),
                 Ok(Ok(r)) => r,
             };
@@ -455,6 +455,7 @@ impl Target {
         request: http::Request<WasiBody>,
         policy: &OutboundPolicy,
         pending: Option<Arc<Pending>>,
+        started: tokio::sync::oneshot::Sender<()>,
     ) -> Result<
         http::Request<http_body_util::combinators::UnsyncBoxBody<Bytes, HttpError>>,
         HttpError,
@@ -478,11 +479,38 @@ impl Target {
             seen: 0,
             cap: policy.max_request_bytes,
             pending,
-            polled: false,
+            started: Some(started),
         }
         .boxed_unsync();
         Ok(http::Request::from_parts(parts, body))
     }
+}
+
+/// Waits for the response head of `request` (hyper's future): up to
+/// `connect` until the request starts going out (`going_out`: its body is
+/// first polled, once the connection and TLS are up, or at once on a pooled
+/// connection), then up to `first_byte` from that moment. So
+/// `response_timeout` counts from the request, not from the start of a
+/// connection a pooled request never needed.
+async fn head_within<F: Future>(
+    request: F,
+    going_out: tokio::sync::oneshot::Receiver<()>,
+    timeouts: &Timeouts,
+) -> Result<F::Output, HttpError> {
+    tokio::pin!(request);
+    tokio::select! {
+        answer = &mut request => return Ok(answer),
+        started = tokio::time::timeout(timeouts.connect, going_out) => {
+            if started.is_err() {
+                return Err(HttpError::ConnectionTimeout);
+            }
+            // Ok(Err(_)): hyper dropped the body unpolled; its own error
+            // follows at once, under the head's timeout as any answer.
+        }
+    }
+    tokio::time::timeout(timeouts.first_byte, request)
+        .await
+        .map_err(|_| HttpError::HttpResponseTimeout)
 }
 
 /// The guest's timeouts, each clamped to the policy's.
@@ -686,8 +714,9 @@ struct CappedBody {
     cap: u64,
     /// The state-changing request this body belongs to, if it is one.
     pending: Option<Arc<Pending>>,
-    /// Whether hyper polled it yet.
-    polled: bool,
+    /// Told on the first poll (taken then): the request is going out, and
+    /// the wait for its response head starts.
+    started: Option<tokio::sync::oneshot::Sender<()>>,
 }
 
 impl Body for CappedBody {
@@ -699,8 +728,8 @@ impl Body for CappedBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, HttpError>>> {
         let this = &mut *self;
-        if !this.polled {
-            this.polled = true;
+        if let Some(started) = this.started.take() {
+            let _ = started.send(());
             if let Some(p) = &this.pending {
                 p.written();
             }
@@ -722,9 +751,10 @@ impl Body for CappedBody {
     }
 
     fn is_end_stream(&self) -> bool {
-        // A state-changing request's body is polled at least once, so its
-        // first poll marks the moment bytes go out.
-        (self.polled || self.pending.is_none()) && self.inner.is_end_stream()
+        // Every body is polled at least once, so its first poll marks the
+        // moment bytes go out (the response head's timeout counts from it,
+        // and a state-changing request counts as written from it).
+        self.started.is_none() && self.inner.is_end_stream()
     }
 
     fn size_hint(&self) -> SizeHint {

@@ -38,6 +38,13 @@ pub struct HostConfig {
     /// such a Redis (and `/readyz` answers 503 when a reconnect finds one),
     /// naming the policy and the fix. Refused with `ledger_url = "off"`.
     pub allow_evicting_redis: bool,
+    /// Run although the other instances on this Redis use another delivery
+    /// ledger. Off by default: each instance records its ledger's identity
+    /// in Redis at start, and one whose ledger differs (e.g. several
+    /// machines each on its own default SQLite file) refuses to start,
+    /// naming both: on separate ledgers no instance stops another's second
+    /// send of a key whose permit a Redis failover lost.
+    pub allow_separate_ledgers: bool,
     /// Directory for the embedded Redis's data, the compiled-plugin cache
     /// and the default SQLite ledger.
     pub data_dir: PathBuf,
@@ -459,6 +466,7 @@ impl Default for HostConfig {
             redis_ca_file: None,
             redis_cluster: Vec::new(),
             allow_evicting_redis: false,
+            allow_separate_ledgers: false,
             data_dir: PathBuf::from("data"),
             ledger_url: None,
             ledger_history: Duration::from_secs(30 * 24 * 3600),

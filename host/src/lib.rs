@@ -15,6 +15,7 @@ pub mod dispatch;
 pub mod eviction;
 pub(crate) mod files;
 pub mod ledger;
+pub mod ledger_guard;
 pub(crate) mod listener;
 pub mod metric_names;
 pub mod permit;

@@ -56,6 +56,9 @@ pub enum ServiceError {
     /// Redis may evict permits (`maxmemory-policy` other than `noeviction`).
     #[error(transparent)]
     Eviction(#[from] crate::eviction::EvictionError),
+    /// Another instance on this Redis claims in another ledger.
+    #[error(transparent)]
+    SeparateLedger(#[from] crate::ledger_guard::LedgerGuardError),
     /// The delivery ledger could not be opened or migrated.
     #[error(transparent)]
     Ledger(#[from] crate::ledger::LedgerError),
@@ -363,6 +366,8 @@ struct Parts {
     permits: Permits,
     /// The delivery ledger, when on.
     ledger: Option<Ledger>,
+    /// The check that the instances on this Redis share that ledger.
+    ledger_guard: Option<crate::ledger_guard::LedgerGuard>,
     /// Plugins and policies in force.
     live: Arc<Live>,
     /// What sends a task (the channel plugins, unless a test gave its own).
@@ -382,6 +387,10 @@ async fn open_parts(
     let store = Store::open(&config.redis_target()).await?;
     let permits = open_permits(config, &store).await?;
     let ledger = open_ledger(config).await?;
+    let ledger_guard = ledger_guard(config, &permits, ledger.as_ref());
+    if let Some(guard) = &ledger_guard {
+        guard.check(&permits.connection()).await?;
+    }
     let live = load_live(config).await?;
     let plugins = channel_sender(
         config,
@@ -400,6 +409,7 @@ async fn open_parts(
         store,
         permits,
         ledger,
+        ledger_guard,
         live,
         sender,
         receipts,
@@ -425,6 +435,7 @@ async fn api_state(
         live: parts.live.clone(),
         permits: api_permits,
         ledger: parts.ledger.clone(),
+        ledger_guard: parts.ledger_guard.clone(),
         eviction: eviction_guard(config),
         limits: ApiLimits {
             occurred_at_years: config.occurred_at_years,
@@ -508,6 +519,23 @@ fn eviction_guard(config: &HostConfig) -> crate::eviction::EvictionGuard {
         allow_evicting: config.allow_evicting_redis,
         ledger: config.ledger().is_some(),
     }
+}
+
+/// The check that every instance on this Redis claims in the same ledger
+/// (`None` with the ledger off: there is nothing to share).
+fn ledger_guard(
+    config: &HostConfig,
+    permits: &Permits,
+    ledger: Option<&Ledger>,
+) -> Option<crate::ledger_guard::LedgerGuard> {
+    ledger.map(|l| {
+        crate::ledger_guard::LedgerGuard::new(
+            permits.layout().namespace(),
+            l.backend(),
+            l.id(),
+            config.allow_separate_ledgers,
+        )
+    })
 }
 
 /// The plugins and policies, loaded and checked (off the async threads: it

@@ -489,6 +489,10 @@ max_checks = 3
 backoff = { initial = "1s", factor = 2.0, max = "4s" }
 "#
     .into();
+    if config.ledger == ChaosLedger::SqlitePerInstance {
+        // What the host refuses by default: it is this mode's point.
+        serve.extra.insert_str(0, "allow_separate_ledgers = true\n");
+    }
     let mut hosts: Vec<ServeProcess> = Vec::new();
     for i in 0..config.instances.max(1) {
         hosts.push(

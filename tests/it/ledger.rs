@@ -76,12 +76,22 @@ async fn a_key_is_claimed_once_and_its_owner_may_claim_again(backend: &str) {
     assert_eq!(ledger.backend(), backend);
     assert_eq!(
         ledger.claim(&claim("k1", "A")).await.unwrap(),
-        ClaimAnswer::Ours
+        ClaimAnswer::Ours { first: true }
     );
-    // A retry or a re-claim of the same task finds its own claim.
+    // An attempt whose claim's answer was lost claims again: still the first.
+    assert_eq!(
+        ledger.claim(&claim("k1", "A")).await.unwrap(),
+        ClaimAnswer::Ours { first: true },
+        "the same attempt's claim made twice is still the key's first"
+    );
+    // A retry or a re-claim of the same task finds its own claim, made by
+    // an earlier attempt (one that may have sent).
     let mut again = claim("k1", "A");
     again.attempt = 2;
-    assert_eq!(ledger.claim(&again).await.unwrap(), ClaimAnswer::Ours);
+    assert_eq!(
+        ledger.claim(&again).await.unwrap(),
+        ClaimAnswer::Ours { first: false }
+    );
     // Another task with the same key: Redis lost A's permit.
     assert_eq!(
         ledger.claim(&claim("k1", "B")).await.unwrap(),
@@ -92,7 +102,7 @@ async fn a_key_is_claimed_once_and_its_owner_may_claim_again(backend: &str) {
     );
     assert_eq!(
         ledger.claim(&claim("k2", "B")).await.unwrap(),
-        ClaimAnswer::Ours
+        ClaimAnswer::Ours { first: true }
     );
     // Opening it again (migrations already applied) keeps the rows.
     let reopened = Ledger::open(&url).await.unwrap();
@@ -106,7 +116,7 @@ async fn updates_are_batched_owner_checked_and_read_back(backend: &str) {
         let key = format!("k{i}");
         assert_eq!(
             ledger.claim(&claim(&key, &format!("T{i}"))).await.unwrap(),
-            ClaimAnswer::Ours
+            ClaimAnswer::Ours { first: true }
         );
     }
     for i in 0..300 {
@@ -157,12 +167,11 @@ async fn two_instances_racing_for_the_same_keys_give_each_key_one_owner(backend:
     let race = |ledger: Ledger, task: &'static str| async move {
         let mut ours = Vec::new();
         for i in 0..100 {
-            if ledger
+            let answer = ledger
                 .claim(&claim(&format!("race{i}"), &format!("{task}{i}")))
                 .await
-                .unwrap()
-                == ClaimAnswer::Ours
-            {
+                .unwrap();
+            if answer == (ClaimAnswer::Ours { first: true }) {
                 ours.push(i);
             }
         }
@@ -180,4 +189,42 @@ async fn two_instances_racing_for_the_same_keys_give_each_key_one_owner(backend:
 
 async fn spawned<T: Send + 'static>(f: impl Future<Output = T> + Send + 'static) -> T {
     tokio::spawn(f).await.unwrap()
+}
+
+both!(instances_starting_together_on_a_new_ledger_all_come_up);
+/// Ten `pushonce` processes opening one new ledger at the same moment (each
+/// applies the migrations first): every one comes up, and the schema is
+/// there once. On SQLite, sqlx takes no migration lock; without the host's
+/// own, some of them failed with `table deliveries already exists`.
+async fn instances_starting_together_on_a_new_ledger_all_come_up(backend: &str) {
+    let (url, _keep) = url(backend).await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("pushonce.toml");
+    std::fs::write(&config, format!("ledger_url = {url:?}\n")).unwrap();
+    let bin = pushonce_tests::process::pushonce_bin().unwrap();
+    let starts: Vec<_> = (0..10)
+        .map(|_| {
+            tokio::process::Command::new(&bin)
+                .args(["ledger", "export", "--since", "1h", "--config"])
+                .arg(&config)
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    for (i, child) in starts.into_iter().enumerate() {
+        let out = child.wait_with_output().await.unwrap();
+        assert!(
+            out.status.success(),
+            "instance {i} failed to open the ledger: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let ledger = Ledger::open(&url).await.unwrap();
+    assert_eq!(
+        ledger.claim(&claim("after-start", "t1")).await.unwrap(),
+        ClaimAnswer::Ours { first: true },
+        "the ledger works after the racing starts"
+    );
 }

@@ -23,6 +23,7 @@ mod dispatch;
 mod e2e;
 mod eviction;
 mod hardening;
+mod one_ledger;
 mod ops_files;
 mod outbound_tls;
 mod permit;
@@ -34,6 +35,7 @@ mod reconcile;
 mod redis_embedded;
 mod redis_processes;
 mod redis_tls;
+mod vanished;
 
 // Need more: PostgreSQL, Chromium, the JavaScript and Python toolchains,
 // schemathesis, or minutes of chaos.

@@ -56,6 +56,10 @@ impl BenchStack {
     ) -> anyhow::Result<ServeProcess> {
         let mut config = ServeConfig::new(self.store.url(), &self.sim);
         config.workers = workers;
+        // One ledger for every instance of the stack, as the host requires of
+        // instances sharing a Redis.
+        let ledger = self.tmp.join("ledger.sqlite3");
+        config.ledger_url = Some(format!("sqlite:{}", ledger.display()));
         config.extra = format!("dispatch = {dispatch}\n");
         if lean {
             config

@@ -92,6 +92,8 @@ pub struct SharedState {
     pub permits: Permits,
     /// The delivery ledger (`None`: off): readiness, and history after Redis's retention.
     pub ledger: Option<crate::ledger::Ledger>,
+    /// That ledger is the one the other instances on this Redis use (`None`: ledger off).
+    pub ledger_guard: Option<crate::ledger_guard::LedgerGuard>,
     /// What readiness accepts of Redis's `maxmemory-policy` (read on every probe).
     pub eviction: crate::eviction::EvictionGuard,
     /// Limits.

@@ -72,6 +72,7 @@ pub async fn readyz(State(state): State<AppState>) -> Result<Json<Health>, ApiEr
     }
     check_eviction(&state).await?;
     check_ledger(&state).await?;
+    check_one_ledger(&state).await?;
     let snapshot = state.live.current();
     Ok(Json(Health {
         status: "ok".into(),
@@ -88,6 +89,25 @@ async fn check_eviction(state: &AppState) -> Result<(), ApiError> {
         Ok(Ok(())) => return Ok(()),
         Ok(Err(e)) => e.to_string(),
         Err(_) => format!("Redis did not tell its maxmemory-policy within {PING_TIMEOUT:?}"),
+    };
+    Err(ApiError::Unavailable {
+        detail,
+        accepted: None,
+    })
+}
+
+/// The other instances on this Redis claim in the same ledger: 503 naming
+/// both ledgers when they do not (a Redis replaced since start may hold
+/// another's).
+async fn check_one_ledger(state: &AppState) -> Result<(), ApiError> {
+    let Some(guard) = &state.ledger_guard else {
+        return Ok(());
+    };
+    let conn = state.permits.connection();
+    let detail = match tokio::time::timeout(PING_TIMEOUT, guard.check(&conn)).await {
+        Ok(Ok(())) => return Ok(()),
+        Ok(Err(e)) => e.to_string(),
+        Err(_) => format!("Redis did not answer the ledger identity check within {PING_TIMEOUT:?}"),
     };
     Err(ApiError::Unavailable {
         detail,

@@ -16,7 +16,11 @@ use crate::permit::{Attempt, Outcome};
 /// The answer of [`claim`].
 pub(crate) enum Claimed {
     /// The key is this task's (or no ledger is configured): send.
-    Ours,
+    Ours {
+        /// No earlier attempt of the task claimed the key, so none sent
+        /// anything (false without a ledger: nothing tells).
+        first: bool,
+    },
     /// Another task owns the key: do not send.
     Taken {
         /// That task.
@@ -33,13 +37,13 @@ const RETRY_MAX: Duration = Duration::from_secs(1);
 /// [`RETRY_MAX`]) while the ledger does not answer: no send without a claim.
 pub(crate) async fn claim(shared: &DispatchContext, attempt: &Attempt) -> Claimed {
     let Some(ledger) = &shared.ledger else {
-        return Claimed::Ours;
+        return Claimed::Ours { first: false };
     };
     let claim = claim_of(attempt);
     let mut wait = Duration::from_millis(20);
     loop {
         match ledger.claim(&claim).await {
-            Ok(ClaimAnswer::Ours) => return Claimed::Ours,
+            Ok(ClaimAnswer::Ours { first }) => return Claimed::Ours { first },
             Ok(ClaimAnswer::Taken { owner, status }) => {
                 tracing::warn!(task = %attempt.task_id, owner = %owner, owner_status = %status,
                     channel = %attempt.task.channel,

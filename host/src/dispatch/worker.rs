@@ -249,16 +249,21 @@ pub(crate) async fn deliver(shared: &DispatchContext, entry: &Entry) {
         tracing::warn!(task = %entry.task_id, "lease ran out before sending; left pending");
         return;
     }
-    if !claim_in_ledger(shared, &attempt, entry).await {
+    let Some(first_claim) = claim_in_ledger(shared, &attempt, entry).await else {
         return;
-    }
+    };
     let msg = OutgoingMessage {
         task_id: attempt.task_id.clone(),
         attempt: attempt.number,
         ..OutgoingMessage::of_task(&attempt.task)
     };
-    if attempt.reclaimed && !resend_reclaimed(shared, &attempt, &msg, entry).await {
+    if attempt.reclaimed && !first_claim && !resend_reclaimed(shared, &attempt, &msg, entry).await {
         return;
+    }
+    if attempt.reclaimed && first_claim {
+        // The vanished worker never reached its claim: it sent nothing.
+        tracing::info!(task = %entry.task_id, attempt = attempt.number,
+            "re-claimed from a vanished worker that never claimed the key in the ledger; sending");
     }
     if !mark_request_started(shared, &attempt, entry).await {
         return;
@@ -430,21 +435,27 @@ async fn index_ids(
 }
 
 /// Claims the task's key in the ledger before it is sent (see
-/// [`super::ledger`]); false when the task must not be sent now: another
+/// [`super::ledger`]): whether this is the key's first claim (no earlier
+/// attempt reached its claim, so none sent), or `None` when the task must
+/// not be sent now: another
 /// task owns the key (recorded `duplicate_prevented`), or the ledger stayed
 /// unreachable until shutdown (the attempt given back). Waits, holding the
 /// lease, while the ledger is down.
-async fn claim_in_ledger(shared: &DispatchContext, attempt: &Attempt, entry: &Entry) -> bool {
+async fn claim_in_ledger(
+    shared: &DispatchContext,
+    attempt: &Attempt,
+    entry: &Entry,
+) -> Option<bool> {
     match with_lease(shared, attempt, super::ledger::claim(shared, attempt)).await {
-        super::ledger::Claimed::Ours => true,
+        super::ledger::Claimed::Ours { first } => Some(first),
         super::ledger::Claimed::Taken { owner } => {
             let outcome = Outcome::DuplicatePrevented { owner };
             record(shared, attempt, &outcome, entry).await;
-            false
+            None
         }
         super::ledger::Claimed::Stopped => {
             record(shared, attempt, &Outcome::Release, entry).await;
-            false
+            None
         }
     }
 }

@@ -38,8 +38,14 @@ pub struct Claim {
 /// The answer to a claim.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ClaimAnswer {
-    /// The key is this task's (claimed now, or by an earlier attempt of it): send.
-    Ours,
+    /// The key is this task's: send.
+    Ours {
+        /// This attempt's claim is the key's first: no earlier attempt of
+        /// the task reached its claim, so none of them sent anything (a send
+        /// never happens without its claim). False when an earlier attempt
+        /// claimed it.
+        first: bool,
+    },
     /// Another task claimed the key first: it was accepted before and may
     /// have been sent; this task must not send.
     Taken {
@@ -67,7 +73,7 @@ const CLAIM_SQL: &str = "INSERT INTO deliveries \
     WHEN deliveries.task_id = excluded.task_id \
     AND (deliveries.window_ends_at IS NULL OR deliveries.window_ends_at < excluded.window_ends_at) \
     THEN excluded.window_ends_at ELSE deliveries.window_ends_at END \
-    RETURNING task_id, status";
+    RETURNING task_id, status, attempts";
 
 /// Claims waiting together, written in one transaction (group commit): one
 /// fsync for all of them instead of one each.
@@ -145,7 +151,7 @@ async fn claim_all(pool: &LedgerPool, group: &Waiting) -> Result<Vec<ClaimAnswer
     on_pool!(pool, p => {
         let mut tx = p.begin().await?;
         for (c, _) in group {
-            let (owner, status): (String, String) = sqlx::query_as(CLAIM_SQL)
+            let (owner, status, attempts): (String, String, i32) = sqlx::query_as(CLAIM_SQL)
                 .bind(&c.key)
                 .bind(&c.task_id)
                 .bind(&c.channel)
@@ -159,7 +165,11 @@ async fn claim_all(pool: &LedgerPool, group: &Waiting) -> Result<Vec<ClaimAnswer
                 .fetch_one(&mut *tx)
                 .await?;
             answers.push(if owner == c.task_id {
-                ClaimAnswer::Ours
+                // A new row holds the claiming attempt's number; a re-claim
+                // leaves the number an earlier attempt (or its outcome) wrote.
+                ClaimAnswer::Ours {
+                    first: i64::from(attempts) == i64::from(c.attempt),
+                }
             } else {
                 ClaimAnswer::Taken { owner, status }
             });

@@ -11,6 +11,7 @@
 
 pub mod claim;
 pub mod history;
+mod identity;
 mod pool;
 pub mod retention;
 pub mod writer;
@@ -40,6 +41,17 @@ pub enum LedgerError {
     /// Applying the schema's migrations failed.
     #[error("ledger migrations: {0}")]
     Migrate(#[from] sqlx::migrate::MigrateError),
+    /// The lock that serialises SQLite migrations between instances could
+    /// not be taken.
+    #[error(
+        "ledger migrations: cannot lock {path:?} (instances starting together take turns on it): {reason}"
+    )]
+    MigrationLock {
+        /// The lock file beside the database.
+        path: std::path::PathBuf,
+        /// Why.
+        reason: String,
+    },
     /// A `ledger_url` that names no supported database.
     #[error("ledger_url {0:?} is neither sqlite:… nor postgres://…")]
     BadUrl(String),
@@ -59,6 +71,7 @@ pub struct Ledger {
     claimer: claim::Claimer,
     writer: writer::WriterHandle,
     health: Arc<Mutex<Option<String>>>,
+    id: Arc<str>,
 }
 
 impl std::fmt::Debug for Ledger {
@@ -75,8 +88,10 @@ impl Ledger {
     pub async fn open(url: &str) -> Result<Ledger, LedgerError> {
         let pool = LedgerPool::connect(url).await?;
         pool.migrate().await?;
+        let id = identity::read_or_create(&pool).await?;
         let writer = writer::spawn(pool.clone(), writer::WriterConfig::default());
         Ok(Ledger {
+            id: id.into(),
             claimer: claim::Claimer::spawn(pool.clone()),
             pool,
             writer,
@@ -92,6 +107,12 @@ impl Ledger {
     /// `sqlite` or `postgres`.
     pub fn backend(&self) -> &'static str {
         self.pool.backend()
+    }
+
+    /// The ledger's identity: a random id written into it by the first
+    /// instance that opened it, the same for every instance sharing it.
+    pub fn id(&self) -> &str {
+        &self.id
     }
 
     /// The pool, for lookups and export.

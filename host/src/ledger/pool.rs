@@ -36,6 +36,11 @@ const SQLITE_MIGRATIONS: &[Step] = &[
         "window ends",
         include_str!("../../migrations/sqlite/0003_window_ends.sql"),
     ),
+    (
+        4,
+        "identity",
+        include_str!("../../migrations/sqlite/0004_identity.sql"),
+    ),
 ];
 
 /// The PostgreSQL schema's migrations, in order.
@@ -54,6 +59,11 @@ const POSTGRES_MIGRATIONS: &[Step] = &[
         3,
         "window ends",
         include_str!("../../migrations/postgres/0003_window_ends.sql"),
+    ),
+    (
+        4,
+        "identity",
+        include_str!("../../migrations/postgres/0004_identity.sql"),
     ),
 ];
 
@@ -77,6 +87,62 @@ fn migrator(steps: &[Step]) -> Migrator {
         ignore_missing: false,
         locking: true,
         no_tx: false,
+    }
+}
+
+/// An exclusive lock on `<database>.migrate-lock`, held while the SQLite
+/// migrations run: sqlx takes no lock on SQLite, and two processes starting
+/// on a new file would both find migration 1 pending and the second would fail
+/// with `table deliveries already exists`. Released when dropped (or when the
+/// process dies: the operating system drops the lock with the file).
+struct MigrationLock(Option<std::fs::File>);
+
+/// How long an instance waits for another one's migrations.
+const MIGRATION_LOCK_WAIT: Duration = Duration::from_secs(60);
+
+impl MigrationLock {
+    /// Waits for the lock of the database `file` (no lock for an in-memory
+    /// database, which no other process can open).
+    async fn acquire(file: &std::path::Path) -> Result<MigrationLock, LedgerError> {
+        if file.as_os_str().is_empty() || file == std::path::Path::new(":memory:") {
+            return Ok(MigrationLock(None));
+        }
+        let mut path = file.as_os_str().to_owned();
+        path.push(".migrate-lock");
+        let path = std::path::PathBuf::from(path);
+        let lock_err = |e: std::io::Error| LedgerError::MigrationLock {
+            path: path.clone(),
+            reason: e.to_string(),
+        };
+        let handle = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&path)
+            .map_err(lock_err)?;
+        let deadline = tokio::time::Instant::now() + MIGRATION_LOCK_WAIT;
+        loop {
+            match handle.try_lock() {
+                Ok(()) => return Ok(MigrationLock(Some(handle))),
+                Err(std::fs::TryLockError::WouldBlock) => {}
+                Err(std::fs::TryLockError::Error(e)) => return Err(lock_err(e)),
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return Err(lock_err(std::io::Error::other(format!(
+                    "another instance held it for over {}s",
+                    MIGRATION_LOCK_WAIT.as_secs()
+                ))));
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+impl Drop for MigrationLock {
+    fn drop(&mut self) {
+        if let Some(file) = &self.0 {
+            let _ = file.unlock();
+        }
     }
 }
 
@@ -140,12 +206,20 @@ impl LedgerPool {
     }
 
     /// Applies the backend's migrations (`host/migrations/<backend>/`).
+    ///
+    /// Instances starting together apply each migration once: on
+    /// PostgreSQL under sqlx's advisory lock; on SQLite, whose sqlx lock is
+    /// a no-op, under an exclusive lock on a file beside the database
+    /// ([`MigrationLock`]).
     pub(crate) async fn migrate(&self) -> Result<(), LedgerError> {
-        let migrator = migrator(match self {
-            LedgerPool::Sqlite(_) => SQLITE_MIGRATIONS,
-            LedgerPool::Postgres(_) => POSTGRES_MIGRATIONS,
-        });
-        on_pool!(self, p => migrator.run(p).await?);
+        match self {
+            LedgerPool::Sqlite(p) => {
+                let file = p.connect_options().get_filename().to_path_buf();
+                let _lock = MigrationLock::acquire(&file).await?;
+                migrator(SQLITE_MIGRATIONS).run(p).await?;
+            }
+            LedgerPool::Postgres(p) => migrator(POSTGRES_MIGRATIONS).run(p).await?,
+        }
         Ok(())
     }
 

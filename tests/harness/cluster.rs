@@ -128,6 +128,15 @@ impl RedisCluster {
         self.nodes.is_empty()
     }
 
+    /// The SQLite delivery ledger every test host on this cluster shares
+    /// by default (beside the nodes' directories).
+    pub fn ledger_url(&self) -> String {
+        format!(
+            "sqlite:{}",
+            self._root.path().join("ledger.sqlite3").display()
+        )
+    }
+
     /// The data directory of node `i`.
     pub fn dir(&self, i: usize) -> &Path {
         &self.nodes[i].dir

@@ -63,7 +63,8 @@ pub struct Setup {
     pub extra_plugins: Vec<PathBuf>,
     /// Changes the configuration last (channels, `[receipts]`...).
     pub configure: Option<Configure>,
-    /// `ledger_url` (default: the SQLite ledger in the host's data dir).
+    /// `ledger_url` (default: the SQLite ledger every host on the same
+    /// Redis shares, in the Redis server's or cluster's directory).
     pub ledger_url: Option<String>,
 }
 
@@ -133,6 +134,8 @@ pub struct TestHost {
     pub base: String,
     /// Data, policies, cache.
     pub dir: tempfile::TempDir,
+    /// The delivery ledger it claims in (`off` when off).
+    pub ledger_url: String,
     /// The HTTP client.
     pub client: reqwest::Client,
 }
@@ -201,7 +204,7 @@ impl TestHost {
         }
         let file = repo_root().join("pushonce.toml");
         let mut config = HostConfig::parse(&file, &std::fs::read_to_string(&file)?)?;
-        match backend {
+        match &backend {
             Backend::Server(redis) => config.redis_url = Some(redis.url()),
             Backend::Cluster(cluster) => config.redis_cluster = cluster.urls(),
         }
@@ -211,7 +214,12 @@ impl TestHost {
         config.shards = 4;
         config.workers = 2;
         config.lease = setup.lease;
-        config.ledger_url = setup.ledger_url.clone();
+        // Hosts on one Redis share one ledger, as the host requires.
+        config.ledger_url = Some(match (&setup.ledger_url, &backend) {
+            (Some(url), _) => url.clone(),
+            (None, Backend::Server(redis)) => redis.ledger_url(),
+            (None, Backend::Cluster(cluster)) => cluster.ledger_url(),
+        });
         config.auth.api_token_env = setup.auth.0.clone();
         config.auth.admin_token_env = setup.auth.1.clone();
         let mut env: HashMap<String, String> = repository_inputs(&config, dir.path())?
@@ -257,11 +265,13 @@ impl TestHost {
             dispatch_block: Duration::from_millis(200),
         };
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let ledger_url = config.ledger().unwrap_or_else(|| "off".into());
         let running = service::start(config, listener, options)
             .await
             .context("starting the host")?;
         let base = format!("http://{}", running.addr());
         Ok(TestHost {
+            ledger_url,
             running: Some(running),
             base,
             dir,

@@ -102,6 +102,16 @@ impl RedisServer {
         self.dir.path()
     }
 
+    /// The SQLite delivery ledger every test host on this server shares by
+    /// default (in its data directory): instances sharing a Redis must
+    /// share their ledger, or the host refuses to start.
+    pub fn ledger_url(&self) -> String {
+        format!(
+            "sqlite:{}",
+            self.dir.path().join("ledger.sqlite3").display()
+        )
+    }
+
     /// A client for this server.
     pub fn client(&self) -> redis::Client {
         redis::Client::open(self.url()).expect("a loopback URL parses")

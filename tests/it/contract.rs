@@ -537,6 +537,7 @@ async fn serve_probe(
 listen = "127.0.0.1:{port}"
 redis_url = "{redis}"
 data_dir = "{data}"
+ledger_url = "sqlite:{ledger}"
 plugin_dir = "{plugins}"
 policy_dir = "{policies}"
 shards = 4
@@ -552,6 +553,8 @@ concurrency = 8
 "#,
         redis = redis.url(),
         data = dir.join("data").display(),
+        // The processes of one test share one ledger, as instances on one Redis must.
+        ledger = dir.parent().unwrap().join("ledger.sqlite3").display(),
         plugins = plugins.display(),
         policies = policies.display(),
     );

@@ -231,11 +231,19 @@ async fn with_wait_replicas_an_accept_is_answered_only_once_a_replica_confirmed_
         relay,
         mut conn,
     } = replicated().await;
+    // Both hosts claim in one ledger, as instances before and after a
+    // failover do (it outlives the primary's directory).
+    let ledger_dir = tempfile::tempdir().unwrap();
+    let ledger_url = format!(
+        "sqlite:{}",
+        ledger_dir.path().join("ledger.sqlite3").display()
+    );
     let wait_for_one = || Setup {
         configure: Some(Box::new(|config: &mut pushonce::config::HostConfig| {
             config.wait_replicas = 1;
             config.wait_replicas_timeout = Duration::from_millis(300);
         })),
+        ledger_url: Some(ledger_url.clone()),
         ..Setup::default()
     };
     let first = TestHost::start_with(&primary, wait_for_one())
@@ -267,9 +275,15 @@ async fn with_wait_replicas_an_accept_is_answered_only_once_a_replica_confirmed_
     drop(primary);
     promote(&mut conn).await;
     drop(relay);
-    let second = TestHost::start_with(&replica, Setup::default())
-        .await
-        .unwrap();
+    let second = TestHost::start_with(
+        &replica,
+        Setup {
+            ledger_url: Some(ledger_url.clone()),
+            ..Setup::default()
+        },
+    )
+    .await
+    .unwrap();
     let again = second
         .post("/v1/events", &order_shipped("o-confirmed"), None)
         .await

@@ -210,11 +210,7 @@ async fn a_key_inside_its_window_is_refused_without_its_permit_and_rows_leave_af
     )
     .await
     .unwrap();
-    let ledger_url = match backend {
-        "sqlite" => Ledger::sqlite_url(&host.dir.path().join("data")),
-        _ => ledger_url,
-    };
-    let ledger = Ledger::open(&ledger_url).await.unwrap();
+    let ledger = Ledger::open(&host.ledger_url).await.unwrap();
     let permits = host_permits(&redis).await;
     let brief = accepted_task_ids(&host, &event("BRIEF", "b-1"))
         .await

@@ -66,16 +66,21 @@ async fn an_instance_on_another_ledger_is_refused_naming_both() {
         "the refused instance overwrote the record"
     );
 
-    // The same instance with the opt-in starts and is ready.
-    let opted = TestHost::start_with(
-        &redis,
-        Setup {
-            configure: Some(Box::new(|c| c.allow_separate_ledgers = true)),
-            ..Setup::default()
-        },
-    )
-    .await
-    .unwrap();
+    // An instance on a ledger of its own: refused in-process too, and with
+    // the opt-in it starts and is ready.
+    let own = tempfile::tempdir().unwrap();
+    let own_ledger = format!("sqlite:{}", own.path().join("own.sqlite3").display());
+    let own_setup = |allow: bool| Setup {
+        ledger_url: Some(own_ledger.clone()),
+        configure: Some(Box::new(move |c| c.allow_separate_ledgers = allow)),
+        ..Setup::default()
+    };
+    let refused = TestHost::start_with(&redis, own_setup(false))
+        .await
+        .err()
+        .expect("refused on its own ledger");
+    assert!(format!("{refused:#}").contains(&theirs), "{refused:#}");
+    let opted = TestHost::start_with(&redis, own_setup(true)).await.unwrap();
     let ready = opted.get("/readyz", None).await.unwrap();
     assert_eq!(ready.status, StatusCode::OK, "{}", ready.body);
     first.shutdown().await.unwrap();

@@ -88,10 +88,20 @@ fn window_end(task: &crate::permit::Task, now: i64) -> i64 {
     now.max(accepted).saturating_add(window)
 }
 
-/// Queues the recorded outcome of an attempt for the ledger's batched writer.
-pub(crate) async fn note_outcome(shared: &DispatchContext, attempt: &Attempt, outcome: &Outcome) {
+/// Writes the outcome of an attempt to the ledger, before Redis records it
+/// (so a look-up never shows less than before). An outcome that ends the
+/// task for good (`ends`: sent with nothing to await, failed with its
+/// fallback taken) is waited for, at most a third of a lease: true when the
+/// ledger confirmed it, and the task may leave Redis as it is recorded.
+/// Other outcomes are only queued for the batched writer (false).
+pub(crate) async fn note_outcome(
+    shared: &DispatchContext,
+    attempt: &Attempt,
+    outcome: &Outcome,
+    ends: bool,
+) -> bool {
     let Some(ledger) = &shared.ledger else {
-        return;
+        return false;
     };
     let (status, provider_message_id, error) = match outcome {
         Outcome::Sent {
@@ -104,7 +114,7 @@ pub(crate) async fn note_outcome(shared: &DispatchContext, attempt: &Attempt, ou
         Outcome::Unknown { reason } => ("unknown", None, Some(reason.clone())),
         Outcome::Failed { reason } => ("failed", None, Some(reason.clone())),
         Outcome::Dead { reason } => ("dead", None, Some(reason.clone())),
-        Outcome::DuplicatePrevented { .. } | Outcome::Release => return,
+        Outcome::DuplicatePrevented { .. } | Outcome::Release => return false,
     };
     let update = Update {
         key: attempt.task.key.clone(),
@@ -116,7 +126,12 @@ pub(crate) async fn note_outcome(shared: &DispatchContext, attempt: &Attempt, ou
         at_ms: now_ms(),
         operator_note: None,
     };
+    if ends {
+        let within = (shared.config.lease / 3).max(Duration::from_millis(10));
+        return ledger.update_confirmed(update, within).await;
+    }
     if let Err(e) = ledger.update(update).await {
         tracing::warn!(task = %attempt.task_id, error = %e, "could not queue the ledger update");
     }
+    false
 }

@@ -570,10 +570,13 @@ async fn settle_from_query(
 /// one), with the operator's step, so the history keeps who and why; once
 /// the ledger holds it, the task leaves Redis (it ended for good).
 async fn note_in_ledger(state: &AppState, task: &Task) {
-    let (Some(ledger), Some(step)) = (&state.ledger, task.operator_log().pop()) else {
+    let Some(ledger) = &state.ledger else {
         return;
     };
-    let note = serde_json::to_string(&step).unwrap_or_default();
+    // Every step (an earlier requeue too), as the task keeps them.
+    let Some(note) = crate::dispatch::ledger::operator_log(task) else {
+        return;
+    };
     ledger
         .settle_and_forget(&state.permits, task, task.status.as_str(), Some(note), true)
         .await;

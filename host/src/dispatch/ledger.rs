@@ -124,7 +124,9 @@ pub(crate) async fn note_outcome(
         provider_message_id: provider_message_id.filter(|p| !p.is_empty()),
         error,
         at_ms: now_ms(),
-        operator_note: None,
+        // An operator's steps (a requeue) go with the outcome: the ledger
+        // keeps them once the task leaves Redis.
+        operator_note: operator_log(&attempt.task),
     };
     if ends {
         let within = (shared.config.lease / 3).max(Duration::from_millis(10));
@@ -134,4 +136,12 @@ pub(crate) async fn note_outcome(
         tracing::warn!(task = %attempt.task_id, error = %e, "could not queue the ledger update");
     }
     false
+}
+
+/// The task's operator log (one JSON line per step), when an operator acted on it.
+pub(crate) fn operator_log(task: &crate::permit::Task) -> Option<String> {
+    task.fields
+        .get("operator_log")
+        .filter(|log| !log.is_empty())
+        .cloned()
 }

@@ -161,6 +161,9 @@ impl Ledger {
         note: Option<String>,
         leaves: bool,
     ) {
+        // Without a note of its own, the operators' earlier steps (a requeue)
+        // go to the ledger with the outcome: it keeps them once the task left.
+        let note = note.or_else(|| crate::dispatch::ledger::operator_log(task));
         if !self.write_settled(&task.key, &task.id, status, note).await || !leaves {
             return;
         }

@@ -184,9 +184,10 @@ impl ReceiptHandler for PluginReceipts {
                 Ok(done) => {
                     if let Some(ledger) = &self.ledger {
                         for (task, status, ends) in &done.report.settled {
-                            ledger
-                                .settle_and_forget(permits, task, status, None, *ends)
-                                .await;
+                            crate::dispatch::ledger::settle_and_forget(
+                                ledger, permits, task, status, None, *ends,
+                            )
+                            .await;
                         }
                         for (task, status) in &done.report.late {
                             ledger.settle_late(task, channel, status).await;

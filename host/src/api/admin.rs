@@ -577,9 +577,16 @@ async fn note_in_ledger(state: &AppState, task: &Task) {
     let Some(note) = crate::dispatch::ledger::operator_log(task) else {
         return;
     };
-    ledger
-        .settle_and_forget(&state.permits, task, task.status.as_str(), Some(note), true)
-        .await;
+    let status = task.status.as_str();
+    crate::dispatch::ledger::settle_and_forget(
+        ledger,
+        &state.permits,
+        task,
+        status,
+        Some(note),
+        true,
+    )
+    .await;
 }
 
 /// Settles task `id` for an operator; the admin API and the console both

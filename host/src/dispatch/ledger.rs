@@ -10,8 +10,8 @@
 use std::time::Duration;
 
 use super::{DispatchContext, pause};
-use crate::ledger::{Claim, ClaimAnswer, Update, now_ms, recipient_digest};
-use crate::permit::{Attempt, Outcome};
+use crate::ledger::{Claim, ClaimAnswer, Ledger, Update, now_ms, recipient_digest};
+use crate::permit::{Attempt, Outcome, Permits, Task};
 
 /// The answer of [`claim`].
 pub(crate) enum Claimed {
@@ -139,9 +139,37 @@ pub(crate) async fn note_outcome(
 }
 
 /// The task's operator log (one JSON line per step), when an operator acted on it.
-pub(crate) fn operator_log(task: &crate::permit::Task) -> Option<String> {
+pub(crate) fn operator_log(task: &Task) -> Option<String> {
     task.fields
         .get("operator_log")
         .filter(|log| !log.is_empty())
         .cloned()
+}
+
+/// Writes a task that ended in Redis (a receipt, a reconciler check or an
+/// operator settled it `status`) to `ledger` and, once the ledger confirms
+/// it and `leaves` (it ended for good), lets the task leave Redis
+/// ([`Permits::forget`]): the ledger is its history from then on.
+/// Unconfirmed, the task keeps Redis's retention. Errors are logged.
+pub(crate) async fn settle_and_forget(
+    ledger: &Ledger,
+    permits: &Permits,
+    task: &Task,
+    status: &str,
+    note: Option<String>,
+    leaves: bool,
+) {
+    // Without a note of its own, the operators' earlier steps (a requeue)
+    // go to the ledger with the outcome: it keeps them once the task left.
+    let note = note.or_else(|| operator_log(task));
+    if !ledger
+        .write_settled(&task.key, &task.id, status, note)
+        .await
+        || !leaves
+    {
+        return;
+    }
+    if let Err(e) = permits.forget(task, status).await {
+        tracing::warn!(task = %task.id, error = %e, "could not let the settled task leave Redis; it keeps the retention");
+    }
 }

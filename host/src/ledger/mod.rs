@@ -18,8 +18,6 @@ pub mod writer;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use crate::permit::{Permits, Task};
-
 pub use claim::{Claim, ClaimAnswer, recipient_digest};
 pub use history::LedgerRow;
 pub use pool::LedgerPool;
@@ -128,7 +126,7 @@ impl Ledger {
     /// it is (the task may then leave Redis). A failure is logged (the ledger
     /// is history here: the claim is what guards sends); the writer keeps
     /// retrying what it queued.
-    async fn write_settled(
+    pub(crate) async fn write_settled(
         &self,
         key: &str,
         task_id: &str,
@@ -146,30 +144,6 @@ impl Ledger {
             operator_note: note,
         };
         self.update_confirmed(update, CONFIRM_WITHIN).await
-    }
-
-    /// Writes a task that ended in Redis (a receipt, a reconciler check or
-    /// an operator settled it `status`) to the ledger and, once the ledger
-    /// confirms it and `leaves` (it ended for good), lets the task leave
-    /// Redis ([`Permits::forget`]): the ledger is its history from then on.
-    /// Unconfirmed, the task keeps Redis's retention. Errors are logged.
-    pub(crate) async fn settle_and_forget(
-        &self,
-        permits: &Permits,
-        task: &Task,
-        status: &str,
-        note: Option<String>,
-        leaves: bool,
-    ) {
-        // Without a note of its own, the operators' earlier steps (a requeue)
-        // go to the ledger with the outcome: it keeps them once the task left.
-        let note = note.or_else(|| crate::dispatch::ledger::operator_log(task));
-        if !self.write_settled(&task.key, &task.id, status, note).await || !leaves {
-            return;
-        }
-        if let Err(e) = permits.forget(task, status).await {
-            tracing::warn!(task = %task.id, error = %e, "could not let the settled task leave Redis; it keeps the retention");
-        }
     }
 
     /// A receipt naming a task that already left Redis: its ledger row, if

@@ -186,9 +186,15 @@ impl ReconcileContext {
     /// one; once it holds a task that ended for good (`ends`), the task leaves Redis.
     async fn note(&self, task: &Task, status: &str, ends: bool) {
         if let Some(ledger) = &self.ledger {
-            ledger
-                .settle_and_forget(&self.permits, task, status, None, ends)
-                .await;
+            crate::dispatch::ledger::settle_and_forget(
+                ledger,
+                &self.permits,
+                task,
+                status,
+                None,
+                ends,
+            )
+            .await;
         }
     }
 

@@ -976,6 +976,28 @@ impl Permits {
             .await?)
     }
 
+    /// The key remembering when a receipt first named `channel`'s message
+    /// `id` without matching a task.
+    fn unmatched_key(&self, channel: &str, id: &str) -> String {
+        let name = format!("{channel}:{id}");
+        let shard = self.layout.shard_of(&name);
+        format!(
+            "{}unmatched:{name}",
+            self.layout.task_prefix(shard).trim_end_matches("task:")
+        )
+    }
+
+    /// Forgets that a receipt once named `channel`'s message `id` before its
+    /// send was recorded: it matched its task since (the entry would
+    /// otherwise outlive the message by a day).
+    pub(crate) async fn matched(&self, channel: &str, id: &str) -> Result<(), PermitError> {
+        let _: () = redis::cmd("DEL")
+            .arg(self.unmatched_key(channel, id))
+            .query_async(&mut self.conn.clone())
+            .await?;
+        Ok(())
+    }
+
     /// How long ago (ms) a receipt first named `channel`'s message `id`
     /// that matched no task: the first call records now (kept for `keep`)
     /// and answers 0. Bounds how long such a receipt is answered 503.
@@ -985,12 +1007,7 @@ impl Permits {
         id: &str,
         keep: Duration,
     ) -> Result<u64, PermitError> {
-        let name = format!("{channel}:{id}");
-        let shard = self.layout.shard_of(&name);
-        let key = format!(
-            "{}unmatched:{name}",
-            self.layout.task_prefix(shard).trim_end_matches("task:")
-        );
+        let key = self.unmatched_key(channel, id);
         let now = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_millis() as u64)

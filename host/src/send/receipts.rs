@@ -209,6 +209,10 @@ async fn apply_one(
     let named_by_key = s.id == task.key || Some(&s.id) == task.reference.as_ref();
     let pmid = (!named_by_key).then_some(s.id.as_str());
     let settled = settle_from_provider(permits, &task, delivered, pmid).await?;
+    if settled.updated {
+        // A receipt that came before the record left a note of when; done with it.
+        permits.matched(channel, &s.id).await?;
+    }
     Ok(Applied::Settled {
         task,
         delivered,

@@ -81,16 +81,26 @@ pub struct HostConfig {
     /// How long a worker's claim on a task lasts without being extended.
     #[serde(with = "humantime_serde")]
     pub lease: Duration,
-    /// How long finished tasks stay readable before they expire.
+    /// How long a task that ended stays in Redis when Redis is its only
+    /// record before it expires (default `"7d"`): with `ledger_url = "off"`,
+    /// for tasks the ledger holds no row of (`superseded`,
+    /// `duplicate_prevented`) or did not confirm in time, for `dead` tasks
+    /// and failed ones without a fallback (operators requeue or settle them
+    /// from Redis), and for `sent` ones awaiting a receipt. With the ledger
+    /// on (the default) every other task that ended — delivered, sent with
+    /// nothing to await, failed with its fallback taken, settled by an
+    /// operator — leaves Redis once the ledger holds its outcome: only its
+    /// permit stays, for the window, and look-ups answer from the ledger.
     #[serde(with = "humantime_serde")]
     pub task_retention: Duration,
-    /// How long a task that ended delivered (a receipt or a status query
-    /// said so, or it was sent on a channel that can confirm nothing later)
-    /// stays in Redis; absent: as `task_retention`. With the delivery ledger
-    /// on, a look-up after it answers from the ledger (`from_ledger`), and a
-    /// short value (e.g. `"1h"`) keeps Redis small: the record is most of a
-    /// delivered message's memory (BENCHMARKS.md, "Scale on paper"). Failed
-    /// and dead tasks keep `task_retention` (operators requeue them from Redis).
+    /// Opt-in: keep tasks that ended for good in Redis this long (e.g.
+    /// `"7d"`) instead of letting them leave once the delivery ledger holds
+    /// their outcome (absent, the default). Costs Redis about 1.1 KB per
+    /// message for that long (BENCHMARKS.md).
+    #[serde(default, with = "humantime_serde")]
+    pub keep_ended_tasks: Option<Duration>,
+    /// Removed: refused with a message saying what replaced it
+    /// (`keep_ended_tasks`; a delivered task now leaves Redis by default).
     #[serde(default, with = "humantime_serde")]
     pub delivered_retention: Option<Duration>,
     /// Keep an index of each event's tasks in Redis (the default), so
@@ -477,6 +487,7 @@ impl Default for HostConfig {
             dispatch: true,
             lease: Duration::from_secs(30),
             task_retention: Duration::from_secs(7 * 24 * 3600),
+            keep_ended_tasks: None,
             delivered_retention: None,
             event_index: true,
             wait_replicas: 0,
@@ -642,11 +653,20 @@ impl HostConfig {
     /// Without the event index, event look-ups come from the ledger alone;
     /// a delivered retention and the ledger's history are positive times.
     fn check_retention_and_index(&self) -> Result<(), ConfigError> {
+        if self.delivered_retention.is_some() {
+            return Err(invalid(
+                "delivered_retention",
+                "was removed: a delivered task now leaves Redis once the delivery ledger holds it (the default); set keep_ended_tasks = \"1h\" (or longer) to keep ended tasks in Redis",
+            ));
+        }
         if self
-            .delivered_retention
+            .keep_ended_tasks
             .is_some_and(|d| d < Duration::from_secs(1))
         {
-            return Err(invalid("delivered_retention", "must be at least 1s"));
+            return Err(invalid("keep_ended_tasks", "must be at least 1s"));
+        }
+        if self.task_retention < Duration::from_secs(1) {
+            return Err(invalid("task_retention", "must be at least 1s"));
         }
         if self.ledger_history < Duration::from_secs(1) {
             return Err(invalid("ledger_history", "must be at least 1s"));
@@ -951,6 +971,45 @@ mod tests {
             c.redis_cluster.is_empty(),
             "an empty value means no cluster"
         );
+    }
+
+    #[test]
+    fn ended_tasks_leave_redis_by_default_and_keeping_them_is_an_opt_in() {
+        let file = Path::new("pushonce.toml");
+        let default = HostConfig::parse(file, "").unwrap();
+        default.check().unwrap();
+        assert_eq!(default.keep_ended_tasks, None);
+        assert_eq!(crate::service::permit_config(&default).keep_ended, None);
+        let kept = HostConfig::parse(file, "keep_ended_tasks = \"7d\"\n").unwrap();
+        kept.check().unwrap();
+        assert_eq!(
+            crate::service::permit_config(&kept).keep_ended,
+            Some(Duration::from_secs(7 * 24 * 3600))
+        );
+        let err = HostConfig::parse(file, "keep_ended_tasks = \"10ms\"\n")
+            .unwrap()
+            .check()
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.starts_with("keep_ended_tasks:") && err.contains("at least 1s"),
+            "{err}"
+        );
+        let err = HostConfig::parse(file, "delivered_retention = \"1h\"\n")
+            .unwrap()
+            .check()
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.starts_with("delivered_retention:") && err.contains("keep_ended_tasks"),
+            "{err}"
+        );
+        let err = HostConfig::parse(file, "task_retention = \"1ms\"\n")
+            .unwrap()
+            .check()
+            .unwrap_err()
+            .to_string();
+        assert!(err.starts_with("task_retention:"), "{err}");
     }
 
     #[test]

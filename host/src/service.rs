@@ -186,8 +186,14 @@ impl ReceiptHandler for PluginReceipts {
                 }
                 Ok(done) => {
                     if let Some(ledger) = &self.ledger {
-                        for (key, task, status) in &done.report.settled {
-                            ledger.note_settled(key, task, status).await;
+                        for (task, status, ends) in &done.report.settled {
+                            crate::dispatch::ledger::settle_and_forget(
+                                ledger, permits, task, status, None, *ends,
+                            )
+                            .await;
+                        }
+                        for (task, status) in &done.report.late {
+                            ledger.settle_late(task, channel, status).await;
                         }
                     }
                     Ok(ProviderReply {
@@ -503,7 +509,7 @@ pub(crate) fn permit_config(config: &HostConfig) -> PermitConfig {
     PermitConfig {
         shards: config.shards,
         retention: config.task_retention,
-        delivered_retention: config.delivered_retention,
+        keep_ended: config.keep_ended_tasks,
         event_index: config.event_index,
         check_sent_after: config.reconcile.sent_age,
         check_unknown_after: config.reconcile.unknown_age,

@@ -22,7 +22,18 @@ async fn serve(
     dir: &Path,
     sim: &Sim,
 ) -> (ServeProcess, String, reqwest::Client) {
-    let config = ServeConfig::new(&redis.url(), sim);
+    serve_with(redis, dir, sim, "").await
+}
+
+/// [`serve`] with `extra` appended to the configuration.
+async fn serve_with(
+    redis: &RedisServer,
+    dir: &Path,
+    sim: &Sim,
+    extra: &str,
+) -> (ServeProcess, String, reqwest::Client) {
+    let mut config = ServeConfig::new(&redis.url(), sim);
+    config.extra = extra.to_string();
     let host = ServeProcess::start(&config, dir, &dir.join("policies"))
         .await
         .unwrap();
@@ -96,7 +107,11 @@ async fn one_event_reaches_each_provider_once_and_an_edited_policy_is_used() {
     let dir = tempfile::tempdir().unwrap();
     let repo_policies = Path::new(env!("CARGO_MANIFEST_DIR")).join("../policies");
     copy_dir(&repo_policies, &dir.path().join("policies")).unwrap();
-    let (host, base, client) = serve(&redis, dir.path(), &sim).await;
+    // Each task's payload (the plugin version it is pinned to) is read after
+    // delivery below; by default a delivered task leaves Redis and its ledger
+    // row has no payload, so this host keeps ended tasks (the opt-in).
+    let keep = "keep_ended_tasks = \"1h\"\n";
+    let (host, base, client) = serve_with(&redis, dir.path(), &sim, keep).await;
     // The providers with callbacks (Aliyun SMS, WeChat, inbox) post their
     // receipts to the host's callback URLs at once: a receipt may overtake
     // the dispatcher's record of the send, and is then answered 503 and
@@ -485,4 +500,55 @@ async fn a_standard_webhook_arrives_once_per_key_under_5xx_and_cut_off_answers()
         "each cut-off answer was resent and deduped: replays {replays}, {stats:?}"
     );
     assert_eq!(count("webhook.bad_signature"), 0, "{stats:?}");
+}
+
+/// A WeChat message is sent for good (nothing can query it later), so its
+/// task leaves Redis as it is recorded; the provider's receipt comes after
+/// that and updates the ledger row: the look-up says delivered, from the
+/// ledger, and Redis does not get the task back.
+#[tokio::test]
+async fn a_late_receipt_for_a_task_that_left_redis_updates_its_ledger_row() {
+    let redis = RedisServer::start().await.unwrap();
+    let sim = providers::sim().await;
+    let dir = tempfile::tempdir().unwrap();
+    let repo_policies = Path::new(env!("CARGO_MANIFEST_DIR")).join("../policies");
+    copy_dir(&repo_policies, &dir.path().join("policies")).unwrap();
+    let (host, base, client) = serve(&redis, dir.path(), &sim).await;
+    // Receipts a second after the provider took the message: after the record.
+    sim.send_receipts_to(&base, 1000, &[]);
+    let event = json!({
+        "biz_type": "ORDER_SHIPPED", "biz_id": "o-late", "user_id": "u-43",
+        "occurred_at": "2026-11-30T08:00:00Z", "template": "order_shipped",
+        "params": {"order": "o-late"},
+        "recipients": {"sms": "13800000043", "wechat": "openid-43", "app-push": "device-43"}
+    });
+    let ids = post_event(&client, &base, &event).await;
+    let delivered = wait_tasks(&client, &base, &ids, 30, |t| {
+        let want = if t["channel"] == "app-push" {
+            "sent"
+        } else {
+            "delivered"
+        };
+        t["status"] == want && t["from_ledger"] == true
+    })
+    .await;
+    assert!(
+        delivered,
+        "not delivered from the ledger; host log:\n{}",
+        host.log()
+    );
+    assert!(
+        host.log()
+            .contains("late receipt for a task that left Redis"),
+        "the WeChat receipt came after its task left Redis; host log:\n{}",
+        host.log()
+    );
+    let mut conn = redis.manager().await.unwrap();
+    let tasks: Vec<String> = redis::cmd("KEYS")
+        .arg("*:task:*")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(tasks, Vec::<String>::new(), "no task came back to Redis");
+    assert_eq!(sim.ledger("wechat").len(), 1);
 }

@@ -268,6 +268,215 @@ async fn lookups_fall_back_to_the_ledger_after_redis_retention() {
     host.shutdown().await.unwrap();
 }
 
+/// The keys of `redis` matching `pattern` (`SCAN`, every one).
+async fn scan(redis: &RedisServer, pattern: &str) -> Vec<String> {
+    let mut conn = redis.manager().await.unwrap();
+    let mut cursor = 0u64;
+    let mut keys = Vec::new();
+    loop {
+        let (next, batch): (u64, Vec<String>) = redis::cmd("SCAN")
+            .arg(cursor)
+            .arg("MATCH")
+            .arg(pattern)
+            .arg("COUNT")
+            .arg(1000)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        keys.extend(batch);
+        if next == 0 {
+            keys.sort();
+            return keys;
+        }
+        cursor = next;
+    }
+}
+
+/// The field names of a task view (optional fields are written when known).
+fn fields(task: &serde_json::Value) -> std::collections::BTreeSet<String> {
+    task.as_object().unwrap().keys().cloned().collect()
+}
+
+/// Asserts that `from_ledger` (a task view answered from the ledger) has
+/// every field `live` (the same kind of view from Redis, in flight) has,
+/// except the attempt times only Redis keeps.
+fn same_shape(from_ledger: &serde_json::Value, live: &serde_json::Value) {
+    let have = fields(from_ledger);
+    let missing: Vec<String> = fields(live)
+        .into_iter()
+        .filter(|f| {
+            !have.contains(f) && !["first_attempt_at", "last_attempt_at"].contains(&f.as_str())
+        })
+        .collect();
+    assert!(missing.is_empty(), "missing {missing:?} in {from_ledger}");
+}
+
+/// A delivered message leaves Redis once the ledger holds its outcome: its
+/// task hash, its event index and its provider-id entry are gone, only its
+/// permit stays for the window (a re-post is still a duplicate), and every
+/// look-up answers from the ledger with the same shape as from Redis.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn delivered_tasks_leave_redis_only_their_permits_stay_and_lookups_answer_from_the_ledger() {
+    use pushonce_tests::host::{Setup, TestHost, order_shipped};
+    let redis = RedisServer::start().await.unwrap();
+    let host = TestHost::start_with(
+        &redis,
+        Setup {
+            // The reconciler asks "the provider" (the development ledger) soon
+            // after the send, and it answers delivered.
+            configure: Some(Box::new(|c| {
+                c.reconcile.sent_age = Duration::from_millis(200);
+                c.reconcile.every = Duration::from_millis(100);
+            })),
+            ..Setup::default()
+        },
+    )
+    .await
+    .unwrap();
+    let ids = accepted_task_ids(&host, &order_shipped("o-left")).await;
+    assert_eq!(ids.len(), 3);
+    // In flight, from Redis.
+    let live = host
+        .get(&format!("/v1/tasks/{}", ids[0]), None)
+        .await
+        .unwrap();
+    assert_eq!(live.status, reqwest::StatusCode::OK, "{}", live.body);
+    assert_eq!(live.body["from_ledger"], serde_json::Value::Null);
+    let permits = host_permits(&redis).await;
+    for id in &ids {
+        let path = format!("/v1/tasks/{id}");
+        let left = wait_until(Duration::from_secs(20), || {
+            let fut = host.get(&path, None);
+            async move {
+                let a = fut.await.unwrap();
+                a.body["status"] == "delivered" && a.body["from_ledger"] == true
+            }
+        })
+        .await;
+        if left.is_err() {
+            panic!("{id}: {}", host.get(&path, None).await.unwrap().body);
+        }
+        assert!(permits.task(id).await.unwrap().is_none());
+    }
+    let after = host
+        .get(&format!("/v1/tasks/{}", ids[0]), None)
+        .await
+        .unwrap();
+    same_shape(&after.body, &live.body);
+    assert_eq!(after.body["channel"], live.body["channel"]);
+    assert_eq!(after.body["key"], live.body["key"]);
+    // Redis keeps the permits (for the window) and nothing else of them.
+    for pattern in ["*:task:*", "*:event:*", "*:pmid:*"] {
+        assert_eq!(
+            scan(&redis, pattern).await,
+            Vec::<String>::new(),
+            "{pattern}"
+        );
+    }
+    let kept = scan(&redis, "*:permit:*").await;
+    assert_eq!(kept.len(), 3, "{kept:?}");
+    let mut conn = redis.manager().await.unwrap();
+    for permit in &kept {
+        let ttl: i64 = redis::cmd("PTTL")
+            .arg(permit)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        assert!(ttl > 60_000, "{permit}: {ttl}");
+    }
+    // A re-post inside the window: duplicates of the tasks that left.
+    let again = host
+        .post("/v1/events", &order_shipped("o-left"), None)
+        .await
+        .unwrap();
+    assert_eq!(
+        again.status,
+        reqwest::StatusCode::ACCEPTED,
+        "{}",
+        again.body
+    );
+    let mut dups = again.task_ids();
+    dups.sort();
+    let mut want = ids.clone();
+    want.sort();
+    assert_eq!(dups, want, "{}", again.body);
+    assert!(
+        again.body["results"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|r| r["result"] == "duplicate"),
+        "{}",
+        again.body
+    );
+    // The event and the user's tasks, from the ledger.
+    let event = host
+        .get("/v1/events/ORDER_SHIPPED/o-left", None)
+        .await
+        .unwrap();
+    assert_eq!(event.status, reqwest::StatusCode::OK, "{}", event.body);
+    let tasks = event.body["tasks"].as_array().unwrap();
+    assert_eq!(tasks.len(), 3, "{}", event.body);
+    for t in tasks {
+        assert_eq!(t["status"], "delivered", "{t}");
+        assert_eq!(t["from_ledger"], true, "{t}");
+        same_shape(t, &live.body);
+    }
+    let mine = host.get("/admin/users/u-42/tasks", None).await.unwrap();
+    assert_eq!(mine.status, reqwest::StatusCode::OK, "{}", mine.body);
+    let listed = mine.body["tasks"].as_array().unwrap();
+    assert_eq!(listed.len(), 3, "{}", mine.body);
+    assert!(
+        listed
+            .iter()
+            .all(|t| t["status"] == "delivered" && t["from_ledger"] == true)
+    );
+    host.shutdown().await.unwrap();
+}
+
+/// Sent for good (a channel nothing can confirm later): the task leaves
+/// Redis in the record itself, once the ledger holds `sent`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_sent_for_good_leaves_redis_as_it_is_recorded() {
+    use pushonce_tests::host::{Setup, TestHost, order_shipped};
+    let redis = RedisServer::start().await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let sender = CannotTell(
+        pushonce::send::LedgerFileSender::open(&dir.path().join("sent.jsonl"), Faults::default())
+            .unwrap(),
+    );
+    let host = TestHost::start_with(
+        &redis,
+        Setup {
+            sender: Some(std::sync::Arc::new(sender)),
+            ..Setup::default()
+        },
+    )
+    .await
+    .unwrap();
+    let ids = accepted_task_ids(&host, &order_shipped("o-final")).await;
+    let permits = host_permits(&redis).await;
+    for id in &ids {
+        let path = format!("/v1/tasks/{id}");
+        let left = wait_until(Duration::from_secs(20), || {
+            let fut = host.get(&path, None);
+            async move {
+                let a = fut.await.unwrap();
+                a.body["status"] == "sent" && a.body["from_ledger"] == true
+            }
+        })
+        .await;
+        if left.is_err() {
+            panic!("{id}: {}", host.get(&path, None).await.unwrap().body);
+        }
+        assert!(permits.task(id).await.unwrap().is_none());
+    }
+    assert_eq!(scan(&redis, "*:task:*").await, Vec::<String>::new());
+    assert_eq!(scan(&redis, "*:event:*").await, Vec::<String>::new());
+    assert_eq!(scan(&redis, "*:permit:*").await.len(), 3);
+    host.shutdown().await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn readyz_names_a_ledger_that_is_down_while_accepts_continue() {
     use pushonce_tests::host::{Setup, TestHost, order_shipped};
@@ -463,12 +672,19 @@ async fn operators_requeue_and_settle_held_tasks_and_the_ledger_keeps_who_and_wh
         again.body
     );
 
-    // Retention drops the task records; the ledger still says who and why.
+    // Settled by an operator, the tasks leave Redis once the ledger holds
+    // them (held, they stayed); the ledger says who and why, and acting on
+    // one again is refused naming how it ended.
     for (id, status, by, action) in [
         (delivered, "delivered", "bob", "delivered"),
         (given_up, "failed", "carol", "given_up"),
     ] {
-        forget_task(&redis, &permits, id).await;
+        let gone = wait_until(Duration::from_secs(10), || {
+            let (permits, id) = (permits.clone(), id.to_string());
+            async move { permits.task(&id).await.unwrap().is_none() }
+        })
+        .await;
+        assert!(gone.is_ok(), "{id} stayed in Redis after it was settled");
         let path = format!("/v1/tasks/{id}");
         let seen = wait_until(Duration::from_secs(10), || {
             let fut = host.get(&path, None);

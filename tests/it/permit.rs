@@ -331,46 +331,83 @@ async fn task_ttl(server: &RedisServer, permits: &Permits, id: &str) -> i64 {
         .unwrap()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn delivered_tasks_keep_the_delivered_retention_the_others_the_retention() {
-    let server = RedisServer::start().await.unwrap();
-    let permits = server
-        .permits(PermitConfig {
-            delivered_retention: Some(Duration::from_secs(60)),
-            ..permit_config()
-        })
+/// Whether `key` exists in `server`'s Redis.
+async fn exists(server: &RedisServer, key: &str) -> bool {
+    let mut conn = server.manager().await.unwrap();
+    let n: i64 = redis::cmd("EXISTS")
+        .arg(key)
+        .query_async(&mut conn)
         .await
         .unwrap();
+    n == 1
+}
+
+/// Accepts `key` (its own event: biz id = key) and begins its first attempt.
+async fn begun(permits: &Permits, key: &str) -> (Box<pushonce::permit::Attempt>, String) {
+    let req = AcceptRequest {
+        biz_id: key.into(),
+        ..request(key, Duration::from_secs(30))
+    };
+    let id = accepted(&permits.accept(&req).await.unwrap());
+    let a = begin(permits, &id, key, Duration::from_secs(5)).await;
+    let index = a
+        .task
+        .fields
+        .get("event_index")
+        .cloned()
+        .unwrap_or_default();
+    assert!(!index.is_empty(), "the accept indexed the event");
+    (a, index)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_that_ended_for_good_leaves_redis_once_the_ledger_holds_it_its_permit_stays() {
+    let server = RedisServer::start().await.unwrap();
+    let permits = server.permits(permit_config()).await.unwrap();
     let sent = || Outcome::Sent {
         provider_message_id: "p".into(),
         reference: None,
     };
-    let minute = 50_000..=60_000;
     let hour = 3_590_000..=3_600_000;
-    // Sent and awaiting its receipt: the retention (the receipt settles it).
-    let delivered = recorded(&permits, "dr-delivered", sent()).await;
-    assert!(hour.contains(&task_ttl(&server, &permits, &delivered).await));
+    let in_ledger = |checkable| RecordContext {
+        checkable,
+        ledger_holds_outcome: true,
+        ..RecordContext::default()
+    };
+    // Sent for good (nothing can confirm it later), the ledger holding it:
+    // task hash and event index gone in the record itself, the permit kept
+    // for the window, and a re-post is a duplicate of the task that left.
+    let (a, index) = begun(&permits, "lv-final").await;
+    permits
+        .record_with(&a, &sent(), None, in_ledger(false))
+        .await
+        .unwrap();
+    assert!(!exists(&server, &permits.layout().task(&a.task_id).unwrap()).await);
     assert!(
-        permits
-            .record_receipt(&delivered, true, None)
-            .await
-            .unwrap()
+        !exists(&server, &index).await,
+        "the emptied event index is deleted"
     );
-    let ttl = task_ttl(&server, &permits, &delivered).await;
-    assert!(minute.contains(&ttl), "delivered: {ttl}");
-    // Failed after the provider took it: the retention.
-    let failed = recorded(&permits, "dr-failed", sent()).await;
-    assert!(permits.record_receipt(&failed, false, None).await.unwrap());
-    let ttl = task_ttl(&server, &permits, &failed).await;
-    assert!(hour.contains(&ttl), "failed: {ttl}");
-    // Sent for good on a channel nothing can confirm later: delivered.
-    let id = accepted(
-        &permits
-            .accept(&request("dr-final", Duration::from_secs(30)))
-            .await
-            .unwrap(),
+    assert_eq!(permits.task(&a.task_id).await.unwrap(), None);
+    let permit = permits
+        .permit_ttl("lv-final")
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert!((20_000..=30_000).contains(&permit), "permit ttl {permit}");
+    let again = AcceptRequest {
+        biz_id: "lv-final".into(),
+        ..request("lv-final", Duration::from_secs(30))
+    };
+    assert_eq!(
+        permits.accept(&again).await.unwrap(),
+        Acceptance::Duplicate {
+            task_id: a.task_id.clone(),
+            status: None
+        }
     );
-    let a = begin(&permits, &id, "dr-final", Duration::from_secs(5)).await;
+    // The same outcome the ledger did not confirm: the retention, as before.
+    let (a, index) = begun(&permits, "lv-unconfirmed").await;
     let context = RecordContext {
         checkable: false,
         ..RecordContext::default()
@@ -379,16 +416,101 @@ async fn delivered_tasks_keep_the_delivered_retention_the_others_the_retention()
         .record_with(&a, &sent(), None, context)
         .await
         .unwrap();
-    let ttl = task_ttl(&server, &permits, &id).await;
-    assert!(minute.contains(&ttl), "sent for good: {ttl}");
-    // The permit keeps the window all the same.
-    let permit = permits
-        .permit_ttl("dr-final")
+    assert!(hour.contains(&task_ttl(&server, &permits, &a.task_id).await));
+    assert!(exists(&server, &index).await);
+    // Sent and awaiting its receipt: in flight, it stays (the retention)…
+    let (a, index) = begun(&permits, "lv-awaiting").await;
+    permits
+        .record_with(&a, &sent(), None, in_ledger(true))
+        .await
+        .unwrap();
+    assert!(hour.contains(&task_ttl(&server, &permits, &a.task_id).await));
+    assert!(
+        permits
+            .record_receipt(&a.task_id, true, None)
+            .await
+            .unwrap()
+    );
+    let task = permits.task(&a.task_id).await.unwrap().unwrap();
+    assert_eq!(task.status, TaskStatus::Delivered);
+    // …until the ledger holds the receipt's outcome: fenced by that status.
+    assert!(!permits.forget(&task, "failed").await.unwrap());
+    assert!(exists(&server, &permits.layout().task(&a.task_id).unwrap()).await);
+    assert!(permits.forget(&task, "delivered").await.unwrap());
+    assert!(!exists(&server, &permits.layout().task(&a.task_id).unwrap()).await);
+    assert!(!exists(&server, &index).await);
+    assert!(permits.permit_ttl("lv-awaiting").await.unwrap().is_some());
+    // Failed with its fallback taken, the ledger holding it: it leaves, not
+    // listed for operators; failed without one stays listed with the retention.
+    let failed = || Outcome::Failed {
+        reason: "refused".into(),
+    };
+    let (a, _) = begun(&permits, "lv-failed-fallback").await;
+    permits
+        .record_with(&a, &failed(), None, in_ledger(true))
+        .await
+        .unwrap();
+    assert_eq!(permits.task(&a.task_id).await.unwrap(), None);
+    let (b, _) = begun(&permits, "lv-failed").await;
+    permits.record(&b, &failed(), None).await.unwrap();
+    assert!(hour.contains(&task_ttl(&server, &permits, &b.task_id).await));
+    let listed: Vec<String> = permits
+        .dead_tasks(10)
         .await
         .unwrap()
-        .unwrap()
+        .into_iter()
+        .map(|(id, _)| id)
+        .collect();
+    assert_eq!(listed, vec![b.task_id]);
+    // Held tasks stay whatever the ledger holds.
+    let (a, _) = begun(&permits, "lv-unknown").await;
+    let unknown = Outcome::Unknown {
+        reason: "cut off".into(),
+    };
+    permits
+        .record_with(&a, &unknown, None, in_ledger(true))
+        .await
         .unwrap();
-    assert!(permit > 20_000, "permit ttl {permit}");
+    assert_eq!(task_ttl(&server, &permits, &a.task_id).await, -1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keeping_ended_tasks_is_an_opt_in_that_keeps_them_its_time() {
+    let server = RedisServer::start().await.unwrap();
+    let permits = server
+        .permits(PermitConfig {
+            keep_ended: Some(Duration::from_secs(60)),
+            ..permit_config()
+        })
+        .await
+        .unwrap();
+    let minute = 50_000..=60_000;
+    let (a, index) = begun(&permits, "kp-final").await;
+    let context = RecordContext {
+        checkable: false,
+        ledger_holds_outcome: true,
+        ..RecordContext::default()
+    };
+    let sent = Outcome::Sent {
+        provider_message_id: "p".into(),
+        reference: None,
+    };
+    permits.record_with(&a, &sent, None, context).await.unwrap();
+    let ttl = task_ttl(&server, &permits, &a.task_id).await;
+    assert!(minute.contains(&ttl), "sent for good: {ttl}");
+    assert!(exists(&server, &index).await);
+    let (a, _) = begun(&permits, "kp-receipt").await;
+    permits.record(&a, &sent, None).await.unwrap();
+    assert!(
+        permits
+            .record_receipt(&a.task_id, true, None)
+            .await
+            .unwrap()
+    );
+    let task = permits.task(&a.task_id).await.unwrap().unwrap();
+    assert!(permits.forget(&task, "delivered").await.unwrap());
+    let ttl = task_ttl(&server, &permits, &a.task_id).await;
+    assert!(minute.contains(&ttl), "delivered by receipt: {ttl}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -62,8 +62,8 @@ pub struct Args {
     /// Skip the half-duplicate runs.
     #[arg(long)]
     no_dup: bool,
-    /// The host in its lean configuration: `event_index = false` and
-    /// `delivered_retention = "1h"` (the default: as shipped).
+    /// The host in its lean configuration: `event_index = false` (the
+    /// default: as shipped).
     #[arg(long)]
     lean: bool,
     /// Phases to run: `api` (host with `dispatch = false`: the accept path
@@ -394,7 +394,7 @@ async fn print_report(
         args.duration,
         args.workers,
         if args.lean {
-            ", lean: event_index = false, delivered_retention = \"1h\""
+            ", lean: event_index = false"
         } else {
             ", as shipped"
         }
@@ -416,14 +416,17 @@ async fn print_report(
     println!("warm derive-key cost: `pushonce-bench plugins` (the plugin layer alone)");
     if let Some((d, _)) = &notes.delivered {
         println!(
-            "redis memory per delivered message (1 channel, end-to-end run): {:.0} bytes while its task is retained (used_memory delta / messages); MEMORY USAGE of one, mean of {}: permit {:.0}, task record {:.0}, event index {:.0} bytes; after the retention the permit and the event index stay for the window: {:.0} bytes",
-            d.per_message,
+            "redis bytes kept per delivered message after it ended (1 channel, end-to-end run, its SMS receipts posted back): {:.0} bytes (MEMORY USAGE, mean of {}: permit {:.0}, task record {:.0}, event index {:.0}; {} of them still in Redis); used_memory delta over the run / messages: {:.0} bytes",
+            d.kept(),
             d.sampled,
             d.permit,
             d.task,
             d.index,
-            d.permit + d.index
+            d.in_redis,
+            d.per_message,
         );
+        let others: Vec<String> = d.others.iter().map(|(k, n)| format!("{k} {n}")).collect();
+        println!("  other keys in Redis after it: {}", others.join(", "));
     }
     println!();
     cost::print_profile(&notes.profile);

@@ -53,25 +53,45 @@ pub(super) struct PhaseRuns<'a> {
     pub redis_per_message: Option<super::cost::PerMessage>,
 }
 
-/// Redis memory a delivered message keeps.
+/// Redis memory a delivered message keeps once it ended (its delivery
+/// receipt came back and the delivery ledger holds it).
 pub(super) struct DeliveredMemory {
-    /// `used_memory` grown over the run and its delivery, per message, bytes
-    /// (its permit, task record kept for the retention, event index and
-    /// everything the dispatch wrote).
+    /// `used_memory` grown over the run, its delivery and its receipts, per
+    /// message, bytes (what its messages keep and whatever the dispatch left,
+    /// e.g. the ready stream's internal nodes).
     pub per_message: f64,
     /// Mean `MEMORY USAGE` of one delivered message's permit, bytes.
     pub permit: f64,
-    /// Mean `MEMORY USAGE` of its task record, bytes.
+    /// Mean `MEMORY USAGE` of its task record, bytes (0 once it left Redis).
     pub task: f64,
-    /// Mean `MEMORY USAGE` of its event index, bytes.
+    /// Mean `MEMORY USAGE` of its event index, bytes (0 once it left).
     pub index: f64,
     /// How many messages the means are over.
     pub sampled: usize,
+    /// How many of those still had their task record in Redis.
+    pub in_redis: usize,
+    /// Keys of other kinds in Redis after the run (all runs so far): provider-id
+    /// index entries and receipts that came before their send was recorded.
+    pub others: Vec<(&'static str, usize)>,
 }
 
 impl DeliveredMemory {
+    /// The task records of run `tag`'s permits (up to 100) still in Redis.
+    async fn tasks_left(conn: &mut pushonce::store::RedisConn, tag: &str) -> anyhow::Result<usize> {
+        let layout = Layout::new(PermitConfig::default().namespace, 1);
+        let mut left = 0;
+        for key in scan(conn, &format!("*:permit:*{tag}-*"), 100).await? {
+            let id: Option<String> = redis::cmd("GET").arg(&key).query_async(conn).await?;
+            if let Some(task_key) = id.and_then(|id| layout.task(&id)) {
+                let n: i64 = redis::cmd("EXISTS").arg(task_key).query_async(conn).await?;
+                left += usize::from(n == 1);
+            }
+        }
+        Ok(left)
+    }
+
     /// Reads the permits of run `tag` (up to 100), and their task records
-    /// and event indexes.
+    /// and event indexes while Redis still has them.
     async fn measure(
         conn: &mut pushonce::store::RedisConn,
         tag: &str,
@@ -81,29 +101,45 @@ impl DeliveredMemory {
         let permits = scan(conn, &format!("*:permit:*{tag}-*"), 100).await?;
         // The host's layout: the default namespace (the shard is read from a task id).
         let layout = Layout::new(PermitConfig::default().namespace, 1);
-        let (mut permit, mut task, mut index) = (0, 0, 0);
+        let (mut permit, mut task, mut index, mut in_redis) = (0, 0, 0, 0);
         for key in &permits {
             permit += memory_usage(conn, key).await?;
             let id: Option<String> = redis::cmd("GET").arg(key).query_async(conn).await?;
             let Some(task_key) = id.and_then(|id| layout.task(&id)) else {
                 continue;
             };
-            task += memory_usage(conn, &task_key).await?;
+            let bytes = memory_usage(conn, &task_key).await?;
+            in_redis += usize::from(bytes > 0);
+            task += bytes;
             let ev: Option<String> = redis::cmd("HGET")
                 .arg(&task_key)
                 .arg("event_index")
                 .query_async(conn)
                 .await?;
-            index += memory_usage(conn, &ev.unwrap_or_default()).await?;
+            if let Some(ev) = ev.filter(|e| !e.is_empty()) {
+                index += memory_usage(conn, &ev).await?;
+            }
         }
         let n = permits.len().max(1) as f64;
+        let mut others = Vec::new();
+        for (kind, pattern) in [("pmid", "*:pmid:*"), ("unmatched", "*:unmatched:*")] {
+            others.push((kind, scan(conn, pattern, usize::MAX).await?.len()));
+        }
         Ok(DeliveredMemory {
             per_message: grown / messages.max(1) as f64,
             permit: permit as f64 / n,
             task: task as f64 / n,
             index: index as f64 / n,
             sampled: permits.len(),
+            in_redis,
+            others,
         })
+    }
+
+    /// What a message keeps in Redis after it ended, bytes: its permit, and
+    /// its task record and event index if they stayed.
+    pub fn kept(&self) -> f64 {
+        self.permit + self.task + self.index
     }
 }
 
@@ -332,10 +368,22 @@ impl PhaseRuns<'_> {
         super::cost::fresh_aof(&mut conn).await?;
         super::cost::reset(&mut conn).await?;
         let memory = super::super::permit::used_memory(&mut conn).await?;
+        if per == 1 {
+            // The SMS channel awaits a delivery receipt: the simulator posts
+            // one per message, so the run's messages end delivered.
+            self.stack.receipts_to(Some(self.host));
+        }
         let mark = self.cpu().await;
         let r = self.load(&spec).await?;
         let all = self.deliver_backlog(&r).await;
         let (redis_us, host_us) = mark.per_message(self.cpu().await, r.accepted);
+        if per == 1 {
+            let ended = self.wait_ended(&mut conn, &spec.tag).await;
+            self.stack.receipts_to(None);
+            if !ended {
+                eprintln!("  not every sampled message of the run ended (receipt) in time");
+            }
+        }
         let memory = super::super::permit::used_memory(&mut conn).await? as f64 - memory as f64;
         let (mut lat, last) = post_to_accept_ms(self.stack, r.first_post_ms);
         if per == 1 {
@@ -364,6 +412,20 @@ impl PhaseRuns<'_> {
                 if all { "" } else { ", NOT all delivered" }
             ),
         })
+    }
+
+    /// Waits (up to the drain timeout) until the sampled messages of run
+    /// `tag` ended and left Redis; false when some are still there.
+    async fn wait_ended(&self, conn: &mut pushonce::store::RedisConn, tag: &str) -> bool {
+        let deadline = std::time::Instant::now() + self.args.drain_timeout;
+        loop {
+            match DeliveredMemory::tasks_left(conn, tag).await {
+                Ok(0) => return true,
+                Ok(_) if std::time::Instant::now() < deadline => {}
+                _ => return false,
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
     }
 
     /// Redis's and the host process's CPU time so far (Redis's NaN when it

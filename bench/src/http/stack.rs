@@ -62,11 +62,23 @@ impl BenchStack {
         config.ledger_url = Some(format!("sqlite:{}", ledger.display()));
         config.extra = format!("dispatch = {dispatch}\n");
         if lean {
-            config
-                .extra
-                .push_str("event_index = false\ndelivered_retention = \"1h\"\n");
+            config.extra.push_str("event_index = false\n");
         }
         ServeProcess::start(&config, &self.tmp.join(name), &self.tmp.join("policies")).await
+    }
+
+    /// Makes the providers that send delivery receipts post them to `host`
+    /// (at once), or stop (`None`).
+    pub fn receipts_to(&self, host: Option<&ServeProcess>) {
+        match host {
+            Some(host) => self.sim.send_receipts_to(host.base(), 0, &[]),
+            None => {
+                for channel in pushonce_tests::providers::WITH_CALLBACKS {
+                    let provider = pushonce_tests::providers::provider_of(channel);
+                    self.sim.state.set_receipts(provider, None);
+                }
+            }
+        }
     }
 
     /// Messages the simulator accepted so far, all providers.

@@ -155,16 +155,16 @@ fn four_vs_one(lines: &[Line]) -> Target {
 fn delivered_bytes(notes: &Notes) -> Target {
     let (value, how) = match notes.delivered.as_ref().map(|(d, _)| d) {
         Some(d) => (
-            d.permit + d.index,
+            d.kept(),
             format!(
-                "permit {:.0} + event index {:.0} (after the retention); {:.0} while the task record is retained",
-                d.permit, d.index, d.per_message
+                "after it ended: permit {:.0} + task record {:.0} + event index {:.0} ({} of {} still in Redis); used_memory delta {:.0}/message",
+                d.permit, d.task, d.index, d.in_redis, d.sampled, d.per_message
             ),
         ),
         None => (f64::NAN, "no end-to-end 1-channel run".into()),
     };
     Target {
-        name: "4a. Redis bytes per delivered key",
+        name: "4a. Redis bytes kept per delivered message",
         asked: Bound::AtMost(200.0),
         value,
         how,

@@ -454,6 +454,9 @@ pub(crate) async fn requeue_task(
         return Err(ApiError::NotFound("no such task".into()));
     }
     let answer = state.permits.requeue_by(id, force, note).await?;
+    if answer == Requeue::Missing {
+        return Err(left_redis(state, id).await);
+    }
     requeue_answer(id, answer, note)
 }
 
@@ -564,16 +567,26 @@ async fn settle_from_query(
 }
 
 /// Writes a task an operator settled to the delivery ledger (when there is
-/// one), with the operator's step, so the history keeps who and why after
-/// Redis's retention.
+/// one), with the operator's step, so the history keeps who and why; once
+/// the ledger holds it, the task leaves Redis (it ended for good).
 async fn note_in_ledger(state: &AppState, task: &Task) {
-    let (Some(ledger), Some(step)) = (&state.ledger, task.operator_log().pop()) else {
+    let Some(ledger) = &state.ledger else {
         return;
     };
-    let note = serde_json::to_string(&step).unwrap_or_default();
-    ledger
-        .note_settled_by_operator(&task.key, &task.id, task.status.as_str(), note)
-        .await;
+    // Every step (an earlier requeue too), as the task keeps them.
+    let Some(note) = crate::dispatch::ledger::operator_log(task) else {
+        return;
+    };
+    let status = task.status.as_str();
+    crate::dispatch::ledger::settle_and_forget(
+        ledger,
+        &state.permits,
+        task,
+        status,
+        Some(note),
+        true,
+    )
+    .await;
 }
 
 /// Settles task `id` for an operator; the admin API and the console both
@@ -607,7 +620,21 @@ pub(crate) async fn settle_task(
         Settled::NotSettleable(status) => Err(ApiError::Conflict(format!(
             "task {id} is {status}; only held, failed or dead tasks (or sent ones, to mark delivered) are settled by hand"
         ))),
-        Settled::Missing => Err(ApiError::NotFound(format!("no task {id:?}"))),
+        Settled::Missing => Err(left_redis(state, id).await),
+    }
+}
+
+/// The answer for a task Redis does not have: 409 naming its final status
+/// when it ended and left Redis (the ledger has it: nothing to act on), 404
+/// when nothing knows it.
+async fn left_redis(state: &AppState, id: &str) -> ApiError {
+    match super::history::task(state, id).await {
+        Ok(Some(view)) => ApiError::Conflict(format!(
+            "task {id} ended {} and left Redis (the delivery ledger keeps its history); there is nothing to act on",
+            view.status
+        )),
+        Ok(None) => ApiError::NotFound(format!("no task {id:?}")),
+        Err(e) => e,
     }
 }
 

@@ -1,5 +1,6 @@
-//! History after Redis's retention: the task and event lookups fall back to
-//! the delivery ledger's rows for tasks Redis no longer has.
+//! History once a task left Redis: the task and event lookups fall back to
+//! the delivery ledger's rows for tasks Redis no longer has (a task that
+//! ended leaves Redis once the ledger holds its outcome; docs/ledger.md).
 
 use axum::Json;
 use axum::extract::rejection::QueryRejection;
@@ -141,6 +142,10 @@ async fn freshest(state: &AppState, row: &LedgerRow) -> Result<TaskView, ApiErro
 /// A ledger row as a task view (no event, payload or schedule).
 fn view(row: &LedgerRow) -> TaskView {
     let ms = |v: i64| u64::try_from(v).unwrap_or(0);
+    let ended = matches!(
+        row.status.as_str(),
+        "sent" | "delivered" | "failed" | "dead"
+    );
     TaskView {
         id: row.task_id.clone(),
         key: row.key.clone(),
@@ -151,11 +156,13 @@ fn view(row: &LedgerRow) -> TaskView {
         attempts: row.attempts,
         max_attempts: 0,
         key_policy: row.policy.clone(),
-        window_ms: 0,
+        window_ms: row
+            .window_ends_at_ms
+            .map_or(0, |end| ms(end.saturating_sub(row.claimed_at_ms))),
         accepted_at: ms(row.claimed_at_ms),
         updated_at: Some(ms(row.updated_at_ms)),
         sent_at: None,
-        finished_at: None,
+        finished_at: ended.then(|| ms(row.updated_at_ms)),
         next_due: None,
         scheduled_for: None,
         last_error: row.last_error.clone(),
@@ -165,7 +172,7 @@ fn view(row: &LedgerRow) -> TaskView {
         last_attempt_at: None,
         requeues: 0,
         duplicate_of: None,
-        ever_sent: false,
+        ever_sent: matches!(row.status.as_str(), "sent" | "delivered"),
         maybe_sent: false,
         held_cause: None,
         provider_answer: None,

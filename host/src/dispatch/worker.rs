@@ -269,19 +269,61 @@ pub(crate) async fn deliver(shared: &DispatchContext, entry: &Entry) {
         return;
     }
     let outcome = send(shared, &attempt, &msg).await;
+    let checkable = !matches!(outcome, Outcome::Sent { .. }) || shared.sender.can_check(&msg).await;
+    // The ledger first: a task that ends for good leaves Redis as it is
+    // recorded, once the ledger holds its outcome.
+    let ends = ends_for_good(&attempt, &outcome, checkable);
+    let ledger_holds_outcome = super::ledger::note_outcome(shared, &attempt, &outcome, ends).await;
     let context = RecordContext {
-        checkable: !matches!(outcome, Outcome::Sent { .. }) || shared.sender.can_check(&msg).await,
+        checkable,
         held: None,
+        ledger_holds_outcome,
     };
     record_with(shared, &attempt, &outcome, entry, context).await;
-    super::ledger::note_outcome(shared, &attempt, &outcome).await;
     if let Outcome::Sent {
         provider_message_id,
         reference,
     } = &outcome
     {
-        index_ids(shared, &attempt, provider_message_id, reference.as_deref()).await;
+        // Awaiting a receipt: kept like the task (deleted when it leaves);
+        // gone already: for the key's window, so a late receipt still finds
+        // the ledger row.
+        let keep = if ledger_holds_outcome {
+            window_left(&attempt.task)
+        } else {
+            shared.permits.config().retention
+        };
+        index_ids(
+            shared,
+            &attempt,
+            provider_message_id,
+            reference.as_deref(),
+            keep,
+        )
+        .await;
     }
+}
+
+/// Whether `outcome` ends the task for good, so that it may leave Redis once
+/// the ledger holds it: `sent` on a channel that can confirm nothing later
+/// (`checkable` false), or `failed` with the payload's fallback taken (a
+/// permanent failure is recorded `failed` only after its fallback is accepted).
+fn ends_for_good(attempt: &Attempt, outcome: &Outcome, checkable: bool) -> bool {
+    match outcome {
+        Outcome::Sent { .. } => !checkable,
+        Outcome::Failed { .. } => serde_json::from_str::<Payload>(&attempt.task.payload)
+            .ok()
+            .and_then(|p| p.fallback)
+            .is_some(),
+        _ => false,
+    }
+}
+
+/// What is left of the task's window from now (host clock), at least a minute.
+fn window_left(task: &crate::permit::Task) -> Duration {
+    let now = crate::ledger::now_ms().max(0) as u64;
+    let end = task.accepted_at_ms.saturating_add(task.window_ms);
+    Duration::from_millis(end.saturating_sub(now)).max(Duration::from_secs(60))
 }
 
 /// Begins an attempt of the entry's task; `None` when there is nothing to
@@ -383,8 +425,8 @@ async fn resend_reclaimed(
         held: Some(HeldCause::WorkerVanished { request_started }),
         ..RecordContext::default()
     };
+    super::ledger::note_outcome(shared, attempt, &outcome, false).await;
     record_with(shared, attempt, &outcome, entry, context).await;
-    super::ledger::note_outcome(shared, attempt, &outcome).await;
     false
 }
 
@@ -418,6 +460,7 @@ async fn index_ids(
     attempt: &Attempt,
     provider_id: &str,
     reference: Option<&str>,
+    keep: Duration,
 ) {
     let ids = [Some(provider_id), reference]
         .into_iter()
@@ -426,7 +469,7 @@ async fn index_ids(
     for id in ids {
         if let Err(e) = shared
             .permits
-            .index_provider_id(&attempt.task.channel, id, &attempt.task_id)
+            .index_provider_id(&attempt.task.channel, id, &attempt.task_id, keep)
             .await
         {
             tracing::warn!(task = %attempt.task_id, error = %e, "could not index the provider message id");

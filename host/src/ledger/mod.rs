@@ -17,12 +17,18 @@ pub mod retention;
 pub mod writer;
 
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 pub use claim::{Claim, ClaimAnswer, recipient_digest};
 pub use history::LedgerRow;
 pub use pool::LedgerPool;
 pub use retention::Retention;
 pub use writer::Update;
+
+/// How long a settlement written outside the worker (a receipt, a
+/// reconciler check, an operator) waits for the ledger to confirm it before
+/// the task is left in Redis with its retention instead of leaving.
+pub const CONFIRM_WITHIN: Duration = Duration::from_secs(5);
 
 /// Now, ms since the epoch (the host's clock: ledger times are for audits).
 pub fn now_ms() -> i64 {
@@ -135,26 +141,19 @@ impl Ledger {
         self.writer.push(update).await
     }
 
-    /// Queues the settlement of a task by a receipt or the reconciler
-    /// (`delivered`, `failed`, `dead`); a failure to queue is logged (the
-    /// ledger is history here: the claim is what guards sends).
-    pub(crate) async fn note_settled(&self, key: &str, task_id: &str, status: &str) {
-        self.queue_settled(key, task_id, status, None).await;
-    }
-
-    /// Queues the settlement of a task by an operator (`delivered` when
-    /// marked delivered, `failed` when given up) with `note`: who and why.
-    pub(crate) async fn note_settled_by_operator(
+    /// Writes the settlement of a task by a receipt, the reconciler
+    /// (`delivered`, `failed`, `dead`) or an operator (`note`: who and why)
+    /// and waits, at most [`CONFIRM_WITHIN`], until it is written: true when
+    /// it is (the task may then leave Redis). A failure is logged (the ledger
+    /// is history here: the claim is what guards sends); the writer keeps
+    /// retrying what it queued.
+    pub(crate) async fn write_settled(
         &self,
         key: &str,
         task_id: &str,
         status: &str,
-        note: String,
-    ) {
-        self.queue_settled(key, task_id, status, Some(note)).await;
-    }
-
-    async fn queue_settled(&self, key: &str, task_id: &str, status: &str, note: Option<String>) {
+        note: Option<String>,
+    ) -> bool {
         let update = Update {
             key: key.to_string(),
             task_id: task_id.to_string(),
@@ -165,8 +164,50 @@ impl Ledger {
             at_ms: now_ms(),
             operator_note: note,
         };
-        if let Err(e) = self.update(update).await {
-            tracing::warn!(task = %task_id, error = %e, "could not queue the ledger update");
+        self.update_confirmed(update, CONFIRM_WITHIN).await
+    }
+
+    /// A receipt naming a task that already left Redis: its ledger row, if
+    /// it is `channel`'s and still `sent` or `unknown` (the task ended sent
+    /// for good, or the receipt raced its record), becomes `status`. Redis is
+    /// not touched (the task is not resurrected; a failure's fallback can no
+    /// longer be taken: the task's payload left with it). True when written.
+    pub(crate) async fn settle_late(&self, task_id: &str, channel: &str, status: &str) -> bool {
+        let row = match self.by_task(task_id).await {
+            Ok(Some(row)) => row,
+            Ok(None) => return false,
+            Err(e) => {
+                tracing::warn!(task = %task_id, error = %e, "could not read the ledger row of a late receipt");
+                return false;
+            }
+        };
+        if row.channel != channel || !matches!(row.status.as_str(), "sent" | "unknown") {
+            return false;
+        }
+        tracing::info!(task = %task_id, %status, "late receipt for a task that left Redis: ledger row updated");
+        self.write_settled(&row.key, task_id, status, None).await
+    }
+
+    /// Queues `update` and waits until it is written, at most `within`: true
+    /// when it is. On a timeout or an error (logged) the update stays queued
+    /// and the writer keeps retrying it.
+    pub async fn update_confirmed(&self, update: Update, within: Duration) -> bool {
+        let task = update.task_id.clone();
+        let done = tokio::time::timeout(within, async {
+            self.update(update).await?;
+            self.flush().await
+        })
+        .await;
+        match done {
+            Ok(Ok(())) => true,
+            Ok(Err(e)) => {
+                tracing::warn!(task = %task, error = %e, "could not write the ledger update");
+                false
+            }
+            Err(_) => {
+                tracing::warn!(task = %task, ?within, "the ledger did not confirm the update in time; the task keeps Redis's retention");
+                false
+            }
         }
     }
 

@@ -145,6 +145,12 @@ pub struct RecordContext {
     pub checkable: bool,
     /// Why an `unknown` or `dead` outcome holds the task; `None`: derived from the outcome.
     pub held: Option<HeldCause>,
+    /// The delivery ledger already holds this outcome (written and
+    /// confirmed before the record): a task that ends for good with it —
+    /// `sent` with nothing to await, or `failed` with its fallback taken —
+    /// leaves Redis in the same script (its permit stays). False (the
+    /// default): it keeps the retention.
+    pub ledger_holds_outcome: bool,
 }
 
 impl Default for RecordContext {
@@ -152,6 +158,7 @@ impl Default for RecordContext {
         RecordContext {
             checkable: true,
             held: None,
+            ledger_holds_outcome: false,
         }
     }
 }

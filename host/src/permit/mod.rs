@@ -72,14 +72,18 @@ pub struct PermitConfig {
     pub namespace: String,
     /// Number of shards (default 16). Changing it re-maps keys: do it only on an empty Redis.
     pub shards: u16,
-    /// How long a task that ended (`sent`, `delivered`, `failed`, `dead`,
-    /// `superseded`) is kept before it expires (default 7 days).
+    /// How long a task that ended is kept before it expires when Redis is
+    /// its only record (default 7 days): the ledger is off, holds no row for
+    /// it (`superseded`, `duplicate_prevented`) or did not confirm its
+    /// outcome in time; and for `dead` tasks, failed ones without a
+    /// fallback, and `sent` ones awaiting a receipt (in flight).
     pub retention: Duration,
-    /// How long a task that ended delivered (by a receipt or a status
-    /// query, or sent on a channel that can confirm nothing later) is kept
-    /// (`None`, the default: as `retention`). Failed, dead and operator-settled tasks
-    /// keep `retention`.
-    pub delivered_retention: Option<Duration>,
+    /// What a task that ended for good keeps once the delivery ledger holds
+    /// its outcome (delivered, sent with nothing to await, failed with its
+    /// fallback taken, settled by an operator): `None` (the default), it
+    /// leaves Redis then — only its permit stays, for the window; `Some(d)`
+    /// (`keep_ended_tasks`, an opt-in), it stays `d` before it expires.
+    pub keep_ended: Option<Duration>,
     /// Whether each accept adds its task to the event's index (default
     /// true); without it [`Permits::tasks_of_event`] finds nothing and event
     /// look-ups come from the delivery ledger.
@@ -108,7 +112,7 @@ impl Default for PermitConfig {
             namespace: "po".into(),
             shards: 16,
             retention: Duration::from_secs(7 * 24 * 3600),
-            delivered_retention: None,
+            keep_ended: None,
             event_index: true,
             grace: Duration::from_secs(300),
             group: "pushonce".into(),
@@ -617,10 +621,10 @@ impl Permits {
     }
 
     /// How long a delivered task is kept.
-    fn delivered_retention(&self) -> Duration {
-        self.config
-            .delivered_retention
-            .unwrap_or(self.config.retention)
+    /// `ARGV` for what an ended task whose outcome the ledger holds keeps:
+    /// ms, 0 when it leaves Redis.
+    fn ended_keep_ms(&self) -> u64 {
+        self.config.keep_ended.map_or(0, |d| millis(d).max(1))
     }
 
     fn task_key(&self, task_id: &str) -> Result<String, PermitError> {
@@ -853,7 +857,11 @@ impl Permits {
             .arg(args.reference)
             .arg(cause)
             .arg(provider_answer)
-            .arg(millis(self.delivered_retention()).max(1))
+            .arg(if context.ledger_holds_outcome {
+                self.ended_keep_ms().to_string()
+            } else {
+                String::new()
+            })
             .invoke_async(&mut self.conn.clone())
             .await?;
         recorded(array(answer, "record")?)
@@ -882,11 +890,45 @@ impl Permits {
             .arg(if delivered { "delivered" } else { "failed" })
             .arg(millis(self.config.retention).max(1))
             .arg(provider_message_id.unwrap_or(""))
-            .arg(millis(self.delivered_retention()).max(1))
             .invoke_async(&mut self.conn.clone())
             .await?;
         let items = array(answer, "receipt")?;
         Ok(text(items.first()) == "recorded")
+    }
+
+    /// Lets `task`, which ended `status` (`delivered` or `failed`) by a
+    /// receipt, a reconciler check or an operator, leave Redis once the
+    /// delivery ledger holds that outcome (call it only then): its hash, its
+    /// event-index entry and its provider-id index entries go, its permit
+    /// stays for the window. With `keep_ended` it expires after that instead.
+    /// Fenced by `status`: true when it left (or was given its expiry).
+    pub async fn forget(&self, task: &Task, status: &str) -> Result<bool, PermitError> {
+        let shard =
+            shard_of_task(&task.id).ok_or_else(|| PermitError::BadTaskId(task.id.clone()))?;
+        let answer: Value = scripts::FORGET
+            .key(self.task_key(&task.id)?)
+            .key(self.layout.dead(shard))
+            .key(self.layout.awaiting(shard))
+            .arg(&task.id)
+            .arg(status)
+            .arg(self.ended_keep_ms())
+            .invoke_async(&mut self.conn.clone())
+            .await?;
+        let items = array(answer, "forget")?;
+        let done = text(items.first());
+        if done == "left" {
+            let ids = [
+                task.provider_message_id.as_deref(),
+                task.reference.as_deref(),
+            ];
+            for id in ids.into_iter().flatten().filter(|id| !id.is_empty()) {
+                let _: () = redis::cmd("DEL")
+                    .arg(self.provider_id_key(&task.channel, id))
+                    .query_async(&mut self.conn.clone())
+                    .await?;
+            }
+        }
+        Ok(done == "left" || done == "kept")
     }
 
     /// The key of the provider-id index entry of `channel`'s message `provider_id`.
@@ -900,19 +942,23 @@ impl Permits {
     }
 
     /// Remembers that `channel`'s message `provider_id` is task `task_id`, for
-    /// receipts that name only the provider's id. Written after the send is
+    /// receipts that name only the provider's id, for `keep` (the retention
+    /// while its task awaits a receipt: [`Permits::forget`] deletes it when
+    /// the task leaves; the key's window for a task that already left, so a
+    /// late receipt still reaches its ledger row). Written after the send is
     /// recorded (best effort: a receipt that finds nothing is reported unmatched).
     pub(crate) async fn index_provider_id(
         &self,
         channel: &str,
         provider_id: &str,
         task_id: &str,
+        keep: Duration,
     ) -> Result<(), PermitError> {
         let _: () = redis::cmd("SET")
             .arg(self.provider_id_key(channel, provider_id))
             .arg(task_id)
             .arg("PX")
-            .arg(millis(self.config.retention).max(1))
+            .arg(millis(keep).max(1))
             .query_async(&mut self.conn.clone())
             .await?;
         Ok(())
@@ -930,6 +976,28 @@ impl Permits {
             .await?)
     }
 
+    /// The key remembering when a receipt first named `channel`'s message
+    /// `id` without matching a task.
+    fn unmatched_key(&self, channel: &str, id: &str) -> String {
+        let name = format!("{channel}:{id}");
+        let shard = self.layout.shard_of(&name);
+        format!(
+            "{}unmatched:{name}",
+            self.layout.task_prefix(shard).trim_end_matches("task:")
+        )
+    }
+
+    /// Forgets that a receipt once named `channel`'s message `id` before its
+    /// send was recorded: it matched its task since (the entry would
+    /// otherwise outlive the message by a day).
+    pub(crate) async fn matched(&self, channel: &str, id: &str) -> Result<(), PermitError> {
+        let _: () = redis::cmd("DEL")
+            .arg(self.unmatched_key(channel, id))
+            .query_async(&mut self.conn.clone())
+            .await?;
+        Ok(())
+    }
+
     /// How long ago (ms) a receipt first named `channel`'s message `id`
     /// that matched no task: the first call records now (kept for `keep`)
     /// and answers 0. Bounds how long such a receipt is answered 503.
@@ -939,12 +1007,7 @@ impl Permits {
         id: &str,
         keep: Duration,
     ) -> Result<u64, PermitError> {
-        let name = format!("{channel}:{id}");
-        let shard = self.layout.shard_of(&name);
-        let key = format!(
-            "{}unmatched:{name}",
-            self.layout.task_prefix(shard).trim_end_matches("task:")
-        );
+        let key = self.unmatched_key(channel, id);
         let now = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_millis() as u64)

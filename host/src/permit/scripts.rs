@@ -41,6 +41,10 @@ pub(crate) static REQUEUE: LazyLock<Script> =
 pub(crate) static SETTLE: LazyLock<Script> =
     LazyLock::new(|| script(include_str!("lua/settle.lua")));
 
+/// Let a task that ended leave Redis once the ledger holds its outcome (`forget.lua`).
+pub(crate) static FORGET: LazyLock<Script> =
+    LazyLock::new(|| script(include_str!("lua/forget.lua")));
+
 /// Take due entries of a shard's awaiting index for the reconciler (`claim.lua`).
 pub(crate) static CLAIM: LazyLock<Script> = LazyLock::new(|| script(include_str!("lua/claim.lua")));
 
@@ -52,9 +56,9 @@ pub static RECONCILE: LazyLock<Script> =
 pub static BLOOM: LazyLock<Script> = LazyLock::new(|| script(include_str!("lua/bloom.lua")));
 
 /// Every script, for loading them all up front.
-pub fn all() -> [&'static Script; 11] {
+pub fn all() -> [&'static Script; 12] {
     [
         &ACCEPT, &BEGIN, &EXTEND, &RECORD, &PROMOTE, &RECEIPT, &REQUEUE, &SETTLE, &CLAIM,
-        &RECONCILE, &BLOOM,
+        &RECONCILE, &BLOOM, &FORGET,
     ]
 }

@@ -182,10 +182,19 @@ impl Reconciler {
 }
 
 impl ReconcileContext {
-    /// Writes a task the reconciler settled to the ledger, when there is one.
-    async fn note(&self, task: &Task, status: &str) {
+    /// Writes a task the reconciler settled to the ledger, when there is
+    /// one; once it holds a task that ended for good (`ends`), the task leaves Redis.
+    async fn note(&self, task: &Task, status: &str, ends: bool) {
         if let Some(ledger) = &self.ledger {
-            ledger.note_settled(&task.key, &task.id, status).await;
+            crate::dispatch::ledger::settle_and_forget(
+                ledger,
+                &self.permits,
+                task,
+                status,
+                None,
+                ends,
+            )
+            .await;
         }
     }
 
@@ -216,7 +225,8 @@ impl ReconcileContext {
                 let settled = settle_from_provider(&self.permits, &task, delivered, None).await?;
                 if settled.updated {
                     let status = if delivered { "delivered" } else { "failed" };
-                    self.note(&task, status).await;
+                    self.note(&task, status, delivered || settled.fallback)
+                        .await;
                 }
                 return Ok(settled.updated);
             }
@@ -247,7 +257,7 @@ impl ReconcileContext {
                 .increment(1);
             gave_up(&task, claimed, &reason);
             if matches!(action, CheckAction::Dead) {
-                self.note(&task, "dead").await;
+                self.note(&task, "dead", false).await;
             }
         }
         Ok(done && !matches!(action, CheckAction::Later(_) | CheckAction::Untrack))

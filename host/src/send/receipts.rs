@@ -65,7 +65,7 @@ pub enum ReceiptError {
 }
 
 /// What one callback did.
-#[derive(Debug, Default, Clone, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Default, Clone, PartialEq, serde::Serialize)]
 pub struct ReceiptReport {
     /// Entries in the callback.
     pub received: usize,
@@ -82,10 +82,17 @@ pub struct ReceiptReport {
     pub not_yet: Vec<String>,
     /// Fallback tasks accepted because of failed-after-accept receipts.
     pub fallbacks: usize,
-    /// The tasks settled now: (idempotency key, task id, `delivered`|`failed`),
-    /// for the delivery ledger's history.
+    /// The tasks settled now: (the task as it was, `delivered`|`failed`,
+    /// whether it ended for good: delivered, or failed with its fallback
+    /// taken), for the delivery ledger's history; once the ledger holds it,
+    /// a task that ended for good leaves Redis.
     #[serde(skip)]
-    pub settled: Vec<(String, String, &'static str)>,
+    pub settled: Vec<(Task, &'static str, bool)>,
+    /// Entries naming a task that already left Redis (its outcome is in the
+    /// delivery ledger): (task id, `delivered`|`failed`), for the ledger's
+    /// row to be updated; Redis is not touched (the task is not resurrected).
+    #[serde(skip)]
+    pub late: Vec<(String, &'static str)>,
 }
 
 /// What a handled callback settled, and what to answer the provider.
@@ -161,6 +168,8 @@ enum Applied {
     NotYet,
     /// No task has that id, past the unmatched grace.
     Unmatched,
+    /// The id names a task that already left Redis.
+    Gone { task_id: String, delivered: bool },
     /// Handed to the permit layer.
     Settled {
         task: Box<Task>,
@@ -182,8 +191,10 @@ async fn apply_one(
         DeliveryStatus::Failed => false,
         DeliveryStatus::Pending | DeliveryStatus::Unknown => return Ok(Applied::Ignored),
     };
-    let Some(task) = find_task(permits, channel, &s.id).await? else {
-        return unmatched(permits, channel, &s.id, grace).await;
+    let task = match find_task(permits, channel, &s.id).await? {
+        Found::Task(task) => task,
+        Found::Gone(task_id) => return Ok(Applied::Gone { task_id, delivered }),
+        Found::Nothing => return unmatched(permits, channel, &s.id, grace).await,
     };
     if task.channel != channel {
         return Ok(Applied::Ignored);
@@ -198,8 +209,12 @@ async fn apply_one(
     let named_by_key = s.id == task.key || Some(&s.id) == task.reference.as_ref();
     let pmid = (!named_by_key).then_some(s.id.as_str());
     let settled = settle_from_provider(permits, &task, delivered, pmid).await?;
+    if settled.updated {
+        // A receipt that came before the record left a note of when; done with it.
+        permits.matched(channel, &s.id).await?;
+    }
     Ok(Applied::Settled {
-        task: Box::new(task),
+        task,
         delivered,
         updated: settled.updated,
         fallback: settled.fallback,
@@ -230,6 +245,10 @@ impl ReceiptReport {
     fn count(&mut self, id: &str, applied: Applied) {
         match applied {
             Applied::Ignored => self.ignored += 1,
+            Applied::Gone { task_id, delivered } => {
+                let status = if delivered { "delivered" } else { "failed" };
+                self.late.push((task_id, status));
+            }
             Applied::NotYet => self.not_yet.push(id.to_string()),
             Applied::Unmatched => self.unmatched.push(id.to_string()),
             Applied::Settled {
@@ -245,7 +264,7 @@ impl ReceiptReport {
                 }
                 self.updated += 1;
                 let status = if delivered { "delivered" } else { "failed" };
-                self.settled.push((task.key, task.id, status));
+                self.settled.push((*task, status, delivered || fallback));
             }
         }
     }
@@ -254,19 +273,28 @@ impl ReceiptReport {
 /// The task a settlement names: by idempotency key (the permit names its
 /// task from accept on), else by reference or provider id (indexed after
 /// the send is recorded).
-async fn find_task(
-    permits: &Permits,
-    channel: &str,
-    id: &str,
-) -> Result<Option<Task>, PermitError> {
+async fn find_task(permits: &Permits, channel: &str, id: &str) -> Result<Found, PermitError> {
     let task_id = match permits.permit_owner(id).await? {
         Some(t) => Some(t),
         None => permits.task_by_provider_id(channel, id).await?,
     };
-    match task_id {
-        Some(t) => permits.task(&t).await,
-        None => Ok(None),
-    }
+    let Some(task_id) = task_id else {
+        return Ok(Found::Nothing);
+    };
+    Ok(match permits.task(&task_id).await? {
+        Some(task) => Found::Task(Box::new(task)),
+        None => Found::Gone(task_id),
+    })
+}
+
+/// What a settlement's id names.
+enum Found {
+    /// A task in Redis.
+    Task(Box<Task>),
+    /// A task that left Redis (its permit or provider-id entry outlives it).
+    Gone(String),
+    /// Nothing known.
+    Nothing,
 }
 
 /// What [`settle_from_provider`] did.

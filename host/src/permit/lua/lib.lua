@@ -40,6 +40,24 @@ local function keep_index(task, now, retention)
   end
 end
 
+-- What becomes of task `task` (id `id`) once it ended: with `keep` > 0 it
+-- expires after `keep` ms (its event index lives at least as long); with 0
+-- it leaves Redis now, the delivery ledger holding its outcome: the hash is
+-- deleted and the id taken out of its event index (SREM deletes an emptied
+-- set). The permit is never touched here.
+local function leave_or_keep(task, id, now, keep)
+  if keep > 0 then
+    redis.call('PEXPIRE', task, keep)
+    keep_index(task, now, keep)
+    return
+  end
+  local ev = redis.call('HGET', task, 'event_index')
+  if ev and ev ~= '' then
+    redis.call('SREM', ev, id)
+  end
+  redis.call('DEL', task)
+end
+
 -- Puts task `id` (hash `task`) in the awaiting index `awaiting`, due for a
 -- reconciler check `after` ms from `now`; the check count starts again.
 local function await(task, awaiting, id, now, after)

@@ -2,7 +2,9 @@
 -- KEYS[1] task, KEYS[2] permit, KEYS[3] awaiting zset (the entry is removed: settled;
 -- so is its entry in the shard's held index)
 -- ARGV[1] task id, ARGV[2] new status (delivered|failed), ARGV[3] retention ms,
--- ARGV[4] provider message id or '', ARGV[5] retention ms of a delivered task
+-- ARGV[4] provider message id or ''
+-- The task keeps the retention here: once the delivery ledger holds the
+-- outcome, the caller lets it leave Redis (`forget.lua`).
 -- Returns {'recorded', status} or {'ignored', current status}.
 local id = ARGV[1]
 local now = now_ms()
@@ -20,7 +22,7 @@ end_permit(KEYS[1], KEYS[2], id, redis.call('GET', KEYS[2]),
   n2s(window_end(KEYS[1], now)), false)
 redis.call('ZREM', KEYS[3], id)
 redis.call('ZREM', held_index(KEYS[3], 'awaiting'), id)
-local keep = tonumber(ARGV[2] == 'delivered' and ARGV[5] or ARGV[3])
+local keep = tonumber(ARGV[3])
 redis.call('PEXPIRE', KEYS[1], keep)
 keep_index(KEYS[1], now, keep)
 return {'recorded', ARGV[2]}

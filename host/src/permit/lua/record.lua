@@ -12,8 +12,11 @@
 -- ARGV[13] sent: the client reference the receipt named, or ''
 -- ARGV[14] unknown/dead: why the task is held (held cause JSON),
 -- ARGV[15] unknown/dead: the provider's last answer as the plugin saw it, or ''
--- ARGV[16] retention ms of a task that ended sent for good (no receipt or
---           check can come): the delivered retention
+-- ARGV[16] what a task that ended for good (sent with nothing to await, or
+--           failed with its fallback taken) keeps once the delivery ledger holds
+--           its outcome: ms to expire after, '0' = it leaves Redis now (hash and
+--           event-index entry; the permit stays); '' = the ledger does not hold
+--           it (off, or not confirmed): ARGV[6], the retention
 -- A sent task enters the awaiting index only when ARGV[11] is not '-1' (its
 -- channel can confirm it later: a status query or receipts); else sent is final.
 -- An unknown task is listed in the shard's held index ({ns:shard}:held)
@@ -53,17 +56,17 @@ if outcome == 'sent' then
   end
   -- Sent: the permit now lasts exactly the window from accept.
   fate = end_permit(KEYS[1], KEYS[2], id, owner, n2s(window_end(KEYS[1], now)), true)
-  -- Awaiting a receipt, the record stays for the retention (the receipt
-  -- settles it); sent for good, for the delivered retention.
-  local keep = ARGV[11] == '-1' and tonumber(ARGV[16]) or retention
-  redis.call('PEXPIRE', KEYS[1], keep)
-  keep_index(KEYS[1], now, keep)
   if ARGV[11] ~= '-1' then
-    -- Awaiting its receipt: the reconciler asks the provider if none comes.
+    -- Awaiting its receipt (in flight): the record stays for the retention
+    -- (the receipt settles it); the reconciler asks the provider if none comes.
+    redis.call('PEXPIRE', KEYS[1], retention)
+    keep_index(KEYS[1], now, retention)
     await(KEYS[1], KEYS[5], id, now, tonumber(ARGV[11]))
   else
-    -- Nothing could confirm it later: sent is final, nothing to check.
+    -- Nothing could confirm it later: sent is final, nothing to check; it
+    -- leaves Redis when the ledger holds it (ARGV[16]).
     redis.call('ZREM', KEYS[5], id)
+    leave_or_keep(KEYS[1], id, now, ARGV[16] == '' and retention or tonumber(ARGV[16]))
   end
 elseif outcome == 'retry' or outcome == 'resend' then
   if outcome == 'resend' then
@@ -106,14 +109,20 @@ elseif outcome == 'failed' or outcome == 'dead' then
       fate = 'released'
     end
   end
-  redis.call('PEXPIRE', KEYS[1], retention)
-  keep_index(KEYS[1], now, retention)
-  -- The operators' index of failed and dead tasks ({ns:shard}:dead, same hash
-  -- tag as the delayed set), scored by when they ended; entries older than
-  -- the retention (their task records are gone) are trimmed here.
-  local dead = string.sub(KEYS[4], 1, #KEYS[4] - #'delayed') .. 'dead'
-  redis.call('ZADD', dead, n2s(now), id)
-  redis.call('ZREMRANGEBYSCORE', dead, '-inf', n2s(now - retention))
+  if outcome == 'failed' and ARGV[16] ~= '' then
+    -- Failed with its fallback taken, the ledger holding it: it ended for
+    -- good and leaves Redis (or keeps ARGV[16] ms); not listed for operators.
+    leave_or_keep(KEYS[1], id, now, tonumber(ARGV[16]))
+  else
+    redis.call('PEXPIRE', KEYS[1], retention)
+    keep_index(KEYS[1], now, retention)
+    -- The operators' index of failed and dead tasks ({ns:shard}:dead, same hash
+    -- tag as the delayed set), scored by when they ended; entries older than
+    -- the retention (their task records are gone) are trimmed here.
+    local dead = string.sub(KEYS[4], 1, #KEYS[4] - #'delayed') .. 'dead'
+    redis.call('ZADD', dead, n2s(now), id)
+    redis.call('ZREMRANGEBYSCORE', dead, '-inf', n2s(now - retention))
+  end
 elseif outcome == 'duplicate_prevented' then
   -- The ledger holds the key for another task (Redis lost its permit): this
   -- task ends without sending. Its permit is kept for the window, so later

@@ -77,7 +77,7 @@ async fn write_permits(
             let shard = layout.shard_of(key);
             let owner = format!("{shard}-1764650000000-{:016x}", rand_id(key));
             pipe.cmd("SET")
-                .arg(layout.permit(key))
+                .arg(layout.permit_in(shard, key))
                 .arg(owner)
                 .arg("PX")
                 .arg(86_400_000)

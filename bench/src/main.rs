@@ -9,6 +9,7 @@ mod languages;
 mod load;
 mod permit;
 mod plugins;
+mod skew;
 
 use clap::{Parser, Subcommand};
 
@@ -30,6 +31,8 @@ enum What {
     Permit(permit::Args),
     /// The whole host over HTTP (separate load generator process), against the Redis floor.
     Http(http::Args),
+    /// Shard and master skew of a Zipf user mix on a Redis Cluster (no Redis needed).
+    Skew(skew::Args),
     /// The HTTP load generator `http` runs as a separate process.
     #[command(hide = true)]
     Load(load::Args),
@@ -43,6 +46,7 @@ fn main() -> anyhow::Result<()> {
         What::Permit(a) => permit::run(a),
         What::Http(a) => http::run(a),
         What::Load(a) => load::run(a),
+        What::Skew(a) => skew::run(a),
     }
 }
 

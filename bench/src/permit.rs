@@ -305,6 +305,7 @@ pub(super) fn request(tag: &str, i: usize) -> AcceptRequest {
         policy_version: "1.0.0".into(),
         retry: RetryPolicy::default(),
         gate: gate_of(tag, &user),
+        recipient: Some(user.clone()),
     }
 }
 
@@ -384,7 +385,9 @@ pub(super) fn accept_command(permits: &Permits) -> Vec<String> {
 
 /// `EVALSHA` of the accept script with `req`'s keys and arguments.
 fn accept_command_of(permits: &Permits, req: &AcceptRequest) -> Vec<String> {
-    let shard = permits.layout().shard_of(&req.key);
+    let shard = permits
+        .layout()
+        .shard_for(&req.key, req.recipient.as_deref());
     let task_id = format!("{shard}-0-__rand_int__");
     let (keys, args) = permits.accept_keys_and_args(req, &task_id);
     let mut command = vec![

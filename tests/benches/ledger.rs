@@ -36,6 +36,7 @@ fn request(i: usize, run: &str) -> AcceptRequest {
         policy_version: "1.0.0".into(),
         retry: RetryPolicy::default(),
         gate: Default::default(),
+        recipient: None,
     }
 }
 

@@ -33,6 +33,7 @@ fn event(run: &str, i: usize) -> Vec<AcceptRequest> {
             policy_version: "1.0.0".into(),
             retry: RetryPolicy::default(),
             gate: Default::default(),
+            recipient: None,
         })
         .collect()
 }

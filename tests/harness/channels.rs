@@ -214,6 +214,7 @@ impl Env {
             policy_version: "1.0.0".into(),
             retry: self.retry,
             gate: Default::default(),
+            recipient: None,
         };
         match self.permits.accept(&req).await.unwrap() {
             Acceptance::Accepted { task_id } => task_id,

@@ -315,6 +315,10 @@ const SHARDS: u16 = 8;
 
 /// The chaos policies: the repository's three business types with a short
 /// retry schedule (so a run ends in minutes) and room for many attempts.
+/// `INTERVIEW_REMINDER` carries a frequency cap (per user, far above the
+/// three or so reminders a candidate gets, so it never binds): every one of
+/// its accepts counts in the user's cap inside the accept script, on a
+/// Redis Cluster too (the cap and the permits share the user's hash slot).
 const POLICIES: [(&str, &str); 3] = [
     (
         "order-shipped.toml",
@@ -351,6 +355,10 @@ window = "7d"
 [retry]
 max_attempts = 12
 backoff = { initial = "200ms", factor = 2.0, max = "2s", jitter = true }
+[caps.reminders]
+max = 100
+window = "1h"
+scope = "user"
 "#,
     ),
 ];
@@ -745,6 +753,9 @@ async fn post_one(
                     counts.posts.fetch_add(1, Ordering::Relaxed);
                     for r in results {
                         match r["result"].as_str() {
+                            Some("capped") => anyhow::bail!(
+                                "{base} answered `capped`: the chaos cap must never bind; event {body}"
+                            ),
                             Some("accepted") => counts.accepted.fetch_add(1, Ordering::Relaxed),
                             _ => counts.duplicates.fetch_add(1, Ordering::Relaxed),
                         };

@@ -31,5 +31,6 @@ pub fn accept_request(key: &str) -> AcceptRequest {
         policy_version: "1.0.0".into(),
         retry: RetryPolicy::default(),
         gate: Default::default(),
+        recipient: None,
     }
 }

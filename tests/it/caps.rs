@@ -200,7 +200,7 @@ async fn a_thousand_concurrent_accepts_from_two_instances_take_exactly_the_cap()
     assert_eq!((ok, capped), (3, 997));
     let mut conn = server.manager().await.unwrap();
     let counted: i64 = conn
-        .zcard(a.layout().cap("marketing", "u-9"))
+        .zcard(a.layout().cap("marketing", "u-9", "u-9"))
         .await
         .unwrap();
     assert_eq!(counted, 3);

@@ -13,6 +13,7 @@ use pushonce_tests::cluster::RedisCluster;
 use pushonce_tests::dispatcher::RunningDispatcher;
 use pushonce_tests::fixtures::{accept_request, permit_config};
 use pushonce_tests::host::{Backend, Setup, TestHost, order_shipped};
+use pushonce_tests::plugins::fixture;
 use pushonce_tests::process::{PushonceProcess, read_ledger, sent_by_key};
 use pushonce_tests::wait_until;
 use reqwest::StatusCode;
@@ -289,6 +290,14 @@ async fn the_http_api_on_a_cluster_accepts_and_delivers() {
         }
     }
     assert_eq!(ids.len(), 30, "three channels per event");
+    // Layout 2: the per-event keys name user u-42, so every channel of every
+    // event lands in the recipient's shard (one hash slot, one master).
+    // (`TestHost` runs 4 shards.)
+    let layout = pushonce::permit::Layout::new("po", 4);
+    let shard = layout.recipient_shard("u-42");
+    for id in &ids {
+        assert_eq!(pushonce::permit::shard_of_task(id), Some(shard), "{id}");
+    }
     let again = host
         .post("/v1/events", &order_shipped("o-3"), None)
         .await
@@ -413,4 +422,205 @@ async fn two_worker_processes_share_the_cluster_and_send_each_task_once() {
         let status = w.terminate(Duration::from_secs(20)).await.unwrap();
         assert!(status.success(), "{status}; log:\n{}", w.log());
     }
+}
+
+/// A capped policy (2 per user and hour) on the cluster's layout 2 key
+/// names. `per-event` keys name their recipient; the `stable` test policy
+/// writes the user id unencoded, so for a user whose id `key_util::part`
+/// escapes its key names nobody.
+fn cluster_policies(quiet_from: &str, quiet_to: &str) -> Vec<(String, String)> {
+    vec![
+        (
+            "promo.toml".into(),
+            r#"
+biz_type = "PROMO"
+key_policy = "per-event@^1"
+channels = ["inbox"]
+window = "1h"
+
+[caps.hourly]
+max = 2
+window = "1h"
+scope = "user"
+"#
+            .into(),
+        ),
+        (
+            "digest.toml".into(),
+            format!(
+                r#"
+biz_type = "DIGEST"
+key_policy = "per-event@^1"
+channels = ["inbox"]
+window = "1h"
+tz = "+00:00"
+quiet = {{ from = "{quiet_from}", to = "{quiet_to}" }}
+"#
+            ),
+        ),
+        (
+            "broadcast.toml".into(),
+            r#"
+biz_type = "BROADCAST"
+key_policy = "per-event@^1"
+channels = ["inbox"]
+window = "1h"
+dedup = "bloom"
+bloom = { items = 100_000, false_positive = 0.001 }
+"#
+            .into(),
+        ),
+        (
+            "unnamed.toml".into(),
+            r#"
+biz_type = "UNNAMED"
+key_policy = "stable@^1"
+channels = ["inbox"]
+window = "1h"
+
+[caps.hourly]
+max = 2
+window = "1h"
+scope = "user"
+"#
+            .into(),
+        ),
+    ]
+}
+
+fn event(biz_type: &str, biz_id: &str, user: &str) -> serde_json::Value {
+    serde_json::json!({
+        "biz_type": biz_type,
+        "biz_id": biz_id,
+        "user_id": user,
+        "occurred_at": "2026-12-01T10:00:00Z",
+        "attributes": {},
+    })
+}
+
+/// Frequency caps, quiet hours and Bloom mode over the HTTP API on three
+/// masters: two messages of a user pass the cap and the third is answered
+/// `capped`, a re-post stays `duplicate`; an event inside quiet hours is
+/// accepted with `scheduled_for`; a Bloom key is accepted, then answered
+/// `duplicate`; a capped policy whose key does not name the recipient is
+/// refused with 422 naming the policy, while the same policy with a key
+/// that names the user is capped as usual.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn caps_quiet_hours_and_bloom_run_on_a_cluster() {
+    let cluster = RedisCluster::start(3).await.unwrap();
+    // Quiet from an hour ago to an hour from now (UTC): every DIGEST is held.
+    let hhmm = |ms: u64| {
+        let minutes = (ms / 60_000) % (24 * 60);
+        format!("{:02}:{:02}", minutes / 60, minutes % 60)
+    };
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64;
+    let setup = Setup {
+        policies: Some(cluster_policies(
+            &hhmm(now - 3_600_000),
+            &hhmm(now + 3_600_000),
+        )),
+        extra_plugins: vec![fixture("stable_1_0_0")],
+        ..Setup::default()
+    };
+    let host = TestHost::start_on(Backend::Cluster(&cluster), setup)
+        .await
+        .unwrap();
+    let result = |a: &pushonce_tests::host::Answer| a.body["results"][0]["result"].clone();
+
+    // Caps: 2 per user per hour, counted in the user's shard with the permits.
+    let mut first_task = String::new();
+    for i in 0..2 {
+        let a = host
+            .post(
+                "/v1/events",
+                &event("PROMO", &format!("p-{i}"), "u-7"),
+                None,
+            )
+            .await
+            .unwrap();
+        assert_eq!(a.status, StatusCode::ACCEPTED, "{}", a.body);
+        assert_eq!(result(&a), "accepted", "{}", a.body);
+        if i == 0 {
+            first_task = a.body["results"][0]["task_id"].as_str().unwrap().into();
+        }
+    }
+    let third = host
+        .post("/v1/events", &event("PROMO", "p-2", "u-7"), None)
+        .await
+        .unwrap();
+    assert_eq!(result(&third), "capped", "{}", third.body);
+    assert_eq!(third.body["results"][0]["cap"], "PROMO/hourly");
+    let again = host
+        .post("/v1/events", &event("PROMO", "p-0", "u-7"), None)
+        .await
+        .unwrap();
+    assert_eq!(result(&again), "duplicate", "{}", again.body);
+    assert_eq!(again.body["results"][0]["task_id"], first_task.as_str());
+    // Another user has a count of their own.
+    let other = host
+        .post("/v1/events", &event("PROMO", "p-2", "u-8"), None)
+        .await
+        .unwrap();
+    assert_eq!(result(&other), "accepted", "{}", other.body);
+
+    // Quiet hours: accepted, first attempt at their end.
+    let quiet = host
+        .post("/v1/events", &event("DIGEST", "d-1", "u-7"), None)
+        .await
+        .unwrap();
+    assert_eq!(result(&quiet), "accepted", "{}", quiet.body);
+    let at = quiet.body["results"][0]["scheduled_for"].as_u64();
+    assert!(at.is_some_and(|at| at > now), "{}", quiet.body);
+
+    // Bloom mode.
+    let bloom = host
+        .post("/v1/events", &event("BROADCAST", "b-1", "u-7"), None)
+        .await
+        .unwrap();
+    assert_eq!(result(&bloom), "accepted", "{}", bloom.body);
+    let bloom = host
+        .post("/v1/events", &event("BROADCAST", "b-1", "u-7"), None)
+        .await
+        .unwrap();
+    assert_eq!(result(&bloom), "duplicate", "{}", bloom.body);
+
+    // A key that does not name its recipient cannot be capped on a
+    // cluster: refused, naming the policy and its key policy.
+    let refused = host
+        .post("/v1/events", &event("UNNAMED", "n-1", "t+1"), None)
+        .await
+        .unwrap();
+    assert_eq!(
+        refused.status,
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "{}",
+        refused.body
+    );
+    assert_eq!(refused.body["field"], "biz_type", "{}", refused.body);
+    let detail = refused.body["detail"].as_str().unwrap();
+    assert!(
+        detail.contains("unnamed.toml") && detail.contains("key policy stable"),
+        "{detail}"
+    );
+    // The same policy for a user its key does name: capped as usual.
+    for i in 0..2 {
+        let a = host
+            .post(
+                "/v1/events",
+                &event("UNNAMED", &format!("n-{i}"), "u-9"),
+                None,
+            )
+            .await
+            .unwrap();
+        assert_eq!(result(&a), "accepted", "{}", a.body);
+    }
+    let capped = host
+        .post("/v1/events", &event("UNNAMED", "n-2", "u-9"), None)
+        .await
+        .unwrap();
+    assert_eq!(result(&capped), "capped", "{}", capped.body);
+    host.shutdown().await.unwrap();
 }

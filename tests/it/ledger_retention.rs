@@ -245,7 +245,11 @@ async fn a_key_inside_its_window_is_refused_without_its_permit_and_rows_leave_af
     let key = permits.task(&long).await.unwrap().unwrap().key;
     let mut conn = redis.manager().await.unwrap();
     redis::cmd("DEL")
-        .arg(permits.layout().permit(&key))
+        .arg(
+            permits
+                .layout()
+                .permit_in(pushonce::permit::shard_of_task(&long).unwrap(), &key),
+        )
         .query_async::<()>(&mut conn)
         .await
         .unwrap();

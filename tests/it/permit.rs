@@ -1052,3 +1052,62 @@ async fn an_unknown_task_held_before_the_held_index_is_listed_at_its_next_claim(
     assert_eq!(held.len(), 1, "{held:?}");
     assert_eq!(held[0].0, id);
 }
+
+/// Layout 2: a key naming its recipient lands in the recipient's shard, a
+/// key naming nobody in its own; a second accept of each meets the same
+/// permit; look-ups by key alone find both, and every transition after the
+/// accept (begin, record) names the permit through the task id.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_naming_its_recipient_lives_in_the_recipients_shard() {
+    let server = RedisServer::start().await.unwrap();
+    let permits = server.permits(permit_config()).await.unwrap();
+    let layout = permits.layout().clone();
+    // A user whose shard differs from the key's, so the test can tell them apart.
+    let (user, named) = (0..)
+        .map(|i| {
+            let user = format!("user {i}");
+            let key = format!(
+                "push:per-event@1:sms:ORDER:o-1:{}",
+                pushonce::permit::keys::key_part(&user)
+            );
+            (user, key)
+        })
+        .find(|(user, key)| layout.recipient_shard(user) != layout.shard_of(key))
+        .unwrap();
+    let shared = "push:per-tenant-per-hour@1:sms:tenant=acme:2026-12-03T04";
+    let for_user = |key: &str, user: &str| AcceptRequest {
+        recipient: Some(user.to_string()),
+        ..request(key, Duration::from_secs(60))
+    };
+    let a = accepted(&permits.accept(&for_user(&named, &user)).await.unwrap());
+    assert_eq!(shard_of_task(&a), Some(layout.recipient_shard(&user)));
+    let b = accepted(&permits.accept(&for_user(shared, &user)).await.unwrap());
+    assert_eq!(shard_of_task(&b), Some(layout.shard_of(shared)));
+    // Another user of the shared key meets the same permit.
+    match permits.accept(&for_user(shared, "u-other")).await.unwrap() {
+        Acceptance::Duplicate { task_id, .. } => assert_eq!(task_id, b),
+        other => panic!("expected a duplicate, got {other:?}"),
+    }
+    match permits.accept(&for_user(&named, &user)).await.unwrap() {
+        Acceptance::Duplicate { task_id, .. } => assert_eq!(task_id, a),
+        other => panic!("expected a duplicate, got {other:?}"),
+    }
+    assert_eq!(permits.permit_owner(&named).await.unwrap(), Some(a.clone()));
+    assert_eq!(permits.permit_owner(shared).await.unwrap(), Some(b.clone()));
+    assert!(permits.permit_ttl(&named).await.unwrap().unwrap().is_some());
+    // The transitions find the permit in the recipient's shard: a send
+    // keeps it for the window, owned by the task.
+    let attempt = begin(&permits, &a, &named, Duration::from_secs(5)).await;
+    let recorded = permits
+        .record(
+            &attempt,
+            &Outcome::Failed {
+                reason: "refused".into(),
+            },
+            None,
+        )
+        .await
+        .unwrap();
+    assert_eq!(recorded, Recorded::Done(PermitFate::Released));
+    assert_eq!(permits.permit_owner(&named).await.unwrap(), None);
+}

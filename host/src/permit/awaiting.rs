@@ -186,7 +186,7 @@ impl Permits {
         };
         let answer: Value = scripts::RECONCILE
             .key(self.task_key(&task.id)?)
-            .key(self.layout.permit(&task.key))
+            .key(self.layout.permit_in(shard, &task.key))
             .key(self.layout.awaiting(shard))
             .key(self.layout.ready(shard))
             .key(self.layout.dead(shard))

@@ -56,10 +56,13 @@ pub struct QuietCheck {
 }
 
 impl Layout {
-    /// The sorted set of a cap's recorded messages for one subject:
-    /// `{po:<shard of subject>}:cap:<name>:<subject>`, scored by accept time (ms).
-    pub fn cap(&self, name: &str, subject: &str) -> String {
-        let shard = self.shard_of(subject);
+    /// The sorted set of a cap's recorded messages for one subject of
+    /// recipient `user`: `{po:<shard of the recipient>}:cap:<name>:<subject>`,
+    /// scored by accept time (ms). The recipient's shard is where the
+    /// accepts of keys naming it land, so the cap and the permits it guards
+    /// share one hash tag.
+    pub fn cap(&self, name: &str, subject: &str, user: &str) -> String {
+        let shard = self.recipient_shard(user);
         format!("{}:cap:{name}:{subject}", self.tag(shard))
     }
 }

@@ -1,8 +1,12 @@
-//! The key layout: which shard an idempotency key lands in, the names of the
-//! Redis keys of that shard, and task ids that carry their shard.
+//! The key layout (version 2): which shard an accept lands in, the names of
+//! the Redis keys of that shard, and task ids that carry their shard.
 //!
 //! Every key of one permit, its task and the queue entries that name it share
 //! the hash tag `{<ns>:<shard>}`, so each script touches one cluster slot.
+//! A key that names its recipient (the user's encoded part is a segment of
+//! the key body) lands in the recipient's shard, so every channel of one
+//! (event, user) and the user's caps share one tag; any other key lands in
+//! the shard of the key. See `docs/redis.md`, "Key layout".
 
 use sha2::{Digest, Sha256};
 
@@ -43,14 +47,54 @@ impl Layout {
         (n % u32::from(self.shards)) as u16
     }
 
+    /// The shard of a recipient: [`Layout::shard_of`] its encoded key part
+    /// ([`key_part`]), the very segment a key naming it carries.
+    pub fn recipient_shard(&self, user: &str) -> u16 {
+        self.shard_of(&key_part(user))
+    }
+
+    /// The shard an accept of `key` for `recipient` lands in: the
+    /// recipient's shard when the key names it ([`names_recipient`]),
+    /// otherwise the shard of the key. Two accepts of one key for one
+    /// recipient always meet in one shard; see `docs/redis.md` for why two
+    /// accepts of one key for different recipients do too, but for a key
+    /// naming both.
+    pub fn shard_for(&self, key: &str, recipient: Option<&str>) -> u16 {
+        match recipient {
+            Some(user) if names_recipient(key, user) => self.recipient_shard(user),
+            _ => self.shard_of(key),
+        }
+    }
+
+    /// Every shard the permit of `key` can live in, whoever it was accepted
+    /// for: the shard of the key and the shard of each segment of its body
+    /// (each could be a recipient's part), without repeats. A look-up by
+    /// key alone reads these.
+    pub fn candidate_shards(&self, key: &str) -> Vec<u16> {
+        let mut shards = vec![self.shard_of(key)];
+        for segment in body_segments(key) {
+            let shard = self.shard_of(segment);
+            if !shards.contains(&shard) {
+                shards.push(shard);
+            }
+        }
+        shards
+    }
+
     /// The hash tag of a shard, braces included: `{po:3}`.
     pub fn tag(&self, shard: u16) -> String {
         format!("{{{}:{}}}", self.namespace, shard)
     }
 
-    /// The permit of an idempotency key: `{po:3}:permit:<key>`.
-    pub fn permit(&self, key: &str) -> String {
-        format!("{}:permit:{}", self.tag(self.shard_of(key)), key)
+    /// The permit of an idempotency key in `shard`: `{po:3}:permit:<key>`.
+    /// After the accept, the shard is the one its task id names.
+    pub fn permit_in(&self, shard: u16, key: &str) -> String {
+        format!("{}:permit:{}", self.tag(shard), key)
+    }
+
+    /// The permit of `key` accepted for `recipient` ([`Layout::shard_for`]).
+    pub fn permit(&self, key: &str, recipient: Option<&str>) -> String {
+        self.permit_in(self.shard_for(key, recipient), key)
     }
 
     /// Prefix of every task key of a shard: `{po:3}:task:`.
@@ -117,6 +161,56 @@ impl Layout {
     }
 }
 
+/// The segments of a composed key's body (`push:<policy>@<major>:<channel>:<body>`,
+/// split at `:`); none for a key of another shape.
+fn body_segments(key: &str) -> impl Iterator<Item = &str> {
+    let body = key
+        .strip_prefix("push:")
+        .and_then(|rest| rest.splitn(3, ':').nth(2))
+        .unwrap_or("");
+    body.split(':').filter(|s| !s.is_empty())
+}
+
+/// Whether `key` names `user`: the user's encoded part ([`key_part`]) is a
+/// whole `:`-separated segment of the key's body. Every seed key policy
+/// that keys by user writes the user this way; a key that names no user
+/// (`per-tenant-per-hour`) does not.
+pub fn names_recipient(key: &str, user: &str) -> bool {
+    let part = key_part(user);
+    body_segments(key).any(|s| s == part)
+}
+
+/// A value as a key part, exactly as the key policies' `key_util::part`
+/// writes it (`plugins/key-util`; the Python and JavaScript policies carry
+/// the same encoding): bytes of `[A-Za-z0-9._@/-]` kept, every other byte
+/// `+XX`, and a part that would be empty or longer than 64 bytes is `=`
+/// and the first 32 hex digits of its SHA-256.
+pub fn key_part(value: &str) -> String {
+    const MAX_PART: usize = 64;
+    let mut out = String::with_capacity(value.len());
+    for &b in value.as_bytes() {
+        if out.len() > MAX_PART {
+            break;
+        }
+        if b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'@' | b'/' | b'-') {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("+{b:02X}"));
+        }
+    }
+    if out.is_empty() || out.len() > MAX_PART {
+        let digest = Sha256::digest(value.as_bytes());
+        let mut hashed = String::with_capacity(33);
+        hashed.push('=');
+        for b in &digest[..16] {
+            hashed.push_str(&format!("{b:02x}"));
+        }
+        hashed
+    } else {
+        out
+    }
+}
+
 /// The shard a task id names (its prefix up to the first `-`), if it is well formed.
 pub fn shard_of_task(task_id: &str) -> Option<u16> {
     task_id.split_once('-')?.0.parse().ok()
@@ -130,10 +224,12 @@ mod tests {
     fn keys_of_one_permit_share_a_tag() {
         let layout = Layout::new("po", 16);
         let key = "push:per-event@1:sms:ORDER_SHIPPED:o-1:u-42";
-        let shard = layout.shard_of(key);
+        let shard = layout.shard_for(key, Some("u-42"));
+        assert_eq!(shard, layout.recipient_shard("u-42"));
         let id = layout.new_task_id(shard);
         let tag = layout.tag(shard);
-        assert!(layout.permit(key).starts_with(&tag));
+        assert!(layout.permit(key, Some("u-42")).starts_with(&tag));
+        assert!(layout.cap("c", "u-42:sms", "u-42").starts_with(&tag));
         assert!(layout.task(&id).unwrap().starts_with(&tag));
         assert!(layout.ready(shard).starts_with(&tag));
         assert!(layout.delayed(shard).starts_with(&tag));
@@ -149,5 +245,56 @@ mod tests {
             .map(|i| layout.shard_of(&format!("k{i}")))
             .collect();
         assert_eq!(used.len(), 16);
+    }
+
+    #[test]
+    fn the_recipient_is_a_whole_segment_of_the_body() {
+        let key = "push:per-event@1:sms:ORDER:o-1:u-42";
+        assert!(names_recipient(key, "u-42"));
+        assert!(!names_recipient(key, "u-4"));
+        assert!(!names_recipient(key, "sms"), "the channel is not the body");
+        assert!(!names_recipient(key, "per-event@1"));
+        assert!(names_recipient(
+            "push:per-user-per-job@1:email:John+20Doe:job=7",
+            "John Doe"
+        ));
+        // A key that names no user keeps the shard of the key.
+        let tenant = "push:per-tenant-per-hour@1:sms:tenant=acme:2026-12-03T04";
+        assert!(!names_recipient(tenant, "u-42"));
+        let layout = Layout::new("po", 16);
+        assert_eq!(
+            layout.shard_for(tenant, Some("u-42")),
+            layout.shard_of(tenant)
+        );
+        assert_eq!(layout.shard_for(key, None), layout.shard_of(key));
+        // Keys of other shapes name nobody.
+        assert!(!names_recipient("u-42", "u-42"));
+    }
+
+    #[test]
+    fn key_part_matches_key_util() {
+        // The vectors of plugins/key-util's own tests.
+        assert_eq!(key_part("u-42"), "u-42");
+        assert_eq!(key_part("John Doe"), "John+20Doe");
+        assert_eq!(key_part("a:b"), "a+3Ab");
+        assert_eq!(key_part("é"), "+C3+A9");
+        assert!(key_part("").starts_with('='));
+        assert_eq!(key_part(&"x".repeat(64)), "x".repeat(64));
+        let long = key_part(&"x".repeat(65));
+        assert_eq!(long.len(), 33);
+        assert!(long.starts_with('='));
+    }
+
+    #[test]
+    fn a_permit_is_among_the_candidate_shards_of_its_key() {
+        let layout = Layout::new("po", 16);
+        for i in 0..200 {
+            let user = format!("user {i}");
+            let key = format!("push:per-event@1:sms:ORDER:o-{i}:{}", key_part(&user));
+            let shards = layout.candidate_shards(&key);
+            assert!(shards.contains(&layout.shard_for(&key, Some(&user))));
+            assert!(shards.contains(&layout.shard_of(&key)));
+            assert!(shards.len() <= 4);
+        }
     }
 }

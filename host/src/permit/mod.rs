@@ -149,6 +149,11 @@ pub struct AcceptRequest {
     pub retry: RetryPolicy,
     /// Frequency caps and quiet hours checked with the permit (none by default).
     pub gate: Gate,
+    /// The user the message goes to (the event's `user_id`), if known. When
+    /// the key names it ([`keys::names_recipient`]) the accept lands in the
+    /// recipient's shard, with every other channel of the event for that
+    /// user and the user's caps; otherwise in the shard of the key.
+    pub recipient: Option<String>,
 }
 
 /// The answer to an accept.
@@ -405,7 +410,7 @@ impl Permits {
     /// Takes the permit of `req.key` and enqueues a new task, or names the
     /// task that holds it. One script, one round trip.
     pub async fn accept(&self, req: &AcceptRequest) -> Result<Acceptance, PermitError> {
-        let shard = self.layout.shard_of(&req.key);
+        let shard = self.shard_of_request(req);
         let task_id = self.layout.new_task_id(shard);
         let mut inv = scripts::ACCEPT.prepare_invoke();
         self.accept_invocation(&mut inv, req, &task_id);
@@ -447,7 +452,7 @@ impl Permits {
         let mut n = 0;
         let mut shards = Vec::new();
         for req in reqs {
-            let shard = self.layout.shard_of(&req.key);
+            let shard = self.shard_of_request(req);
             shards.push(shard);
             let task_id = self.layout.new_task_id(shard);
             let keys = self.accept_keys(req, &task_id);
@@ -549,17 +554,25 @@ impl Permits {
         (self.accept_keys(req, task_id), args)
     }
 
+    /// The shard `req` is accepted in ([`Layout::shard_for`]).
+    fn shard_of_request(&self, req: &AcceptRequest) -> u16 {
+        self.layout.shard_for(&req.key, req.recipient.as_deref())
+    }
+
     /// The accept script's `KEYS` for `req` under `task_id`.
     fn accept_keys(&self, req: &AcceptRequest, task_id: &str) -> Vec<String> {
-        let shard = self.layout.shard_of(&req.key);
+        let shard = self.shard_of_request(req);
         let mut keys = vec![
-            self.layout.permit(&req.key),
+            self.layout.permit_in(shard, &req.key),
             format!("{}{}", self.layout.task_prefix(shard), task_id),
             self.layout.ready(shard),
             self.layout.delayed(shard),
         ];
         for cap in &req.gate.caps {
-            keys.push(self.layout.cap(&cap.name, &cap.subject));
+            // The planner always names the recipient of a capped message; a
+            // request without one counts under the subject's own shard.
+            let user = req.recipient.as_deref().unwrap_or(&cap.subject);
+            keys.push(self.layout.cap(&cap.name, &cap.subject, user));
         }
         if self.config.event_index && !req.biz_type.is_empty() {
             keys.push(self.layout.event_index(shard, &req.biz_type, &req.biz_id));
@@ -633,6 +646,14 @@ impl Permits {
             .ok_or_else(|| PermitError::BadTaskId(task_id.to_string()))
     }
 
+    /// The permit of `key` owned by task `task_id`: in the shard the task id
+    /// names (where the accept took it).
+    fn task_permit(&self, task_id: &str, key: &str) -> Result<String, PermitError> {
+        let shard =
+            shard_of_task(task_id).ok_or_else(|| PermitError::BadTaskId(task_id.to_string()))?;
+        Ok(self.layout.permit_in(shard, key))
+    }
+
     /// Reads a task; `None` if it does not exist (or expired).
     pub async fn task(&self, task_id: &str) -> Result<Option<Task>, PermitError> {
         let key = self.task_key(task_id)?;
@@ -643,18 +664,40 @@ impl Permits {
         Ok(Task::from_fields(task_id, fields))
     }
 
-    /// The task id holding the permit of `key`, if any.
+    /// The task id holding the permit of `key`, if any. The key alone does
+    /// not say whom it was accepted for, so this reads every shard it can
+    /// live in ([`Layout::candidate_shards`]: the key's, and one per
+    /// segment of its body) in one [`Batch`] of `GET`s.
     pub async fn permit_owner(&self, key: &str) -> Result<Option<String>, PermitError> {
-        Ok(redis::cmd("GET")
-            .arg(self.layout.permit(key))
-            .query_async(&mut self.conn.clone())
-            .await?)
+        Ok(self.find_permit(key).await?.map(|(_, owner)| owner))
+    }
+
+    /// The shard and the owner of the permit of `key`, looked up in every
+    /// shard it can live in (see [`Permits::permit_owner`]).
+    pub async fn find_permit(&self, key: &str) -> Result<Option<(u16, String)>, PermitError> {
+        let shards = self.layout.candidate_shards(key);
+        let mut batch = Batch::new();
+        for &shard in &shards {
+            let mut get = redis::cmd("GET");
+            get.arg(self.layout.permit_in(shard, key));
+            batch.add_keyed(get);
+        }
+        let answers = batch.query(&mut self.conn.clone(), None).await?;
+        let owners: Vec<Option<String>> =
+            redis::from_redis_value(Value::Array(answers)).map_err(redis::RedisError::from)?;
+        Ok(shards
+            .into_iter()
+            .zip(owners)
+            .find_map(|(shard, owner)| Some((shard, owner?))))
     }
 
     /// Milliseconds the permit of `key` still lives: `None` if absent, `Some(None)` if held without expiry.
     pub async fn permit_ttl(&self, key: &str) -> Result<Option<Option<u64>>, PermitError> {
+        let Some((shard, _)) = self.find_permit(key).await? else {
+            return Ok(None);
+        };
         let ttl: i64 = redis::cmd("PTTL")
-            .arg(self.layout.permit(key))
+            .arg(self.layout.permit_in(shard, key))
             .query_async(&mut self.conn.clone())
             .await?;
         Ok(match ttl {
@@ -699,7 +742,7 @@ impl Permits {
         let token = format!("{:016x}", rand::random::<u64>());
         let answer: Value = scripts::BEGIN
             .key(&task_key)
-            .key(self.layout.permit(key))
+            .key(self.task_permit(task_id, key)?)
             .arg(task_id)
             .arg(&token)
             .arg(millis(lease).max(1))
@@ -787,7 +830,7 @@ impl Permits {
     ) -> Result<Option<u64>, PermitError> {
         let answer: Value = scripts::EXTEND
             .key(self.task_key(&attempt.task_id)?)
-            .key(self.layout.permit(&attempt.task.key))
+            .key(self.task_permit(&attempt.task_id, &attempt.task.key)?)
             .arg(&attempt.task_id)
             .arg(&attempt.token)
             .arg(millis(lease).max(1))
@@ -838,7 +881,7 @@ impl Permits {
         };
         let answer: Value = scripts::RECORD
             .key(self.task_key(&attempt.task_id)?)
-            .key(self.layout.permit(&attempt.task.key))
+            .key(self.layout.permit_in(shard, &attempt.task.key))
             .key(self.layout.ready(shard))
             .key(self.layout.delayed(shard))
             .key(self.layout.awaiting(shard))
@@ -884,7 +927,7 @@ impl Permits {
             shard_of_task(task_id).ok_or_else(|| PermitError::BadTaskId(task_id.to_string()))?;
         let answer: Value = scripts::RECEIPT
             .key(&task_key)
-            .key(self.layout.permit(&key))
+            .key(self.layout.permit_in(shard, &key))
             .key(self.layout.awaiting(shard))
             .arg(task_id)
             .arg(if delivered { "delivered" } else { "failed" })
@@ -1126,7 +1169,7 @@ impl Permits {
         };
         let answer: Value = scripts::REQUEUE
             .key(&task_key)
-            .key(self.layout.permit(&key))
+            .key(self.layout.permit_in(shard, &key))
             .key(self.layout.ready(shard))
             .key(self.layout.dead(shard))
             .key(self.layout.awaiting(shard))
@@ -1173,7 +1216,7 @@ impl Permits {
         };
         let answer: Value = scripts::SETTLE
             .key(&task_key)
-            .key(self.layout.permit(&key))
+            .key(self.layout.permit_in(shard, &key))
             .key(self.layout.dead(shard))
             .key(self.layout.awaiting(shard))
             .arg(task_id)
@@ -1481,6 +1524,7 @@ mod spec_json_tests {
                 jitter: true,
             },
             gate: Default::default(),
+            recipient: None,
         };
         let r = &req.retry;
         let reference = serde_json::json!({

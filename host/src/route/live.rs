@@ -97,17 +97,8 @@ impl Catalog for RegistryCatalog<'_> {
         self.config.caps.get(name).cloned()
     }
 
-    fn caps_supported(&self) -> Result<(), String> {
-        if self.config.redis_cluster.is_empty() {
-            Ok(())
-        } else {
-            Err(
-                "frequency caps need one Redis (`redis_url` or the embedded one), not a \
-                 Redis Cluster: a user's count and the permits it guards would sit in \
-                 different hash slots (see docs/caps.md)"
-                    .into(),
-            )
-        }
+    fn is_cluster(&self) -> bool {
+        !self.config.redis_cluster.is_empty()
     }
 }
 

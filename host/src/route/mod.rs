@@ -32,9 +32,11 @@ pub trait Catalog {
     fn cap_group(&self, _name: &str) -> Option<crate::caps::CapSpec> {
         None
     }
-    /// Whether frequency caps can run on this host's Redis, or why not.
-    fn caps_supported(&self) -> Result<(), String> {
-        Ok(())
+    /// Whether this host's Redis is a Redis Cluster: a capped message's key
+    /// must then name its recipient, so the cap and the permit share a
+    /// hash slot (checked per message, see [`Policy::caps_need_recipient_key`]).
+    fn is_cluster(&self) -> bool {
+        false
     }
 }
 
@@ -59,10 +61,12 @@ pub struct Policy {
     pub spec: PolicyFile,
     /// Its caps: its own and the host groups it names, resolved.
     pub caps: Vec<NamedCap>,
-    /// Why this host cannot apply its caps (a Redis Cluster), if it cannot:
-    /// its events are then refused naming the reason, while the policies
-    /// without caps of the same directory run.
-    pub caps_unsupported: Option<String>,
+    /// True when the policy has caps and the host runs on a Redis Cluster:
+    /// a message whose key does not name its recipient (a key shared by
+    /// several users, e.g. `per-tenant-per-hour`) cannot be capped there —
+    /// its permit lives in the key's hash slot, the user's count in the
+    /// user's — and is refused (422) naming the policy and its key policy.
+    pub caps_need_recipient_key: bool,
 }
 
 /// Every policy in force, by business type.
@@ -152,19 +156,13 @@ impl PolicySet {
             }
         }
         let caps = resolve_caps(&spec, catalog).map_err(|(f, r)| invalid(f, r))?;
-        let caps_unsupported = match (caps.is_empty(), catalog.caps_supported()) {
-            (false, Err(reason)) => {
-                tracing::warn!(policy = %file.display(), %reason, "this policy's events will be refused");
-                Some(reason)
-            }
-            _ => None,
-        };
+        let caps_need_recipient_key = !caps.is_empty() && catalog.is_cluster();
         Ok(Policy {
             file: file.to_path_buf(),
             key_policy_version,
             spec,
             caps,
-            caps_unsupported,
+            caps_need_recipient_key,
         })
     }
 }

@@ -262,15 +262,16 @@ impl ChannelPlanner<'_> {
                 policy_name: meta.name.clone(),
                 policy_version: meta.version.to_string(),
                 retry: self.retry(&channel),
-                gate: self.gate(&channel)?,
+                gate: self.gate(&channel, &derived.key)?,
+                recipient: Some(self.event.user_id.clone()),
             },
             channel,
         })
     }
 
-    /// The caps this channel's message counts against and its quiet hours
-    /// (none for an urgent event), in the recipient's time zone.
-    fn gate(&self, channel: &str) -> Result<Gate, PlanError> {
+    /// The caps this channel's message (under `key`) counts against and its
+    /// quiet hours (none for an urgent event), in the recipient's time zone.
+    fn gate(&self, channel: &str, key: &str) -> Result<Gate, PlanError> {
         let spec = &self.policy.spec;
         let quiet = spec
             .overrides
@@ -284,8 +285,22 @@ impl ChannelPlanner<'_> {
                 ..Gate::default()
             });
         }
-        if let Some(reason) = &self.policy.caps_unsupported {
-            return Err(PlanError::invalid("biz_type", reason.clone()));
+        if self.policy.caps_need_recipient_key
+            && !crate::permit::keys::names_recipient(key, &self.event.user_id)
+        {
+            return Err(PlanError::invalid(
+                "biz_type",
+                format!(
+                    "the policy {} has frequency caps, and on a Redis Cluster a capped \
+                     message's key must name its recipient so the user's count and the \
+                     permit share a hash slot; key policy {} derived `{key}`, which does \
+                     not name user `{}` (use a key policy that keys by user, or one Redis; \
+                     see docs/caps.md)",
+                    self.policy.file.display(),
+                    self.plugin.meta().name,
+                    self.event.user_id,
+                ),
+            ));
         }
         let offset_ms = self.offset_ms()?;
         let caps = self

@@ -32,8 +32,17 @@ pub(crate) async fn accept_fallback(
         // The fallback stands in for a message the caps and quiet hours
         // already let through: it is neither counted again nor held back.
         gate: crate::permit::Gate::default(),
+        // The same recipient as the task's, so the fallback's key lands in
+        // the shard a direct accept of it would take.
+        recipient: recipient_of(&task.event_json),
     };
     let answer = permits.accept(&req).await?;
     tracing::info!(task = %task.id, fallback = %answer.task_id(), channel = %fallback.channel, "fallback accepted");
     Ok(answer)
+}
+
+/// The `user_id` of a stored event (`route::plan::event_json`), if any.
+fn recipient_of(event_json: &str) -> Option<String> {
+    let event: serde_json::Value = serde_json::from_str(event_json).ok()?;
+    Some(event.get("user_id")?.as_str()?.to_string())
 }

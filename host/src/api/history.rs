@@ -167,6 +167,7 @@ fn view(row: &LedgerRow) -> TaskView {
         duplicate_of: None,
         ever_sent: false,
         maybe_sent: false,
+        possible_duplicate: false,
         held_cause: None,
         provider_answer: None,
         reconcile_log: Vec::new(),

@@ -49,6 +49,7 @@ pub const PER_CHANNEL: &[&str] = &[
     DEAD,
     FALLBACK,
     DUPLICATE_PREVENTED,
+    POSSIBLE_DUPLICATES,
 ];
 
 /// Reloads refused (counted by `route::live`).
@@ -66,6 +67,11 @@ pub const FAILED_AFTER_ACCEPT: &str = "pushonce_failed_after_accept_total";
 pub const RETRIED: &str = "pushonce_retried_total";
 /// Unknown outcomes resent under a reference the provider dedupes, per channel.
 pub const RESENT: &str = "pushonce_resent_total";
+/// Resends after an ambiguous answer (cut off, 5xx, a vanished worker) on a
+/// channel that cannot dedupe them (no reference honoured, or its window
+/// over): each may be a second message to the user, per channel. The task
+/// is marked `possible_duplicate`.
+pub const POSSIBLE_DUPLICATES: &str = "pushonce_possible_duplicates_total";
 /// Tasks held `unknown` for an operator, per channel.
 pub const UNKNOWN: &str = "pushonce_unknown_total";
 /// Tasks that ran out of retries, per channel.

@@ -57,6 +57,9 @@ pub struct ChaosConfig {
     pub fail_rate: f64,
     /// Share of sends each provider accepts and then cuts the answer off.
     pub drop_rate: f64,
+    /// Share of the 5xx answers given after the provider accepted the
+    /// message (`provider_sim::Faults::error_after_accept`).
+    pub error_after_accept: f64,
     /// How long to wait for quiescence after the load.
     pub quiescence_timeout: Duration,
     /// Seed of the kills' choices.
@@ -92,6 +95,7 @@ impl Default for ChaosConfig {
             redis_restarts: 2,
             fail_rate: 0.05,
             drop_rate: 0.02,
+            error_after_accept: 0.5,
             quiescence_timeout: Duration::from_secs(600),
             seed: 7,
             progress_every: Duration::from_secs(5),
@@ -129,6 +133,9 @@ pub struct ChaosReport {
     pub held: u64,
     /// Held tasks per (channel, cause).
     pub held_by: BTreeMap<(String, String), u64>,
+    /// Tasks resent after an ambiguous answer on a channel that cannot
+    /// dedupe the resend (`possible_duplicate`), per channel.
+    pub possible_duplicates: BTreeMap<String, u64>,
     /// Expected messages not at the provider whose task is visibly held.
     pub held_missing: u64,
     /// Held tasks not explained by an injected fault (on a channel that can
@@ -183,9 +190,20 @@ impl ChaosReport {
             .iter()
             .map(|((channel, cause), n)| (format!("  held on {channel}: {cause}"), n.to_string()))
             .collect();
+        let possible_rows: Vec<(String, String)> = self
+            .possible_duplicates
+            .iter()
+            .map(|(channel, n)| {
+                (
+                    format!("possible duplicates (ambiguous answers resent) on {channel}"),
+                    n.to_string(),
+                )
+            })
+            .collect();
         let rows: Vec<(&str, String)> = rows
             .into_iter()
             .chain(held_rows.iter().map(|(k, v)| (k.as_str(), v.clone())))
+            .chain(possible_rows.iter().map(|(k, v)| (k.as_str(), v.clone())))
             .chain(vec![
                 ("retries", self.retries.to_string()),
                 ("fallbacks", self.fallbacks.to_string()),
@@ -671,6 +689,7 @@ fn inject_faults(sim: &Sim, config: &ChaosConfig, receipts_base: &str) {
             fail_5xx: config.fail_rate,
             fail_429: config.fail_rate / 2.0,
             drop_after_accept: config.drop_rate,
+            error_after_accept: config.error_after_accept,
             permanent: if provider == "aliyun-sms" {
                 arrears.clone()
             } else {
@@ -834,6 +853,15 @@ fn hold_cause(task: &Value) -> String {
     let named = match cause["kind"].as_str() {
         Some("worker_vanished") if cause["request_started"] == false => "kill before its send",
         Some("worker_vanished") => "kill mid-send",
+        // The host holds an ambiguous 5xx like a cut-off answer; the SDK's
+        // text tells them apart.
+        Some("cut_off_after_write")
+            if !task["last_error"]
+                .as_str()
+                .is_some_and(|e| e.contains("no complete answer")) =>
+        {
+            "ambiguous 5xx answer"
+        }
         Some("cut_off_after_write") => "cut-off answer",
         Some("retries_exhausted") => "retries exhausted",
         Some("query_could_not_tell") => "query could not tell",
@@ -902,6 +930,12 @@ fn account(config: &ChaosConfig, sim: &Sim, tasks: &[Value], report: &mut ChaosR
         if status == "duplicate_prevented" {
             report.duplicate_prevented += 1;
         }
+        if t["possible_duplicate"] == true {
+            *report
+                .possible_duplicates
+                .entry(channel.clone())
+                .or_default() += 1;
+        }
         if status == "unknown" || status == "dead" {
             report.held += 1;
             let cause = hold_cause(t);
@@ -912,8 +946,13 @@ fn account(config: &ChaosConfig, sim: &Sim, tasks: &[Value], report: &mut ChaosR
             // Only a channel whose provider can neither deduplicate a resend
             // (inside its window) nor be queried holds: FCM (`app-push`);
             // the faults that leave it unknown are the injected cut-off
-            // answers and kills mid-send.
-            let explained = ["cut-off answer", "kill mid-send", "kill before its send"];
+            // answers, 5xx answers (ambiguous) and kills mid-send.
+            let explained = [
+                "cut-off answer",
+                "ambiguous 5xx answer",
+                "kill mid-send",
+                "kill before its send",
+            ];
             if channel != "app-push" || !explained.contains(&cause.as_str()) {
                 report.held_unexplained += 1;
                 report.examples.push(format!("unexplained hold: {t}"));

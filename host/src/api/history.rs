@@ -174,6 +174,7 @@ fn view(row: &LedgerRow) -> TaskView {
         duplicate_of: None,
         ever_sent: matches!(row.status.as_str(), "sent" | "delivered"),
         maybe_sent: false,
+        possible_duplicate: false,
         held_cause: None,
         provider_answer: None,
         reconcile_log: Vec::new(),

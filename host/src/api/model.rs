@@ -257,6 +257,11 @@ pub struct TaskView {
     /// was re-sent after either): a requeue may send it twice.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub maybe_sent: bool,
+    /// True once it was resent after an ambiguous answer on a channel that
+    /// cannot dedupe the resend: the user may have it twice
+    /// (`pushonce_possible_duplicates_total` counts these resends).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub possible_duplicate: bool,
     /// Why the task is (or was last) held, from the attempt that held it
     /// (`unknown`, or `dead` after its attempts ran out); never overwritten
     /// by the reconciler.
@@ -314,6 +319,10 @@ impl From<&Task> for TaskView {
             duplicate_of: task.fields.get("duplicate_of").cloned(),
             ever_sent: task.ever_sent,
             maybe_sent: task.maybe_sent,
+            possible_duplicate: task
+                .fields
+                .get(crate::dispatch::duplicates::FIELD)
+                .is_some_and(|v| v == "1"),
             held_cause: task.held_cause.map(HeldCauseView::from),
             provider_answer: task.provider_answer.clone(),
             reconcile_log: task

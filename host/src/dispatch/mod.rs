@@ -16,13 +16,15 @@
 //! `unknown` → the sender's verdict ([`crate::send::Sender::settle_unknown`]):
 //! recorded sent (a query found it), resent with the same key after a
 //! backoff (reference honoured / query says absent / `on_unknown = "resend"`),
-//! or held as `unknown`.
+//! or held as `unknown`. A resend the provider cannot dedupe is counted and
+//! marked on the task as a possible duplicate ([`duplicates`]).
 //!
 //! Nothing in Redis is per process except the consumer name, so any number of
 //! processes may share one Redis. Shutdown (a `watch` channel turning `true`):
 //! workers stop reading, finish the attempt in flight and record it.
 
 pub mod backoff;
+pub mod duplicates;
 pub mod ledger;
 pub mod reclaim;
 pub mod schedule;

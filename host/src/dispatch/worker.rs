@@ -395,6 +395,12 @@ async fn send(shared: &DispatchContext, attempt: &Attempt, msg: &OutgoingMessage
         SendOutcome::Permanent(reason) => permanent(shared, attempt, reason).await,
         SendOutcome::Unknown(reason) => {
             let verdict = with_lease(shared, attempt, shared.sender.settle_unknown(msg)).await;
+            if verdict == UnknownVerdict::ResendMayDuplicate
+                && attempt.number < attempt.task.retry.max_attempts
+            {
+                super::duplicates::note(&shared.permits, &attempt.task_id, &attempt.task.channel)
+                    .await;
+            }
             unknown(attempt, reason, verdict)
         }
     }
@@ -417,6 +423,10 @@ async fn resend_reclaimed(
         .is_none_or(|v| v != "0");
     tracing::info!(task = %entry.task_id, attempt = attempt.number, request_started, "re-claimed from a vanished worker");
     let verdict = with_lease(shared, attempt, shared.sender.settle_unknown(msg)).await;
+    if verdict == UnknownVerdict::ResendMayDuplicate {
+        super::duplicates::note(&shared.permits, &attempt.task_id, &attempt.task.channel).await;
+        return true;
+    }
     if verdict == UnknownVerdict::Resend {
         return true;
     }
@@ -546,8 +556,18 @@ fn unknown(attempt: &Attempt, reason: String, verdict: UnknownVerdict) -> Outcom
                 reason: format!("{reason}; resending with the same key"),
             }
         }
+        UnknownVerdict::ResendMayDuplicate if attempt.number < attempt.task.retry.max_attempts => {
+            Outcome::Resend {
+                delay: backoff::random_delay_after(&attempt.task.retry, attempt.number),
+                reason: format!(
+                    "{reason}; resending with the same key, which the provider cannot dedupe: a possible duplicate"
+                ),
+            }
+        }
         // Out of attempts, or nothing can tell: held, visibly, never released.
-        UnknownVerdict::Resend | UnknownVerdict::Hold => Outcome::Unknown { reason },
+        UnknownVerdict::Resend | UnknownVerdict::ResendMayDuplicate | UnknownVerdict::Hold => {
+            Outcome::Unknown { reason }
+        }
     }
 }
 

@@ -252,6 +252,11 @@ impl ReconcileContext {
                 &note_of(&check),
             )
             .await?;
+        if done && matches!(action, CheckAction::Requeue { .. }) && !self.sender.dedupes(&msg).await
+        {
+            // The query found nothing, but it may lag, and the resend is not deduped.
+            crate::dispatch::duplicates::note(&self.permits, &task.id, &task.channel).await;
+        }
         if done && matches!(action, CheckAction::Untrack | CheckAction::Dead) {
             metrics::counter!(GAVE_UP_TOTAL, "channel" => task.channel.clone(), "status" => claimed.status.as_str())
                 .increment(1);

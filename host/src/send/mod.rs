@@ -75,7 +75,7 @@ pub enum SendOutcome {
         /// The client reference the plugin gave the provider, if any.
         reference: Option<String>,
     },
-    /// A failure worth retrying (5xx, 429, a refused connection).
+    /// A failure worth retrying (429, a refused connection: not taken).
     Retryable {
         /// Why, for operators.
         reason: String,
@@ -84,7 +84,8 @@ pub enum SendOutcome {
     },
     /// A failure that will not change (invalid number, arrears).
     Permanent(String),
-    /// The request went out and no answer came back: the provider may have it.
+    /// The request went out and no answer that says whether the provider took
+    /// it came back (cut off, or an ambiguous 5xx): the provider may have it.
     Unknown(String),
 }
 
@@ -110,6 +111,11 @@ pub enum UnknownVerdict {
     /// reference, or a query said it does not have the message), or the
     /// channel is configured `on_unknown = "resend"`.
     Resend,
+    /// Resend, though the provider cannot dedupe it: the channel honours no
+    /// reference (or its window is over) and either `on_unknown = "resend"`
+    /// or a status query found nothing (queries may lag). A possible
+    /// duplicate: counted and marked on the task when the resend is made.
+    ResendMayDuplicate,
     /// Nothing can tell: hold the task as `unknown` for a receipt or an operator.
     Hold,
 }
@@ -168,6 +174,15 @@ pub trait Sender: Send + Sync {
     /// `sent` task is final: nothing to check, no awaiting entry (a delivery
     /// receipt still settles it). The default can ([`Sender::check`] may answer).
     fn can_check<'a>(&'a self, msg: &'a OutgoingMessage) -> BoxFuture<'a, bool> {
+        let _ = msg;
+        Box::pin(async { true })
+    }
+
+    /// Whether the provider dedupes a resend of `msg` now (it honours the
+    /// reference, inside its window). When it does not, a resend after an
+    /// ambiguous answer is a possible duplicate. The default dedupes (the
+    /// development sender plays such a provider).
+    fn dedupes<'a>(&'a self, msg: &'a OutgoingMessage) -> BoxFuture<'a, bool> {
         let _ = msg;
         Box::pin(async { true })
     }

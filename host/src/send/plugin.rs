@@ -464,28 +464,31 @@ impl PluginSender {
     /// sent; a believed `unknown` (past the query lag) resends; a reference
     /// the provider still honours (inside its window) resends; else the
     /// channel's `on_unknown`, except that an `unknown` answer inside the lag
-    /// always holds (the reconciler asks again past the lag).
+    /// always holds (the reconciler asks again past the lag). A resend the
+    /// provider cannot dedupe is [`UnknownVerdict::ResendMayDuplicate`].
     async fn settle(&self, msg: &OutgoingMessage) -> UnknownVerdict {
         let Ok((rt, inst)) = self.runtime_of(msg) else {
             return UnknownVerdict::Hold;
         };
         let caps = rt.capabilities_of(&inst).await;
+        let deduped = reference_honoured(msg, &caps, now_ms());
         let lagging = match self.query(rt, &inst, msg).await {
             Check::Delivered | Check::Accepted | Check::Failed => {
                 return UnknownVerdict::Sent {
                     provider_message_id: None,
                 };
             }
-            Check::Absent => return UnknownVerdict::Resend,
+            Check::Absent if deduped => return UnknownVerdict::Resend,
+            Check::Absent => return UnknownVerdict::ResendMayDuplicate,
             Check::CannotTell(why) => why.starts_with(LAGGING),
         };
-        if reference_honoured(msg, &caps, now_ms()) {
+        if deduped {
             return UnknownVerdict::Resend;
         }
         match rt.on_unknown {
             _ if lagging => UnknownVerdict::Hold,
             OnUnknown::Hold => UnknownVerdict::Hold,
-            OnUnknown::Resend => UnknownVerdict::Resend,
+            OnUnknown::Resend => UnknownVerdict::ResendMayDuplicate,
         }
     }
 }
@@ -655,5 +658,18 @@ impl Sender for PluginSender {
 
     fn can_check<'a>(&'a self, msg: &'a OutgoingMessage) -> BoxFuture<'a, bool> {
         Box::pin(self.queryable(msg))
+    }
+
+    fn dedupes<'a>(&'a self, msg: &'a OutgoingMessage) -> BoxFuture<'a, bool> {
+        Box::pin(async move {
+            match self.runtime_of(msg) {
+                Ok((rt, inst)) => {
+                    reference_honoured(msg, &rt.capabilities_of(&inst).await, now_ms())
+                }
+                // No plugin to ask: assume not (a possible duplicate counted
+                // costs less than one missed).
+                Err(_) => false,
+            }
+        })
     }
 }

@@ -45,8 +45,8 @@ impl Response {
     }
 
     /// The error for a refused answer from `provider`, classed by its status
-    /// alone: 429 and 5xx retryable (honouring `Retry-After`), other statuses
-    /// permanent. The text names the status and the start of the provider's
+    /// alone: 429 retryable (honouring `Retry-After`), 5xx unknown (the
+    /// provider may have the message), other statuses permanent. The text names the status and the start of the provider's
     /// answer, which is what an operator reads to tell why.
     pub fn refusal(&self, provider: &str) -> crate::SendError {
         let mut refusal = crate::provider::auth::Refusal::of_status(self.status);

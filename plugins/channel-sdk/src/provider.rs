@@ -34,14 +34,16 @@ pub fn post_form(url: &str, fields: &[(&str, &str)]) -> Result<Response, HttpErr
 }
 
 /// The error for a refusal `r` from `provider`: retryable (with the answer's
-/// `Retry-After` when given), permanent, or — a token refused even right
-/// after a refresh — retryable. The text holds the provider's code and the
+/// `Retry-After` when given), permanent, unknown (an ambiguous answer: the
+/// provider may have the message), or — a token refused even right after a
+/// refresh — retryable. The text holds the provider's code and the
 /// operator cause, never a secret or a URL.
 pub fn refused(provider: &str, r: &Refusal, retry_after_ms: Option<u64>) -> SendError {
     let reason = format!("{provider} refused the message: {r}");
     match r.class {
         Class::Retryable => SendError::retry_after(reason, retry_after_ms),
         Class::Permanent => SendError::Permanent(reason),
+        Class::Unknown => SendError::Unknown(reason),
         Class::Refresh => SendError::retryable(format!("{reason}, even with a fresh access token")),
     }
 }
@@ -69,6 +71,8 @@ pub fn with_token<T>(
     mint: impl Fn() -> Result<(String, u64), SendError>,
     mut call: impl FnMut(&str) -> Attempt<T>,
 ) -> Result<T, SendError> {
+    // A token request carries no message: whatever its answer, nothing was sent.
+    let mint = || mint().map_err(not_sent);
     let token = shared_token(cache_key, None, &mint)?;
     if let Attempt::Done(result) = call(&token) {
         return result;
@@ -77,6 +81,15 @@ pub fn with_token<T>(
     match call(&fresh) {
         Attempt::Done(result) => result,
         Attempt::TokenRefused(again) => Err(refused(provider, &again, None)),
+    }
+}
+
+/// An error of a call that carried no message (a token request): an
+/// ambiguous answer there is only retryable.
+pub fn not_sent(e: SendError) -> SendError {
+    match e {
+        SendError::Unknown(reason) => SendError::retryable(reason),
+        other => other,
     }
 }
 

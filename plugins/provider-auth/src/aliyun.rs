@@ -104,10 +104,12 @@ pub fn out_id(idempotency_key: &str) -> String {
 }
 
 /// Sorts a `Code` other than `OK` (from a 200 body or an error status) by
-/// the SMS error table. Unknown codes are permanent: the message was not
-/// accepted, and nothing says a retry would be.
+/// the SMS error table (docs/providers.md, "Aliyun SMS"). Aliyun's own
+/// failures (`isp.*`, `ServiceUnavailable*`) are unknown: the SMS may have
+/// been taken. Other unknown codes are permanent: they refuse the request,
+/// and nothing says a retry would be taken.
 pub fn classify(code: &str) -> Refusal {
-    use Class::{Permanent, Retryable};
+    use Class::{Permanent, Retryable, Unknown};
     let r = |class| Refusal::new(class, code);
     match code {
         // Flow control and quotas that reset: later may work.
@@ -115,7 +117,13 @@ pub fn classify(code: &str) -> Refusal {
         "SignatureNonceUsed" => r(Retryable),
         "InvalidTimeStamp.Expired" => r(Retryable)
             .because("the host's clock is more than 15 minutes off Aliyun's; fix the clock"),
-        c if c.starts_with("isp.") || c.starts_with("ServiceUnavailable") => r(Retryable),
+        // Credentials before the `isp.` arm: RAM_PERMISSION_DENY is an `isp.` code.
+        c if c.starts_with("Forbidden") || c == "isp.RAM_PERMISSION_DENY" => {
+            r(Permanent).because("the access key may not call dysmsapi (RAM policy)")
+        }
+        // Aliyun's own failures: nothing documents that the SMS was not
+        // taken (docs/providers.md, "Aliyun SMS"), so the answer is ambiguous.
+        c if c.starts_with("isp.") || c.starts_with("ServiceUnavailable") => r(Unknown),
         // Account, content, recipient: never.
         "isv.AMOUNT_NOT_ENOUGH" => r(Permanent).because("the Aliyun account is out of credit"),
         "isv.OUT_OF_SERVICE" => r(Permanent).because("the Aliyun account is suspended (arrears)"),
@@ -141,11 +149,26 @@ pub fn classify(code: &str) -> Refusal {
         c if c.starts_with("InvalidAccessKeyId") => {
             r(Permanent).because("the access key id is unknown or disabled: check `access_key_id`")
         }
-        c if c.starts_with("Forbidden") || c == "isp.RAM_PERMISSION_DENY" => {
-            r(Permanent).because("the access key may not call dysmsapi (RAM policy)")
-        }
         _ => r(Permanent),
     }
+}
+
+/// The number QuerySendDetails asks for: SendSms takes `+86`, `0086` and
+/// `86` prefixes, QuerySendDetails the 11-digit mainland number
+/// (docs/providers.md, "Aliyun SMS"). A mainland number with one of those
+/// prefixes loses it; anything else is asked as given.
+pub fn query_number(recipient: &str) -> &str {
+    let n = recipient.trim();
+    for prefix in ["+86", "0086", "86"] {
+        if let Some(rest) = n.strip_prefix(prefix)
+            && rest.len() == 11
+            && rest.starts_with('1')
+            && rest.bytes().all(|b| b.is_ascii_digit())
+        {
+            return rest;
+        }
+    }
+    n
 }
 
 /// What a `SendStatus` of a QuerySendDetails row means: 1 waiting for the
@@ -219,7 +242,7 @@ mod tests {
         (k.to_string(), v.to_string())
     }
 
-    /// The documentation's own example (FACTS.md; Aliyun "V3 request
+    /// The documentation's own example (docs/providers.md, "Aliyun SMS"; Aliyun "V3 request
     /// structure and signature", section "示例").
     #[test]
     fn v3_documentation_vector() {
@@ -288,7 +311,10 @@ mod tests {
             ("isv.BUSINESS_LIMIT_CONTROL", Retryable),
             ("isv.DAY_LIMIT_CONTROL", Retryable),
             ("Throttling.User", Retryable),
-            ("isp.SYSTEM_ERROR", Retryable),
+            ("isp.SYSTEM_ERROR", Unknown),
+            ("ServiceUnavailable", Unknown),
+            ("isp.RAM_PERMISSION_DENY", Permanent),
+            ("Forbidden.RAM", Permanent),
             ("SignatureNonceUsed", Retryable),
             ("InvalidTimeStamp.Expired", Retryable),
             ("SignatureDoesNotMatch", Permanent),
@@ -324,6 +350,17 @@ mod tests {
                 .contains("out_id")
         );
         assert!(reports(br#"{"a":1}"#).is_err());
+    }
+
+    #[test]
+    fn query_numbers_are_the_11_digits() {
+        assert_eq!(query_number("+8613800000001"), "13800000001");
+        assert_eq!(query_number("008613800000001"), "13800000001");
+        assert_eq!(query_number("8613800000001"), "13800000001");
+        assert_eq!(query_number("13800000001"), "13800000001");
+        // Not a mainland number behind the prefix: left alone.
+        assert_eq!(query_number("+85291234567"), "+85291234567");
+        assert_eq!(query_number("8612345"), "8612345");
     }
 
     #[test]

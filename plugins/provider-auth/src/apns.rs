@@ -46,7 +46,7 @@ pub fn payload(template: &str, params: &[(String, String)]) -> serde_json::Value
 
 /// Sorts a non-200 answer by its `reason`, else by the status.
 pub fn classify(status: u16, reason: Option<&str>) -> Refusal {
-    use Class::{Permanent, Refresh, Retryable};
+    use Class::{Permanent, Refresh, Retryable, Unknown};
     let r = |class| {
         Refusal::new(
             class,
@@ -60,13 +60,9 @@ pub fn classify(status: u16, reason: Option<&str>) -> Refusal {
         Some("BadTopic" | "TopicDisallowed" | "DeviceTokenNotForTopic") => {
             r(Permanent).because("check `topic` (the app's bundle id)")
         }
-        Some(
-            "TooManyProviderTokenUpdates"
-            | "TooManyRequests"
-            | "InternalServerError"
-            | "ServiceUnavailable"
-            | "Shutdown",
-        ) => r(Retryable),
+        Some("TooManyProviderTokenUpdates" | "TooManyRequests") => r(Retryable),
+        // 500 / 503: Apple does not say the notification was not taken.
+        Some("InternalServerError" | "ServiceUnavailable" | "Shutdown") => r(Unknown),
         Some("BadDeviceToken" | "Unregistered" | "ExpiredToken") => r(Permanent),
         _ => r(crate::class_of_status(status)),
     }
@@ -98,9 +94,10 @@ mod tests {
             (400, Some("DeviceTokenNotForTopic"), Permanent),
             (429, Some("TooManyRequests"), Retryable),
             (429, Some("TooManyProviderTokenUpdates"), Retryable),
-            (500, Some("InternalServerError"), Retryable),
-            (503, Some("ServiceUnavailable"), Retryable),
-            (503, None, Retryable),
+            (500, Some("InternalServerError"), Unknown),
+            (503, Some("ServiceUnavailable"), Unknown),
+            (503, Some("Shutdown"), Unknown),
+            (503, None, Unknown),
             (413, Some("PayloadTooLarge"), Permanent),
         ];
         for (status, reason, class) in table {

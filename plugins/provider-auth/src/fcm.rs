@@ -47,7 +47,7 @@ pub fn error_code(body: &Value) -> Option<&str> {
 
 /// Sorts a non-2xx answer by its FCM `errorCode`, else by the status.
 pub fn classify(status: u16, body: &Value) -> Refusal {
-    use Class::{Permanent, Refresh, Retryable};
+    use Class::{Permanent, Refresh, Retryable, Unknown};
     let code = error_code(body);
     let r = |class| {
         Refusal::new(
@@ -59,7 +59,10 @@ pub fn classify(status: u16, body: &Value) -> Refusal {
         Some("UNREGISTERED" | "INVALID_ARGUMENT" | "SENDER_ID_MISMATCH") => r(Permanent),
         Some("THIRD_PARTY_AUTH_ERROR") => r(Permanent)
             .because("the APNs certificate or web push key in the Firebase project was refused"),
-        Some("QUOTA_EXCEEDED" | "UNAVAILABLE" | "INTERNAL") => r(Retryable),
+        Some("QUOTA_EXCEEDED") => r(Retryable),
+        // "The server is overloaded" / "An unknown internal error occurred":
+        // neither says the message was not taken.
+        Some("UNAVAILABLE" | "INTERNAL") => r(Unknown),
         _ if status == 401 => r(Refresh),
         _ if status == 403 => {
             r(Permanent).because("the service account may not send for this project")
@@ -101,11 +104,12 @@ mod tests {
             (403, Some("SENDER_ID_MISMATCH"), Permanent),
             (401, Some("THIRD_PARTY_AUTH_ERROR"), Permanent),
             (429, Some("QUOTA_EXCEEDED"), Retryable),
-            (503, Some("UNAVAILABLE"), Retryable),
-            (500, Some("INTERNAL"), Retryable),
+            (503, Some("UNAVAILABLE"), Unknown),
+            (500, Some("INTERNAL"), Unknown),
             (401, None, Refresh),
             (403, None, Permanent),
-            (502, None, Retryable),
+            (502, None, Unknown),
+            (429, None, Retryable),
             (400, None, Permanent),
         ];
         for (status, code, class) in table {

@@ -20,8 +20,14 @@ use sha2::{Digest, Sha256};
 /// What a provider's refusal means for the host.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Class {
-    /// Not accepted; a later attempt may succeed (busy, rate limited, 5xx).
+    /// Not accepted; a later attempt may succeed (rate limited, quota).
     Retryable,
+    /// An answer that does not say whether the provider took the message: a
+    /// 5xx or a "system busy" code came back after the request was written,
+    /// and gateways answer so after their backend accepted (no provider in
+    /// docs/providers.md documents a 5xx as "not sent"). Decided as for a
+    /// cut-off answer: by the channel's reference, status query or `on_unknown`.
+    Unknown,
     /// Not accepted and never will be (bad recipient, unsubscribed, arrears,
     /// bad credentials).
     Permanent,
@@ -73,13 +79,14 @@ impl std::fmt::Display for Refusal {
     }
 }
 
-/// The class of a bare HTTP status: 429 and 5xx retryable, other statuses
+/// The class of a bare HTTP status: 429 retryable (a refusal before the
+/// message was taken), 5xx unknown (see [`Class::Unknown`]), other statuses
 /// permanent (the caller has already taken 2xx as success).
 pub fn class_of_status(status: u16) -> Class {
-    if status == 429 || status >= 500 {
-        Class::Retryable
-    } else {
-        Class::Permanent
+    match status {
+        429 => Class::Retryable,
+        s if s >= 500 => Class::Unknown,
+        _ => Class::Permanent,
     }
 }
 
@@ -189,7 +196,8 @@ mod tests {
     #[test]
     fn status_classes() {
         assert_eq!(class_of_status(429), Class::Retryable);
-        assert_eq!(class_of_status(503), Class::Retryable);
+        assert_eq!(class_of_status(503), Class::Unknown);
+        assert_eq!(class_of_status(500), Class::Unknown);
         assert_eq!(class_of_status(410), Class::Permanent);
         assert_eq!(class_of_status(400), Class::Permanent);
     }

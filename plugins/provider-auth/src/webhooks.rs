@@ -49,7 +49,7 @@ fn secret_key(secret: &str) -> Result<Vec<u8>, AuthError> {
 mod tests {
     use super::*;
 
-    /// The specification's example (FACTS.md).
+    /// The specification's example (docs/providers.md, "Standard Webhooks").
     #[test]
     fn spec_vector() {
         let sig = sign(

@@ -69,15 +69,18 @@ pub const DUPLICATE: i64 = 45065;
 
 /// Sorts a non-zero errcode of the template send (or token) API.
 pub fn classify(errcode: i64) -> Refusal {
-    use Class::{Permanent, Refresh, Retryable};
+    use Class::{Permanent, Refresh, Retryable, Unknown};
     let r = |class| Refusal::new(class, errcode.to_string());
     match errcode {
         // The access token is invalid, malformed or expired.
         40001 | 40014 | 42001 => r(Refresh),
-        // System busy; API call quota reached.
-        // System busy; API call quota reached; same client_msg_id retried
-        // too fast ("请间隔1分钟重试").
-        -1 | 45009 | 45066 => r(Retryable),
+        // API call quota reached: refused before the message was taken.
+        45009 => r(Retryable),
+        // System busy ("系统繁忙"): nothing says the message was not taken.
+        // Same client_msg_id retried too fast ("请间隔1分钟重试", documented
+        // for mass sends only): WeChat has seen the id, the first send may
+        // stand. Both ambiguous.
+        -1 | 45066 => r(Unknown),
         43004 | 40003 | 40037 | 47003 => r(Permanent),
         40164 => r(Permanent)
             .because("the host's IP address is not on the official account's IP whitelist"),
@@ -144,9 +147,9 @@ mod tests {
             (40001, Refresh),
             (40014, Refresh),
             (42001, Refresh),
-            (-1, Retryable),
+            (-1, Unknown),
             (45009, Retryable),
-            (45066, Retryable),
+            (45066, Unknown),
             (43004, Permanent),
             (40003, Permanent),
             (40037, Permanent),

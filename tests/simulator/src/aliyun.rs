@@ -495,8 +495,8 @@ async fn send(
     let mut sim = state.lock();
     let verdict = sim.roll(PROVIDER, phones);
     let retry_after = sim.retry_after(PROVIDER);
-    Ok(match verdict {
-        Verdict::ServerError => with_retry_after(
+    let server_error = || {
+        with_retry_after(
             AliyunError(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "ServiceUnavailable",
@@ -504,11 +504,14 @@ async fn send(
             )
             .into_response(request_id),
             retry_after,
-        ),
+        )
+    };
+    Ok(match verdict {
+        Verdict::ServerError => server_error(),
         Verdict::RateLimited => ok_body(request_id, "isv.BUSINESS_LIMIT_CONTROL", "业务限流"),
         Verdict::Permanent(code) => ok_body(request_id, &code, "refused for this recipient"),
         Verdict::DropBeforeAccept => cut_off(),
-        Verdict::Accept { drop: cut } => {
+        Verdict::Accept { drop: cut, fail } => {
             let mut biz_id = None;
             let mut receipts = None;
             let mut accepted = Vec::new();
@@ -537,6 +540,9 @@ async fn send(
             }
             if cut {
                 return Ok(cut_off());
+            }
+            if fail {
+                return Ok(server_error());
             }
             Json(json!({"Code": "OK", "Message": "OK", "BizId": biz_id, "RequestId": request_id}))
                 .into_response()
@@ -602,7 +608,9 @@ fn query(
     let visible_before = crate::now_ms().saturating_sub(state.config.query_lag.as_millis() as u64);
     let rows: Vec<Value> = sim.ledger[PROVIDER]
         .iter()
-        .filter(|m| m.recipient == phone && china(m.accepted_at_ms).date() == day)
+        // QuerySendDetails asks for the 11-digit number: a number sent with
+        // a `+86` / `0086` / `86` prefix is found only by its 11 digits.
+        .filter(|m| national(&m.recipient) == phone && china(m.accepted_at_ms).date() == day)
         .filter(|m| m.accepted_at_ms <= visible_before)
         .filter(|m| params.get("BizId").is_none_or(|b| *b == m.id))
         .map(query_row)
@@ -618,6 +626,20 @@ fn query(
                    "SmsSendDetailDTOs": {"SmsSendDetailDTO": page_rows}}),
     )
     .into_response())
+}
+
+/// The 11-digit mainland number of a SendSms recipient (prefix `+86`,
+/// `0086` or `86` dropped); other numbers as given.
+fn national(number: &str) -> &str {
+    for prefix in ["+86", "0086", "86"] {
+        if let Some(rest) = number.strip_prefix(prefix)
+            && rest.len() == 11
+            && rest.starts_with('1')
+        {
+            return rest;
+        }
+    }
+    number
 }
 
 fn query_row(m: &crate::Accepted) -> Value {

@@ -173,11 +173,14 @@ async fn send(
     pause(&state, PROVIDER).await;
     let mut sim = state.lock();
     let retry_after = sim.retry_after(PROVIDER);
-    match sim.roll(PROVIDER, &device) {
-        Verdict::ServerError => with_retry_after(
+    let server_error = || {
+        with_retry_after(
             reason(StatusCode::SERVICE_UNAVAILABLE, "ServiceUnavailable"),
             retry_after,
-        ),
+        )
+    };
+    match sim.roll(PROVIDER, &device) {
+        Verdict::ServerError => server_error(),
         Verdict::RateLimited => with_retry_after(
             reason(StatusCode::TOO_MANY_REQUESTS, "TooManyRequests"),
             retry_after,
@@ -189,7 +192,7 @@ async fn send(
             .into_response(),
         Verdict::Permanent(code) => reason(StatusCode::BAD_REQUEST, &code),
         Verdict::DropBeforeAccept => cut_off(),
-        Verdict::Accept { drop: cut } => {
+        Verdict::Accept { drop: cut, fail } => {
             let sent_id = header(&headers, "apns-id").map(str::to_string);
             let outcome = sim.accept(
                 PROVIDER,
@@ -208,6 +211,9 @@ async fn send(
             );
             if cut {
                 return cut_off();
+            }
+            if fail {
+                return server_error();
             }
             let mut ok = StatusCode::OK.into_response();
             if let Ok(v) = HeaderValue::from_str(&outcome.id) {

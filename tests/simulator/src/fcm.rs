@@ -250,8 +250,8 @@ async fn send(
     pause(&state, PROVIDER).await;
     let mut sim = state.lock();
     let retry_after = sim.retry_after(PROVIDER);
-    match sim.roll(PROVIDER, &device) {
-        Verdict::ServerError => with_retry_after(
+    let server_error = || {
+        with_retry_after(
             fcm_error(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "UNAVAILABLE",
@@ -259,7 +259,10 @@ async fn send(
                 Some("UNAVAILABLE"),
             ),
             retry_after,
-        ),
+        )
+    };
+    match sim.roll(PROVIDER, &device) {
+        Verdict::ServerError => server_error(),
         Verdict::RateLimited => with_retry_after(
             fcm_error(
                 StatusCode::TOO_MANY_REQUESTS,
@@ -279,7 +282,7 @@ async fn send(
             )
         }
         Verdict::DropBeforeAccept => cut_off(),
-        Verdict::Accept { drop: cut } => {
+        Verdict::Accept { drop: cut, fail } => {
             let title = message["notification"]["title"]
                 .as_str()
                 .unwrap_or("")
@@ -298,6 +301,9 @@ async fn send(
             );
             if cut {
                 return cut_off();
+            }
+            if fail {
+                return server_error();
             }
             Json(json!({"name": format!("projects/{project}/messages/{}", outcome.id)}))
                 .into_response()

@@ -1,7 +1,10 @@
 //! The business's own in-site message service (`/inbox/v1/messages`): our
 //! own API, so it honours the `Idempotency-Key` header (a resend with a known
 //! key answers the first message, `idempotent-replayed: true`) and answers
-//! status by key (`GET /inbox/v1/messages?idempotency_key=`).
+//! status by key (`GET /inbox/v1/messages?idempotency_key=`). A request whose
+//! key is already being processed (a concurrent replay) gets 409 Conflict, as
+//! the IETF draft "The Idempotency-Key HTTP Header Field" has it; the
+//! `slow_ms` fault keeps a request in flight that long.
 
 use crate::SimState;
 use crate::ledger::{Dedupe, Incoming, Verdict, cut_off, pause, with_retry_after};
@@ -39,7 +42,6 @@ async fn send(
     headers: HeaderMap,
     Json(req): Json<InboxSend>,
 ) -> Response {
-    pause(&state, PROVIDER).await;
     let Some(key) = headers
         .get("idempotency-key")
         .and_then(|v| v.to_str().ok())
@@ -50,6 +52,13 @@ async fn send(
             "Idempotency-Key header is required",
         );
     };
+    let Some(_in_flight) = InFlight::start(&state, &key) else {
+        return error(
+            StatusCode::CONFLICT,
+            "a request with this Idempotency-Key is still being processed",
+        );
+    };
+    pause(&state, PROVIDER).await;
     let mut sim = state.lock();
     let retry_after = sim.retry_after(PROVIDER);
     match sim.roll(PROVIDER, &req.user_id) {
@@ -60,7 +69,7 @@ async fn send(
         ),
         Verdict::Permanent(code) => error(StatusCode::UNPROCESSABLE_ENTITY, &code),
         Verdict::DropBeforeAccept => cut_off(),
-        Verdict::Accept { drop: cut } => {
+        Verdict::Accept { drop: cut, fail } => {
             let outcome = sim.accept(
                 PROVIDER,
                 Incoming {
@@ -80,6 +89,9 @@ async fn send(
             if cut {
                 return cut_off();
             }
+            if fail {
+                return error(StatusCode::INTERNAL_SERVER_ERROR, "simulated failure");
+            }
             let status = if outcome.replay {
                 StatusCode::OK
             } else {
@@ -92,6 +104,35 @@ async fn send(
             )
                 .into_response()
         }
+    }
+}
+
+/// A key being processed; released when the request's answer is made (or
+/// the request is dropped).
+struct InFlight {
+    state: SimState,
+    key: String,
+}
+
+impl InFlight {
+    /// Marks `key` in flight; `None` (counted `conflict`) if it already is.
+    fn start(state: &SimState, key: &str) -> Option<InFlight> {
+        let mut sim = state.lock();
+        if !sim.inbox_in_flight.insert(key.to_string()) {
+            sim.count(PROVIDER, "conflict");
+            return None;
+        }
+        sim.count(PROVIDER, "in_flight");
+        Some(InFlight {
+            state: state.clone(),
+            key: key.to_string(),
+        })
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.state.lock().inbox_in_flight.remove(&self.key);
     }
 }
 

@@ -63,9 +63,10 @@ pub struct Accepted {
 pub enum Dedupe {
     /// Every send is a new message (Aliyun, FCM, APNs).
     Never,
-    /// The first message is answered again, forever (webhook receiver, inbox).
+    /// The first message is answered again, for ever (inbox).
     Always,
-    /// Deduplicated only within this window after the first (WeChat).
+    /// Deduplicated only within this window after the first (WeChat,
+    /// webhook receivers).
     Within(Duration),
 }
 
@@ -137,6 +138,8 @@ pub struct Sim {
     pub apns_tokens: HashMap<crate::tls::ConnectionId, (i64, u64)>,
     /// Aliyun signature nonces already used.
     pub aliyun_nonces: HashSet<String>,
+    /// Inbox `Idempotency-Key`s whose first request is being processed.
+    pub inbox_in_flight: HashSet<String>,
     /// Source of ids and of fault dice; seeded for repeatable runs.
     pub rng: StdRng,
     /// Next numeric message id.
@@ -151,10 +154,12 @@ pub enum Verdict {
     RateLimited,
     /// Refuse for good with this provider code.
     Permanent(String),
-    /// Accept; `drop` cuts the answer off.
+    /// Accept; `drop` cuts the answer off, `fail` answers a server error.
     Accept {
         /// Cut the answer off after accepting.
         drop: bool,
+        /// Answer the provider's server error after accepting.
+        fail: bool,
     },
     /// Cut the answer off without accepting.
     DropBeforeAccept,
@@ -174,6 +179,7 @@ impl Sim {
             fcm_tokens: HashMap::new(),
             apns_tokens: HashMap::new(),
             aliyun_nonces: HashSet::new(),
+            inbox_in_flight: HashSet::new(),
             rng: StdRng::seed_from_u64(seed),
             next_id: 1,
         }
@@ -201,16 +207,29 @@ impl Sim {
             if let Some(f) = self.faults.get_mut(provider) {
                 f.drop_next -= 1;
             }
-            Verdict::Accept { drop: true }
+            Verdict::Accept {
+                drop: true,
+                fail: false,
+            }
         } else {
             self.roll_rates(&f)
+        };
+        let verdict = match verdict {
+            Verdict::ServerError if self.rng.random::<f64>() < f.error_after_accept => {
+                Verdict::Accept {
+                    drop: false,
+                    fail: true,
+                }
+            }
+            v => v,
         };
         let outcome = match &verdict {
             Verdict::ServerError => "5xx",
             Verdict::RateLimited => "429",
             Verdict::Permanent(_) => "permanent",
-            Verdict::Accept { drop: true } => "dropped_after_accept",
-            Verdict::Accept { drop: false } => "accepted",
+            Verdict::Accept { fail: true, .. } => "5xx_after_accept",
+            Verdict::Accept { drop: true, .. } => "dropped_after_accept",
+            Verdict::Accept { .. } => "accepted",
             Verdict::DropBeforeAccept => "dropped_before_accept",
         };
         self.count(provider, outcome);
@@ -229,6 +248,7 @@ impl Sim {
             let y: f64 = self.rng.random();
             Verdict::Accept {
                 drop: y < f.drop_after_accept,
+                fail: false,
             }
         }
     }

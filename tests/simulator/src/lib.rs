@@ -22,8 +22,10 @@
 //!   dedupe.
 //! - [`webhook`] `webhook`: a Standard Webhooks receiver that verifies
 //!   `webhook-signature`, refuses timestamps more than 5 minutes off and
-//!   dedupes by `webhook-id` as the specification tells receivers to.
-//! - [`inbox`] `inbox`: the business's own service, `Idempotency-Key` honoured.
+//!   dedupes by `webhook-id` for 5 minutes, the specification's example
+//!   ("save the IDs in redis for 5 minutes"), not for ever.
+//! - [`inbox`] `inbox`: the business's own service, `Idempotency-Key` honoured;
+//!   a replay while the first request with the key is in flight gets 409.
 //!
 //! TLS ([`tls`]): a CA generated at start ([`SimState::ca_pem`]) signs the
 //! server certificate (SANs `127.0.0.1`, `localhost` and the real provider
@@ -66,8 +68,15 @@ pub const PROVIDERS: [&str; 6] = ["aliyun-sms", "wechat", "fcm", "apns", "webhoo
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Faults {
-    /// Share (0..=1) of sends answered with a server error, not accepted.
+    /// Share (0..=1) of sends answered with a server error (accepted first
+    /// for the share `error_after_accept` of them).
     pub fail_5xx: f64,
+    /// Share (0..=1) of the server errors (`fail_5xx`, `fail_next`) given
+    /// *after* the provider accepted the message, as a gateway or a failing
+    /// backend answers after the message was stored: the client sees the
+    /// provider's usual 5xx (WeChat `-1`, Aliyun `ServiceUnavailable`) and
+    /// the user gets the message. 0 by default; the chaos runs turn it on.
+    pub error_after_accept: f64,
     /// Share of sends answered "rate limited", not accepted.
     pub fail_429: f64,
     /// Share of sends accepted, whose answer is then cut off mid-response.
@@ -141,6 +150,9 @@ pub struct Config {
     pub wechat_rotation_overlap: Duration,
     /// How long WeChat dedupes `client_msg_id` per openid (documented: 10 minutes).
     pub wechat_client_msg_id_window: Duration,
+    /// How long a webhook receiver keeps a `webhook-id` to dedupe it (the
+    /// Standard Webhooks example: 5 minutes).
+    pub webhook_dedupe_window: Duration,
     /// Age (from its `iat`) after which APNs answers `ExpiredProviderToken` (1 hour).
     pub apns_token_max_age: Duration,
     /// Shortest interval between two new APNs provider tokens before
@@ -163,6 +175,7 @@ impl Default for Config {
             wechat_token_daily_cap: 2000,
             wechat_rotation_overlap: Duration::from_secs(300),
             wechat_client_msg_id_window: Duration::from_secs(600),
+            webhook_dedupe_window: Duration::from_secs(300),
             apns_token_max_age: Duration::from_secs(3600),
             apns_min_token_interval: Duration::from_secs(20 * 60),
             aliyun_max_skew: Duration::from_secs(15 * 60),

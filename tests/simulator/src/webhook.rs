@@ -5,8 +5,10 @@
 //! (`v1,<base64 HMAC-SHA256(key, "{id}.{timestamp}.{body}")>`, key = the
 //! base64 part of the `whsec_` secret; several space-separated signatures
 //! allowed) is verified, a `webhook-timestamp` more than 5 minutes off is
-//! refused, and a `webhook-id` already received by this endpoint is
-//! acknowledged without a second delivery (counted in [`crate::Accepted::replays`]).
+//! refused, and a `webhook-id` this endpoint received less than
+//! [`crate::Config::webhook_dedupe_window`] ago (5 minutes, the spec's "save
+//! the IDs in redis for 5 minutes") is acknowledged without a second delivery
+//! (counted in [`crate::Accepted::replays`]); an older one is a new delivery.
 
 use crate::ledger::{Dedupe, Incoming, Verdict, cut_off, pause, with_retry_after};
 use crate::{SimState, now_secs};
@@ -122,11 +124,14 @@ async fn receive(
     pause(&state, PROVIDER).await;
     let mut sim = state.lock();
     let retry_after = sim.retry_after(PROVIDER);
-    match sim.roll(PROVIDER, &endpoint) {
-        Verdict::ServerError => with_retry_after(
+    let server_error = || {
+        with_retry_after(
             answer(StatusCode::SERVICE_UNAVAILABLE, "simulated outage"),
             retry_after,
-        ),
+        )
+    };
+    match sim.roll(PROVIDER, &endpoint) {
+        Verdict::ServerError => server_error(),
         Verdict::RateLimited => with_retry_after(
             answer(StatusCode::TOO_MANY_REQUESTS, "slow down"),
             retry_after,
@@ -140,7 +145,7 @@ async fn receive(
             answer(status, "refused for this endpoint")
         }
         Verdict::DropBeforeAccept => cut_off(),
-        Verdict::Accept { drop: cut } => {
+        Verdict::Accept { drop: cut, fail } => {
             let outcome = sim.accept(
                 PROVIDER,
                 Incoming {
@@ -151,10 +156,13 @@ async fn receive(
                     template: payload["type"].as_str().unwrap_or("").to_string(),
                     params: payload["data"].clone(),
                 },
-                Dedupe::Always,
+                Dedupe::Within(state.config.webhook_dedupe_window),
             );
             if cut {
                 return cut_off();
+            }
+            if fail {
+                return server_error();
             }
             (
                 StatusCode::OK,
@@ -167,7 +175,8 @@ async fn receive(
 
 #[cfg(test)]
 mod tests {
-    /// The Standard Webhooks specification's example (FACTS.md).
+    /// The Standard Webhooks specification's example (docs/providers.md,
+    /// "Standard Webhooks").
     #[test]
     fn standard_webhooks_vector() {
         assert_eq!(

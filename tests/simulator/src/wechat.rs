@@ -224,7 +224,7 @@ async fn send(
             errcode(code.parse().unwrap_or(43004), "refused for this recipient")
         }
         Verdict::DropBeforeAccept => cut_off(),
-        Verdict::Accept { drop: cut } => {
+        Verdict::Accept { drop: cut, fail } => {
             // Deduplicated per openid + client_msg_id, inside the window.
             let key = req
                 .client_msg_id
@@ -249,6 +249,9 @@ async fn send(
             }
             if cut {
                 return cut_off();
+            }
+            if fail {
+                return errcode(-1, "system error");
             }
             let msgid: u64 = outcome.id.parse().unwrap_or(0);
             Json(json!({"errcode": 0, "errmsg": "ok", "msgid": msgid})).into_response()

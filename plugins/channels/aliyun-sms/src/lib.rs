@@ -8,15 +8,19 @@
 //! every parameter in the query of `POST /`, empty body. `Code` `OK` is sent
 //! (provider id = `BizId`); other codes follow the error table in
 //! `provider_auth::aliyun::classify` (SendSms "错误码" and the SMS API error
-//! codes page); 5xx retryable; a cut-off answer unknown.
+//! codes page); a 5xx, `isp.*` or `ServiceUnavailable*` unknown (Aliyun does
+//! not say such an SMS was not taken: decided by the status query, as a
+//! cut-off answer is); a cut-off answer unknown. Facts and sources:
+//! docs/providers.md, "Aliyun SMS".
 //!
 //! Capabilities:
 //! - `honours_reference = false`: SendSms is not idempotent — the same OutId
 //!   twice is two SMS; `OutId` is only echoed back ("外部流水扩展字段", SendSms
-//!   request parameters; FACTS.md).
+//!   request parameters; docs/providers.md, "Aliyun SMS").
 //! - `can_query = true`: `QuerySendDetails`
 //!   (<https://help.aliyun.com/zh/sms/developer-reference/api-dysmsapi-2017-05-25-querysenddetails>)
-//!   by `PhoneNumber` + `SendDate` (`yyyyMMdd`, China Standard Time, ≤ 30 days
+//!   by `PhoneNumber` (the 11-digit number: a `+86` / `0086` / `86` prefix
+//!   SendSms takes is dropped, `aliyun::query_number`) + `SendDate` (`yyyyMMdd`, China Standard Time, ≤ 30 days
 //!   back) + `BizId` when known, 50 rows a page; rows are matched by `OutId`,
 //!   `SendStatus` 1 waiting / 2 failed / 3 delivered. How soon a sent message
 //!   shows in the query is not documented: `query_lag_secs` is the setting
@@ -26,7 +30,9 @@
 //!   array of `{phone_number, send_time, report_time, success, err_code,
 //!   err_msg, sms_size, biz_id, out_id}`, answered `{"code":0,"msg":"成功"}`
 //!   (Aliyun checks that `code` is a number and the status is 200; else it
-//!   pushes again after 1, 5, 10 minutes). The push carries **no signature**
+//!   pushes again after 1, 5, 10 minutes). A GET on the callback URL is
+//!   Aliyun's connectivity check before SmsReport can be enabled: answered
+//!   the same way, at once. The push carries **no signature**
 //!   (none is documented), so the unguessable path token of the channel's
 //!   callback URL is the only gate. Reports may repeat ("回执消息无法保证幂等性"):
 //!   settlements are idempotent at the host.
@@ -112,6 +118,12 @@ impl Channel for AliyunSms {
     }
 
     fn handle_callback(req: CallbackRequest) -> Result<CallbackAnswer, CallbackError> {
+        let ok = || callback::json(&json!({"code": 0, "msg": "成功"}));
+        if req.method == "GET" {
+            // Aliyun's connectivity check of the callback URL, made before
+            // SmsReport can be enabled: answered as a push is.
+            return Ok(answer(vec![], ok()));
+        }
         if req.method != "POST" {
             return Err(CallbackError::Malformed("SmsReport is a POST".into()));
         }
@@ -128,10 +140,7 @@ impl Channel for AliyunSms {
                 detail: r.err_code,
             })
             .collect();
-        Ok(answer(
-            settled,
-            callback::json(&json!({"code": 0, "msg": "成功"})),
-        ))
+        Ok(answer(settled, ok()))
     }
 }
 
@@ -140,7 +149,7 @@ fn status_on(msg: &SentMessage, date: &str, out_id: &str) -> Result<Option<Statu
     let mut best = None;
     for page in 1..=MAX_PAGES {
         let mut params = vec![
-            ("PhoneNumber", msg.recipient.clone()),
+            ("PhoneNumber", aliyun::query_number(&msg.recipient).to_string()),
             ("SendDate", date.to_string()),
             ("PageSize", PAGE_SIZE.to_string()),
             ("CurrentPage", page.to_string()),
@@ -208,7 +217,8 @@ fn call(action: &str, params: &[(&str, String)]) -> Result<Value, SendError> {
     let code = body.get("Code").and_then(Value::as_str);
     match (resp.status, code) {
         (200, Some("OK")) => Ok(body),
-        (s, _) if s >= 500 => Err(refused_by("Aliyun", &Refusal::of_status(s), &resp)),
+        // A 5xx is ambiguous (`Class::Unknown`); its `Code`, when it has one, says more.
+        (s, None) if s >= 500 => Err(refused_by("Aliyun", &Refusal::of_status(s), &resp)),
         (_, Some(code)) => Err(refused_by("Aliyun", &aliyun::classify(code), &resp)),
         (200, None) => Err(SendError::Unknown(format!(
             "{action} answered 200 without a Code"

@@ -20,8 +20,10 @@
 //! <other params>}`. 200 sent (provider id = the `apns-id` answered). Errors
 //! by `reason` ("Handling notification responses from APNs", table of reason
 //! values; `provider_auth::apns::classify`): BadDeviceToken, Unregistered
-//! (410) permanent; TooManyRequests, InternalServerError, ServiceUnavailable
-//! retryable; a cut-off answer unknown.
+//! (410) permanent; TooManyRequests retryable; InternalServerError,
+//! ServiceUnavailable, Shutdown (500 / 503) unknown — Apple does not say
+//! such a notification was not taken, so `on_unknown` decides, as for a
+//! cut-off answer (docs/providers.md, "APNs").
 //!
 //! Capabilities: none. `apns-id` is only echoed back ("a canonical UUID that
 //! is the unique ID for the notification"; nothing documents a dedupe on it),

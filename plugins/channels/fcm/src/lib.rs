@@ -19,8 +19,10 @@
 //! `errorCode` of the `FcmError` detail (`provider_auth::fcm::classify`,
 //! <https://firebase.google.com/docs/reference/fcm/rest/v1/ErrorCode>):
 //! UNREGISTERED / INVALID_ARGUMENT / SENDER_ID_MISMATCH / THIRD_PARTY_AUTH_ERROR
-//! permanent; QUOTA_EXCEEDED / UNAVAILABLE / INTERNAL retryable, honouring
-//! `Retry-After`; a cut-off answer unknown.
+//! permanent; QUOTA_EXCEEDED retryable, honouring `Retry-After`;
+//! UNAVAILABLE / INTERNAL (and any 5xx) unknown — FCM does not say such a
+//! message was not taken, so `on_unknown` decides, as for a cut-off answer
+//! (docs/providers.md, "FCM").
 //!
 //! Capabilities: none. The send API takes no client reference (the `Message`
 //! resource has no idempotency field) and offers no per-message status query

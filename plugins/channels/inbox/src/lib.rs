@@ -2,8 +2,13 @@
 //!
 //! `POST {endpoint}/inbox/v1/messages` with an `Idempotency-Key` header (the
 //! task's idempotency key) and `{"user_id","template","params"}`; 201 (new) or
-//! 200 (replay of the same key) is sent, 429 and 5xx are retryable (honouring
-//! `Retry-After`), other 4xx permanent, a cut-off answer unknown. Status by key:
+//! 200 (replay of the same key) is sent; 429 retryable (honouring
+//! `Retry-After`); 409 retryable: a replay while the first request with the
+//! key is still in flight, as the IETF draft "The Idempotency-Key HTTP Header
+//! Field" answers it (docs/providers.md, "Inbox") — the first may yet
+//! succeed, and a later replay gets its answer; 5xx unknown (the service may
+//! have stored the message: resent under the key, which it dedupes); other
+//! 4xx permanent; a cut-off answer unknown. Status by key:
 //! `GET /inbox/v1/messages?idempotency_key=`. Receipts:
 //! `{"receipts":[{"reference","message_id","status"}]}`, matched by reference.
 //!
@@ -31,6 +36,10 @@ impl Channel for Inbox {
         let url = format!("{}/inbox/v1/messages", require("endpoint")?);
         let body = json!({"user_id": msg.recipient, "template": msg.template, "params": params_json(&msg.params)});
         let resp = post_json(&url, &[("idempotency-key", &msg.idempotency_key)], &body)?;
+        if resp.status == 409 {
+            let why = "the inbox answered 409: a request with this Idempotency-Key is still in flight";
+            return Err(SendError::retry_after(why, resp.retry_after_ms()));
+        }
         if !matches!(resp.status, 200 | 201) {
             return Err(resp.refusal("the inbox"));
         }

@@ -3,7 +3,11 @@
 //! (<https://github.com/standard-webhooks/standard-webhooks/blob/main/spec/standard-webhooks.md>).
 //!
 //! Send: `POST <url>` with body `{"type": <template>, "timestamp": <RFC 3339>,
-//! "data": {params}}` and the headers of the spec's section "Webhook
+//! "data": {params}}` — `timestamp` is "when the event occurred (not
+//! necessarily the same of when it was delivered)" (section "Payload
+//! structure"): the task's accept time, which the host's task id carries
+//! (`<shard>-<ms>-<random>`), so the body is the same on every attempt — and
+//! the headers of the spec's section "Webhook
 //! headers": `webhook-id` (`msg_` + a digest of the idempotency key, the same
 //! on every attempt), `webhook-timestamp` (unix seconds of this attempt) and
 //! `webhook-signature: v1,<base64 HMAC-SHA256(key, "{id}.{timestamp}.{body}")>`
@@ -12,11 +16,17 @@
 //! `endpoint.<name>`, or an absolute `https://` URL (the host's allowlist
 //! decides whether it may be reached).
 //!
-//! Answers (spec section "Delivery success and failure"): 2xx sent (provider
-//! id = the webhook-id); 429 and 5xx retryable, honouring `Retry-After`; 410
-//! Gone ("no longer interested"), 3xx (redirects are not followed) and other
-//! 4xx permanent; a cut-off answer unknown. The secret must decode to 24–64
-//! bytes (table "Signing secret").
+//! Answers (spec section "Delivery success and failure": success is a 2xx,
+//! "a failure in any other scenario", retried over a schedule): 2xx sent
+//! (provider id = the webhook-id); 410 Gone permanent, the only status that
+//! stops retrying ("no longer interested in receiving webhooks from this
+//! source. Sender should disable the webhook endpoint"); 5xx unknown (the
+//! receiver may have processed the event before failing: resent under the
+//! same `webhook-id` while receivers dedupe it, see below); 3xx (redirects
+//! are not followed), 401, 404, 429 and every other status retryable,
+//! honouring `Retry-After`; a cut-off answer unknown. The secret must decode
+//! to 24–64 bytes (table "Signing secret"). docs/providers.md, "Standard
+//! Webhooks", cites each.
 //!
 //! Capability `honours_reference`: the spec's section "Webhook metadata"
 //! defines the id as "a unique identifier associated with a specific event
@@ -30,7 +40,7 @@
 //! receiver keeps ids, or `forever`), default 240 — the spec's 5 minutes less
 //! one for transit. No status query, no callbacks.
 
-use channel_sdk::provider::auth::{Refusal, time, webhooks};
+use channel_sdk::provider::auth::{Class, Refusal, time, webhooks};
 use channel_sdk::provider::refused_by;
 use channel_sdk::serde_json::json;
 use channel_sdk::{
@@ -58,9 +68,10 @@ impl Channel for Webhook {
         let secret = require("secret")?;
         let id = webhooks::message_id(&msg.idempotency_key);
         let now = now_ms();
+        let occurred = accepted_ms(&msg.task_id).unwrap_or(now);
         let body = json!({
             "type": msg.template,
-            "timestamp": time::iso8601(now),
+            "timestamp": time::iso8601(occurred),
             "data": params_json(&msg.params),
         })
         .to_string();
@@ -80,9 +91,28 @@ impl Channel for Webhook {
                 reference: Some(id),
             });
         }
-        let refusal = Refusal::of_status(resp.status);
-        Err(refused_by("the webhook endpoint", &refusal, &resp))
+        Err(refused_by("the webhook endpoint", &refusal(resp.status), &resp))
     }
+}
+
+/// A non-2xx answer per the spec: 410 stops, 5xx is ambiguous, every other
+/// status is a failure to retry over the schedule.
+fn refusal(status: u16) -> Refusal {
+    let class = match status {
+        410 => Class::Permanent,
+        s if s >= 500 => Class::Unknown,
+        _ => Class::Retryable,
+    };
+    Refusal::new(class, format!("status {status}"))
+}
+
+/// When the task was accepted (ms since the epoch), from the host's task id
+/// `<shard>-<ms>-<random>`; `None` for an id of another form.
+fn accepted_ms(task_id: &str) -> Option<u64> {
+    let mut parts = task_id.splitn(3, '-');
+    let (_shard, ms) = (parts.next()?, parts.next()?);
+    parts.next()?;
+    ms.parse().ok().filter(|&ms| ms > 0)
 }
 
 /// How long receivers dedupe on `webhook-id` (setting `dedupe_window`:

@@ -12,8 +12,10 @@
 //! `{"touser","template_id","client_msg_id","data":{k:{"value":v}}}`
 //! ("发送模板消息", <https://developers.weixin.qq.com/doc/offiaccount/Message_Management/Template_Message_Interface.html>);
 //! errcode 0 sent (provider id = `msgid`); the errcode table is
-//! `provider_auth::wechat::classify` (that page and "全局返回码"); a cut-off
-//! answer unknown. 45065 ("clientmsgid exist", documented for mass sends) is
+//! `provider_auth::wechat::classify` (that page and "全局返回码"); `-1`
+//! ("系统繁忙"), 45066 and a 5xx unknown (nothing says the message was not
+//! taken: resent under `client_msg_id` inside its window, else
+//! `on_unknown`); a cut-off answer unknown (docs/providers.md, "WeChat"). 45065 ("clientmsgid exist", documented for mass sends) is
 //! taken as the message already sent.
 //!
 //! Capability `honours_reference`, `reference_window_secs = 540`: the send

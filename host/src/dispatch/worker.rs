@@ -308,7 +308,13 @@ pub(crate) async fn deliver(shared: &DispatchContext, entry: &Entry) {
 /// the ledger holds it: `sent` on a channel that can confirm nothing later
 /// (`checkable` false), or `failed` with the payload's fallback taken (a
 /// permanent failure is recorded `failed` only after its fallback is accepted).
+/// A task marked a possible duplicate stays (with the retention), where its
+/// mark is shown: the ledger's row does not carry it.
 fn ends_for_good(attempt: &Attempt, outcome: &Outcome, checkable: bool) -> bool {
+    let marked = attempt.task.fields.get(super::duplicates::FIELD);
+    if marked.is_some_and(|v| v == "1") {
+        return false;
+    }
     match outcome {
         Outcome::Sent { .. } => !checkable,
         Outcome::Failed { .. } => serde_json::from_str::<Payload>(&attempt.task.payload)

@@ -135,6 +135,18 @@ async fn updates_are_batched_owner_checked_and_read_back(backend: &str) {
         .update(update("k0", "intruder", "failed", 9_000))
         .await
         .unwrap();
+    // Older than the row's last change: ignored. Two instances' writers
+    // (a worker's `unknown`, another's receipt `delivered`) may flush in
+    // either order; the later change stands.
+    ledger
+        .update(update("k1", "T1", "delivered", 2_100))
+        .await
+        .unwrap();
+    ledger.flush().await.unwrap();
+    ledger
+        .update(update("k1", "T1", "unknown", 2_050))
+        .await
+        .unwrap();
     ledger.flush().await.unwrap();
     let row = ledger.by_task("T7").await.unwrap().expect("T7 has a row");
     assert_eq!(row.key, "k7");
@@ -144,6 +156,11 @@ async fn updates_are_batched_owner_checked_and_read_back(backend: &str) {
     assert_eq!(row.recipient_digest, recipient_digest("+8613800000000"));
     assert_ne!(row.recipient_digest, "+8613800000000");
     assert_eq!(ledger.by_task("T0").await.unwrap().unwrap().status, "sent");
+    assert_eq!(
+        ledger.by_task("T1").await.unwrap().unwrap().status,
+        "delivered",
+        "an older update flushed later does not undo a newer one"
+    );
     assert!(ledger.by_task("intruder").await.unwrap().is_none());
     assert_eq!(
         ledger.by_event("ORDER_SHIPPED", "o-1").await.unwrap().len(),

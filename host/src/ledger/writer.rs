@@ -127,12 +127,16 @@ async fn write_until_done(pool: &LedgerPool, rows: &[Update]) {
     }
 }
 
+/// The owner's row only, and never backwards in time: instances' writers
+/// flush independently, so a worker's older `unknown` may reach the database
+/// after another instance's newer `delivered` (a receipt that raced it); the
+/// later change stands (`updated_at`, the host clocks').
 const UPDATE_SQL: &str = "UPDATE deliveries SET status = $3, \
     attempts = COALESCE($4, attempts), \
     provider_message_id = COALESCE($5, provider_message_id), \
     last_error = COALESCE($6, last_error), updated_at = $7, \
     operator_note = COALESCE($8, operator_note) \
-    WHERE key = $1 AND task_id = $2";
+    WHERE key = $1 AND task_id = $2 AND updated_at <= $7";
 
 /// One transaction for the whole batch.
 async fn write(pool: &LedgerPool, rows: &[Update]) -> Result<(), LedgerError> {

@@ -85,15 +85,11 @@ pub async fn readyz(State(state): State<AppState>) -> Result<Json<Health>, ApiEr
 /// otherwise than at start): 503 naming its policy and the fix when it does.
 async fn check_eviction(state: &AppState) -> Result<(), ApiError> {
     let conn = state.permits.connection();
-    let detail = match tokio::time::timeout(PING_TIMEOUT, state.eviction.check(&conn)).await {
-        Ok(Ok(())) => return Ok(()),
-        Ok(Err(e)) => e.to_string(),
-        Err(_) => format!("Redis did not tell its maxmemory-policy within {PING_TIMEOUT:?}"),
-    };
-    Err(ApiError::Unavailable {
-        detail,
-        accepted: None,
-    })
+    ready_within(
+        state.eviction.check(&conn),
+        "Redis did not tell its maxmemory-policy",
+    )
+    .await
 }
 
 /// The other instances on this Redis claim in the same ledger: 503 naming
@@ -104,10 +100,23 @@ async fn check_one_ledger(state: &AppState) -> Result<(), ApiError> {
         return Ok(());
     };
     let conn = state.permits.connection();
-    let detail = match tokio::time::timeout(PING_TIMEOUT, guard.check(&conn)).await {
+    ready_within(
+        guard.check(&conn),
+        "Redis did not answer the ledger identity check",
+    )
+    .await
+}
+
+/// Runs one readiness check against Redis under [`PING_TIMEOUT`]: 503 with
+/// its error, or with `silent` when it did not answer in time.
+async fn ready_within<E: std::fmt::Display>(
+    check: impl std::future::Future<Output = Result<(), E>>,
+    silent: &str,
+) -> Result<(), ApiError> {
+    let detail = match tokio::time::timeout(PING_TIMEOUT, check).await {
         Ok(Ok(())) => return Ok(()),
         Ok(Err(e)) => e.to_string(),
-        Err(_) => format!("Redis did not answer the ledger identity check within {PING_TIMEOUT:?}"),
+        Err(_) => format!("{silent} within {PING_TIMEOUT:?}"),
     };
     Err(ApiError::Unavailable {
         detail,

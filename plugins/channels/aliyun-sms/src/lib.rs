@@ -149,7 +149,10 @@ fn status_on(msg: &SentMessage, date: &str, out_id: &str) -> Result<Option<Statu
     let mut best = None;
     for page in 1..=MAX_PAGES {
         let mut params = vec![
-            ("PhoneNumber", aliyun::query_number(&msg.recipient).to_string()),
+            (
+                "PhoneNumber",
+                aliyun::query_number(&msg.recipient).to_string(),
+            ),
             ("SendDate", date.to_string()),
             ("PageSize", PAGE_SIZE.to_string()),
             ("CurrentPage", page.to_string()),

@@ -37,7 +37,8 @@ impl Channel for Inbox {
         let body = json!({"user_id": msg.recipient, "template": msg.template, "params": params_json(&msg.params)});
         let resp = post_json(&url, &[("idempotency-key", &msg.idempotency_key)], &body)?;
         if resp.status == 409 {
-            let why = "the inbox answered 409: a request with this Idempotency-Key is still in flight";
+            let why =
+                "the inbox answered 409: a request with this Idempotency-Key is still in flight";
             return Err(SendError::retry_after(why, resp.retry_after_ms()));
         }
         if !matches!(resp.status, 200 | 201) {

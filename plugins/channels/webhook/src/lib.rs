@@ -91,7 +91,11 @@ impl Channel for Webhook {
                 reference: Some(id),
             });
         }
-        Err(refused_by("the webhook endpoint", &refusal(resp.status), &resp))
+        Err(refused_by(
+            "the webhook endpoint",
+            &refusal(resp.status),
+            &resp,
+        ))
     }
 }
 

@@ -279,15 +279,16 @@ pub(crate) async fn deliver(shared: &DispatchContext, entry: &Entry) {
         held: None,
         ledger_holds_outcome,
     };
-    record_with(shared, &attempt, &outcome, entry, context).await;
     if let Outcome::Sent {
         provider_message_id,
         reference,
     } = &outcome
     {
-        // Awaiting a receipt: kept like the task (deleted when it leaves);
-        // gone already: for the key's window, so a late receipt still finds
-        // the ledger row.
+        // Indexed before the record makes the task visible as sent, so a
+        // receipt or a reconciler check that settles it at once finds the
+        // index and deletes it as the task leaves. Awaiting a receipt: kept
+        // like the task; gone already: for the key's window, so a late
+        // receipt still finds the ledger row.
         let keep = if ledger_holds_outcome {
             window_left(&attempt.task)
         } else {
@@ -302,6 +303,7 @@ pub(crate) async fn deliver(shared: &DispatchContext, entry: &Entry) {
         )
         .await;
     }
+    record_with(shared, &attempt, &outcome, entry, context).await;
 }
 
 /// Whether `outcome` ends the task for good, so that it may leave Redis once

@@ -85,10 +85,14 @@ pub async fn start(config: Config) -> Sim {
     }
 }
 
-/// Starts the simulator with a short query lag (tests wait past it).
+/// Starts the simulator with Aliyun's times scaled down (tests wait past
+/// them): a short query lag, reports known a little later, and a re-push
+/// minute of 100 ms.
 pub async fn sim() -> Sim {
     start(Config {
         query_lag: Duration::from_millis(500),
+        aliyun_report_after: Duration::from_millis(1000),
+        aliyun_repush_minute: Duration::from_millis(100),
         ..Config::default()
     })
     .await

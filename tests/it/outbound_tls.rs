@@ -69,6 +69,7 @@ async fn outcome(sender: &PluginSender, url: &str) -> SendOutcome {
         provider_message_id: None,
         first_attempt_ms: 0,
         last_attempt_ms: 0,
+        last_attempt_ended_ms: 0,
     };
     Sender::send(sender, &msg).await
 }

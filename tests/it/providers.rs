@@ -747,6 +747,45 @@ async fn aliyun_sms_is_never_resent_while_the_query_may_still_lag() {
     env.stop().await;
 }
 
+/// Neither a receipt nor the query can tell (the query fails): held, never
+/// resent, though the channel is told to resend on doubt — an SMS Aliyun
+/// cannot dedupe is not risked on a guess.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn aliyun_sms_is_held_not_resent_when_its_query_cannot_tell() {
+    let env = Env::start_with(
+        |c| {
+            c.get_mut("sms").unwrap().on_unknown = pushonce::config::OnUnknown::Resend;
+        },
+        EnvOptions {
+            retry: RetryPolicy {
+                max_attempts: 3,
+                ..fast_retry()
+            },
+            ..one_attempt_then_reconcile(3)
+        },
+    )
+    .await;
+    env.sim.set_faults(
+        "sms",
+        Faults {
+            fail_queries: true,
+            ..cut_before_accept()
+        },
+    );
+    let t = accept(&env, "sms", "q-4", 1).await;
+    env.wait_status(&t, TaskStatus::Unknown).await;
+    // Asked until the reconciler gives up, never answered: held for an operator.
+    env.wait_status(&t, TaskStatus::Dead).await;
+    let task = task(&env.permits, &t).await;
+    assert_eq!(task.attempts, 1, "{task:?}");
+    assert!(
+        stat(&env.sim, "aliyun-sms.query_5xx") >= 2,
+        "asked more than once"
+    );
+    assert!(env.ledger("sms").is_empty(), "no SMS sent");
+    env.stop().await;
+}
+
 // ----------------------------------------------------------- token refresh
 
 /// The simulator, a Redis for the shared token cache, and a sender using it.

@@ -161,6 +161,7 @@ async fn send(sender: &PluginSender, m: &CaseMessage) -> Got {
         provider_message_id: m.provider_message_id.clone(),
         first_attempt_ms: 0,
         last_attempt_ms: 0,
+        last_attempt_ended_ms: 0,
     };
     match sender.send(&msg).await {
         SendOutcome::Sent {

@@ -402,7 +402,11 @@ async fn send(shared: &DispatchContext, attempt: &Attempt, msg: &OutgoingMessage
         },
         SendOutcome::Permanent(reason) => permanent(shared, attempt, reason).await,
         SendOutcome::Unknown(reason) => {
-            let verdict = with_lease(shared, attempt, shared.sender.settle_unknown(msg)).await;
+            let ended = OutgoingMessage {
+                last_attempt_ended_ms: crate::ledger::now_ms().max(0) as u64,
+                ..msg.clone()
+            };
+            let verdict = with_lease(shared, attempt, shared.sender.settle_unknown(&ended)).await;
             if verdict == UnknownVerdict::ResendMayDuplicate
                 && attempt.number < attempt.task.retry.max_attempts
             {

@@ -45,6 +45,10 @@ pub struct OutgoingMessage {
     pub first_attempt_ms: u64,
     /// When its last attempt started (ms since the epoch; 0 if unknown).
     pub last_attempt_ms: u64,
+    /// When its last attempt's send call returned, if this host saw it (ms
+    /// since the epoch; 0 if unknown): the provider cannot have got the
+    /// request later.
+    pub last_attempt_ended_ms: u64,
 }
 
 impl OutgoingMessage {
@@ -61,7 +65,22 @@ impl OutgoingMessage {
             provider_message_id: task.provider_message_id.clone(),
             first_attempt_ms: task.first_attempt_ms.unwrap_or(0),
             last_attempt_ms: task.last_attempt_ms.unwrap_or(0),
+            last_attempt_ended_ms: held_after_last_attempt(task),
         }
+    }
+}
+
+/// When `task`'s last attempt was recorded held (its `held_at`), which is
+/// after its send call returned; 0 when it was not held after that attempt.
+fn held_after_last_attempt(task: &crate::permit::Task) -> u64 {
+    let held_at = task
+        .fields
+        .get("held_at")
+        .and_then(|v| v.parse::<u64>().ok())
+        .unwrap_or(0);
+    match task.last_attempt_ms {
+        Some(started) if held_at >= started => held_at,
+        _ => 0,
     }
 }
 

@@ -422,7 +422,9 @@ impl PluginSender {
                 Ok(DeliveryStatus::Delivered) => Check::Delivered,
                 Ok(DeliveryStatus::Pending) => Check::Accepted,
                 Ok(DeliveryStatus::Failed) => Check::Failed,
-                Ok(DeliveryStatus::Unknown) => absent_unless_lagging(msg, &caps),
+                Ok(DeliveryStatus::Unknown) => {
+                    absent_unless_lagging(msg, &caps, rt.settings.call_timeout)
+                }
                 Err(e) => {
                     let why = rt.redact(&format!("status query failed: {}", error_text(&e)));
                     tracing::info!(task = %msg.task_id, error = %why, "status query failed");
@@ -461,10 +463,11 @@ impl PluginSender {
     }
 
     /// After an unknown outcome: a query that finds the message records it
-    /// sent; a believed `unknown` (past the query lag) resends; a reference
-    /// the provider still honours (inside its window) resends; else the
-    /// channel's `on_unknown`, except that an `unknown` answer inside the lag
-    /// always holds (the reconciler asks again past the lag). A resend the
+    /// sent; a believed `unknown` (past the not-found horizon) resends; a
+    /// reference the provider still honours (inside its window) resends; a
+    /// channel with a status query that cannot tell yet (inside the horizon,
+    /// or the query failed) holds, for receipts and the reconciler's later
+    /// checks to settle; else the channel's `on_unknown`. A resend the
     /// provider cannot dedupe is [`UnknownVerdict::ResendMayDuplicate`].
     async fn settle(&self, msg: &OutgoingMessage) -> UnknownVerdict {
         let Ok((rt, inst)) = self.runtime_of(msg) else {
@@ -472,7 +475,7 @@ impl PluginSender {
         };
         let caps = rt.capabilities_of(&inst).await;
         let deduped = reference_honoured(msg, &caps, now_ms());
-        let lagging = match self.query(rt, &inst, msg).await {
+        match self.query(rt, &inst, msg).await {
             Check::Delivered | Check::Accepted | Check::Failed => {
                 return UnknownVerdict::Sent {
                     provider_message_id: None,
@@ -480,34 +483,45 @@ impl PluginSender {
             }
             Check::Absent if deduped => return UnknownVerdict::Resend,
             Check::Absent => return UnknownVerdict::ResendMayDuplicate,
-            Check::CannotTell(why) => why.starts_with(LAGGING),
-        };
+            Check::CannotTell(_) => {}
+        }
         if deduped {
             return UnknownVerdict::Resend;
         }
         match rt.on_unknown {
-            _ if lagging => UnknownVerdict::Hold,
+            // Neither a receipt nor the query can tell yet: they may still.
+            _ if caps.can_query => UnknownVerdict::Hold,
             OnUnknown::Hold => UnknownVerdict::Hold,
             OnUnknown::Resend => UnknownVerdict::ResendMayDuplicate,
         }
     }
 }
 
-/// How a [`Check::CannotTell`] from an `unknown` answer inside the query lag starts.
-const LAGGING: &str = "the provider's query lags";
-
-/// `unknown` from the provider: absent, unless asked before the provider's
-/// query lag after the last attempt ran out (then it cannot tell yet).
-fn absent_unless_lagging(msg: &OutgoingMessage, caps: &Capabilities) -> Check {
-    let lag_ends = msg
+/// `unknown` from the provider: absent, unless asked inside the not-found
+/// horizon (then it cannot tell yet). The horizon runs from the moment the
+/// last attempt's request could last have reached the provider — when its
+/// send call returned, if known, else its start plus the channel's
+/// `call_timeout`, past which the host drops the request — and lasts the
+/// plugin's declared `query_lag_secs`.
+fn absent_unless_lagging(
+    msg: &OutgoingMessage,
+    caps: &Capabilities,
+    call_timeout: Duration,
+) -> Check {
+    let dropped_by = msg
         .last_attempt_ms
-        .saturating_add(u64::from(caps.query_lag_secs) * 1000);
+        .saturating_add(u64::try_from(call_timeout.as_millis()).unwrap_or(u64::MAX));
+    let written_by = match msg.last_attempt_ended_ms {
+        0 => dropped_by,
+        ended => ended.min(dropped_by),
+    };
+    let horizon_ends = written_by.saturating_add(u64::from(caps.query_lag_secs) * 1000);
     let now = now_ms();
-    if now < lag_ends {
+    if now < horizon_ends {
         Check::CannotTell(format!(
-            "{LAGGING} {} s behind a send: `unknown` {} ms after the last attempt is not believed",
+            "the provider's query may not show a message yet: `unknown` is believed {} s after the request could last have reached it (query_lag), {} ms to go",
             caps.query_lag_secs,
-            now.saturating_sub(msg.last_attempt_ms)
+            horizon_ends - now
         ))
     } else {
         Check::Absent

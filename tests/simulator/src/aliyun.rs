@@ -22,6 +22,7 @@ use rand::Rng;
 use ring::{digest, hmac};
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
+use std::time::Duration;
 use time::{OffsetDateTime, PrimitiveDateTime, UtcOffset, macros::format_description};
 
 const PROVIDER: &str = "aliyun-sms";
@@ -613,7 +614,7 @@ fn query(
         .filter(|m| national(&m.recipient) == phone && china(m.accepted_at_ms).date() == day)
         .filter(|m| m.accepted_at_ms <= visible_before)
         .filter(|m| params.get("BizId").is_none_or(|b| *b == m.id))
-        .map(query_row)
+        .map(|m| query_row(m, state.config.aliyun_report_after))
         .collect();
     let total = rows.len();
     let page_rows: Vec<Value> = rows
@@ -642,8 +643,13 @@ fn national(number: &str) -> &str {
     number
 }
 
-fn query_row(m: &crate::Accepted) -> Value {
+/// A QuerySendDetails row: `SendStatus` 1 (waiting for the receipt) until
+/// the delivery report is known, `report_after` after acceptance; then 3
+/// (delivered) or 2 (failed).
+fn query_row(m: &crate::Accepted, report_after: Duration) -> Value {
+    let reported = m.accepted_at_ms + report_after.as_millis() as u64 <= crate::now_ms();
     let (status, err) = match m.delivery {
+        _ if !reported => (1, ""),
         crate::Delivery::Delivered => (3, "DELIVERED"),
         crate::Delivery::Failed => (2, "UNDELIVERABLE"),
     };

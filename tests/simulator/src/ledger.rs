@@ -140,6 +140,8 @@ pub struct Sim {
     pub aliyun_nonces: HashSet<String>,
     /// Inbox `Idempotency-Key`s whose first request is being processed.
     pub inbox_in_flight: HashSet<String>,
+    /// SmsReport URLs that passed Aliyun's `GET` check.
+    pub checked_report_urls: HashSet<String>,
     /// Source of ids and of fault dice; seeded for repeatable runs.
     pub rng: StdRng,
     /// Next numeric message id.
@@ -180,6 +182,7 @@ impl Sim {
             apns_tokens: HashMap::new(),
             aliyun_nonces: HashSet::new(),
             inbox_in_flight: HashSet::new(),
+            checked_report_urls: HashSet::new(),
             rng: StdRng::seed_from_u64(seed),
             next_id: 1,
         }

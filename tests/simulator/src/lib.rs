@@ -143,6 +143,14 @@ pub struct Config {
     pub fcm_token_ttl: Duration,
     /// How long after acceptance a message shows in Aliyun `QuerySendDetails`.
     pub query_lag: Duration,
+    /// How long after acceptance an Aliyun message's delivery report is
+    /// known: until then its `QuerySendDetails` row says `SendStatus` 1
+    /// (waiting for the receipt), then 3 or 2, and its SmsReport is pushed.
+    pub aliyun_report_after: Duration,
+    /// The simulator's minute in Aliyun's SmsReport re-push schedule: a push
+    /// not answered `{"code":0}` is pushed again 1, 5 and 10 minutes later
+    /// (60 s as Aliyun has it; tests scale it down, keeping order and ratios).
+    pub aliyun_repush_minute: Duration,
     /// How many WeChat token calls (`/cgi-bin/token` and `stable_token` each)
     /// are answered per day before errcode 45009.
     pub wechat_token_daily_cap: u32,
@@ -172,6 +180,8 @@ impl Default for Config {
             token_ttl: Duration::from_secs(7200),
             fcm_token_ttl: Duration::from_secs(3599),
             query_lag: Duration::from_secs(2),
+            aliyun_report_after: Duration::from_secs(3),
+            aliyun_repush_minute: Duration::from_secs(60),
             wechat_token_daily_cap: 2000,
             wechat_rotation_overlap: Duration::from_secs(300),
             wechat_client_msg_id_window: Duration::from_secs(600),

@@ -1,6 +1,7 @@
 //! Delivery receipts, posted to the configured callback URL in each
 //! provider's own format and retried until answered the way that provider
-//! expects (bounded by [`crate::RECEIPT_ATTEMPTS`], 100 ms doubling backoff):
+//! expects (bounded by [`crate::RECEIPT_ATTEMPTS`], 100 ms doubling backoff
+//! up to 2 s):
 //!
 //! - `aliyun-sms`: the SmsReport HTTP batch push, a JSON array of
 //!   `{phone_number, send_time, report_time, success, err_code, err_msg,
@@ -11,8 +12,16 @@
 //! - `inbox`: `{"receipts":[{reference, message_id, recipient, status}]}`
 //!   with `Authorization: Bearer <secret>` when set; expects any 2xx.
 //!
+//! Aliyun's pushes follow its own schedule instead: pushed once the report
+//! is known ([`crate::Config::aliyun_report_after`]), again 1, 5 and 10
+//! minutes after a push not answered `{"code":0}`
+//! ([`crate::Config::aliyun_repush_minute`]); and before its first push to
+//! a URL it checks the URL as Aliyun's console does before SmsReport can be
+//! enabled: a `GET` answered 200 with `{"code":0,...}` within 700 ms. A URL
+//! that fails the check gets no push (tried again before each push).
+//!
 //! Counted in the stats as `<provider>.receipt_posted` / `receipt_retried` /
-//! `receipt_failed`.
+//! `receipt_failed`, and `aliyun-sms.probe_ok` / `probe_failed`.
 
 use crate::{Accepted, Delivery, RECEIPT_ATTEMPTS, ReceiptConfig, SimState, now_secs};
 use rand::Rng;
@@ -55,7 +64,16 @@ struct Job {
     provider: &'static str,
     request: Request,
     delay: Duration,
+    /// Pauses before each further attempt; the attempts are one more.
+    retries: Vec<Duration>,
 }
+
+/// Aliyun's re-push schedule after a push not answered `{"code":0}`, in its
+/// minutes (SmsReport: "1 分钟、5 分钟、10 分钟").
+const ALIYUN_REPUSH_MINUTES: [u32; 3] = [1, 5, 10];
+
+/// How long Aliyun's URL check waits for the answer.
+const ALIYUN_PROBE_TIMEOUT: Duration = Duration::from_millis(700);
 
 enum Request {
     Aliyun {
@@ -214,10 +232,25 @@ impl SimState {
     }
 
     fn spawn_job(&self, provider: &'static str, config: &ReceiptConfig, request: Request) {
-        let job = Job {
-            provider,
-            request,
-            delay: Duration::from_millis(config.delay_ms),
+        let delay = Duration::from_millis(config.delay_ms);
+        let job = if provider == "aliyun-sms" {
+            let minute = self.config.aliyun_repush_minute;
+            Job {
+                provider,
+                request,
+                delay: delay.max(self.config.aliyun_report_after),
+                retries: ALIYUN_REPUSH_MINUTES.iter().map(|m| minute * *m).collect(),
+            }
+        } else {
+            let retries = (1..RECEIPT_ATTEMPTS)
+                .map(|n| (Duration::from_millis(100) * 2u32.pow(n - 1)).min(Duration::from_secs(2)))
+                .collect();
+            Job {
+                provider,
+                request,
+                delay,
+                retries,
+            }
         };
         let state = self.clone();
         tokio::spawn(async move { state.post_receipt(job).await });
@@ -225,26 +258,56 @@ impl SimState {
 
     async fn post_receipt(&self, job: Job) {
         tokio::time::sleep(job.delay).await;
-        let mut backoff = Duration::from_millis(100);
-        for attempt in 1..=RECEIPT_ATTEMPTS {
+        let mut pauses = job.retries.iter();
+        loop {
             if self.post_once(&job.request).await {
                 self.lock().count(job.provider, "receipt_posted");
                 return;
             }
-            if attempt == RECEIPT_ATTEMPTS {
+            let Some(pause) = pauses.next() else {
                 break;
-            }
+            };
             self.lock().count(job.provider, "receipt_retried");
-            tokio::time::sleep(backoff).await;
-            backoff = (backoff * 2).min(Duration::from_secs(2));
+            tokio::time::sleep(*pause).await;
         }
         self.lock().count(job.provider, "receipt_failed");
+    }
+
+    /// Aliyun's check of a SmsReport URL (made until it once passes): a
+    /// `GET` answered 200 with a numeric `code` 0 within 700 ms.
+    async fn aliyun_url_checked(&self, url: &str) -> bool {
+        if self.lock().checked_report_urls.contains(url) {
+            return true;
+        }
+        let answer = self
+            .http
+            .get(url)
+            .timeout(ALIYUN_PROBE_TIMEOUT)
+            .send()
+            .await;
+        let passed = match answer {
+            Ok(r) if r.status().is_success() => {
+                r.json::<Value>().await.is_ok_and(|v| v["code"] == json!(0))
+            }
+            _ => false,
+        };
+        let mut sim = self.lock();
+        if passed {
+            sim.checked_report_urls.insert(url.to_string());
+            sim.count("aliyun-sms", "probe_ok");
+        } else {
+            sim.count("aliyun-sms", "probe_failed");
+        }
+        passed
     }
 
     /// One attempt; true if answered as the provider expects.
     async fn post_once(&self, request: &Request) -> bool {
         match request {
             Request::Aliyun { url, body } => {
+                if !self.aliyun_url_checked(url).await {
+                    return false;
+                }
                 let Ok(r) = self.http.post(url).json(body).send().await else {
                     return false;
                 };

@@ -68,7 +68,12 @@ fn tls_client(state: &SimState, addr: std::net::SocketAddr, http1: bool) -> reqw
 }
 
 async fn start() -> Sim {
-    start_with(Config::default()).await
+    start_with(Config {
+        aliyun_report_after: Duration::from_millis(0),
+        aliyun_repush_minute: Duration::from_millis(50),
+        ..Config::default()
+    })
+    .await
 }
 
 impl Sim {
@@ -384,6 +389,7 @@ async fn aliyun_faults_answer_like_aliyun() {
 async fn aliyun_query_shows_a_message_only_after_the_lag() {
     let sim = start_with(Config {
         query_lag: Duration::from_millis(400),
+        aliyun_report_after: Duration::from_millis(1200),
         ..Config::default()
     })
     .await;
@@ -416,8 +422,20 @@ async fn aliyun_query_shows_a_message_only_after_the_lag() {
     let row = &visible["SmsSendDetailDTOs"]["SmsSendDetailDTO"][0];
     assert_eq!(
         (row["OutId"].as_str(), row["SendStatus"].as_i64()),
-        (Some("out-1"), Some(3))
+        (Some("out-1"), Some(1)),
+        "waiting for the receipt first"
     );
+    let reported = loop {
+        let (_, q) = query("13800000001").send(&sim).await;
+        let row = q["SmsSendDetailDTOs"]["SmsSendDetailDTO"][0].clone();
+        if row["SendStatus"] != 1 {
+            break row;
+        }
+        assert!(Instant::now() < deadline, "the report never came");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(reported["SendStatus"], 3, "{reported}");
+    let row = &reported;
     assert_eq!(row["PhoneNum"], "13800000001");
     assert!(sent["BizId"].is_string());
     let (_, absent) = query("13900000000").send(&sim).await;
@@ -464,7 +482,9 @@ async fn receiver(refuse_first: usize, refuse: (u16, &'static str), ok: &'static
     let seen: Arc<Mutex<Vec<Arrived>>> = Default::default();
     let calls = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let log = seen.clone();
-    let app = axum::Router::new().fallback(axum::routing::post(
+    // A GET is Aliyun's check of the URL: answered as SmsReport wants.
+    let check = || async { r#"{"code":0,"msg":"成功"}"# };
+    let app = axum::Router::new().fallback(axum::routing::get(check).post(
         move |uri: axum::http::Uri, body: String| {
             let calls = calls.clone();
             let log = log.clone();
@@ -501,6 +521,46 @@ fn receipts_to(rx: &Receiver, fail: &[&str]) -> ReceiptConfig {
         secret: None,
         fail_after_accept: fail.iter().map(|s| s.to_string()).collect(),
     }
+}
+
+/// Aliyun checks the SmsReport URL with a `GET` before it pushes there: a
+/// URL that fails the check (here, a route that takes only POST) gets no
+/// report, the check is made again before each re-push, at 1, 5 and 10
+/// of the simulator's minutes, and the report is then given up.
+#[tokio::test]
+async fn aliyun_pushes_no_report_to_a_url_that_fails_its_get_check() {
+    let sim = start().await;
+    let seen: Arc<Mutex<Vec<Instant>>> = Default::default();
+    let log = seen.clone();
+    let app = axum::Router::new().fallback(axum::routing::post(move || {
+        log.lock().unwrap().push(Instant::now());
+        async { r#"{"code":0,"msg":"成功"}"# }
+    }));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/v1/receipts/x", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    let config = ReceiptConfig {
+        url,
+        delay_ms: 0,
+        secret: None,
+        fail_after_accept: Default::default(),
+    };
+    assert!(sim.state.set_receipts("aliyun-sms", Some(config)));
+    let started = Instant::now();
+    send_sms(&sim, "13800000001", "nocheck-1").send(&sim).await;
+    wait_for("the report given up", || {
+        sim.stat("aliyun-sms.receipt_failed") == 1
+    })
+    .await;
+    assert_eq!(
+        sim.stat("aliyun-sms.probe_failed"),
+        4,
+        "checked before each push"
+    );
+    assert_eq!(sim.stat("aliyun-sms.receipt_posted"), 0);
+    assert!(seen.lock().unwrap().is_empty(), "no report pushed");
+    // 1 + 5 + 10 minutes of 50 ms.
+    assert!(started.elapsed() >= Duration::from_millis(800));
 }
 
 #[tokio::test]

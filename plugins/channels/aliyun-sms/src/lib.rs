@@ -23,8 +23,12 @@
 //!   SendSms takes is dropped, `aliyun::query_number`) + `SendDate` (`yyyyMMdd`, China Standard Time, ≤ 30 days
 //!   back) + `BizId` when known, 50 rows a page; rows are matched by `OutId`,
 //!   `SendStatus` 1 waiting / 2 failed / 3 delivered. How soon a sent message
-//!   shows in the query is not documented: `query_lag_secs` is the setting
-//!   `query_lag` (default 60 s, conservative).
+//!   shows in the query is not documented, so a message the query does not
+//!   find is believed absent only past a conservative not-found horizon:
+//!   `query_lag_secs`, the setting `query_lag` (default 1,200 s: it also
+//!   outlasts SmsReport's re-pushes 1, 5 and 10 minutes after a failed push,
+//!   so the receipt is waited for before a resend). Until then the host holds
+//!   the task; receipts and later checks settle it.
 //! - `callbacks = true`: SmsReport, HTTP batch push
 //!   (<https://help.aliyun.com/zh/sms/developer-reference/smsreport-2>): a JSON
 //!   array of `{phone_number, send_time, report_time, success, err_code,
@@ -56,6 +60,9 @@ const PAGE_SIZE: usize = 50;
 /// per-number flow control allows far fewer). Past it the query says it
 /// could not tell rather than "absent".
 const MAX_PAGES: usize = 10;
+/// The default not-found horizon (setting `query_lag`), in seconds: see the
+/// module documentation.
+const QUERY_LAG_SECS: u64 = 1200;
 /// China Standard Time, in which `SendDate` is given.
 const CST: i64 = 8 * 3600;
 
@@ -64,7 +71,7 @@ struct AliyunSms;
 
 impl Channel for AliyunSms {
     fn capabilities() -> ProviderCapabilities {
-        let lag = number_setting("query_lag", 60).unwrap_or(60);
+        let lag = number_setting("query_lag", QUERY_LAG_SECS).unwrap_or(QUERY_LAG_SECS);
         ProviderCapabilities {
             honours_reference: false,
             can_query: true,

@@ -1038,6 +1038,49 @@ async fn a_wechat_event_with_a_forged_signature_is_refused_and_settles_nothing()
     env.stop().await;
 }
 
+/// A job-finish event whose `MsgID` is 0 (reported when `client_msg_id` is
+/// set) names no message: answered `success`, it settles nothing; the event
+/// naming the task's msgid still settles it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wechat_event_with_msgid_0_settles_nothing() {
+    let env = Env::start(|_| {}).await;
+    let base = serve_receipts(&env).await;
+    let t = accept(&env, "wechat", "msgid0-1", 1).await;
+    env.wait_status(&t, TaskStatus::Sent).await;
+    let msgid = task(&env.permits, &t).await.provider_message_id.unwrap();
+    let url = env.sim.callback_url(&base, "wechat");
+    let token = env.sim.state.credentials().wechat_callback_token.clone();
+    let client = reqwest::Client::new();
+    let post = |id: &str| {
+        let timestamp = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs()
+            .to_string();
+        let nonce = format!("n{id}");
+        let signature = provider_sim::receipts::wechat_signature(&token, &timestamp, &nonce);
+        client
+            .post(format!(
+                "{url}?signature={signature}&timestamp={timestamp}&nonce={nonce}"
+            ))
+            .header("content-type", "text/xml")
+            .body(wechat_event(&recipient("wechat", 1), id))
+            .send()
+    };
+    let zero = post("0").await.unwrap();
+    assert_eq!(zero.status(), 200);
+    assert_eq!(zero.text().await.unwrap(), "success");
+    assert_eq!(
+        env.status(&t).await,
+        Some(TaskStatus::Sent),
+        "nothing settled"
+    );
+    let named = post(&msgid).await.unwrap();
+    assert_eq!(named.status(), 200);
+    assert_eq!(env.status(&t).await, Some(TaskStatus::Delivered));
+    env.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn wechat_url_check_echoes_only_when_signed_with_the_channel_token() {
     let env = Env::start(|_| {}).await;

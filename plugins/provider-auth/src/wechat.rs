@@ -62,11 +62,6 @@ pub fn delivered(status: &str) -> bool {
     status == "success"
 }
 
-/// The errcode of a send refused because the same `client_msg_id` already
-/// made a message ("相同 clientmsgid 已存在", documented for mass sends; taken
-/// here to mean the message exists).
-pub const DUPLICATE: i64 = 45065;
-
 /// Sorts a non-zero errcode of the template send (or token) API.
 pub fn classify(errcode: i64) -> Refusal {
     use Class::{Permanent, Refresh, Retryable, Unknown};
@@ -77,10 +72,10 @@ pub fn classify(errcode: i64) -> Refusal {
         // API call quota reached: refused before the message was taken.
         45009 => r(Retryable),
         // System busy ("系统繁忙"): nothing says the message was not taken.
-        // Same client_msg_id retried too fast ("请间隔1分钟重试", documented
-        // for mass sends only): WeChat has seen the id, the first send may
-        // stand. Both ambiguous.
-        -1 | 45066 => r(Unknown),
+        // The same client_msg_id exists (45065, "相同 clientmsgid 已存在") or
+        // was retried too fast (45066, "请间隔1分钟重试"): documented for mass
+        // sends only, so not relied on for template sends. All ambiguous.
+        -1 | 45065 | 45066 => r(Unknown),
         43004 | 40003 | 40037 | 47003 => r(Permanent),
         40164 => r(Permanent)
             .because("the host's IP address is not on the official account's IP whitelist"),
@@ -149,6 +144,7 @@ mod tests {
             (42001, Refresh),
             (-1, Unknown),
             (45009, Retryable),
+            (45065, Unknown),
             (45066, Unknown),
             (43004, Permanent),
             (40003, Permanent),

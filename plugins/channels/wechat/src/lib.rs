@@ -15,8 +15,9 @@
 //! `provider_auth::wechat::classify` (that page and "全局返回码"); `-1`
 //! ("系统繁忙"), 45066 and a 5xx unknown (nothing says the message was not
 //! taken: resent under `client_msg_id` inside its window, else
-//! `on_unknown`); a cut-off answer unknown (docs/providers.md, "WeChat"). 45065 ("clientmsgid exist", documented for mass sends) is
-//! taken as the message already sent.
+//! `on_unknown`); a cut-off answer unknown (docs/providers.md, "WeChat").
+//! 45065 ("clientmsgid exist") and 45066 are documented for mass sends, not
+//! template sends: neither is relied on, both are unknown.
 //!
 //! Capability `honours_reference`, `reference_window_secs = 540`: the send
 //! API's `client_msg_id` parameter is documented as "防重入id。对于同一个openid +
@@ -39,6 +40,10 @@
 //! (echoed when the signature verifies); every verified POST is answered
 //! `success`. Events settle by `MsgID` (= the send's `msgid`): `Status`
 //! `success` delivered, `failed:user block` / `failed: system failed` failed.
+//! A community report says `MsgID` is 0 in this event when `client_msg_id`
+//! was set: a `MsgID` of 0 (or a send's `msgid` of 0) is no message's id, so
+//! such an event settles nothing (answered `success`) rather than the wrong
+//! task; its task stays `sent`.
 //! No status query exists.
 
 use channel_sdk::callback::{self, answer};
@@ -106,7 +111,7 @@ impl Channel for Wechat {
         }
         let xml = String::from_utf8_lossy(&req.body);
         let settled = match wechat::xml_field(&xml, "Event").as_deref() {
-            Some("TEMPLATESENDJOBFINISH") => vec![job_finished(&xml)?],
+            Some("TEMPLATESENDJOBFINISH") => job_finished(&xml)?.into_iter().collect(),
             _ => vec![],
         };
         Ok(answer(settled, callback::text("success")))
@@ -135,19 +140,14 @@ fn sent(resp: &http::Response, client_msg_id: &str) -> Attempt<Receipt> {
             v.as_u64()
                 .map(|n| n.to_string())
                 .or_else(|| v.as_str().map(str::to_string))
-        });
-    if errcode == 0 || errcode == wechat::DUPLICATE {
-        let receipt = |id: String| Receipt {
-            provider_message_id: id,
+        })
+        .filter(|id| is_message_id(id));
+    if errcode == 0 {
+        return Attempt::Done(Ok(Receipt {
+            // Without an id of its own, the client reference names it.
+            provider_message_id: msgid.unwrap_or_else(|| client_msg_id.to_string()),
             reference: Some(client_msg_id.to_string()),
-        };
-        return Attempt::Done(match msgid {
-            Some(id) => Ok(receipt(id)),
-            None if errcode == wechat::DUPLICATE => Ok(receipt(client_msg_id.to_string())),
-            None => Err(SendError::Unknown(
-                "WeChat answered errcode 0 without a msgid".into(),
-            )),
-        });
+        }));
     }
     let refusal = wechat::classify(errcode);
     match refusal.class {
@@ -208,13 +208,22 @@ fn verify(req: &CallbackRequest) -> Result<(), CallbackError> {
     }
 }
 
-/// The settlement of a `TEMPLATESENDJOBFINISH` event.
-fn job_finished(xml: &str) -> Result<Settlement, CallbackError> {
+/// Whether `id` can name a message: `0` (or empty) names none.
+fn is_message_id(id: &str) -> bool {
+    !id.trim().is_empty() && id.trim().trim_start_matches('0') != ""
+}
+
+/// The settlement of a `TEMPLATESENDJOBFINISH` event; none when its `MsgID`
+/// names no message (0).
+fn job_finished(xml: &str) -> Result<Option<Settlement>, CallbackError> {
     let id = wechat::xml_field(xml, "MsgID")
         .ok_or_else(|| CallbackError::Malformed("TEMPLATESENDJOBFINISH without MsgID".into()))?;
+    if !is_message_id(&id) {
+        return Ok(None);
+    }
     let status = wechat::xml_field(xml, "Status")
         .ok_or_else(|| CallbackError::Malformed("TEMPLATESENDJOBFINISH without Status".into()))?;
-    Ok(Settlement {
+    Ok(Some(Settlement {
         id,
         status: if wechat::delivered(&status) {
             DeliveryStatus::Delivered
@@ -222,7 +231,7 @@ fn job_finished(xml: &str) -> Result<Settlement, CallbackError> {
             DeliveryStatus::Failed
         },
         detail: Some(status),
-    })
+    }))
 }
 
 channel_sdk::export_channel!(Wechat);

@@ -210,7 +210,7 @@ fn verify(req: &CallbackRequest) -> Result<(), CallbackError> {
 
 /// Whether `id` can name a message: `0` (or empty) names none.
 fn is_message_id(id: &str) -> bool {
-    !id.trim().is_empty() && id.trim().trim_start_matches('0') != ""
+    !id.trim().trim_start_matches('0').is_empty()
 }
 
 /// The settlement of a `TEMPLATESENDJOBFINISH` event; none when its `MsgID`

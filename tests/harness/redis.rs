@@ -164,7 +164,12 @@ impl RedisServer {
     }
 }
 
-/// Waits until the server `child` at `url` answers `PING` (10 s deadline);
+/// How long a starting server may take to answer `PING`: a restart loads
+/// its AOF first (a 20,000-event chaos run's takes over 10 s on a loaded
+/// machine), answering `LOADING` until done.
+const READY_WITHIN: Duration = Duration::from_secs(120);
+
+/// Waits until the server `child` at `url` answers `PING` ([`READY_WITHIN`]);
 /// fails with its log (at `log`) if it exits or does not answer (the child is
 /// then `None` when it exited).
 pub(crate) async fn await_ping(
@@ -175,7 +180,7 @@ pub(crate) async fn await_ping(
     let client = redis::Client::open(url)?;
     let child = child_slot.as_mut().context("no server process")?;
     let mut exited = None;
-    let ready = wait_until(Duration::from_secs(10), || {
+    let ready = wait_until(READY_WITHIN, || {
         let client = client.clone();
         if let Ok(Some(status)) = child.try_wait() {
             exited = Some(status);

@@ -116,9 +116,9 @@ fn probe(addr: &str, settings: &[(&str, &str)]) -> ChannelConfig {
     c
 }
 
-/// A policy sending `PROBE` events on `channels`, retrying quickly (the
-/// backoff's cap is 10 s, no jitter).
-fn policy(channels: &[&str]) -> (String, String) {
+/// A policy sending `PROBE` events on `channels`, retrying after
+/// `first_retry` (doubling, capped at 10 s, no jitter).
+fn policy(channels: &[&str], first_retry: &str) -> (String, String) {
     let text = format!(
         r#"
 biz_type = "PROBE"
@@ -128,17 +128,29 @@ window = "1h"
 
 [retry]
 max_attempts = 2
-backoff = {{ initial = "100ms", factor = 2.0, max = "10s", jitter = false }}
+backoff = {{ initial = "{first_retry}", factor = 2.0, max = "10s", jitter = false }}
 "#
     );
     ("probe.toml".into(), text)
 }
 
-/// A host with `channels` (name, config) and the probe policy over them.
+/// A host with `channels` (name, config) and the probe policy over them,
+/// retrying quickly.
 async fn host(
     redis: &RedisServer,
     channels: Vec<(&str, ChannelConfig)>,
     env: &[(&str, &str)],
+    configure: impl FnOnce(&mut HostConfig) + Send + 'static,
+) -> anyhow::Result<TestHost> {
+    host_retrying(redis, channels, env, "100ms", configure).await
+}
+
+/// [`host`], its policy retrying first after `first_retry`.
+async fn host_retrying(
+    redis: &RedisServer,
+    channels: Vec<(&str, ChannelConfig)>,
+    env: &[(&str, &str)],
+    first_retry: &str,
     configure: impl FnOnce(&mut HostConfig) + Send + 'static,
 ) -> anyhow::Result<TestHost> {
     let names: Vec<&str> = channels.iter().map(|(n, _)| *n).collect();
@@ -155,7 +167,7 @@ async fn host(
         redis,
         Setup {
             env: vars,
-            policies: Some(vec![policy(&names)]),
+            policies: Some(vec![policy(&names, first_retry)]),
             plugin_sender: true,
             extra_plugins: vec![fixture("contract_probe")],
             configure: Some(Box::new(move |config: &mut HostConfig| {
@@ -348,6 +360,45 @@ async fn a_reference_is_resent_only_inside_its_window() {
     assert_eq!(provider.sends_of(":inside:PROBE:win-1").len(), 2);
     // Past it: no reference to lean on, no query, `on_unknown = hold`.
     assert_eq!(provider.sends_of(":past:PROBE:win-1").len(), 1);
+    host.shutdown().await.unwrap();
+}
+
+/// A resend decided inside the reference window but due after it (the retry
+/// delay is longer than what is left of the window) is decided again when
+/// its turn comes: past the window it would be a new message, so it is held
+/// (`on_unknown = hold`), and the provider has one message.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resend_due_after_the_reference_window_is_held_not_sent() {
+    let redis = RedisServer::start().await.unwrap();
+    let (addr, provider) = provider().await;
+    let slow = probe(
+        &addr,
+        &[
+            ("honours_reference", "true"),
+            ("reference_window_secs", "2"),
+        ],
+    );
+    let host = host_retrying(&redis, vec![("slow", slow)], &[], "4s", |_| {})
+        .await
+        .unwrap();
+    let tasks = post(&host, "late-1", "unknown", &["slow"]).await;
+    let id = &tasks[0].1;
+    // The first answer is ambiguous; the resend is decided at once, inside
+    // the window, and is due 4 s later, past it.
+    wait_until(DEADLINE, || async {
+        task(&host, id).await["last_error"]
+            .as_str()
+            .is_some_and(|e| e.contains("past the provider's reference window"))
+    })
+    .await
+    .expect("the late resend is looked at again and held");
+    let t = task(&host, id).await;
+    assert_eq!(t["status"], "unknown", "{t}");
+    assert_eq!(
+        provider.sends_of(":slow:PROBE:late-1").len(),
+        1,
+        "one message"
+    );
     host.shutdown().await.unwrap();
 }
 
@@ -607,7 +658,7 @@ async fn two_host_processes_and_many_warm_instances_fetch_one_token() {
     .unwrap();
     let policies = dir.path().join("policies");
     std::fs::create_dir_all(&policies).unwrap();
-    let (name, text) = policy(&["probe"]);
+    let (name, text) = policy(&["probe"], "100ms");
     std::fs::write(policies.join(name), text).unwrap();
     let (mut a, base_a) =
         serve_probe(&redis, &dir.path().join("a"), &plugins, &policies, &addr).await;

@@ -260,6 +260,13 @@ pub(crate) async fn deliver(shared: &DispatchContext, entry: &Entry) {
     if attempt.reclaimed && !first_claim && !resend_reclaimed(shared, &attempt, &msg, entry).await {
         return;
     }
+    if !attempt.reclaimed
+        && attempt.task.maybe_sent
+        && !first_claim
+        && !resend_still_safe(shared, &attempt, &msg, entry).await
+    {
+        return;
+    }
     if attempt.reclaimed && first_claim {
         // The vanished worker never reached its claim: it sent nothing.
         tracing::info!(task = %entry.task_id, attempt = attempt.number,
@@ -449,6 +456,47 @@ async fn resend_reclaimed(
     };
     super::ledger::note_outcome(shared, attempt, &outcome, false).await;
     record_with(shared, attempt, &outcome, entry, context).await;
+    false
+}
+
+/// Why a resend decided after an ambiguous answer is held when its turn comes.
+pub const STALE_RESEND_REASON: &str = "an earlier attempt's answer was ambiguous, and its resend came past the provider's reference window";
+
+/// A resend decided after an earlier attempt's ambiguous answer, looked at
+/// again as its turn comes. One that leaned on the provider's dedupe (its
+/// reference) may have been carried past the reference window by the retry
+/// delay, and a resend past it is a new message: then it is decided anew,
+/// as for an unknown outcome now (held, by default). One already counted as
+/// a possible duplicate, or still inside the window, goes ahead. True when
+/// it may be sent; otherwise its outcome is recorded here.
+async fn resend_still_safe(
+    shared: &DispatchContext,
+    attempt: &Attempt,
+    msg: &OutgoingMessage,
+    entry: &Entry,
+) -> bool {
+    let marked = attempt
+        .task
+        .fields
+        .get(super::duplicates::FIELD)
+        .is_some_and(|v| v == "1");
+    if marked || shared.sender.dedupes(msg).await {
+        return true;
+    }
+    let verdict = with_lease(shared, attempt, shared.sender.settle_unknown(msg)).await;
+    match verdict {
+        UnknownVerdict::Resend => return true,
+        UnknownVerdict::ResendMayDuplicate => {
+            super::duplicates::note(&shared.permits, &attempt.task_id, &attempt.task.channel).await;
+            return true;
+        }
+        UnknownVerdict::Sent { .. } | UnknownVerdict::Hold => {}
+    }
+    tracing::info!(task = %entry.task_id, attempt = attempt.number, ?verdict,
+        "a resend after an ambiguous answer came past the provider's reference window; not sent");
+    let outcome = unknown(attempt, STALE_RESEND_REASON.to_string(), verdict);
+    super::ledger::note_outcome(shared, attempt, &outcome, false).await;
+    record(shared, attempt, &outcome, entry).await;
     false
 }
 

@@ -121,10 +121,7 @@ fn assert_fails_naming(run: &(bool, String), check: &str, fix: &str) {
     let (passed, out) = run;
     let line = line(out, check);
     assert!(
-        !passed
-            && line.starts_with("FAIL")
-            && line.contains(" — fix: ")
-            && line.contains(fix),
+        !passed && line.starts_with("FAIL") && line.contains(" — fix: ") && line.contains(fix),
         "expected a failed {check} naming {fix:?} and a non-zero exit (exit 0: {passed}):\n{out}"
     );
 }

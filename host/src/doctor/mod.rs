@@ -34,6 +34,7 @@ use crate::route::Live;
 /// How one check came out.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, ToSchema)]
 #[serde(rename_all = "lowercase")]
+#[schema(as = DoctorStatus)]
 pub enum Status {
     /// As production needs it.
     Ok,
@@ -45,6 +46,7 @@ pub enum Status {
 
 /// One check: what it looked at, what it found, what to do.
 #[derive(Debug, Clone, Serialize, ToSchema)]
+#[schema(as = DoctorCheck)]
 pub struct Check {
     /// `ok`, `warn` or `fail`.
     pub status: Status,
@@ -137,6 +139,7 @@ impl Check {
 
 /// Every check of one deployment.
 #[derive(Debug, Clone, Serialize, ToSchema)]
+#[schema(as = DoctorReport)]
 pub struct Report {
     /// No check failed (warnings allowed).
     pub ok: bool,

@@ -129,7 +129,7 @@ pub async fn read_policies(conn: &RedisConn) -> Result<Vec<(String, String)>, Ev
 /// `cmd`'s answer from every Redis behind `conn`: one Redis (node name
 /// empty), or every master of a cluster (` at <address>`). A node's error
 /// answer is its entry's `Err`; failing to reach Redis at all is the outer one.
-async fn per_node(
+pub(crate) async fn per_node(
     conn: &RedisConn,
     cmd: &redis::Cmd,
 ) -> Result<Vec<(String, redis::RedisResult<Value>)>, redis::RedisError> {

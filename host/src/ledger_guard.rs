@@ -66,32 +66,47 @@ impl LedgerGuard {
     /// another id is refused (warned about when the operator opted in).
     pub async fn check(&self, conn: &RedisConn) -> Result<(), LedgerGuardError> {
         let mut conn = conn.clone();
-        let (backend, ours) = &self.ours;
         let _recorded: redis::Value = redis::cmd("SET")
             .arg(&self.key)
-            .arg(ours)
+            .arg(&self.ours.1)
             .arg("NX")
             .query_async(&mut conn)
             .await?;
-        let theirs: Option<String> = redis::cmd("GET")
-            .arg(&self.key)
-            .query_async(&mut conn)
-            .await?;
-        match theirs {
-            Some(theirs) if theirs != *ours => {
-                let refused = LedgerGuardError::Separate {
-                    backend,
-                    ours: ours.clone(),
-                    theirs,
-                    key: self.key.clone(),
-                };
-                if !self.allow_separate {
-                    return Err(refused);
-                }
+        let theirs = self.recorded(&conn).await?;
+        match self.refusal(theirs) {
+            Some(refused) if !self.allow_separate => Err(refused),
+            Some(refused) => {
                 tracing::warn!("allow_separate_ledgers = true: {refused}");
                 Ok(())
             }
-            _ => Ok(()),
+            None => Ok(()),
         }
+    }
+
+    /// The ledger id the Redis records (`None`: no instance recorded one yet).
+    pub async fn recorded(&self, conn: &RedisConn) -> Result<Option<String>, LedgerGuardError> {
+        Ok(redis::cmd("GET")
+            .arg(&self.key)
+            .query_async(&mut conn.clone())
+            .await?)
+    }
+
+    /// Why `theirs` (the id the Redis records) is not this ledger, if it is not.
+    pub fn refusal(&self, theirs: Option<String>) -> Option<LedgerGuardError> {
+        let (backend, ours) = &self.ours;
+        match theirs {
+            Some(theirs) if theirs != *ours => Some(LedgerGuardError::Separate {
+                backend,
+                ours: ours.clone(),
+                theirs,
+                key: self.key.clone(),
+            }),
+            _ => None,
+        }
+    }
+
+    /// `allow_separate_ledgers`: another ledger is warned about, not refused.
+    pub fn allows_separate(&self) -> bool {
+        self.allow_separate
     }
 }

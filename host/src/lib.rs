@@ -12,6 +12,7 @@ pub mod config;
 pub mod corpus;
 pub mod derive;
 pub mod dispatch;
+pub mod doctor;
 pub mod eviction;
 pub(crate) mod files;
 pub mod ledger;

@@ -28,6 +28,8 @@ enum Command {
     Openapi(cli::openapi::Args),
     /// The delivery ledger: export rows for audits.
     Ledger(cli::ledger::Args),
+    /// Check a deployment before going live: Redis, ledger, plugins, channels, tokens.
+    Doctor(cli::doctor::Args),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -40,5 +42,6 @@ fn main() -> anyhow::Result<()> {
         Command::Serve(args) => cli::serve::run(args),
         Command::Openapi(args) => cli::openapi::run(args),
         Command::Ledger(args) => cli::ledger::run(args),
+        Command::Doctor(args) => cli::doctor::run(args),
     }
 }

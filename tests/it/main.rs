@@ -20,6 +20,8 @@ mod channels;
 mod cluster;
 mod contract;
 mod dispatch;
+mod docs;
+mod doctor;
 mod e2e;
 mod eviction;
 mod hardening;

@@ -56,6 +56,7 @@ fn main() -> Result<()> {
 const QUICK_SKIPS: &[(&str, &str)] = &[
     ("chaos::", "minutes of chaos"),
     ("console::", "Chromium"),
+    ("doctor::the_postgresql_fix", "PostgreSQL"),
     ("failover::", "PostgreSQL"),
     ("languages::", "the JavaScript and Python toolchains"),
     ("ledger::", "PostgreSQL"),

@@ -11,6 +11,7 @@ pub(crate) mod admin;
 pub(crate) mod auth;
 pub(crate) mod body;
 pub(crate) mod console;
+pub(crate) mod doctor;
 pub(crate) mod events;
 pub(crate) mod history;
 pub(crate) mod log;
@@ -127,6 +128,7 @@ pub fn app(state: AppState) -> Router {
     let admin = Router::new()
         .route("/admin/overview", get(overview::get_overview))
         .route("/admin/plugins", get(admin::plugins))
+        .route("/admin/doctor", get(doctor::get_doctor))
         .route("/admin/policies", get(admin::policies))
         .route("/admin/reload", post(admin::reload))
         .route("/admin/tasks", get(admin::task_by_key))

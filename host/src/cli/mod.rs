@@ -5,6 +5,7 @@
 
 pub(crate) mod channel_kit;
 pub(crate) mod channel_script;
+pub mod doctor;
 pub mod inputs;
 pub mod keys;
 pub mod ledger;

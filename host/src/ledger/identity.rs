@@ -23,3 +23,14 @@ pub(crate) async fn read_or_create(pool: &LedgerPool) -> Result<String, LedgerEr
         Ok(id)
     })
 }
+
+/// The ledger's id, if an instance created it (reads only: `pushonce doctor`).
+pub(crate) async fn read(pool: &LedgerPool) -> Result<Option<String>, LedgerError> {
+    on_pool!(pool, p => {
+        let row: Option<(String,)> =
+            sqlx::query_as("SELECT id FROM ledger_identity WHERE singleton = 1")
+                .fetch_optional(p)
+                .await?;
+        Ok(row.map(|(id,)| id))
+    })
+}

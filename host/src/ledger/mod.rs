@@ -11,7 +11,7 @@
 
 pub mod claim;
 pub mod history;
-mod identity;
+pub(crate) mod identity;
 mod pool;
 pub mod retention;
 pub mod writer;

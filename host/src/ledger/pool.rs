@@ -223,6 +223,44 @@ impl LedgerPool {
         Ok(())
     }
 
+    /// The migrations of this binary the ledger has not applied (version,
+    /// description), and the versions it has that this binary does not know
+    /// (a newer host applied them). Reads `_sqlx_migrations` (none applied
+    /// when it is missing); applies nothing (`pushonce doctor`).
+    pub(crate) async fn migration_gaps(
+        &self,
+    ) -> Result<(Vec<(i64, &'static str)>, Vec<i64>), LedgerError> {
+        let steps = match self {
+            LedgerPool::Sqlite(_) => SQLITE_MIGRATIONS,
+            LedgerPool::Postgres(_) => POSTGRES_MIGRATIONS,
+        };
+        let applied: Vec<i64> = on_pool!(self, p => {
+            let table = sqlx::query("SELECT 1 FROM _sqlx_migrations LIMIT 1")
+                .fetch_optional(p)
+                .await;
+            if table.is_err() {
+                Vec::new()
+            } else {
+                sqlx::query_as::<_, (i64,)>("SELECT version FROM _sqlx_migrations WHERE success")
+                    .fetch_all(p)
+                    .await?
+                    .into_iter()
+                    .map(|(v,)| v)
+                    .collect()
+            }
+        });
+        let pending = steps
+            .iter()
+            .filter(|(v, _, _)| !applied.contains(v))
+            .map(|(v, d, _)| (*v, *d))
+            .collect();
+        let unknown = applied
+            .into_iter()
+            .filter(|v| !steps.iter().any(|(known, _, _)| known == v))
+            .collect();
+        Ok((pending, unknown))
+    }
+
     /// `SELECT 1`.
     pub async fn ping(&self) -> Result<(), LedgerError> {
         on_pool!(self, p => {

@@ -35,6 +35,7 @@ mod reconcile;
 mod redis_embedded;
 mod redis_processes;
 mod redis_tls;
+mod security;
 mod vanished;
 
 // Need more: PostgreSQL, Chromium, the JavaScript and Python toolchains,

@@ -1,0 +1,133 @@
+//! Issue 32's attacks, each replayed against a real host: callback path
+//! tokens looked for in a debug-level log, weak tokens at start, forged log
+//! lines, a host without tokens driven from another origin, guessing
+//! tokens, the console's headers and sign-out.
+
+use std::time::Duration;
+
+use pushonce::store::free_loopback_port;
+use pushonce_tests::process::PushonceProcess;
+use pushonce_tests::redis::RedisServer;
+
+/// Strong callback path tokens (24 base64url characters, 144 bits) a test
+/// looks for in the log.
+const SMS_TOKEN: &str = "Kq3xW9vLmP2rT7yZ4nB8cD1f";
+const WECHAT_TOKEN: &str = "Vb6Hs0Jp9QeR3uYt5Wc8Lx2N";
+
+/// Every byte of `s` percent-encoded, in upper or lower case hex.
+fn percent_encoded(s: &str, upper: bool) -> String {
+    s.bytes()
+        .map(|b| {
+            if upper {
+                format!("%{b:02X}")
+            } else {
+                format!("%{b:02x}")
+            }
+        })
+        .collect()
+}
+
+/// `log` without its terminal colours (`ESC [ ... m`).
+fn plain(log: &str) -> String {
+    let mut out = String::with_capacity(log.len());
+    let mut rest = log;
+    while let Some(i) = rest.find('\u{1b}') {
+        out.push_str(&rest[..i]);
+        rest = &rest[i..];
+        rest = rest.find('m').map_or("", |end| &rest[end + 1..]);
+    }
+    out.push_str(rest);
+    out
+}
+
+/// `pushonce serve` with the repository's configuration at debug level,
+/// the callback tokens above, against `redis`: its address and the process.
+async fn serve_with_known_tokens(
+    dir: &std::path::Path,
+    redis: &RedisServer,
+    extra_toml: &str,
+    env: &[(&str, &str)],
+) -> (String, PushonceProcess) {
+    let port = free_loopback_port().unwrap();
+    let url = redis.url();
+    let mut all = vec![
+        ("PUSHONCE_REDIS_URL", url.as_str()),
+        ("PUSHONCE_SMS_CALLBACK_TOKEN", SMS_TOKEN),
+        ("PUSHONCE_WECHAT_CALLBACK_TOKEN", WECHAT_TOKEN),
+        ("RUST_LOG", "debug"),
+    ];
+    all.extend_from_slice(env);
+    let listen = format!("127.0.0.1:{port}");
+    let host = PushonceProcess::serve_repository_config(dir, &listen, extra_toml, &all).unwrap();
+    let base = format!("http://{listen}");
+    host.wait_ready(&base, Duration::from_secs(60))
+        .await
+        .unwrap();
+    (base, host)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn callback_path_tokens_are_in_no_log_line_in_any_form() {
+    let mut redis = RedisServer::start().await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let (base, mut host) = serve_with_known_tokens(dir.path(), &redis, "", &[]).await;
+    let client = reqwest::Client::new();
+    let post = |path: String, body: &'static str| {
+        let (client, url) = (client.clone(), format!("{base}{path}"));
+        async move {
+            client
+                .post(url)
+                .body(body)
+                .send()
+                .await
+                .unwrap()
+                .status()
+                .as_u16()
+        }
+    };
+    // 400: a body the SMS plugin cannot parse, with the token raw and encoded.
+    for token in [
+        SMS_TOKEN.to_string(),
+        percent_encoded(SMS_TOKEN, true),
+        percent_encoded(SMS_TOKEN, false),
+    ] {
+        assert_eq!(post(format!("/v1/receipts/sms/{token}"), "x").await, 400);
+    }
+    // 403: a WeChat event with a forged signature.
+    let forged = "signature=0123456789abcdef0123456789abcdef01234567&timestamp=1700000000&nonce=42";
+    let event = "<xml><MsgType><![CDATA[event]]></MsgType><Event><![CDATA[TEMPLATESENDJOBFINISH]]></Event><MsgID>1</MsgID><Status><![CDATA[success]]></Status></xml>";
+    assert_eq!(
+        post(
+            format!("/v1/receipts/wechat/{WECHAT_TOKEN}?{forged}"),
+            event
+        )
+        .await,
+        403
+    );
+    // 503: a well-formed SMS report while Redis is down (logged as a warning).
+    redis.stop().await.unwrap();
+    let report = r#"[{"phone_number":"+8613800000001","send_time":"2026-12-01 08:00:00","report_time":"2026-12-01 08:00:05","success":true,"err_code":"DELIVERED","err_msg":"ok","sms_size":"1","biz_id":"b-1","out_id":"o-1"}]"#;
+    assert_eq!(
+        post(format!("/v1/receipts/sms/{SMS_TOKEN}"), report).await,
+        503
+    );
+    host.terminate(Duration::from_secs(30)).await.unwrap();
+    let log = plain(&host.log());
+    for status in ["status=400", "status=403", "status=503"] {
+        assert!(
+            log.lines()
+                .any(|l| l.contains(status) && l.contains("/v1/receipts/")),
+            "the {status} callback was logged:\n{log}"
+        );
+    }
+    assert!(log.contains("path=/v1/receipts/sms/***"), "{log}");
+    for token in [SMS_TOKEN, WECHAT_TOKEN] {
+        for form in [
+            token.to_string(),
+            percent_encoded(token, true),
+            percent_encoded(token, false),
+        ] {
+            assert!(!log.contains(&form), "{form} is in the log:\n{log}");
+        }
+    }
+}

@@ -131,3 +131,32 @@ async fn callback_path_tokens_are_in_no_log_line_in_any_form() {
         }
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_weak_callback_path_token_stops_the_host_naming_the_variable() {
+    let redis = RedisServer::start().await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_loopback_port().unwrap();
+    let url = redis.url();
+    let env = [
+        ("PUSHONCE_REDIS_URL", url.as_str()),
+        ("PUSHONCE_SMS_CALLBACK_TOKEN", "guessable-1"),
+    ];
+    let listen = format!("127.0.0.1:{port}");
+    let mut host = PushonceProcess::serve_repository_config(dir.path(), &listen, "", &env).unwrap();
+    let status = host.wait_exit(Duration::from_secs(60)).await.unwrap();
+    let log = plain(&host.log());
+    assert!(!status.success(), "started with a weak token:\n{log}");
+    for named in [
+        "channel sms",
+        "PUSHONCE_SMS_CALLBACK_TOKEN",
+        "11 base64url characters carry at most 66 bits",
+        "openssl rand -hex 16",
+    ] {
+        assert!(
+            log.contains(named),
+            "the refusal does not say {named:?}:\n{log}"
+        );
+    }
+    assert!(!log.contains("guessable-1"), "the token is shown:\n{log}");
+}

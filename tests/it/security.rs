@@ -6,8 +6,10 @@
 use std::time::Duration;
 
 use pushonce::store::free_loopback_port;
+use pushonce_tests::host::{Answer, TestHost};
 use pushonce_tests::process::PushonceProcess;
 use pushonce_tests::redis::RedisServer;
+use reqwest::StatusCode;
 
 /// Strong callback path tokens (24 base64url characters, 144 bits) a test
 /// looks for in the log.
@@ -159,4 +161,179 @@ async fn a_weak_callback_path_token_stops_the_host_naming_the_variable() {
         );
     }
     assert!(!log.contains("guessable-1"), "the token is shown:\n{log}");
+}
+
+/// The admin token of the hosts below that have one.
+const ADMIN_TOKEN: &str = "admin-Zr8Qw3Lx6Vn1Kp4T";
+
+/// `[auth]` with an admin token (read from `ADMIN_T`).
+const WITH_ADMIN_TOKEN: &str = "\n[auth]\nadmin_token_env = \"ADMIN_T\"\n";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sign_in_name_with_a_newline_cannot_forge_a_log_line() {
+    let redis = RedisServer::start().await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let (base, mut host) = serve_with_known_tokens(
+        dir.path(),
+        &redis,
+        WITH_ADMIN_TOKEN,
+        &[("ADMIN_T", ADMIN_TOKEN)],
+    )
+    .await;
+    let client = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap();
+    let name = "ana\n2026-12-03T07:00:00Z  INFO pushonce: forged\r\u{1b}[2K";
+    let answer = client
+        .post(format!("{base}/console/login"))
+        .form(&[("name", name), ("token", ADMIN_TOKEN)])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(answer.status(), 303, "signed in");
+    host.terminate(Duration::from_secs(30)).await.unwrap();
+    let log = plain(&host.log());
+    assert!(
+        log.contains("by=ana\\u{a}2026-12-03T07:00:00Z  INFO pushonce: forged\\u{d}\\u{1b}[2K"),
+        "the name is logged escaped, on its line:\n{log}"
+    );
+    assert!(
+        !log.lines().any(|l| l.starts_with("2026-12-03T07:00:00Z")),
+        "a forged line:\n{log}"
+    );
+    assert!(!log.contains('\r'), "{log}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_tokens_only_loopback_hosts_and_same_origin_posts_are_served() {
+    let redis = RedisServer::start().await.unwrap();
+    let host = TestHost::start(&redis).await.unwrap();
+    let post = |headers: &[(&str, &str)]| {
+        let mut req = host.client.post(host.url("/admin/reload"));
+        for (k, v) in headers {
+            req = req.header(*k, *v);
+        }
+        host.send(req)
+    };
+    let refused = |a: &Answer, named: &str| {
+        assert_eq!(a.status, StatusCode::FORBIDDEN, "{}", a.body);
+        assert_eq!(a.content_type(), "application/problem+json");
+        assert_eq!(a.body["type"], "urn:pushonce:problem:origin-refused");
+        let detail = a.body["detail"].as_str().unwrap();
+        assert!(detail.contains(named), "{detail}");
+        assert!(detail.contains("[auth]"), "{detail}");
+    };
+    // DNS rebinding: the page's own name in Host.
+    refused(
+        &post(&[("host", "evil.example")]).await.unwrap(),
+        "evil.example",
+    );
+    let read = host
+        .send(
+            host.client
+                .get(host.url("/admin/plugins"))
+                .header("host", "evil.example:80"),
+        )
+        .await
+        .unwrap();
+    refused(&read, "evil.example:80");
+    // A cross-site form.
+    let origin = [("origin", "http://evil.example")];
+    refused(&post(&origin).await.unwrap(), "Origin");
+    let fetch = [("sec-fetch-site", "cross-site")];
+    refused(&post(&fetch).await.unwrap(), "Sec-Fetch-Site");
+    // The operator's own requests.
+    assert_eq!(post(&[]).await.unwrap().status, StatusCode::OK);
+    let own = host.base.clone();
+    let same = [("origin", own.as_str()), ("sec-fetch-site", "same-origin")];
+    assert_eq!(post(&same).await.unwrap().status, StatusCode::OK);
+    let localhost = host.base.replace("127.0.0.1", "localhost");
+    let named = [("host", localhost.trim_start_matches("http://"))];
+    assert_eq!(post(&named).await.unwrap().status, StatusCode::OK);
+    // Probes hold nothing to protect.
+    let probe = host
+        .send(
+            host.client
+                .get(host.url("/healthz"))
+                .header("host", "evil.example"),
+        )
+        .await
+        .unwrap();
+    assert_eq!(probe.status, StatusCode::OK);
+    host.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failed_sign_ins_and_wrong_tokens_are_limited_per_client_address() {
+    let redis = RedisServer::start().await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let (base, mut host) = serve_with_known_tokens(
+        dir.path(),
+        &redis,
+        WITH_ADMIN_TOKEN,
+        &[("ADMIN_T", ADMIN_TOKEN)],
+    )
+    .await;
+    let client = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap();
+    let admin = |client: &reqwest::Client, token: &str| {
+        client
+            .get(format!("{base}/admin/plugins"))
+            .bearer_auth(token)
+            .send()
+    };
+    let sign_in = |token: &str| {
+        client
+            .post(format!("{base}/console/login"))
+            .form(&[("name", "mallory"), ("token", token)])
+            .send()
+    };
+    // Ten failures from 127.0.0.1, on /admin and on the console alike.
+    for i in 0..10 {
+        let status = if i % 2 == 0 {
+            admin(&client, &format!("guess-{i}"))
+                .await
+                .unwrap()
+                .status()
+        } else {
+            sign_in(&format!("guess-{i}")).await.unwrap().status()
+        };
+        assert_eq!(status, 401, "failure {i}");
+    }
+    // Then every attempt of that address waits, even with the right token.
+    for answer in [
+        admin(&client, "guess-10").await.unwrap(),
+        admin(&client, ADMIN_TOKEN).await.unwrap(),
+        sign_in(ADMIN_TOKEN).await.unwrap(),
+    ] {
+        assert_eq!(answer.status(), 429);
+        let retry: u64 = answer.headers()["retry-after"]
+            .to_str()
+            .unwrap()
+            .parse()
+            .unwrap();
+        assert!((1..=60).contains(&retry), "Retry-After: {retry}");
+        assert_eq!(answer.headers()["content-type"], "application/problem+json");
+        let body: serde_json::Value = answer.json().await.unwrap();
+        assert_eq!(body["type"], "urn:pushonce:problem:too-many-failures");
+    }
+    // Another address is served.
+    let other = reqwest::Client::builder()
+        .local_address("127.0.0.2".parse::<std::net::IpAddr>().unwrap())
+        .build()
+        .unwrap();
+    assert_eq!(admin(&other, ADMIN_TOKEN).await.unwrap().status(), 200);
+    host.terminate(Duration::from_secs(30)).await.unwrap();
+    let log = plain(&host.log());
+    let refusals = log
+        .lines()
+        .filter(|l| l.contains("client=127.0.0.1") && l.contains("wrong"))
+        .count();
+    assert_eq!(
+        refusals, 10,
+        "each failure is logged with the address:\n{log}"
+    );
 }

@@ -12,6 +12,7 @@ pub(crate) mod auth;
 pub(crate) mod body;
 pub(crate) mod console;
 pub(crate) mod events;
+pub(crate) mod guard;
 pub(crate) mod history;
 pub(crate) mod log;
 pub mod metrics;
@@ -154,6 +155,7 @@ pub fn app(state: AppState) -> Router {
         .route("/metrics", get(ops::metrics))
         .route("/openapi.json", get(openapi::openapi));
     let limits = state.limits;
+    let tokenless = state.api_token.is_open() || state.admin_token.is_open();
     Router::new()
         .merge(v1)
         .merge(admin)
@@ -162,6 +164,8 @@ pub fn app(state: AppState) -> Router {
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .with_state(state)
+        .layer(from_fn_with_state(tokenless, guard::loopback_only))
+        .layer(Extension(Arc::new(guard::Failures::default())))
         .layer(DefaultBodyLimit::max(limits.body_bytes))
         .layer(Extension(body::BodyLimit(limits.body_bytes)))
         .layer(from_fn_with_state(limits.request_timeout, timeout))

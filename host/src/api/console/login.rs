@@ -3,16 +3,21 @@
 
 use std::time::SystemTime;
 
-use axum::Form;
+use std::sync::Arc;
+
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Redirect, Response};
+use axum::{Extension, Form};
 use maud::{Markup, html};
 use serde::Deserialize;
 
 use super::session::{self, Signer};
 use super::{layout, session_of};
 use crate::api::AppState;
+use crate::api::guard::Failures;
+use crate::api::log::escaped;
+use crate::listener::Client;
 
 /// The sign-in form's fields.
 #[derive(Debug, Deserialize)]
@@ -32,10 +37,19 @@ pub async fn form(State(state): State<AppState>, headers: HeaderMap) -> Response
 }
 
 /// Checks the token; sets the session cookie and goes to the overview.
-pub async fn sign_in(State(state): State<AppState>, Form(form): Form<SignIn>) -> Response {
+pub async fn sign_in(
+    State(state): State<AppState>,
+    Extension(failures): Extension<Arc<Failures>>,
+    client: Option<Extension<Client>>,
+    Form(form): Form<SignIn>,
+) -> Response {
     let Some(signer) = Signer::new(&state.admin_token) else {
         return page(StatusCode::FORBIDDEN, None, true);
     };
+    let client = client.map(|Extension(c)| c.peer.ip());
+    if let Err(e) = failures.check(client) {
+        return e.into_response();
+    }
     let name = form.name.trim();
     if name.is_empty() || name.len() > 200 {
         return page(
@@ -45,10 +59,13 @@ pub async fn sign_in(State(state): State<AppState>, Form(form): Form<SignIn>) ->
         );
     }
     if !state.admin_token.matches(form.token.trim()) {
-        tracing::warn!("console sign-in refused: wrong admin token");
+        failures.failed(client);
+        let client = client.map_or_else(|| "unknown".to_string(), |ip| ip.to_string());
+        tracing::warn!(%client, by = %escaped(name), "console sign-in refused: wrong admin token");
         return page(StatusCode::UNAUTHORIZED, Some("Wrong admin token."), false);
     }
-    tracing::info!(by = %name, "console sign-in");
+    let client = client.map_or_else(|| "unknown".to_string(), |ip| ip.to_string());
+    tracing::info!(%client, by = %escaped(name), "console sign-in");
     let cookie = session::set_cookie(&signer.issue(name, SystemTime::now()));
     (
         [(header::SET_COOKIE, cookie)],

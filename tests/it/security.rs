@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use pushonce::store::free_loopback_port;
-use pushonce_tests::host::{Answer, TestHost};
+use pushonce_tests::host::{Answer, Setup, TestHost};
 use pushonce_tests::process::PushonceProcess;
 use pushonce_tests::redis::RedisServer;
 use reqwest::StatusCode;
@@ -336,4 +336,104 @@ async fn failed_sign_ins_and_wrong_tokens_are_limited_per_client_address() {
         refusals, 10,
         "each failure is logged with the address:\n{log}"
     );
+}
+
+/// A host whose console takes `ADMIN_TOKEN`.
+async fn host_with_admin_token(redis: &RedisServer) -> TestHost {
+    let env = [("ADMIN_T".to_string(), ADMIN_TOKEN.to_string())].into();
+    let setup = Setup {
+        env,
+        auth: (None, Some("ADMIN_T".into())),
+        ..Setup::default()
+    };
+    TestHost::start_with(redis, setup).await.unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn console_pages_resist_framing_sniffing_caching_and_a_signed_out_cookie() {
+    use base64::Engine;
+    use sha2::Digest;
+    let redis = RedisServer::start().await.unwrap();
+    let host = host_with_admin_token(&redis).await;
+    let client = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap();
+    let header = |r: &reqwest::Response, name: &str| {
+        r.headers()
+            .get(name)
+            .map(|v| v.to_str().unwrap().to_string())
+            .unwrap_or_default()
+    };
+    let form = client.get(host.url("/console/login")).send().await.unwrap();
+    assert_eq!(header(&form, "x-frame-options"), "DENY");
+    assert_eq!(header(&form, "x-content-type-options"), "nosniff");
+    assert_eq!(header(&form, "cache-control"), "no-store");
+    let csp = header(&form, "content-security-policy");
+    for part in [
+        "default-src 'none'",
+        "frame-ancestors 'none'",
+        "form-action 'self'",
+    ] {
+        assert!(csp.contains(part), "{csp}");
+    }
+    // The policy allows the page's own stylesheet, by its hash.
+    let page = form.text().await.unwrap();
+    let style = page
+        .split_once("<style>")
+        .and_then(|(_, rest)| rest.split_once("</style>"))
+        .unwrap()
+        .0;
+    let hash = base64::engine::general_purpose::STANDARD.encode(sha2::Sha256::digest(style));
+    assert!(csp.contains(&format!("style-src 'sha256-{hash}'")), "{csp}");
+
+    // `Secure` when a TLS-terminating proxy says the request came over HTTPS.
+    let sign_in = |https: bool| {
+        let mut req = client
+            .post(host.url("/console/login"))
+            .form(&[("name", "ana"), ("token", ADMIN_TOKEN)]);
+        if https {
+            req = req.header("x-forwarded-proto", "https");
+        }
+        req.send()
+    };
+    let plain_cookie = header(&sign_in(false).await.unwrap(), "set-cookie");
+    assert!(!plain_cookie.contains("Secure"), "{plain_cookie}");
+    let signed_in = sign_in(true).await.unwrap();
+    assert_eq!(signed_in.status(), 303);
+    let set_cookie = header(&signed_in, "set-cookie");
+    assert!(set_cookie.contains("; Secure"), "{set_cookie}");
+    assert!(set_cookie.contains("HttpOnly"), "{set_cookie}");
+    let cookie = set_cookie.split(';').next().unwrap().to_string();
+
+    // Signed in: the overview; signed out: the same cookie no longer works.
+    let overview = || {
+        client
+            .get(host.url("/console/overview"))
+            .header("cookie", &cookie)
+            .send()
+    };
+    let page = overview().await.unwrap();
+    assert_eq!(page.status(), 200);
+    assert_eq!(header(&page, "cache-control"), "no-store");
+    let page = page.text().await.unwrap();
+    let csrf = page
+        .split("name=\"csrf\" value=\"")
+        .nth(1)
+        .and_then(|rest| rest.split('"').next())
+        .unwrap()
+        .to_string();
+    let out = client
+        .post(host.url("/console/logout"))
+        .header("cookie", &cookie)
+        .form(&[("csrf", csrf.as_str())])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(out.status(), 303);
+    assert!(header(&out, "set-cookie").contains("Max-Age=0"));
+    let after = overview().await.unwrap();
+    assert_eq!(after.status(), 303, "the old cookie is refused");
+    assert_eq!(header(&after, "location"), "/console/login");
+    host.shutdown().await.unwrap();
 }

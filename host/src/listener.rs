@@ -40,6 +40,10 @@ pub async fn serve(
     mut stop: watch::Receiver<bool>,
 ) {
     let slots = Arc::new(Semaphore::new(config.max_connections));
+    let per_client = Arc::new(PerClient {
+        max: config.max_connections_per_client.max(1),
+        open: std::sync::Mutex::default(),
+    });
     let local = listener
         .local_addr()
         .unwrap_or_else(|_| SocketAddr::from(([127, 0, 0, 1], 0)));
@@ -60,6 +64,15 @@ pub async fn serve(
                 }
             },
             _ = stopped(&mut stop) => break,
+        };
+        let Some(client_slot) = PerClient::take(&per_client, peer.ip()) else {
+            tracing::debug!(
+                client = %peer.ip(),
+                max = per_client.max,
+                "per-client connection cap reached: closing a new connection"
+            );
+            drop(stream);
+            continue;
         };
         let Ok(slot) = slots.clone().try_acquire_owned() else {
             tracing::debug!(
@@ -82,11 +95,54 @@ pub async fn serve(
                 tracing::debug!(error = %e, "connection ended with an error");
             }
             drop(slot);
+            drop(client_slot);
         });
     }
     drop(listener);
     tracing::info!("shutting down: no new connections, finishing requests in flight");
     graceful.shutdown().await;
+}
+
+/// Connections open per client address, capped at `max`.
+struct PerClient {
+    /// The cap per address.
+    max: usize,
+    /// Open connections by address (addresses with none are removed).
+    open: std::sync::Mutex<std::collections::HashMap<std::net::IpAddr, usize>>,
+}
+
+impl PerClient {
+    /// One more connection of `ip`, or `None` when it has `max` already.
+    fn take(this: &Arc<PerClient>, ip: std::net::IpAddr) -> Option<ClientSlot> {
+        let mut open = this.open.lock().unwrap_or_else(|e| e.into_inner());
+        let n = open.entry(ip).or_insert(0);
+        if *n >= this.max {
+            return None;
+        }
+        *n += 1;
+        Some(ClientSlot {
+            of: this.clone(),
+            ip,
+        })
+    }
+}
+
+/// One open connection of a client address; given back when dropped.
+struct ClientSlot {
+    of: Arc<PerClient>,
+    ip: std::net::IpAddr,
+}
+
+impl Drop for ClientSlot {
+    fn drop(&mut self) {
+        let mut open = self.of.open.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(n) = open.get_mut(&self.ip) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                open.remove(&self.ip);
+            }
+        }
+    }
 }
 
 /// Where a request came from: an extension of every request the listener serves.

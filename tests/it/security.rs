@@ -437,3 +437,51 @@ async fn console_pages_resist_framing_sniffing_caching_and_a_signed_out_cookie()
     assert_eq!(header(&after, "location"), "/console/login");
     host.shutdown().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_address_holding_its_connections_does_not_starve_another() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let redis = RedisServer::start().await.unwrap();
+    let setup = Setup {
+        configure: Some(Box::new(|c: &mut pushonce::config::HostConfig| {
+            c.http.max_connections = 8;
+            c.http.max_connections_per_client = 4;
+        })),
+        ..Setup::default()
+    };
+    let host = TestHost::start_with(&redis, setup).await.unwrap();
+    let addr = host.base.trim_start_matches("http://").to_string();
+    // 127.0.0.1 opens ten idle connections: four are served, the rest closed.
+    let mut idle = Vec::new();
+    for _ in 0..10 {
+        idle.push(tokio::net::TcpStream::connect(&addr).await.unwrap());
+    }
+    let probe = |from: &'static str| {
+        let addr = addr.clone();
+        async move {
+            let socket = tokio::net::TcpSocket::new_v4().unwrap();
+            socket.bind(format!("{from}:0").parse().unwrap()).unwrap();
+            let mut s = socket.connect(addr.parse().unwrap()).await.unwrap();
+            let req = b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n";
+            if s.write_all(req).await.is_err() {
+                return String::new();
+            }
+            let mut text = Vec::new();
+            let _ = s.read_to_end(&mut text).await;
+            String::from_utf8_lossy(&text).into_owned()
+        }
+    };
+    // A fresh probe from the same address is closed unanswered...
+    pushonce_tests::wait_until(Duration::from_secs(20), || async {
+        probe("127.0.0.1").await.is_empty()
+    })
+    .await
+    .expect("the fifth connection of 127.0.0.1 is closed");
+    // ...while probes from another address keep being served.
+    for _ in 0..20 {
+        let answer = probe("127.0.0.2").await;
+        assert!(answer.starts_with("HTTP/1.1 200"), "{answer:?}");
+    }
+    drop(idle);
+    host.shutdown().await.unwrap();
+}

@@ -485,3 +485,19 @@ async fn one_address_holding_its_connections_does_not_starve_another() {
     drop(idle);
     host.shutdown().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_path_that_is_not_utf8_once_decoded_is_a_problem() {
+    let redis = RedisServer::start().await.unwrap();
+    let host = TestHost::start(&redis).await.unwrap();
+    let a = host.get("/v1/events/x/%ff%fe", None).await.unwrap();
+    assert_eq!(a.status, StatusCode::BAD_REQUEST, "{}", a.body);
+    assert_eq!(a.content_type(), "application/problem+json");
+    assert_eq!(a.body["type"], "urn:pushonce:problem:bad-request");
+    assert!(
+        a.body["detail"].as_str().unwrap().contains("UTF-8"),
+        "{}",
+        a.body
+    );
+    host.shutdown().await.unwrap();
+}

@@ -68,6 +68,15 @@ pub enum ApiError {
         /// Seconds until it may try again.
         retry_after: u64,
     },
+    /// An extractor refused the request before its handler ran (e.g. a
+    /// path segment that is not UTF-8 once percent-decoded).
+    #[error("bad request: {detail}")]
+    Rejected {
+        /// The extractor's status (a 4xx).
+        status: StatusCode,
+        /// The extractor's words.
+        detail: String,
+    },
     /// A provider callback that is not a request the provider sends.
     #[error("malformed callback: {0}")]
     MalformedCallback(String),
@@ -157,7 +166,8 @@ impl ApiError {
             | ApiError::NotImplemented(d) => d.clone(),
             ApiError::Invalid { detail, .. }
             | ApiError::Plugin { detail, .. }
-            | ApiError::Unavailable { detail, .. } => detail.clone(),
+            | ApiError::Unavailable { detail, .. }
+            | ApiError::Rejected { detail, .. } => detail.clone(),
             ApiError::ReloadRefused(reasons) => reasons.join("; "),
             ApiError::Http { detail, .. } => detail.to_string(),
             other => other.to_string(),
@@ -198,7 +208,7 @@ impl ApiError {
             | ApiError::PayloadJson(_)
             | ApiError::CallbackFailed(_)
             | ApiError::Bug(_) => StatusCode::INTERNAL_SERVER_ERROR,
-            ApiError::Http { status, .. } => *status,
+            ApiError::Http { status, .. } | ApiError::Rejected { status, .. } => *status,
         }
     }
 
@@ -229,6 +239,7 @@ impl ApiError {
             | ApiError::CallbackFailed(_)
             | ApiError::Bug(_) => ("internal", "Internal error"),
             ApiError::Http { .. } => ("bad-http-request", "Bad HTTP request"),
+            ApiError::Rejected { .. } => ("bad-request", "Bad request"),
         };
         let detail = self.detail();
         Problem {

@@ -182,6 +182,10 @@ pub struct HttpConfig {
     /// Most connections served at once; further ones wait in the kernel's
     /// accept queue until one closes.
     pub max_connections: usize,
+    /// Most connections one client address serves at once (at most
+    /// `max_connections`); a further one from that address is closed at
+    /// once, so one client cannot take the whole cap from the others.
+    pub max_connections_per_client: usize,
 }
 
 impl Default for HttpConfig {
@@ -190,6 +194,7 @@ impl Default for HttpConfig {
             allow_open_network: false,
             header_read_timeout: Duration::from_secs(10),
             max_connections: 1024,
+            max_connections_per_client: 256,
         }
     }
 }
@@ -744,6 +749,12 @@ impl HostConfig {
     fn check_http_and_events(&self) -> Result<(), ConfigError> {
         if self.http.max_connections == 0 {
             return Err(invalid("http.max_connections", "must be at least 1"));
+        }
+        if self.http.max_connections_per_client == 0 {
+            return Err(invalid(
+                "http.max_connections_per_client",
+                "must be at least 1",
+            ));
         }
         if self.http.header_read_timeout < Duration::from_millis(10) {
             return Err(invalid("http.header_read_timeout", "must be at least 10ms"));

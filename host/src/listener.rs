@@ -10,8 +10,13 @@
 //! long, a head too large) itself, with an empty 400, 414 or 431, before
 //! the router sees it; [`ProblemIo`] turns those answers into problem+json
 //! like every other error of the API.
+//!
+//! Every request carries a [`Client`] extension: the peer's and the
+//! listener's addresses (rate limits per client address, the loopback
+//! checks of a host without tokens).
 
 use std::io;
+use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll, ready};
@@ -35,15 +40,22 @@ pub async fn serve(
     mut stop: watch::Receiver<bool>,
 ) {
     let slots = Arc::new(Semaphore::new(config.max_connections));
+    let per_client = Arc::new(PerClient {
+        max: config.max_connections_per_client.max(1),
+        open: std::sync::Mutex::default(),
+    });
+    let local = listener
+        .local_addr()
+        .unwrap_or_else(|_| SocketAddr::from(([127, 0, 0, 1], 0)));
     let graceful = GracefulShutdown::new();
     let mut builder = hyper::server::conn::http1::Builder::new();
     builder
         .timer(TokioTimer::new())
         .header_read_timeout(config.header_read_timeout);
     loop {
-        let stream = tokio::select! {
+        let (stream, peer) = tokio::select! {
             accepted = listener.accept() => match accepted {
-                Ok((stream, _)) => stream,
+                Ok(accepted) => accepted,
                 Err(e) => {
                     // Out of file descriptors and the like: pause, keep serving.
                     tracing::warn!(error = %e, "accepting a connection failed");
@@ -52,6 +64,15 @@ pub async fn serve(
                 }
             },
             _ = stopped(&mut stop) => break,
+        };
+        let Some(client_slot) = PerClient::take(&per_client, peer.ip()) else {
+            tracing::debug!(
+                client = %peer.ip(),
+                max = per_client.max,
+                "per-client connection cap reached: closing a new connection"
+            );
+            drop(stream);
+            continue;
         };
         let Ok(slot) = slots.clone().try_acquire_owned() else {
             tracing::debug!(
@@ -63,7 +84,10 @@ pub async fn serve(
         };
         let conn = builder.serve_connection(
             TokioIo::new(ProblemIo::new(stream)),
-            TowerToHyperService::new(app.clone()),
+            TowerToHyperService::new(WithClient {
+                app: app.clone(),
+                client: Client { peer, local },
+            }),
         );
         let conn = graceful.watch(conn);
         tokio::spawn(async move {
@@ -71,11 +95,88 @@ pub async fn serve(
                 tracing::debug!(error = %e, "connection ended with an error");
             }
             drop(slot);
+            drop(client_slot);
         });
     }
     drop(listener);
     tracing::info!("shutting down: no new connections, finishing requests in flight");
     graceful.shutdown().await;
+}
+
+/// Connections open per client address, capped at `max`.
+struct PerClient {
+    /// The cap per address.
+    max: usize,
+    /// Open connections by address (addresses with none are removed).
+    open: std::sync::Mutex<std::collections::HashMap<std::net::IpAddr, usize>>,
+}
+
+impl PerClient {
+    /// One more connection of `ip`, or `None` when it has `max` already.
+    fn take(this: &Arc<PerClient>, ip: std::net::IpAddr) -> Option<ClientSlot> {
+        let mut open = this.open.lock().unwrap_or_else(|e| e.into_inner());
+        let n = open.entry(ip).or_insert(0);
+        if *n >= this.max {
+            return None;
+        }
+        *n += 1;
+        Some(ClientSlot {
+            of: this.clone(),
+            ip,
+        })
+    }
+}
+
+/// One open connection of a client address; given back when dropped.
+struct ClientSlot {
+    of: Arc<PerClient>,
+    ip: std::net::IpAddr,
+}
+
+impl Drop for ClientSlot {
+    fn drop(&mut self) {
+        let mut open = self.of.open.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(n) = open.get_mut(&self.ip) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                open.remove(&self.ip);
+            }
+        }
+    }
+}
+
+/// Where a request came from: an extension of every request the listener serves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Client {
+    /// The peer's address.
+    pub peer: SocketAddr,
+    /// The listener's own address (loopback or not).
+    pub local: SocketAddr,
+}
+
+/// The router, with each request given its connection's [`Client`].
+#[derive(Clone)]
+struct WithClient {
+    app: Router,
+    client: Client,
+}
+
+impl<B> tower_service::Service<axum::http::Request<B>> for WithClient
+where
+    Router: tower_service::Service<axum::http::Request<B>>,
+{
+    type Response = <Router as tower_service::Service<axum::http::Request<B>>>::Response;
+    type Error = <Router as tower_service::Service<axum::http::Request<B>>>::Error;
+    type Future = <Router as tower_service::Service<axum::http::Request<B>>>::Future;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        tower_service::Service::<axum::http::Request<B>>::poll_ready(&mut self.app, cx)
+    }
+
+    fn call(&mut self, mut req: axum::http::Request<B>) -> Self::Future {
+        req.extensions_mut().insert(self.client);
+        self.app.call(req)
+    }
 }
 
 /// Resolves once `stop` is (or turns) true, or its sender is gone.

@@ -120,7 +120,7 @@ pub fn repository_inputs(config: &HostConfig, dir: &Path) -> anyhow::Result<Vec<
             env.push((var.clone(), format!("test-{}", var.to_lowercase())));
         }
         if let Some(var) = &channel.callback_token_env {
-            env.push((var.clone(), format!("cb-{name}-5c1f08a2")));
+            env.push((var.clone(), format!("cb-{name}-5c1f08a2e7d94b3f60")));
         }
     }
     Ok(env)
@@ -230,7 +230,7 @@ impl TestHost {
             // Closed callbacks, as a deployment has them: a path token each.
             let var = format!("CALLBACK_TOKEN_{name}");
             env.entry(var.clone())
-                .or_insert_with(|| format!("cb-{name}-9d2e61f0"));
+                .or_insert_with(|| format!("cb-{name}-9d2e61f0a7c3b5d4e8f1"));
             channel.callback_token_env = Some(var);
             channel.open_callbacks = false;
             // The CA `repository_inputs` wrote where the file names it.

@@ -337,7 +337,7 @@ async fn every_refusal_is_a_problem_naming_the_field_or_plugin() {
     let a = host
         .send(
             host.client
-                .post(host.url("/v1/receipts/sms/cb-sms-9d2e61f0"))
+                .post(host.url("/v1/receipts/sms/cb-sms-9d2e61f0a7c3b5d4e8f1"))
                 .body("x"),
         )
         .await
@@ -354,7 +354,7 @@ async fn every_refusal_is_a_problem_naming_the_field_or_plugin() {
     // No such channel, no token, a wrong token: the same 404, so the route
     // does not tell which channels exist.
     for path in [
-        "/v1/receipts/fax/cb-sms-9d2e61f0",
+        "/v1/receipts/fax/cb-sms-9d2e61f0a7c3b5d4e8f1",
         "/v1/receipts/sms",
         "/v1/receipts/sms/wrong-token",
     ] {
@@ -428,7 +428,7 @@ async fn tokens_guard_v1_admin_and_receipts() {
     let env: HashMap<String, String> = [
         ("API_TOKEN", "api-secret"),
         ("ADMIN_TOKEN", "admin-secret"),
-        ("CALLBACK_TOKEN_sms", "sms-path-token"),
+        ("CALLBACK_TOKEN_sms", "sms-path-token-7Hq2Zx9Lw4"),
     ]
     .into_iter()
     .map(|(k, v)| (k.to_string(), v.to_string()))
@@ -506,12 +506,12 @@ async fn tokens_guard_v1_admin_and_receipts() {
     // With the channel's path token the callback reaches the plugin (which
     // refuses this one: it has no `receipts` array).
     let a = host
-        .send(receipt("/v1/receipts/sms/sms-path-token", None))
+        .send(receipt("/v1/receipts/sms/sms-path-token-7Hq2Zx9Lw4", None))
         .await
         .unwrap();
     assert_problem(&a, 400, None);
     assert!(
-        !a.body.to_string().contains("sms-path-token"),
+        !a.body.to_string().contains("sms-path-token-7Hq2Zx9Lw4"),
         "the token is never echoed: {}",
         a.body
     );

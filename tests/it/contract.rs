@@ -31,7 +31,7 @@ const DEADLINE: Duration = Duration::from_secs(30);
 const CALLBACK_SECRET: &str = "cb-secret-41";
 
 /// The path token of the probe channels' callback URL.
-const PATH_TOKEN: &str = "path-token-8c1f";
+const PATH_TOKEN: &str = "path-token-8c1f5e2d9a7b3c";
 
 /// What the test provider received.
 #[derive(Default)]

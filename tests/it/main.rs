@@ -37,6 +37,7 @@ mod reconcile;
 mod redis_embedded;
 mod redis_processes;
 mod redis_tls;
+mod security;
 mod vanished;
 
 // Need more: PostgreSQL, Chromium, the JavaScript and Python toolchains,

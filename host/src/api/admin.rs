@@ -11,6 +11,7 @@ use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 
 use super::AppState;
+use super::log::escaped;
 use super::model::Problem;
 use super::model::TaskView;
 use super::problem::ApiError;
@@ -471,7 +472,7 @@ pub(crate) fn requeue_answer(
             attempts,
             max_attempts,
         } => {
-            tracing::info!(task = %id, attempts, max_attempts, by = %note.by, "task requeued by an operator");
+            tracing::info!(task = %escaped(id), attempts, max_attempts, by = %escaped(&note.by), "task requeued by an operator");
             Ok(RequeueView {
                 task_id: id.to_string(),
                 attempts,
@@ -608,7 +609,7 @@ pub(crate) async fn settle_task(
     }
     match state.permits.settle(id, how, note).await? {
         Settled::Settled(status) => {
-            tracing::info!(task = %id, %status, by = %note.by, "task settled by an operator");
+            tracing::info!(task = %escaped(id), %status, by = %escaped(&note.by), "task settled by an operator");
             let task = state.permits.task(id).await?;
             let task = task.ok_or_else(|| ApiError::NotFound(format!("no task {id:?}")))?;
             note_in_ledger(state, &task).await;

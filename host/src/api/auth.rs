@@ -94,11 +94,34 @@ impl Token {
     }
 }
 
-/// Middleware: refuses a request whose bearer token does not match `token`.
+/// Middleware: refuses a request whose bearer token does not match `token`
+/// (401, the client's address logged), and every request of a client
+/// address past its failures (429, [`super::guard::Failures`]).
 pub async fn require(State(token): State<Token>, req: Request, next: Next) -> Response {
+    if token.is_open() {
+        return next.run(req).await;
+    }
+    let client = super::guard::client_ip(req.extensions());
+    let failures = req
+        .extensions()
+        .get::<Arc<super::guard::Failures>>()
+        .cloned();
+    if let Some(failures) = &failures
+        && let Err(e) = failures.check(client)
+    {
+        return e.into_response();
+    }
     match token.check(req.headers()) {
         Ok(()) => next.run(req).await,
-        Err(e) => e.into_response(),
+        Err(e) => {
+            let path = super::log::loggable_path(req.uri().path());
+            let client = client.map_or_else(|| "unknown".to_string(), |ip| ip.to_string());
+            tracing::warn!(%client, %path, "refused: missing or wrong bearer token");
+            if let Some(failures) = failures {
+                failures.failed(super::guard::client_ip(req.extensions()));
+            }
+            e.into_response()
+        }
     }
 }
 

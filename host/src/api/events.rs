@@ -18,6 +18,7 @@ use axum::response::IntoResponse;
 use super::AppState;
 use super::body::{JsonBody, from_value};
 use super::history;
+use super::log::escaped;
 use super::model::Problem;
 use super::model::*;
 use super::problem::ApiError;
@@ -120,7 +121,7 @@ pub(crate) async fn post_batch(
             }
             Err(e) => {
                 let problem = e.problem();
-                tracing::debug!(index, error = %e, "batch event refused");
+                tracing::debug!(index, error = %escaped(&e.to_string()), "batch event refused");
                 items.push(BatchItem {
                     index,
                     status: problem.status,

@@ -9,7 +9,13 @@
 //! of it `debug`, and the first answer of a route that needs Redis that is
 //! not such a 503 ends the episode with one `info` line counting what it
 //! refused.
+//!
+//! Nothing secret and nothing forged reaches a log line from here: the path
+//! is logged as [`loggable_path`] (a callback's path token replaced by
+//! `***`), and every value a client chose goes through [`escaped`] (control
+//! characters written as `\u{..}`, so a newline cannot start a forged line).
 
+use std::borrow::Cow;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -49,6 +55,7 @@ pub(crate) async fn log_refusals(
 ) -> Response {
     let method = req.method().clone();
     let path = req.uri().path().to_string();
+    let logged = loggable_path(&path);
     let response = next.run(req).await;
     let status = response.status().as_u16();
     if response.extensions().get::<Refusal>().is_some() {
@@ -57,17 +64,22 @@ pub(crate) async fn log_refusals(
     }
     match response.extensions().get::<Refusal>() {
         Some(r) if r.unavailable => {
+            let error = escaped(&r.cause);
             if outage.refused() {
-                tracing::warn!(status, %method, %path, error = %r.cause, "unavailable: answering 503 with Retry-After until it recovers");
+                tracing::warn!(status, %method, path = %logged, %error, "unavailable: answering 503 with Retry-After until it recovers");
             } else {
-                tracing::debug!(status, %method, %path, error = %r.cause, "unavailable");
+                tracing::debug!(status, %method, path = %logged, %error, "unavailable");
             }
             return response;
         }
         Some(r) if response.status().is_server_error() => {
-            tracing::error!(status, %method, %path, error = %r.cause, "request failed");
+            let error = escaped(&r.cause);
+            tracing::error!(status, %method, path = %logged, %error, "request failed");
         }
-        Some(r) => tracing::debug!(status, %method, %path, error = %r.cause, "request refused"),
+        Some(r) => {
+            let error = escaped(&r.cause);
+            tracing::debug!(status, %method, path = %logged, %error, "request refused");
+        }
         None => {}
     }
     if needs_redis(&path)
@@ -76,6 +88,43 @@ pub(crate) async fn log_refusals(
         tracing::info!(refused, "serving again after an outage");
     }
     response
+}
+
+/// The prefix of providers' callback routes: `<prefix><channel>/<token>[/<rest>]`.
+const RECEIPTS: &str = "/v1/receipts/";
+
+/// `path` as it may be logged: the segment after `/v1/receipts/<channel>/`
+/// (a channel's callback path token, in whatever encoding it came) replaced
+/// by `***`, and control characters escaped. Redacting by position, not by
+/// value, also hides a wrong token's guess and every encoded form of a right one.
+pub(crate) fn loggable_path(path: &str) -> Cow<'_, str> {
+    let Some(after) = path.strip_prefix(RECEIPTS) else {
+        return escaped(path);
+    };
+    let Some((channel, rest)) = after.split_once('/') else {
+        return escaped(path);
+    };
+    let tail = rest.find('/').map_or("", |i| &rest[i..]);
+    let redacted = format!("{RECEIPTS}{channel}/***{tail}");
+    Cow::Owned(escaped(&redacted).into_owned())
+}
+
+/// `value` with every control character (newline, carriage return, escape,
+/// the C1 controls...) written as `\u{..}`: what a log line shows of
+/// anything a client chose, so it cannot forge a line or drive a terminal.
+pub(crate) fn escaped(value: &str) -> Cow<'_, str> {
+    if !value.chars().any(char::is_control) {
+        return Cow::Borrowed(value);
+    }
+    let mut out = String::with_capacity(value.len() + 8);
+    for c in value.chars() {
+        if c.is_control() {
+            out.push_str(&format!("\\u{{{:x}}}", c as u32));
+        } else {
+            out.push(c);
+        }
+    }
+    Cow::Owned(out)
 }
 
 /// Whether answering `path` needs Redis: only such an answer shows an
@@ -150,6 +199,24 @@ mod tests {
         assert_eq!(count(Level::DEBUG), 2, "{levels:?}");
         assert_eq!(count(Level::INFO), 2, "{levels:?}");
         assert_eq!(count(Level::ERROR), 1, "{levels:?}");
+    }
+
+    #[test]
+    fn a_callback_token_and_control_characters_never_reach_a_log_line() {
+        use super::{escaped, loggable_path};
+        assert_eq!(
+            loggable_path("/v1/receipts/sms/s3cr3t-token/extra"),
+            "/v1/receipts/sms/***/extra"
+        );
+        assert_eq!(
+            loggable_path("/v1/receipts/sms/s3cr3t"),
+            "/v1/receipts/sms/***"
+        );
+        assert_eq!(loggable_path("/v1/receipts/sms"), "/v1/receipts/sms");
+        assert_eq!(loggable_path("/v1/events/a/b"), "/v1/events/a/b");
+        assert_eq!(escaped("ana\nINFO forged"), "ana\\u{a}INFO forged");
+        assert_eq!(escaped("\u{1b}[31m"), "\\u{1b}[31m");
+        assert_eq!(escaped("plain ü"), "plain ü");
     }
 
     #[test]

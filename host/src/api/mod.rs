@@ -13,6 +13,7 @@ pub(crate) mod body;
 pub(crate) mod console;
 pub(crate) mod doctor;
 pub(crate) mod events;
+pub(crate) mod guard;
 pub(crate) mod history;
 pub(crate) mod log;
 pub mod metrics;
@@ -156,6 +157,7 @@ pub fn app(state: AppState) -> Router {
         .route("/metrics", get(ops::metrics))
         .route("/openapi.json", get(openapi::openapi));
     let limits = state.limits;
+    let tokenless = state.api_token.is_open() || state.admin_token.is_open();
     Router::new()
         .merge(v1)
         .merge(admin)
@@ -164,6 +166,9 @@ pub fn app(state: AppState) -> Router {
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .with_state(state)
+        .layer(axum::middleware::from_fn(plain_rejections_as_problems))
+        .layer(from_fn_with_state(tokenless, guard::loopback_only))
+        .layer(Extension(Arc::new(guard::Failures::default())))
         .layer(DefaultBodyLimit::max(limits.body_bytes))
         .layer(Extension(body::BodyLimit(limits.body_bytes)))
         .layer(from_fn_with_state(limits.request_timeout, timeout))
@@ -171,6 +176,33 @@ pub fn app(state: AppState) -> Router {
             Arc::new(log::Outage::default()),
             log::log_refusals,
         ))
+}
+
+/// Answers an extractor's own rejection (a 4xx in `text/plain`, e.g. a path
+/// segment that is not UTF-8 once percent-decoded) as problem+json, its
+/// text the detail, like every other refusal of the API. A callback's answer
+/// is the channel plugin's, in the provider's format: left alone.
+async fn plain_rejections_as_problems(req: Request, next: Next) -> Response {
+    if req.uri().path().starts_with("/v1/receipts") {
+        return next.run(req).await;
+    }
+    let response = next.run(req).await;
+    let plain = response
+        .headers()
+        .get(axum::http::header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"text/plain"));
+    let status = response.status();
+    if !plain
+        || !status.is_client_error()
+        || response.extensions().get::<problem::Refusal>().is_some()
+    {
+        return response;
+    }
+    let bytes = axum::body::to_bytes(response.into_body(), 4096)
+        .await
+        .unwrap_or_default();
+    let detail = String::from_utf8_lossy(&bytes).into_owned();
+    ApiError::Rejected { status, detail }.into_response()
 }
 
 async fn not_found() -> ApiError {

@@ -54,6 +54,29 @@ pub enum ApiError {
     /// A provider callback whose signature or token does not verify.
     #[error("forbidden: {0}")]
     Forbidden(String),
+    /// A host without tokens reached by a non-loopback `Host`, or a
+    /// state-changing request from another origin (DNS rebinding, a
+    /// cross-site form).
+    #[error("refused origin: {0}")]
+    OriginRefused(String),
+    /// Too many failed sign-ins or wrong tokens from this client address:
+    /// answered 429 with `Retry-After`.
+    #[error("too many failed attempts from {client}; retry in {retry_after} s")]
+    TooManyFailures {
+        /// The client's address.
+        client: std::net::IpAddr,
+        /// Seconds until it may try again.
+        retry_after: u64,
+    },
+    /// An extractor refused the request before its handler ran (e.g. a
+    /// path segment that is not UTF-8 once percent-decoded).
+    #[error("bad request: {detail}")]
+    Rejected {
+        /// The extractor's status (a 4xx).
+        status: StatusCode,
+        /// The extractor's words.
+        detail: String,
+    },
     /// A provider callback that is not a request the provider sends.
     #[error("malformed callback: {0}")]
     MalformedCallback(String),
@@ -136,13 +159,15 @@ impl ApiError {
             | ApiError::UnsupportedMediaType(d)
             | ApiError::Unauthorized(d)
             | ApiError::Forbidden(d)
+            | ApiError::OriginRefused(d)
             | ApiError::MalformedCallback(d)
             | ApiError::NotFound(d)
             | ApiError::Conflict(d)
             | ApiError::NotImplemented(d) => d.clone(),
             ApiError::Invalid { detail, .. }
             | ApiError::Plugin { detail, .. }
-            | ApiError::Unavailable { detail, .. } => detail.clone(),
+            | ApiError::Unavailable { detail, .. }
+            | ApiError::Rejected { detail, .. } => detail.clone(),
             ApiError::ReloadRefused(reasons) => reasons.join("; "),
             ApiError::Http { detail, .. } => detail.to_string(),
             other => other.to_string(),
@@ -165,7 +190,8 @@ impl ApiError {
     pub fn status(&self) -> StatusCode {
         match self {
             ApiError::BadJson(_) | ApiError::MalformedCallback(_) => StatusCode::BAD_REQUEST,
-            ApiError::Forbidden(_) => StatusCode::FORBIDDEN,
+            ApiError::Forbidden(_) | ApiError::OriginRefused(_) => StatusCode::FORBIDDEN,
+            ApiError::TooManyFailures { .. } => StatusCode::TOO_MANY_REQUESTS,
             ApiError::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             ApiError::TooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::Invalid { .. } | ApiError::Plugin { .. } | ApiError::ReloadRefused(_) => {
@@ -182,7 +208,7 @@ impl ApiError {
             | ApiError::PayloadJson(_)
             | ApiError::CallbackFailed(_)
             | ApiError::Bug(_) => StatusCode::INTERNAL_SERVER_ERROR,
-            ApiError::Http { status, .. } => *status,
+            ApiError::Http { status, .. } | ApiError::Rejected { status, .. } => *status,
         }
     }
 
@@ -198,6 +224,8 @@ impl ApiError {
             ApiError::Plugin { .. } => ("key-policy-failed", "Key policy failed"),
             ApiError::Unauthorized(_) => ("unauthorized", "Unauthorized"),
             ApiError::Forbidden(_) => ("forbidden", "Forbidden"),
+            ApiError::OriginRefused(_) => ("origin-refused", "Refused origin"),
+            ApiError::TooManyFailures { .. } => ("too-many-failures", "Too many failed attempts"),
             ApiError::MalformedCallback(_) => ("malformed-callback", "Malformed callback"),
             ApiError::NotFound(_) => ("not-found", "Not found"),
             ApiError::Conflict(_) => ("conflict", "Conflict"),
@@ -211,6 +239,7 @@ impl ApiError {
             | ApiError::CallbackFailed(_)
             | ApiError::Bug(_) => ("internal", "Internal error"),
             ApiError::Http { .. } => ("bad-http-request", "Bad HTTP request"),
+            ApiError::Rejected { .. } => ("bad-request", "Bad request"),
         };
         let detail = self.detail();
         Problem {
@@ -329,6 +358,9 @@ impl IntoResponse for ApiError {
             }
             ApiError::Unavailable { .. } | ApiError::Timeout => {
                 headers.insert(header::RETRY_AFTER, HeaderValue::from(RETRY_AFTER_SECS));
+            }
+            ApiError::TooManyFailures { retry_after, .. } => {
+                headers.insert(header::RETRY_AFTER, HeaderValue::from(retry_after.max(1)));
             }
             _ => {}
         }

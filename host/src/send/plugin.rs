@@ -48,6 +48,18 @@ pub enum SenderSetupError {
         /// The variable.
         var: String,
     },
+    /// The callback path token is guessable (its value is never shown).
+    #[error(
+        "channel {channel}: environment variable {var} (`callback_token_env`) holds a weak callback path token: {why}; make one with `openssl rand -hex 16`"
+    )]
+    WeakCallbackToken {
+        /// The channel instance.
+        channel: String,
+        /// The variable.
+        var: String,
+        /// What is weak about it.
+        why: String,
+    },
     /// An `allowed_hosts` entry does not parse, or `ca_file` cannot be used.
     #[error("channel {channel}: {source}")]
     AllowedHost {
@@ -211,7 +223,8 @@ fn settings_with_secrets(
 }
 
 /// The token the provider's callbacks must carry, read from
-/// `callback_token_env` when the channel names one (empty counts as missing).
+/// `callback_token_env` when the channel names one (empty counts as
+/// missing, a guessable one is refused: `api::receipts::path_token_weakness`).
 fn callback_token(
     name: &str,
     cfg: &ChannelConfig,
@@ -220,14 +233,22 @@ fn callback_token(
     let Some(var) = &cfg.callback_token_env else {
         return Ok(None);
     };
-    let token = env(var).filter(|v| !v.is_empty());
-    token
-        .ok_or_else(|| SenderSetupError::MissingSecret {
+    let token =
+        env(var)
+            .filter(|v| !v.is_empty())
+            .ok_or_else(|| SenderSetupError::MissingSecret {
+                channel: name.to_string(),
+                setting: "callback_token_env".into(),
+                var: var.clone(),
+            })?;
+    if let Some(why) = crate::api::receipts::path_token_weakness(&token) {
+        return Err(SenderSetupError::WeakCallbackToken {
             channel: name.to_string(),
-            setting: "callback_token_env".into(),
             var: var.clone(),
-        })
-        .map(Some)
+            why,
+        });
+    }
+    Ok(Some(token))
 }
 
 /// The pacing of a channel's sends at `per_second` (none when 0).

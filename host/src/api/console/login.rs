@@ -3,16 +3,21 @@
 
 use std::time::SystemTime;
 
-use axum::Form;
-use axum::extract::State;
+use std::sync::Arc;
+
+use axum::extract::{Request, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Redirect, Response};
+use axum::{Extension, Form};
 use maud::{Markup, html};
 use serde::Deserialize;
 
-use super::session::{self, Signer};
-use super::{layout, session_of};
+use super::session::{self, Revoked, Signer};
+use super::{Operator, layout, session_of};
 use crate::api::AppState;
+use crate::api::guard::Failures;
+use crate::api::log::escaped;
+use crate::listener::Client;
 
 /// The sign-in form's fields.
 #[derive(Debug, Deserialize)]
@@ -24,18 +29,28 @@ pub struct SignIn {
 }
 
 /// The sign-in form (or, signed in already, the overview).
-pub async fn form(State(state): State<AppState>, headers: HeaderMap) -> Response {
-    if session_of(&headers, &state).is_some() {
+pub async fn form(State(state): State<AppState>, req: Request) -> Response {
+    if session_of(req.headers(), req.extensions(), &state).is_some() {
         return Redirect::to("/console/overview").into_response();
     }
     page(StatusCode::OK, None, state.admin_token.is_open())
 }
 
 /// Checks the token; sets the session cookie and goes to the overview.
-pub async fn sign_in(State(state): State<AppState>, Form(form): Form<SignIn>) -> Response {
+pub async fn sign_in(
+    State(state): State<AppState>,
+    Extension(failures): Extension<Arc<Failures>>,
+    client: Option<Extension<Client>>,
+    headers: HeaderMap,
+    Form(form): Form<SignIn>,
+) -> Response {
     let Some(signer) = Signer::new(&state.admin_token) else {
         return page(StatusCode::FORBIDDEN, None, true);
     };
+    let client = client.map(|Extension(c)| c.peer.ip());
+    if let Err(e) = failures.check(client) {
+        return e.into_response();
+    }
     let name = form.name.trim();
     if name.is_empty() || name.len() > 200 {
         return page(
@@ -45,11 +60,15 @@ pub async fn sign_in(State(state): State<AppState>, Form(form): Form<SignIn>) ->
         );
     }
     if !state.admin_token.matches(form.token.trim()) {
-        tracing::warn!("console sign-in refused: wrong admin token");
+        failures.failed(client);
+        let client = client.map_or_else(|| "unknown".to_string(), |ip| ip.to_string());
+        tracing::warn!(%client, by = %escaped(name), "console sign-in refused: wrong admin token");
         return page(StatusCode::UNAUTHORIZED, Some("Wrong admin token."), false);
     }
-    tracing::info!(by = %name, "console sign-in");
-    let cookie = session::set_cookie(&signer.issue(name, SystemTime::now()));
+    let client = client.map_or_else(|| "unknown".to_string(), |ip| ip.to_string());
+    tracing::info!(%client, by = %escaped(name), "console sign-in");
+    let value = signer.issue(name, SystemTime::now());
+    let cookie = session::set_cookie(&value, session::over_https(&headers));
     (
         [(header::SET_COOKIE, cookie)],
         Redirect::to("/console/overview"),
@@ -57,10 +76,20 @@ pub async fn sign_in(State(state): State<AppState>, Form(form): Form<SignIn>) ->
         .into_response()
 }
 
-/// Clears the session cookie (the CSRF guard checked the form).
-pub(crate) async fn sign_out() -> Response {
+/// Ends the session on this host and clears its cookie (the CSRF guard
+/// checked the form).
+pub(crate) async fn sign_out(
+    Operator(session): Operator,
+    Extension(revoked): Extension<Arc<Revoked>>,
+    headers: HeaderMap,
+) -> Response {
+    revoked.revoke(&session);
+    tracing::info!(by = %escaped(&session.by), "console sign-out");
     (
-        [(header::SET_COOKIE, session::clear_cookie())],
+        [(
+            header::SET_COOKIE,
+            session::clear_cookie(session::over_https(&headers)),
+        )],
         Redirect::to("/console/login"),
     )
         .into_response()

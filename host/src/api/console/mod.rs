@@ -3,7 +3,9 @@
 //! escaped by `maud`), one file per page. Sign-in takes the admin token and
 //! sets a signed session cookie ([`session`]); every POST must carry the
 //! session's CSRF token and, when the browser sends one, a same-origin
-//! `Origin` ([`guard`]).
+//! `Origin` ([`guard`]). Every console answer carries [`HEADERS`]: a
+//! content security policy allowing only the console's own stylesheet and
+//! forms, no framing, no MIME sniffing, no caching.
 
 pub mod held;
 pub mod keys;
@@ -14,21 +16,22 @@ pub mod policies;
 pub mod session;
 pub mod task;
 
+use std::sync::{Arc, LazyLock};
 use std::time::SystemTime;
 
-use axum::Router;
 use axum::body::{Body, to_bytes};
 use axum::extract::{FromRequestParts, Request, State};
 use axum::http::request::Parts;
-use axum::http::{HeaderMap, Method, StatusCode, header};
+use axum::http::{Extensions, HeaderMap, HeaderValue, Method, StatusCode, header};
 use axum::middleware::{Next, from_fn_with_state};
 use axum::response::{IntoResponse, Redirect, Response};
 use axum::routing::{get, post};
+use axum::{Extension, Router};
 use maud::{DOCTYPE, Markup, html};
 
 use super::AppState;
 use super::problem::ApiError;
-use session::{Session, Signer};
+use session::{Revoked, Session, Signer};
 
 /// The console's routes (merged into the API's router).
 pub fn routes(state: AppState) -> Router<AppState> {
@@ -54,6 +57,41 @@ pub fn routes(state: AppState) -> Router<AppState> {
         )
         .route("/console/tasks/{id}/give-up", post(task::give_up))
         .layer(from_fn_with_state(state, guard))
+        .layer(Extension(Arc::new(Revoked::default())))
+        .layer(axum::middleware::from_fn(headers))
+}
+
+/// The content security policy of console pages: nothing but the console's
+/// own inline stylesheet (by its hash), forms posting to this origin, no
+/// framing, no scripts.
+static CSP: LazyLock<String> = LazyLock::new(|| {
+    use base64::Engine;
+    use sha2::Digest;
+    let hash = base64::engine::general_purpose::STANDARD.encode(sha2::Sha256::digest(STYLE));
+    format!(
+        "default-src 'none'; style-src 'sha256-{hash}'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
+    )
+});
+
+/// The headers of every console answer besides the policy.
+pub(crate) const HEADERS: [(&str, &str); 4] = [
+    ("x-frame-options", "DENY"),
+    ("x-content-type-options", "nosniff"),
+    ("cache-control", "no-store"),
+    ("referrer-policy", "same-origin"),
+];
+
+/// Middleware: sets [`CSP`] and [`HEADERS`] on every console answer.
+async fn headers(req: Request, next: Next) -> Response {
+    let mut response = next.run(req).await;
+    let h = response.headers_mut();
+    if let Ok(csp) = HeaderValue::from_str(&CSP) {
+        h.insert(header::CONTENT_SECURITY_POLICY, csp);
+    }
+    for (name, value) in HEADERS {
+        h.insert(name, HeaderValue::from_static(value));
+    }
+    response
 }
 
 /// The signed-in operator of a page; without a valid session the page
@@ -64,16 +102,20 @@ impl FromRequestParts<AppState> for Operator {
     type Rejection = Response;
 
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, Response> {
-        session_of(&parts.headers, state)
+        session_of(&parts.headers, &parts.extensions, state)
             .map(Operator)
             .ok_or_else(|| Redirect::to("/console/login").into_response())
     }
 }
 
-/// The session of a request's cookie, if it verifies.
-fn session_of(headers: &HeaderMap, state: &AppState) -> Option<Session> {
+/// The session of a request's cookie, if it verifies and was not signed out.
+fn session_of(headers: &HeaderMap, extensions: &Extensions, state: &AppState) -> Option<Session> {
     let signer = Signer::new(&state.admin_token)?;
-    signer.verify(&session::cookie(headers)?, SystemTime::now())
+    let session = signer.verify(&session::cookie(headers)?, SystemTime::now())?;
+    let revoked = extensions
+        .get::<Arc<Revoked>>()
+        .is_some_and(|r| r.is_revoked(&session));
+    (!revoked).then_some(session)
 }
 
 /// Middleware of every console route: a POST must come from this origin
@@ -89,7 +131,7 @@ async fn guard(State(state): State<AppState>, req: Request, next: Next) -> Respo
     if req.uri().path() == "/console/login" {
         return next.run(req).await;
     }
-    let Some(session) = session_of(req.headers(), &state) else {
+    let Some(session) = session_of(req.headers(), req.extensions(), &state) else {
         return Redirect::to("/console/login").into_response();
     };
     let (parts, body) = req.into_parts();

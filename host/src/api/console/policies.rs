@@ -16,6 +16,7 @@ use super::session::Session;
 use super::{Operator, csrf_field, layout, when};
 use crate::api::AppState;
 use crate::api::admin::{PluginsView, PoliciesView, plugins, policies};
+use crate::api::log::escaped;
 use crate::corpus::{CORPUS_CHECK_LEN, recent_events};
 use crate::plugin::Event;
 use crate::route::candidate::{self, Planned};
@@ -90,7 +91,7 @@ pub async fn apply(
 ) -> Response {
     match candidate::apply(&state.live, &state.reload, &form.policy).await {
         Ok(applied) => {
-            tracing::info!(by = %session.by, file = %applied.target.display(), "policy applied");
+            tracing::info!(by = %escaped(&session.by), file = %escaped(&applied.target.display().to_string()), "policy applied");
             Redirect::to(&format!("/console/policies?applied={}", applied.generation))
                 .into_response()
         }

@@ -3,10 +3,15 @@
 //! token itself), and the session's CSRF token, an HMAC of its nonce.
 //!
 //! The cookie is `HttpOnly; SameSite=Strict; Path=/console` and lasts
-//! [`LIFETIME`]; changing the admin token ends every session. Sessions are
-//! stateless (any host of a fleet with the same token accepts them); logout
-//! clears the browser's cookie.
+//! [`LIFETIME`], `Secure` too when the request came over HTTPS through a
+//! proxy that says so ([`over_https`]); changing the admin token ends every
+//! session. Sessions are stateless (any host of a fleet with the same token
+//! accepts them); sign-out clears the browser's cookie and ends the session
+//! on the host that signed it out ([`Revoked`]: its id is refused until it
+//! would have expired).
 
+use std::collections::HashMap;
+use std::sync::Mutex;
 use std::time::{Duration, SystemTime};
 
 use axum::http::{HeaderMap, header};
@@ -34,6 +39,33 @@ pub struct Session {
     pub by: String,
     /// The token each of this session's forms carries.
     pub csrf: String,
+    /// The session's id (its nonce), what sign-out revokes.
+    pub(crate) id: String,
+    /// When it expires (seconds since the epoch).
+    pub(crate) expires: u64,
+}
+
+/// Sessions signed out on this host, until they would have expired.
+#[derive(Debug, Default)]
+pub struct Revoked {
+    /// Session id → its expiry (seconds since the epoch).
+    ids: Mutex<HashMap<String, u64>>,
+}
+
+impl Revoked {
+    /// Ends `session`: its cookie is refused from now on.
+    pub(crate) fn revoke(&self, session: &Session) {
+        let now = epoch_secs(SystemTime::now());
+        let mut ids = self.ids.lock().unwrap_or_else(|e| e.into_inner());
+        ids.retain(|_, expires| *expires > now);
+        ids.insert(session.id.clone(), session.expires);
+    }
+
+    /// Whether `session` was signed out.
+    pub(crate) fn is_revoked(&self, session: &Session) -> bool {
+        let ids = self.ids.lock().unwrap_or_else(|e| e.into_inner());
+        ids.contains_key(&session.id)
+    }
 }
 
 /// Makes and checks sessions with the key of `token`.
@@ -83,7 +115,12 @@ impl Signer {
             return None;
         }
         let csrf = B64.encode(self.mac(&[b"csrf", nonce.as_bytes()]));
-        Some(Session { by, csrf })
+        Some(Session {
+            by,
+            csrf,
+            id: nonce.to_string(),
+            expires,
+        })
     }
 }
 
@@ -106,17 +143,48 @@ pub fn cookie(headers: &HeaderMap) -> Option<String> {
         })
 }
 
+/// Whether the request came over HTTPS, as a TLS-terminating proxy says
+/// (`X-Forwarded-Proto: https`, or `proto=https` in `Forwarded`): the host
+/// itself serves plain HTTP. Trusting a client's word here is safe: it can
+/// only make its own cookie `Secure`.
+pub(crate) fn over_https(headers: &HeaderMap) -> bool {
+    let said = |name: &str| {
+        headers
+            .get_all(name)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .map(str::to_ascii_lowercase)
+            .collect::<Vec<_>>()
+    };
+    said("x-forwarded-proto")
+        .iter()
+        .any(|v| v.split(',').next().is_some_and(|p| p.trim() == "https"))
+        || said("forwarded").iter().any(|v| {
+            v.split([';', ','])
+                .any(|pair| pair.trim().trim_matches('"') == "proto=https")
+        })
+}
+
+/// `; Secure` when the request came over HTTPS.
+fn secure(https: bool) -> &'static str {
+    if https { "; Secure" } else { "" }
+}
+
 /// The `Set-Cookie` value that stores `value` for the session's lifetime.
-pub(crate) fn set_cookie(value: &str) -> String {
+pub(crate) fn set_cookie(value: &str, https: bool) -> String {
     format!(
-        "{COOKIE}={value}; HttpOnly; SameSite=Strict; Path=/console; Max-Age={}",
-        LIFETIME.as_secs()
+        "{COOKIE}={value}; HttpOnly; SameSite=Strict; Path=/console; Max-Age={}{}",
+        LIFETIME.as_secs(),
+        secure(https)
     )
 }
 
-/// The `Set-Cookie` value that clears the cookie (logout).
-pub(crate) fn clear_cookie() -> String {
-    format!("{COOKIE}=; HttpOnly; SameSite=Strict; Path=/console; Max-Age=0")
+/// The `Set-Cookie` value that clears the cookie (sign-out).
+pub(crate) fn clear_cookie(https: bool) -> String {
+    format!(
+        "{COOKIE}=; HttpOnly; SameSite=Strict; Path=/console; Max-Age=0{}",
+        secure(https)
+    )
 }
 
 /// Whether CSRF token `presented` is the session's (constant time).
@@ -144,5 +212,32 @@ mod tests {
         let tampered = value.replacen(&B64.encode("ana"), &B64.encode("bob"), 1);
         assert!(signer.verify(&tampered, now).is_none());
         assert!(Signer::new(&Token::new(None)).is_none());
+        let revoked = Revoked::default();
+        assert!(!revoked.is_revoked(&session));
+        revoked.revoke(&session);
+        assert!(revoked.is_revoked(&signer.verify(&value, now).unwrap()));
+        assert!(!revoked.is_revoked(&signer.verify(&signer.issue("ana", now), now).unwrap()));
+    }
+
+    #[test]
+    fn https_as_a_proxy_says_it() {
+        let h = |k: &str, v: &str| {
+            let mut m = HeaderMap::new();
+            m.insert(
+                axum::http::HeaderName::from_bytes(k.as_bytes()).unwrap(),
+                v.parse().unwrap(),
+            );
+            m
+        };
+        assert!(over_https(&h("x-forwarded-proto", "https")));
+        assert!(over_https(&h("x-forwarded-proto", "HTTPS, http")));
+        assert!(over_https(&h(
+            "forwarded",
+            "for=1.2.3.4;proto=https;host=x"
+        )));
+        assert!(!over_https(&h("x-forwarded-proto", "http")));
+        assert!(!over_https(&HeaderMap::new()));
+        assert!(set_cookie("v", true).ends_with("; Secure"));
+        assert!(!clear_cookie(false).contains("Secure"));
     }
 }

@@ -1,0 +1,503 @@
+//! Issue 32's attacks, each replayed against a real host: callback path
+//! tokens looked for in a debug-level log, weak tokens at start, forged log
+//! lines, a host without tokens driven from another origin, guessing
+//! tokens, the console's headers and sign-out.
+
+use std::time::Duration;
+
+use pushonce::store::free_loopback_port;
+use pushonce_tests::host::{Answer, Setup, TestHost};
+use pushonce_tests::process::PushonceProcess;
+use pushonce_tests::redis::RedisServer;
+use reqwest::StatusCode;
+
+/// Strong callback path tokens (24 base64url characters, 144 bits) a test
+/// looks for in the log.
+const SMS_TOKEN: &str = "Kq3xW9vLmP2rT7yZ4nB8cD1f";
+const WECHAT_TOKEN: &str = "Vb6Hs0Jp9QeR3uYt5Wc8Lx2N";
+
+/// Every byte of `s` percent-encoded, in upper or lower case hex.
+fn percent_encoded(s: &str, upper: bool) -> String {
+    s.bytes()
+        .map(|b| {
+            if upper {
+                format!("%{b:02X}")
+            } else {
+                format!("%{b:02x}")
+            }
+        })
+        .collect()
+}
+
+/// `log` without its terminal colours (`ESC [ ... m`).
+fn plain(log: &str) -> String {
+    let mut out = String::with_capacity(log.len());
+    let mut rest = log;
+    while let Some(i) = rest.find('\u{1b}') {
+        out.push_str(&rest[..i]);
+        rest = &rest[i..];
+        rest = rest.find('m').map_or("", |end| &rest[end + 1..]);
+    }
+    out.push_str(rest);
+    out
+}
+
+/// `pushonce serve` with the repository's configuration at debug level,
+/// the callback tokens above, against `redis`: its address and the process.
+async fn serve_with_known_tokens(
+    dir: &std::path::Path,
+    redis: &RedisServer,
+    extra_toml: &str,
+    env: &[(&str, &str)],
+) -> (String, PushonceProcess) {
+    let port = free_loopback_port().unwrap();
+    let url = redis.url();
+    let mut all = vec![
+        ("PUSHONCE_REDIS_URL", url.as_str()),
+        ("PUSHONCE_SMS_CALLBACK_TOKEN", SMS_TOKEN),
+        ("PUSHONCE_WECHAT_CALLBACK_TOKEN", WECHAT_TOKEN),
+        ("RUST_LOG", "debug"),
+    ];
+    all.extend_from_slice(env);
+    let listen = format!("127.0.0.1:{port}");
+    let host = PushonceProcess::serve_repository_config(dir, &listen, extra_toml, &all).unwrap();
+    let base = format!("http://{listen}");
+    host.wait_ready(&base, Duration::from_secs(60))
+        .await
+        .unwrap();
+    (base, host)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn callback_path_tokens_are_in_no_log_line_in_any_form() {
+    let mut redis = RedisServer::start().await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let (base, mut host) = serve_with_known_tokens(dir.path(), &redis, "", &[]).await;
+    let client = reqwest::Client::new();
+    let post = |path: String, body: &'static str| {
+        let (client, url) = (client.clone(), format!("{base}{path}"));
+        async move {
+            client
+                .post(url)
+                .body(body)
+                .send()
+                .await
+                .unwrap()
+                .status()
+                .as_u16()
+        }
+    };
+    // 400: a body the SMS plugin cannot parse, with the token raw and encoded.
+    for token in [
+        SMS_TOKEN.to_string(),
+        percent_encoded(SMS_TOKEN, true),
+        percent_encoded(SMS_TOKEN, false),
+    ] {
+        assert_eq!(post(format!("/v1/receipts/sms/{token}"), "x").await, 400);
+    }
+    // 403: a WeChat event with a forged signature.
+    let forged = "signature=0123456789abcdef0123456789abcdef01234567&timestamp=1700000000&nonce=42";
+    let event = "<xml><MsgType><![CDATA[event]]></MsgType><Event><![CDATA[TEMPLATESENDJOBFINISH]]></Event><MsgID>1</MsgID><Status><![CDATA[success]]></Status></xml>";
+    assert_eq!(
+        post(
+            format!("/v1/receipts/wechat/{WECHAT_TOKEN}?{forged}"),
+            event
+        )
+        .await,
+        403
+    );
+    // 503: a well-formed SMS report while Redis is down (logged as a warning).
+    redis.stop().await.unwrap();
+    let report = r#"[{"phone_number":"+8613800000001","send_time":"2026-12-01 08:00:00","report_time":"2026-12-01 08:00:05","success":true,"err_code":"DELIVERED","err_msg":"ok","sms_size":"1","biz_id":"b-1","out_id":"o-1"}]"#;
+    assert_eq!(
+        post(format!("/v1/receipts/sms/{SMS_TOKEN}"), report).await,
+        503
+    );
+    host.terminate(Duration::from_secs(30)).await.unwrap();
+    let log = plain(&host.log());
+    for status in ["status=400", "status=403", "status=503"] {
+        assert!(
+            log.lines()
+                .any(|l| l.contains(status) && l.contains("/v1/receipts/")),
+            "the {status} callback was logged:\n{log}"
+        );
+    }
+    assert!(log.contains("path=/v1/receipts/sms/***"), "{log}");
+    for token in [SMS_TOKEN, WECHAT_TOKEN] {
+        for form in [
+            token.to_string(),
+            percent_encoded(token, true),
+            percent_encoded(token, false),
+        ] {
+            assert!(!log.contains(&form), "{form} is in the log:\n{log}");
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_weak_callback_path_token_stops_the_host_naming_the_variable() {
+    let redis = RedisServer::start().await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_loopback_port().unwrap();
+    let url = redis.url();
+    let env = [
+        ("PUSHONCE_REDIS_URL", url.as_str()),
+        ("PUSHONCE_SMS_CALLBACK_TOKEN", "guessable-1"),
+    ];
+    let listen = format!("127.0.0.1:{port}");
+    let mut host = PushonceProcess::serve_repository_config(dir.path(), &listen, "", &env).unwrap();
+    let status = host.wait_exit(Duration::from_secs(60)).await.unwrap();
+    let log = plain(&host.log());
+    assert!(!status.success(), "started with a weak token:\n{log}");
+    for named in [
+        "channel sms",
+        "PUSHONCE_SMS_CALLBACK_TOKEN",
+        "11 base64url characters carry at most 66 bits",
+        "openssl rand -hex 16",
+    ] {
+        assert!(
+            log.contains(named),
+            "the refusal does not say {named:?}:\n{log}"
+        );
+    }
+    assert!(!log.contains("guessable-1"), "the token is shown:\n{log}");
+}
+
+/// The admin token of the hosts below that have one.
+const ADMIN_TOKEN: &str = "admin-Zr8Qw3Lx6Vn1Kp4T";
+
+/// `[auth]` with an admin token (read from `ADMIN_T`).
+const WITH_ADMIN_TOKEN: &str = "\n[auth]\nadmin_token_env = \"ADMIN_T\"\n";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sign_in_name_with_a_newline_cannot_forge_a_log_line() {
+    let redis = RedisServer::start().await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let (base, mut host) = serve_with_known_tokens(
+        dir.path(),
+        &redis,
+        WITH_ADMIN_TOKEN,
+        &[("ADMIN_T", ADMIN_TOKEN)],
+    )
+    .await;
+    let client = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap();
+    let name = "ana\n2026-12-03T07:00:00Z  INFO pushonce: forged\r\u{1b}[2K";
+    let answer = client
+        .post(format!("{base}/console/login"))
+        .form(&[("name", name), ("token", ADMIN_TOKEN)])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(answer.status(), 303, "signed in");
+    host.terminate(Duration::from_secs(30)).await.unwrap();
+    let log = plain(&host.log());
+    assert!(
+        log.contains("by=ana\\u{a}2026-12-03T07:00:00Z  INFO pushonce: forged\\u{d}\\u{1b}[2K"),
+        "the name is logged escaped, on its line:\n{log}"
+    );
+    assert!(
+        !log.lines().any(|l| l.starts_with("2026-12-03T07:00:00Z")),
+        "a forged line:\n{log}"
+    );
+    assert!(!log.contains('\r'), "{log}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_tokens_only_loopback_hosts_and_same_origin_posts_are_served() {
+    let redis = RedisServer::start().await.unwrap();
+    let host = TestHost::start(&redis).await.unwrap();
+    let post = |headers: &[(&str, &str)]| {
+        let mut req = host.client.post(host.url("/admin/reload"));
+        for (k, v) in headers {
+            req = req.header(*k, *v);
+        }
+        host.send(req)
+    };
+    let refused = |a: &Answer, named: &str| {
+        assert_eq!(a.status, StatusCode::FORBIDDEN, "{}", a.body);
+        assert_eq!(a.content_type(), "application/problem+json");
+        assert_eq!(a.body["type"], "urn:pushonce:problem:origin-refused");
+        let detail = a.body["detail"].as_str().unwrap();
+        assert!(detail.contains(named), "{detail}");
+        assert!(detail.contains("[auth]"), "{detail}");
+    };
+    // DNS rebinding: the page's own name in Host.
+    refused(
+        &post(&[("host", "evil.example")]).await.unwrap(),
+        "evil.example",
+    );
+    let read = host
+        .send(
+            host.client
+                .get(host.url("/admin/plugins"))
+                .header("host", "evil.example:80"),
+        )
+        .await
+        .unwrap();
+    refused(&read, "evil.example:80");
+    // A cross-site form.
+    let origin = [("origin", "http://evil.example")];
+    refused(&post(&origin).await.unwrap(), "Origin");
+    let fetch = [("sec-fetch-site", "cross-site")];
+    refused(&post(&fetch).await.unwrap(), "Sec-Fetch-Site");
+    // The operator's own requests.
+    assert_eq!(post(&[]).await.unwrap().status, StatusCode::OK);
+    let own = host.base.clone();
+    let same = [("origin", own.as_str()), ("sec-fetch-site", "same-origin")];
+    assert_eq!(post(&same).await.unwrap().status, StatusCode::OK);
+    let localhost = host.base.replace("127.0.0.1", "localhost");
+    let named = [("host", localhost.trim_start_matches("http://"))];
+    assert_eq!(post(&named).await.unwrap().status, StatusCode::OK);
+    // Probes hold nothing to protect.
+    let probe = host
+        .send(
+            host.client
+                .get(host.url("/healthz"))
+                .header("host", "evil.example"),
+        )
+        .await
+        .unwrap();
+    assert_eq!(probe.status, StatusCode::OK);
+    host.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failed_sign_ins_and_wrong_tokens_are_limited_per_client_address() {
+    let redis = RedisServer::start().await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let (base, mut host) = serve_with_known_tokens(
+        dir.path(),
+        &redis,
+        WITH_ADMIN_TOKEN,
+        &[("ADMIN_T", ADMIN_TOKEN)],
+    )
+    .await;
+    let client = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap();
+    let admin = |client: &reqwest::Client, token: &str| {
+        client
+            .get(format!("{base}/admin/plugins"))
+            .bearer_auth(token)
+            .send()
+    };
+    let sign_in = |token: &str| {
+        client
+            .post(format!("{base}/console/login"))
+            .form(&[("name", "mallory"), ("token", token)])
+            .send()
+    };
+    // Ten failures from 127.0.0.1, on /admin and on the console alike.
+    for i in 0..10 {
+        let status = if i % 2 == 0 {
+            admin(&client, &format!("guess-{i}"))
+                .await
+                .unwrap()
+                .status()
+        } else {
+            sign_in(&format!("guess-{i}")).await.unwrap().status()
+        };
+        assert_eq!(status, 401, "failure {i}");
+    }
+    // Then every attempt of that address waits, even with the right token.
+    for answer in [
+        admin(&client, "guess-10").await.unwrap(),
+        admin(&client, ADMIN_TOKEN).await.unwrap(),
+        sign_in(ADMIN_TOKEN).await.unwrap(),
+    ] {
+        assert_eq!(answer.status(), 429);
+        let retry: u64 = answer.headers()["retry-after"]
+            .to_str()
+            .unwrap()
+            .parse()
+            .unwrap();
+        assert!((1..=60).contains(&retry), "Retry-After: {retry}");
+        assert_eq!(answer.headers()["content-type"], "application/problem+json");
+        let body: serde_json::Value = answer.json().await.unwrap();
+        assert_eq!(body["type"], "urn:pushonce:problem:too-many-failures");
+    }
+    // Another address is served.
+    let other = reqwest::Client::builder()
+        .local_address("127.0.0.2".parse::<std::net::IpAddr>().unwrap())
+        .build()
+        .unwrap();
+    assert_eq!(admin(&other, ADMIN_TOKEN).await.unwrap().status(), 200);
+    host.terminate(Duration::from_secs(30)).await.unwrap();
+    let log = plain(&host.log());
+    let refusals = log
+        .lines()
+        .filter(|l| l.contains("client=127.0.0.1") && l.contains("wrong"))
+        .count();
+    assert_eq!(
+        refusals, 10,
+        "each failure is logged with the address:\n{log}"
+    );
+}
+
+/// A host whose console takes `ADMIN_TOKEN`.
+async fn host_with_admin_token(redis: &RedisServer) -> TestHost {
+    let env = [("ADMIN_T".to_string(), ADMIN_TOKEN.to_string())].into();
+    let setup = Setup {
+        env,
+        auth: (None, Some("ADMIN_T".into())),
+        ..Setup::default()
+    };
+    TestHost::start_with(redis, setup).await.unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn console_pages_resist_framing_sniffing_caching_and_a_signed_out_cookie() {
+    use base64::Engine;
+    use sha2::Digest;
+    let redis = RedisServer::start().await.unwrap();
+    let host = host_with_admin_token(&redis).await;
+    let client = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap();
+    let header = |r: &reqwest::Response, name: &str| {
+        r.headers()
+            .get(name)
+            .map(|v| v.to_str().unwrap().to_string())
+            .unwrap_or_default()
+    };
+    let form = client.get(host.url("/console/login")).send().await.unwrap();
+    assert_eq!(header(&form, "x-frame-options"), "DENY");
+    assert_eq!(header(&form, "x-content-type-options"), "nosniff");
+    assert_eq!(header(&form, "cache-control"), "no-store");
+    let csp = header(&form, "content-security-policy");
+    for part in [
+        "default-src 'none'",
+        "frame-ancestors 'none'",
+        "form-action 'self'",
+    ] {
+        assert!(csp.contains(part), "{csp}");
+    }
+    // The policy allows the page's own stylesheet, by its hash.
+    let page = form.text().await.unwrap();
+    let style = page
+        .split_once("<style>")
+        .and_then(|(_, rest)| rest.split_once("</style>"))
+        .unwrap()
+        .0;
+    let hash = base64::engine::general_purpose::STANDARD.encode(sha2::Sha256::digest(style));
+    assert!(csp.contains(&format!("style-src 'sha256-{hash}'")), "{csp}");
+
+    // `Secure` when a TLS-terminating proxy says the request came over HTTPS.
+    let sign_in = |https: bool| {
+        let mut req = client
+            .post(host.url("/console/login"))
+            .form(&[("name", "ana"), ("token", ADMIN_TOKEN)]);
+        if https {
+            req = req.header("x-forwarded-proto", "https");
+        }
+        req.send()
+    };
+    let plain_cookie = header(&sign_in(false).await.unwrap(), "set-cookie");
+    assert!(!plain_cookie.contains("Secure"), "{plain_cookie}");
+    let signed_in = sign_in(true).await.unwrap();
+    assert_eq!(signed_in.status(), 303);
+    let set_cookie = header(&signed_in, "set-cookie");
+    assert!(set_cookie.contains("; Secure"), "{set_cookie}");
+    assert!(set_cookie.contains("HttpOnly"), "{set_cookie}");
+    let cookie = set_cookie.split(';').next().unwrap().to_string();
+
+    // Signed in: the overview; signed out: the same cookie no longer works.
+    let overview = || {
+        client
+            .get(host.url("/console/overview"))
+            .header("cookie", &cookie)
+            .send()
+    };
+    let page = overview().await.unwrap();
+    assert_eq!(page.status(), 200);
+    assert_eq!(header(&page, "cache-control"), "no-store");
+    let page = page.text().await.unwrap();
+    let csrf = page
+        .split("name=\"csrf\" value=\"")
+        .nth(1)
+        .and_then(|rest| rest.split('"').next())
+        .unwrap()
+        .to_string();
+    let out = client
+        .post(host.url("/console/logout"))
+        .header("cookie", &cookie)
+        .form(&[("csrf", csrf.as_str())])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(out.status(), 303);
+    assert!(header(&out, "set-cookie").contains("Max-Age=0"));
+    let after = overview().await.unwrap();
+    assert_eq!(after.status(), 303, "the old cookie is refused");
+    assert_eq!(header(&after, "location"), "/console/login");
+    host.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_address_holding_its_connections_does_not_starve_another() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let redis = RedisServer::start().await.unwrap();
+    let setup = Setup {
+        configure: Some(Box::new(|c: &mut pushonce::config::HostConfig| {
+            c.http.max_connections = 8;
+            c.http.max_connections_per_client = 4;
+        })),
+        ..Setup::default()
+    };
+    let host = TestHost::start_with(&redis, setup).await.unwrap();
+    let addr = host.base.trim_start_matches("http://").to_string();
+    // 127.0.0.1 opens ten idle connections: four are served, the rest closed.
+    let mut idle = Vec::new();
+    for _ in 0..10 {
+        idle.push(tokio::net::TcpStream::connect(&addr).await.unwrap());
+    }
+    let probe = |from: &'static str| {
+        let addr = addr.clone();
+        async move {
+            let socket = tokio::net::TcpSocket::new_v4().unwrap();
+            socket.bind(format!("{from}:0").parse().unwrap()).unwrap();
+            let mut s = socket.connect(addr.parse().unwrap()).await.unwrap();
+            let req = b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n";
+            if s.write_all(req).await.is_err() {
+                return String::new();
+            }
+            let mut text = Vec::new();
+            let _ = s.read_to_end(&mut text).await;
+            String::from_utf8_lossy(&text).into_owned()
+        }
+    };
+    // A fresh probe from the same address is closed unanswered...
+    pushonce_tests::wait_until(Duration::from_secs(20), || async {
+        probe("127.0.0.1").await.is_empty()
+    })
+    .await
+    .expect("the fifth connection of 127.0.0.1 is closed");
+    // ...while probes from another address keep being served.
+    for _ in 0..20 {
+        let answer = probe("127.0.0.2").await;
+        assert!(answer.starts_with("HTTP/1.1 200"), "{answer:?}");
+    }
+    drop(idle);
+    host.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_path_that_is_not_utf8_once_decoded_is_a_problem() {
+    let redis = RedisServer::start().await.unwrap();
+    let host = TestHost::start(&redis).await.unwrap();
+    let a = host.get("/v1/events/x/%ff%fe", None).await.unwrap();
+    assert_eq!(a.status, StatusCode::BAD_REQUEST, "{}", a.body);
+    assert_eq!(a.content_type(), "application/problem+json");
+    assert_eq!(a.body["type"], "urn:pushonce:problem:bad-request");
+    assert!(
+        a.body["detail"].as_str().unwrap().contains("UTF-8"),
+        "{}",
+        a.body
+    );
+    host.shutdown().await.unwrap();
+}

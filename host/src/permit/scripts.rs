@@ -1,64 +1,109 @@
-//! The Lua scripts of pushonce, loaded from the `.lua` files beside this one.
-//! This module holds every task and permit script; the only other Redis
-//! script is the channels' shared cache (`plugin/shared_cache.lua`).
+//! How the lifecycle's Lua scripts are built and called.
 //!
-//! Each script is `lib.lua` (shared helpers) followed by its body. A
-//! [`redis::Script`] is called by SHA (`EVALSHA`) and loaded again by the
+//! Each transition is one `.rs` file beside its `.lua` file (`accept.rs`
+//! loads `accept.lua`, …): the file holds the script, a typed argument
+//! struct whose one method ([`Transition::call`]) orders the script's
+//! `KEYS` and `ARGV`, and the parsing of its answer. This module holds
+//! what they share: `lib.lua`, prepended to every script, and [`Call`].
+//! The only other Redis script is the channels' shared cache
+//! (`plugin/shared_cache.lua`).
+//!
+//! A [`redis::Script`] is called by SHA (`EVALSHA`) and loaded again by the
 //! client when Redis answers `NOSCRIPT` (after a restart or `SCRIPT FLUSH`).
 
-use std::sync::LazyLock;
+use std::borrow::Cow;
 
-use redis::Script;
+use redis::{Script, ScriptInvocation};
 
-const LIB: &str = include_str!("lua/lib.lua");
+const LIB: &str = include_str!("lib.lua");
 
-fn script(body: &str) -> Script {
+/// A script: `lib.lua` (shared helpers) followed by `body`.
+pub(crate) fn script(body: &str) -> Script {
     Script::new(&format!("{LIB}\n{body}"))
 }
-
-/// Take the permit and enqueue the task (`accept.lua`).
-pub static ACCEPT: LazyLock<Script> = LazyLock::new(|| script(include_str!("lua/accept.lua")));
-/// Claim a lease for an attempt (`begin.lua`).
-pub(crate) static BEGIN: LazyLock<Script> = LazyLock::new(|| script(include_str!("lua/begin.lua")));
-/// Extend a lease in flight (`extend.lua`).
-pub(crate) static EXTEND: LazyLock<Script> =
-    LazyLock::new(|| script(include_str!("lua/extend.lua")));
-/// Record an attempt's outcome (`record.lua`).
-pub(crate) static RECORD: LazyLock<Script> =
-    LazyLock::new(|| script(include_str!("lua/record.lua")));
-/// Move due retries to the ready stream (`promote.lua`).
-pub(crate) static PROMOTE: LazyLock<Script> =
-    LazyLock::new(|| script(include_str!("lua/promote.lua")));
-/// Settle a sent task from a receipt (`receipt.lua`).
-pub(crate) static RECEIPT: LazyLock<Script> =
-    LazyLock::new(|| script(include_str!("lua/receipt.lua")));
-
-/// Send a failed or dead task again, owner-checked (`requeue.lua`).
-pub(crate) static REQUEUE: LazyLock<Script> =
-    LazyLock::new(|| script(include_str!("lua/requeue.lua")));
-
-/// Settle a task without a send by an operator: delivered or given up (`settle.lua`).
-pub(crate) static SETTLE: LazyLock<Script> =
-    LazyLock::new(|| script(include_str!("lua/settle.lua")));
-
-/// Let a task that ended leave Redis once the ledger holds its outcome (`forget.lua`).
-pub(crate) static FORGET: LazyLock<Script> =
-    LazyLock::new(|| script(include_str!("lua/forget.lua")));
-
-/// Take due entries of a shard's awaiting index for the reconciler (`claim.lua`).
-pub(crate) static CLAIM: LazyLock<Script> = LazyLock::new(|| script(include_str!("lua/claim.lua")));
-
-/// Apply what a reconciler check decided, fenced by its claim (`reconcile.lua`).
-pub static RECONCILE: LazyLock<Script> =
-    LazyLock::new(|| script(include_str!("lua/reconcile.lua")));
-
-/// Add or check many keys in one Bloom filter, without tasks (`bloom.lua`).
-pub static BLOOM: LazyLock<Script> = LazyLock::new(|| script(include_str!("lua/bloom.lua")));
 
 /// Every script, for loading them all up front.
 pub fn all() -> [&'static Script; 12] {
     [
-        &ACCEPT, &BEGIN, &EXTEND, &RECORD, &PROMOTE, &RECEIPT, &REQUEUE, &SETTLE, &CLAIM,
-        &RECONCILE, &BLOOM, &FORGET,
+        &super::accept::SCRIPT,
+        &super::begin::SCRIPT,
+        &super::extend::SCRIPT,
+        &super::record::SCRIPT,
+        &super::promote::SCRIPT,
+        &super::receipt::SCRIPT,
+        &super::requeue::SCRIPT,
+        &super::settle::SCRIPT,
+        &super::claim::SCRIPT,
+        &super::reconcile::SCRIPT,
+        &super::bloom::SCRIPT,
+        &super::forget::SCRIPT,
     ]
+}
+
+/// The `KEYS` and `ARGV` of one script call, in the script's order.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Call<'a> {
+    /// `KEYS`.
+    pub keys: Vec<String>,
+    /// `ARGV`; long texts (an event, a payload) are borrowed, not copied.
+    pub args: Vec<Cow<'a, str>>,
+}
+
+impl<'a> Call<'a> {
+    /// Appends a key.
+    pub(crate) fn key(&mut self, key: impl Into<String>) -> &mut Self {
+        self.keys.push(key.into());
+        self
+    }
+
+    /// Appends an argument.
+    pub(crate) fn arg(&mut self, arg: impl Into<Cow<'a, str>>) -> &mut Self {
+        self.args.push(arg.into());
+        self
+    }
+
+    /// Appends a number as its decimal text (what `redis` sends for it).
+    pub(crate) fn num(&mut self, n: impl ToString) -> &mut Self {
+        self.args.push(Cow::Owned(n.to_string()));
+        self
+    }
+
+    /// Appends `1` for true, `0` for false.
+    pub(crate) fn flag(&mut self, on: bool) -> &mut Self {
+        self.args.push(Cow::Borrowed(if on { "1" } else { "0" }));
+        self
+    }
+
+    /// The call as an invocation of `script` (`EVALSHA`, loading on `NOSCRIPT`).
+    pub(crate) fn invocation(&self, script: &'static Script) -> ScriptInvocation<'static> {
+        let mut inv = script.prepare_invoke();
+        for key in &self.keys {
+            inv.key(key);
+        }
+        for arg in &self.args {
+            inv.arg(arg.as_ref());
+        }
+        inv
+    }
+
+    /// The call as an `EVALSHA` command of `script`, for a pipeline.
+    pub(crate) fn evalsha(&self, script: &Script) -> redis::Cmd {
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(script.get_hash())
+            .arg(self.keys.len())
+            .arg(&self.keys);
+        for arg in &self.args {
+            cmd.arg(arg.as_ref());
+        }
+        cmd
+    }
+}
+
+/// A transition's typed arguments: the one place that orders its script's
+/// `KEYS` and `ARGV`.
+pub(crate) trait Transition {
+    /// The transition's script.
+    fn script() -> &'static Script;
+    /// Its `KEYS` and `ARGV`, in the script's order.
+    fn call(&self) -> Call<'_>;
 }

@@ -7,10 +7,11 @@
 //! script's `KEYS` and `ARGV` ([`scripts::Transition`]) and its answer:
 //! `accept` takes the permit and enqueues the task in one script; `begin`,
 //! `extend`, `record` (an attempt), `receipt`, `claim` and `reconcile`
-//! (the reconciler), `requeue` and `settle` (an operator), `forget`,
-//! and `promote` are scripts that check the expected status
-//! and, for a worker, its lease token (fencing), and touch the permit only
-//! while the task owns it. `listing` holds the read-only look-ups.
+//! (the reconciler), `requeue` and `settle` (an operator), `forget` and
+//! `promote` are scripts that check the expected status and, for a
+//! worker, its lease token (fencing), and touch the permit only while the
+//! task owns it; `duplicate` marks a task a possible duplicate. `listing`
+//! holds the read-only look-ups.
 //! See `docs/redis.md`.
 //!
 //! The module keeps the name `permit` (the permit is what the lifecycle
@@ -20,6 +21,7 @@ pub mod accept;
 mod begin;
 pub mod bloom;
 mod claim;
+mod duplicate;
 mod extend;
 mod forget;
 pub mod gate;
@@ -46,6 +48,7 @@ pub use begin::{Attempt, Begin};
 pub use bloom::{BloomCheck, BloomSizing};
 pub use claim::ClaimPass;
 pub(crate) use claim::Claimed;
+pub use duplicate::POSSIBLE_DUPLICATE;
 pub use gate::{CapCheck, CapPeriod, Gate, QuietCheck};
 pub use held::{HeldCause, RecordContext};
 pub(crate) use held::{OperatorNote, OperatorStep, ReconcileStep, parse_operator_log};

@@ -23,7 +23,7 @@ pub(crate) fn script(body: &str) -> Script {
 }
 
 /// Every script, for loading them all up front.
-pub fn all() -> [&'static Script; 12] {
+pub fn all() -> [&'static Script; 13] {
     [
         &super::accept::SCRIPT,
         &super::begin::SCRIPT,
@@ -37,6 +37,7 @@ pub fn all() -> [&'static Script; 12] {
         &super::reconcile::SCRIPT,
         &super::bloom::SCRIPT,
         &super::forget::SCRIPT,
+        &super::duplicate::SCRIPT,
     ]
 }
 

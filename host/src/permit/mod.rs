@@ -11,7 +11,10 @@
 //! `promote` are scripts that check the expected status and, for a
 //! worker, its lease token (fencing), and touch the permit only while the
 //! task owns it; `duplicate` marks a task a possible duplicate. `listing`
-//! holds the read-only look-ups.
+//! holds the read-only look-ups; `history` what the delivery ledger is
+//! told of a transition, and the task leaving Redis once the ledger holds
+//! how it ended; `fallback` the fallback a failure for good triggers;
+//! `payload` what a task's channel sends.
 //! See `docs/redis.md`.
 //!
 //! The module keeps the name `permit` (the permit is what the lifecycle
@@ -23,11 +26,14 @@ pub mod bloom;
 mod claim;
 mod duplicate;
 mod extend;
+mod fallback;
 mod forget;
 pub mod gate;
 pub mod held;
+mod history;
 pub mod keys;
 mod listing;
+mod payload;
 mod promote;
 mod receipt;
 mod reconcile;
@@ -49,10 +55,13 @@ pub use bloom::{BloomCheck, BloomSizing};
 pub use claim::ClaimPass;
 pub(crate) use claim::Claimed;
 pub use duplicate::POSSIBLE_DUPLICATE;
+pub use fallback::ProviderSettled;
 pub use gate::{CapCheck, CapPeriod, Gate, QuietCheck};
 pub use held::{HeldCause, RecordContext};
 pub(crate) use held::{OperatorNote, OperatorStep, ReconcileStep, parse_operator_log};
+pub(crate) use history::{note_outcome, operator_log};
 pub use keys::{Layout, shard_of_task};
+pub use payload::{Fallback, Payload};
 pub use reconcile::{CheckAction, CheckNote};
 pub use record::{Entry, Outcome, PermitFate, Recorded};
 pub use requeue::Requeue;

@@ -3,13 +3,12 @@
 //! the first attempt instead; in Bloom mode the key's filter bits stand in
 //! for the permit.
 
-use std::borrow::Cow;
 use std::sync::LazyLock;
 use std::time::Duration;
 
 use redis::{Script, Value};
 
-use super::scripts::{Call, Transition, script};
+use super::scripts::{Arg, Call, Transition, script};
 use super::{
     Gate, Layout, PermitConfig, PermitError, Permits, QuietCheck, RetryPolicy, TaskStatus, array,
     millis, text, unexpected,
@@ -186,47 +185,31 @@ impl<'a> AcceptArgs<'a> {
 }
 
 impl Transition for AcceptArgs<'_> {
-    fn script() -> &'static Script {
-        &SCRIPT
-    }
+    const SCRIPT: &'static LazyLock<Script> = &SCRIPT;
 
     fn call(&self) -> Call<'_> {
-        let mut c = Call::default();
-        c.key(&*self.permit)
+        let (hashes, bytes, positions) = match &self.bloom {
+            Some((hashes, bytes, positions)) => (*hashes, *bytes, positions.as_slice()),
+            None => (0, 0, &[][..]),
+        };
+        Call::default()
+            .key(&*self.permit)
             .key(&*self.task)
             .key(&*self.ready)
-            .key(&*self.delayed);
-        for key in &self.cap_keys {
-            c.key(&**key);
-        }
-        if let Some(index) = &self.event_index {
-            c.key(&**index);
-        }
-        for filter in self.filters.iter().flatten() {
-            c.key(&**filter);
-        }
-        c.arg(self.task_id)
+            .key(&*self.delayed)
+            .keys(&self.cap_keys)
+            .keys(&self.event_index)
+            .keys(self.filters.iter().flatten())
+            .arg(self.task_id)
             .num(self.window_ms)
             .num(self.retention_ms)
-            .num(self.caps.len())
-            .arg(&*self.quiet);
-        match &self.bloom {
-            Some((hashes, bytes, positions)) => {
-                c.num(hashes).num(bytes);
-                for bit in positions {
-                    c.num(bit);
-                }
-            }
-            None => {
-                c.arg("0").arg("0");
-            }
-        }
-        for cap in &self.caps {
-            for a in cap {
-                c.arg(&**a);
-            }
-        }
-        c.arg("key")
+            .num(self.caps.len() as u64)
+            .arg(&*self.quiet)
+            .num(hashes)
+            .num(bytes)
+            .nums(positions.iter().copied())
+            .args(self.caps.iter().flatten())
+            .arg("key")
             .arg(self.key)
             .arg("retry_max_attempts")
             .num(self.max_attempts)
@@ -235,8 +218,7 @@ impl Transition for AcceptArgs<'_> {
             .arg("event")
             .arg(self.event)
             .arg("payload")
-            .arg(self.payload);
-        c
+            .arg(self.payload)
     }
 }
 
@@ -358,10 +340,7 @@ impl Permits {
         let shard = self.shard_of_request(req);
         let args = self.accept_args(req, shard, task_id);
         let call = args.call();
-        (
-            call.keys,
-            call.args.into_iter().map(Cow::into_owned).collect(),
-        )
+        (call.keys, call.args.iter().map(Arg::to_text).collect())
     }
 
     /// The shard `req` is accepted in ([`Layout::shard_for`]).

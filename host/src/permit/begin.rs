@@ -50,39 +50,49 @@ pub enum Begin {
     Missing,
 }
 
-/// `begin.lua`'s `KEYS` and `ARGV`.
-struct BeginArgs<'a> {
+/// What both lease scripts (`begin.lua`, `extend.lua`) take first:
+/// `KEYS[1..2]` and `ARGV[1..4]`.
+pub(super) struct Lease<'a> {
     /// KEYS[1]: the task hash.
-    task: String,
+    pub(super) task: String,
     /// KEYS[2]: its permit.
-    permit: String,
+    pub(super) permit: String,
     /// ARGV[1]: the task id.
-    task_id: &'a str,
-    /// ARGV[2]: the new lease's fencing token.
-    token: &'a str,
-    /// ARGV[3]: the lease, ms.
-    lease_ms: u64,
+    pub(super) task_id: &'a str,
+    /// ARGV[2]: the lease's fencing token.
+    pub(super) token: &'a str,
+    /// ARGV[3]: the lease from now, ms.
+    pub(super) lease_ms: u64,
     /// ARGV[4]: how far past the lease end the permit is kept, ms.
-    grace_ms: u64,
-    /// ARGV[5]: how long a superseded task is kept, ms.
-    retention_ms: u64,
+    pub(super) grace_ms: u64,
 }
 
-impl Transition for BeginArgs<'_> {
-    fn script() -> &'static Script {
-        &SCRIPT
-    }
-
-    fn call(&self) -> Call<'_> {
-        let mut c = Call::default();
-        c.key(&*self.task)
+impl Lease<'_> {
+    /// Its part of the call, in the scripts' order.
+    pub(super) fn call(&self) -> Call<'_> {
+        Call::default()
+            .key(&*self.task)
             .key(&*self.permit)
             .arg(self.task_id)
             .arg(self.token)
             .num(self.lease_ms)
             .num(self.grace_ms)
-            .num(self.retention_ms);
-        c
+    }
+}
+
+/// `begin.lua`'s `KEYS` and `ARGV`.
+struct BeginArgs<'a> {
+    /// KEYS[1..2], ARGV[1..4]: the new lease.
+    lease: Lease<'a>,
+    /// ARGV[5]: how long a superseded task is kept, ms.
+    retention_ms: u64,
+}
+
+impl Transition for BeginArgs<'_> {
+    const SCRIPT: &'static LazyLock<Script> = &SCRIPT;
+
+    fn call(&self) -> Call<'_> {
+        self.lease.call().num(self.retention_ms)
     }
 }
 
@@ -101,12 +111,14 @@ impl Permits {
         let token = format!("{:016x}", rand::random::<u64>());
         let answer: Value = self
             .run(&BeginArgs {
-                task: self.task_key(task_id)?,
-                permit: self.task_permit(task_id, key)?,
-                task_id,
-                token: &token,
-                lease_ms: millis(lease).max(1),
-                grace_ms: millis(self.config.grace),
+                lease: Lease {
+                    task: self.task_key(task_id)?,
+                    permit: self.task_permit(task_id, key)?,
+                    task_id,
+                    token: &token,
+                    lease_ms: millis(lease).max(1),
+                    grace_ms: millis(self.config.grace),
+                },
                 retention_ms: millis(self.config.retention).max(1),
             })
             .await?;

@@ -214,22 +214,15 @@ struct BloomArgs<'a> {
 }
 
 impl Transition for BloomArgs<'_> {
-    fn script() -> &'static Script {
-        &SCRIPT
-    }
+    const SCRIPT: &'static LazyLock<Script> = &SCRIPT;
 
     fn call(&self) -> Call<'_> {
-        let mut c = Call::default();
-        c.key(self.filter)
+        Call::default()
+            .key(self.filter)
             .arg(if self.add { "add" } else { "check" })
             .num(self.sizing.hashes)
-            .num(self.sizing.bytes());
-        for key in self.keys {
-            for bit in self.sizing.positions(key) {
-                c.num(bit);
-            }
-        }
-        c
+            .num(self.sizing.bytes())
+            .nums(self.keys.iter().flat_map(|key| self.sizing.positions(key)))
     }
 }
 

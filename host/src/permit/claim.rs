@@ -66,18 +66,15 @@ struct ClaimArgs<'a> {
 }
 
 impl Transition for ClaimArgs<'_> {
-    fn script() -> &'static Script {
-        &SCRIPT
-    }
+    const SCRIPT: &'static LazyLock<Script> = &SCRIPT;
 
     fn call(&self) -> Call<'_> {
-        let mut c = Call::default();
-        c.key(&*self.awaiting)
-            .num(self.limit)
+        Call::default()
+            .key(&*self.awaiting)
+            .num(self.limit as u64)
             .num(self.hold_ms)
             .arg(self.token)
-            .arg(&*self.task_prefix);
-        c
+            .arg(&*self.task_prefix)
     }
 }
 

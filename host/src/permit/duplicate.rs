@@ -24,14 +24,10 @@ struct DuplicateArgs {
 }
 
 impl Transition for DuplicateArgs {
-    fn script() -> &'static Script {
-        &SCRIPT
-    }
+    const SCRIPT: &'static LazyLock<Script> = &SCRIPT;
 
     fn call(&self) -> Call<'_> {
-        let mut c = Call::default();
-        c.key(&*self.task);
-        c
+        Call::default().key(&*self.task)
     }
 }
 

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use redis::{Script, Value};
 
+use super::begin::Lease;
 use super::scripts::{Call, Transition, script};
 use super::{Attempt, PermitError, Permits, array, millis, text, unexpected};
 
@@ -14,37 +15,17 @@ pub(crate) static SCRIPT: LazyLock<Script> = LazyLock::new(|| script(include_str
 
 /// `extend.lua`'s `KEYS` and `ARGV`.
 struct ExtendArgs<'a> {
-    /// KEYS[1]: the task hash.
-    task: String,
-    /// KEYS[2]: its permit.
-    permit: String,
-    /// ARGV[1]: the task id.
-    task_id: &'a str,
-    /// ARGV[2]: the lease's fencing token.
-    token: &'a str,
-    /// ARGV[3]: the lease from now, ms.
-    lease_ms: u64,
-    /// ARGV[4]: how far past the lease end the permit is kept, ms.
-    grace_ms: u64,
+    /// KEYS[1..2], ARGV[1..4]: the lease, pushed from now.
+    lease: Lease<'a>,
     /// ARGV[5]: the worker is about to hand the message to its channel.
     starting: bool,
 }
 
 impl Transition for ExtendArgs<'_> {
-    fn script() -> &'static Script {
-        &SCRIPT
-    }
+    const SCRIPT: &'static LazyLock<Script> = &SCRIPT;
 
     fn call(&self) -> Call<'_> {
-        let mut c = Call::default();
-        c.key(&*self.task)
-            .key(&*self.permit)
-            .arg(self.task_id)
-            .arg(self.token)
-            .num(self.lease_ms)
-            .num(self.grace_ms)
-            .flag(self.starting);
-        c
+        self.lease.call().flag(self.starting)
     }
 }
 
@@ -79,12 +60,14 @@ impl Permits {
     ) -> Result<Option<u64>, PermitError> {
         let answer: Value = self
             .run(&ExtendArgs {
-                task: self.task_key(&attempt.task_id)?,
-                permit: self.task_permit(&attempt.task_id, &attempt.task.key)?,
-                task_id: &attempt.task_id,
-                token: &attempt.token,
-                lease_ms: millis(lease).max(1),
-                grace_ms: millis(self.config.grace),
+                lease: Lease {
+                    task: self.task_key(&attempt.task_id)?,
+                    permit: self.task_permit(&attempt.task_id, &attempt.task.key)?,
+                    task_id: &attempt.task_id,
+                    token: &attempt.token,
+                    lease_ms: millis(lease).max(1),
+                    grace_ms: millis(self.config.grace),
+                },
                 starting,
             })
             .await?;

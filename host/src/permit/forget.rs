@@ -28,19 +28,16 @@ struct ForgetArgs<'a> {
 }
 
 impl Transition for ForgetArgs<'_> {
-    fn script() -> &'static Script {
-        &SCRIPT
-    }
+    const SCRIPT: &'static LazyLock<Script> = &SCRIPT;
 
     fn call(&self) -> Call<'_> {
-        let mut c = Call::default();
-        c.key(&*self.task)
+        Call::default()
+            .key(&*self.task)
             .key(&*self.dead)
             .key(&*self.awaiting)
             .arg(self.task_id)
             .arg(self.status)
-            .num(self.keep_ms);
-        c
+            .num(self.keep_ms)
     }
 }
 

@@ -245,7 +245,7 @@ impl Permits {
     ) -> Result<T, PermitError> {
         Ok(args
             .call()
-            .invocation(A::script())
+            .invocation(A::SCRIPT)
             .invoke_async(&mut self.conn.clone())
             .await?)
     }

@@ -24,17 +24,14 @@ struct PromoteArgs {
 }
 
 impl Transition for PromoteArgs {
-    fn script() -> &'static Script {
-        &SCRIPT
-    }
+    const SCRIPT: &'static LazyLock<Script> = &SCRIPT;
 
     fn call(&self) -> Call<'_> {
-        let mut c = Call::default();
-        c.key(&*self.delayed)
+        Call::default()
+            .key(&*self.delayed)
             .key(&*self.ready)
-            .num(self.limit)
-            .arg(&*self.task_prefix);
-        c
+            .num(self.limit as u64)
+            .arg(&*self.task_prefix)
     }
 }
 

@@ -32,24 +32,22 @@ struct ReceiptArgs<'a> {
 }
 
 impl Transition for ReceiptArgs<'_> {
-    fn script() -> &'static Script {
-        &SCRIPT
-    }
+    const SCRIPT: &'static LazyLock<Script> = &SCRIPT;
 
     fn call(&self) -> Call<'_> {
-        let mut c = Call::default();
-        c.key(&*self.task)
+        let status = if self.delivered {
+            "delivered"
+        } else {
+            "failed"
+        };
+        Call::default()
+            .key(&*self.task)
             .key(&*self.permit)
             .key(&*self.awaiting)
             .arg(self.task_id)
-            .arg(if self.delivered {
-                "delivered"
-            } else {
-                "failed"
-            })
+            .arg(status)
             .num(self.retention_ms)
-            .arg(self.provider_message_id);
-        c
+            .arg(self.provider_message_id)
     }
 }
 

@@ -98,13 +98,11 @@ struct ReconcileArgs<'a> {
 }
 
 impl Transition for ReconcileArgs<'_> {
-    fn script() -> &'static Script {
-        &SCRIPT
-    }
+    const SCRIPT: &'static LazyLock<Script> = &SCRIPT;
 
     fn call(&self) -> Call<'_> {
-        let mut c = Call::default();
-        c.key(&*self.task)
+        Call::default()
+            .key(&*self.task)
             .key(&*self.permit)
             .key(&*self.awaiting)
             .key(&*self.ready)
@@ -121,8 +119,7 @@ impl Transition for ReconcileArgs<'_> {
             .num(self.most_requeues)
             .arg(&*self.note.asked)
             .arg(&*self.note.answer)
-            .arg(&*self.note.detail);
-        c
+            .arg(&*self.note.detail)
     }
 }
 

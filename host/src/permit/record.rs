@@ -151,13 +151,11 @@ struct RecordArgs<'a> {
 }
 
 impl Transition for RecordArgs<'_> {
-    fn script() -> &'static Script {
-        &SCRIPT
-    }
+    const SCRIPT: &'static LazyLock<Script> = &SCRIPT;
 
     fn call(&self) -> Call<'_> {
-        let mut c = Call::default();
-        c.key(&*self.task)
+        Call::default()
+            .key(&*self.task)
             .key(&*self.permit)
             .key(&*self.ready)
             .key(&*self.delayed)
@@ -171,20 +169,13 @@ impl Transition for RecordArgs<'_> {
             .num(self.grace_ms)
             .num(self.outcome.delay)
             .arg(self.outcome.provider_id)
-            .arg(self.outcome.reason);
-        match self.check_sent_after_ms {
-            Some(ms) => c.num(ms),
-            None => c.arg("-1"),
-        };
-        c.num(self.check_unknown_after_ms)
+            .arg(self.outcome.reason)
+            .num_or(self.check_sent_after_ms, "-1")
+            .num(self.check_unknown_after_ms)
             .arg(self.outcome.reference)
             .arg(&*self.held_cause)
-            .arg(self.provider_answer);
-        match self.ended_keep_ms {
-            Some(ms) => c.num(ms),
-            None => c.arg(""),
-        };
-        c
+            .arg(self.provider_answer)
+            .num_or(self.ended_keep_ms, "")
     }
 }
 
@@ -318,5 +309,51 @@ fn recorded(items: Vec<Value>) -> Result<Recorded, PermitError> {
             status: TaskStatus::parse(&text(items.get(1))),
         }),
         _ => Err(unexpected("record", &items)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::permit::scripts::Arg;
+
+    /// The named fields land where `record.lua`'s header says: ARGV[11]
+    /// `-1` for a sent task nobody can check, ARGV[13] the reference,
+    /// ARGV[16] empty when the ledger does not hold the outcome.
+    #[test]
+    fn record_args_follow_the_scripts_positions() {
+        let outcome = Outcome::Sent {
+            provider_message_id: "pm-1".into(),
+            reference: Some("ref-1".into()),
+        };
+        let args = RecordArgs {
+            task: "T".into(),
+            permit: "P".into(),
+            ready: "R".into(),
+            delayed: "D".into(),
+            awaiting: "A".into(),
+            task_id: "t-1",
+            token: "tok",
+            outcome: OutcomeArgs::of(&outcome),
+            entry_id: "1-0",
+            group: "g",
+            retention_ms: 6,
+            grace_ms: 7,
+            check_sent_after_ms: None,
+            check_unknown_after_ms: 12,
+            held_cause: String::new(),
+            provider_answer: "",
+            ended_keep_ms: None,
+        };
+        let call = args.call();
+        assert_eq!(call.keys, ["T", "P", "R", "D", "A"]);
+        let argv: Vec<String> = call.args.iter().map(Arg::to_text).collect();
+        assert_eq!(
+            argv,
+            [
+                "t-1", "tok", "sent", "1-0", "g", "6", "7", "0", "pm-1", "", "-1", "12", "ref-1",
+                "", "", ""
+            ]
+        );
     }
 }

@@ -58,13 +58,11 @@ struct RequeueArgs<'a> {
 }
 
 impl Transition for RequeueArgs<'_> {
-    fn script() -> &'static Script {
-        &SCRIPT
-    }
+    const SCRIPT: &'static LazyLock<Script> = &SCRIPT;
 
     fn call(&self) -> Call<'_> {
-        let mut c = Call::default();
-        c.key(&*self.task)
+        Call::default()
+            .key(&*self.task)
             .key(&*self.permit)
             .key(&*self.ready)
             .key(&*self.dead)
@@ -73,8 +71,7 @@ impl Transition for RequeueArgs<'_> {
             .num(self.retention_ms)
             .flag(self.force)
             .arg(&*self.note.by)
-            .arg(&*self.note.why);
-        c
+            .arg(&*self.note.why)
     }
 }
 

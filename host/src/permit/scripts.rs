@@ -12,6 +12,7 @@
 //! client when Redis answers `NOSCRIPT` (after a restart or `SCRIPT FLUSH`).
 
 use std::borrow::Cow;
+use std::sync::LazyLock;
 
 use redis::{Script, ScriptInvocation};
 
@@ -47,31 +48,88 @@ pub struct Call<'a> {
     /// `KEYS`.
     pub keys: Vec<String>,
     /// `ARGV`; long texts (an event, a payload) are borrowed, not copied.
-    pub args: Vec<Cow<'a, str>>,
+    pub args: Vec<Arg<'a>>,
+}
+
+/// One `ARGV` entry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Arg<'a> {
+    /// A text, borrowed when it can be.
+    Text(Cow<'a, str>),
+    /// A number, sent as its decimal text (written straight into the
+    /// command: no text of its own in between).
+    Num(u64),
+}
+
+impl Arg<'_> {
+    /// The argument as the text Redis receives.
+    pub fn to_text(&self) -> String {
+        match self {
+            Arg::Text(t) => t.to_string(),
+            Arg::Num(n) => n.to_string(),
+        }
+    }
+}
+
+impl redis::ToRedisArgs for Arg<'_> {
+    fn write_redis_args<W: ?Sized + redis::RedisWrite>(&self, out: &mut W) {
+        match self {
+            Arg::Text(t) => t.as_ref().write_redis_args(out),
+            Arg::Num(n) => n.write_redis_args(out),
+        }
+    }
 }
 
 impl<'a> Call<'a> {
     /// Appends a key.
-    pub(crate) fn key(&mut self, key: impl Into<String>) -> &mut Self {
+    pub(crate) fn key(mut self, key: impl Into<String>) -> Self {
         self.keys.push(key.into());
         self
     }
 
     /// Appends an argument.
-    pub(crate) fn arg(&mut self, arg: impl Into<Cow<'a, str>>) -> &mut Self {
-        self.args.push(arg.into());
+    pub(crate) fn arg(mut self, arg: impl Into<Cow<'a, str>>) -> Self {
+        self.args.push(Arg::Text(arg.into()));
         self
     }
 
-    /// Appends a number as its decimal text (what `redis` sends for it).
-    pub(crate) fn num(&mut self, n: impl ToString) -> &mut Self {
-        self.args.push(Cow::Owned(n.to_string()));
+    /// Appends a number.
+    pub(crate) fn num(mut self, n: impl Into<u64>) -> Self {
+        self.args.push(Arg::Num(n.into()));
         self
+    }
+
+    /// Appends keys.
+    pub(crate) fn keys(mut self, keys: impl IntoIterator<Item = impl Into<String>>) -> Self {
+        self.keys.extend(keys.into_iter().map(Into::into));
+        self
+    }
+
+    /// Appends arguments.
+    pub(crate) fn args(mut self, args: impl IntoIterator<Item = impl Into<Cow<'a, str>>>) -> Self {
+        self.args
+            .extend(args.into_iter().map(|a| Arg::Text(a.into())));
+        self
+    }
+
+    /// Appends numbers.
+    pub(crate) fn nums(mut self, nums: impl IntoIterator<Item = u64>) -> Self {
+        self.args.extend(nums.into_iter().map(Arg::Num));
+        self
+    }
+
+    /// Appends a number, or `none` without one.
+    pub(crate) fn num_or(self, n: Option<u64>, none: &'static str) -> Self {
+        match n {
+            Some(n) => self.num(n),
+            None => self.arg(none),
+        }
     }
 
     /// Appends `1` for true, `0` for false.
-    pub(crate) fn flag(&mut self, on: bool) -> &mut Self {
-        self.args.push(Cow::Borrowed(if on { "1" } else { "0" }));
+    pub(crate) fn flag(mut self, on: bool) -> Self {
+        self.args
+            .push(Arg::Text(Cow::Borrowed(if on { "1" } else { "0" })));
         self
     }
 
@@ -82,7 +140,7 @@ impl<'a> Call<'a> {
             inv.key(key);
         }
         for arg in &self.args {
-            inv.arg(arg.as_ref());
+            inv.arg(arg);
         }
         inv
     }
@@ -94,7 +152,7 @@ impl<'a> Call<'a> {
             .arg(self.keys.len())
             .arg(&self.keys);
         for arg in &self.args {
-            cmd.arg(arg.as_ref());
+            cmd.arg(arg);
         }
         cmd
     }
@@ -104,7 +162,7 @@ impl<'a> Call<'a> {
 /// `KEYS` and `ARGV`.
 pub(crate) trait Transition {
     /// The transition's script.
-    fn script() -> &'static Script;
+    const SCRIPT: &'static LazyLock<Script>;
     /// Its `KEYS` and `ARGV`, in the script's order.
     fn call(&self) -> Call<'_>;
 }

@@ -67,13 +67,11 @@ struct SettleArgs<'a> {
 }
 
 impl Transition for SettleArgs<'_> {
-    fn script() -> &'static Script {
-        &SCRIPT
-    }
+    const SCRIPT: &'static LazyLock<Script> = &SCRIPT;
 
     fn call(&self) -> Call<'_> {
-        let mut c = Call::default();
-        c.key(&*self.task)
+        Call::default()
+            .key(&*self.task)
             .key(&*self.permit)
             .key(&*self.dead)
             .key(&*self.awaiting)
@@ -81,8 +79,7 @@ impl Transition for SettleArgs<'_> {
             .arg(self.how.as_str())
             .num(self.retention_ms)
             .arg(&*self.note.by)
-            .arg(&*self.note.why);
-        c
+            .arg(&*self.note.why)
     }
 }
 

@@ -392,7 +392,7 @@ fn accept_command_of(permits: &Permits, req: &AcceptRequest) -> Vec<String> {
     let (keys, args) = permits.accept_keys_and_args(req, &task_id);
     let mut command = vec![
         "EVALSHA".to_string(),
-        pushonce::permit::scripts::ACCEPT.get_hash().to_string(),
+        pushonce::permit::accept::SCRIPT.get_hash().to_string(),
         keys.len().to_string(),
     ];
     command.extend(keys);

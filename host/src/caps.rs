@@ -1,7 +1,7 @@
 //! Frequency caps, quiet hours and recipients' time zones as operators write
 //! them: cap groups in the host configuration (`[caps.<group>]`), a
 //! policy's own caps, `quiet`, `tz`. Parsed and checked here; applied inside
-//! the accept script (`permit/lua/accept.lua`, see `docs/caps.md`).
+//! the accept script (`permit/accept.lua`, see `docs/caps.md`).
 
 use serde::Deserialize;
 use std::time::Duration;

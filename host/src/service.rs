@@ -186,15 +186,10 @@ impl ReceiptHandler for PluginReceipts {
                 }
                 Ok(done) => {
                     if let Some(ledger) = &self.ledger {
-                        for (task, status, ends) in &done.report.settled {
-                            crate::dispatch::ledger::settle_and_forget(
-                                ledger, permits, task, status, None, *ends,
-                            )
+                        let report = &done.report;
+                        permits
+                            .note_receipts(ledger, channel, &report.settled, &report.late)
                             .await;
-                        }
-                        for (task, status) in &done.report.late {
-                            ledger.settle_late(task, channel, status).await;
-                        }
                     }
                     Ok(ProviderReply {
                         status: done.reply.status,

@@ -575,19 +575,14 @@ async fn note_in_ledger(state: &AppState, task: &Task) {
         return;
     };
     // Every step (an earlier requeue too), as the task keeps them.
-    let Some(note) = crate::dispatch::ledger::operator_log(task) else {
+    let Some(note) = crate::permit::operator_log(task) else {
         return;
     };
     let status = task.status.as_str();
-    crate::dispatch::ledger::settle_and_forget(
-        ledger,
-        &state.permits,
-        task,
-        status,
-        Some(note),
-        true,
-    )
-    .await;
+    state
+        .permits
+        .settle_and_forget(ledger, task, status, Some(note), true)
+        .await;
 }
 
 /// Settles task `id` for an operator; the admin API and the console both

@@ -14,28 +14,22 @@ use crate::metric_names as names;
 use crate::permit::Permits;
 
 /// The task hash's field that marks a possible duplicate (`1`).
-pub const FIELD: &str = "possible_duplicate";
+pub const FIELD: &str = crate::permit::POSSIBLE_DUPLICATE;
 
 /// Counts a resend of `task_id` on `channel` the provider cannot dedupe and
-/// marks the task. A Redis error only loses the mark (logged): the count
-/// and the resend stand.
+/// marks the task (a lifecycle script, `permit/duplicate.lua`). A Redis
+/// error only loses the mark (logged): the count and the resend stand.
 pub(crate) async fn note(permits: &Permits, task_id: &str, channel: &str) {
     metrics::counter!(names::POSSIBLE_DUPLICATES, "channel" => channel.to_string()).increment(1);
     tracing::warn!(task = %task_id, %channel,
         "resending after an ambiguous answer on a channel that cannot dedupe: a possible duplicate");
-    let Some(key) = permits.layout().task(task_id) else {
-        return;
-    };
-    let mut conn = permits.connection();
-    // One field of one key: no script needed. The task was just read live
-    // (its lease held, or its re-queue just applied), so its hash exists.
-    let res: redis::RedisResult<()> = redis::cmd("HSET")
-        .arg(&key)
-        .arg(FIELD)
-        .arg("1")
-        .query_async(&mut conn)
-        .await;
-    if let Err(e) = res {
-        tracing::warn!(task = %task_id, error = %e, "could not mark the task a possible duplicate");
+    match permits.mark_possible_duplicate(task_id).await {
+        Ok(true) => {}
+        Ok(false) => {
+            tracing::warn!(task = %task_id, "the task left Redis before it could be marked a possible duplicate");
+        }
+        Err(e) => {
+            tracing::warn!(task = %task_id, error = %e, "could not mark the task a possible duplicate");
+        }
     }
 }

@@ -10,8 +10,8 @@
 use std::time::Duration;
 
 use super::{DispatchContext, pause};
-use crate::ledger::{Claim, ClaimAnswer, Ledger, Update, now_ms, recipient_digest};
-use crate::permit::{Attempt, Outcome, Permits, Task};
+use crate::ledger::{Claim, ClaimAnswer, now_ms, recipient_digest};
+use crate::permit::{Attempt, Outcome};
 
 /// The answer of [`claim`].
 pub(crate) enum Claimed {
@@ -92,12 +92,10 @@ fn window_end(task: &crate::permit::Task, now: i64) -> i64 {
     now.max(accepted).saturating_add(window)
 }
 
-/// Writes the outcome of an attempt to the ledger, before Redis records it
-/// (so a look-up never shows less than before). An outcome that ends the
-/// task for good (`ends`: sent with nothing to await, failed with its
-/// fallback taken) is waited for, at most a third of a lease: true when the
-/// ledger confirmed it, and the task may leave Redis as it is recorded.
-/// Other outcomes are only queued for the batched writer (false).
+/// Writes the outcome of an attempt to the ledger, when there is one
+/// ([`crate::permit::note_outcome`]); an outcome that ends the task for good
+/// is waited for at most a third of a lease. True when the ledger confirmed
+/// it, and the task may leave Redis as it is recorded.
 pub(crate) async fn note_outcome(
     shared: &DispatchContext,
     attempt: &Attempt,
@@ -107,73 +105,6 @@ pub(crate) async fn note_outcome(
     let Some(ledger) = &shared.ledger else {
         return false;
     };
-    let (status, provider_message_id, error) = match outcome {
-        Outcome::Sent {
-            provider_message_id,
-            ..
-        } => ("sent", Some(provider_message_id.clone()), None),
-        Outcome::Retry { reason, .. } | Outcome::Resend { reason, .. } => {
-            ("retry_wait", None, Some(reason.clone()))
-        }
-        Outcome::Unknown { reason } => ("unknown", None, Some(reason.clone())),
-        Outcome::Failed { reason } => ("failed", None, Some(reason.clone())),
-        Outcome::Dead { reason } => ("dead", None, Some(reason.clone())),
-        Outcome::DuplicatePrevented { .. } | Outcome::Release => return false,
-    };
-    let update = Update {
-        key: attempt.task.key.clone(),
-        task_id: attempt.task_id.clone(),
-        status: status.into(),
-        attempts: Some(attempt.number),
-        provider_message_id: provider_message_id.filter(|p| !p.is_empty()),
-        error,
-        at_ms: now_ms(),
-        // An operator's steps (a requeue) go with the outcome: the ledger
-        // keeps them once the task leaves Redis.
-        operator_note: operator_log(&attempt.task),
-    };
-    if ends {
-        let within = (shared.config.lease / 3).max(Duration::from_millis(10));
-        return ledger.update_confirmed(update, within).await;
-    }
-    if let Err(e) = ledger.update(update).await {
-        tracing::warn!(task = %attempt.task_id, error = %e, "could not queue the ledger update");
-    }
-    false
-}
-
-/// The task's operator log (one JSON line per step), when an operator acted on it.
-pub(crate) fn operator_log(task: &Task) -> Option<String> {
-    task.fields
-        .get("operator_log")
-        .filter(|log| !log.is_empty())
-        .cloned()
-}
-
-/// Writes a task that ended in Redis (a receipt, a reconciler check or an
-/// operator settled it `status`) to `ledger` and, once the ledger confirms
-/// it and `leaves` (it ended for good), lets the task leave Redis
-/// ([`Permits::forget`]): the ledger is its history from then on.
-/// Unconfirmed, the task keeps Redis's retention. Errors are logged.
-pub(crate) async fn settle_and_forget(
-    ledger: &Ledger,
-    permits: &Permits,
-    task: &Task,
-    status: &str,
-    note: Option<String>,
-    leaves: bool,
-) {
-    // Without a note of its own, the operators' earlier steps (a requeue)
-    // go to the ledger with the outcome: it keeps them once the task left.
-    let note = note.or_else(|| operator_log(task));
-    if !ledger
-        .write_settled(&task.key, &task.id, status, note)
-        .await
-        || !leaves
-    {
-        return;
-    }
-    if let Err(e) = permits.forget(task, status).await {
-        tracing::warn!(task = %task.id, error = %e, "could not let the settled task leave Redis; it keeps the retention");
-    }
+    let within = (shared.config.lease / 3).max(Duration::from_millis(10));
+    crate::permit::note_outcome(ledger, attempt, outcome, ends, within, now_ms()).await
 }

@@ -12,7 +12,7 @@
 //!   delayed set to its ready stream.
 //!
 //! Outcomes: `sent`; `retryable` → backoff; `permanent` → the payload's
-//! fallback task is accepted ([`crate::send::fallback`]) and the task recorded `failed`;
+//! fallback task is accepted ([`Permits::accept_fallback`](crate::permit::Permits::accept_fallback)) and the task recorded `failed`;
 //! `unknown` → the sender's verdict ([`crate::send::Sender::settle_unknown`]):
 //! recorded sent (a query found it), resent with the same key after a
 //! backoff (reference honoured / query says absent / `on_unknown = "resend"`),

@@ -580,7 +580,7 @@ async fn permanent(shared: &DispatchContext, attempt: &Attempt, reason: String) 
         .ok()
         .and_then(|p| p.fallback);
     if let Some(fb) = fallback {
-        match crate::send::fallback::accept_fallback(&shared.permits, &attempt.task, &fb).await {
+        match shared.permits.accept_fallback(&attempt.task, &fb).await {
             Ok(_) => {
                 metrics::counter!(names::FALLBACK, "channel" => attempt.task.channel.clone())
                     .increment(1);

@@ -13,11 +13,18 @@
 //! (at most two windows). Two filters are checked, so each is sized for
 //! half the policy's false-positive rate. See `docs/caps.md`.
 
+use std::sync::LazyLock;
+
+use redis::Script;
 use sha2::{Digest, Sha256};
 
 use super::keys::Layout;
-use super::{PermitError, Permits, scripts};
+use super::scripts::{Call, Transition, script};
+use super::{PermitError, Permits};
 use crate::store::Batch;
+
+/// Add or check many keys in one Bloom filter, without tasks (`bloom.lua`).
+pub static SCRIPT: LazyLock<Script> = LazyLock::new(|| script(include_str!("bloom.lua")));
 
 /// Most bits of one filter: a Redis string holds at most 512 MB (2^32 bits).
 pub const MAX_BITS: u64 = 1 << 32;
@@ -194,6 +201,31 @@ impl Layout {
     }
 }
 
+/// `bloom.lua`'s `KEYS` and `ARGV` for one chunk of keys.
+struct BloomArgs<'a> {
+    /// KEYS[1]: the filter (any key name).
+    filter: &'a str,
+    /// ARGV[1]: `add`, else `check`.
+    add: bool,
+    /// ARGV[2], ARGV[3]: the filter's hash count and size in bytes.
+    sizing: &'a BloomSizing,
+    /// ARGV[4 ..]: the bit positions of each key, key after key.
+    keys: &'a [String],
+}
+
+impl Transition for BloomArgs<'_> {
+    const SCRIPT: &'static LazyLock<Script> = &SCRIPT;
+
+    fn call(&self) -> Call<'_> {
+        Call::default()
+            .key(self.filter)
+            .arg(if self.add { "add" } else { "check" })
+            .num(self.sizing.hashes)
+            .num(self.sizing.bytes())
+            .nums(self.keys.iter().flat_map(|key| self.sizing.positions(key)))
+    }
+}
+
 /// Keys per `bloom.lua` call of [`Permits::bloom_keys`].
 const KEYS_PER_CALL: usize = 500;
 
@@ -212,23 +244,15 @@ impl Permits {
     ) -> Result<u64, PermitError> {
         let mut batch = Batch::new();
         for chunk in keys.chunks(KEYS_PER_CALL) {
-            let mut cmd = redis::cmd("EVALSHA");
-            cmd.arg(scripts::BLOOM.get_hash())
-                .arg(1)
-                .arg(filter)
-                .arg(if add { "add" } else { "check" })
-                .arg(sizing.hashes)
-                .arg(sizing.bytes());
-            for key in chunk {
-                for bit in sizing.positions(key) {
-                    cmd.arg(bit);
-                }
-            }
-            batch.add(filter, cmd);
+            let args = BloomArgs {
+                filter,
+                add,
+                sizing,
+                keys: chunk,
+            };
+            batch.add(filter, args.call().evalsha(&SCRIPT));
         }
-        let answers = batch
-            .query(&mut self.connection(), Some(&scripts::BLOOM))
-            .await?;
+        let answers = batch.query(&mut self.connection(), Some(&SCRIPT)).await?;
         answers
             .into_iter()
             .map(|v| match v {

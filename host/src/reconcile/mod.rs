@@ -10,7 +10,7 @@
 //! [`CONCURRENT_CHECKS`] at a time and checked at once, each under
 //! `check_timeout`, so no check outlives its claim) and the
 //! decision ([`decide`]) applied: `delivered` / `failed` through the receipt
-//! path ([`settle_from_provider`]: fallback first), otherwise
+//! path ([`Permits::settle_from_provider`]: fallback first), otherwise
 //! `reconcile.lua`, fenced by the status the check started from and by the
 //! claim's token. Nothing is ever resent unless the provider said it never
 //! got the message (`unknown` → re-queued under the same key and task).
@@ -31,7 +31,6 @@ pub(crate) use decide::{Decision, decide};
 use crate::config::ReconcileConfig;
 use crate::metric_names::{AWAITING_TASKS, CHECKS_TOTAL, GAVE_UP_TOTAL, LAG_SECONDS};
 use crate::permit::{CheckAction, CheckNote, Claimed, PermitError, Permits, Task, TaskStatus};
-use crate::send::receipts::settle_from_provider;
 use crate::send::{Check, NO_STATUS_QUERY, OutgoingMessage, Sender};
 
 /// Checks in flight at once in one reconciler (also how many entries one claim takes).
@@ -186,15 +185,9 @@ impl ReconcileContext {
     /// one; once it holds a task that ended for good (`ends`), the task leaves Redis.
     async fn note(&self, task: &Task, status: &str, ends: bool) {
         if let Some(ledger) = &self.ledger {
-            crate::dispatch::ledger::settle_and_forget(
-                ledger,
-                &self.permits,
-                task,
-                status,
-                None,
-                ends,
-            )
-            .await;
+            self.permits
+                .settle_and_forget(ledger, task, status, None, ends)
+                .await;
         }
     }
 
@@ -222,7 +215,10 @@ impl ReconcileContext {
         tracing::info!(task = %task.id, status = %claimed.status, checks = claimed.checks, ?check, ?decision, "reconcile check");
         let action = match decision {
             Decision::Settle { delivered } => {
-                let settled = settle_from_provider(&self.permits, &task, delivered, None).await?;
+                let settled = self
+                    .permits
+                    .settle_from_provider(&task, delivered, None)
+                    .await?;
                 if settled.updated {
                     let status = if delivered { "delivered" } else { "failed" };
                     self.note(&task, status, delivered || settled.fallback)

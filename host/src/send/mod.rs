@@ -8,7 +8,6 @@
 //! answers, so a test can count what reached "the provider" even when the
 //! sending process is killed with `kill -9`.
 
-pub mod fallback;
 pub mod plugin;
 pub mod receipts;
 pub mod redact;
@@ -359,38 +358,4 @@ impl Sender for LedgerFileSender {
     }
 }
 
-/// What a task's channel sends: the contract between the API (which writes it
-/// into the task at accept, as JSON in `payload`) and the senders (which read it).
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Payload {
-    /// The address on this channel: phone number, WeChat openid, device token, inbox user.
-    pub recipient: String,
-    /// The template (code or id) the provider renders.
-    pub template: String,
-    /// Template parameters, in order.
-    #[serde(default)]
-    pub params: Vec<(String, String)>,
-    /// The channel plugin `name@version` resolved at accept: an in-flight task
-    /// keeps the plugin version it started with. `None` before channel plugins.
-    #[serde(default)]
-    pub plugin: Option<String>,
-    /// Where to send instead if this channel fails for good.
-    #[serde(default)]
-    pub fallback: Option<Box<Fallback>>,
-}
-
-/// A fallback task, fully derived at accept so the dispatcher needs no policy
-/// lookup: the channel is in the key, so the fallback has a key of its own.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Fallback {
-    /// The backup channel.
-    pub channel: String,
-    /// Its idempotency key.
-    pub key: String,
-    /// Its dedup window, in ms.
-    pub window_ms: u64,
-    /// What it sends.
-    pub payload: Payload,
-}
+pub use crate::permit::{Fallback, Payload};

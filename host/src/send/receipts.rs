@@ -17,7 +17,6 @@
 
 use std::time::Duration;
 
-use super::Payload;
 use super::plugin::{InstanceError, PluginSender};
 use crate::permit::{PermitError, Permits, Task, TaskStatus};
 use crate::plugin::bindings::{
@@ -208,7 +207,7 @@ async fn apply_one(
     }
     let named_by_key = s.id == task.key || Some(&s.id) == task.reference.as_ref();
     let pmid = (!named_by_key).then_some(s.id.as_str());
-    let settled = settle_from_provider(permits, &task, delivered, pmid).await?;
+    let settled = permits.settle_from_provider(&task, delivered, pmid).await?;
     if settled.updated {
         // A receipt that came before the record left a note of when; done with it.
         permits.matched(channel, &s.id).await?;
@@ -295,51 +294,4 @@ enum Found {
     Gone(String),
     /// Nothing known.
     Nothing,
-}
-
-/// What [`settle_from_provider`] did.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Settled {
-    /// The task was `sent`/`unknown` and is now `delivered` or `failed`.
-    pub updated: bool,
-    /// A fallback task was accepted (or found already accepted).
-    pub fallback: bool,
-}
-
-/// Settles a `sent` or `unknown` task from what its provider said (a receipt
-/// or a status query): `delivered`, or `failed` after the provider accepted
-/// it — then the payload's fallback is accepted first (idempotent: if the
-/// host dies between the two writes, the next receipt or check finds the task
-/// still `sent` and does both again; the second accept is a duplicate, not a
-/// second task), and only then the failure recorded.
-pub(crate) async fn settle_from_provider(
-    permits: &Permits,
-    task: &Task,
-    delivered: bool,
-    provider_message_id: Option<&str>,
-) -> Result<Settled, PermitError> {
-    let mut settled = Settled::default();
-    if !delivered
-        && let Some(fb) = serde_json::from_str::<Payload>(&task.payload)
-            .ok()
-            .and_then(|p| p.fallback)
-    {
-        super::fallback::accept_fallback(permits, task, &fb).await?;
-        metrics::counter!(crate::metric_names::FALLBACK, "channel" => task.channel.clone())
-            .increment(1);
-        settled.fallback = true;
-    }
-    if permits
-        .record_receipt(&task.id, delivered, provider_message_id)
-        .await?
-    {
-        let name = if delivered {
-            crate::metric_names::DELIVERED
-        } else {
-            crate::metric_names::FAILED_AFTER_ACCEPT
-        };
-        metrics::counter!(name, "channel" => task.channel.clone()).increment(1);
-        settled.updated = true;
-    }
-    Ok(settled)
 }

@@ -1,0 +1,165 @@
+//! Begin (`begin.lua`): a worker claims a lease on a task for one attempt.
+
+use std::collections::HashMap;
+use std::sync::LazyLock;
+use std::time::Duration;
+
+use redis::{Script, Value};
+
+use super::scripts::{Call, Transition, script};
+use super::{PermitError, Permits, Task, TaskStatus, array, millis, text, unexpected};
+
+/// Claim a lease for an attempt (`begin.lua`).
+pub(crate) static SCRIPT: LazyLock<Script> = LazyLock::new(|| script(include_str!("begin.lua")));
+
+/// An attempt a worker has begun: it holds the lease until `lease_until_ms`.
+#[derive(Debug, Clone)]
+pub struct Attempt {
+    /// The task id.
+    pub task_id: String,
+    /// The fencing token of this lease; every later change must present it.
+    pub token: String,
+    /// Attempt number, 1 for the first.
+    pub number: u32,
+    /// End of the lease, Redis clock (ms since the epoch).
+    pub lease_until_ms: u64,
+    /// True when the lease was taken over from a worker that died mid-attempt.
+    pub reclaimed: bool,
+    /// The task as it was when the lease was taken.
+    pub task: Task,
+}
+
+/// The answer to [`Permits::begin_attempt`].
+#[derive(Debug, Clone)]
+pub enum Begin {
+    /// The lease is ours: send.
+    Begun(Box<Attempt>),
+    /// Another worker holds a live lease until this time (Redis clock, ms).
+    Busy {
+        /// End of that lease.
+        lease_until_ms: u64,
+    },
+    /// Nothing to send: the task is in this status.
+    Settled(TaskStatus),
+    /// The permit belongs to a newer task with the same key; this one is now `superseded`.
+    Superseded {
+        /// The owner of the permit.
+        by: String,
+    },
+    /// The task record does not exist (expired or never written).
+    Missing,
+}
+
+/// What both lease scripts (`begin.lua`, `extend.lua`) take first:
+/// `KEYS[1..2]` and `ARGV[1..4]`.
+pub(super) struct Lease<'a> {
+    /// KEYS[1]: the task hash.
+    pub(super) task: String,
+    /// KEYS[2]: its permit.
+    pub(super) permit: String,
+    /// ARGV[1]: the task id.
+    pub(super) task_id: &'a str,
+    /// ARGV[2]: the lease's fencing token.
+    pub(super) token: &'a str,
+    /// ARGV[3]: the lease from now, ms.
+    pub(super) lease_ms: u64,
+    /// ARGV[4]: how far past the lease end the permit is kept, ms.
+    pub(super) grace_ms: u64,
+}
+
+impl Lease<'_> {
+    /// Its part of the call, in the scripts' order.
+    pub(super) fn call(&self) -> Call<'_> {
+        Call::default()
+            .key(&*self.task)
+            .key(&*self.permit)
+            .arg(self.task_id)
+            .arg(self.token)
+            .num(self.lease_ms)
+            .num(self.grace_ms)
+    }
+}
+
+/// `begin.lua`'s `KEYS` and `ARGV`.
+struct BeginArgs<'a> {
+    /// KEYS[1..2], ARGV[1..4]: the new lease.
+    lease: Lease<'a>,
+    /// ARGV[5]: how long a superseded task is kept, ms.
+    retention_ms: u64,
+}
+
+impl Transition for BeginArgs<'_> {
+    const SCRIPT: &'static LazyLock<Script> = &SCRIPT;
+
+    fn call(&self) -> Call<'_> {
+        self.lease.call().num(self.retention_ms)
+    }
+}
+
+impl Permits {
+    /// Claims a lease of `lease` on the task for one attempt, if it is
+    /// `queued`, `retry_wait`, or `sending` under a lease that ran out. The
+    /// permit is extended past the lease end by the grace.
+    /// `key` is the task's idempotency key (stream entries carry it), which
+    /// names the permit without a read.
+    pub async fn begin_attempt(
+        &self,
+        task_id: &str,
+        key: &str,
+        lease: Duration,
+    ) -> Result<Begin, PermitError> {
+        let token = format!("{:016x}", rand::random::<u64>());
+        let answer: Value = self
+            .run(&BeginArgs {
+                lease: Lease {
+                    task: self.task_key(task_id)?,
+                    permit: self.task_permit(task_id, key)?,
+                    task_id,
+                    token: &token,
+                    lease_ms: millis(lease).max(1),
+                    grace_ms: millis(self.config.grace),
+                },
+                retention_ms: millis(self.config.retention).max(1),
+            })
+            .await?;
+        let items = array(answer, "begin")?;
+        let tag = text(items.first());
+        match tag.as_str() {
+            "begun" => {
+                let number = text(items.get(1)).parse().unwrap_or(0);
+                let lease_until_ms = text(items.get(2)).parse().unwrap_or(0);
+                let reclaimed = text(items.get(3)) == "1";
+                let fields = match items.get(4) {
+                    Some(Value::Array(kv)) => kv
+                        .chunks(2)
+                        .map(|p| (text(p.first()), text(p.get(1))))
+                        .collect(),
+                    _ => HashMap::new(),
+                };
+                let task = Task::from_fields(task_id, fields).ok_or(PermitError::Unexpected {
+                    script: "begin",
+                    answer: "task without status".into(),
+                })?;
+                Ok(Begin::Begun(Box::new(Attempt {
+                    task_id: task_id.to_string(),
+                    token,
+                    number,
+                    lease_until_ms,
+                    reclaimed,
+                    task,
+                })))
+            }
+            "busy" => Ok(Begin::Busy {
+                lease_until_ms: text(items.get(1)).parse().unwrap_or(0),
+            }),
+            "settled" => TaskStatus::parse(&text(items.get(1)))
+                .map(Begin::Settled)
+                .ok_or_else(|| unexpected("begin", &items)),
+            "superseded" => Ok(Begin::Superseded {
+                by: text(items.get(1)),
+            }),
+            "missing" => Ok(Begin::Missing),
+            _ => Err(unexpected("begin", &items)),
+        }
+    }
+}

@@ -1,0 +1,81 @@
+//! Extend (`extend.lua`): push the lease of an attempt in flight, and its
+//! permit with it; optionally mark that the send is about to start.
+
+use std::sync::LazyLock;
+use std::time::Duration;
+
+use redis::{Script, Value};
+
+use super::begin::Lease;
+use super::scripts::{Call, Transition, script};
+use super::{Attempt, PermitError, Permits, array, millis, text, unexpected};
+
+/// Extend a lease in flight (`extend.lua`).
+pub(crate) static SCRIPT: LazyLock<Script> = LazyLock::new(|| script(include_str!("extend.lua")));
+
+/// `extend.lua`'s `KEYS` and `ARGV`.
+struct ExtendArgs<'a> {
+    /// KEYS[1..2], ARGV[1..4]: the lease, pushed from now.
+    lease: Lease<'a>,
+    /// ARGV[5]: the worker is about to hand the message to its channel.
+    starting: bool,
+}
+
+impl Transition for ExtendArgs<'_> {
+    const SCRIPT: &'static LazyLock<Script> = &SCRIPT;
+
+    fn call(&self) -> Call<'_> {
+        self.lease.call().flag(self.starting)
+    }
+}
+
+impl Permits {
+    /// Extends the lease of an attempt in flight by `lease` from now (Redis
+    /// clock). Returns the new lease end, or `None` if the lease was lost.
+    pub async fn extend_lease(
+        &self,
+        attempt: &Attempt,
+        lease: Duration,
+    ) -> Result<Option<u64>, PermitError> {
+        self.extend(attempt, lease, false).await
+    }
+
+    /// Extends the lease like [`Permits::extend_lease`] and marks that the
+    /// worker is about to hand the message to its channel
+    /// (`request_started_at`): a worker that vanishes after this may have
+    /// sent it, one that vanishes before did not. `None` if the lease was lost.
+    pub async fn mark_request_started(
+        &self,
+        attempt: &Attempt,
+        lease: Duration,
+    ) -> Result<Option<u64>, PermitError> {
+        self.extend(attempt, lease, true).await
+    }
+
+    async fn extend(
+        &self,
+        attempt: &Attempt,
+        lease: Duration,
+        starting: bool,
+    ) -> Result<Option<u64>, PermitError> {
+        let answer: Value = self
+            .run(&ExtendArgs {
+                lease: Lease {
+                    task: self.task_key(&attempt.task_id)?,
+                    permit: self.task_permit(&attempt.task_id, &attempt.task.key)?,
+                    task_id: &attempt.task_id,
+                    token: &attempt.token,
+                    lease_ms: millis(lease).max(1),
+                    grace_ms: millis(self.config.grace),
+                },
+                starting,
+            })
+            .await?;
+        let items = array(answer, "extend")?;
+        match text(items.first()).as_str() {
+            "extended" => Ok(text(items.get(1)).parse().ok()),
+            "lost" => Ok(None),
+            _ => Err(unexpected("extend", &items)),
+        }
+    }
+}

@@ -1,0 +1,128 @@
+//! The ledger note of a transition: what the delivery ledger is told when
+//! a task's status changes, and the task leaving Redis once the ledger
+//! holds how it ended (`forget.lua`). Redis holds what is in flight; the
+//! ledger is the history. Every caller (a worker's record, a receipt, a
+//! reconciler check, an operator) goes through here, so the ledger is
+//! written one way.
+
+use std::time::Duration;
+
+use super::{Attempt, Outcome, Permits, Task};
+use crate::ledger::{Ledger, Update};
+
+/// The task's operator log (one JSON line per step), when an operator acted on it.
+pub(crate) fn operator_log(task: &Task) -> Option<String> {
+    task.fields
+        .get("operator_log")
+        .filter(|log| !log.is_empty())
+        .cloned()
+}
+
+/// The ledger update an attempt's `outcome` gives at `at_ms`; `None` for an
+/// outcome the ledger does not record (a prevented duplicate: the ledger
+/// names the key's owner already; a release: nothing happened).
+fn outcome_update(attempt: &Attempt, outcome: &Outcome, at_ms: i64) -> Option<Update> {
+    let (status, provider_message_id, error) = match outcome {
+        Outcome::Sent {
+            provider_message_id,
+            ..
+        } => ("sent", Some(provider_message_id.clone()), None),
+        Outcome::Retry { reason, .. } | Outcome::Resend { reason, .. } => {
+            ("retry_wait", None, Some(reason.clone()))
+        }
+        Outcome::Unknown { reason } => ("unknown", None, Some(reason.clone())),
+        Outcome::Failed { reason } => ("failed", None, Some(reason.clone())),
+        Outcome::Dead { reason } => ("dead", None, Some(reason.clone())),
+        Outcome::DuplicatePrevented { .. } | Outcome::Release => return None,
+    };
+    Some(Update {
+        key: attempt.task.key.clone(),
+        task_id: attempt.task_id.clone(),
+        status: status.into(),
+        attempts: Some(attempt.number),
+        provider_message_id: provider_message_id.filter(|p| !p.is_empty()),
+        error,
+        at_ms,
+        // An operator's steps (a requeue) go with the outcome: the ledger
+        // keeps them once the task leaves Redis.
+        operator_note: operator_log(&attempt.task),
+    })
+}
+
+/// Writes the outcome of an attempt to `ledger`, before Redis records it
+/// (so a look-up never shows less than before). An outcome that ends the
+/// task for good (`ends`: sent with nothing to await, failed with its
+/// fallback taken) is waited for, at most `within`: true when the ledger
+/// confirmed it, and the task may leave Redis as it is recorded
+/// ([`RecordContext::ledger_holds_outcome`](super::RecordContext)). Other
+/// outcomes are only queued for the batched writer (false).
+pub(crate) async fn note_outcome(
+    ledger: &Ledger,
+    attempt: &Attempt,
+    outcome: &Outcome,
+    ends: bool,
+    within: Duration,
+    at_ms: i64,
+) -> bool {
+    let Some(update) = outcome_update(attempt, outcome, at_ms) else {
+        return false;
+    };
+    if ends {
+        return ledger.update_confirmed(update, within).await;
+    }
+    if let Err(e) = ledger.update(update).await {
+        tracing::warn!(task = %attempt.task_id, error = %e, "could not queue the ledger update");
+    }
+    false
+}
+
+impl Permits {
+    /// Writes a task that ended in Redis (a receipt, a reconciler check or
+    /// an operator settled it `status`) to `ledger` and, once the ledger
+    /// confirms it and `leaves` (it ended for good), lets the task leave
+    /// Redis ([`Permits::forget`]): the ledger is its history from then on.
+    /// Unconfirmed, the task keeps Redis's retention. Errors are logged.
+    pub(crate) async fn settle_and_forget(
+        &self,
+        ledger: &Ledger,
+        task: &Task,
+        status: &str,
+        note: Option<String>,
+        leaves: bool,
+    ) {
+        // Without a note of its own, the operators' earlier steps (a requeue)
+        // go to the ledger with the outcome: it keeps them once the task left.
+        let note = note.or_else(|| operator_log(task));
+        if !ledger
+            .write_settled(&task.key, &task.id, status, note)
+            .await
+            || !leaves
+        {
+            return;
+        }
+        if let Err(e) = self.forget(task, status).await {
+            tracing::warn!(task = %task.id, error = %e, "could not let the settled task leave Redis; it keeps the retention");
+        }
+    }
+
+    /// Writes what one receipt settled to `ledger`: each task settled now
+    /// (the task as it was, `delivered`|`failed`, whether it ended for good)
+    /// through [`Permits::settle_and_forget`]; each one that had already
+    /// left Redis (`late`: task id, status) only to its ledger row, Redis
+    /// untouched (the task is not resurrected).
+    pub(crate) async fn note_receipts(
+        &self,
+        ledger: &Ledger,
+        channel: &str,
+        settled: &[(Task, &'static str, bool)],
+        late: &[(String, &'static str)],
+    ) {
+        for (task, status, ends) in settled {
+            self.settle_and_forget(ledger, task, status, None, *ends)
+                .await;
+        }
+        for (task_id, status) in late {
+            ledger.settle_late(task_id, channel, status).await;
+        }
+    }
+}

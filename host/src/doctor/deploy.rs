@@ -9,7 +9,7 @@ use std::sync::Arc;
 use super::{Check, Deployment, Status};
 use crate::config::ChannelConfig;
 use crate::plugin::Plugin;
-use crate::send::plugin::PluginSender;
+use crate::send::plugin::{PluginSender, SenderSetupError};
 
 /// The deployment checks.
 pub(super) async fn checks(d: &Deployment<'_>) -> Vec<Check> {
@@ -69,13 +69,7 @@ fn plugins(d: &Deployment<'_>) -> Check {
 async fn channels(d: &Deployment<'_>) -> Vec<Check> {
     let sender = match sender(d) {
         Ok(s) => s,
-        Err(e) => {
-            return vec![Check::fail(
-                "channels",
-                e,
-                "correct the channel's allowed_hosts or ca_file",
-            )];
-        }
+        Err((e, fix)) => return vec![Check::fail("channels", e, fix)],
     };
     let mut checks = Vec::new();
     for (name, cfg) in &d.config.channels {
@@ -132,7 +126,7 @@ async fn channels(d: &Deployment<'_>) -> Vec<Check> {
 /// refused: the `plugins` check says why): an unset secret is given a
 /// stand-in value (the credentials check reports it), so one missing
 /// secret does not hide every channel's capabilities.
-fn sender(d: &Deployment<'_>) -> Result<Option<PluginSender>, String> {
+fn sender(d: &Deployment<'_>) -> Result<Option<PluginSender>, (String, String)> {
     let Ok(live) = &d.live else {
         return Ok(None);
     };
@@ -144,11 +138,21 @@ fn sender(d: &Deployment<'_>) -> Result<Option<PluginSender>, String> {
         |var| {
             env(var)
                 .filter(|v| !v.is_empty())
-                .or_else(|| Some("doctor-stand-in".into()))
+                // Unset secrets are the credentials check's: a stand-in as
+                // strong as a real token lets the channel load.
+                .or_else(|| Some("doctor-stand-in-0123456789abcdef".into()))
         },
     )
     .map(Some)
-    .map_err(|e| e.to_string())
+    .map_err(|e| {
+        let fix = match &e {
+            SenderSetupError::WeakCallbackToken { var, .. } => {
+                format!("set {var} to an unguessable token, e.g. `openssl rand -hex 16`")
+            }
+            _ => "correct the channel's allowed_hosts or ca_file".to_string(),
+        };
+        (e.to_string(), fix)
+    })
 }
 
 /// Every `secrets_from_env` variable set and not empty.

@@ -15,6 +15,7 @@
 //! listener's addresses (rate limits per client address, the loopback
 //! checks of a host without tokens).
 
+use crate::api::guard::Client;
 use std::io;
 use std::net::SocketAddr;
 use std::pin::Pin;
@@ -143,15 +144,6 @@ impl Drop for ClientSlot {
             }
         }
     }
-}
-
-/// Where a request came from: an extension of every request the listener serves.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Client {
-    /// The peer's address.
-    pub peer: SocketAddr,
-    /// The listener's own address (loopback or not).
-    pub local: SocketAddr,
 }
 
 /// The router, with each request given its connection's [`Client`].

@@ -24,7 +24,6 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
 use super::problem::ApiError;
-use crate::listener::Client;
 
 /// Failed attempts one client address may make in a [`WINDOW`].
 pub const FAILURES_PER_WINDOW: u32 = 10;
@@ -234,4 +233,13 @@ mod tests {
         let b: IpAddr = "2001:db8::2".parse().unwrap();
         assert_eq!(key(a), key(b), "one IPv6 /64 is one client");
     }
+}
+
+/// Where a request came from: an extension of every request the listener serves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Client {
+    /// The peer's address.
+    pub peer: std::net::SocketAddr,
+    /// The listener's own address (loopback or not).
+    pub local: std::net::SocketAddr,
 }

@@ -211,7 +211,7 @@ impl Permits {
     /// group (`XGROUP CREATE … MKSTREAM`, an existing group is fine).
     pub async fn prepare(&self) -> Result<(), PermitError> {
         let mut conn = self.conn.clone();
-        for script in scripts::all() {
+        for script in all_scripts() {
             script.load_async(&mut conn).await?;
         }
         self.ensure_groups().await
@@ -319,4 +319,23 @@ pub(crate) fn text(v: Option<&Value>) -> String {
         Some(Value::Okay) => "OK".into(),
         _ => String::new(),
     }
+}
+
+/// Every script, for loading them all up front.
+fn all_scripts() -> [&'static redis::Script; 13] {
+    [
+        &accept::SCRIPT,
+        &begin::SCRIPT,
+        &extend::SCRIPT,
+        &record::SCRIPT,
+        &promote::SCRIPT,
+        &receipt::SCRIPT,
+        &requeue::SCRIPT,
+        &settle::SCRIPT,
+        &claim::SCRIPT,
+        &reconcile::SCRIPT,
+        &bloom::SCRIPT,
+        &forget::SCRIPT,
+        &duplicate::SCRIPT,
+    ]
 }

@@ -23,25 +23,6 @@ pub(crate) fn script(body: &str) -> Script {
     Script::new(&format!("{LIB}\n{body}"))
 }
 
-/// Every script, for loading them all up front.
-pub fn all() -> [&'static Script; 13] {
-    [
-        &super::accept::SCRIPT,
-        &super::begin::SCRIPT,
-        &super::extend::SCRIPT,
-        &super::record::SCRIPT,
-        &super::promote::SCRIPT,
-        &super::receipt::SCRIPT,
-        &super::requeue::SCRIPT,
-        &super::settle::SCRIPT,
-        &super::claim::SCRIPT,
-        &super::reconcile::SCRIPT,
-        &super::bloom::SCRIPT,
-        &super::forget::SCRIPT,
-        &super::duplicate::SCRIPT,
-    ]
-}
-
 /// The `KEYS` and `ARGV` of one script call, in the script's order.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct Call<'a> {

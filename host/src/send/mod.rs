@@ -8,6 +8,7 @@
 //! answers, so a test can count what reached "the provider" even when the
 //! sending process is killed with `kill -9`.
 
+pub mod path_token;
 pub mod plugin;
 pub mod receipts;
 pub mod redact;

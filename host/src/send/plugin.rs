@@ -224,7 +224,7 @@ fn settings_with_secrets(
 
 /// The token the provider's callbacks must carry, read from
 /// `callback_token_env` when the channel names one (empty counts as
-/// missing, a guessable one is refused: `api::receipts::path_token_weakness`).
+/// missing, a guessable one is refused: `send::path_token::path_token_weakness`).
 fn callback_token(
     name: &str,
     cfg: &ChannelConfig,
@@ -241,7 +241,7 @@ fn callback_token(
                 setting: "callback_token_env".into(),
                 var: var.clone(),
             })?;
-    if let Some(why) = crate::api::receipts::path_token_weakness(&token) {
+    if let Some(why) = super::path_token::path_token_weakness(&token) {
         return Err(SenderSetupError::WeakCallbackToken {
             channel: name.to_string(),
             var: var.clone(),

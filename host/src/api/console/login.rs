@@ -15,9 +15,9 @@ use serde::Deserialize;
 use super::session::{self, Revoked, Signer};
 use super::{Operator, layout, session_of};
 use crate::api::AppState;
+use crate::api::guard::Client;
 use crate::api::guard::Failures;
 use crate::api::log::escaped;
-use crate::listener::Client;
 
 /// The sign-in form's fields.
 #[derive(Debug, Deserialize)]

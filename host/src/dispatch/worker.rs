@@ -262,6 +262,7 @@ pub(crate) async fn deliver(shared: &DispatchContext, entry: &Entry) {
     }
     if !attempt.reclaimed
         && attempt.task.maybe_sent
+        && resent_by_reference(&attempt.task)
         && !first_claim
         && !resend_still_safe(shared, &attempt, &msg, entry).await
     {
@@ -459,6 +460,17 @@ async fn resend_reclaimed(
     false
 }
 
+/// How the reason of a resend that leans on the provider's dedupe ends.
+const RESENT_BY_REFERENCE: &str = "; resending with the same key";
+
+/// Whether `task` waits for a resend the worker decided on the provider's
+/// dedupe (not one an operator or the reconciler asked for).
+fn resent_by_reference(task: &crate::permit::Task) -> bool {
+    task.last_error
+        .as_deref()
+        .is_some_and(|e| e.ends_with(RESENT_BY_REFERENCE))
+}
+
 /// Why a resend decided after an ambiguous answer is held when its turn comes.
 pub const STALE_RESEND_REASON: &str = "an earlier attempt's answer was ambiguous, and its resend came past the provider's reference window";
 
@@ -467,7 +479,8 @@ pub const STALE_RESEND_REASON: &str = "an earlier attempt's answer was ambiguous
 /// reference) may have been carried past the reference window by the retry
 /// delay, and a resend past it is a new message: then it is decided anew,
 /// as for an unknown outcome now (held, by default). One already counted as
-/// a possible duplicate, or still inside the window, goes ahead. True when
+/// a possible duplicate, still inside the window, or on a channel with a
+/// status query (its resends follow the query), goes ahead. True when
 /// it may be sent; otherwise its outcome is recorded here.
 async fn resend_still_safe(
     shared: &DispatchContext,
@@ -480,7 +493,10 @@ async fn resend_still_safe(
         .fields
         .get(super::duplicates::FIELD)
         .is_some_and(|v| v == "1");
-    if marked || shared.sender.dedupes(msg).await {
+    // A channel with a status query resends only on what its query said
+    // (the reconciler's re-queue, or the verdict just made): nothing to
+    // look at again.
+    if marked || shared.sender.dedupes(msg).await || shared.sender.can_check(msg).await {
         return true;
     }
     let verdict = with_lease(shared, attempt, shared.sender.settle_unknown(msg)).await;
@@ -613,7 +629,7 @@ fn unknown(attempt: &Attempt, reason: String, verdict: UnknownVerdict) -> Outcom
         UnknownVerdict::Resend if attempt.number < attempt.task.retry.max_attempts => {
             Outcome::Resend {
                 delay: backoff::random_delay_after(&attempt.task.retry, attempt.number),
-                reason: format!("{reason}; resending with the same key"),
+                reason: format!("{reason}{RESENT_BY_REFERENCE}"),
             }
         }
         UnknownVerdict::ResendMayDuplicate if attempt.number < attempt.task.retry.max_attempts => {

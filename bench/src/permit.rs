@@ -285,6 +285,61 @@ pub(super) async fn host_accepts(
     })
 }
 
+/// The accepts of event `i` on `channels` channels (sms, inbox, push,
+/// wechat, in that order): the requests share the event's text and name
+/// its user in their keys, so they are one event in one shard.
+pub(super) fn event_requests(tag: &str, i: usize, channels: usize) -> Vec<AcceptRequest> {
+    let base = request(tag, i);
+    ["sms", "inbox", "push", "wechat"]
+        .iter()
+        .take(channels)
+        .map(|channel| AcceptRequest {
+            key: base.key.replace(":sms:", &format!(":{channel}:")),
+            channel: channel.to_string(),
+            ..base.clone()
+        })
+        .collect()
+}
+
+/// Accepts `events` events of `channels` channels each, one `accept_batch`
+/// per event, `c` at a time; fails if one is not accepted whole.
+pub(super) async fn host_event_accepts(
+    permits: &Permits,
+    events: usize,
+    c: usize,
+    channels: usize,
+    tag: &str,
+) -> anyhow::Result<()> {
+    let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let mut set = tokio::task::JoinSet::new();
+    for _ in 0..c {
+        let permits = permits.clone();
+        let next = next.clone();
+        let tag = tag.to_string();
+        set.spawn(async move {
+            loop {
+                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                if i >= events {
+                    return Ok::<_, anyhow::Error>(());
+                }
+                let answers = permits
+                    .accept_batch(&event_requests(&tag, i, channels))
+                    .await?;
+                if let Some(a) = answers
+                    .iter()
+                    .find(|a| !matches!(a, Acceptance::Accepted { .. }))
+                {
+                    bail!("a unique key was not accepted: {a:?}");
+                }
+            }
+        });
+    }
+    while let Some(res) = set.join_next().await {
+        res??;
+    }
+    Ok(())
+}
+
 /// A realistic accept of a unique key.
 pub(super) fn request(tag: &str, i: usize) -> AcceptRequest {
     let biz_id = format!("o-{tag}{i}");
@@ -297,7 +352,8 @@ pub(super) fn request(tag: &str, i: usize) -> AcceptRequest {
         biz_id: biz_id.clone(),
         event_json: format!(
             r#"{{"biz_type":"ORDER_SHIPPED","biz_id":"{biz_id}","user_id":"{user}","occurred_at_ms":1718000000000,"attributes":{{"carrier":"SF"}}}}"#
-        ),
+        )
+        .into(),
         payload: format!(
             r#"{{"template":"order_shipped","params":{{"order":"{biz_id}","carrier":"SF"}}}}"#
         ),

@@ -27,7 +27,7 @@ fn event(run: &str, i: usize) -> Vec<AcceptRequest> {
             window: Duration::from_secs(3600),
             biz_type: "BENCH".into(),
             biz_id: format!("{run}-{i}"),
-            event_json: format!(r#"{{"user_id":"u-{i}"}}"#),
+            event_json: format!(r#"{{"user_id":"u-{i}"}}"#).into(),
             payload: r#"{"template":"t"}"#.into(),
             policy_name: "per-event".into(),
             policy_version: "1.0.0".into(),

@@ -1111,3 +1111,216 @@ async fn a_key_naming_its_recipient_lives_in_the_recipients_shard() {
     assert_eq!(recorded, Recorded::Done(PermitFate::Released));
     assert_eq!(permits.permit_owner(&named).await.unwrap(), None);
 }
+
+/// The keys of `server`'s Redis matching `pattern` (SCAN, test-sized data).
+async fn keys_matching(server: &RedisServer, pattern: &str) -> Vec<String> {
+    let mut conn = server.manager().await.unwrap();
+    let mut found = Vec::new();
+    let mut cursor = 0u64;
+    loop {
+        let (next, batch): (u64, Vec<String>) = redis::cmd("SCAN")
+            .arg(cursor)
+            .arg("MATCH")
+            .arg(pattern)
+            .arg("COUNT")
+            .arg(1000)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        found.extend(batch);
+        if next == 0 {
+            return found;
+        }
+        cursor = next;
+    }
+}
+
+/// `PTTL` of `key` in `server`'s Redis (-1: no expiry, -2: gone).
+async fn pttl(server: &RedisServer, key: &str) -> i64 {
+    let mut conn = server.manager().await.unwrap();
+    redis::cmd("PTTL")
+        .arg(key)
+        .query_async(&mut conn)
+        .await
+        .unwrap()
+}
+
+/// An event for four channels is stored once: one event record holds the
+/// event and each channel's payload, the four task hashes only their own
+/// state, and a look-up or an attempt sees each task whole. The record
+/// lives as long as its tasks: without expiry while one is in flight or
+/// held, then as long as the last one kept, and it leaves with the last.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_event_is_stored_once_for_its_channels_and_leaves_with_its_last_task() {
+    let server = RedisServer::start().await.unwrap();
+    let permits = server.permits(permit_config()).await.unwrap();
+    let event: std::sync::Arc<str> =
+        r#"{"biz_type":"ORDER_SHIPPED","biz_id":"o-once","user_id":"u-42"}"#.into();
+    let channels = ["sms", "inbox", "push", "wechat"];
+    let requests: Vec<AcceptRequest> = channels
+        .iter()
+        .map(|channel| {
+            let key = format!("push:per-event@1:{channel}:ORDER_SHIPPED:o-once:u-42");
+            AcceptRequest {
+                channel: channel.to_string(),
+                event_json: event.clone(),
+                payload: format!(r#"{{"template":"shipped-{channel}"}}"#),
+                biz_id: "o-once".into(),
+                recipient: Some("u-42".into()),
+                ..accept_request(&key)
+            }
+        })
+        .collect();
+    let ids: Vec<String> = permits
+        .accept_batch(&requests)
+        .await
+        .unwrap()
+        .iter()
+        .map(accepted)
+        .collect();
+    let records = keys_matching(&server, "*:ev:*").await;
+    assert_eq!(records.len(), 1, "one event record: {records:?}");
+    let record = &records[0];
+    let mut conn = server.manager().await.unwrap();
+    let fields: Vec<String> = redis::cmd("HKEYS")
+        .arg(record)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(
+        fields.len(),
+        2 + channels.len(),
+        "event, meta and 4 payloads: {fields:?}"
+    );
+    for (id, channel) in ids.iter().zip(channels) {
+        let task_key = permits.layout().task(id).unwrap();
+        let own: Vec<String> = redis::cmd("HKEYS")
+            .arg(&task_key)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        assert!(
+            !own.iter()
+                .any(|f| f == "event" || f == "payload" || f == "spec"),
+            "the task hash holds no copy of the event: {own:?}"
+        );
+        let task = permits.task(id).await.unwrap().unwrap();
+        assert_eq!(task.event_json, &*event);
+        assert_eq!(
+            task.payload,
+            format!(r#"{{"template":"shipped-{channel}"}}"#)
+        );
+        assert_eq!(
+            (task.channel.as_str(), task.biz_id.as_str()),
+            (channel, "o-once")
+        );
+        assert_eq!(task.policy_name, "per-event");
+        assert_eq!(task.retry, RetryPolicy::default());
+    }
+    // The same event again: four duplicates, no second record.
+    for answer in permits.accept_batch(&requests).await.unwrap() {
+        assert!(matches!(answer, Acceptance::Duplicate { .. }), "{answer:?}");
+    }
+    assert_eq!(keys_matching(&server, "*:ev:*").await.len(), 1);
+
+    let in_ledger = RecordContext {
+        checkable: false,
+        ledger_holds_outcome: true,
+        ..RecordContext::default()
+    };
+    let sent = Outcome::Sent {
+        provider_message_id: "p".into(),
+        reference: None,
+    };
+    // Two channels sent for good leave Redis; the record stays, without
+    // expiry, for the two still open, and an attempt sees its payload.
+    for (id, request) in ids.iter().zip(&requests).take(2) {
+        let a = begin(&permits, id, &request.key, Duration::from_secs(5)).await;
+        assert_eq!(a.task.payload, request.payload);
+        assert_eq!(a.task.event_json, &*event);
+        permits
+            .record_with(&a, &sent, None, in_ledger)
+            .await
+            .unwrap();
+        assert_eq!(permits.task(id).await.unwrap(), None);
+    }
+    assert_eq!(pttl(&server, record).await, -1);
+    // The third sent and awaiting its receipt (kept for the retention), the
+    // fourth held: the record has no expiry while one is held.
+    let third = begin(&permits, &ids[2], &requests[2].key, Duration::from_secs(5)).await;
+    let awaiting = RecordContext {
+        checkable: true,
+        ..RecordContext::default()
+    };
+    permits
+        .record_with(&third, &sent, None, awaiting)
+        .await
+        .unwrap();
+    let fourth = begin(&permits, &ids[3], &requests[3].key, Duration::from_secs(5)).await;
+    let unknown = Outcome::Unknown {
+        reason: "cut off".into(),
+    };
+    permits
+        .record_with(&fourth, &unknown, None, awaiting)
+        .await
+        .unwrap();
+    assert_eq!(
+        pttl(&server, record).await,
+        -1,
+        "a held task keeps its record"
+    );
+    // The held one delivered by a receipt: both kept for the retention, the
+    // record as long as the last of them.
+    assert!(permits.record_receipt(&ids[3], true, None).await.unwrap());
+    let kept = pttl(&server, record).await;
+    assert!((3_590_000..=3_600_000).contains(&kept), "record ttl {kept}");
+    // Once the ledger holds their outcomes they leave, and so does the record.
+    for id in &ids[2..] {
+        let task = permits.task(id).await.unwrap().unwrap();
+        if task.status == TaskStatus::Sent {
+            assert!(permits.record_receipt(id, true, None).await.unwrap());
+        }
+        let task = permits.task(id).await.unwrap().unwrap();
+        assert!(permits.forget(&task, "delivered").await.unwrap());
+    }
+    assert!(
+        keys_matching(&server, "*:ev:*").await.is_empty(),
+        "the record left with its last task"
+    );
+    assert!(keys_matching(&server, "*:task:*").await.is_empty());
+}
+
+/// A namespace records the key layout version that writes it; a host of
+/// this version refuses one whose marker names another, saying which and
+/// how to move on, and takes it once the marker is cleared after a drain.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_namespace_of_another_layout_version_is_refused_by_name() {
+    let server = RedisServer::start().await.unwrap();
+    let permits = server.permits(permit_config()).await.unwrap();
+    permits.prepare().await.unwrap();
+    let marker = permits.layout().marker();
+    let mut conn = server.manager().await.unwrap();
+    let written: String = redis::cmd("GET")
+        .arg(&marker)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(written, pushonce::permit::LAYOUT_VERSION.to_string());
+    redis::cmd("SET")
+        .arg(&marker)
+        .arg("2")
+        .query_async::<()>(&mut conn)
+        .await
+        .unwrap();
+    let err = permits.prepare().await.unwrap_err().to_string();
+    assert!(
+        err.contains("layout version 2") && err.contains(&marker) && err.contains("drain"),
+        "{err}"
+    );
+    redis::cmd("DEL")
+        .arg(&marker)
+        .query_async::<()>(&mut conn)
+        .await
+        .unwrap();
+    permits.prepare().await.unwrap();
+}

@@ -159,6 +159,8 @@ struct Notes {
     per_permit: f64,
     /// The same with `event_index = false`.
     per_permit_lean: f64,
+    /// Per open permit of 4-channel events (the event stored once for four permits).
+    per_permit_four: f64,
     /// Per phase: host RSS once it serves (idle), after its runs, and its peak (MiB).
     rss: Vec<(Phase, f64, (f64, f64))>,
     /// The accept script's profile (Redis µs per call), with its error if it failed.
@@ -177,6 +179,7 @@ impl Default for Notes {
         Notes {
             per_permit: f64::NAN,
             per_permit_lean: f64::NAN,
+            per_permit_four: f64::NAN,
             rss: Vec::new(),
             profile: Ok(Vec::new()),
             delivered: None,
@@ -272,6 +275,11 @@ async fn permit_rows(
     permit::host_accepts(&lean, n, pc, 1, "l").await?;
     let after = permit::used_memory(&mut stack.conn).await?;
     notes.per_permit_lean = after.saturating_sub(before) as f64 / n as f64;
+    let events = (n / 4).max(1);
+    let before = permit::used_memory(&mut stack.conn).await?;
+    permit::host_event_accepts(&permits, events, pc, 4, "q").await?;
+    let after = permit::used_memory(&mut stack.conn).await?;
+    notes.per_permit_four = after.saturating_sub(before) as f64 / (4 * events) as f64;
     let batched = permit::host_accepts(&permits, n, pc, 16, "b").await?;
     for (what, row, note) in [
         (
@@ -407,10 +415,11 @@ async fn print_report(
         );
     }
     println!(
-        "redis memory per open permit (permit + task hash + stream entry + event index): {:.0} bytes (used_memory delta / {}); with event_index = false {:.0} bytes; redis used_memory_rss now {:.1} MiB",
+        "redis memory per open permit (permit + task hash + stream entry + its event record + event index): {:.0} bytes (used_memory delta / {}); with event_index = false {:.0} bytes; of 4-channel events (one record and index for four permits) {:.0} bytes; redis used_memory_rss now {:.1} MiB",
         notes.per_permit,
         args.floor_requests,
         notes.per_permit_lean,
+        notes.per_permit_four,
         redis_rss.parse::<f64>().unwrap_or(0.0) / 1048576.0
     );
     println!("warm derive-key cost: `pushonce-bench plugins` (the plugin layer alone)");

@@ -60,6 +60,7 @@ pub(super) fn print(lines: &[Line], notes: &Notes, lean: bool) {
         four_vs_one(lines),
         delivered_bytes(notes),
         open_bytes(notes, lean),
+        open_bytes_four(notes),
         end_to_end(lines),
         paced_p99(lines),
     ];
@@ -182,12 +183,22 @@ fn open_bytes(notes: &Notes, lean: bool) -> Target {
         )
     };
     Target {
-        name: "4b. Redis bytes per open permit",
+        name: "4b. Redis bytes per open permit, 1-channel events",
         asked: Bound::AtMost(700.0),
         value,
         how: format!(
             "used_memory delta over Permits::accept direct / accepts; {other:.0} {other_name}"
         ),
+    }
+}
+
+fn open_bytes_four(notes: &Notes) -> Target {
+    Target {
+        name: "4c. Redis bytes per open permit, 4-channel events",
+        asked: Bound::AtMost(700.0),
+        value: notes.per_permit_four,
+        how: "used_memory delta over Permits::accept_batch of one event's four channels / permits"
+            .into(),
     }
 }
 

@@ -460,15 +460,13 @@ async fn resend_reclaimed(
     false
 }
 
-/// How the reason of a resend that leans on the provider's dedupe ends.
-const RESENT_BY_REFERENCE: &str = "; resending with the same key";
-
 /// Whether `task` waits for a resend the worker decided on the provider's
-/// dedupe (not one an operator or the reconciler asked for).
+/// dedupe (`record.lua` marks it `resend_by` = `reference`; an operator's or
+/// the reconciler's re-queue clears the mark).
 fn resent_by_reference(task: &crate::permit::Task) -> bool {
-    task.last_error
-        .as_deref()
-        .is_some_and(|e| e.ends_with(RESENT_BY_REFERENCE))
+    task.fields
+        .get("resend_by")
+        .is_some_and(|v| v == "reference")
 }
 
 /// Why a resend decided after an ambiguous answer is held when its turn comes.
@@ -629,7 +627,8 @@ fn unknown(attempt: &Attempt, reason: String, verdict: UnknownVerdict) -> Outcom
         UnknownVerdict::Resend if attempt.number < attempt.task.retry.max_attempts => {
             Outcome::Resend {
                 delay: backoff::random_delay_after(&attempt.task.retry, attempt.number),
-                reason: format!("{reason}{RESENT_BY_REFERENCE}"),
+                reason: format!("{reason}; resending with the same key"),
+                by_reference: true,
             }
         }
         UnknownVerdict::ResendMayDuplicate if attempt.number < attempt.task.retry.max_attempts => {
@@ -638,6 +637,7 @@ fn unknown(attempt: &Attempt, reason: String, verdict: UnknownVerdict) -> Outcom
                 reason: format!(
                     "{reason}; resending with the same key, which the provider cannot dedupe: a possible duplicate"
                 ),
+                by_reference: false,
             }
         }
         // Out of attempts, or nothing can tell: held, visibly, never released.

@@ -1,9 +1,12 @@
-//! Accept (`accept.lua`): take the permit of an idempotency key and enqueue
-//! its task in one script, after the caps had room; quiet hours schedule
-//! the first attempt instead; in Bloom mode the key's filter bits stand in
-//! for the permit.
+//! Accept (`accept.lua`): for every channel of one event that lands in one
+//! shard, in one script, take the permit of its idempotency key and enqueue
+//! its task, after the caps had room; quiet hours schedule the first
+//! attempt instead; in Bloom mode the key's filter bits stand in for the
+//! permit. The event is stored once, in an event record; each task keeps
+//! only its own small state (see `docs/redis.md`, "Event records").
 
-use std::sync::LazyLock;
+use std::collections::HashMap;
+use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
 use redis::{Script, Value};
@@ -31,8 +34,9 @@ pub struct AcceptRequest {
     pub biz_type: String,
     /// Business id of the event.
     pub biz_id: String,
-    /// The event as JSON text.
-    pub event_json: String,
+    /// The event as JSON text, shared by the requests of its channels
+    /// (requests with the same text and business ids are one event: stored once).
+    pub event_json: Arc<str>,
     /// What the channel sends, as JSON text.
     pub payload: String,
     /// Name of the key policy that derived the key.
@@ -94,64 +98,71 @@ impl Acceptance {
     }
 }
 
-/// `accept.lua`'s `KEYS` and `ARGV`, named (see the script's header).
-struct AcceptArgs<'a> {
-    /// KEYS[1]: the permit.
+/// One channel's block of `accept.lua`'s `KEYS` and `ARGV` (see the script's header).
+struct ChannelArgs<'a> {
+    /// Its permit.
     permit: String,
-    /// KEYS[2]: the task hash.
+    /// Its task hash.
     task: String,
-    /// KEYS[3]: the shard's ready stream.
-    ready: String,
-    /// KEYS[4]: the shard's delayed set (quiet hours).
-    delayed: String,
-    /// KEYS[5 ..]: each cap's sorted set, in the order of `caps`.
+    /// Each cap's sorted set, in the order of `caps`.
     cap_keys: Vec<String>,
-    /// Then the event index, when on and the event has a business type.
-    event_index: Option<String>,
-    /// Last, in Bloom mode: the filters of even and odd window periods.
+    /// In Bloom mode: the filters of even and odd window periods.
     filters: Option<[String; 2]>,
-    /// ARGV[1]: the new task's id; empty for a dry run.
-    task_id: &'a str,
-    /// ARGV[2]: the window, ms.
+    /// The new task's id; empty for a dry run.
+    task_id: String,
+    /// The window, ms.
     window_ms: u64,
-    /// ARGV[3]: how long an ended task is kept, ms.
-    retention_ms: u64,
-    /// ARGV[5]: quiet hours (`QuietCheck::arg`).
+    /// Quiet hours (`QuietCheck::arg`).
     quiet: String,
-    /// ARGV[6], ARGV[7], ARGV[8 ..]: Bloom mode's hash count, filter bytes
-    /// and the key's bit positions (permit mode: 0, 0, none).
+    /// Bloom mode's hash count, filter bytes and the key's bit positions
+    /// (permit mode: 0, 0, none).
     bloom: Option<(u32, u64, Vec<u64>)>,
-    /// Per cap: name, kind, max, parameter (ARGV[4] is their number).
+    /// Per cap: name, kind, max, parameter.
     caps: Vec<[String; 4]>,
-    /// The task's fields: its idempotency key.
+    /// The idempotency key.
     key: &'a str,
     /// `retry_max_attempts`.
     max_attempts: u32,
-    /// `spec`: the fields no script reads, as one JSON object ([`spec_json`]).
-    spec: String,
-    /// `event`: the event as JSON text (borrowed, not copied).
-    event: &'a str,
-    /// `payload`: what the channel sends, as JSON text (borrowed).
+    /// The channel.
+    channel: &'a str,
+    /// The rest of the retry schedule, packed ([`retry_arg`]).
+    retry: String,
+    /// What the channel sends, as JSON text (borrowed, not copied).
     payload: &'a str,
 }
 
-impl<'a> AcceptArgs<'a> {
-    /// The arguments of accepting `req` under `task_id` in `shard`.
-    fn new(
-        layout: &Layout,
-        config: &PermitConfig,
-        req: &'a AcceptRequest,
-        shard: u16,
-        task_id: &'a str,
-    ) -> AcceptArgs<'a> {
+/// `accept.lua`'s `KEYS` and `ARGV`: the channels of one event that land in
+/// one shard, named (see the script's header).
+struct AcceptArgs<'a> {
+    /// KEYS[1]: the shard's ready stream.
+    ready: String,
+    /// KEYS[2]: the shard's delayed set (quiet hours).
+    delayed: String,
+    /// KEYS[3]: the event record.
+    record: String,
+    /// KEYS[4], when on and the event has a business type: the event index.
+    event_index: Option<String>,
+    /// ARGV[1]: the event record's id; empty for a dry run.
+    record_id: String,
+    /// ARGV[2]: how long an ended task is kept, ms.
+    retention_ms: u64,
+    /// ARGV[3]: the event as JSON text (borrowed, once for every channel).
+    event: &'a str,
+    /// ARGV[4]: what the channels share ([`meta_json`]).
+    meta: String,
+    /// The channels, in the order of their answers.
+    channels: Vec<ChannelArgs<'a>>,
+}
+
+impl<'a> ChannelArgs<'a> {
+    /// Channel `req`'s block, accepted under `task_id` in `shard`.
+    fn new(layout: &Layout, req: &'a AcceptRequest, shard: u16, task_id: String) -> Self {
         let window_ms = millis(req.window).max(1);
         let Gate { caps, quiet, bloom } = &req.gate;
         let sizing = bloom.as_ref().map(|b| b.sizing(layout.shards()));
-        AcceptArgs {
+        ChannelArgs {
             permit: layout.permit_in(shard, &req.key),
             task: format!("{}{}", layout.task_prefix(shard), task_id),
-            ready: layout.ready(shard),
-            delayed: layout.delayed(shard),
             cap_keys: caps
                 .iter()
                 .map(|cap| {
@@ -161,25 +172,57 @@ impl<'a> AcceptArgs<'a> {
                     layout.cap(&cap.name, &cap.subject, user)
                 })
                 .collect(),
-            event_index: (config.event_index && !req.biz_type.is_empty())
-                .then(|| layout.event_index(shard, &req.biz_type, &req.biz_id)),
             filters: bloom
                 .as_ref()
                 .zip(sizing.as_ref())
                 .map(|(bloom, sizing)| layout.bloom(shard, &bloom.filter, window_ms, sizing)),
             task_id,
             window_ms,
-            retention_ms: millis(config.retention),
             quiet: QuietCheck::arg(quiet.as_ref()),
             bloom: sizing.map(|s| (s.hashes, s.bytes(), s.positions(&req.key).collect())),
             caps: caps.iter().map(|cap| cap.args()).collect(),
             key: &req.key,
             max_attempts: req.retry.max_attempts,
-            // The fields no script reads travel packed in one JSON field (`spec`):
-            // fewer hash fields make the accept script cheaper inside Redis.
-            spec: spec_json(req),
-            event: &req.event_json,
+            channel: &req.channel,
+            retry: retry_arg(&req.retry),
             payload: &req.payload,
+        }
+    }
+}
+
+impl<'a> AcceptArgs<'a> {
+    /// The arguments of accepting `reqs` (one event's channels, all landing
+    /// in `shard`); a dry run when `dry`.
+    fn new(
+        layout: &Layout,
+        config: &PermitConfig,
+        reqs: &[&'a AcceptRequest],
+        shard: u16,
+        dry: bool,
+    ) -> AcceptArgs<'a> {
+        let first = reqs[0];
+        let new_id = || {
+            if dry {
+                String::new()
+            } else {
+                layout.new_task_id(shard)
+            }
+        };
+        let record_id = new_id();
+        AcceptArgs {
+            ready: layout.ready(shard),
+            delayed: layout.delayed(shard),
+            record: layout.event_record(shard, &record_id),
+            event_index: (config.event_index && !first.biz_type.is_empty())
+                .then(|| layout.event_index(shard, &first.biz_type, &first.biz_id)),
+            record_id,
+            retention_ms: millis(config.retention),
+            event: &first.event_json,
+            meta: meta_json(first),
+            channels: reqs
+                .iter()
+                .map(|req| ChannelArgs::new(layout, req, shard, new_id()))
+                .collect(),
         }
     }
 }
@@ -188,37 +231,42 @@ impl Transition for AcceptArgs<'_> {
     const SCRIPT: &'static LazyLock<Script> = &SCRIPT;
 
     fn call(&self) -> Call<'_> {
-        let (hashes, bytes, positions) = match &self.bloom {
-            Some((hashes, bytes, positions)) => (*hashes, *bytes, positions.as_slice()),
-            None => (0, 0, &[][..]),
-        };
-        Call::default()
-            .key(&*self.permit)
-            .key(&*self.task)
+        let mut call = Call::default()
             .key(&*self.ready)
             .key(&*self.delayed)
-            .keys(&self.cap_keys)
+            .key(&*self.record)
             .keys(&self.event_index)
-            .keys(self.filters.iter().flatten())
-            .arg(self.task_id)
-            .num(self.window_ms)
+            .arg(&*self.record_id)
             .num(self.retention_ms)
-            .num(self.caps.len() as u64)
-            .arg(&*self.quiet)
-            .num(hashes)
-            .num(bytes)
-            .nums(positions.iter().copied())
-            .args(self.caps.iter().flatten())
-            .arg("key")
-            .arg(self.key)
-            .arg("retry_max_attempts")
-            .num(self.max_attempts)
-            .arg("spec")
-            .arg(&*self.spec)
-            .arg("event")
             .arg(self.event)
-            .arg("payload")
-            .arg(self.payload)
+            .arg(&*self.meta)
+            .num(self.channels.len() as u64)
+            .flag(self.event_index.is_some());
+        for c in &self.channels {
+            let (hashes, bytes, positions) = match &c.bloom {
+                Some((hashes, bytes, positions)) => (*hashes, *bytes, positions.as_slice()),
+                None => (0, 0, &[][..]),
+            };
+            call = call
+                .key(&*c.permit)
+                .key(&*c.task)
+                .keys(&c.cap_keys)
+                .keys(c.filters.iter().flatten())
+                .arg(&*c.task_id)
+                .num(c.window_ms)
+                .num(c.caps.len() as u64)
+                .arg(&*c.quiet)
+                .num(hashes)
+                .num(bytes)
+                .nums(positions.iter().copied())
+                .args(c.caps.iter().flatten())
+                .arg(c.key)
+                .num(c.max_attempts)
+                .arg(c.channel)
+                .arg(&*c.retry)
+                .arg(c.payload);
+        }
+        call
     }
 }
 
@@ -226,9 +274,8 @@ impl Permits {
     /// Takes the permit of `req.key` and enqueues a new task, or names the
     /// task that holds it. One script, one round trip.
     pub async fn accept(&self, req: &AcceptRequest) -> Result<Acceptance, PermitError> {
-        let shard = self.shard_of_request(req);
-        let task_id = self.layout.new_task_id(shard);
-        parse_acceptance(self.run(&self.accept_args(req, shard, &task_id)).await?)
+        let mut answers = self.accept_batch_with([req], &[]).await?;
+        answers.pop().ok_or_else(|| unexpected("accept", &[]))
     }
 
     /// What [`Permits::accept`] would answer for `req` now, without taking
@@ -236,10 +283,14 @@ impl Permits {
     /// answer that would create one is empty).
     pub async fn would_accept(&self, req: &AcceptRequest) -> Result<Acceptance, PermitError> {
         let shard = self.shard_of_request(req);
-        parse_acceptance(self.run(&self.accept_args(req, shard, "")).await?)
+        let args = AcceptArgs::new(&self.layout, &self.config, &[req], shard, true);
+        let mut answers = parse_answers(self.run(&args).await?, 1)?;
+        answers.pop().ok_or_else(|| unexpected("accept", &[]))
     }
 
-    /// Accepts many requests in one pipeline (one round trip, one script call each).
+    /// Accepts many requests in one pipeline (one round trip): the channels
+    /// of one event (requests sharing its `event_json`) that land in one
+    /// shard are one script call, which stores the event once.
     /// Answers come in the order of `reqs`. Safe to retry: a request whose first
     /// answer was lost is answered `Accepted` with the same task id again.
     pub async fn accept_batch(
@@ -259,28 +310,55 @@ impl Permits {
         reqs: impl IntoIterator<Item = &'r AcceptRequest>,
         extra: &[redis::Cmd],
     ) -> Result<Vec<Acceptance>, PermitError> {
+        let groups = self.group_by_event(reqs);
         let mut batch = Batch::new();
-        let mut n = 0;
-        let mut shards = Vec::new();
-        for req in reqs {
-            let shard = self.shard_of_request(req);
-            shards.push(shard);
-            let task_id = self.layout.new_task_id(shard);
-            let args = self.accept_args(req, shard, &task_id);
+        for (shard, members) in &groups {
+            let reqs: Vec<&AcceptRequest> = members.iter().map(|(_, r)| *r).collect();
+            let args = AcceptArgs::new(&self.layout, &self.config, &reqs, *shard, false);
             // The event and payload texts are borrowed into the command:
             // no copy of them in between.
-            batch.add(&args.permit, args.call().evalsha(&SCRIPT));
-            n += 1;
+            batch.add(&args.ready, args.call().evalsha(&SCRIPT));
         }
+        let n = groups.len();
         for cmd in extra {
             batch.add_keyed(cmd.clone());
         }
-        let waits = self.add_waits(&mut batch, shards);
+        let waits = self.add_waits(&mut batch, groups.iter().map(|(s, _)| *s).collect());
         let mut answers = batch.query(&mut self.conn.clone(), Some(&SCRIPT)).await?;
         let confirmations = answers.split_off(answers.len() - waits);
         self.check_replicated(&confirmations)?;
         answers.truncate(n);
-        answers.into_iter().map(parse_acceptance).collect()
+        let total = groups.iter().map(|(_, m)| m.len()).sum();
+        let mut out: Vec<Option<Acceptance>> = vec![None; total];
+        for ((_, members), answer) in groups.iter().zip(answers) {
+            for ((i, _), acceptance) in members.iter().zip(parse_answers(answer, members.len())?) {
+                out[*i] = Some(acceptance);
+            }
+        }
+        Ok(out.into_iter().flatten().collect())
+    }
+
+    /// `reqs` grouped into script calls: the channels of one event (the same
+    /// `event_json` text, shared or equal, and business ids) that land in one
+    /// shard, each with its position in `reqs`; groups in order of first appearance.
+    fn group_by_event<'r>(
+        &self,
+        reqs: impl IntoIterator<Item = &'r AcceptRequest>,
+    ) -> Vec<(u16, Vec<(usize, &'r AcceptRequest)>)> {
+        let mut groups: Vec<(u16, Vec<(usize, &'r AcceptRequest)>)> = Vec::new();
+        let mut by_event: HashMap<(u16, &'r str, &'r str, &'r str), usize> = HashMap::new();
+        for (i, req) in reqs.into_iter().enumerate() {
+            let shard = self.shard_of_request(req);
+            let event = (shard, &*req.event_json, &*req.biz_type, &*req.biz_id);
+            match by_event.get(&event) {
+                Some(&g) => groups[g].1.push((i, req)),
+                None => {
+                    by_event.insert(event, groups.len());
+                    groups.push((shard, vec![(i, req)]));
+                }
+            }
+        }
+        groups
     }
 
     /// Adds `WAIT wait_replicas timeout` after the accepts of `shards` when
@@ -338,7 +416,13 @@ impl Permits {
         task_id: &str,
     ) -> (Vec<String>, Vec<String>) {
         let shard = self.shard_of_request(req);
-        let args = self.accept_args(req, shard, task_id);
+        let mut args = AcceptArgs::new(&self.layout, &self.config, &[req], shard, false);
+        args.record = self.layout.event_record(shard, task_id);
+        args.record_id = task_id.to_string();
+        for c in &mut args.channels {
+            c.task = format!("{}{}", self.layout.task_prefix(shard), task_id);
+            c.task_id = task_id.to_string();
+        }
         let call = args.call();
         (call.keys, call.args.iter().map(Arg::to_text).collect())
     }
@@ -347,46 +431,48 @@ impl Permits {
     fn shard_of_request(&self, req: &AcceptRequest) -> u16 {
         self.layout.shard_for(&req.key, req.recipient.as_deref())
     }
-
-    fn accept_args<'a>(
-        &self,
-        req: &'a AcceptRequest,
-        shard: u16,
-        task_id: &'a str,
-    ) -> AcceptArgs<'a> {
-        AcceptArgs::new(&self.layout, &self.config, req, shard, task_id)
-    }
 }
 
-/// The task's `spec` field: the fields no script reads, as one JSON object
-/// (names sorted). Serialized straight from the request (no `Value` tree:
-/// this runs for every accept).
-fn spec_json(req: &AcceptRequest) -> String {
-    let r = &req.retry;
+/// The event record's `meta` field: what the channels of one event share
+/// and no script reads, as one JSON object (names sorted). Serialized
+/// straight from the request (no `Value` tree: this runs for every accept).
+fn meta_json(req: &AcceptRequest) -> String {
     #[derive(serde::Serialize)]
-    struct Spec<'a> {
+    struct Meta<'a> {
         biz_id: &'a str,
         biz_type: &'a str,
-        channel: &'a str,
         policy: &'a str,
         policy_version: &'a str,
-        retry_factor: f64,
-        retry_initial_ms: u64,
-        retry_jitter: bool,
-        retry_max_delay_ms: u64,
     }
-    serde_json::to_string(&Spec {
+    serde_json::to_string(&Meta {
         biz_id: &req.biz_id,
         biz_type: &req.biz_type,
-        channel: &req.channel,
         policy: &req.policy_name,
         policy_version: &req.policy_version,
-        retry_factor: r.factor,
-        retry_initial_ms: millis(r.initial),
-        retry_jitter: r.jitter,
-        retry_max_delay_ms: millis(r.max_delay),
     })
     .expect("plain fields always serialize")
+}
+
+/// A task's `retry` field: the retry schedule but `retry_max_attempts` (which
+/// scripts read), packed as `<initial ms>,<factor>,<max delay ms>,<jitter 0|1>`
+/// so the task hash keeps only short values (Redis then stores it compactly).
+pub(crate) fn retry_arg(r: &RetryPolicy) -> String {
+    format!(
+        "{},{},{},{}",
+        millis(r.initial),
+        r.factor,
+        millis(r.max_delay),
+        u8::from(r.jitter)
+    )
+}
+
+/// The answers of one accept call: one per channel, `n` expected.
+fn parse_answers(answer: Value, n: usize) -> Result<Vec<Acceptance>, PermitError> {
+    let items = array(answer, "accept")?;
+    if items.len() != n {
+        return Err(unexpected("accept", &items));
+    }
+    items.into_iter().map(parse_acceptance).collect()
 }
 
 fn parse_acceptance(answer: Value) -> Result<Acceptance, PermitError> {
@@ -416,44 +502,32 @@ fn parse_acceptance(answer: Value) -> Result<Acceptance, PermitError> {
 }
 
 #[cfg(test)]
-mod spec_json_tests {
+mod retry_arg_tests {
     use super::*;
 
     #[test]
-    fn spec_json_is_the_value_form() {
-        let req = AcceptRequest {
-            key: "push:p@1:sms:k".into(),
-            channel: "sms".into(),
-            window: Duration::from_secs(60),
-            biz_type: "ORDER".into(),
-            biz_id: "o-\"1\"".into(),
-            event_json: "{}".into(),
-            payload: "{}".into(),
-            policy_name: "per-event".into(),
-            policy_version: "1.2.0".into(),
-            retry: RetryPolicy {
-                max_attempts: 5,
-                initial: Duration::from_millis(1500),
-                factor: 2.5,
-                max_delay: Duration::from_secs(60),
-                jitter: true,
-            },
-            gate: Default::default(),
-            recipient: None,
+    fn retry_arg_packs_what_task_reads_back() {
+        let retry = RetryPolicy {
+            max_attempts: 5,
+            initial: Duration::from_millis(1500),
+            factor: 2.5,
+            max_delay: Duration::from_secs(60),
+            jitter: true,
         };
-        let r = &req.retry;
-        let reference = serde_json::json!({
-            "channel": req.channel,
-            "biz_type": req.biz_type,
-            "biz_id": req.biz_id,
-            "policy": req.policy_name,
-            "policy_version": req.policy_version,
-            "retry_initial_ms": millis(r.initial),
-            "retry_factor": r.factor,
-            "retry_max_delay_ms": millis(r.max_delay),
-            "retry_jitter": r.jitter,
-        })
-        .to_string();
-        assert_eq!(spec_json(&req), reference);
+        assert_eq!(retry_arg(&retry), "1500,2.5,60000,1");
+        let fields = [
+            ("status", "queued"),
+            ("retry_max_attempts", "5"),
+            ("retry", "1500,2.5,60000,1"),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+        assert_eq!(
+            super::super::Task::from_fields("1-1-x", fields)
+                .unwrap()
+                .retry,
+            retry
+        );
     }
 }

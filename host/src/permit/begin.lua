@@ -2,7 +2,8 @@
 -- KEYS[1] task, KEYS[2] permit
 -- ARGV[1] task id, ARGV[2] lease token, ARGV[3] lease ms, ARGV[4] permit grace ms,
 -- ARGV[5] retention ms (for a superseded task)
--- Returns {'begun', attempt, lease_until, reclaimed 0|1, {task fields}} | {'busy', lease_until}
+-- Returns {'begun', attempt, lease_until, reclaimed 0|1, {task fields}, {event record
+-- fields: event, meta, payload}} | {'busy', lease_until}
 --       | {'settled', status} | {'superseded', owner} | {'missing'}
 local id, token = ARGV[1], ARGV[2]
 local lease, grace = tonumber(ARGV[3]), tonumber(ARGV[4])
@@ -38,6 +39,7 @@ elseif owner ~= id then
     'lease_token', '', 'updated_at', n2s(now), 'finished_at', n2s(now),
     'last_error', 'permit is held by task ' .. owner)
   redis.call('PEXPIRE', KEYS[1], ARGV[5])
+  event_follower(KEYS[1], id)()
   return {'superseded', owner}
 end
 local attempt = redis.call('HINCRBY', KEYS[1], 'attempts', 1)
@@ -58,4 +60,5 @@ end
 -- This attempt has not started its send yet.
 redis.call('HDEL', KEYS[1], 'request_started_at')
 redis.call('PEXPIREAT', KEYS[2], n2s(lease_until + grace), 'GT')
-return {'begun', n2s(attempt), n2s(lease_until), stale and '1' or '0', redis.call('HGETALL', KEYS[1])}
+return {'begun', n2s(attempt), n2s(lease_until), stale and '1' or '0', redis.call('HGETALL', KEYS[1]),
+  event_fields(KEYS[1], id)}

@@ -1,11 +1,11 @@
 //! Begin (`begin.lua`): a worker claims a lease on a task for one attempt.
 
-use std::collections::HashMap;
 use std::sync::LazyLock;
 use std::time::Duration;
 
 use redis::{Script, Value};
 
+use super::listing::pairs;
 use super::scripts::{Call, Transition, script};
 use super::{PermitError, Permits, Task, TaskStatus, array, millis, text, unexpected};
 
@@ -129,13 +129,9 @@ impl Permits {
                 let number = text(items.get(1)).parse().unwrap_or(0);
                 let lease_until_ms = text(items.get(2)).parse().unwrap_or(0);
                 let reclaimed = text(items.get(3)) == "1";
-                let fields = match items.get(4) {
-                    Some(Value::Array(kv)) => kv
-                        .chunks(2)
-                        .map(|p| (text(p.first()), text(p.get(1))))
-                        .collect(),
-                    _ => HashMap::new(),
-                };
+                let mut fields = pairs(items.get(4).cloned());
+                // What the task takes from its event record: the event, its payload.
+                fields.extend(pairs(items.get(5).cloned()));
                 let task = Task::from_fields(task_id, fields).ok_or(PermitError::Unexpected {
                     script: "begin",
                     answer: "task without status".into(),

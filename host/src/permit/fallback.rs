@@ -27,7 +27,7 @@ impl Permits {
             window: Duration::from_millis(fallback.window_ms.max(1)),
             biz_type: task.biz_type.clone(),
             biz_id: task.biz_id.clone(),
-            event_json: task.event_json.clone(),
+            event_json: task.event_json.as_str().into(),
             payload,
             policy_name: task.policy_name.clone(),
             policy_version: task.policy_version.clone(),

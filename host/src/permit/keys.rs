@@ -1,4 +1,4 @@
-//! The key layout (version 2): which shard an accept lands in, the names of
+//! The key layout (version 3): which shard an accept lands in, the names of
 //! the Redis keys of that shard, and task ids that carry their shard.
 //!
 //! Every key of one permit, its task and the queue entries that name it share
@@ -149,6 +149,20 @@ impl Layout {
     /// set in every shard (see `docs/redis.md`).
     pub(crate) fn event_index(&self, shard: u16, biz_type: &str, biz_id: &str) -> String {
         format!("{}:event:{}:{}", self.tag(shard), biz_type, biz_id)
+    }
+
+    /// The namespace's layout marker: `{po}:layout`, the key layout version
+    /// that writes this namespace (`Permits::prepare` writes and checks it).
+    pub fn marker(&self) -> String {
+        format!("{{{}}}:layout", self.namespace)
+    }
+
+    /// The event record of one event in a shard: `{po:3}:ev:<record id>`, a
+    /// hash holding the event (`event`), what its channels share (`meta`)
+    /// and each channel's payload (`p:<task id>`), written once by the
+    /// accept of its channels; a task names it in its field `ev`.
+    pub(crate) fn event_record(&self, shard: u16, record_id: &str) -> String {
+        format!("{}:ev:{}", self.tag(shard), record_id)
     }
 
     /// A fresh task id in `shard`: `<shard>-<ms since epoch>-<64 random bits in hex>`.

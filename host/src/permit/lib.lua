@@ -40,15 +40,80 @@ local function keep_index(task, now, retention)
   end
 end
 
+-- The event record of task `task` (id `id`): `{ns:shard}:ev:<record id>`,
+-- named by the task's field `ev`; nil for a task written before event
+-- records (its event and payload are its own fields).
+local function event_of(task, id)
+  local ev = redis.call('HGET', task, 'ev')
+  if not ev or ev == '' then
+    return nil
+  end
+  return string.sub(task, 1, #task - #id - #'task:') .. 'ev:' .. ev
+end
+
+-- Keeps event record `ev` (its tasks' keys start with `prefix`) alive as
+-- long as its tasks: without an expiry while one of them has none, else
+-- until the last of them expires; deleted once none is left. Its tasks are
+-- the ids of its `p:<task id>` fields; a gone task's payload is dropped.
+-- Derived from the tasks each time, so calling it again changes nothing.
+local function follow_event(ev, prefix)
+  local latest = -1
+  for _, field in ipairs(redis.call('HKEYS', ev)) do
+    if string.sub(field, 1, 2) == 'p:' then
+      local ttl = redis.call('PTTL', prefix .. string.sub(field, 3))
+      if ttl == -1 then
+        redis.call('PERSIST', ev)
+        return
+      elseif ttl == -2 then
+        redis.call('HDEL', ev, field)
+      elseif ttl > latest then
+        latest = ttl
+      end
+    end
+  end
+  if latest < 0 then
+    redis.call('DEL', ev)
+  else
+    redis.call('PEXPIRE', ev, latest)
+  end
+end
+
+-- follow_event for the record of task `task` (id `id`), looked up before
+-- the task may be deleted: call the returned function after the change.
+local function event_follower(task, id)
+  local ev = event_of(task, id)
+  if not ev then
+    return function() end
+  end
+  local prefix = string.sub(task, 1, #task - #id)
+  return function()
+    follow_event(ev, prefix)
+  end
+end
+
+-- What task `task` (id `id`) takes from its event record, as field/value
+-- pairs the host merges into the task's own: the event, what its channels
+-- share (`meta`) and its payload; none for a task without a record.
+local function event_fields(task, id)
+  local ev = event_of(task, id)
+  if not ev then
+    return {}
+  end
+  local v = redis.call('HMGET', ev, 'event', 'meta', 'p:' .. id)
+  return {'event', v[1] or '', 'meta', v[2] or '', 'payload', v[3] or ''}
+end
+
 -- What becomes of task `task` (id `id`) once it ended: with `keep` > 0 it
 -- expires after `keep` ms (its event index lives at least as long); with 0
 -- it leaves Redis now, the delivery ledger holding its outcome: the hash is
 -- deleted and the id taken out of its event index (SREM deletes an emptied
 -- set). The permit is never touched here.
 local function leave_or_keep(task, id, now, keep)
+  local follow = event_follower(task, id)
   if keep > 0 then
     redis.call('PEXPIRE', task, keep)
     keep_index(task, now, keep)
+    follow()
     return
   end
   local ev = redis.call('HGET', task, 'event_index')
@@ -56,6 +121,7 @@ local function leave_or_keep(task, id, now, keep)
     redis.call('SREM', ev, id)
   end
   redis.call('DEL', task)
+  follow()
 end
 
 -- Puts task `id` (hash `task`) in the awaiting index `awaiting`, due for a

@@ -1,21 +1,61 @@
-//! Look-ups and listings: read-only commands, no script (a task, a
+//! Look-ups and listings: read-only (a task with its event record, a
 //! permit's owner and TTL, an event's tasks, the operators' lists, counts).
 
 use std::collections::HashMap;
+use std::sync::LazyLock;
 
-use redis::Value;
+use redis::{Script, Value};
 
-use super::{Layout, PermitError, Permits, Task};
+use super::scripts::{Call, Transition, script};
+use super::{Layout, PermitError, Permits, Task, array};
 use crate::store::Batch;
 
+/// A task with what it takes from its event record (`listing.lua`).
+pub static SCRIPT: LazyLock<Script> = LazyLock::new(|| script(include_str!("listing.lua")));
+
+/// `listing.lua`'s `KEYS` and `ARGV`.
+struct ReadArgs<'a> {
+    /// KEYS[1]: the task hash.
+    task: String,
+    /// ARGV[1]: the task id.
+    task_id: &'a str,
+}
+
+impl Transition for ReadArgs<'_> {
+    const SCRIPT: &'static LazyLock<Script> = &SCRIPT;
+
+    fn call(&self) -> Call<'_> {
+        Call::default().key(&*self.task).arg(self.task_id)
+    }
+}
+
+/// Field/value pairs of a script's answer, as a map.
+pub(crate) fn pairs(value: Option<Value>) -> HashMap<String, String> {
+    match value {
+        Some(Value::Array(kv)) => kv
+            .chunks(2)
+            .map(|p| (super::text(p.first()), super::text(p.get(1))))
+            .collect(),
+        _ => HashMap::new(),
+    }
+}
+
 impl Permits {
-    /// Reads a task; `None` if it does not exist (or expired).
+    /// Reads a task, with what it takes from its event record (the event,
+    /// its payload); `None` if it does not exist (or expired).
     pub async fn task(&self, task_id: &str) -> Result<Option<Task>, PermitError> {
-        let key = self.task_key(task_id)?;
-        let fields: HashMap<String, String> = redis::cmd("HGETALL")
-            .arg(key)
-            .query_async(&mut self.conn.clone())
+        let answer = self
+            .run(&ReadArgs {
+                task: self.task_key(task_id)?,
+                task_id,
+            })
             .await?;
+        let mut parts = array(answer, "listing")?.into_iter();
+        let mut fields = pairs(parts.next());
+        if fields.is_empty() {
+            return Ok(None);
+        }
+        fields.extend(pairs(parts.next()));
         Ok(Task::from_fields(task_id, fields))
     }
 

@@ -93,6 +93,22 @@ pub enum PermitError {
         /// `wait_replicas_timeout` in ms.
         timeout_ms: u64,
     },
+    /// The namespace's layout marker names another key layout version: two
+    /// versions must never share a namespace (docs/redis.md, "Key layout").
+    #[error(
+        "Redis namespace `{namespace}` holds key layout version {found} (its marker `{marker}`); \
+         this host writes version {LAYOUT_VERSION} and must not share a namespace with another \
+         version: drain it (stop every instance of the other version) and then `DEL {marker}`, \
+         or set another `namespace` (docs/redis.md, \"Key layout\")"
+    )]
+    OtherLayout {
+        /// The namespace.
+        namespace: String,
+        /// The marker's key.
+        marker: String,
+        /// The version it names.
+        found: String,
+    },
     /// A script answered something this code does not understand (a bug, or scripts from another version).
     #[error("unexpected answer from {script}: {answer}")]
     Unexpected {
@@ -102,6 +118,10 @@ pub enum PermitError {
         answer: String,
     },
 }
+
+/// The key layout version this host writes and reads (docs/redis.md, "Key
+/// layout"); recorded in each namespace's marker ([`Layout::marker`]).
+pub const LAYOUT_VERSION: u32 = 3;
 
 /// Settings of the permit layer.
 #[derive(Debug, Clone)]
@@ -207,14 +227,41 @@ impl Permits {
         self.conn.clone()
     }
 
-    /// Loads every script (`SCRIPT LOAD`) and creates each shard's consumer
-    /// group (`XGROUP CREATE … MKSTREAM`, an existing group is fine).
+    /// Checks the namespace's layout marker (written if missing), loads
+    /// every script (`SCRIPT LOAD`) and creates each shard's consumer group
+    /// (`XGROUP CREATE … MKSTREAM`, an existing group is fine).
     pub async fn prepare(&self) -> Result<(), PermitError> {
+        self.check_layout().await?;
         let mut conn = self.conn.clone();
         for script in all_scripts() {
             script.load_async(&mut conn).await?;
         }
         self.ensure_groups().await
+    }
+
+    /// Writes [`LAYOUT_VERSION`] into the namespace's marker if it has none
+    /// (`SET NX`), and refuses a namespace whose marker names another.
+    async fn check_layout(&self) -> Result<(), PermitError> {
+        let marker = self.layout.marker();
+        let mut conn = self.conn.clone();
+        redis::cmd("SET")
+            .arg(&marker)
+            .arg(LAYOUT_VERSION)
+            .arg("NX")
+            .query_async::<()>(&mut conn)
+            .await?;
+        let found: Option<String> = redis::cmd("GET")
+            .arg(&marker)
+            .query_async(&mut conn)
+            .await?;
+        match found {
+            Some(v) if v == LAYOUT_VERSION.to_string() => Ok(()),
+            other => Err(PermitError::OtherLayout {
+                namespace: self.layout.namespace().to_string(),
+                marker,
+                found: other.unwrap_or_else(|| "none".into()),
+            }),
+        }
     }
 
     /// Creates the consumer group of every shard's ready stream if missing.
@@ -322,7 +369,7 @@ pub(crate) fn text(v: Option<&Value>) -> String {
 }
 
 /// Every script, for loading them all up front.
-fn all_scripts() -> [&'static redis::Script; 13] {
+fn all_scripts() -> [&'static redis::Script; 14] {
     [
         &accept::SCRIPT,
         &begin::SCRIPT,
@@ -337,5 +384,6 @@ fn all_scripts() -> [&'static redis::Script; 13] {
         &bloom::SCRIPT,
         &forget::SCRIPT,
         &duplicate::SCRIPT,
+        &listing::SCRIPT,
     ]
 }

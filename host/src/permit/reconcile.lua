@@ -65,6 +65,7 @@ if action == 'sent' then
   end_permit(KEYS[1], KEYS[2], id, owner, n2s(window_end(KEYS[1], now)), true)
   redis.call('PEXPIRE', KEYS[1], retention)
   keep_index(KEYS[1], now, retention)
+  event_follower(KEYS[1], id)()
   await(KEYS[1], KEYS[3], id, now, after)
   redis.call('ZREM', held, id)
 elseif action == 'requeue' then
@@ -75,6 +76,7 @@ elseif action == 'requeue' then
     'retry_max_attempts', n2s(math.max(max, attempts + 1)), 'updated_at', at,
     'lease_token', '', 'check_token', '')
   redis.call('HINCRBY', KEYS[1], 'reconcile_requeues', 1)
+  redis.call('HDEL', KEYS[1], 'resend_by')
   local until_ms = n2s(math.max(window_end(KEYS[1], now), now + grace))
   if owner == id then
     redis.call('PEXPIREAT', KEYS[2], until_ms)
@@ -94,6 +96,7 @@ elseif action == 'dead' then
   end_permit(KEYS[1], KEYS[2], id, owner, n2s(window_end(KEYS[1], now)), false)
   redis.call('PEXPIRE', KEYS[1], retention)
   keep_index(KEYS[1], now, retention)
+  event_follower(KEYS[1], id)()
   redis.call('ZREM', KEYS[3], id)
   redis.call('ZADD', KEYS[5], at, id)
   redis.call('ZREMRANGEBYSCORE', KEYS[5], '-inf', n2s(now - retention))

@@ -2,8 +2,11 @@
 -- KEYS[1] task, KEYS[2] permit, KEYS[3] ready stream, KEYS[4] delayed zset,
 -- KEYS[5] awaiting zset (tasks the reconciler checks, scored by when the next check is due)
 -- ARGV[1] task id, ARGV[2] lease token, ARGV[3] outcome
--- (sent|retry|resend|unknown|failed|dead|duplicate_prevented|release)
--- (resend = retry after an unknown outcome: also marks the task maybe_sent)
+-- (sent|retry|resend|resend_by_reference|unknown|failed|dead|duplicate_prevented|release)
+-- (resend = retry after an unknown outcome: also marks the task maybe_sent;
+-- resend_by_reference = a resend that leans on the provider's dedupe of the
+-- same client reference: also sets `resend_by` = 'reference', which every
+-- other outcome clears, so the worker looks at it again when it is due)
 -- ARGV[4] stream entry id or '', ARGV[5] consumer group, ARGV[6] retention ms,
 -- ARGV[7] permit grace ms, ARGV[8] retry delay ms, ARGV[9] provider message id,
 -- ARGV[10] reason (for duplicate_prevented: the ledger's owner of the key),
@@ -68,9 +71,14 @@ if outcome == 'sent' then
     redis.call('ZREM', KEYS[5], id)
     leave_or_keep(KEYS[1], id, now, ARGV[16] == '' and retention or tonumber(ARGV[16]))
   end
-elseif outcome == 'retry' or outcome == 'resend' then
-  if outcome == 'resend' then
+elseif outcome == 'retry' or outcome == 'resend' or outcome == 'resend_by_reference' then
+  if outcome ~= 'retry' then
     redis.call('HSET', KEYS[1], 'maybe_sent', '1')
+  end
+  if outcome == 'resend_by_reference' then
+    redis.call('HSET', KEYS[1], 'resend_by', 'reference')
+  else
+    redis.call('HDEL', KEYS[1], 'resend_by')
   end
   local due = now + tonumber(ARGV[8])
   redis.call('HSET', KEYS[1], 'status', 'retry_wait', 'next_due', n2s(due),
@@ -142,5 +150,13 @@ if outcome ~= 'sent' and outcome ~= 'unknown' then
 end
 if outcome ~= 'unknown' then
   redis.call('ZREM', held, id)
+end
+if outcome ~= 'retry' and outcome ~= 'resend' and outcome ~= 'resend_by_reference' then
+  redis.call('HDEL', KEYS[1], 'resend_by')
+end
+if outcome ~= 'retry' and outcome ~= 'resend' and outcome ~= 'resend_by_reference'
+    and outcome ~= 'unknown' then
+  -- The task's expiry changed (or it left): its event record follows.
+  event_follower(KEYS[1], id)()
 end
 return {'recorded', fate}

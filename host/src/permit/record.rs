@@ -40,6 +40,10 @@ pub enum Outcome {
         delay: Duration,
         /// What happened.
         reason: String,
+        /// The resend is safe because the provider dedupes the same client
+        /// reference (inside its window): the task is marked `resend_by` =
+        /// `reference` so the worker decides again if it comes due past it.
+        by_reference: bool,
     },
     /// Sent with no answer: hold for reconciliation.
     Unknown {
@@ -282,9 +286,20 @@ impl<'a> OutcomeArgs<'a> {
                 ..args("sent", 0, provider_message_id.as_str(), "")
             },
             Outcome::Retry { delay, reason } => args("retry", millis(*delay), "", reason.as_str()),
-            Outcome::Resend { delay, reason } => {
-                args("resend", millis(*delay), "", reason.as_str())
-            }
+            Outcome::Resend {
+                delay,
+                reason,
+                by_reference,
+            } => args(
+                if *by_reference {
+                    "resend_by_reference"
+                } else {
+                    "resend"
+                },
+                millis(*delay),
+                "",
+                reason.as_str(),
+            ),
             Outcome::Unknown { reason } => args("unknown", 0, "", reason.as_str()),
             Outcome::Failed { reason } => args("failed", 0, "", reason.as_str()),
             Outcome::Dead { reason } => args("dead", 0, "", reason.as_str()),

@@ -58,7 +58,9 @@ redis.call('HSET', KEYS[1], 'status', 'queued', 'retry_max_attempts', n2s(max),
   'retry_max_attempts_base', base, 'requeues', n2s(requeues),
   'requeued_at', n2s(now), 'updated_at', n2s(now), 'lease_token', '',
   'finished_at', '', 'check_token', '')
+redis.call('HDEL', KEYS[1], 'resend_by')
 redis.call('PERSIST', KEYS[1])
+event_follower(KEYS[1], id)()
 redis.call('XADD', KEYS[3], '*', 'task', id, 'key', redis.call('HGET', KEYS[1], 'key'))
 redis.call('ZREM', KEYS[4], id)
 redis.call('ZREM', KEYS[5], id)

@@ -184,12 +184,32 @@ impl Task {
 impl Task {
     /// Builds a task from its hash fields; `None` if the hash is empty or malformed.
     pub(crate) fn from_fields(id: &str, fields: HashMap<String, String>) -> Option<Task> {
-        // Fields no script reads are packed in `spec` (JSON) since the accept
-        // script was made cheaper; tasks written before carry them one by one.
-        let spec: serde_json::Map<String, serde_json::Value> = fields
-            .get("spec")
-            .and_then(|s| serde_json::from_str(s).ok())
-            .unwrap_or_default();
+        // Fields no script reads: what the channels of the event share comes
+        // from its event record (`meta`, JSON); tasks written before event
+        // records pack them in `spec` (JSON), older ones carry them one by one.
+        let mut spec: serde_json::Map<String, serde_json::Value> = serde_json::Map::new();
+        for packed in ["spec", "meta"] {
+            if let Some(serde_json::Value::Object(m)) = fields
+                .get(packed)
+                .and_then(|s| serde_json::from_str(s).ok())
+            {
+                spec.extend(m);
+            }
+        }
+        // The retry schedule packed in `retry` (`accept::retry_arg`).
+        if let Some(packed) = fields.get("retry") {
+            let parts: Vec<&str> = packed.split(',').collect();
+            if let [initial, factor, max_delay, jitter] = parts[..] {
+                for (name, value) in [
+                    ("retry_initial_ms", initial),
+                    ("retry_factor", factor),
+                    ("retry_max_delay_ms", max_delay),
+                    ("retry_jitter", jitter),
+                ] {
+                    spec.insert(name.into(), serde_json::Value::String(value.into()));
+                }
+            }
+        }
         let field = |k: &str| -> Option<String> {
             match spec.get(k) {
                 Some(serde_json::Value::String(s)) => Some(s.clone()),

@@ -89,7 +89,7 @@ pub struct PlannedEvent {
     /// Its channels.
     pub channels: Vec<Planned>,
     /// The event as JSON text (task field and corpus sample).
-    pub event_json: String,
+    pub event_json: std::sync::Arc<str>,
 }
 
 /// Routes, picks the channels and derives one event: everything but Redis.
@@ -102,7 +102,7 @@ pub fn plan(
     let channels = pick_channels(policy, req.channels)?;
     check_recipients(host_channels, req.recipients)?;
     let plugin = key_policy(snapshot, policy)?;
-    let event_text = event_json(&req.event);
+    let event_text: std::sync::Arc<str> = event_json(&req.event).into();
     let ctx = ChannelPlanner {
         policy,
         plugin: &plugin,
@@ -245,7 +245,11 @@ struct ChannelPlanner<'a> {
 
 impl ChannelPlanner<'_> {
     /// One channel's accept request: its key, window, payload and retries.
-    fn plan_channel(&self, channel: String, event_text: &str) -> Result<Planned, PlanError> {
+    fn plan_channel(
+        &self,
+        channel: String,
+        event_text: &std::sync::Arc<str>,
+    ) -> Result<Planned, PlanError> {
         let derived = self.derive(&channel)?;
         let payload = self.payload(&channel, None, 0)?;
         let payload = serde_json::to_string(&payload).map_err(PlanError::PayloadJson)?;
@@ -257,7 +261,7 @@ impl ChannelPlanner<'_> {
                 window: self.window(&channel, &derived),
                 biz_type: self.event.biz_type.clone(),
                 biz_id: self.event.biz_id.clone(),
-                event_json: event_text.to_string(),
+                event_json: event_text.clone(),
                 payload,
                 policy_name: meta.name.clone(),
                 policy_version: meta.version.to_string(),

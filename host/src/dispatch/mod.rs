@@ -1,7 +1,7 @@
 //! Dispatcher: workers that claim tasks from the ready streams and send them.
 //!
 //! One [`Dispatcher`] per host process runs:
-//! - a reader and up to `workers` worker tasks ([`worker`]): the reader takes
+//! - a reader ([`reader`]) and up to `workers` worker tasks ([`worker`]): the reader takes
 //!   entries from every shard's ready stream with `XREADGROUP` (its own
 //!   connection, short `BLOCK`; on a cluster one non-blocking read per shard)
 //!   when a worker is free; a worker begins an
@@ -26,6 +26,7 @@
 pub mod backoff;
 pub mod duplicates;
 pub mod ledger;
+mod reader;
 pub mod reclaim;
 pub mod schedule;
 pub mod worker;
@@ -64,7 +65,7 @@ pub struct DispatchConfig {
     /// flight, and an entry idle longer than it is re-claimed (default 30 s).
     pub lease: Duration,
     /// How long one `XREADGROUP` blocks on one Redis (a cluster is polled, see
-    /// [`worker::CLUSTER_POLL_MAX`]); also bounds how fast shutdown is noticed (default 1 s).
+    /// [`reader::CLUSTER_POLL_MAX`]); also bounds how fast shutdown is noticed (default 1 s).
     pub block: Duration,
     /// This process's consumer name in every group (unique per process).
     pub consumer: String,
@@ -187,7 +188,7 @@ impl Dispatcher {
                 .connect(shared.config.block + Duration::from_secs(5))
                 .await?
         };
-        set.spawn(worker::run(shared.clone(), conn));
+        set.spawn(reader::run(shared.clone(), conn));
         set.spawn(reclaim::run(shared.clone()));
         set.spawn(schedule::run(shared.clone()));
         while let Some(res) = set.join_next().await {

@@ -161,8 +161,10 @@ local function capped(c, now)
   return nil
 end
 
--- Ids of the tasks this call created (for the event index and the record).
+-- Ids of the tasks this call created (for the event index and the record),
+-- and their payloads as the record's field/value pairs.
 local created = {}
+local payloads = {}
 
 -- Writes channel c's task and enqueues it (or schedules it after the quiet
 -- hours), puts its payload in the event record and counts it in the caps;
@@ -176,7 +178,9 @@ local function enqueue(c, now, permit)
   if not permit then
     redis.call('HSET', c.task, 'dedup', 'bloom')
   end
-  redis.call('HSET', KEYS[3], 'p:' .. c.id, c.payload)
+  -- Its payload goes into the event record with the event, in one HSET below.
+  payloads[#payloads + 1] = 'p:' .. c.id
+  payloads[#payloads + 1] = c.payload
   local due = quiet_end(c, now)
   if due then
     -- Held back until the quiet time ends; the retry scheduler promotes it.
@@ -269,7 +273,7 @@ end
 if #created > 0 then
   -- The event once, for every channel accepted; no expiry while one of its
   -- tasks has none (lib.lua's follow_event).
-  redis.call('HSET', KEYS[3], 'event', ARGV[3], 'meta', ARGV[4])
+  redis.call('HSET', KEYS[3], 'event', ARGV[3], 'meta', ARGV[4], unpack(payloads))
   if index then
     redis.call('SADD', index, unpack(created))
     -- extend_or_set in two calls at most, one for a new index (no PTTL):

@@ -10,7 +10,6 @@
 //! and checks in flight finish and are recorded, nothing half-done), then stop
 //! the embedded Redis (AOF flushed).
 
-use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -19,84 +18,25 @@ use tokio::net::TcpListener;
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 
-use crate::api::receipts::{
-    CallbackGate, CallbackGates, ProviderReply, ProviderRequest, ReceiptHandler, ReceiptRefusal,
-};
+use crate::api::receipts::CallbackGates;
 use crate::api::{self, ApiLimits, AppState, SharedReceiptHandler, SharedState, Token};
 use crate::config::HostConfig;
 use crate::corpus::{CORPUS_CHECK_LEN, CorpusSampler, recent_events};
 use crate::dispatch::{DispatchConfig, DispatchError, Dispatcher, default_consumer_name};
 use crate::ledger::Ledger;
-use crate::permit::{PermitConfig, PermitError, Permits};
-use crate::plugin::bindings::CallbackRequest;
+use crate::permit::{PermitConfig, Permits};
 use crate::reconcile::Reconciler;
 use crate::route::Live;
-use crate::route::live::LiveError;
 use crate::route::watch::{Trigger, reload_loop, reloader, watch_dirs};
-use crate::send::plugin::{CallbackAccess, PluginSender, SenderSetupError};
-use crate::send::receipts::{ReceiptError, handle_callback};
-use crate::send::{BoxFuture, Sender};
-use crate::store::{RedisClient, RedisConn, Store, StoreError};
+use crate::send::Sender;
+use crate::send::plugin::PluginSender;
+use crate::store::{RedisClient, RedisConn, Store};
 
-/// Why the host could not start or stopped with an error.
-#[derive(Debug, thiserror::Error)]
-pub enum ServiceError {
-    /// Redis could not be opened or prepared.
-    #[error(transparent)]
-    Store(#[from] StoreError),
-    /// Scripts or consumer groups could not be prepared.
-    #[error(transparent)]
-    Permit(#[from] PermitError),
-    /// Plugins or policies were refused at start.
-    #[error(transparent)]
-    Live(#[from] LiveError),
-    /// The dispatcher failed.
-    #[error(transparent)]
-    Dispatch(#[from] DispatchError),
-    /// Redis may evict permits (`maxmemory-policy` other than `noeviction`).
-    #[error(transparent)]
-    Eviction(#[from] crate::eviction::EvictionError),
-    /// Another instance on this Redis claims in another ledger.
-    #[error(transparent)]
-    SeparateLedger(#[from] crate::ledger_guard::LedgerGuardError),
-    /// The delivery ledger could not be opened or migrated.
-    #[error(transparent)]
-    Ledger(#[from] crate::ledger::LedgerError),
-    /// The channel plugins' sender could not be set up (a missing secret, a
-    /// bad TLS setting).
-    #[error("sender")]
-    Sender(#[source] SenderSetupError),
-    /// A channel's plugin takes delivery callbacks but no way to reach them
-    /// was configured.
-    #[error(
-        "channel {channel}: its plugin takes delivery callbacks, but `callback_token_env` is not set (callback routes are closed by default): set `channels.{channel}.callback_token_env` to a variable holding an unguessable path token, or write `open_callbacks = true` to serve them without one"
-    )]
-    CallbacksUnreachable {
-        /// The channel's name.
-        channel: String,
-    },
-    /// The plugin and policy directories cannot be watched for changes.
-    #[error("cannot watch the plugin and policy directories")]
-    Watch(#[source] notify::Error),
-    /// The data directory (the SQLite ledger's home) cannot be created.
-    #[error("cannot create {}", path.display())]
-    DataDir {
-        /// The directory.
-        path: std::path::PathBuf,
-        /// Why.
-        #[source]
-        source: std::io::Error,
-    },
-    /// Serving HTTP failed.
-    #[error("http server: {0}")]
-    Serve(std::io::Error),
-    /// The configuration cannot be served as it is (e.g. open beyond loopback).
-    #[error(transparent)]
-    Config(#[from] crate::config::ConfigError),
-    /// A task of the host panicked.
-    #[error("host task failed: {0}")]
-    Join(#[from] tokio::task::JoinError),
-}
+mod error;
+mod receipts;
+
+pub use error::ServiceError;
+use receipts::{PluginReceipts, callback_gates};
 
 /// Reads an environment variable by name (tests give their own).
 pub type EnvLookup = Arc<dyn Fn(&str) -> Option<String> + Send + Sync>;
@@ -147,103 +87,6 @@ pub fn channel_sender(
     )
     .map(|s| Arc::new(s.with_shared_cache(conn, namespace)))
     .map_err(ServiceError::Sender)
-}
-
-/// Receipts handled by the channel plugins' `handle-callback`.
-struct PluginReceipts {
-    /// Where tasks are settled.
-    permits: Permits,
-    /// The channel instances.
-    sender: Arc<PluginSender>,
-    /// How long a settlement naming no task is answered 503.
-    unmatched_grace: Duration,
-    /// Where settled tasks are written as history.
-    ledger: Option<Ledger>,
-}
-
-impl ReceiptHandler for PluginReceipts {
-    fn handle<'a>(
-        &'a self,
-        channel: &'a str,
-        req: ProviderRequest,
-    ) -> BoxFuture<'a, Result<ProviderReply, ReceiptRefusal>> {
-        Box::pin(async move {
-            let req = CallbackRequest {
-                method: req.method,
-                path: req.path,
-                query: req.query,
-                headers: req.headers,
-                body: req.body,
-            };
-            let (permits, grace) = (&self.permits, self.unmatched_grace);
-            match handle_callback(permits, &self.sender, channel, req, grace).await {
-                Ok(done) if !done.report.not_yet.is_empty() => {
-                    Err(ReceiptRefusal::NotYet(format!(
-                        "{} settlement(s) name sends not recorded yet ({}); send the callback again",
-                        done.report.not_yet.len(),
-                        done.report.not_yet.join(", ")
-                    )))
-                }
-                Ok(done) => {
-                    if let Some(ledger) = &self.ledger {
-                        let report = &done.report;
-                        permits
-                            .note_receipts(ledger, channel, &report.settled, &report.late)
-                            .await;
-                    }
-                    Ok(ProviderReply {
-                        status: done.reply.status,
-                        headers: done.reply.headers,
-                        body: done.reply.body,
-                    })
-                }
-                Err(ReceiptError::Permit(e)) => Err(ReceiptRefusal::Unavailable(e)),
-                Err(ReceiptError::Forbidden { reason, .. }) => {
-                    Err(ReceiptRefusal::Forbidden(reason))
-                }
-                Err(ReceiptError::Malformed { reason, .. }) => {
-                    Err(ReceiptRefusal::Malformed(reason))
-                }
-                Err(e) => Err(ReceiptRefusal::Failed(e.to_string())),
-            }
-        })
-    }
-}
-
-/// Which channels' callbacks are served, and how: closed by default. A
-/// channel whose plugin takes callbacks with neither a path token nor
-/// `open_callbacks = true` is refused (the host does not start), naming the
-/// channel and the setting; an open one is served with a warning.
-async fn callback_gates(
-    config: &HostConfig,
-    sender: &PluginSender,
-) -> Result<CallbackGates, ServiceError> {
-    let mut gates = BTreeMap::new();
-    for name in config.channels.keys() {
-        let takes = match sender.capabilities(name, None).await {
-            Ok(c) => c.callbacks,
-            Err(e) => {
-                tracing::warn!(channel = %name, error = %e, "cannot tell whether the channel takes callbacks");
-                false
-            }
-        };
-        match sender.callback_access(name) {
-            Some(CallbackAccess::Token(t)) => {
-                gates.insert(name.clone(), CallbackGate::token(t));
-            }
-            Some(CallbackAccess::Open) => {
-                tracing::warn!(channel = %name, "open_callbacks = true: /v1/receipts/{name} is open to anyone who can reach it");
-                gates.insert(name.clone(), CallbackGate::Open);
-            }
-            Some(CallbackAccess::Closed) | None if takes => {
-                return Err(ServiceError::CallbacksUnreachable {
-                    channel: name.clone(),
-                });
-            }
-            Some(CallbackAccess::Closed) | None => {}
-        }
-    }
-    Ok(Arc::new(gates))
 }
 
 /// A host serving on a listener.

@@ -1,0 +1,117 @@
+//! Provider callbacks: which channels' callbacks are served ([`callback_gates`]),
+//! and the receipts they carry handled by the channel plugins'
+//! `handle-callback`, settled in the lifecycle and written to the ledger
+//! ([`PluginReceipts`]).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::error::ServiceError;
+use crate::api::receipts::{
+    CallbackGate, CallbackGates, ProviderReply, ProviderRequest, ReceiptHandler, ReceiptRefusal,
+};
+use crate::config::HostConfig;
+use crate::ledger::Ledger;
+use crate::permit::Permits;
+use crate::plugin::bindings::CallbackRequest;
+use crate::send::BoxFuture;
+use crate::send::plugin::{CallbackAccess, PluginSender};
+use crate::send::receipts::{ReceiptError, handle_callback};
+
+/// Receipts handled by the channel plugins' `handle-callback`.
+pub(super) struct PluginReceipts {
+    /// Where tasks are settled.
+    pub(super) permits: Permits,
+    /// The channel instances.
+    pub(super) sender: Arc<PluginSender>,
+    /// How long a settlement naming no task is answered 503.
+    pub(super) unmatched_grace: Duration,
+    /// Where settled tasks are written as history.
+    pub(super) ledger: Option<Ledger>,
+}
+
+impl ReceiptHandler for PluginReceipts {
+    fn handle<'a>(
+        &'a self,
+        channel: &'a str,
+        req: ProviderRequest,
+    ) -> BoxFuture<'a, Result<ProviderReply, ReceiptRefusal>> {
+        Box::pin(async move {
+            let req = CallbackRequest {
+                method: req.method,
+                path: req.path,
+                query: req.query,
+                headers: req.headers,
+                body: req.body,
+            };
+            let (permits, grace) = (&self.permits, self.unmatched_grace);
+            match handle_callback(permits, &self.sender, channel, req, grace).await {
+                Ok(done) if !done.report.not_yet.is_empty() => {
+                    Err(ReceiptRefusal::NotYet(format!(
+                        "{} settlement(s) name sends not recorded yet ({}); send the callback again",
+                        done.report.not_yet.len(),
+                        done.report.not_yet.join(", ")
+                    )))
+                }
+                Ok(done) => {
+                    if let Some(ledger) = &self.ledger {
+                        let report = &done.report;
+                        permits
+                            .note_receipts(ledger, channel, &report.settled, &report.late)
+                            .await;
+                    }
+                    Ok(ProviderReply {
+                        status: done.reply.status,
+                        headers: done.reply.headers,
+                        body: done.reply.body,
+                    })
+                }
+                Err(ReceiptError::Permit(e)) => Err(ReceiptRefusal::Unavailable(e)),
+                Err(ReceiptError::Forbidden { reason, .. }) => {
+                    Err(ReceiptRefusal::Forbidden(reason))
+                }
+                Err(ReceiptError::Malformed { reason, .. }) => {
+                    Err(ReceiptRefusal::Malformed(reason))
+                }
+                Err(e) => Err(ReceiptRefusal::Failed(e.to_string())),
+            }
+        })
+    }
+}
+
+/// Which channels' callbacks are served, and how: closed by default. A
+/// channel whose plugin takes callbacks with neither a path token nor
+/// `open_callbacks = true` is refused (the host does not start), naming the
+/// channel and the setting; an open one is served with a warning.
+pub(super) async fn callback_gates(
+    config: &HostConfig,
+    sender: &PluginSender,
+) -> Result<CallbackGates, ServiceError> {
+    let mut gates = BTreeMap::new();
+    for name in config.channels.keys() {
+        let takes = match sender.capabilities(name, None).await {
+            Ok(c) => c.callbacks,
+            Err(e) => {
+                tracing::warn!(channel = %name, error = %e, "cannot tell whether the channel takes callbacks");
+                false
+            }
+        };
+        match sender.callback_access(name) {
+            Some(CallbackAccess::Token(t)) => {
+                gates.insert(name.clone(), CallbackGate::token(t));
+            }
+            Some(CallbackAccess::Open) => {
+                tracing::warn!(channel = %name, "open_callbacks = true: /v1/receipts/{name} is open to anyone who can reach it");
+                gates.insert(name.clone(), CallbackGate::Open);
+            }
+            Some(CallbackAccess::Closed) | None if takes => {
+                return Err(ServiceError::CallbacksUnreachable {
+                    channel: name.clone(),
+                });
+            }
+            Some(CallbackAccess::Closed) | None => {}
+        }
+    }
+    Ok(Arc::new(gates))
+}

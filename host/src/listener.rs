@@ -52,7 +52,10 @@ pub async fn serve(
     let mut builder = hyper::server::conn::http1::Builder::new();
     builder
         .timer(TokioTimer::new())
-        .header_read_timeout(config.header_read_timeout);
+        .header_read_timeout(config.header_read_timeout)
+        // Bounds the bytes a connection buffers for its head (431 beyond);
+        // all heads at once: at most `max_connections` times this.
+        .max_buf_size(config.max_head_bytes);
     loop {
         let (stream, peer) = tokio::select! {
             accepted = listener.accept() => match accepted {

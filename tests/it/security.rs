@@ -634,3 +634,95 @@ async fn a_replayed_or_stale_wechat_callback_is_refused_and_its_task_stays_sent(
     assert_eq!(a.status(), 200);
     assert_eq!(status(wechat[1].clone()).await, "failed");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_data_directory_is_private_and_a_huge_declared_body_is_refused_at_once() {
+    use std::os::unix::fs::PermissionsExt;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let redis = RedisServer::start().await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let (base, host) = serve_with_known_tokens(dir.path(), &redis, "", &[]).await;
+
+    // 10 GiB declared, nothing sent: 413 at once, and the connection closed.
+    let mut s = tokio::net::TcpStream::connect(base.trim_start_matches("http://"))
+        .await
+        .unwrap();
+    let head = "POST /v1/events HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n\
+                Content-Length: 10737418240\r\n\r\n";
+    s.write_all(head.as_bytes()).await.unwrap();
+    let mut answer = Vec::new();
+    // Well inside the request timeout (10 s), which used to answer it.
+    tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut answer))
+        .await
+        .expect("answered and closed within 5 s")
+        .unwrap();
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(answer.starts_with("HTTP/1.1 413"), "{answer}");
+    assert!(answer.contains("application/problem+json"), "{answer}");
+    assert!(answer.contains("body-too-large"), "{answer}");
+
+    // Everything the host wrote under its data directory is its user's alone.
+    let data = dir.path().join("data");
+    let mode = |p: &std::path::Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode(&data), 0o700, "{}", data.display());
+    let mut seen = Vec::new();
+    let mut todo = vec![data.clone()];
+    while let Some(d) = todo.pop() {
+        for entry in std::fs::read_dir(&d).unwrap() {
+            let path = entry.unwrap().path();
+            let m = mode(&path);
+            assert_eq!(m & 0o077, 0, "{} is {m:o}", path.display());
+            if path.is_dir() {
+                todo.push(path.clone());
+            }
+            seen.push(path);
+        }
+    }
+    assert!(
+        seen.iter().any(|p| p.ends_with("ledger.sqlite3")),
+        "the ledger is among {seen:?}"
+    );
+    let log = log_after_stop(host).await;
+    assert!(log.contains("status=413"), "the refusal is logged:\n{log}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_head_over_the_per_connection_buffer_is_refused() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let redis = RedisServer::start().await.unwrap();
+    let setup = Setup {
+        configure: Some(Box::new(|c: &mut pushonce::config::HostConfig| {
+            c.http.max_head_bytes = 16 * 1024;
+        })),
+        ..Setup::default()
+    };
+    let host = TestHost::start_with(&redis, setup).await.unwrap();
+    let addr = host.base.trim_start_matches("http://").to_string();
+    let ask = |header_bytes: usize| {
+        let addr = addr.clone();
+        async move {
+            let mut head =
+                String::from("GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n");
+            // 40 headers: under hyper's count limit, so only the size counts.
+            for i in 0..40 {
+                head.push_str(&format!(
+                    "x-filler-{i:02}: {}\r\n",
+                    "a".repeat(header_bytes / 40)
+                ));
+            }
+            head.push_str("\r\n");
+            let mut s = tokio::net::TcpStream::connect(&addr).await.unwrap();
+            // The host may answer and close before it has read all of it.
+            let _ = s.write_all(head.as_bytes()).await;
+            let mut answer = Vec::new();
+            let _ = s.read_to_end(&mut answer).await;
+            String::from_utf8_lossy(&answer).into_owned()
+        }
+    };
+    let small = ask(8 * 1024).await;
+    assert!(small.starts_with("HTTP/1.1 200"), "{small}");
+    let large = ask(20 * 1024).await;
+    assert!(large.starts_with("HTTP/1.1 431"), "{large}");
+    assert!(large.contains("application/problem+json"), "{large}");
+    host.shutdown().await.unwrap();
+}

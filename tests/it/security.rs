@@ -726,3 +726,73 @@ async fn a_request_head_over_the_per_connection_buffer_is_refused() {
     assert!(large.contains("application/problem+json"), "{large}");
     host.shutdown().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn near_the_connection_cap_idle_keep_alive_connections_are_closed_first() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let redis = RedisServer::start().await.unwrap();
+    let setup = Setup {
+        configure: Some(Box::new(|c: &mut pushonce::config::HostConfig| {
+            c.http.max_connections = 8;
+            c.http.max_connections_per_client = 8;
+            // Longer than the test: only the cap can close them.
+            c.http.header_read_timeout = Duration::from_secs(120);
+        })),
+        ..Setup::default()
+    };
+    let host = TestHost::start_with(&redis, setup).await.unwrap();
+    let addr = host.base.trim_start_matches("http://").to_string();
+    let request = |close: bool| {
+        format!(
+            "GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: {}\r\n\r\n",
+            if close { "close" } else { "keep-alive" }
+        )
+    };
+    // 127.0.0.1 takes every slot with keep-alive connections, each answered
+    // once and then idle.
+    let mut idle = Vec::new();
+    for _ in 0..8 {
+        let mut s = tokio::net::TcpStream::connect(&addr).await.unwrap();
+        s.write_all(request(false).as_bytes()).await.unwrap();
+        let mut buf = [0u8; 1024];
+        let n = s.read(&mut buf).await.unwrap();
+        assert!(
+            buf[..n].starts_with(b"HTTP/1.1 200"),
+            "{:?}",
+            String::from_utf8_lossy(&buf[..n])
+        );
+        idle.push(s);
+    }
+    // A new client is served: idle connections made room.
+    let probe = || {
+        let addr = addr.clone();
+        let req = request(true);
+        async move {
+            let socket = tokio::net::TcpSocket::new_v4().unwrap();
+            socket.bind("127.0.0.2:0".parse().unwrap()).unwrap();
+            let mut s = socket.connect(addr.parse().unwrap()).await.unwrap();
+            if s.write_all(req.as_bytes()).await.is_err() {
+                return String::new();
+            }
+            let mut text = Vec::new();
+            let _ = s.read_to_end(&mut text).await;
+            String::from_utf8_lossy(&text).into_owned()
+        }
+    };
+    pushonce_tests::wait_until(Duration::from_secs(10), || async {
+        probe().await.starts_with("HTTP/1.1 200")
+    })
+    .await
+    .expect("a new client is served while idle connections hold the cap");
+    // The idle connections closed were closed cleanly: end of stream.
+    let mut closed = 0;
+    for s in &mut idle {
+        let mut buf = [0u8; 16];
+        if let Ok(Ok(0)) = tokio::time::timeout(Duration::from_millis(200), s.read(&mut buf)).await
+        {
+            closed += 1;
+        }
+    }
+    assert!(closed >= 1, "no idle connection was closed");
+    host.shutdown().await.unwrap();
+}

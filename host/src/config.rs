@@ -186,6 +186,13 @@ pub struct HttpConfig {
     /// `max_connections`); a further one from that address is closed at
     /// once, so one client cannot take the whole cap from the others.
     pub max_connections_per_client: usize,
+    /// Most bytes one connection buffers while it reads a request head
+    /// (hyper's read buffer; at least 8192). A head that does not fit is
+    /// answered 431. Request heads buffered at once take at most
+    /// `max_connections` times this (hyper offers no budget across
+    /// connections); the default leaves room for the longest URI hyper
+    /// accepts (64 KiB, 414 beyond) and 32 KiB of headers.
+    pub max_head_bytes: usize,
 }
 
 impl Default for HttpConfig {
@@ -195,6 +202,7 @@ impl Default for HttpConfig {
             header_read_timeout: Duration::from_secs(10),
             max_connections: 1024,
             max_connections_per_client: 256,
+            max_head_bytes: 96 * 1024,
         }
     }
 }
@@ -754,6 +762,12 @@ impl HostConfig {
             return Err(invalid(
                 "http.max_connections_per_client",
                 "must be at least 1",
+            ));
+        }
+        if self.http.max_head_bytes < 8192 {
+            return Err(invalid(
+                "http.max_head_bytes",
+                "must be at least 8192 (hyper's smallest read buffer)",
             ));
         }
         if self.http.header_read_timeout < Duration::from_millis(10) {

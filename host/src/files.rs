@@ -10,6 +10,20 @@ use std::io::{self, Read};
 use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
 use std::path::Path;
 
+/// Makes every file and directory this process creates from now on private
+/// to its user: umask `077`, so files are `0600` and directories `0700` —
+/// the data directory, the SQLite ledger and its journal, compiled plugins,
+/// and the files of the embedded `redis-server` (a child inherits the mask).
+/// The ledger holds recipient digests, business ids and provider errors;
+/// the Redis files hold the payloads. Called first by `serve` and `worker`.
+pub fn private_files() {
+    // SAFETY: umask only swaps the process's file-mode mask; it cannot fail
+    // and touches no memory.
+    unsafe {
+        libc::umask(0o077);
+    }
+}
+
 /// The largest policy or configuration file read, in bytes (1 MiB).
 pub(crate) const MAX_TEXT_FILE: u64 = 1 << 20;
 

@@ -6,6 +6,12 @@
 //! keep being served). Shutdown is graceful: stop accepting, let the
 //! requests in flight finish.
 //!
+//! When the cap is near (its last tenth), idle keep-alive connections —
+//! ones that were answered and are waiting for their next request — are
+//! closed first (hyper's graceful shutdown: an idle connection closes at
+//! once, one mid-request finishes it), so waiting clients make room for new
+//! ones instead of new ones being refused.
+//!
 //! hyper answers a request it cannot parse (a bad request line, a URI too
 //! long, a head too large) itself, with an empty 400, 414 or 431, before
 //! the router sees it; [`ProblemIo`] turns those answers into problem+json
@@ -16,19 +22,20 @@
 //! checks of a host without tokens).
 
 use crate::api::guard::Client;
+use std::collections::HashMap;
 use std::io;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::task::{Context, Poll, ready};
 
 use axum::Router;
 use hyper_util::rt::{TokioIo, TokioTimer};
-use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{Semaphore, watch};
+use tokio::sync::{Notify, Semaphore, mpsc, watch};
 
 use crate::config::HttpConfig;
 
@@ -48,11 +55,20 @@ pub async fn serve(
     let local = listener
         .local_addr()
         .unwrap_or_else(|_| SocketAddr::from(([127, 0, 0, 1], 0)));
-    let graceful = GracefulShutdown::new();
+    let open = Arc::new(OpenConnections::default());
+    // Used slots from which idle keep-alive connections are closed, and how
+    // many at a time: the cap's last tenth.
+    let tenth = (config.max_connections / 10).max(1);
+    let near = config.max_connections.saturating_sub(tenth);
+    // Each connection's task holds a sender: all gone = all finished.
+    let (finished_tx, mut finished_rx) = mpsc::channel::<()>(1);
     let mut builder = hyper::server::conn::http1::Builder::new();
     builder
         .timer(TokioTimer::new())
-        .header_read_timeout(config.header_read_timeout);
+        .header_read_timeout(config.header_read_timeout)
+        // Bounds the bytes a connection buffers for its head (431 beyond);
+        // all heads at once: at most `max_connections` times this.
+        .max_buf_size(config.max_head_bytes);
     loop {
         let (stream, peer) = tokio::select! {
             accepted = listener.accept() => match accepted {
@@ -75,7 +91,18 @@ pub async fn serve(
             drop(stream);
             continue;
         };
-        let Ok(slot) = slots.clone().try_acquire_owned() else {
+        let slot = slots.clone().try_acquire_owned();
+        let used = config.max_connections - slots.available_permits();
+        if slot.is_err() || used >= near {
+            let closed = open.close_idle(tenth);
+            tracing::debug!(
+                used,
+                max = config.max_connections,
+                closed,
+                "connection cap near: closing idle keep-alive connections"
+            );
+        }
+        let Ok(slot) = slot else {
             tracing::debug!(
                 max = config.max_connections,
                 "connection cap reached: closing a new connection"
@@ -83,25 +110,125 @@ pub async fn serve(
             drop(stream);
             continue;
         };
+        let (id, state) = open.add();
         let conn = builder.serve_connection(
             TokioIo::new(ProblemIo::new(stream)),
             TowerToHyperService::new(WithClient {
                 app: app.clone(),
                 client: Client { peer, local },
+                state: state.clone(),
             }),
         );
-        let conn = graceful.watch(conn);
+        let (mut stop, open, finished) = (stop.clone(), open.clone(), finished_tx.clone());
         tokio::spawn(async move {
-            if let Err(e) = conn.await {
+            let mut conn = std::pin::pin!(conn);
+            let mut closing = false;
+            let result = loop {
+                tokio::select! {
+                    result = conn.as_mut() => break result,
+                    _ = stopped(&mut stop), if !closing => {
+                        conn.as_mut().graceful_shutdown();
+                        closing = true;
+                    }
+                    _ = state.close.notified(), if !closing => {
+                        conn.as_mut().graceful_shutdown();
+                        closing = true;
+                    }
+                }
+            };
+            if let Err(e) = result {
                 tracing::debug!(error = %e, "connection ended with an error");
             }
+            open.remove(id);
             drop(slot);
             drop(client_slot);
+            drop(finished);
         });
     }
     drop(listener);
     tracing::info!("shutting down: no new connections, finishing requests in flight");
-    graceful.shutdown().await;
+    drop(finished_tx);
+    let _ = finished_rx.recv().await;
+}
+
+/// The open connections, so that idle ones can be closed first when the cap
+/// is near.
+#[derive(Default)]
+struct OpenConnections {
+    /// By an id of their own.
+    conns: std::sync::Mutex<HashMap<u64, Arc<ConnState>>>,
+    /// The next id.
+    next: AtomicU64,
+}
+
+impl OpenConnections {
+    /// Registers a new connection.
+    fn add(&self) -> (u64, Arc<ConnState>) {
+        let id = self.next.fetch_add(1, Ordering::Relaxed);
+        let state = Arc::new(ConnState::default());
+        self.lock().insert(id, state.clone());
+        (id, state)
+    }
+
+    /// Forgets a connection that ended.
+    fn remove(&self, id: u64) {
+        self.lock().remove(&id);
+    }
+
+    /// Tells up to `n` idle keep-alive connections (answered, no request
+    /// in flight, not told already) to close; how many were told.
+    fn close_idle(&self, n: usize) -> usize {
+        let conns = self.lock();
+        let mut told = 0;
+        for state in conns.values() {
+            if told == n {
+                break;
+            }
+            if state.answered.load(Ordering::Acquire)
+                && state.in_flight.load(Ordering::Acquire) == 0
+                && !state.told.swap(true, Ordering::AcqRel)
+            {
+                // Stored if the task is not waiting yet: it sees it next.
+                state.close.notify_one();
+                told += 1;
+            }
+        }
+        told
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Arc<ConnState>>> {
+        self.conns.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// What the listener knows of one connection.
+#[derive(Default)]
+struct ConnState {
+    /// At least one request was received on it (a keep-alive connection).
+    answered: AtomicBool,
+    /// Requests on it not answered yet.
+    in_flight: AtomicUsize,
+    /// Told to close already.
+    told: AtomicBool,
+    /// Wakes its task to close it.
+    close: Notify,
+}
+
+/// One request in flight on a connection; counted down when dropped.
+struct InFlight(Arc<ConnState>);
+
+impl InFlight {
+    fn start(state: &Arc<ConnState>) -> InFlight {
+        state.answered.store(true, Ordering::Release);
+        state.in_flight.fetch_add(1, Ordering::AcqRel);
+        InFlight(state.clone())
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.in_flight.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 /// Connections open per client address, capped at `max`.
@@ -146,20 +273,24 @@ impl Drop for ClientSlot {
     }
 }
 
-/// The router, with each request given its connection's [`Client`].
+/// The router, with each request given its connection's [`Client`], and
+/// counted in flight on its connection until answered.
 #[derive(Clone)]
 struct WithClient {
     app: Router,
     client: Client,
+    state: Arc<ConnState>,
 }
 
 impl<B> tower_service::Service<axum::http::Request<B>> for WithClient
 where
     Router: tower_service::Service<axum::http::Request<B>>,
+    <Router as tower_service::Service<axum::http::Request<B>>>::Future: Send + 'static,
 {
     type Response = <Router as tower_service::Service<axum::http::Request<B>>>::Response;
     type Error = <Router as tower_service::Service<axum::http::Request<B>>>::Error;
-    type Future = <Router as tower_service::Service<axum::http::Request<B>>>::Future;
+    type Future =
+        Pin<Box<dyn std::future::Future<Output = Result<Self::Response, Self::Error>> + Send>>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         tower_service::Service::<axum::http::Request<B>>::poll_ready(&mut self.app, cx)
@@ -167,7 +298,13 @@ where
 
     fn call(&mut self, mut req: axum::http::Request<B>) -> Self::Future {
         req.extensions_mut().insert(self.client);
-        self.app.call(req)
+        let in_flight = InFlight::start(&self.state);
+        let answer = self.app.call(req);
+        Box::pin(async move {
+            let answer = answer.await;
+            drop(in_flight);
+            answer
+        })
     }
 }
 

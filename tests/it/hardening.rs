@@ -246,16 +246,15 @@ async fn over_the_connection_cap_a_connection_is_closed_and_served_after_one_end
     };
     let host = TestHost::start_with(&redis, setup).await.unwrap();
     let addr = addr_of(&host);
-    // Two connections that each served a request stay open (keep-alive).
+    // Two connections in the middle of a request head hold the cap (not
+    // idle keep-alive ones: those are closed to make room when the cap is
+    // near, `tests/it/security.rs`).
     let mut held = Vec::new();
     for _ in 0..2 {
         let mut s = TcpStream::connect(&addr).await.unwrap();
-        s.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        s.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")
             .await
             .unwrap();
-        let mut buf = [0u8; 512];
-        let n = s.read(&mut buf).await.unwrap();
-        assert!(String::from_utf8_lossy(&buf[..n]).starts_with("HTTP/1.1 200"));
         held.push(s);
     }
     let mut third = TcpStream::connect(&addr).await.unwrap();

@@ -984,6 +984,14 @@ async fn receipts_in_each_providers_format_settle_tasks_and_a_failed_sms_falls_b
     env.stop().await;
 }
 
+/// Seconds since the Unix epoch, now (WeChat's `timestamp`).
+fn now_secs() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+}
+
 /// A `TEMPLATESENDJOBFINISH` event for message `msgid`, as WeChat posts it.
 fn wechat_event(openid: &str, msgid: &str) -> String {
     format!(
@@ -1011,12 +1019,14 @@ async fn a_wechat_event_with_a_forged_signature_is_refused_and_settles_nothing()
             .send()
     };
 
-    let forged = "signature=0123456789abcdef0123456789abcdef01234567&timestamp=1700000000&nonce=42";
-    assert_eq!(post(forged.into()).await.unwrap().status(), 403);
+    let now = now_secs().to_string();
+    let forged =
+        format!("signature=0123456789abcdef0123456789abcdef01234567&timestamp={now}&nonce=42");
+    assert_eq!(post(forged).await.unwrap().status(), 403);
     // Signed with the right token but sent to a wrong path token: no such route.
     let token = &env.sim.state.credentials().wechat_callback_token;
-    let signature = provider_sim::receipts::wechat_signature(token, "1700000000", "42");
-    let signed = format!("signature={signature}&timestamp=1700000000&nonce=42");
+    let signature = provider_sim::receipts::wechat_signature(token, &now, "42");
+    let signed = format!("signature={signature}&timestamp={now}&nonce=42");
     let wrong_path = client
         .post(format!("{base}/v1/receipts/wechat/not-the-token?{signed}"))
         .body(wechat_event(&recipient("wechat", 1), &msgid))
@@ -1052,11 +1062,7 @@ async fn a_wechat_event_with_msgid_0_settles_nothing() {
     let token = env.sim.state.credentials().wechat_callback_token.clone();
     let client = reqwest::Client::new();
     let post = |id: &str| {
-        let timestamp = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_secs()
-            .to_string();
+        let timestamp = now_secs().to_string();
         let nonce = format!("n{id}");
         let signature = provider_sim::receipts::wechat_signature(&token, &timestamp, &nonce);
         client

@@ -68,11 +68,17 @@ async fn serve_with_known_tokens(
     (base, host)
 }
 
+/// Stops `host` (SIGTERM) and returns its whole log without colours.
+async fn log_after_stop(mut host: PushonceProcess) -> String {
+    host.terminate(Duration::from_secs(30)).await.unwrap();
+    plain(&host.log())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn callback_path_tokens_are_in_no_log_line_in_any_form() {
     let mut redis = RedisServer::start().await.unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let (base, mut host) = serve_with_known_tokens(dir.path(), &redis, "", &[]).await;
+    let (base, host) = serve_with_known_tokens(dir.path(), &redis, "", &[]).await;
     let client = reqwest::Client::new();
     let post = |path: String, body: &'static str| {
         let (client, url) = (client.clone(), format!("{base}{path}"));
@@ -113,8 +119,7 @@ async fn callback_path_tokens_are_in_no_log_line_in_any_form() {
         post(format!("/v1/receipts/sms/{SMS_TOKEN}"), report).await,
         503
     );
-    host.terminate(Duration::from_secs(30)).await.unwrap();
-    let log = plain(&host.log());
+    let log = log_after_stop(host).await;
     for status in ["status=400", "status=403", "status=503"] {
         assert!(
             log.lines()
@@ -173,7 +178,7 @@ const WITH_ADMIN_TOKEN: &str = "\n[auth]\nadmin_token_env = \"ADMIN_T\"\n";
 async fn a_sign_in_name_with_a_newline_cannot_forge_a_log_line() {
     let redis = RedisServer::start().await.unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let (base, mut host) = serve_with_known_tokens(
+    let (base, host) = serve_with_known_tokens(
         dir.path(),
         &redis,
         WITH_ADMIN_TOKEN,
@@ -192,8 +197,7 @@ async fn a_sign_in_name_with_a_newline_cannot_forge_a_log_line() {
         .await
         .unwrap();
     assert_eq!(answer.status(), 303, "signed in");
-    host.terminate(Duration::from_secs(30)).await.unwrap();
-    let log = plain(&host.log());
+    let log = log_after_stop(host).await;
     assert!(
         log.contains("by=ana\\u{a}2026-12-03T07:00:00Z  INFO pushonce: forged\\u{d}\\u{1b}[2K"),
         "the name is logged escaped, on its line:\n{log}"
@@ -268,7 +272,7 @@ async fn without_tokens_only_loopback_hosts_and_same_origin_posts_are_served() {
 async fn failed_sign_ins_and_wrong_tokens_are_limited_per_client_address() {
     let redis = RedisServer::start().await.unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let (base, mut host) = serve_with_known_tokens(
+    let (base, host) = serve_with_known_tokens(
         dir.path(),
         &redis,
         WITH_ADMIN_TOKEN,
@@ -326,8 +330,7 @@ async fn failed_sign_ins_and_wrong_tokens_are_limited_per_client_address() {
         .build()
         .unwrap();
     assert_eq!(admin(&other, ADMIN_TOKEN).await.unwrap().status(), 200);
-    host.terminate(Duration::from_secs(30)).await.unwrap();
-    let log = plain(&host.log());
+    let log = log_after_stop(host).await;
     let refusals = log
         .lines()
         .filter(|l| l.contains("client=127.0.0.1") && l.contains("wrong"))
@@ -499,5 +502,297 @@ async fn a_path_that_is_not_utf8_once_decoded_is_a_problem() {
         "{}",
         a.body
     );
+    host.shutdown().await.unwrap();
+}
+
+/// A `TEMPLATESENDJOBFINISH` event for message `msgid` with `status`, as
+/// WeChat posts it.
+fn wechat_event(msgid: &str, status: &str) -> String {
+    format!(
+        "<xml><ToUserName><![CDATA[gh_test]]></ToUserName><FromUserName><![CDATA[openid-1]]></FromUserName>\
+         <CreateTime>1700000000</CreateTime><MsgType><![CDATA[event]]></MsgType>\
+         <Event><![CDATA[TEMPLATESENDJOBFINISH]]></Event><MsgID>{msgid}</MsgID>\
+         <Status><![CDATA[{status}]]></Status></xml>"
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replayed_or_stale_wechat_callback_is_refused_and_its_task_stays_sent() {
+    use pushonce_tests::providers;
+    use pushonce_tests::stack::{ServeConfig, ServeProcess, copy_dir};
+    use serde_json::{Value, json};
+    let redis = RedisServer::start().await.unwrap();
+    let sim = providers::sim().await;
+    let dir = tempfile::tempdir().unwrap();
+    let policies = dir.path().join("policies");
+    copy_dir(
+        &pushonce_tests::host::repo_root().join("policies"),
+        &policies,
+    )
+    .unwrap();
+    let host = ServeProcess::start(&ServeConfig::new(&redis.url(), &sim), dir.path(), &policies)
+        .await
+        .unwrap();
+    let base = host.base().to_string();
+    let client = reqwest::Client::new();
+    let get = |path: String| {
+        let (client, url) = (client.clone(), format!("{base}{path}"));
+        async move {
+            let answer = client.get(url).send().await.unwrap();
+            answer.json::<Value>().await.unwrap()
+        }
+    };
+    // Two WeChat messages, sent; the simulator sends no receipts by itself.
+    let mut wechat = Vec::new();
+    for n in 1..=2 {
+        let event = json!({
+            "biz_type": "ORDER_SHIPPED", "biz_id": format!("o-replay-{n}"), "user_id": format!("u-{n}"),
+            "occurred_at": "2026-11-30T08:00:00Z", "template": "order_shipped",
+            "params": {"order": "o-1"},
+            "recipients": {"sms": format!("1380000000{n}"), "wechat": format!("openid-{n}"), "app-push": format!("device-{n}")}
+        });
+        let answer: Value = client
+            .post(format!("{base}/v1/events"))
+            .json(&event)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        let mut found = None;
+        for r in answer["results"].as_array().unwrap() {
+            let id = r["task_id"].as_str().unwrap().to_string();
+            if get(format!("/v1/tasks/{id}")).await["channel"] == "wechat" {
+                found = Some(id);
+            }
+        }
+        wechat.push(found.unwrap_or_else(|| panic!("no wechat task: {answer}")));
+    }
+    let mut msgids = Vec::new();
+    for id in &wechat {
+        pushonce_tests::wait_until(Duration::from_secs(30), || async {
+            get(format!("/v1/tasks/{id}")).await["status"] == "sent"
+        })
+        .await
+        .unwrap_or_else(|_| panic!("{id} not sent:\n{}", host.log()));
+        let task = get(format!("/v1/tasks/{id}")).await;
+        msgids.push(task["provider_message_id"].as_str().unwrap().to_string());
+    }
+    let status = |id: String| async move { get(format!("/v1/tasks/{id}")).await["status"].clone() };
+    let url = sim.callback_url(&base, "wechat");
+    let token = sim.state.credentials().wechat_callback_token.clone();
+    let post = |timestamp: u64, nonce: &str, body: String| {
+        let timestamp = timestamp.to_string();
+        let signature = provider_sim::receipts::wechat_signature(&token, &timestamp, nonce);
+        client
+            .post(format!(
+                "{url}?signature={signature}&timestamp={timestamp}&nonce={nonce}"
+            ))
+            .header("content-type", "text/xml")
+            .body(body)
+            .send()
+    };
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+
+    // WeChat's callback for the first message: delivered.
+    let genuine = wechat_event(&msgids[0], "success");
+    let a = post(now, "1029384756", genuine.clone()).await.unwrap();
+    assert_eq!(a.status(), 200);
+    assert_eq!(a.text().await.unwrap(), "success");
+    assert_eq!(status(wechat[0].clone()).await, "delivered");
+    // Its timestamp, nonce and signature, replayed with a body that fails the
+    // second message: refused, nothing settled.
+    let forged = wechat_event(&msgids[1], "failed:user block");
+    let a = post(now, "1029384756", forged.clone()).await.unwrap();
+    assert_eq!(a.status(), 403);
+    let detail = a.text().await.unwrap();
+    assert!(
+        detail.contains("already signed another request"),
+        "{detail}"
+    );
+    assert_eq!(status(wechat[1].clone()).await, "sent");
+    // The same request again (WeChat retries) is answered as before and
+    // changes nothing.
+    let a = post(now, "1029384756", genuine).await.unwrap();
+    assert_eq!(a.status(), 200);
+    assert_eq!(status(wechat[0].clone()).await, "delivered");
+    // Correctly signed, but six minutes old, or six minutes ahead: refused.
+    for (timestamp, said) in [(now - 360, "s old"), (now + 360, "s ahead")] {
+        let a = post(timestamp, "5647382910", forged.clone()).await.unwrap();
+        assert_eq!(a.status(), 403);
+        let detail = a.text().await.unwrap();
+        assert!(detail.contains(said), "{detail}");
+        assert!(detail.contains("outside the window of ±300 s"), "{detail}");
+    }
+    assert_eq!(status(wechat[1].clone()).await, "sent");
+    // A fresh request for the second message still settles it.
+    let a = post(now, "1122334455", forged).await.unwrap();
+    assert_eq!(a.status(), 200);
+    assert_eq!(status(wechat[1].clone()).await, "failed");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_data_directory_is_private_and_a_huge_declared_body_is_refused_at_once() {
+    use std::os::unix::fs::PermissionsExt;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let redis = RedisServer::start().await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let (base, host) = serve_with_known_tokens(dir.path(), &redis, "", &[]).await;
+
+    // 10 GiB declared, nothing sent: 413 at once, and the connection closed.
+    let mut s = tokio::net::TcpStream::connect(base.trim_start_matches("http://"))
+        .await
+        .unwrap();
+    let head = "POST /v1/events HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n\
+                Content-Length: 10737418240\r\n\r\n";
+    s.write_all(head.as_bytes()).await.unwrap();
+    let mut answer = Vec::new();
+    // Well inside the request timeout (10 s), which used to answer it.
+    tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut answer))
+        .await
+        .expect("answered and closed within 5 s")
+        .unwrap();
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(answer.starts_with("HTTP/1.1 413"), "{answer}");
+    assert!(answer.contains("application/problem+json"), "{answer}");
+    assert!(answer.contains("body-too-large"), "{answer}");
+
+    // Everything the host wrote under its data directory is its user's alone.
+    let data = dir.path().join("data");
+    let mode = |p: &std::path::Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode(&data), 0o700, "{}", data.display());
+    let mut seen = Vec::new();
+    let mut todo = vec![data.clone()];
+    while let Some(d) = todo.pop() {
+        for entry in std::fs::read_dir(&d).unwrap() {
+            let path = entry.unwrap().path();
+            let m = mode(&path);
+            assert_eq!(m & 0o077, 0, "{} is {m:o}", path.display());
+            if path.is_dir() {
+                todo.push(path.clone());
+            }
+            seen.push(path);
+        }
+    }
+    assert!(
+        seen.iter().any(|p| p.ends_with("ledger.sqlite3")),
+        "the ledger is among {seen:?}"
+    );
+    let log = log_after_stop(host).await;
+    assert!(log.contains("status=413"), "the refusal is logged:\n{log}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_head_over_the_per_connection_buffer_is_refused() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let redis = RedisServer::start().await.unwrap();
+    let setup = Setup {
+        configure: Some(Box::new(|c: &mut pushonce::config::HostConfig| {
+            c.http.max_head_bytes = 16 * 1024;
+        })),
+        ..Setup::default()
+    };
+    let host = TestHost::start_with(&redis, setup).await.unwrap();
+    let addr = host.base.trim_start_matches("http://").to_string();
+    let ask = |header_bytes: usize| {
+        let addr = addr.clone();
+        async move {
+            let mut head =
+                String::from("GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n");
+            // 40 headers: under hyper's count limit, so only the size counts.
+            for i in 0..40 {
+                head.push_str(&format!(
+                    "x-filler-{i:02}: {}\r\n",
+                    "a".repeat(header_bytes / 40)
+                ));
+            }
+            head.push_str("\r\n");
+            let mut s = tokio::net::TcpStream::connect(&addr).await.unwrap();
+            // The host may answer and close before it has read all of it.
+            let _ = s.write_all(head.as_bytes()).await;
+            let mut answer = Vec::new();
+            let _ = s.read_to_end(&mut answer).await;
+            String::from_utf8_lossy(&answer).into_owned()
+        }
+    };
+    let small = ask(8 * 1024).await;
+    assert!(small.starts_with("HTTP/1.1 200"), "{small}");
+    let large = ask(20 * 1024).await;
+    assert!(large.starts_with("HTTP/1.1 431"), "{large}");
+    assert!(large.contains("application/problem+json"), "{large}");
+    host.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn near_the_connection_cap_idle_keep_alive_connections_are_closed_first() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let redis = RedisServer::start().await.unwrap();
+    let setup = Setup {
+        configure: Some(Box::new(|c: &mut pushonce::config::HostConfig| {
+            c.http.max_connections = 8;
+            c.http.max_connections_per_client = 8;
+            // Longer than the test: only the cap can close them.
+            c.http.header_read_timeout = Duration::from_secs(120);
+        })),
+        ..Setup::default()
+    };
+    let host = TestHost::start_with(&redis, setup).await.unwrap();
+    let addr = host.base.trim_start_matches("http://").to_string();
+    let request = |close: bool| {
+        format!(
+            "GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: {}\r\n\r\n",
+            if close { "close" } else { "keep-alive" }
+        )
+    };
+    // 127.0.0.1 takes every slot with keep-alive connections, each answered
+    // once and then idle.
+    let mut idle = Vec::new();
+    for _ in 0..8 {
+        let mut s = tokio::net::TcpStream::connect(&addr).await.unwrap();
+        s.write_all(request(false).as_bytes()).await.unwrap();
+        let mut buf = [0u8; 1024];
+        let n = s.read(&mut buf).await.unwrap();
+        assert!(
+            buf[..n].starts_with(b"HTTP/1.1 200"),
+            "{:?}",
+            String::from_utf8_lossy(&buf[..n])
+        );
+        idle.push(s);
+    }
+    // A new client is served: idle connections made room.
+    let probe = || {
+        let addr = addr.clone();
+        let req = request(true);
+        async move {
+            let socket = tokio::net::TcpSocket::new_v4().unwrap();
+            socket.bind("127.0.0.2:0".parse().unwrap()).unwrap();
+            let mut s = socket.connect(addr.parse().unwrap()).await.unwrap();
+            if s.write_all(req.as_bytes()).await.is_err() {
+                return String::new();
+            }
+            let mut text = Vec::new();
+            let _ = s.read_to_end(&mut text).await;
+            String::from_utf8_lossy(&text).into_owned()
+        }
+    };
+    pushonce_tests::wait_until(Duration::from_secs(10), || async {
+        probe().await.starts_with("HTTP/1.1 200")
+    })
+    .await
+    .expect("a new client is served while idle connections hold the cap");
+    // The idle connections closed were closed cleanly: end of stream.
+    let mut closed = 0;
+    for s in &mut idle {
+        let mut buf = [0u8; 16];
+        if let Ok(Ok(0)) = tokio::time::timeout(Duration::from_millis(200), s.read(&mut buf)).await
+        {
+            closed += 1;
+        }
+    }
+    assert!(closed >= 1, "no idle connection was closed");
     host.shutdown().await.unwrap();
 }

@@ -39,6 +39,33 @@ where
     }
 }
 
+/// Answers 413 at once when the request declares (`Content-Length`) a body
+/// over `limit`, without waiting for it: the body limit would refuse it only
+/// once that much had arrived, and a client that declares 10 GiB and sends
+/// nothing would hold the request until its timeout. The connection is
+/// closed after the answer (the body is never read).
+pub(crate) async fn refuse_declared_oversize(
+    axum::extract::State(limit): axum::extract::State<usize>,
+    req: Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    let declared = req
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok());
+    if declared.is_some_and(|n| n > limit as u64) {
+        let mut response = ApiError::TooLarge { limit }.into_response();
+        response.headers_mut().insert(
+            header::CONNECTION,
+            header::HeaderValue::from_static("close"),
+        );
+        return response;
+    }
+    next.run(req).await
+}
+
 /// The body limit in force, put in the request's extensions by the router so
 /// the 413 answer can name it.
 #[derive(Debug, Clone, Copy)]

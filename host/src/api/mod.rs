@@ -173,6 +173,10 @@ pub fn app(state: AppState) -> Router {
         .layer(Extension(body::BodyLimit(limits.body_bytes)))
         .layer(from_fn_with_state(limits.request_timeout, timeout))
         .layer(from_fn_with_state(
+            limits.body_bytes,
+            body::refuse_declared_oversize,
+        ))
+        .layer(from_fn_with_state(
             Arc::new(log::Outage::default()),
             log::log_refusals,
         ))

@@ -86,13 +86,34 @@ fn since_ms(text: &str) -> anyhow::Result<i64> {
         .unwrap_or(0))
 }
 
+/// The rows as CSV with a header line, every cell [`spreadsheet_safe`]
+/// (business ids, errors and notes come from outside).
 fn write_csv(out: impl Write, rows: &[LedgerRow]) -> anyhow::Result<()> {
-    let mut w = csv::Writer::from_writer(out);
+    let mut raw = csv::Writer::from_writer(Vec::new());
     for row in rows {
-        w.serialize(row)?;
+        raw.serialize(row)?;
+    }
+    let raw = raw.into_inner().map_err(|e| e.into_error())?;
+    let mut records = csv::ReaderBuilder::new()
+        .has_headers(false)
+        .from_reader(raw.as_slice());
+    let mut w = csv::Writer::from_writer(out);
+    for record in records.records() {
+        w.write_record(record?.iter().map(|c| spreadsheet_safe(c).into_owned()))?;
     }
     w.flush()?;
     Ok(())
+}
+
+/// `cell` as a spreadsheet shows it without running it: text starting with
+/// `=`, `+`, `-`, `@`, a tab or a carriage return (what Excel, LibreOffice
+/// and Google Sheets read as a formula) gets a leading `'`, as OWASP's "CSV
+/// Injection" page advises; anything else is unchanged.
+pub(crate) fn spreadsheet_safe(cell: &str) -> std::borrow::Cow<'_, str> {
+    match cell.chars().next() {
+        Some('=' | '+' | '-' | '@' | '\t' | '\r') => format!("'{cell}").into(),
+        _ => cell.into(),
+    }
 }
 
 fn write_jsonl(mut out: impl Write, rows: &[LedgerRow]) -> anyhow::Result<()> {
@@ -101,4 +122,69 @@ fn write_jsonl(mut out: impl Write, rows: &[LedgerRow]) -> anyhow::Result<()> {
         out.write_all(b"\n")?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn formula_leading_cells_are_prefixed() {
+        for cell in [
+            "=1+1",
+            "+1",
+            "-2",
+            "@SUM(A1)",
+            "\tx",
+            "\rx",
+            "=HYPERLINK(\"http://x\")",
+        ] {
+            assert_eq!(spreadsheet_safe(cell), format!("'{cell}"), "{cell:?}");
+        }
+        for cell in ["", "a=1", "order-1", "1700000000000", " =1", "'=1"] {
+            assert_eq!(spreadsheet_safe(cell), cell, "{cell:?}");
+        }
+    }
+
+    #[test]
+    fn the_export_writes_no_cell_a_spreadsheet_would_run() {
+        let row = LedgerRow {
+            key: "order:per-event@1:sms:=cmd|' /C calc'!A0".into(),
+            task_id: "t-1".into(),
+            channel: "sms".into(),
+            policy: "per-event@1".into(),
+            recipient_digest: "ab".into(),
+            biz_type: "ORDER_SHIPPED".into(),
+            biz_id: "=HYPERLINK(\"http://evil.example\",\"x\")".into(),
+            status: "sent".into(),
+            attempts: 1,
+            provider_message_id: Some("@id".into()),
+            last_error: Some("-1 busy, \"quoted\"".into()),
+            claimed_at_ms: 1,
+            updated_at_ms: 2,
+            operator_note: Some("+note".into()),
+            window_ends_at_ms: None,
+        };
+        let mut out = Vec::new();
+        write_csv(&mut out, &[row]).unwrap();
+        let mut reader = csv::Reader::from_reader(out.as_slice());
+        assert_eq!(&reader.headers().unwrap()[6], "biz_id");
+        let cells: Vec<String> = reader
+            .records()
+            .next()
+            .unwrap()
+            .unwrap()
+            .iter()
+            .map(String::from)
+            .collect();
+        assert_eq!(
+            cells[0], "order:per-event@1:sms:=cmd|' /C calc'!A0",
+            "not leading: kept"
+        );
+        assert_eq!(cells[6], "'=HYPERLINK(\"http://evil.example\",\"x\")");
+        assert_eq!(cells[9], "'@id");
+        assert_eq!(cells[10], "'-1 busy, \"quoted\"");
+        assert_eq!(cells[13], "'+note");
+        assert_eq!(cells[8], "1", "numbers unchanged");
+    }
 }

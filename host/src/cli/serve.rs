@@ -23,6 +23,7 @@ pub struct Args {
 
 /// Run `pushonce serve`.
 pub fn run(args: Args) -> anyhow::Result<()> {
+    crate::files::private_files();
     let config = HostConfig::load(args.config.as_deref())?;
     tokio::runtime::Builder::new_multi_thread()
         .enable_all()

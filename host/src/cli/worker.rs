@@ -92,6 +92,7 @@ struct Options {
 
 /// Run `pushonce worker`.
 pub fn run(args: Args) -> anyhow::Result<()> {
+    crate::files::private_files();
     tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?

@@ -12,6 +12,14 @@
 //! script (`shared_cache.lua`, beside this file), so compare-and-set and
 //! compare-and-delete are atomic. Every call runs under [`CALL_TIMEOUT`]; a
 //! Redis that does not answer is `unavailable`, never a trap.
+//!
+//! `remember` (the nonces of signed callbacks) writes apart from the entries:
+//! `{<ns>:nonce:<channel>}:<key>`, `SET NX PX` (one record, never changed),
+//! so a replay reaching any host process meets the first record. Not counted
+//! toward [`MAX_ENTRIES`] (a burst of callbacks must not crowd out the access
+//! token); bounded instead by [`MAX_REMEMBER_TTL`] and the sizes of key and
+//! value ([`MAX_REMEMBER_VALUE_BYTES`]), and written only by a plugin that
+//! verified the request's signature first.
 
 use std::sync::LazyLock;
 use std::time::Duration;
@@ -29,6 +37,10 @@ pub(crate) const MAX_VALUE_BYTES: usize = 16 * 1024;
 pub(crate) const MAX_ENTRIES: u64 = 1_000;
 /// Longest TTL of an entry (a longer one is shortened to this).
 pub(crate) const MAX_TTL: Duration = Duration::from_secs(7 * 24 * 3600);
+/// Longest a `remember` record lives (a longer TTL is shortened to this).
+pub(crate) const MAX_REMEMBER_TTL: Duration = Duration::from_secs(3600);
+/// Longest value of a `remember` record, in bytes.
+pub(crate) const MAX_REMEMBER_VALUE_BYTES: usize = 256;
 /// Budget of one cache call.
 pub(crate) const CALL_TIMEOUT: Duration = Duration::from_secs(2);
 
@@ -42,6 +54,8 @@ pub struct SharedCache {
     conn: RedisConn,
     /// `{<ns>:cache:<channel>}`: the prefix of every key of this channel.
     prefix: String,
+    /// `{<ns>:nonce:<channel>}`: the prefix of this channel's `remember` records.
+    nonce_prefix: String,
 }
 
 impl std::fmt::Debug for SharedCache {
@@ -58,6 +72,7 @@ impl SharedCache {
         SharedCache {
             conn,
             prefix: format!("{{{namespace}:cache:{channel}}}"),
+            nonce_prefix: format!("{{{namespace}:nonce:{channel}}}"),
         }
     }
 
@@ -107,6 +122,43 @@ impl SharedCache {
         let mut conn = self.conn.clone();
         let n: i64 = timed(inv.invoke_async(&mut conn)).await?;
         Ok(n == 1)
+    }
+
+    /// Records `value` under `key` for `ttl_ms` unless recorded already;
+    /// returns the earlier record (`None` the first time).
+    pub async fn remember(
+        &self,
+        key: &str,
+        value: &str,
+        ttl_ms: u64,
+    ) -> Result<Option<String>, CacheError> {
+        check_key(key)?;
+        if value.len() > MAX_REMEMBER_VALUE_BYTES {
+            return Err(CacheError::TooLarge(format!(
+                "a value of {} bytes is over the limit of {MAX_REMEMBER_VALUE_BYTES} for `remember`",
+                value.len()
+            )));
+        }
+        if ttl_ms == 0 {
+            return Err(CacheError::TooLarge(
+                "a ttl of 0 ms: every record needs a ttl".into(),
+            ));
+        }
+        let ttl = ttl_ms.min(MAX_REMEMBER_TTL.as_millis() as u64);
+        let record = format!("{}:{key}", self.nonce_prefix);
+        let mut set = redis::cmd("SET");
+        set.arg(&record).arg(value).arg("NX").arg("PX").arg(ttl);
+        let mut conn = self.conn.clone();
+        let first: Option<String> = timed(set.query_async(&mut conn)).await?;
+        if first.is_some() {
+            return Ok(None);
+        }
+        // Recorded before: what (records never change; one that expired
+        // between the two calls is gone, and its request is past any window).
+        let mut get = redis::cmd("GET");
+        get.arg(&record);
+        let earlier: Option<String> = timed(get.query_async(&mut conn)).await?;
+        Ok(Some(earlier.unwrap_or_default()))
     }
 
     /// One `set` or `cas` through the script, after the size checks.

@@ -158,6 +158,15 @@ impl bindings::channel::pushonce::channel::shared_cache::Host for HostState {
             .compare_and_delete(&key, &expected)
             .await
     }
+
+    async fn remember(
+        &mut self,
+        key: String,
+        value: String,
+        ttl_ms: u64,
+    ) -> Result<Option<String>, CacheError> {
+        self.shared_cache()?.remember(&key, &value, ttl_ms).await
+    }
 }
 
 /// `wasi:io` host traits are implemented on the resource table itself.

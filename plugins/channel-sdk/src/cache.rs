@@ -34,6 +34,14 @@ pub fn compare_and_delete(key: &str, expected: &str) -> Result<bool, CacheError>
     host::compare_and_delete(key, expected)
 }
 
+/// Records `value` under `key` for `ttl_ms` unless `key` is recorded
+/// already; returns the earlier record (`None` the first time). Seen by every
+/// instance in every host process, kept apart from the entries above: for the
+/// nonces of signed callbacks (a replay meets the first record).
+pub fn remember(key: &str, value: &str, ttl_ms: u64) -> Result<Option<String>, CacheError> {
+    host::remember(key, value, ttl_ms)
+}
+
 /// How long a fetch may hold the refresh lock of [`token`].
 const LOCK_TTL_MS: u64 = 10_000;
 

@@ -57,6 +57,54 @@ fn unescape(s: &str) -> String {
         .replace("&amp;", "&")
 }
 
+/// How far a callback's `timestamp` may be from now, in seconds (either way).
+pub const WINDOW_SECS: u64 = 300;
+
+/// How much longer than the window a nonce is remembered, in seconds: room
+/// for the clocks of several host processes to differ.
+pub const SKEW_SECS: u64 = 60;
+
+/// How long the nonce of a callback signed with `timestamp` (seconds since
+/// the epoch, as the query gives it) must be remembered, in ms, seen at
+/// `now_ms`: until the timestamp leaves the window, plus [`SKEW_SECS`].
+/// Err (the reason) when the timestamp is not a number or is outside
+/// ±[`WINDOW_SECS`] of now: a replay of an old request, or a clock far off.
+pub fn freshness(timestamp: &str, now_ms: u64) -> Result<u64, String> {
+    let ts: u64 = timestamp
+        .trim()
+        .parse()
+        .map_err(|_| format!("the timestamp {timestamp:?} is not a number of seconds"))?;
+    let now = now_ms / 1000;
+    let off = now.abs_diff(ts);
+    if off > WINDOW_SECS {
+        let when = if ts < now { "old" } else { "ahead" };
+        return Err(format!(
+            "the timestamp is {off} s {when}, outside the window of ±{WINDOW_SECS} s \
+             (a replayed request, or a clock that is off)"
+        ));
+    }
+    Ok((ts + WINDOW_SECS + SKEW_SECS)
+        .saturating_mul(1000)
+        .saturating_sub(now_ms))
+}
+
+/// The record of a verified callback kept under its timestamp and nonce:
+/// 32 hex digits of the SHA-256 of its method, query and body. The same
+/// request again (WeChat's own retry) finds the same record; another body
+/// under the same signature is a forgery.
+pub fn request_digest(method: &str, query: &str, body: &[u8]) -> String {
+    use sha2::Sha256;
+    let mut h = Sha256::new();
+    h.update(method.as_bytes());
+    h.update(b"\n");
+    h.update(query.as_bytes());
+    h.update(b"\n");
+    h.update(body);
+    let mut d = hex(&h.finalize());
+    d.truncate(32);
+    d
+}
+
 /// What a `TEMPLATESENDJOBFINISH` event's `Status` says became of the message.
 pub fn delivered(status: &str) -> bool {
     status == "success"
@@ -132,6 +180,44 @@ mod tests {
         );
         assert!(!delivered("failed: system failed"));
         assert!(delivered("success"));
+    }
+
+    #[test]
+    fn a_timestamp_outside_five_minutes_is_refused() {
+        let now_ms = 1_700_000_000_500;
+        // Now: remembered until the window closes, plus the skew.
+        assert_eq!(freshness("1700000000", now_ms), Ok(359_500));
+        // At the edges of the window, either way.
+        assert_eq!(freshness("1699999700", now_ms), Ok(59_500));
+        assert!(freshness("1700000300", now_ms).is_ok());
+        let old = freshness("1699999699", now_ms).unwrap_err();
+        assert!(old.contains("301 s old"), "{old}");
+        let ahead = freshness("1700000301", now_ms).unwrap_err();
+        assert!(ahead.contains("301 s ahead"), "{ahead}");
+        assert!(
+            freshness("17e8", now_ms)
+                .unwrap_err()
+                .contains("not a number")
+        );
+        assert!(freshness("", now_ms).is_err());
+    }
+
+    #[test]
+    fn the_digest_names_the_whole_request() {
+        let d = request_digest("POST", "signature=s&timestamp=1&nonce=2", b"<xml/>");
+        assert_eq!(d.len(), 32);
+        assert_eq!(
+            d,
+            request_digest("POST", "signature=s&timestamp=1&nonce=2", b"<xml/>")
+        );
+        assert_ne!(
+            d,
+            request_digest("POST", "signature=s&timestamp=1&nonce=2", b"<xml>")
+        );
+        assert_ne!(
+            d,
+            request_digest("GET", "signature=s&timestamp=1&nonce=2", b"<xml/>")
+        );
     }
 
     /// The errcode table: code → class.

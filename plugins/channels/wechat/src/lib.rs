@@ -37,7 +37,14 @@
 //! POSTed as XML to the server URL, plain mode; the query's `signature` =
 //! sha1 of the sorted `[token, timestamp, nonce]` ("接入概述", <https://developers.weixin.qq.com/doc/offiaccount/Basic_Information/Access_Overview.html>),
 //! token = setting `callback_token`. GET with `echostr` is the URL check
-//! (echoed when the signature verifies); every verified POST is answered
+//! (echoed when the signature verifies). The signature covers no body, so a
+//! request is also refused when its `timestamp` is more than 5 minutes from
+//! now, or when its timestamp and nonce already signed another request
+//! (remembered in Redis through the shared cache's `remember`, until the
+//! timestamp leaves the window; see `not_replayed`). Safe mode
+//! (`encrypt_type=aes`, `msg_signature` over the encrypted body) is not
+//! supported: refused, naming the fix (docs/providers.md, "WeChat").
+//! Every verified POST is answered
 //! `success`. Events settle by `MsgID` (= the send's `msgid`): `Status`
 //! `success` delivered, `failed:user block` / `failed: system failed` failed.
 //! A community report says `MsgID` is 0 in this event when `client_msg_id`
@@ -194,17 +201,40 @@ fn verify(req: &CallbackRequest) -> Result<(), CallbackError> {
             CallbackError::Forbidden("channel setting `callback_token` is not configured".into())
         })?;
     let param = |n: &str| req.query_param(n).unwrap_or_default();
-    if wechat::verify(
-        &token,
-        &param("timestamp"),
-        &param("nonce"),
-        &param("signature"),
-    ) {
-        Ok(())
-    } else {
-        Err(CallbackError::Forbidden(
+    let (timestamp, nonce) = (param("timestamp"), param("nonce"));
+    if !wechat::verify(&token, &timestamp, &nonce, &param("signature")) {
+        return Err(CallbackError::Forbidden(
             "the signature does not verify".into(),
-        ))
+        ));
+    }
+    not_replayed(req, &timestamp, &nonce)
+}
+
+/// Refuses a signed request that is old, or whose timestamp and nonce
+/// already signed another request. The signature covers only `token`,
+/// `timestamp` and `nonce`, not the body: a request seen once could
+/// otherwise be sent again later, or with another body. So the timestamp
+/// must be within ±5 minutes of now, and each timestamp and nonce is
+/// recorded (in Redis, seen by every host process) with a digest of its
+/// request until the timestamp leaves that window. The same request again
+/// (WeChat's own retry) is handled again, which changes nothing; another
+/// request under the same signature is refused. When the record cannot be
+/// checked the request is refused too: nothing proves it is not a replay.
+fn not_replayed(req: &CallbackRequest, timestamp: &str, nonce: &str) -> Result<(), CallbackError> {
+    let ttl_ms =
+        wechat::freshness(timestamp, channel_sdk::now_ms()).map_err(CallbackError::Forbidden)?;
+    let key = format!("{}:{nonce}", timestamp.trim());
+    let digest = wechat::request_digest(&req.method, &req.query, &req.body);
+    match channel_sdk::cache::remember(&key, &digest, ttl_ms) {
+        Ok(None) => Ok(()),
+        Ok(Some(earlier)) if earlier == digest => Ok(()),
+        Ok(Some(_)) => Err(CallbackError::Forbidden(
+            "a replay: this timestamp and nonce already signed another request".into(),
+        )),
+        Err(e) => Err(CallbackError::Forbidden(format!(
+            "the nonce could not be checked against earlier requests ({e:?}): \
+             refused, since it may be a replay"
+        ))),
     }
 }
 

@@ -16,8 +16,12 @@
 //!   embedded Redis, the channels pointing at the simulator).
 //! - `chaos`: `setup`, build `pushonce` and the `chaos` program in release,
 //!   then run it (arguments after `chaos` go to it; `--help` lists them).
+//! - `dist [--profile release|dev] [--out DIR]`: the release in
+//!   `target/dist/`: `pushonce-<version>-<target>.tar.gz` and a Debian
+//!   package of the same files (see `dist.rs`).
 
 mod components;
+mod dist;
 mod languages;
 mod plugins;
 mod service;
@@ -41,9 +45,10 @@ fn main() -> Result<()> {
             service::run(&root, &dir, &args[1..])
         }
         Some("chaos") => chaos(&root, &args[1..]),
+        Some("dist") => dist::dist(&root, &args[1..]),
         _ => {
             eprintln!(
-                "usage: cargo xtask <setup|plugins|test [--quick] [test args]|run [serve args]|chaos [args]>"
+                "usage: cargo xtask <setup|plugins|test [--quick] [test args]|run [serve args]|chaos [args]|dist [--profile release|dev] [--out DIR]>"
             );
             std::process::exit(2);
         }

@@ -64,7 +64,8 @@ pub(crate) fn dist(root: &Path, args: &[String]) -> Result<()> {
                 profile = match args.next().map(String::as_str) {
                     Some("release") => Profile::Release,
                     Some("dev") | Some("debug") => Profile::Dev,
-                    other => bail!("--profile takes release or dev, not {other:?}"),
+                    Some(other) => bail!("--profile takes release or dev, not {other:?}"),
+                    None => bail!("--profile takes release or dev"),
                 }
             }
             "--out" => {

@@ -72,8 +72,18 @@ impl PushonceProcess {
     /// (its relative paths resolve there) with extra environment variables;
     /// its stderr goes to `<config>.<n>.log`.
     pub fn serve(config: &Path, env: &[(&str, &str)]) -> anyhow::Result<PushonceProcess> {
+        Self::serve_binary(&pushonce_bin()?, config, env)
+    }
+
+    /// [`PushonceProcess::serve`] with the `pushonce` binary at `bin` (e.g.
+    /// one unpacked from a release).
+    pub fn serve_binary(
+        bin: &Path,
+        config: &Path,
+        env: &[(&str, &str)],
+    ) -> anyhow::Result<PushonceProcess> {
         let log = config.with_extension(format!("{}.log", rand_suffix()));
-        let mut cmd = Command::new(pushonce_bin()?);
+        let mut cmd = Command::new(bin);
         cmd.arg("serve").arg("--config").arg(config);
         if let Some(dir) = config.parent() {
             cmd.current_dir(dir);

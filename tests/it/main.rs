@@ -20,6 +20,7 @@ mod channels;
 mod cluster;
 mod contract;
 mod dispatch;
+mod dist;
 mod docs;
 mod doctor;
 mod e2e;

@@ -16,8 +16,12 @@
 //!   embedded Redis, the channels pointing at the simulator).
 //! - `chaos`: `setup`, build `pushonce` and the `chaos` program in release,
 //!   then run it (arguments after `chaos` go to it; `--help` lists them).
+//! - `dist [--profile release|dev] [--out DIR]`: the release in
+//!   `target/dist/`: `pushonce-<version>-<target>.tar.gz` and a Debian
+//!   package of the same files (see `dist.rs`).
 
 mod components;
+mod dist;
 mod languages;
 mod plugins;
 mod service;
@@ -41,9 +45,10 @@ fn main() -> Result<()> {
             service::run(&root, &dir, &args[1..])
         }
         Some("chaos") => chaos(&root, &args[1..]),
+        Some("dist") => dist::dist(&root, &args[1..]),
         _ => {
             eprintln!(
-                "usage: cargo xtask <setup|plugins|test [--quick] [test args]|run [serve args]|chaos [args]>"
+                "usage: cargo xtask <setup|plugins|test [--quick] [test args]|run [serve args]|chaos [args]|dist [--profile release|dev] [--out DIR]>"
             );
             std::process::exit(2);
         }
@@ -90,7 +95,7 @@ fn test(root: &Path, args: &[String]) -> Result<()> {
     // The plugins' shared key encoder and their signatures (provider-auth,
     // checked against the providers' published vectors) are plain
     // Rust: their unit tests run natively.
-    run(Command::new(cargo())
+    run(cargo_command()
         .current_dir(root.join("plugins"))
         .args([
             "test",
@@ -102,14 +107,14 @@ fn test(root: &Path, args: &[String]) -> Result<()> {
         ])
         .arg(target_dir(root).join("plugins-native")))?;
     if !quick {
-        return run(Command::new(cargo())
+        return run(cargo_command()
             .current_dir(root)
             .args(["test", "--workspace"])
             .args(args));
     }
     // Unit tests whole, then the integration tests less QUICK_SKIPS (a
     // `--skip` applies to every test binary of a run: kept off the unit tests).
-    run(Command::new(cargo())
+    run(cargo_command()
         .current_dir(root)
         .args(["test", "--workspace", "--exclude", "pushonce-tests"])
         .args(args))?;
@@ -117,7 +122,7 @@ fn test(root: &Path, args: &[String]) -> Result<()> {
     for (name, needs) in QUICK_SKIPS {
         eprintln!("xtask:   {name} ({needs})");
     }
-    let mut cmd = Command::new(cargo());
+    let mut cmd = cargo_command();
     cmd.current_dir(root)
         .args(["test", "-p", "pushonce-tests"])
         .args(args);
@@ -136,7 +141,7 @@ fn test(root: &Path, args: &[String]) -> Result<()> {
 /// dependencies' features differently and compile some of them, and the
 /// host, a second time.
 fn build_binaries(root: &Path) -> Result<()> {
-    run(Command::new(cargo())
+    run(cargo_command()
         .current_dir(root)
         .args(["build", "--workspace", "--bins"]))
 }
@@ -145,7 +150,7 @@ fn build_binaries(root: &Path) -> Result<()> {
 /// runner, then runs it with `args`.
 fn chaos(root: &Path, args: &[String]) -> Result<()> {
     setup::for_running()?;
-    run(Command::new(cargo()).current_dir(root).args([
+    run(cargo_command().current_dir(root).args([
         "build",
         "--release",
         "-p",
@@ -174,6 +179,33 @@ fn workspace_root() -> PathBuf {
 
 fn cargo() -> String {
     std::env::var("CARGO").unwrap_or_else(|_| "cargo".into())
+}
+
+/// `cargo` for a nested build, without the variables `cargo run` set for
+/// this program (`CARGO_MANIFEST_DIR`, `CARGO_PKG_*`…): a build script that
+/// tracks one of them (ring's tracks `CARGO_MANIFEST_DIR`) would otherwise
+/// find the environment changed since a build from the shell, and the two
+/// would compile ring and everything above it again, each after the other
+/// (minutes each time).
+fn cargo_command() -> Command {
+    let mut cmd = Command::new(cargo());
+    for (key, _) in std::env::vars_os() {
+        let Some(key) = key.to_str() else { continue };
+        if key.starts_with("CARGO_PKG_")
+            || matches!(
+                key,
+                "CARGO_MANIFEST_DIR"
+                    | "CARGO_MANIFEST_PATH"
+                    | "CARGO_CRATE_NAME"
+                    | "CARGO_BIN_NAME"
+                    | "CARGO_PRIMARY_PACKAGE"
+                    | "CARGO_RUSTC_CURRENT_DIR"
+            )
+        {
+            cmd.env_remove(key);
+        }
+    }
+    cmd
 }
 
 /// Runs a command, failing with its command line when it does not succeed.

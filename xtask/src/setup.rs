@@ -13,6 +13,17 @@ use crate::{has_program, languages, run, target_dir};
 /// `wasm32-wasip2` Rust target (the plugins) and `redis-server` (the
 /// embedded Redis; `redis-tools` brings `redis-benchmark` for the bench).
 pub(crate) fn for_running() -> Result<()> {
+    wasm_target()?;
+    if !(has_program("redis-server") && has_program("redis-benchmark")) {
+        apt_install("redis-server redis-tools")
+            .context("could not install redis-server; install it by hand (Debian: apt-get install redis-server)")?;
+    }
+    Ok(())
+}
+
+/// Installs the `wasm32-wasip2` Rust target (the plugins' build) when it is
+/// missing: all `cargo xtask dist` needs besides what a Rust build needs.
+pub(crate) fn wasm_target() -> Result<()> {
     let targets = Command::new("rustup")
         .args(["target", "list", "--installed"])
         .output()
@@ -20,10 +31,6 @@ pub(crate) fn for_running() -> Result<()> {
     if !String::from_utf8_lossy(&targets.stdout).contains("wasm32-wasip2") {
         eprintln!("xtask: installing the wasm32-wasip2 target");
         run(Command::new("rustup").args(["target", "add", "wasm32-wasip2"]))?;
-    }
-    if !(has_program("redis-server") && has_program("redis-benchmark")) {
-        apt_install("redis-server redis-tools")
-            .context("could not install redis-server; install it by hand (Debian: apt-get install redis-server)")?;
     }
     Ok(())
 }

@@ -1248,7 +1248,8 @@ async fn a_sent_tencent_sms_is_settled_delivered_by_the_pulled_receipt() {
 }
 
 /// `InternalError.Timeout` after Tencent took the SMS, and before it took
-/// another: both are unknown and both are held — no receipt names them,
+/// another, and a gateway's 502 after it took a third: all are unknown and
+/// all are held — no receipt names them,
 /// and "no receipt" is never read as "not sent", not even on a channel told
 /// to resend on doubt. The user gets the first SMS once, the second never.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1284,22 +1285,42 @@ async fn a_tencent_internal_timeout_is_held_unknown_and_never_resent() {
     );
     let not_taken = accept_tencent(&env, "tx-4", "+8613800000004").await;
     env.wait_status(&not_taken, TaskStatus::Unknown).await;
+    // The gateway's 502 after the SMS was taken (a cloud-API outage).
+    env.sim.set_faults(
+        TENCENT.0,
+        Faults {
+            fail_next: 1,
+            error_after_accept: 1.0,
+            gateway_errors: true,
+            ..Faults::default()
+        },
+    );
+    let gateway = accept_tencent(&env, "tx-6", "+8613800000006").await;
+    env.wait_status(&gateway, TaskStatus::Unknown).await;
     env.sim.set_faults(TENCENT.0, Faults::default());
-    for t in [&taken, &not_taken] {
+    for (t, answer) in [
+        (&taken, "InternalError.Timeout"),
+        (&not_taken, "InternalError.Timeout"),
+        (&gateway, "status 502"),
+    ] {
         // Asked until the reconciler gives up: held for an operator.
         env.wait_status(t, TaskStatus::Dead).await;
         let task = task(&env.permits, t).await;
         assert_eq!(task.attempts, 1, "never resent: {task:?}");
         let why = task.last_error.clone().unwrap_or_default();
-        assert!(why.contains("InternalError.Timeout"), "{why}");
+        assert!(why.contains(answer), "{why}");
     }
     assert!(
         stat(&env.sim, "tencent-sms.query") >= 2,
         "the pull was asked"
     );
     let ledger = env.ledger(TENCENT.0);
-    assert_eq!(ledger.len(), 1, "one SMS, never a second: {ledger:?}");
-    assert_eq!(ledger[0].recipient, "+8613800000003");
+    let to: Vec<&str> = ledger.iter().map(|m| m.recipient.as_str()).collect();
+    assert_eq!(
+        to,
+        ["+8613800000003", "+8613800000006"],
+        "one SMS each for the taken ones, never a second, none for the other"
+    );
     env.stop().await;
 }
 

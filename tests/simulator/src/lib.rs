@@ -88,8 +88,8 @@ pub struct Faults {
     /// Share (0..=1) of the server errors (`fail_5xx`, `fail_next`) given
     /// *after* the provider accepted the message, as a gateway or a failing
     /// backend answers after the message was stored: the client sees the
-    /// provider's usual 5xx (WeChat `-1`, Aliyun `ServiceUnavailable`) and
-    /// the user gets the message. 0 by default; the chaos runs turn it on.
+    /// provider's usual 5xx (WeChat `-1`, Aliyun `ServiceUnavailable`,
+    /// Tencent `InternalError.Timeout`) and the user gets the message. 0 by default; the chaos runs turn it on.
     pub error_after_accept: f64,
     /// Share of sends answered "rate limited", not accepted.
     pub fail_429: f64,
@@ -99,8 +99,9 @@ pub struct Faults {
     /// same broken answer as `drop_after_accept` (an unknown outcome), but
     /// the provider never got the message (no ledger entry).
     pub drop_before_accept: f64,
-    /// Status queries (Aliyun `QuerySendDetails`, inbox `GET`) answer a
-    /// server error while true.
+    /// Status queries (Aliyun `QuerySendDetails`, Tencent
+    /// `PullSmsSendStatusByPhoneNumber`, inbox `GET`) answer a server error
+    /// while true.
     pub fail_queries: bool,
     /// The next N status queries answer a server error.
     pub fail_queries_next: u32,
@@ -113,8 +114,12 @@ pub struct Faults {
     pub slow_ms: u64,
     /// Seconds sent in `Retry-After` with 429 and 503 answers (default 1).
     pub retry_after_secs: Option<u64>,
+    /// Tencent: server errors are the API gateway's HTTP 502 (no
+    /// `Response`), as in a cloud-API outage, instead of `InternalError.Timeout`.
+    pub gateway_errors: bool,
     /// Recipients refused for good, with the provider's error code for each
-    /// (`isv.AMOUNT_NOT_ENOUGH` for Aliyun arrears, `43004` for WeChat
+    /// (`isv.AMOUNT_NOT_ENOUGH` for Aliyun arrears,
+    /// `UnauthorizedOperation.SerivceSuspendDueToArrears` for Tencent, `43004` for WeChat
     /// unsubscribed, `UNREGISTERED` for FCM, `Unregistered` for APNs, an HTTP
     /// status such as `410` for webhooks, any text for the inbox).
     pub permanent: BTreeMap<String, String>,

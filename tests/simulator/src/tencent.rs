@@ -11,7 +11,8 @@
 //!   the HTTP 200: `Ok`, or its error code (`InvalidParameterValue.IncorrectPhoneNumber`,
 //!   or a code from [`crate::Faults::permanent`]). Server faults answer
 //!   `InternalError.Timeout` (before or, with `error_after_accept`, after the
-//!   message was taken), rate limits `RequestLimitExceeded`.
+//!   message was taken), or with [`crate::Faults::gateway_errors`] the
+//!   gateway's HTTP 502; rate limits `RequestLimitExceeded`.
 //! - `PullSmsSendStatusByPhoneNumber` lists delivery **receipts** only: a
 //!   message shows once its report is known
 //!   ([`crate::Config::tencent_report_after`]); before, nothing shows.
@@ -376,8 +377,21 @@ async fn send(
         .get(PROVIDER)
         .map(|f| f.permanent.clone())
         .unwrap_or_default();
+    let gateway = sim.faults.get(PROVIDER).is_some_and(|f| f.gateway_errors);
+    let server_error = move |request_id: &str| -> Response {
+        if gateway {
+            (
+                axum::http::StatusCode::BAD_GATEWAY,
+                [("content-type", "text/html")],
+                "<html><body><h1>502 Bad Gateway</h1></body></html>",
+            )
+                .into_response()
+        } else {
+            error_response(request_id, timeout())
+        }
+    };
     let (cut, fail) = match verdict {
-        Verdict::ServerError => return Err(timeout()),
+        Verdict::ServerError => return Ok(server_error(request_id)),
         Verdict::RateLimited => {
             return Err(TencentError::new(
                 "RequestLimitExceeded",
@@ -435,7 +449,7 @@ async fn send(
         return Ok(cut_off());
     }
     if fail {
-        return Err(timeout());
+        return Ok(server_error(request_id));
     }
     Ok(ok_response(
         request_id,

@@ -1724,6 +1724,19 @@ async fn tencent_faults_answer_like_tencent() {
     assert_eq!(tencent_error(&v), Some("InternalError.Timeout"));
     assert_eq!(sim.count("tencent-sms"), 1);
     assert_eq!(sim.stat("tencent-sms.5xx_after_accept"), 1);
+    // A cloud-API outage: the gateway's 502, after taking the SMS here.
+    sim.state.set_faults(
+        "tencent-sms",
+        Faults {
+            fail_next: 1,
+            error_after_accept: 1.0,
+            gateway_errors: true,
+            ..Faults::default()
+        },
+    );
+    let r = send("g").send(&sim).await;
+    assert_eq!(r.status(), 502);
+    assert_eq!(sim.count("tencent-sms"), 2);
     sim.state.set_faults(
         "tencent-sms",
         Faults {
@@ -1750,7 +1763,7 @@ async fn tencent_faults_answer_like_tencent() {
         v["Response"]["SendStatusSet"][0]["Code"],
         "UnauthorizedOperation.SerivceSuspendDueToArrears"
     );
-    assert_eq!(sim.count("tencent-sms"), 1, "nothing more was taken");
+    assert_eq!(sim.count("tencent-sms"), 2, "nothing more was taken");
 }
 
 #[tokio::test]

@@ -147,10 +147,19 @@ impl Env {
         tweak: impl FnOnce(&mut BTreeMap<String, ChannelConfig>),
         options: EnvOptions,
     ) -> Env {
+        Env::start_with_sim(|_, chans| tweak(chans), options).await
+    }
+
+    /// [`Env::start_with`] whose `tweak` also sees the simulator (to add a
+    /// channel pointing at it, e.g. [`Sim::tencent_channel`]).
+    pub async fn start_with_sim(
+        tweak: impl FnOnce(&Sim, &mut BTreeMap<String, ChannelConfig>),
+        options: EnvOptions,
+    ) -> Env {
         let redis = RedisServer::start().await.unwrap();
         let sim = sim().await;
         let mut chans = sim.channels();
-        tweak(&mut chans);
+        tweak(&sim, &mut chans);
         let mut config = PermitConfig::default();
         if let Some(r) = &options.reconcile {
             config.check_sent_after = r.sent_age;

@@ -27,7 +27,7 @@ use pushonce::send::receipts::{ReceiptError, handle_callback};
 use pushonce_tests::channels::{
     DEADLINE, Env, EnvOptions, cached_sender, fast_retry, one_attempt_then_reconcile, payload, sim,
 };
-use pushonce_tests::providers::{CHANNELS, Sim, WEBHOOK_ENDPOINT, start as start_sim};
+use pushonce_tests::providers::{CHANNELS, Sim, TENCENT, WEBHOOK_ENDPOINT, start as start_sim};
 use pushonce_tests::redis::RedisServer;
 use pushonce_tests::wait_until;
 
@@ -1163,5 +1163,185 @@ async fn an_aliyun_sms_report_settles_only_through_the_channels_path_token() {
     let reply: serde_json::Value = answer.json().await.unwrap();
     assert_eq!(reply["code"], 0, "the answer Aliyun expects: {reply}");
     assert_eq!(env.status(&t).await, Some(TaskStatus::Delivered));
+    env.stop().await;
+}
+
+// ------------------------------------------------------ Tencent Cloud SMS
+
+/// Redis, the simulator and a dispatcher (and a reconciler, per `options`)
+/// with the Tencent Cloud SMS channel ([`TENCENT`]) beside the six.
+async fn tencent_env(options: EnvOptions, on_unknown: pushonce::config::OnUnknown) -> Env {
+    Env::start_with_sim(
+        |sim, c| {
+            let mut tencent = sim.tencent_channel();
+            tencent.on_unknown = on_unknown;
+            c.insert(TENCENT.0.into(), tencent);
+        },
+        options,
+    )
+    .await
+}
+
+/// Accepts one Tencent SMS task to `phone`.
+async fn accept_tencent(env: &Env, key: &str, phone: &str) -> String {
+    env.accept(TENCENT.0, key, &payload(phone, "1110")).await
+}
+
+/// Receives the simulator's Tencent status pushes at the channel's callback
+/// URL (path token included) on a stand-in of the host's receipts route.
+async fn tencent_receipts(env: &Env) {
+    let base = serve_receipts(env).await;
+    let config = provider_sim::ReceiptConfig {
+        url: env.sim.callback_url(&base, TENCENT.0),
+        delay_ms: 0,
+        secret: None,
+        fail_after_accept: Default::default(),
+    };
+    assert!(env.sim.state.set_receipts(TENCENT.1, Some(config)));
+}
+
+/// The declaration the no-duplicate guarantee rests on: no reference, a
+/// query that never proves absence (its not-found horizon never ends:
+/// PullSmsSendStatusByPhoneNumber lists receipts only,
+/// https://www.tencentcloud.com/document/api/382/40518), callbacks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tencent_sms_declares_a_query_whose_not_found_never_permits_a_resend() {
+    let sim = sim().await;
+    let redis = RedisServer::start().await.unwrap();
+    let mut channels = sim.channels();
+    channels.insert(TENCENT.0.into(), sim.tencent_channel());
+    let sender = cached_sender(&sim, &channels, &redis).await;
+    let caps = sender.capabilities(TENCENT.0, None).await.unwrap();
+    assert!(!caps.honours_reference, "{caps:?}");
+    assert!(caps.can_query, "{caps:?}");
+    assert_eq!(caps.query_lag_secs, u32::MAX, "{caps:?}");
+    assert!(caps.callbacks, "{caps:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tencent_sms_is_sent_once_and_its_status_push_settles_it_delivered() {
+    let env = tencent_env(EnvOptions::default(), Default::default()).await;
+    tencent_receipts(&env).await;
+    let t = accept_tencent(&env, "tx-1", "+8613800000001").await;
+    env.wait_status(&t, TaskStatus::Delivered).await;
+    let ledger = env.ledger(TENCENT.0);
+    assert_eq!(ledger.len(), 1, "{ledger:?}");
+    let task = task(&env.permits, &t).await;
+    assert_eq!(task.attempts, 1, "{task:?}");
+    assert_eq!(
+        task.provider_message_id.as_deref(),
+        Some(ledger[0].id.as_str()),
+        "the SerialNo the push names"
+    );
+    assert_eq!(stat(&env.sim, "tencent-sms.receipt_posted"), 1);
+    env.stop().await;
+}
+
+/// Without a push, the reconciler's pull finds the receipt and settles the
+/// sent task delivered: the query can confirm, never deny.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sent_tencent_sms_is_settled_delivered_by_the_pulled_receipt() {
+    let options = EnvOptions {
+        reconcile: Some(pushonce_tests::channels::quick_reconcile(20)),
+        ..EnvOptions::default()
+    };
+    let env = tencent_env(options, Default::default()).await;
+    let t = accept_tencent(&env, "tx-2", "13800000002").await;
+    env.wait_status(&t, TaskStatus::Delivered).await;
+    assert!(stat(&env.sim, "tencent-sms.query") >= 1);
+    assert_eq!(env.ledger(TENCENT.0).len(), 1);
+    env.stop().await;
+}
+
+/// `InternalError.Timeout` after Tencent took the SMS, and before it took
+/// another, and a gateway's 502 after it took a third: all are unknown and
+/// all are held — no receipt names them,
+/// and "no receipt" is never read as "not sent", not even on a channel told
+/// to resend on doubt. The user gets the first SMS once, the second never.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tencent_internal_timeout_is_held_unknown_and_never_resent() {
+    let env = tencent_env(
+        EnvOptions {
+            retry: RetryPolicy {
+                max_attempts: 3,
+                ..fast_retry()
+            },
+            ..one_attempt_then_reconcile(3)
+        },
+        pushonce::config::OnUnknown::Resend,
+    )
+    .await;
+    tencent_receipts(&env).await;
+    env.sim.set_faults(
+        TENCENT.0,
+        Faults {
+            fail_next: 1,
+            error_after_accept: 1.0,
+            ..Faults::default()
+        },
+    );
+    let taken = accept_tencent(&env, "tx-3", "+8613800000003").await;
+    env.wait_status(&taken, TaskStatus::Unknown).await;
+    env.sim.set_faults(
+        TENCENT.0,
+        Faults {
+            fail_next: 1,
+            ..Faults::default()
+        },
+    );
+    let not_taken = accept_tencent(&env, "tx-4", "+8613800000004").await;
+    env.wait_status(&not_taken, TaskStatus::Unknown).await;
+    // The gateway's 502 after the SMS was taken (a cloud-API outage).
+    env.sim.set_faults(
+        TENCENT.0,
+        Faults {
+            fail_next: 1,
+            error_after_accept: 1.0,
+            gateway_errors: true,
+            ..Faults::default()
+        },
+    );
+    let gateway = accept_tencent(&env, "tx-6", "+8613800000006").await;
+    env.wait_status(&gateway, TaskStatus::Unknown).await;
+    env.sim.set_faults(TENCENT.0, Faults::default());
+    for (t, answer) in [
+        (&taken, "InternalError.Timeout"),
+        (&not_taken, "InternalError.Timeout"),
+        (&gateway, "status 502"),
+    ] {
+        // Asked until the reconciler gives up: held for an operator.
+        env.wait_status(t, TaskStatus::Dead).await;
+        let task = task(&env.permits, t).await;
+        assert_eq!(task.attempts, 1, "never resent: {task:?}");
+        let why = task.last_error.clone().unwrap_or_default();
+        assert!(why.contains(answer), "{why}");
+    }
+    assert!(
+        stat(&env.sim, "tencent-sms.query") >= 2,
+        "the pull was asked"
+    );
+    let ledger = env.ledger(TENCENT.0);
+    let to: Vec<&str> = ledger.iter().map(|m| m.recipient.as_str()).collect();
+    assert_eq!(
+        to,
+        ["+8613800000003", "+8613800000006"],
+        "one SMS each for the taken ones, never a second, none for the other"
+    );
+    env.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tencent_sms_to_an_invalid_number_fails_at_once() {
+    let env = tencent_env(EnvOptions::default(), Default::default()).await;
+    let t = accept_tencent(&env, "tx-5", "+86abc").await;
+    env.wait_status(&t, TaskStatus::Failed).await;
+    let task = task(&env.permits, &t).await;
+    assert_eq!(task.attempts, 1, "{task:?}");
+    let why = task.last_error.clone().unwrap_or_default();
+    assert!(
+        why.contains("InvalidParameterValue.IncorrectPhoneNumber"),
+        "{why}"
+    );
+    assert!(env.ledger(TENCENT.0).is_empty());
     env.stop().await;
 }

@@ -162,6 +162,10 @@ const CHANNEL_SDK: &[Template] = &[
         include_str!("../../../plugins/provider-auth/src/jwt.rs"),
     ),
     (
+        "sdk/provider-auth/src/tencent.rs",
+        include_str!("../../../plugins/provider-auth/src/tencent.rs"),
+    ),
+    (
         "sdk/provider-auth/src/time.rs",
         include_str!("../../../plugins/provider-auth/src/time.rs"),
     ),

@@ -86,7 +86,11 @@ async fn channels(d: &Deployment<'_>) -> Vec<Check> {
                             } else {
                                 "no reference"
                             },
-                            if caps.can_query {
+                            if caps.can_query && caps.query_lag_secs == u32::MAX {
+                                // Tencent's receipts-only pull: it confirms, never denies.
+                                ", status query (confirms only: never a resend on \"not found\")"
+                                    .into()
+                            } else if caps.can_query {
                                 format!(", status query (lag {}s)", caps.query_lag_secs)
                             } else {
                                 ", no status query".into()

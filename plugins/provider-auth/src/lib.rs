@@ -1,5 +1,5 @@
 //! Pure-Rust pieces of the real providers' protocols, shared by pushonce's
-//! channel plugins: request signatures (Aliyun V3, Standard Webhooks, WeChat's
+//! channel plugins: request signatures (Aliyun V3, Tencent Cloud TC3, Standard Webhooks, WeChat's
 //! callback check), JWTs (RS256 for FCM's OAuth2 assertion, ES256 for APNs'
 //! provider token), references derived from an idempotency key, UTC
 //! timestamps, and each provider's error table. No `wit-bindgen` and no I/O,
@@ -11,6 +11,7 @@ pub mod aliyun;
 pub mod apns;
 pub mod fcm;
 pub mod jwt;
+pub mod tencent;
 pub mod time;
 pub mod webhooks;
 pub mod wechat;

@@ -11,11 +11,10 @@
 use crate::ledger::{Dedupe, Incoming, Verdict, cut_off, pause, with_retry_after};
 use crate::{SimState, now_secs};
 use axum::{
-    Json, Router,
+    Json,
     body::Bytes,
     http::{HeaderMap, Method, StatusCode, Uri},
     response::{IntoResponse, Response},
-    routing::any,
 };
 use base64::Engine;
 use rand::Rng;
@@ -27,11 +26,6 @@ use time::{OffsetDateTime, PrimitiveDateTime, UtcOffset, macros::format_descript
 
 const PROVIDER: &str = "aliyun-sms";
 const VERSION: &str = "2017-05-25";
-
-/// The routes: everything is `POST /` (or GET for V2).
-pub fn routes() -> Router<SimState> {
-    Router::new().route("/", any(handle))
-}
 
 /// An Aliyun error answer: HTTP status, `Code`, `Message`.
 #[derive(Debug)]
@@ -396,8 +390,9 @@ fn check_fresh(
     Ok(())
 }
 
-async fn handle(
-    axum::extract::State(state): axum::extract::State<SimState>,
+/// Everything is `POST /` (or GET for V2), routed here by [`crate::app`].
+pub(crate) async fn handle(
+    state: SimState,
     method: Method,
     uri: Uri,
     headers: HeaderMap,

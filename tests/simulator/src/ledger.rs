@@ -321,6 +321,8 @@ impl Sim {
         match provider {
             // BizId: digits and a `^0` suffix, like `900619746936498440^0`.
             "aliyun-sms" => format!("{:018}^0", 900_000_000_000_000_000u64 + n),
+            // SerialNo: like `5000:1045710669157053657849499619`.
+            "tencent-sms" => format!("2433:{:028}", 1_045_710_669_157_053_657u64 + n),
             // msgid: a number.
             "wechat" => (200_000_000 + n).to_string(),
             // The last segment of `projects/p/messages/0:...`.

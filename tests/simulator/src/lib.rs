@@ -8,6 +8,11 @@
 //!   received; `SendSms` is NOT idempotent (the same `OutId` twice is two
 //!   SMS); `QuerySendDetails` shows a message only after a lag; receipts are
 //!   the SmsReport JSON array.
+//! - [`tencent`] `tencent-sms`: Tencent Cloud SMS 2021-01-11, signature v3
+//!   `TC3-HMAC-SHA256` verified from the request as received; `SendSms` is
+//!   NOT idempotent; each number's result inside the HTTP 200;
+//!   `PullSmsSendStatusByPhoneNumber` lists delivery receipts only; receipts
+//!   are the unsigned status push (a JSON array).
 //! - [`wechat`] `wechat`: `stable_token` (does not rotate), `/cgi-bin/token`
 //!   (rotates, 5-minute overlap), a daily cap; template send with errcodes;
 //!   `client_msg_id` deduplicated for the documented 10 minutes; receipts are
@@ -46,6 +51,7 @@ pub mod inbox;
 mod jwt;
 mod ledger;
 pub mod receipts;
+pub mod tencent;
 pub mod tls;
 pub mod webhook;
 pub mod wechat;
@@ -62,7 +68,15 @@ use ledger::Sim;
 pub use ledger::{Accepted, Delivery};
 
 /// The providers the simulator imitates, named like the channel plugins.
-pub const PROVIDERS: [&str; 6] = ["aliyun-sms", "wechat", "fcm", "apns", "webhook", "inbox"];
+pub const PROVIDERS: [&str; 7] = [
+    "aliyun-sms",
+    "tencent-sms",
+    "wechat",
+    "fcm",
+    "apns",
+    "webhook",
+    "inbox",
+];
 
 /// Faults injected into one provider's send endpoint.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -74,8 +88,8 @@ pub struct Faults {
     /// Share (0..=1) of the server errors (`fail_5xx`, `fail_next`) given
     /// *after* the provider accepted the message, as a gateway or a failing
     /// backend answers after the message was stored: the client sees the
-    /// provider's usual 5xx (WeChat `-1`, Aliyun `ServiceUnavailable`) and
-    /// the user gets the message. 0 by default; the chaos runs turn it on.
+    /// provider's usual 5xx (WeChat `-1`, Aliyun `ServiceUnavailable`,
+    /// Tencent `InternalError.Timeout`) and the user gets the message. 0 by default; the chaos runs turn it on.
     pub error_after_accept: f64,
     /// Share of sends answered "rate limited", not accepted.
     pub fail_429: f64,
@@ -85,8 +99,9 @@ pub struct Faults {
     /// same broken answer as `drop_after_accept` (an unknown outcome), but
     /// the provider never got the message (no ledger entry).
     pub drop_before_accept: f64,
-    /// Status queries (Aliyun `QuerySendDetails`, inbox `GET`) answer a
-    /// server error while true.
+    /// Status queries (Aliyun `QuerySendDetails`, Tencent
+    /// `PullSmsSendStatusByPhoneNumber`, inbox `GET`) answer a server error
+    /// while true.
     pub fail_queries: bool,
     /// The next N status queries answer a server error.
     pub fail_queries_next: u32,
@@ -99,15 +114,19 @@ pub struct Faults {
     pub slow_ms: u64,
     /// Seconds sent in `Retry-After` with 429 and 503 answers (default 1).
     pub retry_after_secs: Option<u64>,
+    /// Tencent: server errors are the API gateway's HTTP 502 (no
+    /// `Response`), as in a cloud-API outage, instead of `InternalError.Timeout`.
+    pub gateway_errors: bool,
     /// Recipients refused for good, with the provider's error code for each
-    /// (`isv.AMOUNT_NOT_ENOUGH` for Aliyun arrears, `43004` for WeChat
+    /// (`isv.AMOUNT_NOT_ENOUGH` for Aliyun arrears,
+    /// `UnauthorizedOperation.SerivceSuspendDueToArrears` for Tencent, `43004` for WeChat
     /// unsubscribed, `UNREGISTERED` for FCM, `Unregistered` for APNs, an HTTP
     /// status such as `410` for webhooks, any text for the inbox).
     pub permanent: BTreeMap<String, String>,
 }
 
 /// Delivery receipts of one provider, set through `POST /_sim/receipts`.
-/// Only `aliyun-sms`, `wechat` and `inbox` send receipts (FCM and APNs have
+/// Only `aliyun-sms`, `tencent-sms`, `wechat` and `inbox` send receipts (FCM and APNs have
 /// no delivery callbacks; the webhook receiver is the end of the line).
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
@@ -168,6 +187,13 @@ pub struct Config {
     pub apns_min_token_interval: Duration,
     /// Clock skew Aliyun accepts in `x-acs-date` / `Timestamp` (15 minutes).
     pub aliyun_max_skew: Duration,
+    /// How long after acceptance a Tencent message's delivery report is
+    /// known: until then no API shows the message (the pull API lists
+    /// receipts only), then it is pulled and pushed.
+    pub tencent_report_after: Duration,
+    /// Tencent echoes `SessionContext` in pull results and pushes (`ext`)
+    /// only when its SMS support enabled it: off by default.
+    pub tencent_echo_session_context: bool,
     /// Credentials to accept (e.g. kept from an earlier run's
     /// `credentials.json`); `None` generates fresh ones.
     pub credentials: Option<Credentials>,
@@ -189,6 +215,8 @@ impl Default for Config {
             apns_token_max_age: Duration::from_secs(3600),
             apns_min_token_interval: Duration::from_secs(20 * 60),
             aliyun_max_skew: Duration::from_secs(15 * 60),
+            tencent_report_after: Duration::from_secs(3),
+            tencent_echo_session_context: false,
             credentials: None,
         }
     }
@@ -228,12 +256,23 @@ pub struct Credentials {
     pub apns_private_key_pem: String,
     /// Standard Webhooks secret, `whsec_` + base64.
     pub webhook_secret: String,
+    /// Tencent Cloud SecretId (absent from an older `credentials.json`: empty).
+    #[serde(default)]
+    pub tencent_secret_id: String,
+    /// Tencent Cloud SecretKey.
+    #[serde(default)]
+    pub tencent_secret_key: String,
+    /// Tencent Cloud SMS `SmsSdkAppId`.
+    #[serde(default)]
+    pub tencent_sdk_app_id: String,
 }
 
 impl std::fmt::Debug for Credentials {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Credentials")
             .field("aliyun_access_key_id", &self.aliyun_access_key_id)
+            .field("tencent_secret_id", &self.tencent_secret_id)
+            .field("tencent_sdk_app_id", &self.tencent_sdk_app_id)
             .field("wechat_appid", &self.wechat_appid)
             .field("fcm_client_email", &self.fcm_client_email)
             .field("apns_team_id", &self.apns_team_id)
@@ -377,7 +416,7 @@ fn provider_name(name: &str) -> Option<&'static str> {
 /// Every route: the providers' APIs and the control API.
 pub fn app(state: SimState) -> Router {
     Router::new()
-        .merge(aliyun::routes())
+        .route("/", axum::routing::any(root))
         .merge(wechat::routes())
         .merge(fcm::routes())
         .merge(apns::routes())
@@ -385,6 +424,23 @@ pub fn app(state: SimState) -> Router {
         .merge(inbox::routes())
         .merge(control::routes())
         .with_state(state)
+}
+
+/// `/` is Aliyun's RPC endpoint and Tencent's API 3.0 endpoint (two hosts
+/// in production, one address here): a request carrying Tencent's
+/// `X-TC-Action` header is Tencent's.
+async fn root(
+    axum::extract::State(state): axum::extract::State<SimState>,
+    method: axum::http::Method,
+    uri: axum::http::Uri,
+    headers: axum::http::HeaderMap,
+    body: axum::body::Bytes,
+) -> axum::response::Response {
+    if headers.contains_key("x-tc-action") {
+        tencent::handle(state, method, uri, headers, body).await
+    } else {
+        aliyun::handle(state, method, uri, headers, body).await
+    }
 }
 
 /// Serves the providers (and the control API) over TLS with the simulator's

@@ -6,6 +6,12 @@
 //! - `aliyun-sms`: the SmsReport HTTP batch push, a JSON array of
 //!   `{phone_number, send_time, report_time, success, err_code, err_msg,
 //!   sms_size, biz_id, out_id}`; expects `{"code":0,...}`. No signature.
+//! - `tencent-sms`: the status push ("短信下发状态通知"), a JSON array of
+//!   `{user_receive_time, nationcode, mobile, report_status, errmsg,
+//!   description, sid[, ext]}`; expects `{"result":0,...}`. No signature.
+//!   Pushed once the report is known ([`crate::Config::tencent_report_after`]),
+//!   retried twice after a failed push ("推送失败后会再重试2次"; no interval is
+//!   documented: 100 ms, then 200 ms here).
 //! - `wechat`: the `TEMPLATESENDJOBFINISH` XML event, with `signature`,
 //!   `timestamp`, `nonce` in the query (`sha1(sort(token, timestamp,
 //!   nonce))`); expects the text `success` (or an empty answer).
@@ -30,7 +36,7 @@ use serde_json::{Value, json};
 use std::time::Duration;
 
 /// Providers that send receipts.
-pub const WITH_RECEIPTS: [&str; 3] = ["aliyun-sms", "wechat", "inbox"];
+pub const WITH_RECEIPTS: [&str; 4] = ["aliyun-sms", "tencent-sms", "wechat", "inbox"];
 
 /// The static name of a provider that sends receipts.
 pub fn provider(name: &str) -> Option<&'static str> {
@@ -77,6 +83,10 @@ const ALIYUN_PROBE_TIMEOUT: Duration = Duration::from_millis(700);
 
 enum Request {
     Aliyun {
+        url: String,
+        body: Value,
+    },
+    Tencent {
         url: String,
         body: Value,
     },
@@ -188,6 +198,16 @@ impl SimState {
         config: ReceiptConfig,
         accepted: Vec<Accepted>,
     ) {
+        if provider == "tencent-sms" {
+            let echo = self.config.tencent_echo_session_context;
+            let body = accepted
+                .iter()
+                .map(|m| crate::tencent::report(m, echo))
+                .collect();
+            let url = config.url.clone();
+            self.spawn_job(provider, &config, Request::Tencent { url, body });
+            return;
+        }
         if provider == "aliyun-sms" {
             let body = Value::Array(accepted.iter().map(aliyun_report).collect());
             self.spawn_job(
@@ -240,6 +260,13 @@ impl SimState {
                 request,
                 delay: delay.max(self.config.aliyun_report_after),
                 retries: ALIYUN_REPUSH_MINUTES.iter().map(|m| minute * *m).collect(),
+            }
+        } else if provider == "tencent-sms" {
+            Job {
+                provider,
+                request,
+                delay: delay.max(self.config.tencent_report_after),
+                retries: vec![Duration::from_millis(100), Duration::from_millis(200)],
             }
         } else {
             let retries = (1..RECEIPT_ATTEMPTS)
@@ -313,6 +340,15 @@ impl SimState {
                 };
                 r.status().is_success()
                     && r.json::<Value>().await.is_ok_and(|v| v["code"] == json!(0))
+            }
+            Request::Tencent { url, body } => {
+                let Ok(r) = self.http.post(url).json(body).send().await else {
+                    return false;
+                };
+                r.status().is_success()
+                    && r.json::<Value>()
+                        .await
+                        .is_ok_and(|v| v["result"] == json!(0))
             }
             Request::Wechat { url, token, xml } => {
                 let timestamp = now_secs().to_string();

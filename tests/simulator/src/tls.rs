@@ -95,6 +95,7 @@ impl Keys {
 fn fresh_credentials() -> Result<Credentials, KeyError> {
     let fcm_pem = rsa_key()?;
     let apns_key = KeyPair::generate_for(&PKCS_ECDSA_P256_SHA256)?;
+    let app_id: u32 = rand::rng().random_range(0..1_000_000);
     let mut rng = rand::rng();
     let mut hex = |n: usize| -> String {
         (0..n)
@@ -116,6 +117,9 @@ fn fresh_credentials() -> Result<Credentials, KeyError> {
         apns_key_id: hex(10).to_uppercase(),
         apns_private_key_pem: apns_key.serialize_pem(),
         webhook_secret: webhook_secret(),
+        tencent_secret_id: format!("AKID{}", hex(32)),
+        tencent_secret_key: hex(32),
+        tencent_sdk_app_id: format!("1400{app_id:06}"),
     })
 }
 

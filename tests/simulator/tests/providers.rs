@@ -1504,3 +1504,346 @@ async fn given_credentials_are_the_ones_accepted() {
         "Debug hides secrets"
     );
 }
+
+// ---- Tencent Cloud SMS: a signature v3 client written from the documentation ----
+
+/// HMAC-SHA256 of `data` under `key`.
+fn hmac256(key: &[u8], data: &str) -> Vec<u8> {
+    hmac::sign(&hmac::Key::new(hmac::HMAC_SHA256, key), data.as_bytes())
+        .as_ref()
+        .to_vec()
+}
+
+/// `yyyy-MM-dd` in UTC of Unix seconds (days since the epoch → civil date).
+fn utc_day(secs: i64) -> String {
+    let z = secs.div_euclid(86_400) + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!("{y:04}-{m:02}-{d:02}")
+}
+
+/// One Tencent API 3.0 call, with what a test may spoil.
+struct TencentCall {
+    action: &'static str,
+    body: Value,
+    secret_id: String,
+    secret_key: String,
+    timestamp: i64,
+    /// The credential scope's date (default: the UTC date of `timestamp`).
+    date: Option<String>,
+    version: &'static str,
+}
+
+impl TencentCall {
+    fn new(sim: &Sim, action: &'static str, body: Value) -> Self {
+        let c = sim.state.credentials();
+        TencentCall {
+            action,
+            body,
+            secret_id: c.tencent_secret_id.clone(),
+            secret_key: c.tencent_secret_key.clone(),
+            timestamp: now(),
+            date: None,
+            version: "2021-01-11",
+        }
+    }
+
+    /// Signs as "Signature v3" says: canonical request, string to sign,
+    /// derived key, `Authorization`.
+    async fn send(&self, sim: &Sim) -> reqwest::Response {
+        let payload = self.body.to_string();
+        let host = format!("127.0.0.1:{}", sim.port());
+        let content_type = "application/json; charset=utf-8";
+        let canonical = format!(
+            "POST\n/\n\ncontent-type:{content_type}\nhost:{host}\n\ncontent-type;host\n{}",
+            hex_sha256(payload.as_bytes())
+        );
+        let date = self.date.clone().unwrap_or_else(|| utc_day(self.timestamp));
+        let scope = format!("{date}/sms/tc3_request");
+        let to_sign = format!(
+            "TC3-HMAC-SHA256\n{}\n{scope}\n{}",
+            self.timestamp,
+            hex_sha256(canonical.as_bytes())
+        );
+        let k = hmac256(format!("TC3{}", self.secret_key).as_bytes(), &date);
+        let k = hmac256(&k, "sms");
+        let k = hmac256(&k, "tc3_request");
+        let signature = hex::encode(hmac256(&k, &to_sign));
+        let auth = format!(
+            "TC3-HMAC-SHA256 Credential={}/{scope}, SignedHeaders=content-type;host, Signature={signature}",
+            self.secret_id
+        );
+        sim.http1
+            .post(format!("{}/", sim.base))
+            .header("authorization", auth)
+            .header("content-type", content_type)
+            .header("x-tc-action", self.action)
+            .header("x-tc-version", self.version)
+            .header("x-tc-timestamp", self.timestamp.to_string())
+            .header("x-tc-region", "ap-guangzhou")
+            .body(payload)
+            .send()
+            .await
+            .unwrap()
+    }
+}
+
+fn tencent_send(sim: &Sim, phones: &[&str], context: &str) -> TencentCall {
+    let body = json!({
+        "PhoneNumberSet": phones,
+        "SmsSdkAppId": sim.state.credentials().tencent_sdk_app_id,
+        "TemplateId": "1110",
+        "SignName": "pushonce",
+        "TemplateParamSet": ["4370"],
+        "SessionContext": context,
+    });
+    TencentCall::new(sim, "SendSms", body)
+}
+
+fn tencent_pull(sim: &Sim, phone: &str) -> TencentCall {
+    let body = json!({
+        "BeginTime": now() - 3600,
+        "Offset": 0,
+        "Limit": 100,
+        "PhoneNumber": phone,
+        "SmsSdkAppId": sim.state.credentials().tencent_sdk_app_id,
+    });
+    TencentCall::new(sim, "PullSmsSendStatusByPhoneNumber", body)
+}
+
+/// `Response.Error.Code` of an answer (Tencent answers errors with HTTP 200).
+fn tencent_error(v: &(u16, Value)) -> Option<&str> {
+    assert_eq!(v.0, 200, "Tencent answers errors with 200: {v:?}");
+    v.1["Response"]["Error"]["Code"].as_str()
+}
+
+async fn start_tencent(echo: bool) -> Sim {
+    start_with(Config {
+        tencent_report_after: Duration::from_millis(300),
+        tencent_echo_session_context: echo,
+        ..Config::default()
+    })
+    .await
+}
+
+#[tokio::test]
+async fn tencent_results_are_per_number_inside_a_200_and_the_same_context_twice_is_two_sms() {
+    let sim = start_tencent(false).await;
+    let (status, v) = json_of(
+        tencent_send(&sim, &["+8613800000001", "+86abc"], "ctx-1")
+            .send(&sim)
+            .await,
+    )
+    .await;
+    assert_eq!(status, 200);
+    let set = v["Response"]["SendStatusSet"].as_array().unwrap();
+    assert_eq!(set[0]["Code"], "Ok");
+    assert_eq!(set[0]["SessionContext"], "ctx-1", "echoed");
+    let serial = set[0]["SerialNo"].as_str().unwrap();
+    assert!(serial.contains(':'), "{serial}");
+    assert_eq!(set[1]["Code"], "InvalidParameterValue.IncorrectPhoneNumber");
+    assert_eq!(set[1]["SerialNo"], "");
+    // No idempotency: the same request again is a second SMS.
+    let (_, again) = json_of(
+        tencent_send(&sim, &["13800000001"], "ctx-1")
+            .send(&sim)
+            .await,
+    )
+    .await;
+    assert_eq!(again["Response"]["SendStatusSet"][0]["Code"], "Ok");
+    assert_ne!(again["Response"]["SendStatusSet"][0]["SerialNo"], serial);
+    assert_eq!(sim.count("tencent-sms"), 2);
+    assert!(v["Response"]["RequestId"].is_string());
+}
+
+#[tokio::test]
+async fn tencent_refuses_forged_stale_misdated_and_unknown_id_requests() {
+    let sim = start_tencent(false).await;
+    let mut forged = tencent_send(&sim, &["13800000001"], "c");
+    forged.secret_key = "not-the-key".into();
+    let mut stale = tencent_send(&sim, &["13800000001"], "c");
+    stale.timestamp = now() - 400;
+    let mut unknown = tencent_send(&sim, &["13800000001"], "c");
+    unknown.secret_id = "AKIDunknown".into();
+    // A scope dated by a local clock (UTC+8 is a day ahead near midnight UTC).
+    let mut misdated = tencent_send(&sim, &["13800000001"], "c");
+    misdated.date = Some(utc_day(now() + 86_400));
+    let mut old_version = tencent_send(&sim, &["13800000001"], "c");
+    old_version.version = "2019-07-11";
+    for (call, code) in [
+        (forged, "AuthFailure.SignatureFailure"),
+        (stale, "AuthFailure.SignatureExpire"),
+        (unknown, "AuthFailure.SecretIdNotFound"),
+        (misdated, "AuthFailure.SignatureFailure"),
+        (old_version, "NoSuchVersion"),
+    ] {
+        let v = json_of(call.send(&sim).await).await;
+        assert_eq!(tencent_error(&v), Some(code), "{v:?}");
+    }
+    assert_eq!(sim.count("tencent-sms"), 0);
+    let mut wrong_app = tencent_send(&sim, &["13800000001"], "c");
+    wrong_app.body["SmsSdkAppId"] = json!("1400000000");
+    let v = json_of(wrong_app.send(&sim).await).await;
+    assert_eq!(
+        tencent_error(&v),
+        Some("InvalidParameterValue.SdkAppIdNotExist")
+    );
+}
+
+#[tokio::test]
+async fn tencent_faults_answer_like_tencent() {
+    let sim = start_tencent(false).await;
+    let send = |ctx: &'static str| tencent_send(&sim, &["13800000001"], ctx);
+    // InternalError.Timeout before the message was taken...
+    sim.state.set_faults(
+        "tencent-sms",
+        Faults {
+            fail_next: 1,
+            ..Faults::default()
+        },
+    );
+    let v = json_of(send("a").send(&sim).await).await;
+    assert_eq!(tencent_error(&v), Some("InternalError.Timeout"));
+    assert_eq!(sim.count("tencent-sms"), 0);
+    // ...and after it: the same answer, and the SMS goes out.
+    sim.state.set_faults(
+        "tencent-sms",
+        Faults {
+            fail_next: 1,
+            error_after_accept: 1.0,
+            ..Faults::default()
+        },
+    );
+    let v = json_of(send("b").send(&sim).await).await;
+    assert_eq!(tencent_error(&v), Some("InternalError.Timeout"));
+    assert_eq!(sim.count("tencent-sms"), 1);
+    assert_eq!(sim.stat("tencent-sms.5xx_after_accept"), 1);
+    // A cloud-API outage: the gateway's 502, after taking the SMS here.
+    sim.state.set_faults(
+        "tencent-sms",
+        Faults {
+            fail_next: 1,
+            error_after_accept: 1.0,
+            gateway_errors: true,
+            ..Faults::default()
+        },
+    );
+    let r = send("g").send(&sim).await;
+    assert_eq!(r.status(), 502);
+    assert_eq!(sim.count("tencent-sms"), 2);
+    sim.state.set_faults(
+        "tencent-sms",
+        Faults {
+            fail_429: 1.0,
+            ..Faults::default()
+        },
+    );
+    let v = json_of(send("c").send(&sim).await).await;
+    assert_eq!(tencent_error(&v), Some("RequestLimitExceeded"));
+    sim.state.set_faults(
+        "tencent-sms",
+        Faults {
+            permanent: [(
+                "13800000001".to_string(),
+                "UnauthorizedOperation.SerivceSuspendDueToArrears".to_string(),
+            )]
+            .into(),
+            ..Faults::default()
+        },
+    );
+    let (status, v) = json_of(send("d").send(&sim).await).await;
+    assert_eq!(status, 200);
+    assert_eq!(
+        v["Response"]["SendStatusSet"][0]["Code"],
+        "UnauthorizedOperation.SerivceSuspendDueToArrears"
+    );
+    assert_eq!(sim.count("tencent-sms"), 2, "nothing more was taken");
+}
+
+#[tokio::test]
+async fn tencent_pull_shows_receipts_only_and_echoes_the_context_only_when_enabled() {
+    for echo in [false, true] {
+        let sim = start_tencent(echo).await;
+        let (_, v) = json_of(
+            tencent_send(&sim, &["13800000001"], "ctx-p")
+                .send(&sim)
+                .await,
+        )
+        .await;
+        let serial = v["Response"]["SendStatusSet"][0]["SerialNo"].clone();
+        // Accepted, no receipt yet: the pull API does not show it.
+        let (_, early) = json_of(tencent_pull(&sim, "+8613800000001").send(&sim).await).await;
+        assert_eq!(early["Response"]["PullSmsSendStatusSet"], json!([]));
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        let (_, late) = json_of(tencent_pull(&sim, "+8613800000001").send(&sim).await).await;
+        let row = &late["Response"]["PullSmsSendStatusSet"][0];
+        assert_eq!(row["SerialNo"], serial);
+        assert_eq!(row["ReportStatus"], "SUCCESS");
+        assert_eq!(row["SessionContext"], if echo { "ctx-p" } else { "" });
+        let mut bad = tencent_pull(&sim, "+8613800000001");
+        bad.body["Offset"] = json!(5);
+        let v = json_of(bad.send(&sim).await).await;
+        assert_eq!(tencent_error(&v), Some("InvalidParameterValue"));
+    }
+}
+
+#[tokio::test]
+async fn tencent_receipts_are_unsigned_arrays_retried_twice() {
+    let sim = start_tencent(false).await;
+    let rx = receiver(
+        1,
+        (200, r#"{"result":1,"errmsg":"busy"}"#),
+        r#"{"result":0,"errmsg":"OK"}"#,
+    )
+    .await;
+    assert!(
+        sim.state
+            .set_receipts("tencent-sms", Some(receipts_to(&rx, &["13800000002"])))
+    );
+    tencent_send(&sim, &["13800000001", "13800000002"], "ctx-r")
+        .send(&sim)
+        .await;
+    wait_for("the refused push retried and accepted", || {
+        sim.stat("tencent-sms.receipt_posted") == 1
+    })
+    .await;
+    assert_eq!(sim.stat("tencent-sms.receipt_retried"), 1);
+    let arrived = rx.arrived();
+    assert_eq!(arrived.len(), 2);
+    assert_eq!(arrived[1].query, "", "no signature in the URL");
+    let body: Value = serde_json::from_str(&arrived[1].body).unwrap();
+    let ledger = &sim.state.ledger()["tencent-sms"];
+    assert_eq!(body[0]["sid"], json!(ledger[0].id));
+    assert_eq!(body[0]["report_status"], "SUCCESS");
+    assert_eq!(body[1]["report_status"], "FAIL");
+    assert!(
+        body[0].get("ext").is_none(),
+        "no SessionContext echo unless enabled"
+    );
+    for field in [
+        "user_receive_time",
+        "nationcode",
+        "mobile",
+        "errmsg",
+        "description",
+    ] {
+        assert!(body[0].get(field).is_some(), "the push has {field}");
+    }
+    // A receiver that never answers `result` 0 gets three pushes, then none.
+    let never = receiver(usize::MAX, (500, "no"), "").await;
+    assert!(
+        sim.state
+            .set_receipts("tencent-sms", Some(receipts_to(&never, &[])))
+    );
+    tencent_send(&sim, &["13800000003"], "ctx-s")
+        .send(&sim)
+        .await;
+    wait_for("given up", || sim.stat("tencent-sms.receipt_failed") == 1).await;
+    assert_eq!(never.arrived().len(), 3, "the push and two retries");
+}

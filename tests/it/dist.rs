@@ -22,7 +22,7 @@ const VERSION: &str = env!("CARGO_PKG_VERSION");
 
 /// The plugins the release ships: the key policies the example policies
 /// name and the six provider channels.
-const PLUGINS: [&str; 9] = [
+const PLUGINS: [&str; 10] = [
     "aliyun_sms",
     "apns",
     "fcm",
@@ -30,6 +30,7 @@ const PLUGINS: [&str; 9] = [
     "per_event",
     "per_user_per_day",
     "per_user_per_job",
+    "tencent_sms",
     "webhook",
     "wechat",
 ];

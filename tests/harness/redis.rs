@@ -117,6 +117,29 @@ impl RedisServer {
         redis::Client::open(self.url()).expect("a loopback URL parses")
     }
 
+    /// The keys of this server matching `pattern` (`SCAN`, every one), sorted.
+    pub async fn keys_matching(&self, pattern: &str) -> anyhow::Result<Vec<String>> {
+        let mut conn = self.manager().await?;
+        let mut cursor = 0u64;
+        let mut keys = Vec::new();
+        loop {
+            let (next, batch): (u64, Vec<String>) = redis::cmd("SCAN")
+                .arg(cursor)
+                .arg("MATCH")
+                .arg(pattern)
+                .arg("COUNT")
+                .arg(1000)
+                .query_async(&mut conn)
+                .await?;
+            keys.extend(batch);
+            if next == 0 {
+                keys.sort();
+                return Ok(keys);
+            }
+            cursor = next;
+        }
+    }
+
     /// A new reconnecting multiplexed connection.
     pub async fn manager(&self) -> anyhow::Result<ConnectionManager> {
         Ok(pushonce::store::single_server_manager(&self.client(), Duration::from_secs(5)).await?)

@@ -51,25 +51,7 @@ fn now_ms() -> u64 {
 
 /// Keys of this server matching `pattern` (SCAN, all of them).
 async fn keys_like(server: &RedisServer, pattern: &str) -> Vec<String> {
-    let mut conn = server.manager().await.unwrap();
-    let mut out = Vec::new();
-    let mut cursor = 0u64;
-    loop {
-        let (next, batch): (u64, Vec<String>) = redis::cmd("SCAN")
-            .arg(cursor)
-            .arg("MATCH")
-            .arg(pattern)
-            .arg("COUNT")
-            .arg(1000)
-            .query_async(&mut conn)
-            .await
-            .unwrap();
-        out.extend(batch);
-        if next == 0 {
-            return out;
-        }
-        cursor = next;
-    }
+    server.keys_matching(pattern).await.unwrap()
 }
 
 rusty_fork_test! {

@@ -1114,25 +1114,7 @@ async fn a_key_naming_its_recipient_lives_in_the_recipients_shard() {
 
 /// The keys of `server`'s Redis matching `pattern` (SCAN, test-sized data).
 async fn keys_matching(server: &RedisServer, pattern: &str) -> Vec<String> {
-    let mut conn = server.manager().await.unwrap();
-    let mut found = Vec::new();
-    let mut cursor = 0u64;
-    loop {
-        let (next, batch): (u64, Vec<String>) = redis::cmd("SCAN")
-            .arg(cursor)
-            .arg("MATCH")
-            .arg(pattern)
-            .arg("COUNT")
-            .arg(1000)
-            .query_async(&mut conn)
-            .await
-            .unwrap();
-        found.extend(batch);
-        if next == 0 {
-            return found;
-        }
-        cursor = next;
-    }
+    server.keys_matching(pattern).await.unwrap()
 }
 
 /// `PTTL` of `key` in `server`'s Redis (-1: no expiry, -2: gone).

@@ -69,6 +69,59 @@ pub enum LedgerError {
     Group(#[source] Arc<LedgerError>),
 }
 
+/// How long opening retries a SQLite ledger that answers `database is
+/// locked` at once (see [`opened_while_busy`]).
+const OPEN_BUSY_WAIT: Duration = Duration::from_secs(30);
+
+/// Connects, migrates and reads the identity, again while SQLite answers
+/// `database is locked` without waiting its busy timeout: it does so to a
+/// connection that opens while the last other connection of the file is
+/// cleaning up its WAL, or while another recovers one
+/// (<https://www.sqlite.org/wal.html#sometimes_queries_return_sqlite_busy_in_wal_mode>).
+/// That happens when instances and `pushonce ledger export` start and stop
+/// together on one file; a connection already open is never the last one,
+/// so only opening needs this.
+async fn opened_while_busy(url: &str) -> Result<(LedgerPool, String), LedgerError> {
+    let deadline = tokio::time::Instant::now() + OPEN_BUSY_WAIT;
+    loop {
+        let attempt = async {
+            let pool = LedgerPool::connect(url).await?;
+            pool.migrate().await?;
+            let id = identity::read_or_create(&pool).await?;
+            Ok::<_, LedgerError>((pool, id))
+        };
+        match attempt.await {
+            Err(e) if e.is_sqlite_busy() && tokio::time::Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            done => return done,
+        }
+    }
+}
+
+impl LedgerError {
+    /// SQLite's `database is locked` (`SQLITE_BUSY` or one of its extended codes).
+    fn is_sqlite_busy(&self) -> bool {
+        let sql = match self {
+            LedgerError::Sql(e) => e,
+            LedgerError::Migrate(
+                sqlx::migrate::MigrateError::Execute(e)
+                | sqlx::migrate::MigrateError::ExecuteMigration(e, _),
+            ) => e,
+            LedgerError::Group(inner) => return inner.is_sqlite_busy(),
+            _ => return false,
+        };
+        const SQLITE_BUSY: i64 = 5;
+        let sqlx::Error::Database(d) = sql else {
+            return false;
+        };
+        d.try_downcast_ref::<sqlx::sqlite::SqliteError>().is_some()
+            && d.code()
+                .and_then(|c| c.parse::<i64>().ok())
+                .is_some_and(|c| c & 0xff == SQLITE_BUSY)
+    }
+}
+
 /// The ledger of one process (cheap to clone): the pool, the batched
 /// writer's queue and the last health observed.
 #[derive(Clone)]
@@ -92,9 +145,7 @@ impl Ledger {
     /// Opens the ledger at `url` (`sqlite:<path>` or `postgres://…`),
     /// applies the migrations and starts the batched writer.
     pub async fn open(url: &str) -> Result<Ledger, LedgerError> {
-        let pool = LedgerPool::connect(url).await?;
-        pool.migrate().await?;
-        let id = identity::read_or_create(&pool).await?;
+        let (pool, id) = opened_while_busy(url).await?;
         let writer = writer::spawn(pool.clone(), writer::WriterConfig::default());
         Ok(Ledger {
             id: id.into(),

@@ -49,6 +49,8 @@ if entry ~= '' then
 end
 local owner = redis.call('GET', KEYS[2])
 local fate = 'not_owner'
+-- Whether leave_or_keep already made the event record follow the task.
+local followed = false
 local bloom = bloom_task(KEYS[1])
 if outcome == 'sent' then
   redis.call('HSET', KEYS[1], 'status', 'sent', 'provider_message_id', ARGV[9],
@@ -70,6 +72,7 @@ if outcome == 'sent' then
     -- leaves Redis when the ledger holds it (ARGV[16]).
     redis.call('ZREM', KEYS[5], id)
     leave_or_keep(KEYS[1], id, now, ARGV[16] == '' and retention or tonumber(ARGV[16]))
+    followed = true
   end
 elseif outcome == 'retry' or outcome == 'resend' or outcome == 'resend_by_reference' then
   if outcome ~= 'retry' then
@@ -121,6 +124,7 @@ elseif outcome == 'failed' or outcome == 'dead' then
     -- Failed with its fallback taken, the ledger holding it: it ended for
     -- good and leaves Redis (or keeps ARGV[16] ms); not listed for operators.
     leave_or_keep(KEYS[1], id, now, tonumber(ARGV[16]))
+    followed = true
   else
     redis.call('PEXPIRE', KEYS[1], retention)
     keep_index(KEYS[1], now, retention)
@@ -155,8 +159,9 @@ if outcome ~= 'retry' and outcome ~= 'resend' and outcome ~= 'resend_by_referenc
   redis.call('HDEL', KEYS[1], 'resend_by')
 end
 if outcome ~= 'retry' and outcome ~= 'resend' and outcome ~= 'resend_by_reference'
-    and outcome ~= 'unknown' then
-  -- The task's expiry changed (or it left): its event record follows.
+    and outcome ~= 'unknown' and not followed then
+  -- The task's expiry changed: its event record follows (leave_or_keep
+  -- already made it follow where it ran).
   event_follower(KEYS[1], id)()
 end
 return {'recorded', fate}

@@ -23,14 +23,11 @@
 //! failed before that (a refusal, a connect or TLS error). A reader treats
 //! pending as maybe-sent ([`OutboundLog::may_have_sent`]).
 
-use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
-use http_body::{Body, Frame, SizeHint};
 use http_body_util::BodyExt;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
@@ -38,8 +35,10 @@ use wasmtime_wasi_http::{Error as HttpError, RequestOptions, WasiBody, WasiHttpH
 
 use super::tls::{Checked, ConnectError, Connector};
 
+mod body;
 mod policy;
 
+use body::{CappedBody, ResponseBody, drain};
 use policy::resolve;
 pub use policy::{AllowedHost, AllowedHostError, OutboundPolicy};
 
@@ -498,136 +497,6 @@ fn deny(
         drain(request.into_body(), 4 << 20).await;
         Err(HttpError::HttpRequestDenied)
     })
-}
-
-/// Reads and discards a request body, up to `limit` bytes.
-async fn drain(mut body: WasiBody, limit: u64) {
-    let mut seen = 0u64;
-    while let Some(frame) = body.frame().await {
-        match frame {
-            Ok(f) => {
-                if let Some(d) = f.data_ref() {
-                    seen += d.len() as u64;
-                    if seen > limit {
-                        return;
-                    }
-                }
-            }
-            Err(_) => return,
-        }
-    }
-}
-
-/// A request body that fails once more than `cap` bytes went through, and
-/// marks its request written on the first poll (hyper polls it only once the
-/// connection, and TLS, is up; an empty body is still polled once).
-struct CappedBody {
-    /// The guest's body.
-    inner: WasiBody,
-    /// Bytes passed so far.
-    seen: u64,
-    /// Most bytes allowed.
-    cap: u64,
-    /// The state-changing request this body belongs to, if it is one.
-    pending: Option<Arc<Pending>>,
-    /// Told on the first poll (taken then): the request is going out, and
-    /// the wait for its response head starts.
-    started: Option<tokio::sync::oneshot::Sender<()>>,
-}
-
-impl Body for CappedBody {
-    type Data = Bytes;
-    type Error = HttpError;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, HttpError>>> {
-        let this = &mut *self;
-        if let Some(started) = this.started.take() {
-            let _ = started.send(());
-            if let Some(p) = &this.pending {
-                p.written();
-            }
-        }
-        match Pin::new(&mut this.inner).poll_frame(cx) {
-            Poll::Ready(Some(Ok(frame))) => {
-                if let Some(d) = frame.data_ref() {
-                    this.seen += d.len() as u64;
-                    if this.seen > this.cap {
-                        return Poll::Ready(Some(Err(HttpError::HttpRequestBodySize(Some(
-                            this.seen,
-                        )))));
-                    }
-                }
-                Poll::Ready(Some(Ok(frame)))
-            }
-            other => other,
-        }
-    }
-
-    fn is_end_stream(&self) -> bool {
-        // Every body is polled at least once, so its first poll marks the
-        // moment bytes go out (the response head's timeout counts from it,
-        // and a state-changing request counts as written from it).
-        self.started.is_none() && self.inner.is_end_stream()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
-    }
-}
-
-/// A response body under the size cap and the between-bytes timeout; a
-/// transport error becomes `connection-terminated` (no host text).
-struct ResponseBody {
-    /// hyper's body.
-    inner: hyper::body::Incoming,
-    /// Bytes read so far.
-    seen: u64,
-    /// Most bytes allowed.
-    cap: u64,
-    /// Longest wait between two frames.
-    between: Duration,
-    /// The running between-bytes timer.
-    sleep: Pin<Box<tokio::time::Sleep>>,
-}
-
-impl Body for ResponseBody {
-    type Data = Bytes;
-    type Error = HttpError;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, HttpError>>> {
-        let this = &mut *self;
-        match Pin::new(&mut this.inner).poll_frame(cx) {
-            Poll::Ready(None) => Poll::Ready(None),
-            Poll::Ready(Some(Err(_))) => Poll::Ready(Some(Err(HttpError::ConnectionTerminated))),
-            Poll::Ready(Some(Ok(frame))) => {
-                if let Some(d) = frame.data_ref() {
-                    this.seen += d.len() as u64;
-                    if this.seen > this.cap {
-                        return Poll::Ready(Some(Err(HttpError::HttpResponseBodySize(Some(
-                            this.seen,
-                        )))));
-                    }
-                }
-                let deadline = tokio::time::Instant::now() + this.between;
-                this.sleep.as_mut().reset(deadline);
-                Poll::Ready(Some(Ok(frame)))
-            }
-            Poll::Pending => match this.sleep.as_mut().poll(cx) {
-                Poll::Ready(()) => Poll::Ready(Some(Err(HttpError::ConnectionReadTimeout))),
-                Poll::Pending => Poll::Pending,
-            },
-        }
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
-    }
 }
 
 #[cfg(test)]

@@ -132,16 +132,16 @@ pub fn app(state: AppState) -> Router {
         .route("/admin/doctor", get(doctor::get_doctor))
         .route("/admin/policies", get(admin::policies))
         .route("/admin/reload", post(admin::reload))
-        .route("/admin/tasks", get(admin::task_by_key))
+        .route("/admin/tasks", get(admin::tasks::task_by_key))
         .route("/admin/users/{user_id}/tasks", get(history::get_user_tasks))
-        .route("/admin/tasks/dead", get(admin::dead_tasks))
-        .route("/admin/tasks/held", get(admin::held_tasks))
-        .route("/admin/tasks/{id}/requeue", post(admin::requeue))
+        .route("/admin/tasks/dead", get(admin::tasks::dead_tasks))
+        .route("/admin/tasks/held", get(admin::tasks::held_tasks))
+        .route("/admin/tasks/{id}/requeue", post(admin::tasks::requeue))
         .route(
             "/admin/tasks/{id}/mark-delivered",
-            post(admin::mark_delivered),
+            post(admin::tasks::mark_delivered),
         )
-        .route("/admin/tasks/{id}/give-up", post(admin::give_up))
+        .route("/admin/tasks/{id}/give-up", post(admin::tasks::give_up))
         .route_layer(from_fn_with_state(state.admin_token.clone(), auth::require));
     let open = Router::new()
         .route(

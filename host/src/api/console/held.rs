@@ -10,7 +10,7 @@ use serde::Deserialize;
 use super::task::card;
 use super::{Operator, error_page, layout};
 use crate::api::AppState;
-use crate::api::admin::{DeadQuery, held_tasks};
+use crate::api::admin::tasks::{DeadQuery, held_tasks};
 
 /// Most tasks the page lists.
 const LIMIT: usize = 500;

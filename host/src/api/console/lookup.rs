@@ -12,7 +12,7 @@ use serde::Deserialize;
 use super::session::Session;
 use super::task::card;
 use super::{Operator, layout};
-use crate::api::admin::{KeyQuery, task_by_key};
+use crate::api::admin::tasks::{KeyQuery, task_by_key};
 use crate::api::model::{EventQuery, TaskView};
 use crate::api::{ApiError, AppState, events, history};
 

@@ -11,7 +11,7 @@ use serde::Deserialize;
 
 use super::session::Session;
 use super::{Operator, csrf_field, error_page, layout, when};
-use crate::api::admin::{operator_note, requeue_answer, settle_task};
+use crate::api::admin::tasks::{operator_note, requeue_answer, settle_task};
 use crate::api::model::TaskView;
 use crate::api::{AppState, events};
 use crate::permit::{Requeue, Settle};

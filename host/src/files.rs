@@ -16,7 +16,7 @@ use std::path::Path;
 /// and the files of the embedded `redis-server` (a child inherits the mask).
 /// The ledger holds recipient digests, business ids and provider errors;
 /// the Redis files hold the payloads. Called first by `serve` and `worker`.
-pub fn private_files() {
+pub(crate) fn private_files() {
     // SAFETY: umask only swaps the process's file-mode mask; it cannot fail
     // and touches no memory.
     unsafe {

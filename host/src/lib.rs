@@ -5,6 +5,14 @@
 //! serves `derive` and `send`; `store` owns the Redis connection (and the
 //! embedded `redis-server`). See `ARCHITECTURE.md` for the map and invariants.
 
+//!
+//! The modules below are the library's surface for the binary, the tests and
+//! the benches; the types most callers start from are also re-exported here.
+//! `unreachable_pub` keeps everything else `pub(crate)`, and `missing_docs`
+//! keeps the surface documented.
+
+#![warn(unreachable_pub, missing_docs)]
+
 pub mod api;
 pub mod caps;
 pub mod cli;
@@ -26,3 +34,9 @@ pub mod route;
 pub mod send;
 pub mod service;
 pub mod store;
+
+pub use config::HostConfig;
+pub use ledger::Ledger;
+pub use permit::{Permits, Task, TaskStatus};
+pub use service::{Running, ServiceOptions};
+pub use store::{RedisConn, Store};

@@ -41,7 +41,7 @@ use crate::config::HttpConfig;
 
 /// Serves `app` on `listener` until `stop` turns true, then finishes the
 /// requests in flight.
-pub async fn serve(
+pub(crate) async fn serve(
     listener: TcpListener,
     app: Router,
     config: &HttpConfig,

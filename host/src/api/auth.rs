@@ -97,7 +97,7 @@ impl Token {
 /// Middleware: refuses a request whose bearer token does not match `token`
 /// (401, the client's address logged), and every request of a client
 /// address past its failures (429, [`super::guard::Failures`]).
-pub async fn require(State(token): State<Token>, req: Request, next: Next) -> Response {
+pub(crate) async fn require(State(token): State<Token>, req: Request, next: Next) -> Response {
     if token.is_open() {
         return next.run(req).await;
     }

@@ -12,7 +12,7 @@ use super::problem::ApiError;
 
 /// A JSON request body, deserialised strictly.
 #[derive(Debug)]
-pub struct JsonBody<T>(pub T);
+pub(crate) struct JsonBody<T>(pub T);
 
 impl<S, T> FromRequest<S> for JsonBody<T>
 where

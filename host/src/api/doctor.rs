@@ -16,7 +16,7 @@ use crate::doctor::{self, Deployment, Report};
         (status = 401, description = "Missing or wrong admin token", body = Problem, content_type = "application/problem+json"),
     ),
     security(("admin_token" = [])))]
-pub async fn get_doctor(State(state): State<AppState>) -> Json<Report> {
+pub(crate) async fn get_doctor(State(state): State<AppState>) -> Json<Report> {
     let env = |var: &str| std::env::var(var).ok();
     let live = state.live.clone();
     let deployment = Deployment {

@@ -43,7 +43,7 @@ use crate::route::plan::{PlanRequest, PlannedEvent};
     ),
     security(("api_token" = []))
 )]
-pub async fn post_event(
+pub(crate) async fn post_event(
     State(state): State<AppState>,
     JsonBody(req): JsonBody<EventRequest>,
 ) -> Result<impl IntoResponse, ApiError> {

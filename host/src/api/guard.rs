@@ -26,17 +26,17 @@ use axum::response::{IntoResponse, Response};
 use super::problem::ApiError;
 
 /// Failed attempts one client address may make in a [`WINDOW`].
-pub const FAILURES_PER_WINDOW: u32 = 10;
+pub(crate) const FAILURES_PER_WINDOW: u32 = 10;
 
 /// The window failures are counted in.
-pub const WINDOW: Duration = Duration::from_secs(60);
+pub(crate) const WINDOW: Duration = Duration::from_secs(60);
 
 /// Most client addresses tracked at once (a bound on memory).
 const MAX_TRACKED: usize = 100_000;
 
 /// Failed attempts per client address (see the module doc).
 #[derive(Debug, Default)]
-pub struct Failures {
+pub(crate) struct Failures {
     /// Each address's current window: when it began, failures in it.
     windows: Mutex<HashMap<IpAddr, (Instant, u32)>>,
 }
@@ -237,7 +237,7 @@ mod tests {
 
 /// Where a request came from: an extension of every request the listener serves.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Client {
+pub(crate) struct Client {
     /// The peer's address.
     pub peer: std::net::SocketAddr,
     /// The listener's own address (loopback or not).

@@ -24,7 +24,7 @@ impl From<LedgerError> for ApiError {
 }
 
 /// The ledger's row of task `id` as a view, if the ledger is on and has it.
-pub async fn task(state: &AppState, id: &str) -> Result<Option<TaskView>, ApiError> {
+pub(crate) async fn task(state: &AppState, id: &str) -> Result<Option<TaskView>, ApiError> {
     let Some(ledger) = &state.ledger else {
         return Ok(None);
     };

@@ -25,7 +25,7 @@ pub(crate) const MAX_CHANNELS: usize = 16;
 /// One business event: `POST /v1/events`.
 #[derive(Debug, Clone, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
-pub struct EventRequest {
+pub(crate) struct EventRequest {
     /// Business type, routed to the policy of the same name, e.g. `ORDER_SHIPPED`.
     #[schema(
         min_length = 1,
@@ -83,7 +83,7 @@ pub struct EventRequest {
 /// When an event happened.
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 #[serde(untagged)]
-pub enum OccurredAt {
+pub(crate) enum OccurredAt {
     /// Milliseconds since 1970-01-01T00:00:00Z.
     Millis(u64),
     /// RFC 3339, e.g. `2026-11-30T15:59:59Z`.
@@ -93,7 +93,7 @@ pub enum OccurredAt {
 /// An attribute's value.
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 #[serde(untagged)]
-pub enum AttributeValue {
+pub(crate) enum AttributeValue {
     /// Text.
     Text(String),
     /// A whole number.
@@ -189,7 +189,7 @@ pub(crate) struct BatchResponse {
 
 /// A task as the API shows it.
 #[derive(Debug, Clone, Serialize, ToSchema)]
-pub struct TaskView {
+pub(crate) struct TaskView {
     /// Task id.
     pub id: String,
     /// Idempotency key.
@@ -372,7 +372,7 @@ impl From<ReconcileStep> for ReconcileStepView {
 
 /// Why a task is held.
 #[derive(Debug, Clone, Serialize, ToSchema)]
-pub struct HeldCauseView {
+pub(crate) struct HeldCauseView {
     /// `cut_off_after_write` (the request was written, the answer cut off),
     /// `worker_vanished` (re-claimed from a worker that vanished mid-attempt),
     /// `retries_exhausted` (every attempt failed retryably), or
@@ -388,7 +388,7 @@ pub struct HeldCauseView {
 
 /// One check the reconciler made of a task.
 #[derive(Debug, Clone, Serialize, ToSchema)]
-pub struct ReconcileStepView {
+pub(crate) struct ReconcileStepView {
     /// When (ms since the epoch, Redis clock).
     pub at: u64,
     /// Its number since the task began awaiting confirmation.

@@ -40,7 +40,7 @@ pub(crate) struct ApiDoc;
 /// This API's OpenAPI 3.1 document.
 #[utoipa::path(get, path = "/openapi.json", tag = "ops",
     responses((status = 200, description = "The OpenAPI document", body = Object)))]
-pub async fn openapi() -> impl IntoResponse {
+pub(crate) async fn openapi() -> impl IntoResponse {
     (
         StatusCode::OK,
         [(header::CONTENT_TYPE, "application/json")],
@@ -75,7 +75,7 @@ impl Modify for Security {
 }
 
 /// The document as pretty JSON text with a final newline, as in `openapi.json`.
-pub fn document() -> String {
+pub(crate) fn document() -> String {
     static DOC: OnceLock<String> = OnceLock::new();
     DOC.get_or_init(|| {
         let mut text = ApiDoc::openapi()

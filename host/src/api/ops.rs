@@ -20,7 +20,7 @@ const PING_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// The answer of the probes.
 #[derive(Debug, Serialize, ToSchema)]
-pub struct Health {
+pub(crate) struct Health {
     /// `ok`.
     pub status: String,
     /// Generation of the policies and plugins in force (readiness only).
@@ -34,7 +34,7 @@ pub struct Health {
 /// The process is up.
 #[utoipa::path(get, path = "/healthz", tag = "ops",
     responses((status = 200, description = "Up", body = Health)))]
-pub async fn healthz() -> Json<Health> {
+pub(crate) async fn healthz() -> Json<Health> {
     Json(Health {
         status: "ok".into(),
         generation: None,
@@ -48,7 +48,7 @@ pub async fn healthz() -> Json<Health> {
         (status = 200, description = "Ready", body = Health),
         (status = 503, description = "Redis or the ledger unreachable, or Redis evicts keys (maxmemory-policy)", body = Problem, content_type = "application/problem+json"),
     ))]
-pub async fn readyz(State(state): State<AppState>) -> Result<Json<Health>, ApiError> {
+pub(crate) async fn readyz(State(state): State<AppState>) -> Result<Json<Health>, ApiError> {
     let mut conn = state.permits.connection();
     let ping = tokio::time::timeout(
         PING_TIMEOUT,
@@ -146,7 +146,7 @@ async fn check_ledger(state: &AppState) -> Result<(), ApiError> {
 /// Prometheus text exposition.
 #[utoipa::path(get, path = "/metrics", tag = "ops",
     responses((status = 200, description = "Prometheus text format", body = String, content_type = "text/plain")))]
-pub async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
+pub(crate) async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
     // Gauges read from Redis; a Redis failure leaves the last values.
     if let Ok(n) = state.permits.retry_queue_depth().await {
         metrics::gauge!(m::RETRY_QUEUE_DEPTH).set(n as f64);

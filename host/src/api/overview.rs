@@ -52,7 +52,7 @@ pub struct RecentCounts {
 
 /// The last reload of policies and plugins.
 #[derive(Debug, Clone, Serialize, ToSchema)]
-pub struct ReloadState {
+pub(crate) struct ReloadState {
     /// Generation in force.
     pub generation: u64,
     /// When it was loaded (ms since the epoch).
@@ -69,7 +69,7 @@ pub struct ReloadState {
 
 /// What an operator looks at first.
 #[derive(Debug, Clone, Serialize, ToSchema)]
-pub struct Overview {
+pub(crate) struct Overview {
     /// Per channel counters since this host started, by channel name.
     pub channels: Vec<ChannelCounts>,
     /// The same counters over the last minutes.
@@ -102,7 +102,7 @@ pub(crate) async fn get_overview(
 }
 
 /// Computes the overview (the JSON endpoint and the console page both show it).
-pub async fn overview(state: &AppState) -> Result<Overview, ApiError> {
+pub(crate) async fn overview(state: &AppState) -> Result<Overview, ApiError> {
     let retry_queue_depth = state.permits.retry_queue_depth().await?;
     let held_now = state.permits.held_count().await?;
     let failed_or_dead_now = state.permits.dead_count().await?;

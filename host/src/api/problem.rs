@@ -328,7 +328,7 @@ pub(crate) fn redis_unavailable(e: &redis::RedisError) -> bool {
 /// The cause of a refusal, attached to its response for the logging layer
 /// (never sent to the client).
 #[derive(Debug, Clone)]
-pub struct Refusal {
+pub(crate) struct Refusal {
     /// The error's text (internal details included: for the log only).
     pub cause: std::sync::Arc<str>,
     /// Redis (or the request's time budget) failed for now: answered 503

@@ -160,7 +160,7 @@ pub(crate) async fn open_receipt(
         (status = 404, description = "No such channel, a wrong token, or callbacks closed", body = super::model::Problem, content_type = "application/problem+json"),
         (status = 503, description = "Redis unavailable, or the callback names a send not recorded yet: send it again", body = super::model::Problem, content_type = "application/problem+json"),
     ))]
-pub async fn receipt(
+pub(crate) async fn receipt(
     State(state): State<AppState>,
     Path((channel, rest)): Path<(String, String)>,
     method: Method,

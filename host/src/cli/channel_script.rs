@@ -66,7 +66,7 @@ fn default_call_timeout() -> Duration {
 /// Which export a case calls.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "lowercase")]
-pub enum Call {
+pub(crate) enum Call {
     /// `send`, through the host's own classification of the answer.
     #[default]
     Send,
@@ -91,7 +91,7 @@ pub(crate) enum Expect {
 /// A `delivery-status` a query must answer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "lowercase")]
-pub enum Status {
+pub(crate) enum Status {
     /// Accepted, not yet delivered.
     Pending,
     /// Delivered.

@@ -24,7 +24,7 @@ const COMPONENTIZE_JS: &str = "node_modules/@bytecodealliance/componentize-js/sr
 
 /// Why a project cannot be built.
 #[derive(Debug, thiserror::Error)]
-pub enum BuildError {
+pub(crate) enum BuildError {
     /// No project file in the directory.
     #[error(
         "{} is not a plugin project: no Cargo.toml, package.json or pyproject.toml (write one with `pushonce plugins new`)",
@@ -98,7 +98,7 @@ fn detect(dir: &Path) -> Result<Lang, BuildError> {
 
 /// Builds the project in `dir` and copies its component into `out`;
 /// returns the copied file.
-pub fn build(dir: &Path, out: &Path) -> Result<PathBuf, BuildError> {
+pub(crate) fn build(dir: &Path, out: &Path) -> Result<PathBuf, BuildError> {
     let lang = detect(dir)?;
     let scratch = dir.join("target").join("pushonce-build");
     let built = match lang {

@@ -154,7 +154,7 @@ fn json_lines(file: &Path, text: &str) -> Result<Vec<Case>, CasesError> {
 
 /// The outcome of one case.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Outcome {
+pub(crate) struct Outcome {
     /// The case's name.
     pub name: String,
     /// Whether the plugin answered as expected.

@@ -21,7 +21,7 @@ pub(crate) enum Kind {
 
 /// The language of the scaffolded plugin.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum Lang {
+pub(crate) enum Lang {
     /// Rust, with the vendored SDK.
     Rust,
     /// JavaScript, built by componentize-js.

@@ -11,7 +11,7 @@ use super::{Layout, PermitError, Permits, Task, array};
 use crate::store::Batch;
 
 /// A task with what it takes from its event record (`listing.lua`).
-pub static SCRIPT: LazyLock<Script> = LazyLock::new(|| script(include_str!("listing.lua")));
+pub(super) static SCRIPT: LazyLock<Script> = LazyLock::new(|| script(include_str!("listing.lua")));
 
 /// `listing.lua`'s `KEYS` and `ARGV`.
 struct ReadArgs<'a> {

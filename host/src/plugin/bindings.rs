@@ -4,6 +4,8 @@
 //! per world.
 
 /// The `key-policy-plugin` world: `describe` and the `key-policy` interface.
+/// (Generated items carry the WIT's own comments, where it has them.)
+#[allow(missing_docs)]
 pub mod key_policy {
     wasmtime::component::bindgen!({
         world: "pushonce:plugin/key-policy-plugin",
@@ -17,6 +19,7 @@ pub mod key_policy {
 /// implements. Exports are called asynchronously (a send waits on HTTP); the
 /// shared cache is async on the host (Redis) and blocking for the guest;
 /// `wasi:http` and `wasi:io` are wasmtime's own bindings.
+#[allow(missing_docs)]
 pub mod channel {
     wasmtime::component::bindgen!({
         world: "pushonce:channel/channel-plugin",

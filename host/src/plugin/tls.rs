@@ -215,7 +215,7 @@ fn tls_cause(e: &rustls::Error, name: &str) -> String {
 impl ConnectError {
     /// The payload-free `error-code` the plugin reads (every variant is
     /// "not sent" to the SDK: the request was never written).
-    pub fn code(&self) -> HttpError {
+    pub(crate) fn code(&self) -> HttpError {
         match self {
             ConnectError::Timeout { .. } => HttpError::ConnectionTimeout,
             ConnectError::NotChecked { .. } | ConnectError::Tcp { .. } => {
@@ -236,7 +236,7 @@ impl ConnectError {
     }
 
     /// Finds the connector's error in the chain of a hyper-util error.
-    pub fn find<'a>(e: &'a (dyn std::error::Error + 'static)) -> Option<&'a ConnectError> {
+    pub(crate) fn find<'a>(e: &'a (dyn std::error::Error + 'static)) -> Option<&'a ConnectError> {
         let mut cur = Some(e);
         while let Some(err) = cur {
             if let Some(c) = err.downcast_ref::<ConnectError>() {

@@ -24,7 +24,7 @@ const MAX_FALLBACK_DEPTH: usize = 8;
 
 /// What planning needs of a request: the event (already parsed and checked)
 /// and the parts that concern its channels.
-pub struct PlanRequest<'a> {
+pub(crate) struct PlanRequest<'a> {
     /// The event the key policy sees.
     pub event: Event,
     /// The channels asked for (a subset of the policy's), or all of them.
@@ -71,7 +71,7 @@ impl PlanError {
 }
 
 /// One channel of one event, ready to accept.
-pub struct Planned {
+pub(crate) struct Planned {
     /// The channel.
     pub channel: String,
     /// What the permit script gets.
@@ -79,7 +79,7 @@ pub struct Planned {
 }
 
 /// One event, checked and planned.
-pub struct PlannedEvent {
+pub(crate) struct PlannedEvent {
     /// The event's business type.
     pub biz_type: String,
     /// Business id.
@@ -93,7 +93,7 @@ pub struct PlannedEvent {
 }
 
 /// Routes, picks the channels and derives one event: everything but Redis.
-pub fn plan(
+pub(crate) fn plan(
     snapshot: &Snapshot,
     host_channels: &BTreeMap<String, ChannelConfig>,
     req: PlanRequest<'_>,
@@ -202,7 +202,7 @@ fn key_policy(snapshot: &Snapshot, policy: &Policy) -> Result<Arc<KeyPolicyPlugi
 /// fields (no `serde_json::Value` tree: this runs for every event); fields
 /// and attributes come out sorted by name and a repeated attribute keeps its
 /// last value, as the `Value` form did.
-pub fn event_json(event: &Event) -> String {
+pub(crate) fn event_json(event: &Event) -> String {
     #[derive(serde::Serialize)]
     struct Stored<'a> {
         attributes: BTreeMap<&'a str, &'a str>,

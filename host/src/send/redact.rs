@@ -42,7 +42,7 @@ impl std::fmt::Debug for Redactor {
 
 impl Redactor {
     /// A redactor for `secrets` (empty values are ignored).
-    pub fn new<'a>(secrets: impl IntoIterator<Item = &'a str>) -> Redactor {
+    pub(crate) fn new<'a>(secrets: impl IntoIterator<Item = &'a str>) -> Redactor {
         let mut forms: Vec<String> = Vec::new();
         for secret in secrets.into_iter().filter(|s| !s.is_empty()) {
             forms.push(secret.to_string());

@@ -79,7 +79,7 @@ pub(crate) struct EmbeddedRedis {
 
 impl EmbeddedRedis {
     /// Starts `redis-server` with its data in `data_dir` and waits for `PING`.
-    pub async fn start(data_dir: &Path) -> Result<EmbeddedRedis, StoreError> {
+    pub(super) async fn start(data_dir: &Path) -> Result<EmbeddedRedis, StoreError> {
         let dir = data_dir_made(data_dir)?;
         let log = dir.join("redis.log");
         let mut cmd = Command::new("redis-server");
@@ -138,7 +138,7 @@ impl EmbeddedRedis {
 
     /// Sends `SHUTDOWN` (which writes and fsyncs the AOF) and waits for the
     /// child to exit; kills it if it does not within five seconds.
-    pub async fn shutdown(mut self) {
+    pub(super) async fn shutdown(mut self) {
         if let Ok(client) = open_client(&self.url)
             && let Ok(mut con) = client.get_multiplexed_async_connection().await
         {

@@ -3,7 +3,7 @@
 //! (held, failed and dead; requeue and settle; the search by idempotency key)
 //! in [`tasks`].
 
-pub mod tasks;
+pub(crate) mod tasks;
 
 use std::collections::BTreeMap;
 use std::time::SystemTime;
@@ -22,7 +22,7 @@ use crate::route::policy::RetrySpec;
 
 /// One loaded plugin.
 #[derive(Debug, Serialize, ToSchema)]
-pub struct PluginView {
+pub(crate) struct PluginView {
     /// `name@version`.
     pub id: String,
     /// Name.
@@ -48,7 +48,7 @@ pub struct PluginView {
 
 /// The plugins of the snapshot in force.
 #[derive(Debug, Serialize, ToSchema)]
-pub struct PluginsView {
+pub(crate) struct PluginsView {
     /// Generation of the snapshot.
     pub generation: u64,
     /// Every loaded plugin.
@@ -59,7 +59,7 @@ pub struct PluginsView {
 
 /// A retry schedule.
 #[derive(Debug, Serialize, ToSchema)]
-pub struct RetryView {
+pub(crate) struct RetryView {
     /// Attempts in all.
     pub max_attempts: u32,
     /// First delay, ms.
@@ -85,7 +85,7 @@ pub(crate) struct OverrideView {
 
 /// One policy in force.
 #[derive(Debug, Serialize, ToSchema)]
-pub struct PolicyView {
+pub(crate) struct PolicyView {
     /// Business type.
     pub biz_type: String,
     /// The file.
@@ -110,7 +110,7 @@ pub struct PolicyView {
 
 /// A refused reload.
 #[derive(Debug, Serialize, ToSchema)]
-pub struct RefusalView {
+pub(crate) struct RefusalView {
     /// When (ms since the epoch).
     pub at_ms: u64,
     /// Every reason.
@@ -119,7 +119,7 @@ pub struct RefusalView {
 
 /// The policies in force.
 #[derive(Debug, Serialize, ToSchema)]
-pub struct PoliciesView {
+pub(crate) struct PoliciesView {
     /// Generation of the snapshot in force.
     pub generation: u64,
     /// When it was loaded (ms since the epoch).
@@ -133,7 +133,7 @@ pub struct PoliciesView {
 
 /// The answer to a reload.
 #[derive(Debug, Serialize, ToSchema)]
-pub struct ReloadView {
+pub(crate) struct ReloadView {
     /// The generation now in force.
     pub generation: u64,
 }
@@ -161,7 +161,7 @@ fn retry_view(r: &RetrySpec) -> RetryView {
         (status = 401, description = "Missing or wrong admin token", body = Problem, content_type = "application/problem+json"),
     ),
     security(("admin_token" = [])))]
-pub async fn plugins(State(state): State<AppState>) -> Json<PluginsView> {
+pub(crate) async fn plugins(State(state): State<AppState>) -> Json<PluginsView> {
     let snapshot = state.live.current();
     let plugins = snapshot
         .registry
@@ -200,7 +200,7 @@ pub async fn plugins(State(state): State<AppState>) -> Json<PluginsView> {
         (status = 401, description = "Missing or wrong admin token", body = Problem, content_type = "application/problem+json"),
     ),
     security(("admin_token" = [])))]
-pub async fn policies(State(state): State<AppState>) -> Json<PoliciesView> {
+pub(crate) async fn policies(State(state): State<AppState>) -> Json<PoliciesView> {
     let snapshot = state.live.current();
     let policies = snapshot
         .policies
@@ -254,7 +254,7 @@ pub async fn policies(State(state): State<AppState>) -> Json<PoliciesView> {
         (status = 422, description = "Refused; the running set stays in force", body = Problem, content_type = "application/problem+json"),
     ),
     security(("admin_token" = [])))]
-pub async fn reload(State(state): State<AppState>) -> Result<Json<ReloadView>, ApiError> {
+pub(crate) async fn reload(State(state): State<AppState>) -> Result<Json<ReloadView>, ApiError> {
     // The same checked reload as file changes and SIGHUP: a key policy
     // upgrade that would change keys of recent events is refused.
     match (state.reload)().await {

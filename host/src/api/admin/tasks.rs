@@ -15,7 +15,7 @@ use crate::permit::{OperatorNote, Requeue, Settle, Settled, Task};
 
 /// One held, failed or dead task.
 #[derive(Debug, Serialize, ToSchema)]
-pub struct DeadTask {
+pub(crate) struct DeadTask {
     /// When it ended, or for a held (`unknown`) one when it was held (ms since the epoch).
     pub ended_at_ms: u64,
     /// The task.
@@ -24,7 +24,7 @@ pub struct DeadTask {
 
 /// Held, failed and dead tasks, newest first.
 #[derive(Debug, Serialize, ToSchema)]
-pub struct DeadTasks {
+pub(crate) struct DeadTasks {
     /// The tasks.
     pub tasks: Vec<DeadTask>,
 }
@@ -33,7 +33,7 @@ pub struct DeadTasks {
 #[derive(Debug, Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]
 #[into_params(parameter_in = Query)]
-pub struct DeadQuery {
+pub(crate) struct DeadQuery {
     /// At most this many (1..=1000, default 100).
     #[param(minimum = 1, maximum = 1000)]
     pub limit: Option<usize>,
@@ -43,7 +43,7 @@ pub struct DeadQuery {
 #[derive(Debug, Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]
 #[into_params(parameter_in = Query)]
-pub struct RequeueQuery {
+pub(crate) struct RequeueQuery {
     /// Requeue even if the task's message may already be at the provider
     /// (an attempt's outcome was unknown and nothing settled it): the
     /// operator accepts that the user may get it twice. Default false.
@@ -60,7 +60,7 @@ pub struct RequeueQuery {
 #[derive(Debug, Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]
 #[into_params(parameter_in = Query)]
-pub struct SettleQuery {
+pub(crate) struct SettleQuery {
     /// Who settles it (recorded on the task; default `admin-api`).
     #[param(max_length = 200)]
     pub by: Option<String>,
@@ -71,14 +71,14 @@ pub struct SettleQuery {
 
 /// The answer to a settle: the task as it is now.
 #[derive(Debug, Serialize, ToSchema)]
-pub struct SettleView {
+pub(crate) struct SettleView {
     /// The task, settled.
     pub task: TaskView,
 }
 
 /// The answer to a requeue.
 #[derive(Debug, Serialize, ToSchema)]
-pub struct RequeueView {
+pub(crate) struct RequeueView {
     /// The task, queued again under its key.
     pub task_id: String,
     /// Attempts made before.
@@ -123,7 +123,7 @@ pub(crate) struct KeySearch {
         (status = 503, description = "Redis unavailable", body = Problem, content_type = "application/problem+json"),
     ),
     security(("admin_token" = [])))]
-pub async fn dead_tasks(
+pub(crate) async fn dead_tasks(
     state: State<AppState>,
     query: Result<Query<DeadQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Json<DeadTasks>, ApiError> {
@@ -142,7 +142,7 @@ pub async fn dead_tasks(
         (status = 503, description = "Redis unavailable", body = Problem, content_type = "application/problem+json"),
     ),
     security(("admin_token" = [])))]
-pub async fn held_tasks(
+pub(crate) async fn held_tasks(
     state: State<AppState>,
     query: Result<Query<DeadQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Json<DeadTasks>, ApiError> {
@@ -182,7 +182,7 @@ async fn list_held(
         (status = 503, description = "Redis unavailable", body = Problem, content_type = "application/problem+json"),
     ),
     security(("admin_token" = [])))]
-pub async fn requeue(
+pub(crate) async fn requeue(
     State(state): State<AppState>,
     Path(id): Path<String>,
     query: Result<Query<RequeueQuery>, axum::extract::rejection::QueryRejection>,
@@ -245,7 +245,7 @@ pub(crate) fn requeue_answer(
 }
 
 /// Who acts and why, checked: `by` defaults to `admin-api`; both bounded.
-pub fn operator_note(by: Option<String>, why: String) -> Result<OperatorNote, ApiError> {
+pub(crate) fn operator_note(by: Option<String>, why: String) -> Result<OperatorNote, ApiError> {
     let by = by
         .map(|b| b.trim().to_string())
         .filter(|b| !b.is_empty())
@@ -275,7 +275,7 @@ pub fn operator_note(by: Option<String>, why: String) -> Result<OperatorNote, Ap
         (status = 503, description = "Redis unavailable", body = Problem, content_type = "application/problem+json"),
     ),
     security(("admin_token" = [])))]
-pub async fn mark_delivered(
+pub(crate) async fn mark_delivered(
     State(state): State<AppState>,
     Path(id): Path<String>,
     query: Result<Query<SettleQuery>, axum::extract::rejection::QueryRejection>,
@@ -296,7 +296,7 @@ pub async fn mark_delivered(
         (status = 503, description = "Redis unavailable", body = Problem, content_type = "application/problem+json"),
     ),
     security(("admin_token" = [])))]
-pub async fn give_up(
+pub(crate) async fn give_up(
     State(state): State<AppState>,
     Path(id): Path<String>,
     query: Result<Query<SettleQuery>, axum::extract::rejection::QueryRejection>,

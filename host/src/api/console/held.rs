@@ -26,7 +26,7 @@ const CAUSES: &[(&str, &str)] = &[
 
 /// `?channel=&cause=`.
 #[derive(Debug, Default, Deserialize)]
-pub struct Filter {
+pub(crate) struct Filter {
     /// Only this channel (empty: all).
     #[serde(default)]
     pub channel: String,
@@ -36,7 +36,7 @@ pub struct Filter {
 }
 
 /// The held list.
-pub async fn page(
+pub(crate) async fn page(
     State(state): State<AppState>,
     Operator(session): Operator,
     Query(filter): Query<Filter>,

@@ -29,7 +29,7 @@ pub(crate) struct EventForm {
 }
 
 /// The empty explorer.
-pub async fn page(Operator(session): Operator) -> Response {
+pub(crate) async fn page(Operator(session): Operator) -> Response {
     render(&session, "", html! {}).into_response()
 }
 

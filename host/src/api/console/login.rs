@@ -21,7 +21,7 @@ use crate::api::log::escaped;
 
 /// The sign-in form's fields.
 #[derive(Debug, Deserialize)]
-pub struct SignIn {
+pub(crate) struct SignIn {
     /// Who signs in (recorded with every action).
     pub name: String,
     /// The admin token.
@@ -29,7 +29,7 @@ pub struct SignIn {
 }
 
 /// The sign-in form (or, signed in already, the overview).
-pub async fn form(State(state): State<AppState>, req: Request) -> Response {
+pub(crate) async fn form(State(state): State<AppState>, req: Request) -> Response {
     if session_of(req.headers(), req.extensions(), &state).is_some() {
         return Redirect::to("/console/overview").into_response();
     }
@@ -37,7 +37,7 @@ pub async fn form(State(state): State<AppState>, req: Request) -> Response {
 }
 
 /// Checks the token; sets the session cookie and goes to the overview.
-pub async fn sign_in(
+pub(crate) async fn sign_in(
     State(state): State<AppState>,
     Extension(failures): Extension<Arc<Failures>>,
     client: Option<Extension<Client>>,

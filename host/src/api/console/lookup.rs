@@ -21,7 +21,7 @@ const USER_TASKS: u32 = 100;
 
 /// The look-up form's fields (each optional; the first given is used).
 #[derive(Debug, Default, Deserialize)]
-pub struct Find {
+pub(crate) struct Find {
     /// A task id.
     #[serde(default)]
     pub task: String,
@@ -40,7 +40,7 @@ pub struct Find {
 }
 
 /// The look-up page: the form and what it found.
-pub async fn page(
+pub(crate) async fn page(
     State(state): State<AppState>,
     Operator(session): Operator,
     Query(find): Query<Find>,

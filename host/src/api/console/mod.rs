@@ -7,14 +7,14 @@
 //! content security policy allowing only the console's own stylesheet and
 //! forms, no framing, no MIME sniffing, no caching.
 
-pub mod held;
-pub mod keys;
-pub mod login;
-pub mod lookup;
-pub mod overview;
-pub mod policies;
-pub mod session;
-pub mod task;
+pub(crate) mod held;
+pub(crate) mod keys;
+pub(crate) mod login;
+pub(crate) mod lookup;
+pub(crate) mod overview;
+pub(crate) mod policies;
+pub(crate) mod session;
+pub(crate) mod task;
 
 use std::sync::{Arc, LazyLock};
 use std::time::SystemTime;
@@ -34,7 +34,7 @@ use super::problem::ApiError;
 use session::{Revoked, Session, Signer};
 
 /// The console's routes (merged into the API's router).
-pub fn routes(state: AppState) -> Router<AppState> {
+pub(crate) fn routes(state: AppState) -> Router<AppState> {
     Router::new()
         .route(
             "/console",
@@ -96,7 +96,7 @@ async fn headers(req: Request, next: Next) -> Response {
 
 /// The signed-in operator of a page; without a valid session the page
 /// answers a redirect to the sign-in form.
-pub struct Operator(pub Session);
+pub(crate) struct Operator(pub Session);
 
 impl FromRequestParts<AppState> for Operator {
     type Rejection = Response;
@@ -181,7 +181,7 @@ pub(crate) fn error_page(session: &Session, err: ApiError) -> Response {
 }
 
 /// The page frame: title, navigation (when signed in), styles.
-pub fn layout(title: &str, session: Option<&Session>, content: Markup) -> Markup {
+pub(crate) fn layout(title: &str, session: Option<&Session>, content: Markup) -> Markup {
     html! {
         (DOCTYPE)
         html lang="en" {
@@ -221,7 +221,7 @@ pub(crate) fn csrf_field(session: &Session) -> Markup {
 }
 
 /// A time in ms since the epoch as RFC 3339 (UTC, seconds).
-pub fn when(ms: u64) -> String {
+pub(crate) fn when(ms: u64) -> String {
     let t = SystemTime::UNIX_EPOCH + std::time::Duration::from_millis(ms);
     humantime::format_rfc3339_seconds(t).to_string()
 }

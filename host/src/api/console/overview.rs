@@ -10,7 +10,7 @@ use crate::api::AppState;
 use crate::api::overview::{ChannelCounts, RECENT_WINDOW, overview};
 
 /// The overview page.
-pub async fn page(State(state): State<AppState>, Operator(session): Operator) -> Response {
+pub(crate) async fn page(State(state): State<AppState>, Operator(session): Operator) -> Response {
     let view = match overview(&state).await {
         Ok(view) => view,
         Err(e) => return error_page(&session, e),

@@ -26,7 +26,7 @@ const EXAMPLES: usize = 20;
 
 /// The candidate form's fields (the CSRF token is checked by the guard).
 #[derive(Debug, Deserialize)]
-pub struct CandidateForm {
+pub(crate) struct CandidateForm {
     /// The policy file's text.
     #[serde(default)]
     pub policy: String,
@@ -34,13 +34,13 @@ pub struct CandidateForm {
 
 /// `?applied=` after an apply: the generation the reload put in force.
 #[derive(Debug, Deserialize)]
-pub struct AppliedQuery {
+pub(crate) struct AppliedQuery {
     /// The generation in force after the apply.
     pub applied: Option<u64>,
 }
 
 /// The page: policies, plugins and an empty candidate form.
-pub async fn page(
+pub(crate) async fn page(
     State(state): State<AppState>,
     Operator(session): Operator,
     Query(done): Query<AppliedQuery>,
@@ -55,7 +55,7 @@ pub async fn page(
 
 /// Checks and diffs the pasted policy; shows the result and, when it
 /// checks, the apply button.
-pub async fn check(
+pub(crate) async fn check(
     State(state): State<AppState>,
     Operator(session): Operator,
     Form(form): Form<CandidateForm>,
@@ -84,7 +84,7 @@ pub async fn check(
 }
 
 /// Writes the pasted policy and reloads; refused, the page says why.
-pub async fn apply(
+pub(crate) async fn apply(
     State(state): State<AppState>,
     Operator(session): Operator,
     Form(form): Form<CandidateForm>,

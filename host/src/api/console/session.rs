@@ -34,7 +34,7 @@ const PURPOSE: &str = "pushonce console session v1";
 
 /// A signed-in operator.
 #[derive(Debug, Clone)]
-pub struct Session {
+pub(crate) struct Session {
     /// The name given at sign-in (recorded with every action).
     pub by: String,
     /// The token each of this session's forms carries.
@@ -47,7 +47,7 @@ pub struct Session {
 
 /// Sessions signed out on this host, until they would have expired.
 #[derive(Debug, Default)]
-pub struct Revoked {
+pub(crate) struct Revoked {
     /// Session id → its expiry (seconds since the epoch).
     ids: Mutex<HashMap<String, u64>>,
 }
@@ -76,7 +76,7 @@ pub(crate) struct Signer {
 impl Signer {
     /// A signer for `token`; `None` when the admin surface is open (the
     /// console then refuses to sign anyone in).
-    pub fn new(token: &Token) -> Option<Signer> {
+    pub(crate) fn new(token: &Token) -> Option<Signer> {
         token.derive_key(PURPOSE).map(|key| Signer { key })
     }
 
@@ -91,7 +91,7 @@ impl Signer {
     }
 
     /// A new session for `by`: the cookie's value.
-    pub fn issue(&self, by: &str, now: SystemTime) -> String {
+    pub(crate) fn issue(&self, by: &str, now: SystemTime) -> String {
         let expires = epoch_secs(now) + LIFETIME.as_secs();
         let nonce: [u8; 16] = rand::random();
         let payload = format!("{}.{expires}.{}", B64.encode(by), B64.encode(nonce));
@@ -100,7 +100,7 @@ impl Signer {
     }
 
     /// The session of cookie value `value`, if its MAC checks and it has not expired.
-    pub fn verify(&self, value: &str, now: SystemTime) -> Option<Session> {
+    pub(crate) fn verify(&self, value: &str, now: SystemTime) -> Option<Session> {
         let (payload, mac) = value.rsplit_once('.')?;
         let presented = B64.decode(mac).ok()?;
         let expected = self.mac(&[b"session", payload.as_bytes()]);
@@ -131,7 +131,7 @@ fn epoch_secs(t: SystemTime) -> u64 {
 }
 
 /// The console cookie's value in `headers`, if any.
-pub fn cookie(headers: &HeaderMap) -> Option<String> {
+pub(crate) fn cookie(headers: &HeaderMap) -> Option<String> {
     headers
         .get_all(header::COOKIE)
         .iter()

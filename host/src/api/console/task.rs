@@ -18,14 +18,14 @@ use crate::permit::{Requeue, Settle};
 
 /// `?done=` after an action.
 #[derive(Debug, Deserialize)]
-pub struct Done {
+pub(crate) struct Done {
     /// `requeued`, `delivered` or `given_up`.
     pub done: Option<String>,
 }
 
 /// The fields of an action's form (the CSRF token is checked by the guard).
 #[derive(Debug, Deserialize)]
-pub struct ActionForm {
+pub(crate) struct ActionForm {
     /// Why, in the operator's words (recorded on the task).
     #[serde(default)]
     pub why: String,
@@ -34,7 +34,7 @@ pub struct ActionForm {
 }
 
 /// The task page.
-pub async fn page(
+pub(crate) async fn page(
     State(state): State<AppState>,
     Operator(session): Operator,
     Path(id): Path<String>,
@@ -59,7 +59,7 @@ pub async fn page(
 
 /// Requeue; when the message may already be at the provider, first the
 /// confirmation page, then (with `force=yes`) the forced requeue.
-pub async fn requeue(
+pub(crate) async fn requeue(
     State(state): State<AppState>,
     Operator(session): Operator,
     Path(id): Path<String>,
@@ -84,7 +84,7 @@ pub async fn requeue(
 }
 
 /// Mark delivered without a send.
-pub async fn mark_delivered(
+pub(crate) async fn mark_delivered(
     state: State<AppState>,
     operator: Operator,
     id: Path<String>,
@@ -94,7 +94,7 @@ pub async fn mark_delivered(
 }
 
 /// Give up.
-pub async fn give_up(
+pub(crate) async fn give_up(
     state: State<AppState>,
     operator: Operator,
     id: Path<String>,

@@ -13,8 +13,9 @@ use anyhow::bail;
 
 use pushonce::cli::inputs::default_plugin_dir;
 use pushonce::cli::output::print_table;
+use pushonce::event::Event;
 use pushonce::plugin::cache::{self, CacheOutcome};
-use pushonce::plugin::{Event, KeyPolicyPlugin, Limits, PluginRuntime};
+use pushonce::plugin::{KeyPolicyPlugin, Limits, PluginRuntime};
 
 /// Arguments of `pushonce-bench languages`.
 #[derive(Debug, clap::Args)]

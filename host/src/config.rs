@@ -137,7 +137,7 @@ pub struct HostConfig {
     /// `{ from = 2000, to = 2100 }` (the default); an event outside is
     /// refused with 422 naming `occurred_at` (a typo, seconds sent as
     /// milliseconds).
-    pub occurred_at_years: crate::derive::YearRange,
+    pub occurred_at_years: crate::event::YearRange,
     /// The HTTP listener: exposure, header timeout, connection cap.
     pub http: HttpConfig,
     /// Named frequency-cap groups (`[caps.marketing]`) that policies share
@@ -510,7 +510,7 @@ impl Default for HostConfig {
             auth: AuthConfig::default(),
             reconcile: ReconcileConfig::default(),
             receipts: ReceiptsConfig::default(),
-            occurred_at_years: crate::derive::YearRange::default(),
+            occurred_at_years: crate::event::YearRange::default(),
             http: HttpConfig::default(),
             caps: BTreeMap::new(),
         }

@@ -4,7 +4,7 @@
 //! [`CORPUS_LEN`] kept), in the same pipeline as their permits; a reload's
 //! key-stability check reads it with [`recent_events`].
 
-use crate::plugin::Event;
+use crate::event::Event;
 
 /// How many recent events the corpus keeps.
 pub(crate) const CORPUS_LEN: usize = 1000;
@@ -102,9 +102,7 @@ pub async fn recent_events(
         .await?;
     Ok(texts
         .iter()
-        .filter_map(|t| {
-            crate::derive::event_from_json_within(t, crate::derive::YearRange::ANY).ok()
-        })
+        .filter_map(|t| crate::event::event_from_json_within(t, crate::event::YearRange::ANY).ok())
         .collect())
 }
 

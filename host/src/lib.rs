@@ -21,6 +21,7 @@ pub mod corpus;
 pub mod derive;
 pub mod dispatch;
 pub mod doctor;
+pub mod event;
 pub mod eviction;
 pub(crate) mod files;
 pub mod ledger;

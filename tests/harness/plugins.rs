@@ -3,7 +3,8 @@
 
 use std::path::{Path, PathBuf};
 
-use pushonce::plugin::{Event, Limits, LoadError, PluginRegistry};
+use pushonce::event::Event;
+use pushonce::plugin::{Limits, LoadError, PluginRegistry};
 
 /// The directory with the real key-policy plugins, built by `build.rs`.
 pub fn real_dir() -> PathBuf {

@@ -12,7 +12,8 @@
 use std::path::PathBuf;
 
 use pushonce::derive::{DeriveError, derive};
-use pushonce::plugin::{CallError, Event, KeyPolicyPlugin};
+use pushonce::event::Event;
+use pushonce::plugin::{CallError, KeyPolicyPlugin};
 use pushonce_tests::plugins::registry_of;
 
 /// The Rust plugins' key encoding, as the reference.

@@ -6,7 +6,8 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use pushonce::derive::{DeriveError, derive, event_from_json};
+use pushonce::derive::{DeriveError, derive};
+use pushonce::event::event_from_json;
 use pushonce::plugin::{CallError, LoadError, PluginRegistry, ResolveError};
 use pushonce_tests::plugins::*;
 
@@ -18,7 +19,7 @@ const FIRST_SECOND_OF_NEXT_DAY_AT_8: u64 = LAST_SECOND_OF_DAY_AT_8 + 1000;
 fn key(
     registry: &PluginRegistry,
     policy: &str,
-    event: &pushonce::plugin::Event,
+    event: &pushonce::event::Event,
     channel: &str,
     params: &[(String, String)],
 ) -> Result<String, DeriveError> {

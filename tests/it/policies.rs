@@ -429,7 +429,7 @@ fn policies_diff_counts_changed_keys_with_examples() {
 }
 
 /// The corpus event of [`running`], for a reloader of one's own.
-fn resume_event() -> pushonce::plugin::Event {
+fn resume_event() -> pushonce::event::Event {
     let mut e = event("u-7", 1_764_000_000_000, &[]);
     e.biz_type = "RESUME_VIEWED".into();
     e.biz_id = "r-42".into();

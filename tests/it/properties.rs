@@ -8,7 +8,8 @@ use std::sync::{Arc, LazyLock};
 
 use proptest::prelude::*;
 use pushonce::derive::{DeriveError, derive, validate_body};
-use pushonce::plugin::{Event, KeyPolicyPlugin};
+use pushonce::event::Event;
+use pushonce::plugin::KeyPolicyPlugin;
 use pushonce_tests::plugins::real_registry;
 
 /// The three real key policies, loaded once for every case.

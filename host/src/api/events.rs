@@ -22,9 +22,8 @@ use super::log::escaped;
 use super::model::Problem;
 use super::model::*;
 use super::problem::ApiError;
-use crate::derive::{EventError, EventJson, YearRange, event_from_parsed};
+use crate::event::{Event, OccurredAt as At, YearRange, occurred_at_within};
 use crate::permit::{AcceptRequest, Acceptance};
-use crate::plugin::Event;
 use crate::route::Snapshot;
 use crate::route::plan::{PlanRequest, PlannedEvent};
 
@@ -351,39 +350,28 @@ fn check_entries(
     Ok(())
 }
 
-/// The plugins' event from the request (occurred_at defaults to `now`).
+/// The event of the request (`occurred_at` defaults to `now`), built from
+/// its typed fields: attribute values as the JSON form writes them, so the
+/// API and the CLI give an event the same keys.
 fn to_event(req: &EventRequest, now: u64, years: YearRange) -> Result<Event, ApiError> {
-    let occurred_at = match &req.occurred_at {
-        None => serde_json::Value::from(now),
-        Some(OccurredAt::Millis(ms)) => serde_json::Value::from(*ms),
-        Some(OccurredAt::Text(t)) => serde_json::Value::from(t.clone()),
+    let at = match &req.occurred_at {
+        None => At::Millis(now),
+        Some(OccurredAt::Millis(ms)) => At::Millis(*ms),
+        Some(OccurredAt::Text(t)) => At::Text(t),
     };
+    let occurred_at_ms =
+        occurred_at_within(at, years).map_err(|reason| ApiError::invalid("occurred_at", reason))?;
     let attributes = req
         .attributes
         .iter()
-        .map(|(k, v)| {
-            let value = match v {
-                AttributeValue::Text(t) => serde_json::Value::from(t.clone()),
-                AttributeValue::Int(i) => serde_json::Value::from(*i),
-                AttributeValue::Float(f) => serde_json::Value::from(*f),
-                AttributeValue::Bool(b) => serde_json::Value::from(*b),
-            };
-            (k.clone(), value)
-        })
+        .map(|(k, v)| (k.clone(), v.as_text()))
         .collect();
-    event_from_parsed(
-        EventJson {
-            biz_type: req.biz_type.clone(),
-            biz_id: req.biz_id.clone(),
-            user_id: req.user_id.clone(),
-            occurred_at,
-            attributes,
-        },
-        years,
-    )
-    .map_err(|e| match e {
-        EventError::Field { field, reason } => ApiError::invalid(field, reason),
-        EventError::Json(e) => ApiError::invalid("body", e.to_string()),
+    Ok(Event {
+        biz_type: req.biz_type.clone(),
+        biz_id: req.biz_id.clone(),
+        user_id: req.user_id.clone(),
+        occurred_at_ms,
+        attributes,
     })
 }
 

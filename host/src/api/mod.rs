@@ -51,7 +51,7 @@ pub struct ApiLimits {
     /// Longest a request may take (default 10 s); then 503 with `Retry-After`.
     pub request_timeout: Duration,
     /// Years an event's `occurred_at` may fall in (default 2000–2100); outside is 422.
-    pub occurred_at_years: crate::derive::YearRange,
+    pub occurred_at_years: crate::event::YearRange,
 }
 
 impl Default for ApiLimits {
@@ -60,7 +60,7 @@ impl Default for ApiLimits {
             body_bytes: 256 * 1024,
             batch_max: 100,
             request_timeout: Duration::from_secs(10),
-            occurred_at_years: crate::derive::YearRange::default(),
+            occurred_at_years: crate::event::YearRange::default(),
         }
     }
 }

@@ -104,6 +104,20 @@ pub(crate) enum AttributeValue {
     Bool(bool),
 }
 
+impl AttributeValue {
+    /// The value as the event's JSON form writes it (a number as
+    /// `serde_json` prints it), so a posted event and the same event read
+    /// from a file get the same keys.
+    pub(crate) fn as_text(&self) -> String {
+        match self {
+            AttributeValue::Text(t) => t.clone(),
+            AttributeValue::Int(i) => i.to_string(),
+            AttributeValue::Float(f) => serde_json::Value::from(*f).to_string(),
+            AttributeValue::Bool(b) => b.to_string(),
+        }
+    }
+}
+
 /// Many events in one request: `POST /v1/events:batch`.
 #[derive(Debug, Clone, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 
-use crate::plugin::Event;
+use crate::event::Event;
 
 /// `$PUSHONCE_PLUGIN_DIR`, else `target/plugins` (where `cargo xtask plugins` puts them).
 pub fn default_plugin_dir() -> PathBuf {

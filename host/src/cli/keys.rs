@@ -14,10 +14,11 @@ use anyhow::{Context, bail};
 
 use crate::api::console::when;
 use crate::config::HostConfig;
-use crate::derive::event_from_json;
 pub use crate::derive::{ChannelKey, dry_run};
+use crate::event::Event;
+use crate::event::event_from_json;
 use crate::permit::{Acceptance, CapPeriod, Gate, Permits};
-use crate::plugin::{Event, Limits, PluginRegistry};
+use crate::plugin::{Limits, PluginRegistry};
 use crate::route::plan::{PlanRequest, PlannedEvent, plan};
 use crate::store::{RedisTarget, Store};
 

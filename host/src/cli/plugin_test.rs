@@ -12,7 +12,8 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
-use crate::derive::{DeriveError, EventJson, YearRange, derive, event_from_parsed};
+use crate::derive::{DeriveError, derive};
+use crate::event::{EventJson, YearRange, event_from_parsed};
 use crate::plugin::{CallError, KeyPolicyPlugin};
 
 /// One case of a cases file.

@@ -2,7 +2,7 @@
 //! and the host configuration, and show how keys change between two sets.
 
 use crate::config::HostConfig;
-use crate::derive::event_from_json;
+use crate::event::event_from_json;
 use crate::route::live::{self, Snapshot};
 use crate::route::stability;
 use anyhow::{Context, bail};
@@ -136,7 +136,7 @@ fn print_policies(snapshot: &Snapshot) {
     println!("{} policies valid", rows.len());
 }
 
-fn read_events(path: &Path) -> anyhow::Result<Vec<crate::plugin::Event>> {
+fn read_events(path: &Path) -> anyhow::Result<Vec<crate::event::Event>> {
     let text = read_to_string(path)?;
     text.lines()
         .enumerate()

@@ -45,7 +45,7 @@ impl Permits {
     }
 }
 
-/// The `user_id` of a stored event (`route::plan::event_json`), if any.
+/// The `user_id` of a stored event (`event::event_json`), if any.
 fn recipient_of(event_json: &str) -> Option<String> {
     let event: serde_json::Value = serde_json::from_str(event_json).ok()?;
     Some(event.get("user_id")?.as_str()?.to_string())

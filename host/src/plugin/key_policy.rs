@@ -12,12 +12,13 @@ use std::sync::{Arc, Mutex};
 use wasmtime::Store;
 
 use super::bindings::key_policy::KeyPolicyPluginPre;
-use super::bindings::{Event, KeyDecision, KeyPolicyWorld};
+use super::bindings::{self, KeyDecision, KeyPolicyWorld};
 use super::call::classify;
 use super::error::CallError;
 use super::runtime::PluginRuntime;
 use super::state::HostState;
 use super::{PluginMeta, PluginStats};
+use crate::event::Event;
 
 /// A warm instance and its store.
 struct Warm {
@@ -205,7 +206,7 @@ impl KeyPolicyPlugin {
         }
         warm.world
             .pushonce_plugin_key_policy()
-            .call_derive_key(&mut warm.store, event, channel, params)
+            .call_derive_key(&mut warm.store, &wit_event(event), channel, params)
             .map_err(|e| classify(&self.meta.id, e, warm.store.data(), fuel))
     }
 
@@ -234,5 +235,17 @@ impl KeyPolicyPlugin {
         self.call(&mut warm, event, channel, params)?.ok();
         let left = warm.store.get_fuel().unwrap_or(0);
         Ok(self.runtime.limits().fuel_per_call - left)
+    }
+}
+
+/// The event as the WIT record the plugin is called with: the domain type
+/// stops at this boundary.
+fn wit_event(event: &Event) -> bindings::Event {
+    bindings::Event {
+        biz_type: event.biz_type.clone(),
+        biz_id: event.biz_id.clone(),
+        user_id: event.user_id.clone(),
+        occurred_at_ms: event.occurred_at_ms,
+        attributes: event.attributes.clone(),
     }
 }

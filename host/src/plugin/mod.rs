@@ -34,7 +34,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-pub use bindings::{Event, KeyDecision};
+pub use bindings::KeyDecision;
 pub use cache::CacheOutcome;
 pub use channel::{ChannelCallError, ChannelInstance, ChannelPlugin, ChannelSettings};
 pub use error::{CallError, LoadError, ResolveError};

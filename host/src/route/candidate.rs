@@ -18,7 +18,7 @@ use super::stability::{self, KeyDiff};
 use super::watch::Reloader;
 use super::{Live, PolicyFile, PolicySet, policy_files};
 use crate::config::HostConfig;
-use crate::plugin::Event;
+use crate::event::Event;
 
 /// The name a pasted policy's own errors give it (before its file is known).
 pub(crate) const PASTED: &str = "pasted.toml";

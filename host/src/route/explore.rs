@@ -8,7 +8,7 @@ use std::time::Duration;
 use super::Snapshot;
 use super::stability::params_of;
 use crate::derive;
-use crate::plugin::Event;
+use crate::event::Event;
 
 /// One policy's keys for the event.
 #[derive(Debug)]

@@ -12,10 +12,11 @@ use std::time::Duration;
 use super::{Policy, Snapshot};
 use crate::config::ChannelConfig;
 use crate::derive::{DeriveError, DerivedKey, derive};
+use crate::event::{Event, event_json};
 use crate::permit::{
     AcceptRequest, BloomCheck, CapCheck, CapPeriod, Gate, QuietCheck, RetryPolicy,
 };
-use crate::plugin::{Event, KeyPolicyPlugin};
+use crate::plugin::KeyPolicyPlugin;
 use crate::route::policy::{DedupMode, RetrySpec};
 use crate::send::{Fallback, Payload};
 
@@ -195,34 +196,6 @@ fn key_policy(snapshot: &Snapshot, policy: &Policy) -> Result<Arc<KeyPolicyPlugi
             plugin: requirement.clone(),
             detail: e.to_string(),
         })
-}
-
-/// The event as stored in tasks and in the corpus: the JSON form
-/// `derive::event_from_json` reads back. Serialized straight from borrowed
-/// fields (no `serde_json::Value` tree: this runs for every event); fields
-/// and attributes come out sorted by name and a repeated attribute keeps its
-/// last value, as the `Value` form did.
-pub(crate) fn event_json(event: &Event) -> String {
-    #[derive(serde::Serialize)]
-    struct Stored<'a> {
-        attributes: BTreeMap<&'a str, &'a str>,
-        biz_id: &'a str,
-        biz_type: &'a str,
-        occurred_at: u64,
-        user_id: &'a str,
-    }
-    serde_json::to_string(&Stored {
-        attributes: event
-            .attributes
-            .iter()
-            .map(|(k, v)| (k.as_str(), v.as_str()))
-            .collect(),
-        biz_id: &event.biz_id,
-        biz_type: &event.biz_type,
-        occurred_at: event.occurred_at_ms,
-        user_id: &event.user_id,
-    })
-    .expect("string fields always serialize")
 }
 
 /// What every channel of one event shares while it is planned.
@@ -519,7 +492,7 @@ mod tests {
         })
         .to_string();
         assert_eq!(event_json(&event), reference);
-        let back = crate::derive::event_from_json(&event_json(&event)).unwrap();
+        let back = crate::event::event_from_json(&event_json(&event)).unwrap();
         assert_eq!(back.biz_id, event.biz_id);
         assert_eq!(back.occurred_at_ms, event.occurred_at_ms);
     }

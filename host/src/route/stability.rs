@@ -7,7 +7,8 @@
 
 use super::{Policy, Snapshot};
 use crate::derive;
-use crate::plugin::{Event, KeyPolicyPlugin};
+use crate::event::Event;
+use crate::plugin::KeyPolicyPlugin;
 use std::sync::Arc;
 
 /// The parameters a policy hands its key policy.

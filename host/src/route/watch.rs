@@ -8,7 +8,7 @@
 
 use super::Live;
 use super::live::Refusal;
-use crate::plugin::Event;
+use crate::event::Event;
 use crate::send::BoxFuture;
 use notify::event::ModifyKind;
 use notify::{EventKind, RecommendedWatcher, RecursiveMode, Watcher};

@@ -14,7 +14,7 @@ use serde::Deserialize;
 use super::session::Session;
 use super::{Operator, csrf_field, layout};
 use crate::api::AppState;
-use crate::derive::event_from_json_within;
+use crate::event::event_from_json_within;
 use crate::route::explore::{PolicyKeys, keys_under_each};
 
 /// An example event, the empty form's placeholder.

@@ -18,7 +18,7 @@ use crate::api::AppState;
 use crate::api::admin::{PluginsView, PoliciesView, plugins, policies};
 use crate::api::log::escaped;
 use crate::corpus::{CORPUS_CHECK_LEN, recent_events};
-use crate::plugin::Event;
+use crate::event::Event;
 use crate::route::candidate::{self, Planned};
 
 /// Changed keys shown as examples.

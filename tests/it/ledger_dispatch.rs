@@ -462,6 +462,79 @@ async fn a_task_sent_for_good_leaves_redis_as_it_is_recorded() {
     host.shutdown().await.unwrap();
 }
 
+/// Sent, awaiting a receipt that never comes, on a channel whose status
+/// query keeps saying "pending": once the reconciler stops checking it
+/// (`max_checks`), the task ended — it leaves Redis as it is recorded in
+/// the ledger, and look-ups answer `sent` from the ledger.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sent_task_no_longer_checked_leaves_redis_once_the_ledger_holds_it() {
+    use pushonce_tests::host::{Setup, TestHost, order_shipped};
+    let redis = RedisServer::start().await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let sender = Pending(
+        pushonce::send::LedgerFileSender::open(&dir.path().join("sent.jsonl"), Faults::default())
+            .unwrap(),
+    );
+    let host = TestHost::start_with(
+        &redis,
+        Setup {
+            sender: Some(std::sync::Arc::new(sender)),
+            configure: Some(Box::new(|c| {
+                c.reconcile.sent_age = Duration::from_millis(100);
+                c.reconcile.every = Duration::from_millis(100);
+                c.reconcile.max_checks = 2;
+                c.reconcile.backoff.initial = Duration::from_millis(100);
+                c.reconcile.backoff.max = Duration::from_millis(100);
+            })),
+            ..Setup::default()
+        },
+    )
+    .await
+    .unwrap();
+    let ids = accepted_task_ids(&host, &order_shipped("o-untracked")).await;
+    let permits = host_permits(&redis).await;
+    for id in &ids {
+        let path = format!("/v1/tasks/{id}");
+        let left = wait_until(Duration::from_secs(30), || {
+            let fut = host.get(&path, None);
+            async move {
+                let a = fut.await.unwrap();
+                a.body["status"] == "sent" && a.body["from_ledger"] == true
+            }
+        })
+        .await;
+        if left.is_err() {
+            panic!("{id}: {}", host.get(&path, None).await.unwrap().body);
+        }
+        assert!(permits.task(id).await.unwrap().is_none());
+    }
+    assert_eq!(scan(&redis, "*:task:*").await, Vec::<String>::new());
+    assert_eq!(scan(&redis, "*:ev:*").await, Vec::<String>::new());
+    assert_eq!(scan(&redis, "*:permit:*").await.len(), 3);
+    host.shutdown().await.unwrap();
+}
+
+/// The development ledger playing a provider whose status query never
+/// settles a message (it says "pending" for good) and that sends no receipt.
+struct Pending(pushonce::send::LedgerFileSender);
+
+impl pushonce::send::Sender for Pending {
+    fn send<'a>(
+        &'a self,
+        msg: &'a pushonce::send::OutgoingMessage,
+    ) -> std::pin::Pin<Box<dyn Future<Output = pushonce::send::SendOutcome> + Send + 'a>> {
+        self.0.send(msg)
+    }
+
+    fn check<'a>(
+        &'a self,
+        _: &'a pushonce::send::OutgoingMessage,
+        _: Option<&'a str>,
+    ) -> std::pin::Pin<Box<dyn Future<Output = pushonce::send::Check> + Send + 'a>> {
+        Box::pin(async { pushonce::send::Check::CannotTell("pending at the provider".into()) })
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn readyz_names_a_ledger_that_is_down_while_accepts_continue() {
     use pushonce_tests::host::{Setup, TestHost, order_shipped};

@@ -43,7 +43,8 @@ impl Transition for ForgetArgs<'_> {
 
 impl Permits {
     /// Lets `task`, which ended `status` (`delivered` or `failed`) by a
-    /// receipt, a reconciler check or an operator, leave Redis once the
+    /// receipt, a reconciler check or an operator, or stays `sent` with no
+    /// more checks to come (the reconciler untracked it), leave Redis once the
     /// delivery ledger holds that outcome (call it only then): its hash, its
     /// event-index entry and its provider-id index entries go, its permit
     /// stays for the window. With `keep_ended` it expires after that instead.

@@ -257,8 +257,12 @@ impl ReconcileContext {
             metrics::counter!(GAVE_UP_TOTAL, "channel" => task.channel.clone(), "status" => claimed.status.as_str())
                 .increment(1);
             gave_up(&task, claimed, &reason);
-            if matches!(action, CheckAction::Dead) {
-                self.note(&task, "dead", false).await;
+            match action {
+                CheckAction::Dead => self.note(&task, "dead", false).await,
+                // Sent, and nothing will settle it any more: it ended, and
+                // leaves Redis once the ledger holds it (a late receipt
+                // still reaches its ledger row).
+                _ => self.note(&task, "sent", true).await,
             }
         }
         Ok(done && !matches!(action, CheckAction::Later(_) | CheckAction::Untrack))

@@ -73,6 +73,12 @@ pub struct HostConfig {
     pub shards: u16,
     /// Dispatcher workers in this process.
     pub workers: usize,
+    /// Most ready entries a worker batch takes from one shard per read
+    /// (default 16; at most `workers` are in flight): a batch's tasks are
+    /// begun, claimed in the ledger, marked and recorded with one call
+    /// each, and sent at once. Each task keeps its own lease and outcome;
+    /// 1 handles every message alone.
+    pub dispatch_batch: usize,
     /// Whether this process dispatches: runs the dispatcher (its `workers`)
     /// and the reconciler. `false`: an API-only instance that accepts events
     /// and leaves their delivery to instances with `dispatch = true`, so API
@@ -497,6 +503,7 @@ impl Default for HostConfig {
             policy_dir: PathBuf::from("policies"),
             shards: 16,
             workers: 8,
+            dispatch_batch: crate::dispatch::DEFAULT_BATCH,
             dispatch: true,
             lease: Duration::from_secs(30),
             task_retention: Duration::from_secs(7 * 24 * 3600),
@@ -712,6 +719,9 @@ impl HostConfig {
         }
         if self.workers == 0 {
             return Err(invalid("workers", "must be at least 1"));
+        }
+        if self.dispatch_batch == 0 {
+            return Err(invalid("dispatch_batch", "must be at least 1"));
         }
         if self.lease < Duration::from_millis(100) {
             return Err(invalid("lease", "must be at least 100ms"));

@@ -114,16 +114,22 @@ async fn attempt_batch<'a>(
                 return None;
             }
             Some(async move {
-                let (outcome, context) = send_and_note(shared, attempt, &msg).await;
-                Pending {
+                let (outcome, context, keep) = send_and_note(shared, attempt, &msg).await;
+                let pending = Pending {
                     attempt,
                     outcome,
                     entry,
                     context,
-                }
+                };
+                (pending, keep)
             })
         });
-    pending.extend(futures_util::future::join_all(sends).await);
+    let sent = futures_util::future::join_all(sends).await;
+    // Indexed before the record makes the tasks visible as sent, so a
+    // receipt or a reconciler check that settles one at once finds the
+    // index and deletes it as the task leaves.
+    index_ids(shared, &sent).await;
+    pending.extend(sent.into_iter().map(|(p, _)| p));
     pending
 }
 
@@ -163,12 +169,13 @@ async fn may_send<'a>(
 
 /// Sends one message of a batch and writes its outcome to the ledger (the
 /// ledger first: a task that ends for good leaves Redis as it is recorded,
-/// once the ledger holds its outcome); the outcome and what the record needs beside it.
+/// once the ledger holds its outcome); the outcome, what the record needs
+/// beside it, and how long a sent message's ids stay indexed.
 async fn send_and_note(
     shared: &DispatchContext,
     attempt: &Attempt,
     msg: &OutgoingMessage,
-) -> (Outcome, RecordContext) {
+) -> (Outcome, RecordContext, Duration) {
     let outcome = send(shared, attempt, msg).await;
     let checkable = !matches!(outcome, Outcome::Sent { .. }) || shared.sender.can_check(msg).await;
     let ends = ends_for_good(attempt, &outcome, checkable);
@@ -178,31 +185,14 @@ async fn send_and_note(
         held: None,
         ledger_holds_outcome,
     };
-    if let Outcome::Sent {
-        provider_message_id,
-        reference,
-    } = &outcome
-    {
-        // Indexed before the record makes the task visible as sent, so a
-        // receipt or a reconciler check that settles it at once finds the
-        // index and deletes it as the task leaves. Awaiting a receipt: kept
-        // like the task; gone already: for the key's window, so a late
-        // receipt still finds the ledger row.
-        let keep = if ledger_holds_outcome {
-            window_left(&attempt.task)
-        } else {
-            shared.permits.config().retention
-        };
-        index_ids(
-            shared,
-            attempt,
-            provider_message_id,
-            reference.as_deref(),
-            keep,
-        )
-        .await;
-    }
-    (outcome, context)
+    // Awaiting a receipt: kept like the task; gone already: for the key's
+    // window, so a late receipt still finds the ledger row.
+    let keep = if ledger_holds_outcome {
+        window_left(&attempt.task)
+    } else {
+        shared.permits.config().retention
+    };
+    (outcome, context, keep)
 }
 
 /// Whether `outcome` ends the task for good, so that it may leave Redis once
@@ -422,27 +412,32 @@ async fn resend_still_safe(
     false
 }
 
-/// Indexes a sent message's provider id and reference (when not the key),
-/// so a receipt naming either finds the task.
-async fn index_ids(
-    shared: &DispatchContext,
-    attempt: &Attempt,
-    provider_id: &str,
-    reference: Option<&str>,
-    keep: Duration,
-) {
-    let ids = [Some(provider_id), reference]
-        .into_iter()
-        .flatten()
-        .filter(|id| !id.is_empty() && *id != attempt.task.key);
-    for id in ids {
-        if let Err(e) = shared
-            .permits
-            .index_provider_id(&attempt.task.channel, id, &attempt.task_id, keep)
-            .await
-        {
-            tracing::warn!(task = %attempt.task_id, error = %e, "could not index the provider message id");
-        }
+/// Indexes the sent messages' provider ids and references (when not the
+/// key), so a receipt naming either finds the task: one round trip for the batch.
+async fn index_ids(shared: &DispatchContext, sent: &[(Pending<'_>, Duration)]) {
+    let mut ids = Vec::new();
+    for (p, keep) in sent {
+        let Outcome::Sent {
+            provider_message_id,
+            reference,
+        } = &p.outcome
+        else {
+            continue;
+        };
+        let task = &p.attempt.task;
+        ids.extend(
+            [Some(provider_message_id.as_str()), reference.as_deref()]
+                .into_iter()
+                .flatten()
+                .filter(|id| !id.is_empty() && *id != task.key)
+                .map(|id| (task.channel.as_str(), id, p.attempt.task_id.as_str(), *keep)),
+        );
+    }
+    if ids.is_empty() {
+        return;
+    }
+    if let Err(e) = shared.permits.index_provider_ids(&ids).await {
+        tracing::warn!(tasks = sent.len(), error = %e, "could not index the provider message ids");
     }
 }
 

@@ -20,6 +20,7 @@ mod channels;
 mod cluster;
 mod contract;
 mod dispatch;
+mod dispatch_batch;
 mod dist;
 mod docs;
 mod doctor;

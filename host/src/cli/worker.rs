@@ -55,6 +55,9 @@ struct Options {
     /// Worker tasks in this process.
     #[arg(long, default_value_t = 8)]
     workers: usize,
+    /// Most ready entries taken from one shard per read and handled as one batch (0 counts as 1).
+    #[arg(long, default_value_t = crate::dispatch::DEFAULT_BATCH)]
+    batch: usize,
     /// Lease of one attempt.
     #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
     lease: Duration,
@@ -159,6 +162,7 @@ fn permit_config(args: &Options) -> PermitConfig {
 fn dispatch_config(args: &Options) -> DispatchConfig {
     DispatchConfig {
         workers: args.workers,
+        batch: args.batch.max(1),
         lease: args.lease,
         block: args.block,
         consumer: default_consumer_name(),

@@ -66,6 +66,9 @@ impl HostConfig {
         if self.workers == 0 {
             return Err(invalid("workers", "must be at least 1"));
         }
+        if self.dispatch_batch == 0 {
+            return Err(invalid("dispatch_batch", "must be at least 1"));
+        }
         if self.lease < Duration::from_millis(100) {
             return Err(invalid("lease", "must be at least 100ms"));
         }

@@ -84,6 +84,12 @@ pub struct HostConfig {
     pub shards: u16,
     /// Dispatcher workers in this process.
     pub workers: usize,
+    /// Most ready entries a worker batch takes from one shard per read
+    /// (default 16; at most `workers` are in flight): a batch's tasks are
+    /// begun, claimed in the ledger, marked and recorded with one call
+    /// each, and sent at once. Each task keeps its own lease and outcome;
+    /// 1 handles every message alone.
+    pub dispatch_batch: usize,
     /// Whether this process dispatches: runs the dispatcher (its `workers`)
     /// and the reconciler. `false`: an API-only instance that accepts events
     /// and leaves their delivery to instances with `dispatch = true`, so API
@@ -172,6 +178,7 @@ impl Default for HostConfig {
             policy_dir: PathBuf::from("policies"),
             shards: 16,
             workers: 8,
+            dispatch_batch: crate::dispatch::DEFAULT_BATCH,
             dispatch: true,
             lease: Duration::from_secs(30),
             task_retention: Duration::from_secs(7 * 24 * 3600),

@@ -13,7 +13,7 @@ use super::{DispatchContext, pause};
 use crate::ledger::{Claim, ClaimAnswer, now_ms, recipient_digest};
 use crate::permit::{Attempt, Outcome};
 
-/// The answer of [`claim`].
+/// One attempt's answer of [`claim_batch`].
 pub(crate) enum Claimed {
     /// The key is this task's (or no ledger is configured): send.
     Ours {
@@ -33,27 +33,40 @@ pub(crate) enum Claimed {
 /// Longest pause between two claims while the ledger is down.
 const RETRY_MAX: Duration = Duration::from_secs(1);
 
-/// Claims the attempt's key, waiting (retrying with a growing pause up to
-/// [`RETRY_MAX`]) while the ledger does not answer: no send without a claim.
-pub(crate) async fn claim(shared: &DispatchContext, attempt: &Attempt) -> Claimed {
+/// Claims the attempts' keys (a batch's: one transaction), waiting
+/// (retrying with a growing pause up to [`RETRY_MAX`]) while the ledger
+/// does not answer: no send without a claim. Each answer is its own:
+/// another task owning one key stops that task only.
+pub(crate) async fn claim_batch(shared: &DispatchContext, attempts: &[&Attempt]) -> Vec<Claimed> {
     let Some(ledger) = &shared.ledger else {
-        return Claimed::Ours { first: false };
+        return attempts
+            .iter()
+            .map(|_| Claimed::Ours { first: false })
+            .collect();
     };
-    let claim = claim_of(attempt);
+    let claims: Vec<Claim> = attempts.iter().map(|a| claim_of(a)).collect();
     let mut wait = Duration::from_millis(20);
     loop {
-        match ledger.claim(&claim).await {
-            Ok(ClaimAnswer::Ours { first }) => return Claimed::Ours { first },
-            Ok(ClaimAnswer::Taken { owner, status }) => {
-                tracing::warn!(task = %attempt.task_id, owner = %owner, owner_status = %status,
-                    channel = %attempt.task.channel,
-                    "duplicate prevented: the ledger holds this key for another task (Redis lost its permit)");
-                return Claimed::Taken { owner };
+        match ledger.claim_all(&claims).await {
+            Ok(answers) => {
+                return answers
+                    .into_iter()
+                    .zip(attempts)
+                    .map(|(answer, attempt)| match answer {
+                        ClaimAnswer::Ours { first } => Claimed::Ours { first },
+                        ClaimAnswer::Taken { owner, status } => {
+                            tracing::warn!(task = %attempt.task_id, owner = %owner, owner_status = %status,
+                                channel = %attempt.task.channel,
+                                "duplicate prevented: the ledger holds this key for another task (Redis lost its permit)");
+                            Claimed::Taken { owner }
+                        }
+                    })
+                    .collect();
             }
             Err(e) => {
-                tracing::warn!(task = %attempt.task_id, error = %e, "ledger unavailable; the send waits for a claim");
+                tracing::warn!(tasks = attempts.len(), error = %e, "ledger unavailable; the send waits for a claim");
                 if pause(shared, wait).await {
-                    return Claimed::Stopped;
+                    return attempts.iter().map(|_| Claimed::Stopped).collect();
                 }
                 wait = (wait * 2).min(RETRY_MAX);
             }

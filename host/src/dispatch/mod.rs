@@ -1,11 +1,13 @@
 //! Dispatcher: workers that claim tasks from the ready streams and send them.
 //!
 //! One [`Dispatcher`] per host process runs:
-//! - a reader ([`reader`]) and up to `workers` worker tasks ([`worker`]): the reader takes
-//!   entries from every shard's ready stream with `XREADGROUP` (its own
+//! - a reader ([`reader`]) and up to `workers` attempts in flight ([`worker`]): the reader takes
+//!   up to `batch` entries per shard from every shard's ready stream with `XREADGROUP` (its own
 //!   connection, short `BLOCK`; on a cluster one non-blocking read per shard)
-//!   when a worker is free; a worker begins an
-//!   attempt (lease), calls the [`Sender`], records the outcome (which acks the entry);
+//!   when a worker is free, and hands each shard's entries to one batch task; a batch begins
+//!   its attempts (a lease each) in one script call, claims their keys in the ledger in one
+//!   transaction, calls the [`Sender`] for all at once, and records the outcomes (which ack
+//!   the entries) in one script call;
 //! - a reclaimer ([`reclaim`]): `XAUTOCLAIM`s entries idle longer than a lease
 //!   (their worker died, in any process) and begins them again;
 //! - a retry scheduler ([`schedule`]): promotes due retries from each shard's
@@ -61,6 +63,9 @@ pub enum DispatchError {
 pub struct DispatchConfig {
     /// Attempts in flight at once in this process (default 8).
     pub workers: usize,
+    /// Most entries one read takes from one shard's ready stream, handled
+    /// as one batch (one script call per step; default 16, at most `workers`).
+    pub batch: usize,
     /// Lease of one attempt; extended every third of it while a send is in
     /// flight, and an entry idle longer than it is re-claimed (default 30 s).
     pub lease: Duration,
@@ -81,6 +86,7 @@ impl Default for DispatchConfig {
     fn default() -> Self {
         DispatchConfig {
             workers: 8,
+            batch: DEFAULT_BATCH,
             lease: Duration::from_secs(30),
             block: Duration::from_secs(1),
             consumer: default_consumer_name(),
@@ -90,6 +96,9 @@ impl Default for DispatchConfig {
         }
     }
 }
+
+/// Default of [`DispatchConfig::batch`] (and of the host's `dispatch_batch`).
+pub const DEFAULT_BATCH: usize = 16;
 
 /// A consumer name unique to this process: `<hostname>-<pid>-<random>`.
 pub(crate) fn default_consumer_name() -> String {
@@ -172,6 +181,7 @@ impl Dispatcher {
         tracing::info!(
             consumer = %shared.config.consumer,
             workers = shared.config.workers,
+            batch = shared.config.batch,
             shards = shared.permits.layout().shards(),
             lease = ?shared.config.lease,
             "dispatcher started"

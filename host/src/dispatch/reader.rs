@@ -1,5 +1,6 @@
-//! The reader: takes entries from every shard's ready stream and hands each
-//! to a worker task ([`super::worker::deliver`]), at most `workers` at once.
+//! The reader: takes up to `batch` entries from every shard's ready stream
+//! and hands each shard's entries to one batch task
+//! ([`super::worker::deliver_batch`]), at most `workers` entries in flight at once.
 //!
 //! On one Redis, one `XREADGROUP … BLOCK` over every shard's stream
 //! on the reader's own connection. On a Redis Cluster a command must not
@@ -16,7 +17,7 @@ use redis::streams::StreamReadReply;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
 
-use super::worker::deliver;
+use super::worker::deliver_batch;
 use super::{DispatchContext, pause};
 use crate::permit::Entry;
 use crate::store::RedisConn;
@@ -26,9 +27,9 @@ use crate::store::RedisConn;
 /// reads a second per process while idle).
 pub(crate) const CLUSTER_POLL_MAX: Duration = Duration::from_millis(50);
 
-/// The reader loop: waits for a free worker slot, reads (`COUNT 1` per
-/// stream, so up to one entry per shard), and hands each entry to a worker
-/// task as soon as a slot is free. Runs until shutdown, then waits for the
+/// The reader loop: waits for a free worker slot, reads (`COUNT` up to
+/// `batch` per stream, no more than the free slots), and hands each shard's
+/// entries to one batch task as soon as a slot per entry is free. Runs until shutdown, then waits for the
 /// attempts in flight; an entry already read is always finished. `conn` is
 /// the reader's own blocking connection on one Redis, the shared cluster
 /// connection on a cluster.
@@ -47,7 +48,14 @@ pub(crate) async fn run(shared: Arc<DispatchContext>, mut conn: RedisConn) {
             break;
         }
         while running.try_join_next().is_some() {}
-        let entries = match read(&shared, &mut conn, &streams).await {
+        // As many per shard as there are free slots (a batch waits for its
+        // slots, so one larger than the free ones would wait here).
+        let count = shared
+            .config
+            .batch
+            .min(slots.available_permits() + 1)
+            .max(1);
+        let entries = match read(&shared, &mut conn, &streams, count).await {
             Ok(entries) => entries,
             Err(e) => {
                 drop(first);
@@ -81,11 +89,12 @@ async fn read(
     shared: &DispatchContext,
     conn: &mut RedisConn,
     streams: &[String],
+    count: usize,
 ) -> redis::RedisResult<Vec<Entry>> {
     if conn.is_cluster() {
-        poll_each_shard(shared, conn, streams).await
+        poll_each_shard(shared, conn, streams, count).await
     } else {
-        read_all_shards(shared, conn, streams).await
+        read_all_shards(shared, conn, streams, count).await
     }
 }
 
@@ -100,8 +109,9 @@ async fn after_read_error(shared: &DispatchContext, e: &redis::RedisError) -> bo
     pause(shared, Duration::from_millis(200)).await
 }
 
-/// Hands each entry to a worker task, the first on the slot already held,
-/// the others as slots free up. False when the slots were closed.
+/// Hands each shard's entries to one batch task, the first batch on the
+/// slot already held and as many more as it has entries, the others as
+/// slots free up. False when the slots were closed.
 async fn hand_out(
     shared: &Arc<DispatchContext>,
     entries: Vec<Entry>,
@@ -110,32 +120,59 @@ async fn hand_out(
     running: &mut JoinSet<()>,
 ) -> bool {
     let mut first = Some(first);
-    for entry in entries {
+    for batch in by_shard(entries) {
+        let need = u32::try_from(batch.len()).unwrap_or(u32::MAX);
         let slot = match first.take() {
-            Some(p) => p,
-            None => match slots.clone().acquire_owned().await {
+            Some(mut held) => {
+                if need > 1 {
+                    match slots.clone().acquire_many_owned(need - 1).await {
+                        Ok(more) => held.merge(more),
+                        Err(_) => return false,
+                    }
+                }
+                held
+            }
+            None => match slots.clone().acquire_many_owned(need).await {
                 Ok(p) => p,
                 Err(_) => return false,
             },
         };
         let shared = shared.clone();
         running.spawn(async move {
-            deliver(&shared, &entry).await;
+            deliver_batch(&shared, &batch).await;
             drop(slot);
         });
     }
     true
 }
 
-/// The `XREADGROUP` of this consumer for new entries of `streams`, `COUNT 1`
-/// each, blocking up to `block` when given.
-fn xreadgroup(shared: &DispatchContext, block: Option<Duration>, streams: &[String]) -> redis::Cmd {
+/// Entries grouped by shard (a batch touches one shard's hash tag), in the
+/// order their shards first appear.
+fn by_shard(entries: Vec<Entry>) -> Vec<Vec<Entry>> {
+    let mut batches: Vec<Vec<Entry>> = Vec::new();
+    for entry in entries {
+        match batches.iter_mut().find(|b| b[0].shard == entry.shard) {
+            Some(batch) => batch.push(entry),
+            None => batches.push(vec![entry]),
+        }
+    }
+    batches
+}
+
+/// The `XREADGROUP` of this consumer for new entries of `streams`, up to
+/// `count` each, blocking up to `block` when given.
+fn xreadgroup(
+    shared: &DispatchContext,
+    block: Option<Duration>,
+    streams: &[String],
+    count: usize,
+) -> redis::Cmd {
     let mut cmd = redis::cmd("XREADGROUP");
     cmd.arg("GROUP")
         .arg(&shared.permits.config().group)
         .arg(&shared.config.consumer)
         .arg("COUNT")
-        .arg(1);
+        .arg(count.max(1));
     if let Some(block) = block {
         cmd.arg("BLOCK").arg(crate::permit::millis(block).max(1));
     }
@@ -151,10 +188,12 @@ async fn read_all_shards(
     shared: &DispatchContext,
     conn: &mut RedisConn,
     streams: &[String],
+    count: usize,
 ) -> redis::RedisResult<Vec<Entry>> {
-    let reply: Option<StreamReadReply> = xreadgroup(shared, Some(shared.config.block), streams)
-        .query_async(conn)
-        .await?;
+    let reply: Option<StreamReadReply> =
+        xreadgroup(shared, Some(shared.config.block), streams, count)
+            .query_async(conn)
+            .await?;
     Ok(entries_of(reply))
 }
 
@@ -165,10 +204,11 @@ async fn poll_each_shard(
     shared: &DispatchContext,
     conn: &RedisConn,
     streams: &[String],
+    count: usize,
 ) -> redis::RedisResult<Vec<Entry>> {
     let mut reads = JoinSet::new();
     for stream in streams {
-        let cmd = xreadgroup(shared, None, std::slice::from_ref(stream));
+        let cmd = xreadgroup(shared, None, std::slice::from_ref(stream), count);
         let mut conn = conn.clone();
         reads.spawn(async move { cmd.query_async::<Option<StreamReadReply>>(&mut conn).await });
     }

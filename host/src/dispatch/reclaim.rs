@@ -41,11 +41,14 @@ pub(crate) async fn run(shared: Arc<DispatchContext>) {
                 continue;
             }
             tracing::info!(shard, n = entries.len(), "re-claimed idle entries");
+            // In batches like the reader's, at most `workers` entries in flight.
+            let batch = shared.config.batch.clamp(1, shared.config.workers.max(1));
             let mut set = JoinSet::new();
-            for entry in entries {
+            for chunk in entries.chunks(batch) {
                 let owned = shared.clone();
-                set.spawn(async move { worker::deliver(&owned, &entry).await });
-                while set.len() >= shared.config.workers.max(1) {
+                let chunk = chunk.to_vec();
+                set.spawn(async move { worker::deliver_batch(&owned, &chunk).await });
+                while set.len() * batch >= shared.config.workers.max(1) {
                     let _ = set.join_next().await;
                 }
             }

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use super::{DispatchContext, backoff};
 use crate::metric_names as names;
-use crate::permit::{Attempt, Begin, Entry, HeldCause, Outcome, RecordContext, Recorded};
+use crate::permit::{Attempt, Begin, Entry, HeldCause, Outcome, RecordContext, Recorded, ToRecord};
 use crate::send::{OutgoingMessage, Payload, SendOutcome, UnknownVerdict};
 
 /// Why a re-claimed task is held: its previous worker died mid-attempt and
@@ -14,81 +14,185 @@ use crate::send::{OutgoingMessage, Payload, SendOutcome, UnknownVerdict};
 pub const RECLAIMED_REASON: &str =
     "the worker holding the lease died mid-send; the provider may have the message";
 
-/// Handles one stream entry: begin, send, record. Never fails: a Redis error
-/// leaves the entry pending, to be re-claimed after a lease.
-pub(crate) async fn deliver(shared: &DispatchContext, entry: &Entry) {
+/// Handles entries of one shard's ready stream as a batch: one `begin`
+/// script call for all, their ledger claims in one transaction, one mark
+/// that their sends start, their sends at once, and one `record` script
+/// call for their outcomes. Each task keeps its own lease, owner checks and
+/// ledger-before-send order, and its outcome is its own: a batch saves
+/// round trips and script calls, and is never a unit of failure. Never
+/// fails: a Redis error leaves the entries pending, to be re-claimed.
+pub(crate) async fn deliver_batch(shared: &DispatchContext, entries: &[Entry]) {
     let started = Instant::now();
-    let Some(attempt) = begin(shared, entry).await else {
-        return;
-    };
-    if started.elapsed() >= shared.config.lease {
-        // Redis answered so late that the lease may be over: do not send.
-        tracing::warn!(task = %entry.task_id, "lease ran out before sending; left pending");
+    let begun = begin_batch(shared, entries).await;
+    if begun.is_empty() {
         return;
     }
-    let Some(first_claim) = claim_in_ledger(shared, &attempt, entry).await else {
+    if started.elapsed() >= shared.config.lease {
+        // Redis answered so late that the leases may be over: do not send.
+        for (attempt, _) in &begun {
+            tracing::warn!(task = %attempt.task_id, "lease ran out before sending; left pending");
+        }
         return;
+    }
+    let attempts: Vec<&Attempt> = begun.iter().map(|(a, _)| a).collect();
+    // Every lease of the batch is kept alive until its outcome is recorded:
+    // a task whose send ended waits for the batch's record.
+    let records = with_leases(shared, &attempts, attempt_batch(shared, &begun)).await;
+    record_batch(shared, records).await;
+}
+
+/// An outcome waiting for the batch's record.
+struct Pending<'a> {
+    attempt: &'a Attempt,
+    outcome: Outcome,
+    entry: &'a Entry,
+    context: RecordContext,
+}
+
+/// Claims, marks and sends the begun attempts of a batch; the outcomes to
+/// record, the ledger holding each one's note already. An attempt whose
+/// outcome was recorded on the way (a resend decided against), or that
+/// must not be recorded (its lease lost), has none.
+async fn attempt_batch<'a>(
+    shared: &DispatchContext,
+    begun: &'a [(Attempt, &'a Entry)],
+) -> Vec<Pending<'a>> {
+    let attempts: Vec<&Attempt> = begun.iter().map(|(a, _)| a).collect();
+    let claims = super::ledger::claim_batch(shared, &attempts).await;
+    let mut pending = Vec::new();
+    let mut checks = Vec::new();
+    for ((attempt, entry), claim) in begun.iter().zip(claims) {
+        let outcome = match claim {
+            super::ledger::Claimed::Ours { first } => {
+                checks.push(may_send(shared, attempt, entry, first));
+                continue;
+            }
+            super::ledger::Claimed::Taken { owner } => Outcome::DuplicatePrevented { owner },
+            super::ledger::Claimed::Stopped => Outcome::Release,
+        };
+        pending.push(Pending {
+            attempt,
+            outcome,
+            entry,
+            context: RecordContext::default(),
+        });
+    }
+    let sendable: Vec<(&Attempt, &Entry, OutgoingMessage)> = futures_util::future::join_all(checks)
+        .await
+        .into_iter()
+        .flatten()
+        .collect();
+    if sendable.is_empty() {
+        return pending;
+    }
+    let marking: Vec<&Attempt> = sendable.iter().map(|(a, _, _)| *a).collect();
+    let marked = match shared
+        .permits
+        .mark_requests_started(&marking, shared.config.lease)
+        .await
+    {
+        Ok(marked) => marked,
+        Err(e) => {
+            for (attempt, entry, _) in sendable {
+                tracing::warn!(task = %attempt.task_id, error = %e, "could not mark the send as started; not sent, the attempt is given back");
+                pending.push(Pending {
+                    attempt,
+                    outcome: Outcome::Release,
+                    entry,
+                    context: RecordContext::default(),
+                });
+            }
+            return pending;
+        }
     };
+    let sends = sendable
+        .into_iter()
+        .zip(marked)
+        .filter_map(|((attempt, entry, msg), lease)| {
+            if lease.is_none() {
+                tracing::warn!(task = %attempt.task_id, "lease lost before sending; not sent");
+                return None;
+            }
+            Some(async move {
+                let (outcome, context, keep) = send_and_note(shared, attempt, &msg).await;
+                let pending = Pending {
+                    attempt,
+                    outcome,
+                    entry,
+                    context,
+                };
+                (pending, keep)
+            })
+        });
+    let sent = futures_util::future::join_all(sends).await;
+    // Indexed before the record makes the tasks visible as sent, so a
+    // receipt or a reconciler check that settles one at once finds the
+    // index and deletes it as the task leaves.
+    index_ids(shared, &sent).await;
+    pending.extend(sent.into_iter().map(|(p, _)| p));
+    pending
+}
+
+/// What decides, after the claim, whether an attempt may send: a task
+/// re-claimed from a vanished worker, or a resend after an ambiguous answer,
+/// is looked at again (its outcome recorded here when it may not). The
+/// message to send, or `None`.
+async fn may_send<'a>(
+    shared: &DispatchContext,
+    attempt: &'a Attempt,
+    entry: &'a Entry,
+    first_claim: bool,
+) -> Option<(&'a Attempt, &'a Entry, OutgoingMessage)> {
     let msg = OutgoingMessage {
         task_id: attempt.task_id.clone(),
         attempt: attempt.number,
         ..OutgoingMessage::of_task(&attempt.task)
     };
-    if attempt.reclaimed && !first_claim && !resend_reclaimed(shared, &attempt, &msg, entry).await {
-        return;
+    if attempt.reclaimed && !first_claim && !resend_reclaimed(shared, attempt, &msg, entry).await {
+        return None;
     }
     if !attempt.reclaimed
         && attempt.task.maybe_sent
         && resent_by_reference(&attempt.task)
         && !first_claim
-        && !resend_still_safe(shared, &attempt, &msg, entry).await
+        && !resend_still_safe(shared, attempt, &msg, entry).await
     {
-        return;
+        return None;
     }
     if attempt.reclaimed && first_claim {
         // The vanished worker never reached its claim: it sent nothing.
         tracing::info!(task = %entry.task_id, attempt = attempt.number,
             "re-claimed from a vanished worker that never claimed the key in the ledger; sending");
     }
-    if !mark_request_started(shared, &attempt, entry).await {
-        return;
-    }
-    let outcome = send(shared, &attempt, &msg).await;
-    let checkable = !matches!(outcome, Outcome::Sent { .. }) || shared.sender.can_check(&msg).await;
-    // The ledger first: a task that ends for good leaves Redis as it is
-    // recorded, once the ledger holds its outcome.
-    let ends = ends_for_good(&attempt, &outcome, checkable);
-    let ledger_holds_outcome = super::ledger::note_outcome(shared, &attempt, &outcome, ends).await;
+    Some((attempt, entry, msg))
+}
+
+/// Sends one message of a batch and writes its outcome to the ledger (the
+/// ledger first: a task that ends for good leaves Redis as it is recorded,
+/// once the ledger holds its outcome); the outcome, what the record needs
+/// beside it, and how long a sent message's ids stay indexed.
+async fn send_and_note(
+    shared: &DispatchContext,
+    attempt: &Attempt,
+    msg: &OutgoingMessage,
+) -> (Outcome, RecordContext, Duration) {
+    let outcome = send(shared, attempt, msg).await;
+    let checkable = !matches!(outcome, Outcome::Sent { .. }) || shared.sender.can_check(msg).await;
+    let ends = ends_for_good(attempt, &outcome, checkable);
+    let ledger_holds_outcome = super::ledger::note_outcome(shared, attempt, &outcome, ends).await;
     let context = RecordContext {
         checkable,
         held: None,
         ledger_holds_outcome,
     };
-    if let Outcome::Sent {
-        provider_message_id,
-        reference,
-    } = &outcome
-    {
-        // Indexed before the record makes the task visible as sent, so a
-        // receipt or a reconciler check that settles it at once finds the
-        // index and deletes it as the task leaves. Awaiting a receipt: kept
-        // like the task; gone already: for the key's window, so a late
-        // receipt still finds the ledger row.
-        let keep = if ledger_holds_outcome {
-            window_left(&attempt.task)
-        } else {
-            shared.permits.config().retention
-        };
-        index_ids(
-            shared,
-            &attempt,
-            provider_message_id,
-            reference.as_deref(),
-            keep,
-        )
-        .await;
-    }
-    record_with(shared, &attempt, &outcome, entry, context).await;
+    // Awaiting a receipt: kept like the task; gone already: for the key's
+    // window, so a late receipt still finds the ledger row.
+    let keep = if ledger_holds_outcome {
+        window_left(&attempt.task)
+    } else {
+        shared.permits.config().retention
+    };
+    (outcome, context, keep)
 }
 
 /// Whether `outcome` ends the task for good, so that it may leave Redis once
@@ -119,40 +223,57 @@ fn window_left(task: &crate::permit::Task) -> Duration {
     Duration::from_millis(end.saturating_sub(now)).max(Duration::from_secs(60))
 }
 
-/// Begins an attempt of the entry's task; `None` when there is nothing to
-/// send now (the entry acked when the task needs no attempt, left pending
-/// when Redis failed or another worker holds the lease).
-async fn begin(shared: &DispatchContext, entry: &Entry) -> Option<Attempt> {
-    let begin = match shared
+/// Begins an attempt of each entry's task in one script call: the attempts
+/// begun, with their entries. An entry whose task needs no attempt is
+/// acked; one whose task another worker holds, or that Redis could not
+/// begin, is left pending.
+async fn begin_batch<'e>(
+    shared: &DispatchContext,
+    entries: &'e [Entry],
+) -> Vec<(Attempt, &'e Entry)> {
+    let tasks: Vec<(&str, &str)> = entries
+        .iter()
+        .map(|e| (e.task_id.as_str(), e.key.as_str()))
+        .collect();
+    let answers = match shared
         .permits
-        .begin_attempt(&entry.task_id, &entry.key, shared.config.lease)
+        .begin_attempts(&tasks, shared.config.lease)
         .await
     {
-        Ok(b) => b,
+        Ok(answers) => answers,
         Err(e) => {
-            tracing::warn!(task = %entry.task_id, error = %e, "could not begin an attempt; left pending");
-            return None;
+            tracing::warn!(tasks = entries.len(), error = %e, "could not begin attempts; left pending");
+            return Vec::new();
         }
     };
-    match begin {
-        Begin::Begun(a) => return Some(*a),
-        Begin::Busy { .. } => {
-            // A live worker elsewhere holds the lease; it acks the entry when it records.
-            tracing::debug!(task = %entry.task_id, "lease held elsewhere");
-            return None;
-        }
-        Begin::Settled(status) => {
-            tracing::debug!(task = %entry.task_id, %status, "nothing to send");
-        }
-        Begin::Superseded { by } => {
-            tracing::info!(task = %entry.task_id, by = %by, "superseded by a newer task with the same key");
-        }
-        Begin::Missing => {
-            tracing::warn!(task = %entry.task_id, "task record missing");
+    let mut begun = Vec::with_capacity(entries.len());
+    let mut done = Vec::new();
+    for (entry, answer) in entries.iter().zip(answers) {
+        match answer {
+            Ok(Begin::Begun(a)) => begun.push((*a, entry)),
+            Ok(Begin::Busy { .. }) => {
+                // A live worker elsewhere holds the lease; it acks the entry when it records.
+                tracing::debug!(task = %entry.task_id, "lease held elsewhere");
+            }
+            Ok(Begin::Settled(status)) => {
+                tracing::debug!(task = %entry.task_id, %status, "nothing to send");
+                done.push(entry);
+            }
+            Ok(Begin::Superseded { by }) => {
+                tracing::info!(task = %entry.task_id, by = %by, "superseded by a newer task with the same key");
+                done.push(entry);
+            }
+            Ok(Begin::Missing) => {
+                tracing::warn!(task = %entry.task_id, "task record missing");
+                done.push(entry);
+            }
+            Err(e) => {
+                tracing::warn!(task = %entry.task_id, error = %e, "could not begin an attempt; left pending");
+            }
         }
     }
-    ack(shared, entry).await;
-    None
+    ack(shared, &done).await;
+    begun
 }
 
 /// Sends the message under the lease and turns the channel's answer into
@@ -291,76 +412,32 @@ async fn resend_still_safe(
     false
 }
 
-/// Marks in Redis that this worker hands the message to its channel now, so
-/// a worker re-claiming the task after this one vanished knows the request
-/// may have been written. False when the mark could not be made (lease lost,
-/// Redis unreachable): nothing is sent; the attempt is given back.
-async fn mark_request_started(shared: &DispatchContext, attempt: &Attempt, entry: &Entry) -> bool {
-    match shared
-        .permits
-        .mark_request_started(attempt, shared.config.lease)
-        .await
-    {
-        Ok(Some(_)) => true,
-        Ok(None) => {
-            tracing::warn!(task = %attempt.task_id, "lease lost before sending; not sent");
-            false
-        }
-        Err(e) => {
-            tracing::warn!(task = %attempt.task_id, error = %e, "could not mark the send as started; not sent, the attempt is given back");
-            record(shared, attempt, &Outcome::Release, entry).await;
-            false
-        }
+/// Indexes the sent messages' provider ids and references (when not the
+/// key), so a receipt naming either finds the task: one round trip for the batch.
+async fn index_ids(shared: &DispatchContext, sent: &[(Pending<'_>, Duration)]) {
+    let mut ids = Vec::new();
+    for (p, keep) in sent {
+        let Outcome::Sent {
+            provider_message_id,
+            reference,
+        } = &p.outcome
+        else {
+            continue;
+        };
+        let task = &p.attempt.task;
+        ids.extend(
+            [Some(provider_message_id.as_str()), reference.as_deref()]
+                .into_iter()
+                .flatten()
+                .filter(|id| !id.is_empty() && *id != task.key)
+                .map(|id| (task.channel.as_str(), id, p.attempt.task_id.as_str(), *keep)),
+        );
     }
-}
-
-/// Indexes a sent message's provider id and reference (when not the key),
-/// so a receipt naming either finds the task.
-async fn index_ids(
-    shared: &DispatchContext,
-    attempt: &Attempt,
-    provider_id: &str,
-    reference: Option<&str>,
-    keep: Duration,
-) {
-    let ids = [Some(provider_id), reference]
-        .into_iter()
-        .flatten()
-        .filter(|id| !id.is_empty() && *id != attempt.task.key);
-    for id in ids {
-        if let Err(e) = shared
-            .permits
-            .index_provider_id(&attempt.task.channel, id, &attempt.task_id, keep)
-            .await
-        {
-            tracing::warn!(task = %attempt.task_id, error = %e, "could not index the provider message id");
-        }
+    if ids.is_empty() {
+        return;
     }
-}
-
-/// Claims the task's key in the ledger before it is sent (see
-/// [`super::ledger`]): whether this is the key's first claim (no earlier
-/// attempt reached its claim, so none sent), or `None` when the task must
-/// not be sent now: another
-/// task owns the key (recorded `duplicate_prevented`), or the ledger stayed
-/// unreachable until shutdown (the attempt given back). Waits, holding the
-/// lease, while the ledger is down.
-async fn claim_in_ledger(
-    shared: &DispatchContext,
-    attempt: &Attempt,
-    entry: &Entry,
-) -> Option<bool> {
-    match with_lease(shared, attempt, super::ledger::claim(shared, attempt)).await {
-        super::ledger::Claimed::Ours { first } => Some(first),
-        super::ledger::Claimed::Taken { owner } => {
-            let outcome = Outcome::DuplicatePrevented { owner };
-            record(shared, attempt, &outcome, entry).await;
-            None
-        }
-        super::ledger::Claimed::Stopped => {
-            record(shared, attempt, &Outcome::Release, entry).await;
-            None
-        }
+    if let Err(e) = shared.permits.index_provider_ids(&ids).await {
+        tracing::warn!(tasks = sent.len(), error = %e, "could not index the provider message ids");
     }
 }
 
@@ -447,6 +524,31 @@ async fn with_lease<T>(
     }
 }
 
+/// Runs `work`, extending the lease of every attempt in `attempts` (one
+/// script call for all) every third of a lease while it is in flight.
+async fn with_leases<T>(
+    shared: &DispatchContext,
+    attempts: &[&Attempt],
+    work: impl std::future::Future<Output = T>,
+) -> T {
+    let lease = shared.config.lease;
+    let every = (lease / 3).max(Duration::from_millis(10));
+    tokio::pin!(work);
+    let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+    loop {
+        tokio::select! {
+            done = &mut work => return done,
+            _ = tick.tick() => {
+                // A lost lease here is a task already recorded on the way
+                // (or taken over): its own record is fenced.
+                if let Err(e) = shared.permits.extend_leases(attempts, lease).await {
+                    tracing::warn!(tasks = attempts.len(), error = %e, "could not extend the leases of a batch");
+                }
+            }
+        }
+    }
+}
+
 /// Records an outcome, retrying Redis errors for up to one lease.
 async fn record(shared: &DispatchContext, attempt: &Attempt, outcome: &Outcome, entry: &Entry) {
     record_with(shared, attempt, outcome, entry, RecordContext::default()).await;
@@ -460,28 +562,57 @@ async fn record_with(
     entry: &Entry,
     context: RecordContext,
 ) {
+    let pending = Pending {
+        attempt,
+        outcome: outcome.clone(),
+        entry,
+        context,
+    };
+    record_batch(shared, vec![pending]).await;
+}
+
+/// Records the outcomes of a batch in one script call (each fenced by its
+/// own lease), retrying Redis errors for up to one lease.
+async fn record_batch(shared: &DispatchContext, pending: Vec<Pending<'_>>) {
+    if pending.is_empty() {
+        return;
+    }
     let deadline = Instant::now() + shared.config.lease;
+    let records: Vec<ToRecord<'_>> = pending
+        .iter()
+        .map(|p| ToRecord {
+            attempt: p.attempt,
+            outcome: &p.outcome,
+            entry: Some(p.entry),
+            context: p.context,
+        })
+        .collect();
     loop {
-        match shared
-            .permits
-            .record_with(attempt, outcome, Some(entry), context)
-            .await
-        {
-            Ok(Recorded::Done(fate)) => {
-                tracing::debug!(task = %attempt.task_id, ?outcome, ?fate, "recorded");
-                count(outcome, &attempt.task.channel);
-                return;
-            }
-            Ok(Recorded::Fenced { status }) => {
-                tracing::warn!(task = %attempt.task_id, ?status, "outcome fenced: the lease was lost");
+        match shared.permits.record_all(&records).await {
+            Ok(answers) => {
+                for (p, answer) in pending.iter().zip(answers) {
+                    let (attempt, outcome) = (p.attempt, &p.outcome);
+                    match answer {
+                        Ok(Recorded::Done(fate)) => {
+                            tracing::debug!(task = %attempt.task_id, ?outcome, ?fate, "recorded");
+                            count(outcome, &attempt.task.channel);
+                        }
+                        Ok(Recorded::Fenced { status }) => {
+                            tracing::warn!(task = %attempt.task_id, ?status, "outcome fenced: the lease was lost");
+                        }
+                        Err(e) => {
+                            tracing::error!(task = %attempt.task_id, error = %e, "recording failed; the task will be re-claimed");
+                        }
+                    }
+                }
                 return;
             }
             Err(e) if Instant::now() < deadline => {
-                tracing::warn!(task = %attempt.task_id, error = %e, "recording failed; retrying");
+                tracing::warn!(tasks = pending.len(), error = %e, "recording failed; retrying");
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
             Err(e) => {
-                tracing::error!(task = %attempt.task_id, error = %e, "recording failed; the task will be re-claimed");
+                tracing::error!(tasks = pending.len(), error = %e, "recording failed; the tasks will be re-claimed");
                 return;
             }
         }
@@ -503,23 +634,27 @@ fn count(outcome: &Outcome, channel: &str) {
     metrics::counter!(name, "channel" => channel.to_string()).increment(1);
 }
 
-/// Acks and deletes an entry whose task needs nothing more.
-async fn ack(shared: &DispatchContext, entry: &Entry) {
+/// Acks and deletes entries whose tasks need nothing more (one round trip).
+async fn ack(shared: &DispatchContext, entries: &[&Entry]) {
+    let Some(first) = entries.first() else {
+        return;
+    };
     let mut conn = shared.permits.connection();
-    let stream = shared.permits.layout().ready(entry.shard);
+    let stream = shared.permits.layout().ready(first.shard);
+    let ids: Vec<&str> = entries.iter().map(|e| e.id.as_str()).collect();
     let res: redis::RedisResult<()> = redis::pipe()
         .cmd("XACK")
         .arg(&stream)
         .arg(&shared.permits.config().group)
-        .arg(&entry.id)
+        .arg(&ids)
         .ignore()
         .cmd("XDEL")
         .arg(&stream)
-        .arg(&entry.id)
+        .arg(&ids)
         .ignore()
         .query_async(&mut conn)
         .await;
     if let Err(e) = res {
-        tracing::warn!(entry = %entry.id, error = %e, "ack failed");
+        tracing::warn!(entries = ?ids, error = %e, "ack failed");
     }
 }

@@ -85,9 +85,10 @@ type Reply = oneshot::Sender<Result<ClaimAnswer, Arc<LedgerError>>>;
 /// Most claims in one transaction.
 const GROUP_MAX: usize = 64;
 
-/// The queue of the group-committing claimer.
+/// The queue of the group-committing claimer: each item the claims of one
+/// caller (one, or a dispatcher's batch), kept in one transaction.
 #[derive(Clone)]
-pub(super) struct Claimer(mpsc::Sender<(Claim, Reply)>);
+pub(super) struct Claimer(mpsc::Sender<Waiting>);
 
 impl Claimer {
     /// Starts the claimer task on `pool`.
@@ -96,12 +97,12 @@ impl Claimer {
         tokio::spawn(async move {
             let mut group: Waiting = Vec::with_capacity(GROUP_MAX);
             while let Some(first) = rx.recv().await {
-                group.push(first);
+                group.extend(first);
                 // Whatever queued meanwhile joins (no waiting: an idle
-                // ledger answers a lone claim at once).
+                // ledger answers a lone claim at once); a batch is never split.
                 while group.len() < GROUP_MAX {
                     match rx.try_recv() {
-                        Ok(next) => group.push(next),
+                        Ok(next) => group.extend(next),
                         Err(_) => break,
                     }
                 }
@@ -113,16 +114,38 @@ impl Claimer {
 
     /// Claims `c` with whatever other claims are waiting.
     pub(super) async fn claim(&self, c: &Claim) -> Result<ClaimAnswer, LedgerError> {
-        let (tx, rx) = oneshot::channel();
+        self.claim_all(std::slice::from_ref(c))
+            .await?
+            .pop()
+            .ok_or(LedgerError::WriterStopped)
+    }
+
+    /// Claims every one of `claims` in one transaction (with whatever other
+    /// claims are waiting); answers in order. One fails only with all.
+    pub(super) async fn claim_all(
+        &self,
+        claims: &[Claim],
+    ) -> Result<Vec<ClaimAnswer>, LedgerError> {
+        let mut waiting = Vec::with_capacity(claims.len());
+        let mut replies = Vec::with_capacity(claims.len());
+        for c in claims {
+            let (tx, rx) = oneshot::channel();
+            waiting.push((c.clone(), tx));
+            replies.push(rx);
+        }
         self.0
-            .send((c.clone(), tx))
+            .send(waiting)
             .await
             .map_err(|_| LedgerError::WriterStopped)?;
-        match rx.await {
-            Ok(Ok(answer)) => Ok(answer),
-            Ok(Err(e)) => Err(LedgerError::Group(e)),
-            Err(_) => Err(LedgerError::WriterStopped),
+        let mut answers = Vec::with_capacity(replies.len());
+        for rx in replies {
+            answers.push(match rx.await {
+                Ok(Ok(answer)) => answer,
+                Ok(Err(e)) => return Err(LedgerError::Group(e)),
+                Err(_) => return Err(LedgerError::WriterStopped),
+            });
         }
+        Ok(answers)
     }
 }
 

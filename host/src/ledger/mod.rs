@@ -186,6 +186,14 @@ impl Ledger {
         answer
     }
 
+    /// Claims each of `claims` like [`Ledger::claim`], all in one
+    /// transaction (a dispatcher's batch); answers in order.
+    pub async fn claim_all(&self, claims: &[Claim]) -> Result<Vec<ClaimAnswer>, LedgerError> {
+        let answer = self.claimer.claim_all(claims).await;
+        self.observe(answer.as_ref().err());
+        answer
+    }
+
     /// Queues an update of a claimed row for the batched writer (waits
     /// while the queue is full).
     pub async fn update(&self, update: Update) -> Result<(), LedgerError> {

@@ -108,54 +108,99 @@ impl Permits {
         key: &str,
         lease: Duration,
     ) -> Result<Begin, PermitError> {
-        let token = format!("{:016x}", rand::random::<u64>());
-        let answer: Value = self
-            .run(&BeginArgs {
-                lease: Lease {
-                    task: self.task_key(task_id)?,
-                    permit: self.task_permit(task_id, key)?,
-                    task_id,
-                    token: &token,
-                    lease_ms: millis(lease).max(1),
-                    grace_ms: millis(self.config.grace),
-                },
-                retention_ms: millis(self.config.retention).max(1),
-            })
-            .await?;
-        let items = array(answer, "begin")?;
-        let tag = text(items.first());
-        match tag.as_str() {
-            "begun" => {
-                let number = text(items.get(1)).parse().unwrap_or(0);
-                let lease_until_ms = text(items.get(2)).parse().unwrap_or(0);
-                let reclaimed = text(items.get(3)) == "1";
-                let mut fields = pairs(items.get(4).cloned());
-                // What the task takes from its event record: the event, its payload.
-                fields.extend(pairs(items.get(5).cloned()));
-                let task = Task::from_fields(task_id, fields).ok_or(PermitError::Unexpected {
-                    script: "begin",
-                    answer: "task without status".into(),
-                })?;
-                Ok(Begin::Begun(Box::new(Attempt {
-                    task_id: task_id.to_string(),
-                    token,
-                    number,
-                    lease_until_ms,
-                    reclaimed,
-                    task,
-                })))
+        self.begin_attempts(&[(task_id, key)], lease)
+            .await?
+            .pop()
+            .unwrap_or_else(|| Err(unexpected("begin", &[])))
+    }
+
+    /// [`Permits::begin_attempt`] for several tasks of one shard in one
+    /// script call: each task's answer is its own, in order (a malformed
+    /// task id is its own error). The call fails as a whole only when Redis
+    /// did not answer.
+    pub async fn begin_attempts(
+        &self,
+        tasks: &[(&str, &str)],
+        lease: Duration,
+    ) -> Result<Vec<Result<Begin, PermitError>>, PermitError> {
+        let tokens: Vec<String> = tasks
+            .iter()
+            .map(|_| format!("{:016x}", rand::random::<u64>()))
+            .collect();
+        let mut out: Vec<Option<Result<Begin, PermitError>>> = Vec::with_capacity(tasks.len());
+        let mut args = Vec::with_capacity(tasks.len());
+        let mut asked = Vec::with_capacity(tasks.len());
+        for (i, ((task_id, key), token)) in tasks.iter().zip(&tokens).enumerate() {
+            let named = self
+                .task_key(task_id)
+                .and_then(|t| Ok((t, self.task_permit(task_id, key)?)));
+            match named {
+                Ok((task, permit)) => {
+                    out.push(None);
+                    asked.push(i);
+                    args.push(BeginArgs {
+                        lease: Lease {
+                            task,
+                            permit,
+                            task_id,
+                            token,
+                            lease_ms: millis(lease).max(1),
+                            grace_ms: millis(self.config.grace),
+                        },
+                        retention_ms: millis(self.config.retention).max(1),
+                    });
+                }
+                Err(e) => out.push(Some(Err(e))),
             }
-            "busy" => Ok(Begin::Busy {
-                lease_until_ms: text(items.get(1)).parse().unwrap_or(0),
-            }),
-            "settled" => TaskStatus::parse(&text(items.get(1)))
-                .map(Begin::Settled)
-                .ok_or_else(|| unexpected("begin", &items)),
-            "superseded" => Ok(Begin::Superseded {
-                by: text(items.get(1)),
-            }),
-            "missing" => Ok(Begin::Missing),
-            _ => Err(unexpected("begin", &items)),
         }
+        if !args.is_empty() {
+            let answers = self.run_batch(&args, "begin").await?;
+            for (i, answer) in asked.into_iter().zip(answers) {
+                out[i] = Some(begun(tasks[i].0, &tokens[i], answer));
+            }
+        }
+        Ok(out
+            .into_iter()
+            .map(|a| a.unwrap_or_else(|| Err(unexpected("begin", &[]))))
+            .collect())
+    }
+}
+
+/// One task's answer of `begin.lua`.
+fn begun(task_id: &str, token: &str, answer: Value) -> Result<Begin, PermitError> {
+    let items = array(answer, "begin")?;
+    let tag = text(items.first());
+    match tag.as_str() {
+        "begun" => {
+            let number = text(items.get(1)).parse().unwrap_or(0);
+            let lease_until_ms = text(items.get(2)).parse().unwrap_or(0);
+            let reclaimed = text(items.get(3)) == "1";
+            let mut fields = pairs(items.get(4).cloned());
+            // What the task takes from its event record: the event, its payload.
+            fields.extend(pairs(items.get(5).cloned()));
+            let task = Task::from_fields(task_id, fields).ok_or(PermitError::Unexpected {
+                script: "begin",
+                answer: "task without status".into(),
+            })?;
+            Ok(Begin::Begun(Box::new(Attempt {
+                task_id: task_id.to_string(),
+                token: token.to_string(),
+                number,
+                lease_until_ms,
+                reclaimed,
+                task,
+            })))
+        }
+        "busy" => Ok(Begin::Busy {
+            lease_until_ms: text(items.get(1)).parse().unwrap_or(0),
+        }),
+        "settled" => TaskStatus::parse(&text(items.get(1)))
+            .map(Begin::Settled)
+            .ok_or_else(|| unexpected("begin", &items)),
+        "superseded" => Ok(Begin::Superseded {
+            by: text(items.get(1)),
+        }),
+        "missing" => Ok(Begin::Missing),
+        _ => Err(unexpected("begin", &items)),
     }
 }

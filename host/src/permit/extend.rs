@@ -4,7 +4,7 @@
 use std::sync::LazyLock;
 use std::time::Duration;
 
-use redis::{Script, Value};
+use redis::Script;
 
 use super::begin::Lease;
 use super::scripts::{Call, Transition, script};
@@ -52,30 +52,76 @@ impl Permits {
         self.extend(attempt, lease, true).await
     }
 
+    /// [`Permits::mark_request_started`] for several attempts of one shard's
+    /// tasks in one script call (each fenced by its own token): each
+    /// attempt's new lease end, or `None` where its lease was lost.
+    pub async fn mark_requests_started(
+        &self,
+        attempts: &[&Attempt],
+        lease: Duration,
+    ) -> Result<Vec<Option<u64>>, PermitError> {
+        self.extend_all(attempts, lease, true).await
+    }
+
+    /// [`Permits::extend_lease`] for several attempts of one shard's tasks
+    /// in one script call.
+    pub async fn extend_leases(
+        &self,
+        attempts: &[&Attempt],
+        lease: Duration,
+    ) -> Result<Vec<Option<u64>>, PermitError> {
+        self.extend_all(attempts, lease, false).await
+    }
+
     async fn extend(
         &self,
         attempt: &Attempt,
         lease: Duration,
         starting: bool,
     ) -> Result<Option<u64>, PermitError> {
-        let answer: Value = self
-            .run(&ExtendArgs {
-                lease: Lease {
-                    task: self.task_key(&attempt.task_id)?,
-                    permit: self.task_permit(&attempt.task_id, &attempt.task.key)?,
-                    task_id: &attempt.task_id,
-                    token: &attempt.token,
-                    lease_ms: millis(lease).max(1),
-                    grace_ms: millis(self.config.grace),
-                },
-                starting,
-            })
-            .await?;
-        let items = array(answer, "extend")?;
-        match text(items.first()).as_str() {
-            "extended" => Ok(text(items.get(1)).parse().ok()),
-            "lost" => Ok(None),
-            _ => Err(unexpected("extend", &items)),
+        Ok(self
+            .extend_all(&[attempt], lease, starting)
+            .await?
+            .pop()
+            .flatten())
+    }
+
+    async fn extend_all(
+        &self,
+        attempts: &[&Attempt],
+        lease: Duration,
+        starting: bool,
+    ) -> Result<Vec<Option<u64>>, PermitError> {
+        if attempts.is_empty() {
+            return Ok(Vec::new());
         }
+        let args = attempts
+            .iter()
+            .map(|attempt| {
+                Ok(ExtendArgs {
+                    lease: Lease {
+                        task: self.task_key(&attempt.task_id)?,
+                        permit: self.task_permit(&attempt.task_id, &attempt.task.key)?,
+                        task_id: &attempt.task_id,
+                        token: &attempt.token,
+                        lease_ms: millis(lease).max(1),
+                        grace_ms: millis(self.config.grace),
+                    },
+                    starting,
+                })
+            })
+            .collect::<Result<Vec<_>, PermitError>>()?;
+        self.run_batch(&args, "extend")
+            .await?
+            .into_iter()
+            .map(|answer| {
+                let items = array(answer, "extend")?;
+                match text(items.first()).as_str() {
+                    "extended" => Ok(text(items.get(1)).parse().ok()),
+                    "lost" => Ok(None),
+                    _ => Err(unexpected("extend", &items)),
+                }
+            })
+            .collect()
     }
 }

@@ -63,7 +63,7 @@ pub(crate) use history::{note_outcome, operator_log};
 pub use keys::{Layout, shard_of_task};
 pub use payload::{Fallback, Payload};
 pub use reconcile::{CheckAction, CheckNote};
-pub use record::{Entry, Outcome, PermitFate, Recorded};
+pub use record::{Entry, Outcome, PermitFate, Recorded, ToRecord};
 pub use requeue::Requeue;
 pub use settle::{Settle, Settled};
 pub use task::{RetryPolicy, Task, TaskStatus};
@@ -295,6 +295,31 @@ impl Permits {
             .invocation(A::SCRIPT)
             .invoke_async(&mut self.conn.clone())
             .await?)
+    }
+
+    /// Runs a transition's script once for several tasks of one shard (one
+    /// hash tag): their calls one after the other, which the script takes
+    /// task by task; one answer per task, in order.
+    async fn run_batch<A: Transition>(
+        &self,
+        args: &[A],
+        script: &'static str,
+    ) -> Result<Vec<Value>, PermitError> {
+        let mut all = scripts::Call::default();
+        for a in args {
+            let call = a.call();
+            all.keys.extend(call.keys);
+            all.args.extend(call.args);
+        }
+        let answer: Value = all
+            .invocation(A::SCRIPT)
+            .invoke_async(&mut self.conn.clone())
+            .await?;
+        let items = array(answer, script)?;
+        if items.len() != args.len() {
+            return Err(unexpected(script, &items));
+        }
+        Ok(items)
     }
 
     /// `ARGV` for what an ended task whose outcome the ledger holds keeps:

@@ -91,26 +91,29 @@ impl Permits {
         )
     }
 
-    /// Remembers that `channel`'s message `provider_id` is task `task_id`, for
+    /// Remembers that a channel's message (by the provider's id) is a task, for
     /// receipts that name only the provider's id, for `keep` (the retention
     /// while its task awaits a receipt: [`Permits::forget`] deletes it when
     /// the task leaves; the key's window for a task that already left, so a
-    /// late receipt still reaches its ledger row). Written after the send is
-    /// recorded (best effort: a receipt that finds nothing is reported unmatched).
-    pub(crate) async fn index_provider_id(
+    /// late receipt still reaches its ledger row). Written just before the
+    /// send is recorded (best effort: a receipt that finds nothing is
+    /// reported unmatched). Several sent messages at once, in one round trip
+    /// (one pipeline per slot on a cluster): each of `ids` is (channel,
+    /// provider id, task id, `keep`).
+    pub(crate) async fn index_provider_ids(
         &self,
-        channel: &str,
-        provider_id: &str,
-        task_id: &str,
-        keep: Duration,
+        ids: &[(&str, &str, &str, Duration)],
     ) -> Result<(), PermitError> {
-        let _: () = redis::cmd("SET")
-            .arg(self.provider_id_key(channel, provider_id))
-            .arg(task_id)
-            .arg("PX")
-            .arg(millis(keep).max(1))
-            .query_async(&mut self.conn.clone())
-            .await?;
+        let mut batch = crate::store::Batch::new();
+        for (channel, provider_id, task_id, keep) in ids {
+            let mut cmd = redis::cmd("SET");
+            cmd.arg(self.provider_id_key(channel, provider_id))
+                .arg(*task_id)
+                .arg("PX")
+                .arg(millis(*keep).max(1));
+            batch.add_keyed(cmd);
+        }
+        batch.query(&mut self.conn.clone(), None).await?;
         Ok(())
     }
 

@@ -1,4 +1,7 @@
--- record: the outcome of an attempt, fenced by the lease token; acks the stream entry.
+-- record: the outcomes of attempts of one shard's tasks (a batch: one call for what
+-- would be one call per task; each fenced by its own lease token and decided as
+-- if it were alone); acks each one's stream entry.
+-- Per task i (from 1), the KEYS and ARGV below at offsets 5*(i-1) and 16*(i-1):
 -- KEYS[1] task, KEYS[2] permit, KEYS[3] ready stream, KEYS[4] delayed zset,
 -- KEYS[5] awaiting zset (tasks the reconciler checks, scored by when the next check is due)
 -- ARGV[1] task id, ARGV[2] lease token, ARGV[3] outcome
@@ -24,144 +27,157 @@
 -- channel can confirm it later: a status query or receipts); else sent is final.
 -- An unknown task is listed in the shard's held index ({ns:shard}:held)
 -- until it moves on.
--- Returns {'recorded', permit fate (kept|released|retaken|not_owner)} or {'fenced', status}.
+-- Returns one answer per task, in order, each {'recorded', permit fate (kept|released|retaken|not_owner)} or {'fenced', status}.
 -- A task accepted in Bloom mode (field dedup = bloom) keeps its permit only
 -- while it is open: when it ends the permit is deleted (owner-checked),
 -- never kept or retaken for the window (its filter bits block re-posts).
-local id, token, outcome, entry = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
-local retention, grace = tonumber(ARGV[6]), tonumber(ARGV[7])
-local now = now_ms()
-local held = held_index(KEYS[5], 'awaiting')
-local status = redis.call('HGET', KEYS[1], 'status')
-if status ~= 'sending' or redis.call('HGET', KEYS[1], 'lease_token') ~= token then
-  return {'fenced', status or ''}
-end
-if outcome == 'release' then
-  -- Nothing sent: the attempt is given back, uncounted; the stream entry
-  -- stays pending (not acked) and is re-claimed after a lease.
-  redis.call('HSET', KEYS[1], 'status', 'queued', 'lease_token', '', 'updated_at', n2s(now))
-  redis.call('HINCRBY', KEYS[1], 'attempts', -1)
-  return {'recorded', 'kept'}
-end
-if entry ~= '' then
-  redis.call('XACK', KEYS[3], ARGV[5], entry)
-  redis.call('XDEL', KEYS[3], entry)
-end
-local owner = redis.call('GET', KEYS[2])
-local fate = 'not_owner'
--- Whether leave_or_keep already made the event record follow the task.
-local followed = false
-local bloom = bloom_task(KEYS[1])
-if outcome == 'sent' then
-  redis.call('HSET', KEYS[1], 'status', 'sent', 'provider_message_id', ARGV[9],
-    'ever_sent', '1', 'sent_at', n2s(now), 'finished_at', n2s(now),
-    'lease_token', '', 'updated_at', n2s(now))
-  if ARGV[13] ~= '' then
-    redis.call('HSET', KEYS[1], 'reference', ARGV[13])
+local function record_one(K, A, now)
+  local id, token, outcome, entry = A[1], A[2], A[3], A[4]
+  local retention, grace = tonumber(A[6]), tonumber(A[7])
+  local held = held_index(K[5], 'awaiting')
+  local status = redis.call('HGET', K[1], 'status')
+  if status ~= 'sending' or redis.call('HGET', K[1], 'lease_token') ~= token then
+    return {'fenced', status or ''}
   end
-  -- Sent: the permit now lasts exactly the window from accept.
-  fate = end_permit(KEYS[1], KEYS[2], id, owner, n2s(window_end(KEYS[1], now)), true)
-  if ARGV[11] ~= '-1' then
-    -- Awaiting its receipt (in flight): the record stays for the retention
-    -- (the receipt settles it); the reconciler asks the provider if none comes.
-    redis.call('PEXPIRE', KEYS[1], retention)
-    keep_index(KEYS[1], now, retention)
-    await(KEYS[1], KEYS[5], id, now, tonumber(ARGV[11]))
-  else
-    -- Nothing could confirm it later: sent is final, nothing to check; it
-    -- leaves Redis when the ledger holds it (ARGV[16]).
-    redis.call('ZREM', KEYS[5], id)
-    leave_or_keep(KEYS[1], id, now, ARGV[16] == '' and retention or tonumber(ARGV[16]))
-    followed = true
+  if outcome == 'release' then
+    -- Nothing sent: the attempt is given back, uncounted; the stream entry
+    -- stays pending (not acked) and is re-claimed after a lease.
+    redis.call('HSET', K[1], 'status', 'queued', 'lease_token', '', 'updated_at', n2s(now))
+    redis.call('HINCRBY', K[1], 'attempts', -1)
+    return {'recorded', 'kept'}
   end
-elseif outcome == 'retry' or outcome == 'resend' or outcome == 'resend_by_reference' then
-  if outcome ~= 'retry' then
-    redis.call('HSET', KEYS[1], 'maybe_sent', '1')
+  if entry ~= '' then
+    redis.call('XACK', K[3], A[5], entry)
+    redis.call('XDEL', K[3], entry)
   end
-  if outcome == 'resend_by_reference' then
-    redis.call('HSET', KEYS[1], 'resend_by', 'reference')
-  else
-    redis.call('HDEL', KEYS[1], 'resend_by')
-  end
-  local due = now + tonumber(ARGV[8])
-  redis.call('HSET', KEYS[1], 'status', 'retry_wait', 'next_due', n2s(due),
-    'last_error', ARGV[10], 'lease_token', '', 'updated_at', n2s(now))
-  redis.call('ZADD', KEYS[4], n2s(due), id)
-  if owner == id then
-    redis.call('PEXPIREAT', KEYS[2], n2s(due + grace), 'GT')
-    fate = 'kept'
-  end
-elseif outcome == 'unknown' then
-  -- Sent, no answer: held until a receipt, a query or an operator settles it.
-  redis.call('HSET', KEYS[1], 'status', 'unknown', 'last_error', ARGV[10],
-    'lease_token', '', 'updated_at', n2s(now), 'maybe_sent', '1')
-  hold(KEYS[1], held, id, now, ARGV[14], ARGV[15])
-  if owner == id then
-    redis.call('PERSIST', KEYS[2])
-    fate = 'kept'
-  end
-  await(KEYS[1], KEYS[5], id, now, tonumber(ARGV[12]))
-elseif outcome == 'failed' or outcome == 'dead' then
-  redis.call('HSET', KEYS[1], 'status', outcome, 'last_error', ARGV[10],
-    'finished_at', n2s(now), 'lease_token', '', 'updated_at', n2s(now))
-  if outcome == 'dead' then
-    hold(KEYS[1], nil, id, now, ARGV[14], ARGV[15])
-  end
-  if owner == id then
-    local sent = redis.call('HGET', KEYS[1], 'ever_sent') == '1'
-    local maybe = redis.call('HGET', KEYS[1], 'maybe_sent') == '1'
-    if (sent or maybe) and not bloom then
-      -- Something may have reached the provider: keep the window.
-      redis.call('PEXPIREAT', KEYS[2], n2s(window_end(KEYS[1], now)))
-      fate = 'kept'
-    else
-      -- Nothing was sent: release, owner-checked (compare-and-delete).
-      redis.call('DEL', KEYS[2])
-      fate = 'released'
+  local owner = redis.call('GET', K[2])
+  local fate = 'not_owner'
+  -- Whether leave_or_keep already made the event record follow the task.
+  local followed = false
+  local bloom = bloom_task(K[1])
+  if outcome == 'sent' then
+    redis.call('HSET', K[1], 'status', 'sent', 'provider_message_id', A[9],
+      'ever_sent', '1', 'sent_at', n2s(now), 'finished_at', n2s(now),
+      'lease_token', '', 'updated_at', n2s(now))
+    if A[13] ~= '' then
+      redis.call('HSET', K[1], 'reference', A[13])
     end
-  end
-  if outcome == 'failed' and ARGV[16] ~= '' then
-    -- Failed with its fallback taken, the ledger holding it: it ended for
-    -- good and leaves Redis (or keeps ARGV[16] ms); not listed for operators.
-    leave_or_keep(KEYS[1], id, now, tonumber(ARGV[16]))
-    followed = true
+    -- Sent: the permit now lasts exactly the window from accept.
+    fate = end_permit(K[1], K[2], id, owner, n2s(window_end(K[1], now)), true)
+    if A[11] ~= '-1' then
+      -- Awaiting its receipt (in flight): the record stays for the retention
+      -- (the receipt settles it); the reconciler asks the provider if none comes.
+      redis.call('PEXPIRE', K[1], retention)
+      keep_index(K[1], now, retention)
+      await(K[1], K[5], id, now, tonumber(A[11]))
+    else
+      -- Nothing could confirm it later: sent is final, nothing to check; it
+      -- leaves Redis when the ledger holds it (A[16]).
+      redis.call('ZREM', K[5], id)
+      leave_or_keep(K[1], id, now, A[16] == '' and retention or tonumber(A[16]))
+      followed = true
+    end
+  elseif outcome == 'retry' or outcome == 'resend' or outcome == 'resend_by_reference' then
+    if outcome ~= 'retry' then
+      redis.call('HSET', K[1], 'maybe_sent', '1')
+    end
+    if outcome == 'resend_by_reference' then
+      redis.call('HSET', K[1], 'resend_by', 'reference')
+    else
+      redis.call('HDEL', K[1], 'resend_by')
+    end
+    local due = now + tonumber(A[8])
+    redis.call('HSET', K[1], 'status', 'retry_wait', 'next_due', n2s(due),
+      'last_error', A[10], 'lease_token', '', 'updated_at', n2s(now))
+    redis.call('ZADD', K[4], n2s(due), id)
+    if owner == id then
+      redis.call('PEXPIREAT', K[2], n2s(due + grace), 'GT')
+      fate = 'kept'
+    end
+  elseif outcome == 'unknown' then
+    -- Sent, no answer: held until a receipt, a query or an operator settles it.
+    redis.call('HSET', K[1], 'status', 'unknown', 'last_error', A[10],
+      'lease_token', '', 'updated_at', n2s(now), 'maybe_sent', '1')
+    hold(K[1], held, id, now, A[14], A[15])
+    if owner == id then
+      redis.call('PERSIST', K[2])
+      fate = 'kept'
+    end
+    await(K[1], K[5], id, now, tonumber(A[12]))
+  elseif outcome == 'failed' or outcome == 'dead' then
+    redis.call('HSET', K[1], 'status', outcome, 'last_error', A[10],
+      'finished_at', n2s(now), 'lease_token', '', 'updated_at', n2s(now))
+    if outcome == 'dead' then
+      hold(K[1], nil, id, now, A[14], A[15])
+    end
+    if owner == id then
+      local sent = redis.call('HGET', K[1], 'ever_sent') == '1'
+      local maybe = redis.call('HGET', K[1], 'maybe_sent') == '1'
+      if (sent or maybe) and not bloom then
+        -- Something may have reached the provider: keep the window.
+        redis.call('PEXPIREAT', K[2], n2s(window_end(K[1], now)))
+        fate = 'kept'
+      else
+        -- Nothing was sent: release, owner-checked (compare-and-delete).
+        redis.call('DEL', K[2])
+        fate = 'released'
+      end
+    end
+    if outcome == 'failed' and A[16] ~= '' then
+      -- Failed with its fallback taken, the ledger holding it: it ended for
+      -- good and leaves Redis (or keeps A[16] ms); not listed for operators.
+      leave_or_keep(K[1], id, now, tonumber(A[16]))
+      followed = true
+    else
+      redis.call('PEXPIRE', K[1], retention)
+      keep_index(K[1], now, retention)
+      -- The operators' index of failed and dead tasks ({ns:shard}:dead, same hash
+      -- tag as the delayed set), scored by when they ended; entries older than
+      -- the retention (their task records are gone) are trimmed here.
+      local dead = string.sub(K[4], 1, #K[4] - #'delayed') .. 'dead'
+      redis.call('ZADD', dead, n2s(now), id)
+      redis.call('ZREMRANGEBYSCORE', dead, '-inf', n2s(now - retention))
+    end
+  elseif outcome == 'duplicate_prevented' then
+    -- The ledger holds the key for another task (Redis lost its permit): this
+    -- task ends without sending. Its permit is kept for the window, so later
+    -- re-posts of the event are answered duplicate by Redis again.
+    redis.call('HSET', K[1], 'status', 'duplicate_prevented', 'duplicate_of', A[10],
+      'last_error', 'the delivery ledger holds this key for task ' .. A[10],
+      'finished_at', n2s(now), 'lease_token', '', 'updated_at', n2s(now))
+    fate = end_permit(K[1], K[2], id, owner, n2s(window_end(K[1], now)), false)
+    redis.call('PEXPIRE', K[1], retention)
+    keep_index(K[1], now, retention)
   else
-    redis.call('PEXPIRE', KEYS[1], retention)
-    keep_index(KEYS[1], now, retention)
-    -- The operators' index of failed and dead tasks ({ns:shard}:dead, same hash
-    -- tag as the delayed set), scored by when they ended; entries older than
-    -- the retention (their task records are gone) are trimmed here.
-    local dead = string.sub(KEYS[4], 1, #KEYS[4] - #'delayed') .. 'dead'
-    redis.call('ZADD', dead, n2s(now), id)
-    redis.call('ZREMRANGEBYSCORE', dead, '-inf', n2s(now - retention))
+    return redis.error_reply('unknown outcome ' .. outcome)
   end
-elseif outcome == 'duplicate_prevented' then
-  -- The ledger holds the key for another task (Redis lost its permit): this
-  -- task ends without sending. Its permit is kept for the window, so later
-  -- re-posts of the event are answered duplicate by Redis again.
-  redis.call('HSET', KEYS[1], 'status', 'duplicate_prevented', 'duplicate_of', ARGV[10],
-    'last_error', 'the delivery ledger holds this key for task ' .. ARGV[10],
-    'finished_at', n2s(now), 'lease_token', '', 'updated_at', n2s(now))
-  fate = end_permit(KEYS[1], KEYS[2], id, owner, n2s(window_end(KEYS[1], now)), false)
-  redis.call('PEXPIRE', KEYS[1], retention)
-  keep_index(KEYS[1], now, retention)
-else
-  return redis.error_reply('unknown outcome ' .. outcome)
+  if outcome ~= 'sent' and outcome ~= 'unknown' then
+    -- Out of sent/unknown (a task the reconciler re-queued, sent again): not awaited.
+    redis.call('ZREM', K[5], id)
+  end
+  if outcome ~= 'unknown' then
+    redis.call('ZREM', held, id)
+  end
+  if outcome ~= 'retry' and outcome ~= 'resend' and outcome ~= 'resend_by_reference' then
+    redis.call('HDEL', K[1], 'resend_by')
+  end
+  if outcome ~= 'retry' and outcome ~= 'resend' and outcome ~= 'resend_by_reference'
+      and outcome ~= 'unknown' and not followed then
+    -- The task's expiry changed: its event record follows (leave_or_keep
+    -- already made it follow where it ran).
+    event_follower(K[1], id)()
+  end
+  return {'recorded', fate}
 end
-if outcome ~= 'sent' and outcome ~= 'unknown' then
-  -- Out of sent/unknown (a task the reconciler re-queued, sent again): not awaited.
-  redis.call('ZREM', KEYS[5], id)
+local n = #KEYS / 5
+if n ~= math.floor(n) or #ARGV ~= 16 * n then
+  return redis.error_reply('record: KEYS and ARGV do not hold whole tasks')
 end
-if outcome ~= 'unknown' then
-  redis.call('ZREM', held, id)
+local now = now_ms()
+local answers = {}
+for i = 1, n do
+  local k, a = 5 * (i - 1), 16 * (i - 1)
+  answers[i] = record_one({KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], KEYS[k + 4], KEYS[k + 5]},
+    {unpack(ARGV, a + 1, a + 16)}, now)
 end
-if outcome ~= 'retry' and outcome ~= 'resend' and outcome ~= 'resend_by_reference' then
-  redis.call('HDEL', KEYS[1], 'resend_by')
-end
-if outcome ~= 'retry' and outcome ~= 'resend' and outcome ~= 'resend_by_reference'
-    and outcome ~= 'unknown' and not followed then
-  -- The task's expiry changed: its event record follows (leave_or_keep
-  -- already made it follow where it ran).
-  event_follower(KEYS[1], id)()
-end
-return {'recorded', fate}
+return answers

@@ -208,33 +208,83 @@ impl Permits {
         entry: Option<&Entry>,
         context: RecordContext,
     ) -> Result<Recorded, PermitError> {
-        let shard = self.shard_of(&attempt.task_id)?;
-        let (held_cause, provider_answer) = held_of(outcome, context.held);
-        let answer: Value = self
-            .run(&RecordArgs {
-                task: self.task_key(&attempt.task_id)?,
-                permit: self.layout.permit_in(shard, &attempt.task.key),
-                ready: self.layout.ready(shard),
-                delayed: self.layout.delayed(shard),
-                awaiting: self.layout.awaiting(shard),
-                task_id: &attempt.task_id,
-                token: &attempt.token,
-                outcome: OutcomeArgs::of(outcome),
-                entry_id: entry.map(|e| e.id.as_str()).unwrap_or(""),
-                group: &self.config.group,
-                retention_ms: millis(self.config.retention).max(1),
-                grace_ms: millis(self.config.grace),
-                check_sent_after_ms: context
-                    .checkable
-                    .then(|| millis(self.config.check_sent_after)),
-                check_unknown_after_ms: millis(self.config.check_unknown_after),
-                held_cause,
-                provider_answer,
-                ended_keep_ms: context.ledger_holds_outcome.then(|| self.ended_keep_ms()),
-            })
-            .await?;
-        recorded(array(answer, "record")?)
+        self.record_all(&[ToRecord {
+            attempt,
+            outcome,
+            entry,
+            context,
+        }])
+        .await?
+        .pop()
+        .unwrap_or_else(|| Err(unexpected("record", &[])))
     }
+
+    /// [`Permits::record_with`] for attempts of one shard's tasks in one
+    /// script call: each outcome fenced by its own lease token and written
+    /// as if alone; one answer each, in order. The call fails as a whole
+    /// only when Redis did not answer (then nothing or everything of it was
+    /// written: a script runs whole).
+    pub async fn record_all(
+        &self,
+        records: &[ToRecord<'_>],
+    ) -> Result<Vec<Result<Recorded, PermitError>>, PermitError> {
+        if records.is_empty() {
+            return Ok(Vec::new());
+        }
+        let held: Vec<(String, &str)> = records
+            .iter()
+            .map(|r| held_of(r.outcome, r.context.held))
+            .collect();
+        let args = records
+            .iter()
+            .zip(&held)
+            .map(|(r, (held_cause, provider_answer))| {
+                let attempt = r.attempt;
+                let shard = self.shard_of(&attempt.task_id)?;
+                Ok(RecordArgs {
+                    task: self.task_key(&attempt.task_id)?,
+                    permit: self.layout.permit_in(shard, &attempt.task.key),
+                    ready: self.layout.ready(shard),
+                    delayed: self.layout.delayed(shard),
+                    awaiting: self.layout.awaiting(shard),
+                    task_id: &attempt.task_id,
+                    token: &attempt.token,
+                    outcome: OutcomeArgs::of(r.outcome),
+                    entry_id: r.entry.map(|e| e.id.as_str()).unwrap_or(""),
+                    group: &self.config.group,
+                    retention_ms: millis(self.config.retention).max(1),
+                    grace_ms: millis(self.config.grace),
+                    check_sent_after_ms: r
+                        .context
+                        .checkable
+                        .then(|| millis(self.config.check_sent_after)),
+                    check_unknown_after_ms: millis(self.config.check_unknown_after),
+                    held_cause: held_cause.clone(),
+                    provider_answer,
+                    ended_keep_ms: r.context.ledger_holds_outcome.then(|| self.ended_keep_ms()),
+                })
+            })
+            .collect::<Result<Vec<_>, PermitError>>()?;
+        Ok(self
+            .run_batch(&args, "record")
+            .await?
+            .into_iter()
+            .map(|answer| recorded(array(answer, "record")?))
+            .collect())
+    }
+}
+
+/// One outcome to record with [`Permits::record_all`].
+#[derive(Debug, Clone, Copy)]
+pub struct ToRecord<'a> {
+    /// The attempt (its lease token fences the record).
+    pub attempt: &'a Attempt,
+    /// What came of it.
+    pub outcome: &'a Outcome,
+    /// The stream entry to ack with it, if any.
+    pub entry: Option<&'a Entry>,
+    /// What the worker knows beside the outcome.
+    pub context: RecordContext,
 }
 
 /// The held cause (JSON, or '' when the outcome holds nothing) and the

@@ -485,6 +485,7 @@ fn spawn_delivery(
         ledger,
         DispatchConfig {
             workers: config.workers,
+            batch: config.dispatch_batch,
             lease: config.lease,
             block,
             consumer: default_consumer_name(),

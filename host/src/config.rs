@@ -312,12 +312,23 @@ pub struct PluginLimits {
     pub max_file_size: bytesize::ByteSize,
 }
 
-/// One channel instance: which channel plugin, and its settings.
+/// One channel instance: which channel plugin, and its settings; or an
+/// ordered list of provider instances (`providers`) it fails over between.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ChannelConfig {
-    /// The channel plugin and version requirement, `name@req`, e.g. `sms@^2`.
+    /// The channel plugin and version requirement, `name@req`, e.g. `sms@^2`
+    /// (empty on a channel that names `providers` instead).
+    #[serde(default)]
     pub plugin: String,
+    /// Provider instances, in order of preference: names of other
+    /// `[channels.*]` entries, each with its own `plugin`, settings and
+    /// credentials. A task starts at the first and moves to the next only
+    /// when the provider it is at refused it before accepting it for a
+    /// reason of its own (`docs/channels.md`, "Providers within a channel").
+    /// A channel names either `plugin` or `providers`, never both.
+    #[serde(default)]
+    pub providers: Vec<String>,
     /// Settings handed to the plugin (endpoint, template defaults...).
     #[serde(default)]
     pub settings: BTreeMap<String, String>,
@@ -421,6 +432,7 @@ impl ChannelConfig {
     pub fn new(plugin: &str) -> ChannelConfig {
         ChannelConfig {
             plugin: plugin.to_string(),
+            providers: Vec::new(),
             settings: BTreeMap::new(),
             secrets_from_env: BTreeMap::new(),
             allowed_hosts: Vec::new(),
@@ -659,6 +671,7 @@ impl HostConfig {
         self.check_reconcile()?;
         self.check_http_and_events()?;
         self.check_caps()?;
+        self.check_providers()?;
         self.check_retention_and_index()?;
         self.check_redis()
     }
@@ -689,6 +702,52 @@ impl HostConfig {
                 "event_index",
                 "false needs the delivery ledger (event look-ups then come from it); ledger_url is \"off\"",
             ));
+        }
+        Ok(())
+    }
+
+    /// Every channel names a plugin or providers, not both; each provider is
+    /// a configured single-plugin channel, named once.
+    fn check_providers(&self) -> Result<(), ConfigError> {
+        for (name, cfg) in &self.channels {
+            let field = |f: &str| format!("channels.{name}.{f}");
+            match (cfg.plugin.is_empty(), cfg.providers.is_empty()) {
+                (true, true) => {
+                    return Err(invalid(
+                        &field("plugin"),
+                        "is missing: name a channel plugin (`plugin = \"aliyun-sms@^1\"`) or provider instances (`providers = [...]`)",
+                    ));
+                }
+                (false, false) => {
+                    return Err(invalid(
+                        &field("providers"),
+                        "cannot be set beside `plugin`: a channel sends through one plugin, or fails over between provider instances that each name their own",
+                    ));
+                }
+                _ => {}
+            }
+            for (i, provider) in cfg.providers.iter().enumerate() {
+                let Some(p) = self.channels.get(provider) else {
+                    return Err(invalid(
+                        &field("providers"),
+                        &format!("names `{provider}`, which is not a configured channel instance"),
+                    ));
+                };
+                if !p.providers.is_empty() {
+                    return Err(invalid(
+                        &field("providers"),
+                        &format!(
+                            "names `{provider}`, which has providers of its own: a provider names a `plugin`"
+                        ),
+                    ));
+                }
+                if cfg.providers[..i].contains(provider) {
+                    return Err(invalid(
+                        &field("providers"),
+                        &format!("names `{provider}` twice"),
+                    ));
+                }
+            }
         }
         Ok(())
     }
@@ -1099,6 +1158,38 @@ mod tests {
         assert_eq!(c.redis_url, None, "an empty URL means the embedded Redis");
         let bad = c.apply_env(|v| (v == "PUSHONCE_LISTEN").then(|| "nowhere".into()));
         assert!(bad.unwrap_err().to_string().contains("PUSHONCE_LISTEN"));
+    }
+
+    #[test]
+    fn a_channel_with_providers_names_configured_single_plugin_channels() {
+        let parse = |text: &str| {
+            HostConfig::parse(Path::new("pushonce.toml"), text).and_then(|c| c.check().map(|_| c))
+        };
+        let ok = parse(
+            "[channels.sms]\nproviders = [\"sms-aliyun\", \"sms-tencent\"]\n\
+             [channels.sms-aliyun]\nplugin = \"aliyun-sms@^1\"\n\
+             [channels.sms-tencent]\nplugin = \"tencent-sms@^1\"\n",
+        )
+        .unwrap();
+        assert_eq!(ok.channels["sms"].providers, ["sms-aliyun", "sms-tencent"]);
+        for (text, says) in [
+            (
+                "[channels.sms]\nproviders = [\"nope\"]\n",
+                "not a configured channel",
+            ),
+            (
+                "[channels.sms]\nplugin = \"a@^1\"\nproviders = [\"b\"]\n[channels.b]\nplugin = \"b@^1\"\n",
+                "beside `plugin`",
+            ),
+            ("[channels.sms]\nsettings = {}\n", "plugin: is missing"),
+            (
+                "[channels.sms]\nproviders = [\"b\", \"b\"]\n[channels.b]\nplugin = \"b@^1\"\n",
+                "twice",
+            ),
+        ] {
+            let err = parse(text).unwrap_err().to_string();
+            assert!(err.contains(says), "{text}: {err}");
+        }
     }
 
     #[test]

@@ -78,6 +78,10 @@ pub const UNKNOWN: &str = "pushonce_unknown_total";
 pub const DEAD: &str = "pushonce_dead_total";
 /// Fallback tasks accepted, per (failed) channel.
 pub const FALLBACK: &str = "pushonce_fallback_total";
+/// Messages handed from one provider of a channel to the next after the
+/// first refused them before accepting them (`channel`, `from`, `to`:
+/// provider instances); `docs/channels.md`, "Providers within a channel".
+pub const FAILOVERS: &str = "pushonce_failovers_total";
 /// Sends the delivery ledger stopped because Redis had lost a permit, per channel.
 pub const DUPLICATE_PREVENTED: &str = "pushonce_duplicate_prevented_total";
 /// Seconds of one send through a channel plugin, per channel.

@@ -4,6 +4,7 @@
 
 use std::time::{Duration, Instant};
 
+use super::lease::with_lease;
 use super::{DispatchContext, backoff};
 use crate::metric_names as names;
 use crate::permit::{Attempt, Begin, Entry, HeldCause, Outcome, RecordContext, Recorded};
@@ -34,6 +35,8 @@ pub(crate) async fn deliver(shared: &DispatchContext, entry: &Entry) {
         attempt: attempt.number,
         ..OutgoingMessage::of_task(&attempt.task)
     };
+    let providers = shared.sender.providers(&attempt.task.channel);
+    let msg = super::failover::at_provider(msg, &providers);
     if attempt.reclaimed && !first_claim && !resend_reclaimed(shared, &attempt, &msg, entry).await {
         return;
     }
@@ -50,10 +53,10 @@ pub(crate) async fn deliver(shared: &DispatchContext, entry: &Entry) {
         tracing::info!(task = %entry.task_id, attempt = attempt.number,
             "re-claimed from a vanished worker that never claimed the key in the ledger; sending");
     }
-    if !mark_request_started(shared, &attempt, entry).await {
+    if !mark_request_started(shared, &attempt, entry, msg.provider.as_deref()).await {
         return;
     }
-    let outcome = send(shared, &attempt, &msg).await;
+    let (outcome, msg) = send(shared, &attempt, msg).await;
     let checkable = !matches!(outcome, Outcome::Sent { .. }) || shared.sender.can_check(&msg).await;
     // The ledger first: a task that ends for good leaves Redis as it is
     // recorded, once the ledger holds its outcome.
@@ -82,6 +85,7 @@ pub(crate) async fn deliver(shared: &DispatchContext, entry: &Entry) {
         index_ids(
             shared,
             &attempt,
+            msg.provider.as_deref().unwrap_or(&attempt.task.channel),
             provider_message_id,
             reference.as_deref(),
             keep,
@@ -155,13 +159,30 @@ async fn begin(shared: &DispatchContext, entry: &Entry) -> Option<Attempt> {
     None
 }
 
-/// Sends the message under the lease and turns the channel's answer into
-/// the outcome to record (retry, dead, fallback, held or resent).
-async fn send(shared: &DispatchContext, attempt: &Attempt, msg: &OutgoingMessage) -> Outcome {
+/// Sends the message under the lease (failing over between the channel's
+/// providers, `failover.rs`) and turns the channel's answer into the outcome
+/// to record (retry, dead, fallback, held or resent); with the message as
+/// last sent (its provider).
+async fn send(
+    shared: &DispatchContext,
+    attempt: &Attempt,
+    msg: OutgoingMessage,
+) -> (Outcome, OutgoingMessage) {
     let sending = Instant::now();
-    let result = with_lease(shared, attempt, shared.sender.send(msg)).await;
+    let (result, msg) = super::failover::send_through_providers(shared, attempt, msg).await;
     metrics::histogram!(names::SEND_SECONDS, "channel" => msg.channel.clone())
         .record(sending.elapsed().as_secs_f64());
+    let outcome = outcome_of(shared, attempt, &msg, result).await;
+    (outcome, msg)
+}
+
+/// The outcome to record for the channel's answer `result` to `msg`.
+async fn outcome_of(
+    shared: &DispatchContext,
+    attempt: &Attempt,
+    msg: &OutgoingMessage,
+    result: SendOutcome,
+) -> Outcome {
     match result {
         SendOutcome::Sent {
             provider_message_id,
@@ -295,12 +316,27 @@ async fn resend_still_safe(
 /// a worker re-claiming the task after this one vanished knows the request
 /// may have been written. False when the mark could not be made (lease lost,
 /// Redis unreachable): nothing is sent; the attempt is given back.
-async fn mark_request_started(shared: &DispatchContext, attempt: &Attempt, entry: &Entry) -> bool {
-    match shared
-        .permits
-        .mark_request_started(attempt, shared.config.lease)
-        .await
-    {
+async fn mark_request_started(
+    shared: &DispatchContext,
+    attempt: &Attempt,
+    entry: &Entry,
+    provider: Option<&str>,
+) -> bool {
+    let marked = match provider {
+        Some(p) => {
+            shared
+                .permits
+                .mark_request_started_at(attempt, shared.config.lease, p)
+                .await
+        }
+        None => {
+            shared
+                .permits
+                .mark_request_started(attempt, shared.config.lease)
+                .await
+        }
+    };
+    match marked {
         Ok(Some(_)) => true,
         Ok(None) => {
             tracing::warn!(task = %attempt.task_id, "lease lost before sending; not sent");
@@ -319,6 +355,7 @@ async fn mark_request_started(shared: &DispatchContext, attempt: &Attempt, entry
 async fn index_ids(
     shared: &DispatchContext,
     attempt: &Attempt,
+    channel: &str,
     provider_id: &str,
     reference: Option<&str>,
     keep: Duration,
@@ -330,7 +367,7 @@ async fn index_ids(
     for id in ids {
         if let Err(e) = shared
             .permits
-            .index_provider_id(&attempt.task.channel, id, &attempt.task_id, keep)
+            .index_provider_id(channel, id, &attempt.task_id, keep)
             .await
         {
             tracing::warn!(task = %attempt.task_id, error = %e, "could not index the provider message id");
@@ -420,29 +457,6 @@ fn unknown(attempt: &Attempt, reason: String, verdict: UnknownVerdict) -> Outcom
         // Out of attempts, or nothing can tell: held, visibly, never released.
         UnknownVerdict::Resend | UnknownVerdict::ResendMayDuplicate | UnknownVerdict::Hold => {
             Outcome::Unknown { reason }
-        }
-    }
-}
-
-/// Runs `send` (a send or a status query), extending the lease every third
-/// of it while it is in flight.
-async fn with_lease<T>(
-    shared: &DispatchContext,
-    attempt: &Attempt,
-    send: impl std::future::Future<Output = T>,
-) -> T {
-    let lease = shared.config.lease;
-    let every = (lease / 3).max(Duration::from_millis(10));
-    tokio::pin!(send);
-    let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
-    loop {
-        tokio::select! {
-            outcome = &mut send => return outcome,
-            _ = tick.tick() => match shared.permits.extend_lease(attempt, lease).await {
-                Ok(Some(_)) => {}
-                Ok(None) => tracing::warn!(task = %attempt.task_id, "lease lost while sending; the outcome will be fenced"),
-                Err(e) => tracing::warn!(task = %attempt.task_id, error = %e, "could not extend the lease"),
-            },
         }
     }
 }

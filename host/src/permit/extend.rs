@@ -19,13 +19,15 @@ struct ExtendArgs<'a> {
     lease: Lease<'a>,
     /// ARGV[5]: the worker is about to hand the message to its channel.
     starting: bool,
+    /// ARGV[6]: the provider instance it goes to (empty: none).
+    provider: &'a str,
 }
 
 impl Transition for ExtendArgs<'_> {
     const SCRIPT: &'static LazyLock<Script> = &SCRIPT;
 
     fn call(&self) -> Call<'_> {
-        self.lease.call().flag(self.starting)
+        self.lease.call().flag(self.starting).arg(self.provider)
     }
 }
 
@@ -37,7 +39,7 @@ impl Permits {
         attempt: &Attempt,
         lease: Duration,
     ) -> Result<Option<u64>, PermitError> {
-        self.extend(attempt, lease, false).await
+        self.extend(attempt, lease, false, "").await
     }
 
     /// Extends the lease like [`Permits::extend_lease`] and marks that the
@@ -49,7 +51,20 @@ impl Permits {
         attempt: &Attempt,
         lease: Duration,
     ) -> Result<Option<u64>, PermitError> {
-        self.extend(attempt, lease, true).await
+        self.extend(attempt, lease, true, "").await
+    }
+
+    /// [`Permits::mark_request_started`] on a channel with providers: also
+    /// records that the request goes to `provider` (the task's `provider`,
+    /// appended to its `provider_log`), before it goes, so an unknown outcome
+    /// — even one whose worker vanished — is settled at that provider.
+    pub async fn mark_request_started_at(
+        &self,
+        attempt: &Attempt,
+        lease: Duration,
+        provider: &str,
+    ) -> Result<Option<u64>, PermitError> {
+        self.extend(attempt, lease, true, provider).await
     }
 
     async fn extend(
@@ -57,6 +72,7 @@ impl Permits {
         attempt: &Attempt,
         lease: Duration,
         starting: bool,
+        provider: &str,
     ) -> Result<Option<u64>, PermitError> {
         let answer: Value = self
             .run(&ExtendArgs {
@@ -69,6 +85,7 @@ impl Permits {
                     grace_ms: millis(self.config.grace),
                 },
                 starting,
+                provider,
             })
             .await?;
         let items = array(answer, "extend")?;

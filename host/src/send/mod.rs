@@ -10,6 +10,7 @@
 
 pub mod path_token;
 pub mod plugin;
+pub mod providers;
 pub mod receipts;
 pub mod redact;
 
@@ -49,6 +50,10 @@ pub struct OutgoingMessage {
     /// since the epoch; 0 if unknown): the provider cannot have got the
     /// request later.
     pub last_attempt_ended_ms: u64,
+    /// On a channel with providers: the provider instance this attempt goes
+    /// to (the task's `provider`, where its last request went; `None`: the
+    /// channel's first). Ignored by a single-plugin channel.
+    pub provider: Option<String>,
 }
 
 impl OutgoingMessage {
@@ -66,6 +71,7 @@ impl OutgoingMessage {
             first_attempt_ms: task.first_attempt_ms.unwrap_or(0),
             last_attempt_ms: task.last_attempt_ms.unwrap_or(0),
             last_attempt_ended_ms: held_after_last_attempt(task),
+            provider: task.fields.get("provider").cloned(),
         }
     }
 }
@@ -204,6 +210,25 @@ pub trait Sender: Send + Sync {
     fn dedupes<'a>(&'a self, msg: &'a OutgoingMessage) -> BoxFuture<'a, bool> {
         let _ = msg;
         Box::pin(async { true })
+    }
+
+    /// The provider instances of `channel`, in order, when it fails over
+    /// between providers (`providers = [...]`); empty for a single-plugin
+    /// channel (the default).
+    fn providers(&self, channel: &str) -> Vec<String> {
+        let _ = channel;
+        Vec::new()
+    }
+
+    /// Sends `msg` like [`Sender::send`], and says whether the outcome is a
+    /// refusal the next provider of the channel may take over: the provider
+    /// did not take the message, and its reason is its own, not the
+    /// recipient's (`send::providers::Handover`). The default never hands over.
+    fn send_for_handover<'a>(
+        &'a self,
+        msg: &'a OutgoingMessage,
+    ) -> BoxFuture<'a, (SendOutcome, providers::Handover)> {
+        Box::pin(async move { (self.send(msg).await, providers::Handover::Stays) })
     }
 
     /// Asks the provider what became of `msg` (by its idempotency key and,

@@ -17,6 +17,7 @@ use std::time::Duration;
 
 use tokio::sync::Semaphore;
 
+use super::providers::{Handover, handover};
 use super::redact::Redactor;
 use super::{
     BoxFuture, Check, NO_STATUS_QUERY, OutgoingMessage, Payload, SendOutcome, Sender,
@@ -148,6 +149,9 @@ struct ChannelRuntime {
 pub struct PluginSender {
     /// Channel instances by name.
     channels: BTreeMap<String, Arc<ChannelRuntime>>,
+    /// Channels that fail over between provider instances (`providers`):
+    /// their provider instances in order (each one of `channels`).
+    chains: BTreeMap<String, Vec<String>>,
     /// The current registry.
     registry: RegistrySource,
 }
@@ -268,7 +272,12 @@ impl PluginSender {
         env: impl Fn(&str) -> Option<String>,
     ) -> Result<PluginSender, SenderSetupError> {
         let mut out = BTreeMap::new();
+        let mut chains = BTreeMap::new();
         for (name, cfg) in channels {
+            if !cfg.providers.is_empty() {
+                chains.insert(name.clone(), cfg.providers.clone());
+                continue;
+            }
             out.insert(
                 name.clone(),
                 Arc::new(ChannelRuntime::from_config(name, cfg, &env)?),
@@ -276,6 +285,7 @@ impl PluginSender {
         }
         Ok(PluginSender {
             channels: out,
+            chains,
             registry,
         })
     }
@@ -342,23 +352,47 @@ impl PluginSender {
         Ok(rt.capabilities_of(&inst).await)
     }
 
-    async fn send_one(&self, msg: &OutgoingMessage) -> SendOutcome {
-        let Some(rt) = self.channels.get(&msg.channel) else {
-            return SendOutcome::Permanent(format!(
-                "no channel instance named `{}` is configured",
-                msg.channel
-            ));
+    /// The channel instance `msg` is sent through: its channel's, or on a
+    /// channel with providers the task's provider (the first when it has none).
+    fn instance_name<'a>(&'a self, msg: &'a OutgoingMessage) -> &'a str {
+        match self.chains.get(&msg.channel) {
+            Some(chain) => msg
+                .provider
+                .as_deref()
+                .filter(|p| chain.iter().any(|c| c == p))
+                .or(chain.first().map(String::as_str))
+                .unwrap_or(&msg.channel),
+            None => &msg.channel,
+        }
+    }
+
+    /// Sends `msg`; with the outcome, whether the next provider may take it
+    /// over (`super::providers::handover`).
+    async fn send_one(&self, msg: &OutgoingMessage) -> (SendOutcome, Handover) {
+        let name = self.instance_name(msg);
+        let Some(rt) = self.channels.get(name) else {
+            return (
+                SendOutcome::Permanent(format!("no channel instance named `{name}` is configured")),
+                Handover::Stays,
+            );
         };
         let payload: Payload = match serde_json::from_str(&msg.payload) {
             Ok(p) => p,
             Err(e) => {
-                return SendOutcome::Permanent(format!("the task's payload is not valid: {e}"));
+                return (
+                    SendOutcome::Permanent(format!("the task's payload is not valid: {e}")),
+                    Handover::Stays,
+                );
             }
         };
         let inst = match rt.instance(&(self.registry)(), payload.plugin.as_deref()) {
             Ok(i) => i,
-            Err(e) => return SendOutcome::retryable(e.to_string()),
+            Err(e) => {
+                let outcome = SendOutcome::retryable(e.to_string());
+                return (outcome, Handover::NotTaken("its plugin is not loaded"));
+            }
         };
+        let plugin_name = inst.plugin().meta().name.clone();
         let _slot = rt.slots.acquire().await;
         if let Some(rate) = &rt.rate {
             rate.wait().await;
@@ -374,7 +408,8 @@ impl PluginSender {
         match inst.send(message).await {
             Ok(answer) => {
                 let log = answer.log;
-                match answer.value {
+                let written = log.may_have_sent();
+                let outcome = match answer.value {
                     Ok(receipt) => SendOutcome::Sent {
                         provider_message_id: rt.redact(&receipt.provider_message_id),
                         reference: receipt.reference.map(|r| rt.redact(&r)),
@@ -389,9 +424,16 @@ impl PluginSender {
                     Err(SendError::Unknown(r)) => {
                         SendOutcome::Unknown(rt.redact(&explain(r, &log)))
                     }
-                }
+                };
+                let handover = handover(&plugin_name, &outcome, written);
+                (outcome, handover)
             }
-            Err(e) => failed_call(rt, e),
+            Err(e) => {
+                let written = e.log.may_have_sent();
+                let outcome = failed_call(rt, e);
+                let handover = handover(&plugin_name, &outcome, written);
+                (outcome, handover)
+            }
         }
     }
 
@@ -400,10 +442,11 @@ impl PluginSender {
         &self,
         msg: &OutgoingMessage,
     ) -> Result<(&Arc<ChannelRuntime>, Arc<ChannelInstance>), InstanceError> {
+        let name = self.instance_name(msg);
         let rt = self
             .channels
-            .get(&msg.channel)
-            .ok_or_else(|| InstanceError::UnknownChannel(msg.channel.clone()))?;
+            .get(name)
+            .ok_or_else(|| InstanceError::UnknownChannel(name.to_string()))?;
         let pinned = serde_json::from_str::<Payload>(&msg.payload)
             .ok()
             .and_then(|p| p.plugin);
@@ -676,7 +719,18 @@ impl ChannelRuntime {
 
 impl Sender for PluginSender {
     fn send<'a>(&'a self, msg: &'a OutgoingMessage) -> BoxFuture<'a, SendOutcome> {
+        Box::pin(async move { self.send_one(msg).await.0 })
+    }
+
+    fn send_for_handover<'a>(
+        &'a self,
+        msg: &'a OutgoingMessage,
+    ) -> BoxFuture<'a, (SendOutcome, Handover)> {
         Box::pin(self.send_one(msg))
+    }
+
+    fn providers(&self, channel: &str) -> Vec<String> {
+        self.chains.get(channel).cloned().unwrap_or_default()
     }
 
     fn settle_unknown<'a>(&'a self, msg: &'a OutgoingMessage) -> BoxFuture<'a, UnknownVerdict> {

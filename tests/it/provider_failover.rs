@@ -1,0 +1,207 @@
+//! Providers within a channel (issue 37, items 2 and 4): a channel `sms-any`
+//! that names Aliyun SMS (`sms`) then Tencent Cloud SMS (`tencent`). The
+//! task moves to Tencent only when Aliyun refused the message before taking
+//! it for a reason of Aliyun's own (credentials, arrears); an ambiguous
+//! answer after Aliyun took it is settled at Aliyun, and a per-number limit
+//! stays at Aliyun. Real redis-server, the real plugins, the simulator
+//! speaking both providers' protocols; counts are made where the user would
+//! see them — the simulator's ledger of what each provider took.
+
+use std::collections::BTreeMap;
+
+use provider_sim::Faults;
+use pushonce::config::ChannelConfig;
+use pushonce::permit::{RetryPolicy, Task, TaskStatus};
+use pushonce_tests::channels::{
+    DEADLINE, Env, EnvOptions, fast_retry, one_attempt_then_reconcile, payload,
+};
+use pushonce_tests::providers::{Sim, TENCENT};
+use pushonce_tests::wait_until;
+
+/// The channel that fails over: Aliyun first, then Tencent.
+const CHAIN: &str = "sms-any";
+
+/// Redis, the simulator and a dispatcher with [`CHAIN`] configured.
+async fn env(
+    tweak: impl FnOnce(&Sim, &mut BTreeMap<String, ChannelConfig>),
+    options: EnvOptions,
+) -> Env {
+    Env::start_with_sim(
+        |sim, c| {
+            c.insert(TENCENT.0.into(), sim.tencent_channel());
+            let mut chain = ChannelConfig::new("");
+            chain.providers = vec!["sms".into(), TENCENT.0.into()];
+            c.insert(CHAIN.into(), chain);
+            tweak(sim, c);
+        },
+        options,
+    )
+    .await
+}
+
+async fn accept(env: &Env, key: &str, phone: &str) -> String {
+    env.accept(CHAIN, key, &payload(phone, "SMS_1001")).await
+}
+
+async fn task(env: &Env, id: &str) -> Task {
+    env.permits
+        .task(id)
+        .await
+        .unwrap()
+        .expect("the task exists")
+}
+
+/// Waits until the task is `sent` or `delivered`.
+async fn wait_sent(env: &Env, t: &str) {
+    let done = wait_until(DEADLINE, || async {
+        matches!(
+            env.status(t).await,
+            Some(TaskStatus::Sent | TaskStatus::Delivered)
+        )
+    })
+    .await;
+    if done.is_err() {
+        panic!("never sent: {:?}", task(env, t).await);
+    }
+}
+
+fn field<'a>(task: &'a Task, name: &str) -> &'a str {
+    task.fields.get(name).map(String::as_str).unwrap_or("")
+}
+
+fn recipients(env: &Env, channel: &str) -> Vec<String> {
+    env.ledger(channel)
+        .into_iter()
+        .map(|m| m.recipient)
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn aliyun_refusing_the_credentials_hands_the_sms_to_tencent_which_sends_it_once() {
+    // Aliyun's signature is made with the wrong secret: it refuses every
+    // request (a credential error, before anything is taken).
+    let env = env(
+        |_, c| {
+            let aliyun = c.get_mut("sms").unwrap();
+            aliyun
+                .secrets_from_env
+                .insert("access_key_secret".into(), "TEST_TENCENT_SECRET".into());
+        },
+        EnvOptions::default(),
+    )
+    .await;
+    let t = accept(&env, "fo-auth", "+8613800000001").await;
+    wait_sent(&env, &t).await;
+    let task = task(&env, &t).await;
+    assert_eq!(recipients(&env, TENCENT.0), ["+8613800000001"], "one SMS");
+    assert!(recipients(&env, "sms").is_empty(), "Aliyun took nothing");
+    assert_eq!(task.attempts, 1, "{task:?}");
+    assert_eq!(field(&task, "provider"), TENCENT.0, "{task:?}");
+    assert_eq!(field(&task, "provider_log"), "1:sms 1:tencent", "{task:?}");
+    assert_eq!(
+        task.provider_message_id.as_deref(),
+        Some(env.ledger(TENCENT.0)[0].id.as_str()),
+        "Tencent's SerialNo"
+    );
+    env.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn aliyun_arrears_hand_the_sms_to_tencent_and_a_refused_number_fails_at_aliyun() {
+    let env = env(|_, _| {}, EnvOptions::default()).await;
+    let mut faults = Faults::default();
+    faults
+        .permanent
+        .insert("+8613800000011".into(), "isv.AMOUNT_NOT_ENOUGH".into());
+    faults
+        .permanent
+        .insert("+8613800000012".into(), "isv.MOBILE_NUMBER_ILLEGAL".into());
+    env.sim.set_faults("sms", faults);
+    let arrears = accept(&env, "fo-arrears", "+8613800000011").await;
+    wait_sent(&env, &arrears).await;
+    assert_eq!(recipients(&env, TENCENT.0), ["+8613800000011"]);
+    let bad = accept(&env, "fo-number", "+8613800000012").await;
+    env.wait_status(&bad, TaskStatus::Failed).await;
+    let task = task(&env, &bad).await;
+    assert_eq!(field(&task, "provider_log"), "1:sms", "{task:?}");
+    assert_eq!(
+        recipients(&env, TENCENT.0),
+        ["+8613800000011"],
+        "the refused number is not tried at Tencent"
+    );
+    assert!(recipients(&env, "sms").is_empty());
+    env.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ambiguous_answer_after_aliyun_took_the_sms_is_settled_at_aliyun_and_tencent_never_sends_it()
+ {
+    let env = env(|_, _| {}, one_attempt_then_reconcile(20)).await;
+    // A 503 after Aliyun took the first SMS; the answer to the second cut
+    // off after Aliyun took it (a timeout).
+    env.sim.set_faults(
+        "sms",
+        Faults {
+            fail_next: 1,
+            error_after_accept: 1.0,
+            ..Faults::default()
+        },
+    );
+    let five = accept(&env, "fo-5xx", "+8613800000021").await;
+    wait_sent(&env, &five).await;
+    env.sim.set_faults(
+        "sms",
+        Faults {
+            drop_next: 1,
+            ..Faults::default()
+        },
+    );
+    let cut = accept(&env, "fo-cut", "+8613800000022").await;
+    wait_sent(&env, &cut).await;
+    for t in [&five, &cut] {
+        let task = task(&env, t).await;
+        assert_eq!(task.attempts, 1, "never resent: {task:?}");
+        assert_eq!(field(&task, "provider"), "sms", "{task:?}");
+        assert_eq!(field(&task, "provider_log"), "1:sms", "{task:?}");
+    }
+    assert_eq!(
+        recipients(&env, "sms"),
+        ["+8613800000021", "+8613800000022"],
+        "one SMS each, from Aliyun"
+    );
+    assert!(recipients(&env, TENCENT.0).is_empty(), "Tencent sent none");
+    env.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_per_number_limit_at_aliyun_keeps_the_task_at_aliyun() {
+    let env = env(
+        |_, _| {},
+        EnvOptions {
+            retry: RetryPolicy {
+                max_attempts: 2,
+                ..fast_retry()
+            },
+            reconcile: None,
+        },
+    )
+    .await;
+    let mut faults = Faults::default();
+    faults
+        .permanent
+        .insert("+8613800000031".into(), "isv.BUSINESS_LIMIT_CONTROL".into());
+    env.sim.set_faults("sms", faults);
+    let t = accept(&env, "fo-limit", "+8613800000031").await;
+    env.wait_status(&t, TaskStatus::Dead).await;
+    let task = task(&env, &t).await;
+    assert_eq!(field(&task, "provider_log"), "1:sms 2:sms", "{task:?}");
+    let why = task.last_error.clone().unwrap_or_default();
+    assert!(why.contains("at sms:"), "{why}");
+    assert!(why.contains("isv.BUSINESS_LIMIT_CONTROL"), "{why}");
+    assert!(
+        recipients(&env, TENCENT.0).is_empty(),
+        "never moved to Tencent"
+    );
+    assert!(recipients(&env, "sms").is_empty());
+    env.stop().await;
+}

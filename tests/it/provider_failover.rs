@@ -8,10 +8,13 @@
 //! see them — the simulator's ledger of what each provider took.
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 use provider_sim::Faults;
 use pushonce::config::ChannelConfig;
-use pushonce::permit::{RetryPolicy, Task, TaskStatus};
+use pushonce::permit::{
+    AcceptRequest, Acceptance, CapCheck, CapPeriod, Gate, RetryPolicy, Task, TaskStatus,
+};
 use pushonce_tests::channels::{
     DEADLINE, Env, EnvOptions, fast_retry, one_attempt_then_reconcile, payload,
 };
@@ -203,5 +206,94 @@ async fn a_per_number_limit_at_aliyun_keeps_the_task_at_aliyun() {
         "never moved to Tencent"
     );
     assert!(recipients(&env, "sms").is_empty());
+    env.stop().await;
+}
+
+/// Accepts a message to `phone` on [`CHAIN`] under a cap of one message an
+/// hour per user and channel.
+async fn accept_capped(env: &Env, key: &str, phone: &str) -> Acceptance {
+    let req = AcceptRequest {
+        key: format!("push:per-event@1:{CHAIN}:{key}"),
+        channel: CHAIN.into(),
+        window: Duration::from_secs(3600),
+        biz_type: "ORDER_SHIPPED".into(),
+        biz_id: key.into(),
+        event_json: "{}".into(),
+        payload: serde_json::to_string(&payload(phone, "SMS_1001")).unwrap(),
+        policy_name: "per-event".into(),
+        policy_version: "1.0.0".into(),
+        retry: RetryPolicy {
+            max_attempts: 1,
+            ..fast_retry()
+        },
+        gate: Gate {
+            caps: vec![CapCheck {
+                name: "sms-hourly".into(),
+                subject: format!("{phone}:{CHAIN}"),
+                max: 1,
+                period: CapPeriod::Rolling(Duration::from_secs(3600)),
+            }],
+            ..Gate::default()
+        },
+        recipient: Some(phone.into()),
+    };
+    env.permits.accept(&req).await.unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_budget_per_user_whichever_provider_sent_or_holds_the_message() {
+    // Item 4: the cap is the channel's. A message that failed over to
+    // Tencent, and one held unknown at Aliyun, each used the user's budget.
+    let env = env(
+        |_, _| {},
+        EnvOptions {
+            retry: RetryPolicy {
+                max_attempts: 1,
+                ..fast_retry()
+            },
+            reconcile: None,
+        },
+    )
+    .await;
+    let mut faults = Faults::default();
+    faults
+        .permanent
+        .insert("+8613800000041".into(), "isv.OUT_OF_SERVICE".into());
+    env.sim.set_faults("sms", faults);
+    let moved = accept_capped(&env, "fo-cap-1", "+8613800000041").await;
+    let Acceptance::Accepted { task_id: moved } = moved else {
+        panic!("the first message is accepted: {moved:?}");
+    };
+    wait_sent(&env, &moved).await;
+    assert_eq!(recipients(&env, TENCENT.0), ["+8613800000041"]);
+    let again = accept_capped(&env, "fo-cap-2", "+8613800000041").await;
+    assert!(
+        matches!(&again, Acceptance::Capped { cap, .. } if cap == "sms-hourly"),
+        "the failover gave no fresh budget: {again:?}"
+    );
+    env.sim.set_faults(
+        "sms",
+        Faults {
+            fail_next: 1,
+            error_after_accept: 1.0,
+            ..Faults::default()
+        },
+    );
+    let held = accept_capped(&env, "fo-cap-3", "+8613800000042").await;
+    let Acceptance::Accepted { task_id: held } = held else {
+        panic!("accepted: {held:?}");
+    };
+    env.wait_status(&held, TaskStatus::Unknown).await;
+    let again = accept_capped(&env, "fo-cap-4", "+8613800000042").await;
+    assert!(
+        matches!(&again, Acceptance::Capped { .. }),
+        "an unknown outcome counts: {again:?}"
+    );
+    assert_eq!(
+        recipients(&env, TENCENT.0),
+        ["+8613800000041"],
+        "{:?}",
+        task(&env, &held).await
+    );
     env.stop().await;
 }

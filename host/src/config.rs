@@ -329,6 +329,16 @@ pub struct ChannelConfig {
     /// A channel names either `plugin` or `providers`, never both.
     #[serde(default)]
     pub providers: Vec<String>,
+    /// With `providers`: infrastructure failures in a row (timeouts, 5xx,
+    /// connect errors, the provider's internal errors) that open a
+    /// provider's circuit, in each host process; while it is open, new tasks
+    /// start at the next provider (arrears open it at once).
+    #[serde(default = "default_circuit_failures")]
+    pub circuit_failures: u32,
+    /// With `providers`: how long an open circuit stays open before one
+    /// real message at a time is let through to try the provider again.
+    #[serde(default = "default_circuit_open", with = "humantime_serde")]
+    pub circuit_open: Duration,
     /// Settings handed to the plugin (endpoint, template defaults...).
     #[serde(default)]
     pub settings: BTreeMap<String, String>,
@@ -411,6 +421,14 @@ fn default_concurrency() -> usize {
     16
 }
 
+fn default_circuit_failures() -> u32 {
+    5
+}
+
+fn default_circuit_open() -> Duration {
+    Duration::from_secs(30)
+}
+
 fn default_connect_timeout() -> Duration {
     Duration::from_secs(5)
 }
@@ -433,6 +451,8 @@ impl ChannelConfig {
         ChannelConfig {
             plugin: plugin.to_string(),
             providers: Vec::new(),
+            circuit_failures: default_circuit_failures(),
+            circuit_open: default_circuit_open(),
             settings: BTreeMap::new(),
             secrets_from_env: BTreeMap::new(),
             allowed_hosts: Vec::new(),
@@ -740,6 +760,9 @@ impl HostConfig {
                             "names `{provider}`, which has providers of its own: a provider names a `plugin`"
                         ),
                     ));
+                }
+                if cfg.circuit_failures == 0 {
+                    return Err(invalid(&field("circuit_failures"), "must be at least 1"));
                 }
                 if cfg.providers[..i].contains(provider) {
                     return Err(invalid(

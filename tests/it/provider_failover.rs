@@ -15,6 +15,7 @@ use pushonce::config::ChannelConfig;
 use pushonce::permit::{
     AcceptRequest, Acceptance, CapCheck, CapPeriod, Gate, RetryPolicy, Task, TaskStatus,
 };
+use pushonce::send::circuit::CircuitState;
 use pushonce_tests::channels::{
     DEADLINE, Env, EnvOptions, fast_retry, one_attempt_then_reconcile, payload,
 };
@@ -120,13 +121,13 @@ async fn aliyun_arrears_hand_the_sms_to_tencent_and_a_refused_number_fails_at_al
         .permanent
         .insert("+8613800000012".into(), "isv.MOBILE_NUMBER_ILLEGAL".into());
     env.sim.set_faults("sms", faults);
-    let arrears = accept(&env, "fo-arrears", "+8613800000011").await;
-    wait_sent(&env, &arrears).await;
-    assert_eq!(recipients(&env, TENCENT.0), ["+8613800000011"]);
     let bad = accept(&env, "fo-number", "+8613800000012").await;
     env.wait_status(&bad, TaskStatus::Failed).await;
     let task = task(&env, &bad).await;
     assert_eq!(field(&task, "provider_log"), "1:sms", "{task:?}");
+    // Arrears (which also open Aliyun's circuit) hand the next one over.
+    let arrears = accept(&env, "fo-arrears", "+8613800000011").await;
+    wait_sent(&env, &arrears).await;
     assert_eq!(
         recipients(&env, TENCENT.0),
         ["+8613800000011"],
@@ -258,7 +259,7 @@ async fn one_budget_per_user_whichever_provider_sent_or_holds_the_message() {
     let mut faults = Faults::default();
     faults
         .permanent
-        .insert("+8613800000041".into(), "isv.OUT_OF_SERVICE".into());
+        .insert("+8613800000041".into(), "isv.SMS_TEMPLATE_ILLEGAL".into());
     env.sim.set_faults("sms", faults);
     let moved = accept_capped(&env, "fo-cap-1", "+8613800000041").await;
     let Acceptance::Accepted { task_id: moved } = moved else {
@@ -295,5 +296,68 @@ async fn one_budget_per_user_whichever_provider_sent_or_holds_the_message() {
         "{:?}",
         task(&env, &held).await
     );
+    env.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn aliyuns_circuit_opens_under_5xx_new_tasks_start_at_tencent_and_a_good_try_closes_it() {
+    let env = env(
+        |_, c| {
+            let chain = c.get_mut(CHAIN).unwrap();
+            chain.circuit_failures = 2;
+            chain.circuit_open = Duration::from_millis(500);
+        },
+        EnvOptions {
+            retry: RetryPolicy {
+                max_attempts: 1,
+                ..fast_retry()
+            },
+            reconcile: None,
+        },
+    )
+    .await;
+    let circuit = || env.sender.circuit_state(CHAIN, "sms");
+    env.sim.set_faults(
+        "sms",
+        Faults {
+            fail_5xx: 1.0,
+            ..Faults::default()
+        },
+    );
+    // Two 503s in a row: unknown, each held at Aliyun (never handed on).
+    let mut held = Vec::new();
+    for (key, phone) in [("fo-cb-1", "+8613800000051"), ("fo-cb-2", "+8613800000052")] {
+        let t = accept(&env, key, phone).await;
+        env.wait_status(&t, TaskStatus::Unknown).await;
+        held.push(t);
+    }
+    assert_eq!(circuit(), CircuitState::Open);
+    // While it is open, a new task starts at Tencent.
+    let during = accept(&env, "fo-cb-3", "+8613800000053").await;
+    wait_sent(&env, &during).await;
+    assert_eq!(
+        field(&task(&env, &during).await, "provider_log"),
+        "1:tencent"
+    );
+    // Aliyun recovers; once half-open, one real message tries it and closes it.
+    env.sim.set_faults("sms", Faults::default());
+    wait_until(DEADLINE, || async { circuit() == CircuitState::HalfOpen })
+        .await
+        .expect("the circuit turns half-open");
+    let probe = accept(&env, "fo-cb-4", "+8613800000054").await;
+    wait_sent(&env, &probe).await;
+    assert_eq!(field(&task(&env, &probe).await, "provider_log"), "1:sms");
+    assert_eq!(circuit(), CircuitState::Closed);
+    for t in &held {
+        let task = task(&env, t).await;
+        assert_eq!(field(&task, "provider_log"), "1:sms", "{task:?}");
+        assert_eq!(task.status, TaskStatus::Unknown, "{task:?}");
+    }
+    assert_eq!(
+        recipients(&env, TENCENT.0),
+        ["+8613800000053"],
+        "Tencent sent only the new task"
+    );
+    assert_eq!(recipients(&env, "sms"), ["+8613800000054"]);
     env.stop().await;
 }

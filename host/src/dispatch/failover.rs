@@ -16,16 +16,21 @@ use crate::permit::Attempt;
 use crate::send::providers::Handover;
 use crate::send::{OutgoingMessage, SendOutcome};
 
-/// `msg` addressed to its task's provider, or to the first of `providers`
-/// when the task has none (or names one no longer configured). A channel
-/// without providers is left alone.
-pub(super) fn at_provider(mut msg: OutgoingMessage, providers: &[String]) -> OutgoingMessage {
+/// `msg` addressed to its task's provider, or, when the task has none (or
+/// names one no longer configured), to where a new task starts (`start`:
+/// the first provider whose circuit lets it through). A channel without
+/// providers is left alone.
+pub(super) fn at_provider(
+    mut msg: OutgoingMessage,
+    providers: &[String],
+    start: impl FnOnce() -> Option<String>,
+) -> OutgoingMessage {
     if providers.is_empty() {
         return msg;
     }
     let known = msg.provider.as_ref().is_some_and(|p| providers.contains(p));
     if !known {
-        msg.provider = providers.first().cloned();
+        msg.provider = start().or_else(|| providers.first().cloned());
     }
     msg
 }

@@ -36,7 +36,9 @@ pub(crate) async fn deliver(shared: &DispatchContext, entry: &Entry) {
         ..OutgoingMessage::of_task(&attempt.task)
     };
     let providers = shared.sender.providers(&attempt.task.channel);
-    let msg = super::failover::at_provider(msg, &providers);
+    let msg = super::failover::at_provider(msg, &providers, || {
+        shared.sender.start_provider(&attempt.task.channel)
+    });
     if attempt.reclaimed && !first_claim && !resend_reclaimed(shared, &attempt, &msg, entry).await {
         return;
     }

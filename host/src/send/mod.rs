@@ -8,6 +8,7 @@
 //! answers, so a test can count what reached "the provider" even when the
 //! sending process is killed with `kill -9`.
 
+pub mod circuit;
 pub mod path_token;
 pub mod plugin;
 pub mod providers;
@@ -218,6 +219,14 @@ pub trait Sender: Send + Sync {
     fn providers(&self, channel: &str) -> Vec<String> {
         let _ = channel;
         Vec::new()
+    }
+
+    /// Where a new task of `channel` starts: the first of its providers whose
+    /// circuit lets it through (a half-open one takes its one try), else the
+    /// first; `None` for a single-plugin channel (the default).
+    fn start_provider(&self, channel: &str) -> Option<String> {
+        let _ = channel;
+        None
     }
 
     /// Sends `msg` like [`Sender::send`], and says whether the outcome is a

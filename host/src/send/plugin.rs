@@ -17,6 +17,7 @@ use std::time::Duration;
 
 use tokio::sync::Semaphore;
 
+use super::circuit::{CircuitConfig, CircuitState, Circuits, health};
 use super::providers::{Handover, handover};
 use super::redact::Redactor;
 use super::{
@@ -152,6 +153,8 @@ pub struct PluginSender {
     /// Channels that fail over between provider instances (`providers`):
     /// their provider instances in order (each one of `channels`).
     chains: BTreeMap<String, Vec<String>>,
+    /// The circuits of each such channel's providers, in this process.
+    circuits: BTreeMap<String, Circuits>,
     /// The current registry.
     registry: RegistrySource,
 }
@@ -273,9 +276,15 @@ impl PluginSender {
     ) -> Result<PluginSender, SenderSetupError> {
         let mut out = BTreeMap::new();
         let mut chains = BTreeMap::new();
+        let mut circuits = BTreeMap::new();
         for (name, cfg) in channels {
             if !cfg.providers.is_empty() {
                 chains.insert(name.clone(), cfg.providers.clone());
+                let config = CircuitConfig {
+                    failures: cfg.circuit_failures.max(1),
+                    open_for: cfg.circuit_open,
+                };
+                circuits.insert(name.clone(), Circuits::new(config));
                 continue;
             }
             out.insert(
@@ -286,6 +295,7 @@ impl PluginSender {
         Ok(PluginSender {
             channels: out,
             chains,
+            circuits,
             registry,
         })
     }
@@ -426,15 +436,38 @@ impl PluginSender {
                     }
                 };
                 let handover = handover(&plugin_name, &outcome, written);
+                self.report_health(msg, name, &outcome, written);
                 (outcome, handover)
             }
             Err(e) => {
                 let written = e.log.may_have_sent();
                 let outcome = failed_call(rt, e);
                 let handover = handover(&plugin_name, &outcome, written);
+                self.report_health(msg, name, &outcome, written);
                 (outcome, handover)
             }
         }
+    }
+
+    /// Feeds the circuit of `provider` (on a channel with providers).
+    fn report_health(
+        &self,
+        msg: &OutgoingMessage,
+        provider: &str,
+        outcome: &SendOutcome,
+        written: bool,
+    ) {
+        if let Some(circuits) = self.circuits.get(&msg.channel) {
+            circuits.report(&msg.channel, provider, health(outcome, written));
+        }
+    }
+
+    /// How `provider`'s circuit on `channel` stands in this process (closed
+    /// when the channel has no providers).
+    pub fn circuit_state(&self, channel: &str, provider: &str) -> CircuitState {
+        self.circuits
+            .get(channel)
+            .map_or(CircuitState::Closed, |c| c.state(provider))
     }
 
     /// The channel runtime and plugin instance of `msg` (pinned version when still loaded).
@@ -731,6 +764,16 @@ impl Sender for PluginSender {
 
     fn providers(&self, channel: &str) -> Vec<String> {
         self.chains.get(channel).cloned().unwrap_or_default()
+    }
+
+    fn start_provider(&self, channel: &str) -> Option<String> {
+        let chain = self.chains.get(channel)?;
+        let circuits = self.circuits.get(channel)?;
+        chain
+            .iter()
+            .find(|p| circuits.admit(p))
+            .or(chain.first())
+            .cloned()
     }
 
     fn settle_unknown<'a>(&'a self, msg: &'a OutgoingMessage) -> BoxFuture<'a, UnknownVerdict> {

@@ -395,7 +395,8 @@ impl PluginSender {
                 );
             }
         };
-        let inst = match rt.instance(&(self.registry)(), payload.plugin.as_deref()) {
+        let pinned = self.pin(msg, payload.plugin.as_deref());
+        let inst = match rt.instance(&(self.registry)(), pinned) {
             Ok(i) => i,
             Err(e) => {
                 let outcome = SendOutcome::retryable(e.to_string());
@@ -483,8 +484,20 @@ impl PluginSender {
         let pinned = serde_json::from_str::<Payload>(&msg.payload)
             .ok()
             .and_then(|p| p.plugin);
-        let inst = rt.instance(&(self.registry)(), pinned.as_deref())?;
+        let inst = rt.instance(&(self.registry)(), self.pin(msg, pinned.as_deref()))?;
         Ok((rt, inst))
+    }
+
+    /// The plugin version a task pinned at accept, for a single-plugin
+    /// channel; none on a channel with providers, whose provider instances
+    /// each resolve their own plugin (a pin written while the channel had
+    /// one plugin must not run another provider's instance).
+    fn pin<'a>(&self, msg: &OutgoingMessage, pinned: Option<&'a str>) -> Option<&'a str> {
+        if self.chains.contains_key(&msg.channel) {
+            None
+        } else {
+            pinned
+        }
     }
 
     /// Asks the provider through the plugin's `query`, if it has one. An

@@ -78,6 +78,14 @@ pub const UNKNOWN: &str = "pushonce_unknown_total";
 pub const DEAD: &str = "pushonce_dead_total";
 /// Fallback tasks accepted, per (failed) channel.
 pub const FALLBACK: &str = "pushonce_fallback_total";
+/// Messages handed from one provider of a channel to the next after the
+/// first refused them before accepting them (`channel`, `from`, `to`:
+/// provider instances); `docs/channels.md`, "Providers within a channel".
+pub const FAILOVERS: &str = "pushonce_failovers_total";
+/// A provider's circuit in this process (`channel`, `provider`): 0 closed,
+/// 1 open (new tasks start at the next provider), 2 half-open (one message
+/// at a time tries it); set as it changes.
+pub const PROVIDER_CIRCUIT: &str = "pushonce_provider_circuit_state";
 /// Sends the delivery ledger stopped because Redis had lost a permit, per channel.
 pub const DUPLICATE_PREVENTED: &str = "pushonce_duplicate_prevented_total";
 /// Seconds of one send through a channel plugin, per channel.

@@ -34,6 +34,7 @@ mod permit;
 mod plugins;
 mod policies;
 mod properties;
+mod provider_failover;
 mod providers;
 mod reconcile;
 mod redis_embedded;

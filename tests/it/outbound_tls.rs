@@ -70,6 +70,7 @@ async fn outcome(sender: &PluginSender, url: &str) -> SendOutcome {
         first_attempt_ms: 0,
         last_attempt_ms: 0,
         last_attempt_ended_ms: 0,
+        provider: None,
     };
     Sender::send(sender, &msg).await
 }

@@ -1345,3 +1345,38 @@ async fn a_tencent_sms_to_an_invalid_number_fails_at_once() {
     assert!(env.ledger(TENCENT.0).is_empty());
     env.stop().await;
 }
+
+/// A channel that fails over from Aliyun (`sms`) to Tencent: a task Aliyun
+/// refused for its credentials is sent by Tencent, whose status push on
+/// Tencent's own callback route settles it delivered (issue 37, item 2).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_over_sms_is_settled_by_the_status_push_of_the_provider_that_sent_it() {
+    let env = Env::start_with_sim(
+        |sim, c| {
+            c.insert(TENCENT.0.into(), sim.tencent_channel());
+            c.get_mut("sms")
+                .unwrap()
+                .secrets_from_env
+                .insert("access_key_secret".into(), "TEST_TENCENT_SECRET".into());
+            let mut chain = pushonce::config::ChannelConfig::new("");
+            chain.providers = vec!["sms".into(), TENCENT.0.into()];
+            c.insert("sms-any".into(), chain);
+        },
+        EnvOptions::default(),
+    )
+    .await;
+    tencent_receipts(&env).await;
+    let t = env
+        .accept("sms-any", "fo-push", &payload("+8613800000061", "1110"))
+        .await;
+    env.wait_status(&t, TaskStatus::Delivered).await;
+    let task = task(&env.permits, &t).await;
+    assert_eq!(
+        task.fields.get("provider").map(String::as_str),
+        Some(TENCENT.0)
+    );
+    assert_eq!(env.ledger(TENCENT.0).len(), 1);
+    assert!(env.ledger("sms").is_empty());
+    assert_eq!(stat(&env.sim, "tencent-sms.receipt_posted"), 1);
+    env.stop().await;
+}

@@ -177,6 +177,8 @@ fn view(row: &LedgerRow) -> TaskView {
         possible_duplicate: false,
         held_cause: None,
         provider_answer: None,
+        provider: None,
+        provider_log: Vec::new(),
         reconcile_log: Vec::new(),
         operator_log: row
             .operator_note

@@ -284,6 +284,14 @@ pub(crate) struct TaskView {
     /// The provider's last answer as the channel plugin saw it, when the task was held.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub provider_answer: Option<String>,
+    /// On a channel with providers: the provider instance its last request
+    /// went to (where an unknown outcome is settled).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub provider: Option<String>,
+    /// On a channel with providers: every request's `<attempt>:<provider>`,
+    /// oldest first (a failover shows as two entries of one attempt).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub provider_log: Vec<String>,
     /// What the reconciler tried, oldest first (the newest 32 checks).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub reconcile_log: Vec<ReconcileStepView>,
@@ -339,6 +347,12 @@ impl From<&Task> for TaskView {
                 .is_some_and(|v| v == "1"),
             held_cause: task.held_cause.map(HeldCauseView::from),
             provider_answer: task.provider_answer.clone(),
+            provider: task.fields.get("provider").cloned(),
+            provider_log: task
+                .fields
+                .get("provider_log")
+                .map(|log| log.split_whitespace().map(str::to_string).collect())
+                .unwrap_or_default(),
             reconcile_log: task
                 .reconcile_log()
                 .into_iter()

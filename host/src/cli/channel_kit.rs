@@ -162,6 +162,7 @@ async fn send(sender: &PluginSender, m: &CaseMessage) -> Got {
         first_attempt_ms: 0,
         last_attempt_ms: 0,
         last_attempt_ended_ms: 0,
+        provider: None,
     };
     match sender.send(&msg).await {
         SendOutcome::Sent {

@@ -6,12 +6,33 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-/// One channel instance: which channel plugin, and its settings.
+/// One channel instance: which channel plugin, and its settings; or an
+/// ordered list of provider instances (`providers`) it fails over between.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ChannelConfig {
-    /// The channel plugin and version requirement, `name@req`, e.g. `sms@^2`.
+    /// The channel plugin and version requirement, `name@req`, e.g. `sms@^2`
+    /// (empty on a channel that names `providers` instead).
+    #[serde(default)]
     pub plugin: String,
+    /// Provider instances, in order of preference: names of other
+    /// `[channels.*]` entries, each with its own `plugin`, settings and
+    /// credentials. A task starts at the first and moves to the next only
+    /// when the provider it is at refused it before accepting it for a
+    /// reason of its own (`docs/channels.md`, "Providers within a channel").
+    /// A channel names either `plugin` or `providers`, never both.
+    #[serde(default)]
+    pub providers: Vec<String>,
+    /// With `providers`: infrastructure failures in a row (timeouts, 5xx,
+    /// connect errors, the provider's internal errors) that open a
+    /// provider's circuit, in each host process; while it is open, new tasks
+    /// start at the next provider (arrears open it at once).
+    #[serde(default = "default_circuit_failures")]
+    pub circuit_failures: u32,
+    /// With `providers`: how long an open circuit stays open before one
+    /// real message at a time is let through to try the provider again.
+    #[serde(default = "default_circuit_open", with = "humantime_serde")]
+    pub circuit_open: Duration,
     /// Settings handed to the plugin (endpoint, template defaults...).
     #[serde(default)]
     pub settings: BTreeMap<String, String>,
@@ -94,6 +115,14 @@ fn default_concurrency() -> usize {
     16
 }
 
+fn default_circuit_failures() -> u32 {
+    5
+}
+
+fn default_circuit_open() -> Duration {
+    Duration::from_secs(30)
+}
+
 fn default_connect_timeout() -> Duration {
     Duration::from_secs(5)
 }
@@ -115,6 +144,9 @@ impl ChannelConfig {
     pub fn new(plugin: &str) -> ChannelConfig {
         ChannelConfig {
             plugin: plugin.to_string(),
+            providers: Vec::new(),
+            circuit_failures: default_circuit_failures(),
+            circuit_open: default_circuit_open(),
             settings: BTreeMap::new(),
             secrets_from_env: BTreeMap::new(),
             allowed_hosts: Vec::new(),

@@ -12,6 +12,7 @@ impl HostConfig {
         self.check_reconcile()?;
         self.check_http_and_events()?;
         self.check_caps()?;
+        self.check_providers()?;
         self.check_retention_and_index()?;
         self.check_redis()
     }
@@ -42,6 +43,55 @@ impl HostConfig {
                 "event_index",
                 "false needs the delivery ledger (event look-ups then come from it); ledger_url is \"off\"",
             ));
+        }
+        Ok(())
+    }
+
+    /// Every channel names a plugin or providers, not both; each provider is
+    /// a configured single-plugin channel, named once.
+    fn check_providers(&self) -> Result<(), ConfigError> {
+        for (name, cfg) in &self.channels {
+            let field = |f: &str| format!("channels.{name}.{f}");
+            match (cfg.plugin.is_empty(), cfg.providers.is_empty()) {
+                (true, true) => {
+                    return Err(invalid(
+                        &field("plugin"),
+                        "is missing: name a channel plugin (`plugin = \"aliyun-sms@^1\"`) or provider instances (`providers = [...]`)",
+                    ));
+                }
+                (false, false) => {
+                    return Err(invalid(
+                        &field("providers"),
+                        "cannot be set beside `plugin`: a channel sends through one plugin, or fails over between provider instances that each name their own",
+                    ));
+                }
+                _ => {}
+            }
+            for (i, provider) in cfg.providers.iter().enumerate() {
+                let Some(p) = self.channels.get(provider) else {
+                    return Err(invalid(
+                        &field("providers"),
+                        &format!("names `{provider}`, which is not a configured channel instance"),
+                    ));
+                };
+                if !p.providers.is_empty() {
+                    return Err(invalid(
+                        &field("providers"),
+                        &format!(
+                            "names `{provider}`, which has providers of its own: a provider names a `plugin`"
+                        ),
+                    ));
+                }
+                if cfg.circuit_failures == 0 {
+                    return Err(invalid(&field("circuit_failures"), "must be at least 1"));
+                }
+                if cfg.providers[..i].contains(provider) {
+                    return Err(invalid(
+                        &field("providers"),
+                        &format!("names `{provider}` twice"),
+                    ));
+                }
+            }
         }
         Ok(())
     }

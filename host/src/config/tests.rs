@@ -155,6 +155,38 @@ fn environment_overrides_the_file() {
 }
 
 #[test]
+fn a_channel_with_providers_names_configured_single_plugin_channels() {
+    let parse = |text: &str| {
+        HostConfig::parse(Path::new("pushonce.toml"), text).and_then(|c| c.check().map(|_| c))
+    };
+    let ok = parse(
+        "[channels.sms]\nproviders = [\"sms-aliyun\", \"sms-tencent\"]\n\
+         [channels.sms-aliyun]\nplugin = \"aliyun-sms@^1\"\n\
+         [channels.sms-tencent]\nplugin = \"tencent-sms@^1\"\n",
+    )
+    .unwrap();
+    assert_eq!(ok.channels["sms"].providers, ["sms-aliyun", "sms-tencent"]);
+    for (text, says) in [
+        (
+            "[channels.sms]\nproviders = [\"nope\"]\n",
+            "not a configured channel",
+        ),
+        (
+            "[channels.sms]\nplugin = \"a@^1\"\nproviders = [\"b\"]\n[channels.b]\nplugin = \"b@^1\"\n",
+            "beside `plugin`",
+        ),
+        ("[channels.sms]\nsettings = {}\n", "plugin: is missing"),
+        (
+            "[channels.sms]\nproviders = [\"b\", \"b\"]\n[channels.b]\nplugin = \"b@^1\"\n",
+            "twice",
+        ),
+    ] {
+        let err = parse(text).unwrap_err().to_string();
+        assert!(err.contains(says), "{text}: {err}");
+    }
+}
+
+#[test]
 fn checks_refuse_values_that_cannot_work() {
     let c = HostConfig {
         redis_url: Some("http://127.0.0.1".into()),

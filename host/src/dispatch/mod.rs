@@ -27,6 +27,8 @@
 
 pub mod backoff;
 pub mod duplicates;
+mod failover;
+mod lease;
 pub mod ledger;
 mod reader;
 pub mod reclaim;

@@ -4,6 +4,7 @@
 
 use std::time::{Duration, Instant};
 
+use super::lease::with_lease;
 use super::{DispatchContext, backoff};
 use crate::metric_names as names;
 use crate::permit::{Attempt, Begin, Entry, HeldCause, Outcome, RecordContext, Recorded, ToRecord};
@@ -85,7 +86,12 @@ async fn attempt_batch<'a>(
     if sendable.is_empty() {
         return pending;
     }
-    let marking: Vec<&Attempt> = sendable.iter().map(|(a, _, _)| *a).collect();
+    // Each request's provider (on a channel with providers) is written
+    // with the mark, before the request goes.
+    let marking: Vec<(&Attempt, &str)> = sendable
+        .iter()
+        .map(|(a, _, msg)| (*a, msg.provider.as_deref().unwrap_or("")))
+        .collect();
     let marked = match shared
         .permits
         .mark_requests_started(&marking, shared.config.lease)
@@ -114,14 +120,14 @@ async fn attempt_batch<'a>(
                 return None;
             }
             Some(async move {
-                let (outcome, context, keep) = send_and_note(shared, attempt, &msg).await;
+                let (outcome, context, indexed) = send_and_note(shared, attempt, msg).await;
                 let pending = Pending {
                     attempt,
                     outcome,
                     entry,
                     context,
                 };
-                (pending, keep)
+                (pending, indexed)
             })
         });
     let sent = futures_util::future::join_all(sends).await;
@@ -148,6 +154,10 @@ async fn may_send<'a>(
         attempt: attempt.number,
         ..OutgoingMessage::of_task(&attempt.task)
     };
+    let providers = shared.sender.providers(&attempt.task.channel);
+    let msg = super::failover::at_provider(msg, &providers, || {
+        shared.sender.start_provider(&attempt.task.channel)
+    });
     if attempt.reclaimed && !first_claim && !resend_reclaimed(shared, attempt, &msg, entry).await {
         return None;
     }
@@ -167,17 +177,25 @@ async fn may_send<'a>(
     Some((attempt, entry, msg))
 }
 
+/// Where and for how long a sent message's ids are indexed: under the
+/// channel or provider instance that sent it (its receipts come to that
+/// instance's route), for the time given.
+struct Indexed {
+    under: String,
+    keep: Duration,
+}
+
 /// Sends one message of a batch and writes its outcome to the ledger (the
 /// ledger first: a task that ends for good leaves Redis as it is recorded,
 /// once the ledger holds its outcome); the outcome, what the record needs
-/// beside it, and how long a sent message's ids stay indexed.
+/// beside it, and where and how long a sent message's ids stay indexed.
 async fn send_and_note(
     shared: &DispatchContext,
     attempt: &Attempt,
-    msg: &OutgoingMessage,
-) -> (Outcome, RecordContext, Duration) {
-    let outcome = send(shared, attempt, msg).await;
-    let checkable = !matches!(outcome, Outcome::Sent { .. }) || shared.sender.can_check(msg).await;
+    msg: OutgoingMessage,
+) -> (Outcome, RecordContext, Indexed) {
+    let (outcome, msg) = send(shared, attempt, msg).await;
+    let checkable = !matches!(outcome, Outcome::Sent { .. }) || shared.sender.can_check(&msg).await;
     let ends = ends_for_good(attempt, &outcome, checkable);
     let ledger_holds_outcome = super::ledger::note_outcome(shared, attempt, &outcome, ends).await;
     let context = RecordContext {
@@ -192,7 +210,8 @@ async fn send_and_note(
     } else {
         shared.permits.config().retention
     };
-    (outcome, context, keep)
+    let under = msg.provider.unwrap_or_else(|| attempt.task.channel.clone());
+    (outcome, context, Indexed { under, keep })
 }
 
 /// Whether `outcome` ends the task for good, so that it may leave Redis once
@@ -276,13 +295,30 @@ async fn begin_batch<'e>(
     begun
 }
 
-/// Sends the message under the lease and turns the channel's answer into
-/// the outcome to record (retry, dead, fallback, held or resent).
-async fn send(shared: &DispatchContext, attempt: &Attempt, msg: &OutgoingMessage) -> Outcome {
+/// Sends the message under the lease (failing over between the channel's
+/// providers, `failover.rs`) and turns the channel's answer into the outcome
+/// to record (retry, dead, fallback, held or resent); with the message as
+/// last sent (its provider).
+async fn send(
+    shared: &DispatchContext,
+    attempt: &Attempt,
+    msg: OutgoingMessage,
+) -> (Outcome, OutgoingMessage) {
     let sending = Instant::now();
-    let result = with_lease(shared, attempt, shared.sender.send(msg)).await;
+    let (result, msg) = super::failover::send_through_providers(shared, attempt, msg).await;
     metrics::histogram!(names::SEND_SECONDS, "channel" => msg.channel.clone())
         .record(sending.elapsed().as_secs_f64());
+    let outcome = outcome_of(shared, attempt, &msg, result).await;
+    (outcome, msg)
+}
+
+/// The outcome to record for the channel's answer `result` to `msg`.
+async fn outcome_of(
+    shared: &DispatchContext,
+    attempt: &Attempt,
+    msg: &OutgoingMessage,
+    result: SendOutcome,
+) -> Outcome {
     match result {
         SendOutcome::Sent {
             provider_message_id,
@@ -414,9 +450,9 @@ async fn resend_still_safe(
 
 /// Indexes the sent messages' provider ids and references (when not the
 /// key), so a receipt naming either finds the task: one round trip for the batch.
-async fn index_ids(shared: &DispatchContext, sent: &[(Pending<'_>, Duration)]) {
+async fn index_ids(shared: &DispatchContext, sent: &[(Pending<'_>, Indexed)]) {
     let mut ids = Vec::new();
-    for (p, keep) in sent {
+    for (p, indexed) in sent {
         let Outcome::Sent {
             provider_message_id,
             reference,
@@ -430,7 +466,10 @@ async fn index_ids(shared: &DispatchContext, sent: &[(Pending<'_>, Duration)]) {
                 .into_iter()
                 .flatten()
                 .filter(|id| !id.is_empty() && *id != task.key)
-                .map(|id| (task.channel.as_str(), id, p.attempt.task_id.as_str(), *keep)),
+                .map(|id| {
+                    let task_id = p.attempt.task_id.as_str();
+                    (indexed.under.as_str(), id, task_id, indexed.keep)
+                }),
         );
     }
     if ids.is_empty() {
@@ -497,29 +536,6 @@ fn unknown(attempt: &Attempt, reason: String, verdict: UnknownVerdict) -> Outcom
         // Out of attempts, or nothing can tell: held, visibly, never released.
         UnknownVerdict::Resend | UnknownVerdict::ResendMayDuplicate | UnknownVerdict::Hold => {
             Outcome::Unknown { reason }
-        }
-    }
-}
-
-/// Runs `send` (a send or a status query), extending the lease every third
-/// of it while it is in flight.
-async fn with_lease<T>(
-    shared: &DispatchContext,
-    attempt: &Attempt,
-    send: impl std::future::Future<Output = T>,
-) -> T {
-    let lease = shared.config.lease;
-    let every = (lease / 3).max(Duration::from_millis(10));
-    tokio::pin!(send);
-    let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
-    loop {
-        tokio::select! {
-            outcome = &mut send => return outcome,
-            _ = tick.tick() => match shared.permits.extend_lease(attempt, lease).await {
-                Ok(Some(_)) => {}
-                Ok(None) => tracing::warn!(task = %attempt.task_id, "lease lost while sending; the outcome will be fenced"),
-                Err(e) => tracing::warn!(task = %attempt.task_id, error = %e, "could not extend the lease"),
-            },
         }
     }
 }

@@ -73,6 +73,16 @@ async fn channels(d: &Deployment<'_>) -> Vec<Check> {
     };
     let mut checks = Vec::new();
     for (name, cfg) in &d.config.channels {
+        if !cfg.providers.is_empty() {
+            checks.push(Check::ok(
+                format!("channel.{name}.providers"),
+                format!(
+                    "fails over between {} (checked each on its own)",
+                    cfg.providers.join(", ")
+                ),
+            ));
+            continue;
+        }
         let takes_callbacks = match &sender {
             Some(sender) => match sender.capabilities(name, None).await {
                 Ok(caps) => {

@@ -19,13 +19,15 @@ struct ExtendArgs<'a> {
     lease: Lease<'a>,
     /// ARGV[5]: the worker is about to hand the message to its channel.
     starting: bool,
+    /// ARGV[6]: the provider instance it goes to (empty: none).
+    provider: &'a str,
 }
 
 impl Transition for ExtendArgs<'_> {
     const SCRIPT: &'static LazyLock<Script> = &SCRIPT;
 
     fn call(&self) -> Call<'_> {
-        self.lease.call().flag(self.starting)
+        self.lease.call().flag(self.starting).arg(self.provider)
     }
 }
 
@@ -37,7 +39,7 @@ impl Permits {
         attempt: &Attempt,
         lease: Duration,
     ) -> Result<Option<u64>, PermitError> {
-        self.extend(attempt, lease, false).await
+        self.extend_one(attempt, lease, false, "").await
     }
 
     /// Extends the lease like [`Permits::extend_lease`] and marks that the
@@ -49,15 +51,29 @@ impl Permits {
         attempt: &Attempt,
         lease: Duration,
     ) -> Result<Option<u64>, PermitError> {
-        self.extend(attempt, lease, true).await
+        self.extend_one(attempt, lease, true, "").await
     }
 
-    /// [`Permits::mark_request_started`] for several attempts of one shard's
-    /// tasks in one script call (each fenced by its own token): each
+    /// [`Permits::mark_request_started`] on a channel with providers: also
+    /// records that the request goes to `provider` (the task's `provider`,
+    /// appended to its `provider_log`), before it goes, so an unknown outcome
+    /// — even one whose worker vanished — is settled at that provider.
+    pub async fn mark_request_started_at(
+        &self,
+        attempt: &Attempt,
+        lease: Duration,
+        provider: &str,
+    ) -> Result<Option<u64>, PermitError> {
+        self.extend_one(attempt, lease, true, provider).await
+    }
+
+    /// [`Permits::mark_request_started_at`] for several attempts of one
+    /// shard's tasks in one script call (each fenced by its own token), each
+    /// with the provider instance its request goes to (empty: none): each
     /// attempt's new lease end, or `None` where its lease was lost.
     pub async fn mark_requests_started(
         &self,
-        attempts: &[&Attempt],
+        attempts: &[(&Attempt, &str)],
         lease: Duration,
     ) -> Result<Vec<Option<u64>>, PermitError> {
         self.extend_all(attempts, lease, true).await
@@ -70,17 +86,19 @@ impl Permits {
         attempts: &[&Attempt],
         lease: Duration,
     ) -> Result<Vec<Option<u64>>, PermitError> {
-        self.extend_all(attempts, lease, false).await
+        let attempts: Vec<(&Attempt, &str)> = attempts.iter().map(|a| (*a, "")).collect();
+        self.extend_all(&attempts, lease, false).await
     }
 
-    async fn extend(
+    async fn extend_one(
         &self,
         attempt: &Attempt,
         lease: Duration,
         starting: bool,
+        provider: &str,
     ) -> Result<Option<u64>, PermitError> {
         Ok(self
-            .extend_all(&[attempt], lease, starting)
+            .extend_all(&[(attempt, provider)], lease, starting)
             .await?
             .pop()
             .flatten())
@@ -88,7 +106,7 @@ impl Permits {
 
     async fn extend_all(
         &self,
-        attempts: &[&Attempt],
+        attempts: &[(&Attempt, &str)],
         lease: Duration,
         starting: bool,
     ) -> Result<Vec<Option<u64>>, PermitError> {
@@ -97,7 +115,7 @@ impl Permits {
         }
         let args = attempts
             .iter()
-            .map(|attempt| {
+            .map(|(attempt, provider)| {
                 Ok(ExtendArgs {
                     lease: Lease {
                         task: self.task_key(&attempt.task_id)?,
@@ -108,6 +126,7 @@ impl Permits {
                         grace_ms: millis(self.config.grace),
                     },
                     starting,
+                    provider,
                 })
             })
             .collect::<Result<Vec<_>, PermitError>>()?;

@@ -8,8 +8,10 @@
 //! answers, so a test can count what reached "the provider" even when the
 //! sending process is killed with `kill -9`.
 
+pub mod circuit;
 pub mod path_token;
 pub mod plugin;
+pub mod providers;
 pub mod receipts;
 pub mod redact;
 
@@ -49,6 +51,10 @@ pub struct OutgoingMessage {
     /// since the epoch; 0 if unknown): the provider cannot have got the
     /// request later.
     pub last_attempt_ended_ms: u64,
+    /// On a channel with providers: the provider instance this attempt goes
+    /// to (the task's `provider`, where its last request went; `None`: the
+    /// channel's first). Ignored by a single-plugin channel.
+    pub provider: Option<String>,
 }
 
 impl OutgoingMessage {
@@ -66,6 +72,7 @@ impl OutgoingMessage {
             first_attempt_ms: task.first_attempt_ms.unwrap_or(0),
             last_attempt_ms: task.last_attempt_ms.unwrap_or(0),
             last_attempt_ended_ms: held_after_last_attempt(task),
+            provider: task.fields.get("provider").cloned(),
         }
     }
 }
@@ -204,6 +211,33 @@ pub trait Sender: Send + Sync {
     fn dedupes<'a>(&'a self, msg: &'a OutgoingMessage) -> BoxFuture<'a, bool> {
         let _ = msg;
         Box::pin(async { true })
+    }
+
+    /// The provider instances of `channel`, in order, when it fails over
+    /// between providers (`providers = [...]`); empty for a single-plugin
+    /// channel (the default).
+    fn providers(&self, channel: &str) -> Vec<String> {
+        let _ = channel;
+        Vec::new()
+    }
+
+    /// Where a new task of `channel` starts: the first of its providers whose
+    /// circuit lets it through (a half-open one takes its one try), else the
+    /// first; `None` for a single-plugin channel (the default).
+    fn start_provider(&self, channel: &str) -> Option<String> {
+        let _ = channel;
+        None
+    }
+
+    /// Sends `msg` like [`Sender::send`], and says whether the outcome is a
+    /// refusal the next provider of the channel may take over: the provider
+    /// did not take the message, and its reason is its own, not the
+    /// recipient's (`send::providers::Handover`). The default never hands over.
+    fn send_for_handover<'a>(
+        &'a self,
+        msg: &'a OutgoingMessage,
+    ) -> BoxFuture<'a, (SendOutcome, providers::Handover)> {
+        Box::pin(async move { (self.send(msg).await, providers::Handover::Stays) })
     }
 
     /// Asks the provider what became of `msg` (by its idempotency key and,

@@ -17,6 +17,8 @@ use std::time::Duration;
 
 use tokio::sync::Semaphore;
 
+use super::circuit::{CircuitConfig, CircuitState, Circuits, health};
+use super::providers::{Handover, handover};
 use super::redact::Redactor;
 use super::{
     BoxFuture, Check, NO_STATUS_QUERY, OutgoingMessage, Payload, SendOutcome, Sender,
@@ -148,6 +150,11 @@ struct ChannelRuntime {
 pub struct PluginSender {
     /// Channel instances by name.
     channels: BTreeMap<String, Arc<ChannelRuntime>>,
+    /// Channels that fail over between provider instances (`providers`):
+    /// their provider instances in order (each one of `channels`).
+    chains: BTreeMap<String, Vec<String>>,
+    /// The circuits of each such channel's providers, in this process.
+    circuits: BTreeMap<String, Circuits>,
     /// The current registry.
     registry: RegistrySource,
 }
@@ -268,7 +275,18 @@ impl PluginSender {
         env: impl Fn(&str) -> Option<String>,
     ) -> Result<PluginSender, SenderSetupError> {
         let mut out = BTreeMap::new();
+        let mut chains = BTreeMap::new();
+        let mut circuits = BTreeMap::new();
         for (name, cfg) in channels {
+            if !cfg.providers.is_empty() {
+                chains.insert(name.clone(), cfg.providers.clone());
+                let config = CircuitConfig {
+                    failures: cfg.circuit_failures.max(1),
+                    open_for: cfg.circuit_open,
+                };
+                circuits.insert(name.clone(), Circuits::new(config));
+                continue;
+            }
             out.insert(
                 name.clone(),
                 Arc::new(ChannelRuntime::from_config(name, cfg, &env)?),
@@ -276,6 +294,8 @@ impl PluginSender {
         }
         Ok(PluginSender {
             channels: out,
+            chains,
+            circuits,
             registry,
         })
     }
@@ -342,23 +362,48 @@ impl PluginSender {
         Ok(rt.capabilities_of(&inst).await)
     }
 
-    async fn send_one(&self, msg: &OutgoingMessage) -> SendOutcome {
-        let Some(rt) = self.channels.get(&msg.channel) else {
-            return SendOutcome::Permanent(format!(
-                "no channel instance named `{}` is configured",
-                msg.channel
-            ));
+    /// The channel instance `msg` is sent through: its channel's, or on a
+    /// channel with providers the task's provider (the first when it has none).
+    fn instance_name<'a>(&'a self, msg: &'a OutgoingMessage) -> &'a str {
+        match self.chains.get(&msg.channel) {
+            Some(chain) => msg
+                .provider
+                .as_deref()
+                .filter(|p| chain.iter().any(|c| c == p))
+                .or(chain.first().map(String::as_str))
+                .unwrap_or(&msg.channel),
+            None => &msg.channel,
+        }
+    }
+
+    /// Sends `msg`; with the outcome, whether the next provider may take it
+    /// over (`super::providers::handover`).
+    async fn send_one(&self, msg: &OutgoingMessage) -> (SendOutcome, Handover) {
+        let name = self.instance_name(msg);
+        let Some(rt) = self.channels.get(name) else {
+            return (
+                SendOutcome::Permanent(format!("no channel instance named `{name}` is configured")),
+                Handover::Stays,
+            );
         };
         let payload: Payload = match serde_json::from_str(&msg.payload) {
             Ok(p) => p,
             Err(e) => {
-                return SendOutcome::Permanent(format!("the task's payload is not valid: {e}"));
+                return (
+                    SendOutcome::Permanent(format!("the task's payload is not valid: {e}")),
+                    Handover::Stays,
+                );
             }
         };
-        let inst = match rt.instance(&(self.registry)(), payload.plugin.as_deref()) {
+        let pinned = self.pin(msg, payload.plugin.as_deref());
+        let inst = match rt.instance(&(self.registry)(), pinned) {
             Ok(i) => i,
-            Err(e) => return SendOutcome::retryable(e.to_string()),
+            Err(e) => {
+                let outcome = SendOutcome::retryable(e.to_string());
+                return (outcome, Handover::NotTaken("its plugin is not loaded"));
+            }
         };
+        let plugin_name = inst.plugin().meta().name.clone();
         let _slot = rt.slots.acquire().await;
         if let Some(rate) = &rt.rate {
             rate.wait().await;
@@ -374,7 +419,8 @@ impl PluginSender {
         match inst.send(message).await {
             Ok(answer) => {
                 let log = answer.log;
-                match answer.value {
+                let written = log.may_have_sent();
+                let outcome = match answer.value {
                     Ok(receipt) => SendOutcome::Sent {
                         provider_message_id: rt.redact(&receipt.provider_message_id),
                         reference: receipt.reference.map(|r| rt.redact(&r)),
@@ -389,10 +435,40 @@ impl PluginSender {
                     Err(SendError::Unknown(r)) => {
                         SendOutcome::Unknown(rt.redact(&explain(r, &log)))
                     }
-                }
+                };
+                let handover = handover(&plugin_name, &outcome, written);
+                self.report_health(msg, name, &outcome, written);
+                (outcome, handover)
             }
-            Err(e) => failed_call(rt, e),
+            Err(e) => {
+                let written = e.log.may_have_sent();
+                let outcome = failed_call(rt, e);
+                let handover = handover(&plugin_name, &outcome, written);
+                self.report_health(msg, name, &outcome, written);
+                (outcome, handover)
+            }
         }
+    }
+
+    /// Feeds the circuit of `provider` (on a channel with providers).
+    fn report_health(
+        &self,
+        msg: &OutgoingMessage,
+        provider: &str,
+        outcome: &SendOutcome,
+        written: bool,
+    ) {
+        if let Some(circuits) = self.circuits.get(&msg.channel) {
+            circuits.report(&msg.channel, provider, health(outcome, written));
+        }
+    }
+
+    /// How `provider`'s circuit on `channel` stands in this process (closed
+    /// when the channel has no providers).
+    pub fn circuit_state(&self, channel: &str, provider: &str) -> CircuitState {
+        self.circuits
+            .get(channel)
+            .map_or(CircuitState::Closed, |c| c.state(provider))
     }
 
     /// The channel runtime and plugin instance of `msg` (pinned version when still loaded).
@@ -400,15 +476,28 @@ impl PluginSender {
         &self,
         msg: &OutgoingMessage,
     ) -> Result<(&Arc<ChannelRuntime>, Arc<ChannelInstance>), InstanceError> {
+        let name = self.instance_name(msg);
         let rt = self
             .channels
-            .get(&msg.channel)
-            .ok_or_else(|| InstanceError::UnknownChannel(msg.channel.clone()))?;
+            .get(name)
+            .ok_or_else(|| InstanceError::UnknownChannel(name.to_string()))?;
         let pinned = serde_json::from_str::<Payload>(&msg.payload)
             .ok()
             .and_then(|p| p.plugin);
-        let inst = rt.instance(&(self.registry)(), pinned.as_deref())?;
+        let inst = rt.instance(&(self.registry)(), self.pin(msg, pinned.as_deref()))?;
         Ok((rt, inst))
+    }
+
+    /// The plugin version a task pinned at accept, for a single-plugin
+    /// channel; none on a channel with providers, whose provider instances
+    /// each resolve their own plugin (a pin written while the channel had
+    /// one plugin must not run another provider's instance).
+    fn pin<'a>(&self, msg: &OutgoingMessage, pinned: Option<&'a str>) -> Option<&'a str> {
+        if self.chains.contains_key(&msg.channel) {
+            None
+        } else {
+            pinned
+        }
     }
 
     /// Asks the provider through the plugin's `query`, if it has one. An
@@ -676,7 +765,28 @@ impl ChannelRuntime {
 
 impl Sender for PluginSender {
     fn send<'a>(&'a self, msg: &'a OutgoingMessage) -> BoxFuture<'a, SendOutcome> {
+        Box::pin(async move { self.send_one(msg).await.0 })
+    }
+
+    fn send_for_handover<'a>(
+        &'a self,
+        msg: &'a OutgoingMessage,
+    ) -> BoxFuture<'a, (SendOutcome, Handover)> {
         Box::pin(self.send_one(msg))
+    }
+
+    fn providers(&self, channel: &str) -> Vec<String> {
+        self.chains.get(channel).cloned().unwrap_or_default()
+    }
+
+    fn start_provider(&self, channel: &str) -> Option<String> {
+        let chain = self.chains.get(channel)?;
+        let circuits = self.circuits.get(channel)?;
+        chain
+            .iter()
+            .find(|p| circuits.admit(p))
+            .or(chain.first())
+            .cloned()
     }
 
     fn settle_unknown<'a>(&'a self, msg: &'a OutgoingMessage) -> BoxFuture<'a, UnknownVerdict> {

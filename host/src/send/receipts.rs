@@ -195,7 +195,10 @@ async fn apply_one(
         Found::Gone(task_id) => return Ok(Applied::Gone { task_id, delivered }),
         Found::Nothing => return unmatched(permits, channel, &s.id, grace).await,
     };
-    if task.channel != channel {
+    // On a channel with providers, the callback route is the provider
+    // instance's: only the provider the task's request went to settles it.
+    let sent_through = task.fields.get("provider").unwrap_or(&task.channel);
+    if sent_through != channel {
         return Ok(Applied::Ignored);
     }
     match task.status {

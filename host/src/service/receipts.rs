@@ -89,7 +89,11 @@ pub(super) async fn callback_gates(
     sender: &PluginSender,
 ) -> Result<CallbackGates, ServiceError> {
     let mut gates = BTreeMap::new();
-    for name in config.channels.keys() {
+    for (name, cfg) in &config.channels {
+        if !cfg.providers.is_empty() {
+            // Callbacks come to each provider instance's own route.
+            continue;
+        }
         let takes = match sender.capabilities(name, None).await {
             Ok(c) => c.callbacks,
             Err(e) => {

@@ -10,7 +10,8 @@
 //! ones that were answered and are waiting for their next request — are
 //! closed first (hyper's graceful shutdown: an idle connection closes at
 //! once, one mid-request finishes it), so waiting clients make room for new
-//! ones instead of new ones being refused.
+//! ones instead of new ones being refused. The same holds per client
+//! address: one at its own cap has an idle connection closed for a new one.
 //!
 //! hyper answers a request it cannot parse (a bad request line, a URI too
 //! long, a head too large) itself, with an empty 400, 414 or 431, before
@@ -82,7 +83,9 @@ pub(crate) async fn serve(
             },
             _ = stopped(&mut stop) => break,
         };
-        let Some(client_slot) = PerClient::take(&per_client, peer.ip()) else {
+        let Some(client_slot) = PerClient::take(&per_client, peer.ip())
+            .or_else(|| make_room(&per_client, &open, peer.ip()))
+        else {
             tracing::debug!(
                 client = %peer.ip(),
                 max = per_client.max,
@@ -110,7 +113,7 @@ pub(crate) async fn serve(
             drop(stream);
             continue;
         };
-        let (id, state) = open.add();
+        let (id, state) = open.add(peer.ip());
         let conn = builder.serve_connection(
             TokioIo::new(ProblemIo::new(stream)),
             TowerToHyperService::new(WithClient {
@@ -162,10 +165,13 @@ struct OpenConnections {
 }
 
 impl OpenConnections {
-    /// Registers a new connection.
-    fn add(&self) -> (u64, Arc<ConnState>) {
+    /// Registers a new connection of client address `ip`.
+    fn add(&self, ip: std::net::IpAddr) -> (u64, Arc<ConnState>) {
         let id = self.next.fetch_add(1, Ordering::Relaxed);
-        let state = Arc::new(ConnState::default());
+        let state = Arc::new(ConnState {
+            ip: Some(ip),
+            ..ConnState::default()
+        });
         self.lock().insert(id, state.clone());
         (id, state)
     }
@@ -178,13 +184,24 @@ impl OpenConnections {
     /// Tells up to `n` idle keep-alive connections (answered, no request
     /// in flight, not told already) to close; how many were told.
     fn close_idle(&self, n: usize) -> usize {
+        self.close_idle_where(n, |_| true)
+    }
+
+    /// [`OpenConnections::close_idle`] among the connections of client
+    /// address `ip` only.
+    fn close_idle_of(&self, ip: std::net::IpAddr, n: usize) -> usize {
+        self.close_idle_where(n, |state| state.ip == Some(ip))
+    }
+
+    fn close_idle_where(&self, n: usize, of: impl Fn(&ConnState) -> bool) -> usize {
         let conns = self.lock();
         let mut told = 0;
         for state in conns.values() {
             if told == n {
                 break;
             }
-            if state.answered.load(Ordering::Acquire)
+            if of(state)
+                && state.answered.load(Ordering::Acquire)
                 && state.in_flight.load(Ordering::Acquire) == 0
                 && !state.told.swap(true, Ordering::AcqRel)
             {
@@ -204,6 +221,8 @@ impl OpenConnections {
 /// What the listener knows of one connection.
 #[derive(Default)]
 struct ConnState {
+    /// The client's address.
+    ip: Option<std::net::IpAddr>,
     /// At least one request was received on it (a keep-alive connection).
     answered: AtomicBool,
     /// Requests on it not answered yet.
@@ -253,6 +272,35 @@ impl PerClient {
             ip,
         })
     }
+
+    /// One more connection of `ip` over its cap, while one of its idle
+    /// connections (told to close) is on its way out.
+    fn take_over(this: &Arc<PerClient>, ip: std::net::IpAddr) -> ClientSlot {
+        let mut open = this.open.lock().unwrap_or_else(|e| e.into_inner());
+        *open.entry(ip).or_insert(0) += 1;
+        ClientSlot {
+            of: this.clone(),
+            ip,
+        }
+    }
+}
+
+/// Room for one more connection of `ip`, which has its cap of them open:
+/// one of its idle keep-alive connections is told to close (at once, as it
+/// is idle) and the new one takes its place, so a client that keeps idle
+/// connections (a provider pushing receipts from one address, a pooling
+/// load balancer) is not refused new ones; `None` when none of its
+/// connections is idle (all are mid-request or never sent one).
+fn make_room(
+    per_client: &Arc<PerClient>,
+    open: &OpenConnections,
+    ip: std::net::IpAddr,
+) -> Option<ClientSlot> {
+    if open.close_idle_of(ip, 1) == 0 {
+        return None;
+    }
+    tracing::debug!(client = %ip, "per-client connection cap reached: closing one of its idle keep-alive connections for a new one");
+    Some(PerClient::take_over(per_client, ip))
 }
 
 /// One open connection of a client address; given back when dropped.

@@ -489,6 +489,50 @@ async fn one_address_holding_its_connections_does_not_starve_another() {
     host.shutdown().await.unwrap();
 }
 
+/// An address at its connection cap whose connections are idle keep-alive
+/// ones (answered, waiting for their next request — as a provider pushing
+/// receipts from one address leaves them) is not refused: one of its idle
+/// connections is closed for each new one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_address_at_its_cap_with_idle_connections_gets_new_ones_served() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let redis = RedisServer::start().await.unwrap();
+    let setup = Setup {
+        configure: Some(Box::new(|c: &mut pushonce::config::HostConfig| {
+            c.http.max_connections_per_client = 4;
+        })),
+        ..Setup::default()
+    };
+    let host = TestHost::start_with(&redis, setup).await.unwrap();
+    let addr = host.base.trim_start_matches("http://").to_string();
+    // One keep-alive request on a new connection; the connection is kept.
+    let request = |addr: String| async move {
+        let mut s = tokio::net::TcpStream::connect(&addr).await.unwrap();
+        let req = b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n";
+        if s.write_all(req).await.is_err() {
+            return (s, String::new());
+        }
+        let mut buf = vec![0u8; 1024];
+        let n = tokio::time::timeout(Duration::from_secs(10), s.read(&mut buf))
+            .await
+            .ok()
+            .and_then(Result::ok)
+            .unwrap_or(0);
+        (s, String::from_utf8_lossy(&buf[..n]).into_owned())
+    };
+    let mut kept = Vec::new();
+    for i in 0..12 {
+        let (conn, answer) = request(addr.clone()).await;
+        assert!(
+            answer.starts_with("HTTP/1.1 200"),
+            "connection {i} of one address (cap 4, earlier ones idle): {answer:?}"
+        );
+        kept.push(conn);
+    }
+    drop(kept);
+    host.shutdown().await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_path_that_is_not_utf8_once_decoded_is_a_problem() {
     let redis = RedisServer::start().await.unwrap();

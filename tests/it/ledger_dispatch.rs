@@ -269,6 +269,32 @@ async fn lookups_fall_back_to_the_ledger_after_redis_retention() {
 }
 
 /// The keys of `redis` matching `pattern` (`SCAN`, every one).
+/// Waits until each of `ids` is answered `status` from the ledger (it left
+/// Redis), within `deadline` each, and checks Redis no longer has its task.
+async fn wait_left_redis(
+    host: &pushonce_tests::host::TestHost,
+    permits: &Permits,
+    ids: &[String],
+    status: &str,
+    deadline: Duration,
+) {
+    for id in ids {
+        let path = format!("/v1/tasks/{id}");
+        let left = wait_until(deadline, || {
+            let fut = host.get(&path, None);
+            async move {
+                let a = fut.await.unwrap();
+                a.body["status"] == status && a.body["from_ledger"] == true
+            }
+        })
+        .await;
+        if left.is_err() {
+            panic!("{id}: {}", host.get(&path, None).await.unwrap().body);
+        }
+        assert!(permits.task(id).await.unwrap().is_none());
+    }
+}
+
 async fn scan(redis: &RedisServer, pattern: &str) -> Vec<String> {
     redis.keys_matching(pattern).await.unwrap()
 }
@@ -326,21 +352,7 @@ async fn delivered_tasks_leave_redis_only_their_permits_stay_and_lookups_answer_
     assert_eq!(live.status, reqwest::StatusCode::OK, "{}", live.body);
     assert_eq!(live.body["from_ledger"], serde_json::Value::Null);
     let permits = host_permits(&redis).await;
-    for id in &ids {
-        let path = format!("/v1/tasks/{id}");
-        let left = wait_until(Duration::from_secs(20), || {
-            let fut = host.get(&path, None);
-            async move {
-                let a = fut.await.unwrap();
-                a.body["status"] == "delivered" && a.body["from_ledger"] == true
-            }
-        })
-        .await;
-        if left.is_err() {
-            panic!("{id}: {}", host.get(&path, None).await.unwrap().body);
-        }
-        assert!(permits.task(id).await.unwrap().is_none());
-    }
+    wait_left_redis(&host, &permits, &ids, "delivered", Duration::from_secs(20)).await;
     let after = host
         .get(&format!("/v1/tasks/{}", ids[0]), None)
         .await
@@ -441,21 +453,7 @@ async fn a_task_sent_for_good_leaves_redis_as_it_is_recorded() {
     .unwrap();
     let ids = accepted_task_ids(&host, &order_shipped("o-final")).await;
     let permits = host_permits(&redis).await;
-    for id in &ids {
-        let path = format!("/v1/tasks/{id}");
-        let left = wait_until(Duration::from_secs(20), || {
-            let fut = host.get(&path, None);
-            async move {
-                let a = fut.await.unwrap();
-                a.body["status"] == "sent" && a.body["from_ledger"] == true
-            }
-        })
-        .await;
-        if left.is_err() {
-            panic!("{id}: {}", host.get(&path, None).await.unwrap().body);
-        }
-        assert!(permits.task(id).await.unwrap().is_none());
-    }
+    wait_left_redis(&host, &permits, &ids, "sent", Duration::from_secs(20)).await;
     assert_eq!(scan(&redis, "*:task:*").await, Vec::<String>::new());
     assert_eq!(scan(&redis, "*:event:*").await, Vec::<String>::new());
     assert_eq!(scan(&redis, "*:permit:*").await.len(), 3);
@@ -493,21 +491,7 @@ async fn a_sent_task_no_longer_checked_leaves_redis_once_the_ledger_holds_it() {
     .unwrap();
     let ids = accepted_task_ids(&host, &order_shipped("o-untracked")).await;
     let permits = host_permits(&redis).await;
-    for id in &ids {
-        let path = format!("/v1/tasks/{id}");
-        let left = wait_until(Duration::from_secs(30), || {
-            let fut = host.get(&path, None);
-            async move {
-                let a = fut.await.unwrap();
-                a.body["status"] == "sent" && a.body["from_ledger"] == true
-            }
-        })
-        .await;
-        if left.is_err() {
-            panic!("{id}: {}", host.get(&path, None).await.unwrap().body);
-        }
-        assert!(permits.task(id).await.unwrap().is_none());
-    }
+    wait_left_redis(&host, &permits, &ids, "sent", Duration::from_secs(30)).await;
     assert_eq!(scan(&redis, "*:task:*").await, Vec::<String>::new());
     assert_eq!(scan(&redis, "*:ev:*").await, Vec::<String>::new());
     assert_eq!(scan(&redis, "*:permit:*").await.len(), 3);

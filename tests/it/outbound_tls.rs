@@ -18,7 +18,7 @@ use pushonce::plugin::bindings::{Message, Receipt, SendError};
 use pushonce::plugin::http::{OutboundHooks, OutboundLog};
 use pushonce::plugin::{AllowedHost, HttpClient, OutboundPolicy};
 use pushonce::send::plugin::PluginSender;
-use pushonce::send::{OutgoingMessage, SendOutcome, Sender};
+use pushonce::send::{OutgoingMessage, Payload, SendOutcome, Sender};
 use pushonce_tests::plugins::{fixture, registry_of};
 use pushonce_tests::tls::{Alpn, TestCa, TestServer};
 use wasmtime_wasi_http::{Error as HttpError, WasiBody, WasiHttpHooks};
@@ -54,17 +54,19 @@ async fn probe(sender: &PluginSender, url: &str) -> (Result<Receipt, SendError>,
 /// The probe POSTs to `url` as the dispatcher would: the outcome whose text
 /// becomes the task's `last_error`.
 async fn outcome(sender: &PluginSender, url: &str) -> SendOutcome {
-    let payload = serde_json::json!({
-        "recipient": "nobody",
-        "template": "T",
-        "params": [["url", url]],
-    });
+    let payload = Payload {
+        recipient: "nobody".into(),
+        template: "T".into(),
+        params: vec![("url".into(), url.into())],
+        plugin: None,
+        fallback: None,
+    };
     let msg = OutgoingMessage {
         task_id: "t-tls".into(),
         idempotency_key: "tls:2".into(),
         channel: "probe".into(),
         attempt: 1,
-        payload: payload.to_string(),
+        payload: Ok(std::sync::Arc::new(payload)),
         reference: None,
         provider_message_id: None,
         first_attempt_ms: 0,

@@ -156,7 +156,7 @@ async fn send(sender: &PluginSender, m: &CaseMessage) -> Got {
         idempotency_key: m.idempotency_key.clone().unwrap_or_default(),
         channel: CHANNEL.into(),
         attempt: m.attempt,
-        payload: serde_json::to_string(&payload).unwrap_or_default(),
+        payload: Ok(std::sync::Arc::new(payload)),
         reference: m.reference.clone(),
         provider_message_id: m.provider_message_id.clone(),
         first_attempt_ms: 0,

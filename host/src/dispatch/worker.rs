@@ -8,7 +8,7 @@ use super::lease::with_lease;
 use super::{DispatchContext, backoff};
 use crate::metric_names as names;
 use crate::permit::{Attempt, Begin, Entry, HeldCause, Outcome, RecordContext, Recorded, ToRecord};
-use crate::send::{OutgoingMessage, Payload, SendOutcome, UnknownVerdict};
+use crate::send::{OutgoingMessage, SendOutcome, UnknownVerdict};
 
 /// Why a re-claimed task is held: its previous worker died mid-attempt and
 /// the channel can neither find out nor make a resend harmless.
@@ -227,10 +227,7 @@ fn ends_for_good(attempt: &Attempt, outcome: &Outcome, checkable: bool) -> bool 
     }
     match outcome {
         Outcome::Sent { .. } => !checkable,
-        Outcome::Failed { .. } => serde_json::from_str::<Payload>(&attempt.task.payload)
-            .ok()
-            .and_then(|p| p.fallback)
-            .is_some(),
+        Outcome::Failed { .. } => attempt.task.sends().is_ok_and(|p| p.fallback.is_some()),
         _ => false,
     }
 }
@@ -483,9 +480,7 @@ async fn index_ids(shared: &DispatchContext, sent: &[(Pending<'_>, Indexed)]) {
 /// A permanent refusal: accept the payload's fallback task first (idempotent),
 /// then the task is recorded `failed` (its permit released if nothing was sent).
 async fn permanent(shared: &DispatchContext, attempt: &Attempt, reason: String) -> Outcome {
-    let fallback = serde_json::from_str::<Payload>(&attempt.task.payload)
-        .ok()
-        .and_then(|p| p.fallback);
+    let fallback = attempt.task.sends().ok().and_then(|p| p.fallback.clone());
     if let Some(fb) = fallback {
         match shared.permits.accept_fallback(&attempt.task, &fb).await {
             Ok(_) => {

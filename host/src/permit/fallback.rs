@@ -11,7 +11,7 @@
 
 use std::time::Duration;
 
-use super::{AcceptRequest, Acceptance, Fallback, Gate, Payload, PermitError, Permits, Task};
+use super::{AcceptRequest, Acceptance, Fallback, Gate, PermitError, Permits, Task};
 
 impl Permits {
     /// Accepts `fallback` of `task` (a duplicate answer is success too).
@@ -75,11 +75,7 @@ impl Permits {
         provider_message_id: Option<&str>,
     ) -> Result<ProviderSettled, PermitError> {
         let mut settled = ProviderSettled::default();
-        if !delivered
-            && let Some(fb) = serde_json::from_str::<Payload>(&task.payload)
-                .ok()
-                .and_then(|p| p.fallback)
-        {
+        if !delivered && let Some(fb) = task.sends().ok().and_then(|p| p.fallback.clone()) {
             self.accept_fallback(task, &fb).await?;
             metrics::counter!(crate::metric_names::FALLBACK, "channel" => task.channel.clone())
                 .increment(1);

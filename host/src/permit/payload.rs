@@ -38,3 +38,42 @@ pub struct Fallback {
     /// What it sends.
     pub payload: Payload,
 }
+
+/// A task's `payload` that does not parse: the task cannot be sent (its
+/// attempt is refused for good, as the sender would refuse it).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("the task's payload is not valid: {0}")]
+pub struct InvalidPayload(pub String);
+
+/// A task's payload parsed at its first use and shared after it, so that
+/// one delivery parses it once (its send, its fallback, its status query).
+#[derive(Default, Clone)]
+pub(crate) struct ParsedPayload(
+    std::sync::OnceLock<Result<std::sync::Arc<Payload>, InvalidPayload>>,
+);
+
+impl ParsedPayload {
+    /// `text` parsed, the first time; the same answer after.
+    pub(crate) fn get(&self, text: &str) -> Result<std::sync::Arc<Payload>, InvalidPayload> {
+        self.0
+            .get_or_init(|| {
+                serde_json::from_str(text)
+                    .map(std::sync::Arc::new)
+                    .map_err(|e| InvalidPayload(e.to_string()))
+            })
+            .clone()
+    }
+}
+
+/// A cache of the text beside it: two tasks are equal by their fields.
+impl PartialEq for ParsedPayload {
+    fn eq(&self, _: &ParsedPayload) -> bool {
+        true
+    }
+}
+
+impl std::fmt::Debug for ParsedPayload {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ParsedPayload")
+    }
+}

@@ -2,9 +2,11 @@
 //! retry schedule snapshotted at accept, and the parsed hash.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use super::held::{HeldCause, OperatorStep, ReconcileStep, parse_log, parse_operator_log};
+use super::payload::{InvalidPayload, ParsedPayload, Payload};
 
 /// Where a task is in its life. `queued → sending → sent → delivered`, with
 /// `retry_wait`, `unknown`, `failed`, `dead` and `superseded` on the side.
@@ -161,9 +163,17 @@ pub struct Task {
     pub provider_answer: Option<String>,
     /// Every field of the hash, for fields not modelled above.
     pub fields: HashMap<String, String>,
+    /// `payload` parsed at its first use ([`Task::sends`]).
+    parsed_payload: ParsedPayload,
 }
 
 impl Task {
+    /// What the task sends: `payload` parsed, once per task read (every later
+    /// call shares the first parse).
+    pub fn sends(&self) -> Result<Arc<Payload>, InvalidPayload> {
+        self.parsed_payload.get(&self.payload)
+    }
+
     /// What the reconciler tried, oldest first (`reconcile_log`).
     pub fn reconcile_log(&self) -> Vec<ReconcileStep> {
         self.fields
@@ -258,6 +268,7 @@ impl Task {
             held_cause: fields.get("held_cause").and_then(|c| HeldCause::parse(c)),
             provider_answer: opt("provider_answer"),
             fields,
+            parsed_payload: ParsedPayload::default(),
         })
     }
 }

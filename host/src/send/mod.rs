@@ -20,7 +20,7 @@ use std::future::Future;
 use std::io::Write;
 use std::path::Path;
 use std::pin::Pin;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 /// A boxed future that can cross threads, as [`Sender::send`] returns.
@@ -37,8 +37,9 @@ pub struct OutgoingMessage {
     pub channel: String,
     /// Attempt number, 1 for the first.
     pub attempt: u32,
-    /// What to send, as JSON text.
-    pub payload: String,
+    /// What to send: the task's payload, parsed once for the whole attempt
+    /// (an invalid one is refused for good by the sender).
+    pub payload: Result<Arc<Payload>, InvalidPayload>,
     /// The client reference a previous attempt's receipt named, if any.
     pub reference: Option<String>,
     /// The provider's id of the message, if a receipt named it.
@@ -66,7 +67,7 @@ impl OutgoingMessage {
             idempotency_key: task.key.clone(),
             channel: task.channel.clone(),
             attempt: task.attempts,
-            payload: task.payload.clone(),
+            payload: task.sends(),
             reference: task.reference.clone(),
             provider_message_id: task.provider_message_id.clone(),
             first_attempt_ms: task.first_attempt_ms.unwrap_or(0),
@@ -393,4 +394,4 @@ impl Sender for LedgerFileSender {
     }
 }
 
-pub use crate::permit::{Fallback, Payload};
+pub use crate::permit::{Fallback, InvalidPayload, Payload};

@@ -30,8 +30,11 @@ pub mod duplicates;
 mod failover;
 mod lease;
 pub mod ledger;
+mod outcome;
 mod reader;
 pub mod reclaim;
+mod record;
+mod resend;
 pub mod schedule;
 pub mod worker;
 

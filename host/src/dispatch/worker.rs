@@ -4,16 +4,14 @@
 
 use std::time::{Duration, Instant};
 
-use super::lease::with_lease;
-use super::{DispatchContext, backoff};
+use super::DispatchContext;
+use super::outcome::outcome_of;
+use super::record::{Pending, ack, record_batch};
+pub use super::resend::RECLAIMED_REASON;
+use super::resend::{resend_reclaimed, resend_still_safe, resent_by_reference};
 use crate::metric_names as names;
-use crate::permit::{Attempt, Begin, Entry, HeldCause, Outcome, RecordContext, Recorded, ToRecord};
-use crate::send::{OutgoingMessage, SendOutcome, UnknownVerdict};
-
-/// Why a re-claimed task is held: its previous worker died mid-attempt and
-/// the channel can neither find out nor make a resend harmless.
-pub const RECLAIMED_REASON: &str =
-    "the worker holding the lease died mid-send; the provider may have the message";
+use crate::permit::{Attempt, Begin, Entry, Outcome, RecordContext};
+use crate::send::OutgoingMessage;
 
 /// Handles entries of one shard's ready stream as a batch: one `begin`
 /// script call for all, their ledger claims in one transaction, one mark
@@ -40,14 +38,6 @@ pub(crate) async fn deliver_batch(shared: &DispatchContext, entries: &[Entry]) {
     // a task whose send ended waits for the batch's record.
     let records = with_leases(shared, &attempts, attempt_batch(shared, &begun)).await;
     record_batch(shared, records).await;
-}
-
-/// An outcome waiting for the batch's record.
-struct Pending<'a> {
-    attempt: &'a Attempt,
-    outcome: Outcome,
-    entry: &'a Entry,
-    context: RecordContext,
 }
 
 /// Claims, marks and sends the begun attempts of a batch; the outcomes to
@@ -309,142 +299,6 @@ async fn send(
     (outcome, msg)
 }
 
-/// The outcome to record for the channel's answer `result` to `msg`.
-async fn outcome_of(
-    shared: &DispatchContext,
-    attempt: &Attempt,
-    msg: &OutgoingMessage,
-    result: SendOutcome,
-) -> Outcome {
-    match result {
-        SendOutcome::Sent {
-            provider_message_id,
-            reference,
-        } => Outcome::Sent {
-            provider_message_id,
-            reference,
-        },
-        SendOutcome::Retryable { reason, .. }
-            if attempt.number >= attempt.task.retry.max_attempts =>
-        {
-            Outcome::Dead {
-                reason: format!("{} attempts failed; last: {reason}", attempt.number),
-            }
-        }
-        SendOutcome::Retryable { reason, after } => Outcome::Retry {
-            delay: backoff::respecting_retry_after(
-                backoff::random_delay_after(&attempt.task.retry, attempt.number),
-                after,
-                &attempt.task.retry,
-            ),
-            reason,
-        },
-        SendOutcome::Permanent(reason) => permanent(shared, attempt, reason).await,
-        SendOutcome::Unknown(reason) => {
-            let ended = OutgoingMessage {
-                last_attempt_ended_ms: crate::ledger::now_ms().max(0) as u64,
-                ..msg.clone()
-            };
-            let verdict = with_lease(shared, attempt, shared.sender.settle_unknown(&ended)).await;
-            if verdict == UnknownVerdict::ResendMayDuplicate
-                && attempt.number < attempt.task.retry.max_attempts
-            {
-                super::duplicates::note(&shared.permits, &attempt.task_id, &attempt.task.channel)
-                    .await;
-            }
-            unknown(attempt, reason, verdict)
-        }
-    }
-}
-
-/// A task re-claimed from a worker that vanished mid-attempt: the provider
-/// may have the message, so decide as for an unknown outcome first. True
-/// when it may be sent again; otherwise its outcome is recorded here (held
-/// as [`HeldCause::WorkerVanished`], or sent if a query found it).
-async fn resend_reclaimed(
-    shared: &DispatchContext,
-    attempt: &Attempt,
-    msg: &OutgoingMessage,
-    entry: &Entry,
-) -> bool {
-    let request_started = attempt
-        .task
-        .fields
-        .get("vanished_request_started")
-        .is_none_or(|v| v != "0");
-    tracing::info!(task = %entry.task_id, attempt = attempt.number, request_started, "re-claimed from a vanished worker");
-    let verdict = with_lease(shared, attempt, shared.sender.settle_unknown(msg)).await;
-    if verdict == UnknownVerdict::ResendMayDuplicate {
-        super::duplicates::note(&shared.permits, &attempt.task_id, &attempt.task.channel).await;
-        return true;
-    }
-    if verdict == UnknownVerdict::Resend {
-        return true;
-    }
-    let outcome = unknown(attempt, RECLAIMED_REASON.to_string(), verdict);
-    let context = RecordContext {
-        held: Some(HeldCause::WorkerVanished { request_started }),
-        ..RecordContext::default()
-    };
-    super::ledger::note_outcome(shared, attempt, &outcome, false).await;
-    record_with(shared, attempt, &outcome, entry, context).await;
-    false
-}
-
-/// Whether `task` waits for a resend the worker decided on the provider's
-/// dedupe (`record.lua` marks it `resend_by` = `reference`; an operator's or
-/// the reconciler's re-queue clears the mark).
-fn resent_by_reference(task: &crate::permit::Task) -> bool {
-    task.fields
-        .get("resend_by")
-        .is_some_and(|v| v == "reference")
-}
-
-/// Why a resend decided after an ambiguous answer is held when its turn comes.
-pub const STALE_RESEND_REASON: &str = "an earlier attempt's answer was ambiguous, and its resend came past the provider's reference window";
-
-/// A resend decided after an earlier attempt's ambiguous answer, looked at
-/// again as its turn comes. One that leaned on the provider's dedupe (its
-/// reference) may have been carried past the reference window by the retry
-/// delay, and a resend past it is a new message: then it is decided anew,
-/// as for an unknown outcome now (held, by default). One already counted as
-/// a possible duplicate, still inside the window, or on a channel with a
-/// status query (its resends follow the query), goes ahead. True when
-/// it may be sent; otherwise its outcome is recorded here.
-async fn resend_still_safe(
-    shared: &DispatchContext,
-    attempt: &Attempt,
-    msg: &OutgoingMessage,
-    entry: &Entry,
-) -> bool {
-    let marked = attempt
-        .task
-        .fields
-        .get(super::duplicates::FIELD)
-        .is_some_and(|v| v == "1");
-    // A channel with a status query resends only on what its query said
-    // (the reconciler's re-queue, or the verdict just made): nothing to
-    // look at again.
-    if marked || shared.sender.dedupes(msg).await || shared.sender.can_check(msg).await {
-        return true;
-    }
-    let verdict = with_lease(shared, attempt, shared.sender.settle_unknown(msg)).await;
-    match verdict {
-        UnknownVerdict::Resend => return true,
-        UnknownVerdict::ResendMayDuplicate => {
-            super::duplicates::note(&shared.permits, &attempt.task_id, &attempt.task.channel).await;
-            return true;
-        }
-        UnknownVerdict::Sent { .. } | UnknownVerdict::Hold => {}
-    }
-    tracing::info!(task = %entry.task_id, attempt = attempt.number, ?verdict,
-        "a resend after an ambiguous answer came past the provider's reference window; not sent");
-    let outcome = unknown(attempt, STALE_RESEND_REASON.to_string(), verdict);
-    super::ledger::note_outcome(shared, attempt, &outcome, false).await;
-    record(shared, attempt, &outcome, entry).await;
-    false
-}
-
 /// Indexes the sent messages' provider ids and references (when not the
 /// key), so a receipt naming either finds the task: one round trip for the batch.
 async fn index_ids(shared: &DispatchContext, sent: &[(Pending<'_>, Indexed)]) {
@@ -477,64 +331,6 @@ async fn index_ids(shared: &DispatchContext, sent: &[(Pending<'_>, Indexed)]) {
     }
 }
 
-/// A permanent refusal: accept the payload's fallback task first (idempotent),
-/// then the task is recorded `failed` (its permit released if nothing was sent).
-async fn permanent(shared: &DispatchContext, attempt: &Attempt, reason: String) -> Outcome {
-    let fallback = attempt.task.sends().ok().and_then(|p| p.fallback.clone());
-    if let Some(fb) = fallback {
-        match shared.permits.accept_fallback(&attempt.task, &fb).await {
-            Ok(_) => {
-                metrics::counter!(names::FALLBACK, "channel" => attempt.task.channel.clone())
-                    .increment(1);
-                return Outcome::Failed {
-                    reason: format!("{reason}; fallback to {}", fb.channel),
-                };
-            }
-            Err(e) => {
-                // Not recorded failed without its fallback: try the whole thing again.
-                tracing::warn!(task = %attempt.task_id, error = %e, "could not accept the fallback; retrying");
-                return Outcome::Retry {
-                    delay: backoff::random_delay_after(&attempt.task.retry, attempt.number),
-                    reason: format!("{reason}; fallback not yet accepted: {e}"),
-                };
-            }
-        }
-    }
-    Outcome::Failed { reason }
-}
-
-/// An unknown outcome, after the sender's verdict.
-fn unknown(attempt: &Attempt, reason: String, verdict: UnknownVerdict) -> Outcome {
-    match verdict {
-        UnknownVerdict::Sent {
-            provider_message_id,
-        } => Outcome::Sent {
-            provider_message_id: provider_message_id.unwrap_or_default(),
-            reference: None,
-        },
-        UnknownVerdict::Resend if attempt.number < attempt.task.retry.max_attempts => {
-            Outcome::Resend {
-                delay: backoff::random_delay_after(&attempt.task.retry, attempt.number),
-                reason: format!("{reason}; resending with the same key"),
-                by_reference: true,
-            }
-        }
-        UnknownVerdict::ResendMayDuplicate if attempt.number < attempt.task.retry.max_attempts => {
-            Outcome::Resend {
-                delay: backoff::random_delay_after(&attempt.task.retry, attempt.number),
-                reason: format!(
-                    "{reason}; resending with the same key, which the provider cannot dedupe: a possible duplicate"
-                ),
-                by_reference: false,
-            }
-        }
-        // Out of attempts, or nothing can tell: held, visibly, never released.
-        UnknownVerdict::Resend | UnknownVerdict::ResendMayDuplicate | UnknownVerdict::Hold => {
-            Outcome::Unknown { reason }
-        }
-    }
-}
-
 /// Runs `work`, extending the lease of every attempt in `attempts` (one
 /// script call for all) every third of a lease while it is in flight.
 async fn with_leases<T>(
@@ -557,115 +353,5 @@ async fn with_leases<T>(
                 }
             }
         }
-    }
-}
-
-/// Records an outcome, retrying Redis errors for up to one lease.
-async fn record(shared: &DispatchContext, attempt: &Attempt, outcome: &Outcome, entry: &Entry) {
-    record_with(shared, attempt, outcome, entry, RecordContext::default()).await;
-}
-
-/// [`record`] with what the worker knows beside the outcome.
-async fn record_with(
-    shared: &DispatchContext,
-    attempt: &Attempt,
-    outcome: &Outcome,
-    entry: &Entry,
-    context: RecordContext,
-) {
-    let pending = Pending {
-        attempt,
-        outcome: outcome.clone(),
-        entry,
-        context,
-    };
-    record_batch(shared, vec![pending]).await;
-}
-
-/// Records the outcomes of a batch in one script call (each fenced by its
-/// own lease), retrying Redis errors for up to one lease.
-async fn record_batch(shared: &DispatchContext, pending: Vec<Pending<'_>>) {
-    if pending.is_empty() {
-        return;
-    }
-    let deadline = Instant::now() + shared.config.lease;
-    let records: Vec<ToRecord<'_>> = pending
-        .iter()
-        .map(|p| ToRecord {
-            attempt: p.attempt,
-            outcome: &p.outcome,
-            entry: Some(p.entry),
-            context: p.context,
-        })
-        .collect();
-    loop {
-        match shared.permits.record_all(&records).await {
-            Ok(answers) => {
-                for (p, answer) in pending.iter().zip(answers) {
-                    let (attempt, outcome) = (p.attempt, &p.outcome);
-                    match answer {
-                        Ok(Recorded::Done(fate)) => {
-                            tracing::debug!(task = %attempt.task_id, ?outcome, ?fate, "recorded");
-                            count(outcome, &attempt.task.channel);
-                        }
-                        Ok(Recorded::Fenced { status }) => {
-                            tracing::warn!(task = %attempt.task_id, ?status, "outcome fenced: the lease was lost");
-                        }
-                        Err(e) => {
-                            tracing::error!(task = %attempt.task_id, error = %e, "recording failed; the task will be re-claimed");
-                        }
-                    }
-                }
-                return;
-            }
-            Err(e) if Instant::now() < deadline => {
-                tracing::warn!(tasks = pending.len(), error = %e, "recording failed; retrying");
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-            Err(e) => {
-                tracing::error!(tasks = pending.len(), error = %e, "recording failed; the tasks will be re-claimed");
-                return;
-            }
-        }
-    }
-}
-
-/// Counts a recorded outcome per channel, for `/metrics`.
-fn count(outcome: &Outcome, channel: &str) {
-    let name = match outcome {
-        Outcome::Sent { .. } => names::SENT,
-        Outcome::Retry { .. } => names::RETRIED,
-        Outcome::Resend { .. } => names::RESENT,
-        Outcome::Unknown { .. } => names::UNKNOWN,
-        Outcome::Failed { .. } => names::FAILED,
-        Outcome::Dead { .. } => names::DEAD,
-        Outcome::DuplicatePrevented { .. } => names::DUPLICATE_PREVENTED,
-        Outcome::Release => return,
-    };
-    metrics::counter!(name, "channel" => channel.to_string()).increment(1);
-}
-
-/// Acks and deletes entries whose tasks need nothing more (one round trip).
-async fn ack(shared: &DispatchContext, entries: &[&Entry]) {
-    let Some(first) = entries.first() else {
-        return;
-    };
-    let mut conn = shared.permits.connection();
-    let stream = shared.permits.layout().ready(first.shard);
-    let ids: Vec<&str> = entries.iter().map(|e| e.id.as_str()).collect();
-    let res: redis::RedisResult<()> = redis::pipe()
-        .cmd("XACK")
-        .arg(&stream)
-        .arg(&shared.permits.config().group)
-        .arg(&ids)
-        .ignore()
-        .cmd("XDEL")
-        .arg(&stream)
-        .arg(&ids)
-        .ignore()
-        .query_async(&mut conn)
-        .await;
-    if let Err(e) = res {
-        tracing::warn!(entries = ?ids, error = %e, "ack failed");
     }
 }

@@ -1,0 +1,131 @@
+//! The end of an attempt: its outcome recorded in Redis (a batch in one
+//! script call), counted, and its stream entry acked when nothing more is due.
+
+use std::time::{Duration, Instant};
+
+use super::DispatchContext;
+use crate::metric_names as names;
+use crate::permit::{Attempt, Entry, Outcome, RecordContext, Recorded, ToRecord};
+
+/// An outcome waiting for the batch's record.
+pub(super) struct Pending<'a> {
+    pub(super) attempt: &'a Attempt,
+    pub(super) outcome: Outcome,
+    pub(super) entry: &'a Entry,
+    pub(super) context: RecordContext,
+}
+
+/// Records an outcome, retrying Redis errors for up to one lease.
+pub(super) async fn record(
+    shared: &DispatchContext,
+    attempt: &Attempt,
+    outcome: &Outcome,
+    entry: &Entry,
+) {
+    record_with(shared, attempt, outcome, entry, RecordContext::default()).await;
+}
+
+/// [`record`] with what the worker knows beside the outcome.
+pub(super) async fn record_with(
+    shared: &DispatchContext,
+    attempt: &Attempt,
+    outcome: &Outcome,
+    entry: &Entry,
+    context: RecordContext,
+) {
+    let pending = Pending {
+        attempt,
+        outcome: outcome.clone(),
+        entry,
+        context,
+    };
+    record_batch(shared, vec![pending]).await;
+}
+
+/// Records the outcomes of a batch in one script call (each fenced by its
+/// own lease), retrying Redis errors for up to one lease.
+pub(super) async fn record_batch(shared: &DispatchContext, pending: Vec<Pending<'_>>) {
+    if pending.is_empty() {
+        return;
+    }
+    let deadline = Instant::now() + shared.config.lease;
+    let records: Vec<ToRecord<'_>> = pending
+        .iter()
+        .map(|p| ToRecord {
+            attempt: p.attempt,
+            outcome: &p.outcome,
+            entry: Some(p.entry),
+            context: p.context,
+        })
+        .collect();
+    loop {
+        match shared.permits.record_all(&records).await {
+            Ok(answers) => {
+                for (p, answer) in pending.iter().zip(answers) {
+                    let (attempt, outcome) = (p.attempt, &p.outcome);
+                    match answer {
+                        Ok(Recorded::Done(fate)) => {
+                            tracing::debug!(task = %attempt.task_id, ?outcome, ?fate, "recorded");
+                            count(outcome, &attempt.task.channel);
+                        }
+                        Ok(Recorded::Fenced { status }) => {
+                            tracing::warn!(task = %attempt.task_id, ?status, "outcome fenced: the lease was lost");
+                        }
+                        Err(e) => {
+                            tracing::error!(task = %attempt.task_id, error = %e, "recording failed; the task will be re-claimed");
+                        }
+                    }
+                }
+                return;
+            }
+            Err(e) if Instant::now() < deadline => {
+                tracing::warn!(tasks = pending.len(), error = %e, "recording failed; retrying");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(e) => {
+                tracing::error!(tasks = pending.len(), error = %e, "recording failed; the tasks will be re-claimed");
+                return;
+            }
+        }
+    }
+}
+
+/// Counts a recorded outcome per channel, for `/metrics`.
+pub(super) fn count(outcome: &Outcome, channel: &str) {
+    let name = match outcome {
+        Outcome::Sent { .. } => names::SENT,
+        Outcome::Retry { .. } => names::RETRIED,
+        Outcome::Resend { .. } => names::RESENT,
+        Outcome::Unknown { .. } => names::UNKNOWN,
+        Outcome::Failed { .. } => names::FAILED,
+        Outcome::Dead { .. } => names::DEAD,
+        Outcome::DuplicatePrevented { .. } => names::DUPLICATE_PREVENTED,
+        Outcome::Release => return,
+    };
+    metrics::counter!(name, "channel" => channel.to_string()).increment(1);
+}
+
+/// Acks and deletes entries whose tasks need nothing more (one round trip).
+pub(super) async fn ack(shared: &DispatchContext, entries: &[&Entry]) {
+    let Some(first) = entries.first() else {
+        return;
+    };
+    let mut conn = shared.permits.connection();
+    let stream = shared.permits.layout().ready(first.shard);
+    let ids: Vec<&str> = entries.iter().map(|e| e.id.as_str()).collect();
+    let res: redis::RedisResult<()> = redis::pipe()
+        .cmd("XACK")
+        .arg(&stream)
+        .arg(&shared.permits.config().group)
+        .arg(&ids)
+        .ignore()
+        .cmd("XDEL")
+        .arg(&stream)
+        .arg(&ids)
+        .ignore()
+        .query_async(&mut conn)
+        .await;
+    if let Err(e) = res {
+        tracing::warn!(entries = ?ids, error = %e, "ack failed");
+    }
+}

@@ -155,8 +155,11 @@ pub fn hmac_sha256(key: &[u8], data: &[u8]) -> Vec<u8> {
 }
 
 /// Compares two byte strings in time independent of where they differ.
+/// (`subtle`, whose comparison the optimiser cannot turn into an early
+/// exit; the lengths, which are public, may differ in time).
 pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+    use subtle::ConstantTimeEq;
+    a.ct_eq(b).into()
 }
 
 /// RFC 3986 percent-encoding (unreserved characters kept, `%XX` upper case),

@@ -1196,6 +1196,7 @@ async fn tencent_receipts(env: &Env) {
         delay_ms: 0,
         secret: None,
         fail_after_accept: Default::default(),
+        wechat_mode: Default::default(),
     };
     assert!(env.sim.state.set_receipts(TENCENT.1, Some(config)));
 }

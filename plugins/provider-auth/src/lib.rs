@@ -154,9 +154,9 @@ pub fn hmac_sha256(key: &[u8], data: &[u8]) -> Vec<u8> {
     mac.finalize().into_bytes().to_vec()
 }
 
-/// Compares two byte strings in time independent of where they differ.
-/// (`subtle`, whose comparison the optimiser cannot turn into an early
-/// exit; the lengths, which are public, may differ in time).
+/// Compares two byte strings in time independent of where they differ, with
+/// `subtle` (whose comparison the optimiser cannot turn into an early exit);
+/// only a difference in length, which is public, shows.
 pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     use subtle::ConstantTimeEq;
     a.ct_eq(b).into()

@@ -8,7 +8,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use provider_sim::{Config, ReceiptConfig, SimState};
+use provider_sim::{Config, ReceiptConfig, SimState, WechatMode};
 use pushonce::config::ChannelConfig;
 
 /// Channel name, the simulator's provider name, the plugin requirement.
@@ -133,6 +133,7 @@ impl Sim {
             ),
             ("TEST_WECHAT_SECRET".into(), c.wechat_secret.clone()),
             ("TEST_WECHAT_TOKEN".into(), c.wechat_callback_token.clone()),
+            (WECHAT_AES_KEY_ENV.into(), c.wechat_encoding_aes_key.clone()),
             (
                 "TEST_FCM_SERVICE_ACCOUNT".into(),
                 self.state.service_account_json(&self.base()),
@@ -252,8 +253,14 @@ impl Sim {
 
     /// The `[channels.*]` tables of a `pushonce.toml` for the six channels.
     pub fn toml(&self) -> String {
+        Sim::toml_of(self.channels())
+    }
+
+    /// The `[channels.*]` tables of a `pushonce.toml` for `channels` (e.g.
+    /// [`Sim::channels`] with the `wechat` one in [`wechat_safe_mode`]).
+    pub fn toml_of(channels: BTreeMap<String, ChannelConfig>) -> String {
         let mut out = String::new();
-        for (channel, config) in self.channels() {
+        for (channel, config) in channels {
             let mut table = toml::Table::new();
             table.insert("plugin".into(), config.plugin.into());
             table.insert("settings".into(), to_toml(&config.settings));
@@ -292,6 +299,7 @@ impl Sim {
                 delay_ms,
                 secret: None,
                 fail_after_accept: fail.iter().map(|r| r.to_string()).collect(),
+                wechat_mode: WechatMode::Plain,
             };
             assert!(self.state.set_receipts(provider_of(channel), Some(config)));
         }
@@ -309,6 +317,19 @@ impl Sim {
             .remove(provider_of(channel))
             .unwrap_or_default()
     }
+}
+
+/// The environment variable holding the simulator's WeChat EncodingAESKey
+/// ([`provider_sim::Credentials::wechat_encoding_aes_key`]).
+pub const WECHAT_AES_KEY_ENV: &str = "TEST_WECHAT_AES_KEY";
+
+/// Puts a `wechat` channel instance in safe mode: its secret
+/// `encoding_aes_key` from [`WECHAT_AES_KEY_ENV`] (the simulator then has to
+/// push with [`provider_sim::WechatMode::Safe`], as WeChat's console would).
+pub fn wechat_safe_mode(config: &mut ChannelConfig) {
+    config
+        .secrets_from_env
+        .insert("encoding_aes_key".into(), WECHAT_AES_KEY_ENV.into());
 }
 
 /// The environment variable holding `channel`'s callback path token.

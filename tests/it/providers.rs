@@ -1087,6 +1087,116 @@ async fn a_wechat_event_with_msgid_0_settles_nothing() {
     env.stop().await;
 }
 
+/// WeChat's compatibility mode (plain fields and `Encrypt` in one body) on a
+/// channel with the EncodingAESKey: the simulator's push settles its task,
+/// and what settles is what `Encrypt` says, never the plain fields beside it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_wechat_compatibility_mode_only_the_encrypted_message_counts() {
+    use provider_sim::receipts::{wechat_encrypt, wechat_msg_signature, wechat_signature};
+    use provider_sim::{ReceiptConfig, WechatMode};
+    let env = Env::start(|c| {
+        pushonce_tests::providers::wechat_safe_mode(c.get_mut("wechat").unwrap());
+    })
+    .await;
+    let base = serve_receipts(&env).await;
+    let url = env.sim.callback_url(&base, "wechat");
+    let pushes = ReceiptConfig {
+        url: url.clone(),
+        wechat_mode: WechatMode::Compatible,
+        ..ReceiptConfig::default()
+    };
+    assert!(env.sim.state.set_receipts("wechat", Some(pushes)));
+    let pushed = accept(&env, "wechat", "compat-1", 1).await;
+    env.wait_status(&pushed, TaskStatus::Delivered).await;
+    assert!(env.sim.state.set_receipts("wechat", None));
+
+    let t = accept(&env, "wechat", "compat-2", 2).await;
+    env.wait_status(&t, TaskStatus::Sent).await;
+    let msgid = task(&env.permits, &t).await.provider_message_id.unwrap();
+    let creds = env.sim.state.credentials();
+    let event = |status: &str| {
+        format!(
+            "<xml><ToUserName><![CDATA[{}]]></ToUserName><FromUserName><![CDATA[openid-2]]></FromUserName>\
+             <CreateTime>1700000000</CreateTime><MsgType><![CDATA[event]]></MsgType>\
+             <Event><![CDATA[TEMPLATESENDJOBFINISH]]></Event><MsgID>{msgid}</MsgID>\
+             <Status><![CDATA[{status}]]></Status></xml>",
+            creds.wechat_account
+        )
+    };
+    // The plain fields say delivered; the encrypted message says failed.
+    let encrypt = wechat_encrypt(
+        &creds.wechat_encoding_aes_key,
+        b"fedcba9876543210",
+        &event("failed:user block"),
+        &creds.wechat_appid,
+    )
+    .unwrap();
+    let body = event("success").replace(
+        "</xml>",
+        &format!("<Encrypt><![CDATA[{encrypt}]]></Encrypt></xml>"),
+    );
+    let (timestamp, nonce) = (now_secs().to_string(), "5772156649");
+    let token = &creds.wechat_callback_token;
+    let answer = reqwest::Client::new()
+        .post(format!(
+            "{url}?signature={}&timestamp={timestamp}&nonce={nonce}&openid=openid-2\
+             &encrypt_type=aes&msg_signature={}",
+            wechat_signature(token, &timestamp, nonce),
+            wechat_msg_signature(token, &timestamp, nonce, &encrypt)
+        ))
+        .header("content-type", "text/xml")
+        .body(body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(answer.status(), 200);
+    assert_eq!(answer.text().await.unwrap(), "success");
+    assert_eq!(env.status(&t).await, Some(TaskStatus::Failed));
+    env.stop().await;
+}
+
+/// A malformed EncodingAESKey refuses every callback (nothing would verify),
+/// naming the setting and what is wrong, never the value.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_malformed_wechat_encoding_aes_key_refuses_callbacks_naming_the_setting() {
+    const BAD_KEY: &str = "abcdefghijklmnopqrstuvwxyz0123456789ABCDEFG=";
+    let env = Env::start(|c| {
+        let wechat = c.get_mut("wechat").unwrap();
+        wechat
+            .settings
+            .insert("encoding_aes_key".into(), BAD_KEY.into());
+    })
+    .await;
+    let token = env.sim.state.credentials().wechat_callback_token.clone();
+    let (timestamp, nonce) = (now_secs().to_string(), "8675309");
+    let signature = provider_sim::receipts::wechat_signature(&token, &timestamp, nonce);
+    let req = CallbackRequest {
+        method: "POST".into(),
+        path: String::new(),
+        query: format!("signature={signature}&timestamp={timestamp}&nonce={nonce}"),
+        headers: vec![("content-type".into(), "text/xml".into())],
+        body: wechat_event("openid-1", "1000001").into_bytes(),
+    };
+    let refused = handle_callback(
+        &env.permits,
+        &env.sender,
+        "wechat",
+        req,
+        Duration::from_secs(30),
+    )
+    .await;
+    let Err(ReceiptError::Forbidden { reason, .. }) = refused else {
+        panic!("not refused as forbidden: {refused:?}");
+    };
+    assert!(reason.contains("`encoding_aes_key`"), "{reason}");
+    assert!(reason.contains("43 characters"), "{reason}");
+    assert!(
+        !reason.contains("abcdefghijklmnop"),
+        "the key is not shown: {reason}"
+    );
+    env.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn wechat_url_check_echoes_only_when_signed_with_the_channel_token() {
     let env = Env::start(|_| {}).await;
@@ -1196,6 +1306,7 @@ async fn tencent_receipts(env: &Env) {
         delay_ms: 0,
         secret: None,
         fail_after_accept: Default::default(),
+        wechat_mode: Default::default(),
     };
     assert!(env.sim.state.set_receipts(TENCENT.1, Some(config)));
 }

@@ -560,70 +560,115 @@ fn wechat_event(msgid: &str, status: &str) -> String {
     )
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_replayed_or_stale_wechat_callback_is_refused_and_its_task_stays_sent() {
-    use pushonce_tests::providers;
+/// `pushonce serve` in `dir` at the simulator `sim` and `redis`, with the
+/// repository's policies and the `[channels.*]` tables `channels`.
+async fn serve_at_simulator(
+    dir: &std::path::Path,
+    redis: &RedisServer,
+    sim: &pushonce_tests::providers::Sim,
+    channels: String,
+) -> pushonce_tests::stack::ServeProcess {
     use pushonce_tests::stack::{ServeConfig, ServeProcess, copy_dir};
-    use serde_json::{Value, json};
-    let redis = RedisServer::start().await.unwrap();
-    let sim = providers::sim().await;
-    let dir = tempfile::tempdir().unwrap();
-    let policies = dir.path().join("policies");
+    let policies = dir.join("policies");
     copy_dir(
         &pushonce_tests::host::repo_root().join("policies"),
         &policies,
     )
     .unwrap();
-    let host = ServeProcess::start(&ServeConfig::new(&redis.url(), &sim), dir.path(), &policies)
+    let mut config = ServeConfig::new(&redis.url(), sim);
+    config.channels = channels;
+    ServeProcess::start(&config, dir, &policies).await.unwrap()
+}
+
+/// The task `id` as the host at `base` shows it.
+async fn task_json(client: &reqwest::Client, base: &str, id: &str) -> serde_json::Value {
+    let answer = client
+        .get(format!("{base}/v1/tasks/{id}"))
+        .send()
         .await
         .unwrap();
+    answer.json().await.unwrap()
+}
+
+/// The status of task `id` on the host at `base`.
+async fn task_status(client: &reqwest::Client, base: &str, id: &str) -> serde_json::Value {
+    task_json(client, base, id).await["status"].clone()
+}
+
+/// Sends an event for user `u-{tag}-{n}` to the host at `base` and waits
+/// until its WeChat task is `sent` (or already `delivered`); its task id and
+/// WeChat `msgid`.
+async fn sent_wechat_task(
+    client: &reqwest::Client,
+    host: &pushonce_tests::stack::ServeProcess,
+    tag: &str,
+    n: u32,
+) -> (String, String) {
+    use serde_json::{Value, json};
+    let base = host.base();
+    let event = json!({
+        "biz_type": "ORDER_SHIPPED", "biz_id": format!("o-{tag}-{n}"), "user_id": format!("u-{tag}-{n}"),
+        "occurred_at": "2026-11-30T08:00:00Z", "template": "order_shipped",
+        "params": {"order": "o-1"},
+        "recipients": {"sms": format!("1380000000{n}"), "wechat": format!("openid-{n}"), "app-push": format!("device-{n}")}
+    });
+    let answer: Value = client
+        .post(format!("{base}/v1/events"))
+        .json(&event)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let mut found = None;
+    for r in answer["results"].as_array().unwrap() {
+        let id = r["task_id"].as_str().unwrap().to_string();
+        if task_json(client, base, &id).await["channel"] == "wechat" {
+            found = Some(id);
+        }
+    }
+    let id = found.unwrap_or_else(|| panic!("no wechat task: {answer}"));
+    pushonce_tests::wait_until(Duration::from_secs(30), || async {
+        let status = task_status(client, base, &id).await;
+        status == "sent" || status == "delivered"
+    })
+    .await
+    .unwrap_or_else(|_| panic!("{id} not sent:\n{}", host.log()));
+    let task = task_json(client, base, &id).await;
+    let msgid = task["provider_message_id"].as_str().unwrap().to_string();
+    (id, msgid)
+}
+
+/// Seconds since the epoch.
+fn now_secs() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replayed_or_stale_wechat_callback_is_refused_and_its_task_stays_sent() {
+    use pushonce_tests::providers;
+    let redis = RedisServer::start().await.unwrap();
+    let sim = providers::sim().await;
+    let dir = tempfile::tempdir().unwrap();
+    let host = serve_at_simulator(dir.path(), &redis, &sim, sim.toml()).await;
     let base = host.base().to_string();
     let client = reqwest::Client::new();
-    let get = |path: String| {
-        let (client, url) = (client.clone(), format!("{base}{path}"));
-        async move {
-            let answer = client.get(url).send().await.unwrap();
-            answer.json::<Value>().await.unwrap()
-        }
-    };
     // Two WeChat messages, sent; the simulator sends no receipts by itself.
     let mut wechat = Vec::new();
-    for n in 1..=2 {
-        let event = json!({
-            "biz_type": "ORDER_SHIPPED", "biz_id": format!("o-replay-{n}"), "user_id": format!("u-{n}"),
-            "occurred_at": "2026-11-30T08:00:00Z", "template": "order_shipped",
-            "params": {"order": "o-1"},
-            "recipients": {"sms": format!("1380000000{n}"), "wechat": format!("openid-{n}"), "app-push": format!("device-{n}")}
-        });
-        let answer: Value = client
-            .post(format!("{base}/v1/events"))
-            .json(&event)
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
-        let mut found = None;
-        for r in answer["results"].as_array().unwrap() {
-            let id = r["task_id"].as_str().unwrap().to_string();
-            if get(format!("/v1/tasks/{id}")).await["channel"] == "wechat" {
-                found = Some(id);
-            }
-        }
-        wechat.push(found.unwrap_or_else(|| panic!("no wechat task: {answer}")));
-    }
     let mut msgids = Vec::new();
-    for id in &wechat {
-        pushonce_tests::wait_until(Duration::from_secs(30), || async {
-            get(format!("/v1/tasks/{id}")).await["status"] == "sent"
-        })
-        .await
-        .unwrap_or_else(|_| panic!("{id} not sent:\n{}", host.log()));
-        let task = get(format!("/v1/tasks/{id}")).await;
-        msgids.push(task["provider_message_id"].as_str().unwrap().to_string());
+    for n in 1..=2 {
+        let (id, msgid) = sent_wechat_task(&client, &host, "replay", n).await;
+        wechat.push(id);
+        msgids.push(msgid);
     }
-    let status = |id: String| async move { get(format!("/v1/tasks/{id}")).await["status"].clone() };
+    let status = |id: String| {
+        let (client, base) = (client.clone(), base.clone());
+        async move { task_status(&client, &base, &id).await }
+    };
     let url = sim.callback_url(&base, "wechat");
     let token = sim.state.credentials().wechat_callback_token.clone();
     let post = |timestamp: u64, nonce: &str, body: String| {
@@ -637,10 +682,7 @@ async fn a_replayed_or_stale_wechat_callback_is_refused_and_its_task_stays_sent(
             .body(body)
             .send()
     };
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_secs();
+    let now = now_secs();
 
     // WeChat's callback for the first message: delivered.
     let genuine = wechat_event(&msgids[0], "success");
@@ -677,6 +719,168 @@ async fn a_replayed_or_stale_wechat_callback_is_refused_and_its_task_stays_sent(
     let a = post(now, "1122334455", forged).await.unwrap();
     assert_eq!(a.status(), 200);
     assert_eq!(status(wechat[1].clone()).await, "failed");
+}
+
+/// Safe mode (issue 32, item 3): the channel has the account's
+/// EncodingAESKey, so `msg_signature` covers the encrypted body. The
+/// simulator's push, encrypted as WeChat documents, settles a task through a
+/// real `pushonce serve`; an altered or re-used `Encrypt`, a plain-mode
+/// request, another account's message, a replayed timestamp and nonce and a
+/// stale timestamp are all refused and the second task stays `sent`, until a
+/// genuine push fails it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_wechat_safe_mode_only_a_genuine_encrypted_callback_settles_a_task() {
+    use provider_sim::receipts::{wechat_encrypt, wechat_msg_signature, wechat_signature};
+    use provider_sim::{ReceiptConfig, WechatMode};
+    use pushonce_tests::providers::{self, Sim};
+    let redis = RedisServer::start().await.unwrap();
+    let sim = providers::sim().await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut channels = sim.channels();
+    providers::wechat_safe_mode(channels.get_mut("wechat").unwrap());
+    let host = serve_at_simulator(dir.path(), &redis, &sim, Sim::toml_of(channels)).await;
+    let base = host.base().to_string();
+    let client = reqwest::Client::new();
+    let url = sim.callback_url(&base, "wechat");
+
+    // WeChat, set to safe mode, pushes the first message's receipt: delivered.
+    let pushes = ReceiptConfig {
+        url: url.clone(),
+        wechat_mode: WechatMode::Safe,
+        ..ReceiptConfig::default()
+    };
+    assert!(sim.state.set_receipts("wechat", Some(pushes)));
+    let (first, first_msgid) = sent_wechat_task(&client, &host, "safe", 1).await;
+    pushonce_tests::wait_until(Duration::from_secs(30), || async {
+        task_status(&client, &base, &first).await == "delivered"
+    })
+    .await
+    .unwrap_or_else(|_| panic!("the safe-mode push did not settle {first}:\n{}", host.log()));
+    assert!(
+        sim.state
+            .stats()
+            .get("wechat.receipt_posted")
+            .copied()
+            .unwrap_or(0)
+            >= 1
+    );
+    assert!(sim.state.set_receipts("wechat", None));
+
+    // The second message: its receipts are posted by hand.
+    let (second, second_msgid) = sent_wechat_task(&client, &host, "safe", 2).await;
+    let creds = sim.state.credentials();
+    let token = creds.wechat_callback_token.clone();
+    let seal = |xml: &str, appid: &str| {
+        wechat_encrypt(
+            &creds.wechat_encoding_aes_key,
+            b"0123456789abcdef",
+            xml,
+            appid,
+        )
+        .unwrap()
+    };
+    let account = creds.wechat_account.clone();
+    // A safe-mode push of `encrypt`, whose msg_signature covers `signed`.
+    let post = |timestamp: u64, nonce: &str, encrypt: &str, signed: &str| {
+        let timestamp = timestamp.to_string();
+        let signature = wechat_signature(&token, &timestamp, nonce);
+        let msg_signature = wechat_msg_signature(&token, &timestamp, nonce, signed);
+        client
+            .post(format!(
+                "{url}?signature={signature}&timestamp={timestamp}&nonce={nonce}\
+                 &openid=openid-2&encrypt_type=aes&msg_signature={msg_signature}"
+            ))
+            .header("content-type", "text/xml")
+            .body(format!(
+                "<xml><ToUserName><![CDATA[{account}]]></ToUserName>\
+                 <Encrypt><![CDATA[{encrypt}]]></Encrypt></xml>"
+            ))
+            .send()
+    };
+    let refused = |answer: reqwest::Response, says: &'static str| async move {
+        assert_eq!(answer.status(), 403);
+        let detail = answer.text().await.unwrap();
+        assert!(detail.contains(says), "{says:?} not in {detail}");
+    };
+    let now = now_secs();
+    let appid = creds.wechat_appid.clone();
+    let fail_second = seal(&wechat_event(&second_msgid, "failed:user block"), &appid);
+    let first_again = seal(&wechat_event(&first_msgid, "success"), &appid);
+
+    // `Encrypt` altered after signing (one base64 character changed): refused.
+    let mut altered = fail_second.clone().into_bytes();
+    altered[40] = if altered[40] == b'A' { b'B' } else { b'A' };
+    let altered = String::from_utf8(altered).unwrap();
+    let a = post(now, "3141592653", &altered, &fail_second)
+        .await
+        .unwrap();
+    refused(a, "msg_signature does not verify").await;
+    // A body signed for another `Encrypt`: refused.
+    let a = post(now, "3141592654", &fail_second, &first_again)
+        .await
+        .unwrap();
+    refused(a, "msg_signature does not verify").await;
+    // Plain mode, correctly signed with the token: refused, no downgrade.
+    let ts = now.to_string();
+    let signature = wechat_signature(&token, &ts, "2718281828");
+    let a = client
+        .post(format!(
+            "{url}?signature={signature}&timestamp={ts}&nonce=2718281828"
+        ))
+        .header("content-type", "text/xml")
+        .body(wechat_event(&second_msgid, "failed:user block"))
+        .send()
+        .await
+        .unwrap();
+    refused(a, "no downgrade to plain mode").await;
+    // Signed and encrypted with the account's key, but for another AppID.
+    let elsewhere = seal(
+        &wechat_event(&second_msgid, "failed:user block"),
+        "wx0000000000000000",
+    );
+    let a = post(now, "1618033988", &elsewhere, &elsewhere)
+        .await
+        .unwrap();
+    refused(a, "not this channel's `app_id`").await;
+    assert_eq!(task_status(&client, &base, &second).await, "sent");
+
+    // A genuine push under a timestamp and nonce (it changes nothing: the
+    // first task is delivered already), then another `Encrypt` signed with
+    // the same timestamp and nonce: refused. The genuine one again (WeChat's
+    // retry) is answered as before.
+    let a = post(now, "1414213562", &first_again, &first_again)
+        .await
+        .unwrap();
+    assert_eq!(a.status(), 200);
+    assert_eq!(a.text().await.unwrap(), "success");
+    let a = post(now, "1414213562", &fail_second, &fail_second)
+        .await
+        .unwrap();
+    refused(a, "already signed another request").await;
+    let a = post(now, "1414213562", &first_again, &first_again)
+        .await
+        .unwrap();
+    assert_eq!(a.status(), 200);
+    // Correctly signed and encrypted, six minutes old or ahead: refused.
+    for (timestamp, said) in [(now - 360, "s old"), (now + 360, "s ahead")] {
+        let a = post(timestamp, "1732050807", &fail_second, &fail_second)
+            .await
+            .unwrap();
+        assert_eq!(a.status(), 403);
+        let detail = a.text().await.unwrap();
+        assert!(detail.contains(said), "{detail}");
+        assert!(detail.contains("outside the window of ±300 s"), "{detail}");
+    }
+    assert_eq!(task_status(&client, &base, &second).await, "sent");
+    assert_eq!(task_status(&client, &base, &first).await, "delivered");
+
+    // A fresh genuine push for the second message settles it.
+    let a = post(now, "2236067977", &fail_second, &fail_second)
+        .await
+        .unwrap();
+    assert_eq!(a.status(), 200);
+    assert_eq!(a.text().await.unwrap(), "success");
+    assert_eq!(task_status(&client, &base, &second).await, "failed");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -138,6 +138,11 @@ fn simulator_env(keys: &Path, sim: &mut Child) -> Result<Vec<(String, String)>> 
             "PUSHONCE_WECHAT_TOKEN".into(),
             field("wechat_callback_token"),
         ),
+        // For a channel in safe mode (`encoding_aes_key`, commented in pushonce.toml).
+        (
+            "PUSHONCE_WECHAT_AES_KEY".into(),
+            field("wechat_encoding_aes_key"),
+        ),
         ("PUSHONCE_FCM_SERVICE_ACCOUNT".into(), account),
         ("PUSHONCE_APNS_TEAM".into(), field("apns_team_id")),
         ("PUSHONCE_APNS_KEY_ID".into(), field("apns_key_id")),

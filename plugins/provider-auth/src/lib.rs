@@ -154,9 +154,12 @@ pub fn hmac_sha256(key: &[u8], data: &[u8]) -> Vec<u8> {
     mac.finalize().into_bytes().to_vec()
 }
 
-/// Compares two byte strings in time independent of where they differ.
+/// Compares two byte strings in time independent of where they differ, with
+/// `subtle` (whose comparison the optimiser cannot turn into an early exit);
+/// only a difference in length, which is public, shows.
 pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+    use subtle::ConstantTimeEq;
+    a.ct_eq(b).into()
 }
 
 /// RFC 3986 percent-encoding (unreserved characters kept, `%XX` upper case),

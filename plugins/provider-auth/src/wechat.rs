@@ -1,15 +1,25 @@
-//! WeChat official account: the server-URL signature, the event XML, the
-//! errcode table and the `client_msg_id` derived from a key.
+//! WeChat official account: the server-URL signature, safe mode's body
+//! signature and decryption, the event XML, the errcode table and the
+//! `client_msg_id` derived from a key.
 //!
 //! Signature: "接入概述 / 验证消息的确来自微信服务器"
 //! (<https://developers.weixin.qq.com/doc/offiaccount/Basic_Information/Access_Overview.html>):
 //! `signature = hex(sha1(sort([token, timestamp, nonce]).join("")))`.
+//! Safe (security) mode: "消息加解密说明"
+//! (<https://developers.weixin.qq.com/doc/subscription/guide/dev/push/encryption.html>):
+//! the query adds `encrypt_type=aes` and `msg_signature` =
+//! `hex(sha1(sort([token, timestamp, nonce, Encrypt]).join("")))`, which
+//! covers the body's `Encrypt`; AESKey = base64-decode(EncodingAESKey + "="),
+//! 32 bytes; `Encrypt` is base64 of AES-256-CBC with IV = the key's first
+//! 16 bytes and PKCS#7 padding to a multiple of 32 bytes ("K 为秘钥字节数
+//! （采用 32）"); the plaintext is random(16 bytes) + msg_len (4 bytes,
+//! network order) + msg + appid, and the receiver "需验证此Appid是否与自身公众号相符".
 //! Errcodes: "全局返回码" (<https://developers.weixin.qq.com/doc/offiaccount/Getting_Started/Global_Return_Code.html>)
 //! and the template message page (<https://developers.weixin.qq.com/doc/offiaccount/Message_Management/Template_Message_Interface.html>).
 
 use sha1::{Digest, Sha1};
 
-use crate::{Class, Refusal, constant_time_eq, hex};
+use crate::{AuthError, Class, Refusal, constant_time_eq, hex};
 
 /// The server-URL signature of `timestamp` and `nonce` under the configured token.
 pub fn signature(token: &str, timestamp: &str, nonce: &str) -> String {
@@ -24,6 +34,147 @@ pub fn verify(token: &str, timestamp: &str, nonce: &str, given: &str) -> bool {
         signature(token, timestamp, nonce).as_bytes(),
         given.to_ascii_lowercase().as_bytes(),
     )
+}
+
+/// Safe mode's body signature: sha1 of the sorted, joined `token`,
+/// `timestamp`, `nonce` and the body's `Encrypt`, in lower-case hex.
+pub fn msg_signature(token: &str, timestamp: &str, nonce: &str, encrypt: &str) -> String {
+    let mut parts = [token, timestamp, nonce, encrypt];
+    parts.sort_unstable();
+    hex(&Sha1::digest(parts.concat().as_bytes()))
+}
+
+/// True when `given` is the `msg_signature` of `encrypt` with `timestamp` and
+/// `nonce` under `token` (compared in constant time).
+pub fn verify_msg_signature(
+    token: &str,
+    timestamp: &str,
+    nonce: &str,
+    encrypt: &str,
+    given: &str,
+) -> bool {
+    constant_time_eq(
+        msg_signature(token, timestamp, nonce, encrypt).as_bytes(),
+        given.to_ascii_lowercase().as_bytes(),
+    )
+}
+
+/// Safe mode's block: PKCS#7 pads to a multiple of 32 bytes, not AES's 16.
+pub const PAD_BLOCK: usize = 32;
+
+/// Base64 as WeChat's sample code reads the `EncodingAESKey`: standard
+/// alphabet, trailing bits allowed (a key of 43 random letters and digits
+/// rarely ends in a character whose last two bits are zero).
+const KEY_BASE64: base64::engine::GeneralPurpose = base64::engine::GeneralPurpose::new(
+    &base64::alphabet::STANDARD,
+    base64::engine::GeneralPurposeConfig::new().with_decode_allow_trailing_bits(true),
+);
+
+/// The AES-256 key of a configured `EncodingAESKey`: 43 characters of the
+/// base64 alphabet ("长度固定为43个字符"), decoded with one `=` appended to
+/// 32 bytes. Err names what is wrong, never the key.
+pub fn aes_key(encoding_aes_key: &str) -> Result<[u8; 32], AuthError> {
+    use base64::Engine;
+    let bad = |why| AuthError::BadSecret {
+        what: "the EncodingAESKey (setting `encoding_aes_key`)",
+        why,
+    };
+    let k = encoding_aes_key.trim();
+    if k.chars().count() != 43 {
+        return Err(bad(
+            "it must be the 43 characters the official account's console shows \
+             (消息加解密密钥), with no `=` at the end",
+        ));
+    }
+    if !k
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || b == b'+' || b == b'/')
+    {
+        return Err(bad(
+            "it may hold only the letters, digits, `+` and `/` of base64",
+        ));
+    }
+    let bytes = KEY_BASE64
+        .decode(format!("{k}="))
+        .map_err(|_| bad("it is not base64"))?;
+    bytes
+        .try_into()
+        .map_err(|_| bad("it does not decode to 32 bytes"))
+}
+
+/// Why a safe-mode `Encrypt` could not be opened.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum OpenError {
+    /// `Encrypt` is not base64, or not whole 32-byte blocks.
+    #[error("`Encrypt` is not base64 of whole 32-byte blocks")]
+    NotCiphertext,
+    /// Decrypted, the padding or the length field is wrong: another key
+    /// encrypted it (a changed EncodingAESKey), or it was altered.
+    #[error(
+        "`Encrypt` does not decrypt under the configured EncodingAESKey \
+         (bad padding or length): was the key changed in the console?"
+    )]
+    WrongKey,
+    /// The message is not UTF-8 text.
+    #[error("the decrypted message is not UTF-8 text")]
+    NotText,
+    /// The AppID at the end is another account's.
+    #[error("the decrypted message is for AppID {found:?}, not this channel's `app_id`")]
+    OtherAppId {
+        /// The AppID the message names.
+        found: String,
+    },
+}
+
+/// Safe mode's IV: the AES key's first 16 bytes.
+fn iv_of(key: &[u8; 32]) -> [u8; 16] {
+    let mut iv = [0u8; 16];
+    iv.copy_from_slice(&key[..16]);
+    iv
+}
+
+/// Decrypts a safe-mode `Encrypt` (base64) under `key` and returns the
+/// message, once its trailing AppID is `app_id`. Padding is PKCS#7 to
+/// [`PAD_BLOCK`]: a last byte of 1 to 32, repeated that many times.
+pub fn open(key: &[u8; 32], encrypt: &str, app_id: &str) -> Result<String, OpenError> {
+    use aes::cipher::{BlockModeDecrypt, KeyIvInit};
+    use base64::Engine;
+    let mut buf = base64::engine::general_purpose::STANDARD
+        .decode(encrypt.trim())
+        .map_err(|_| OpenError::NotCiphertext)?;
+    if buf.is_empty() || buf.len() % PAD_BLOCK != 0 {
+        return Err(OpenError::NotCiphertext);
+    }
+    let mut dec = cbc::Decryptor::<aes::Aes256>::new(key.into(), (&iv_of(key)).into());
+    for chunk in buf.chunks_exact_mut(16) {
+        let block = chunk.try_into().map_err(|_| OpenError::NotCiphertext)?;
+        dec.decrypt_block(block);
+    }
+    let pad = usize::from(*buf.last().ok_or(OpenError::NotCiphertext)?);
+    if !(1..=PAD_BLOCK).contains(&pad)
+        || !buf[buf.len() - pad..]
+            .iter()
+            .all(|b| usize::from(*b) == pad)
+    {
+        return Err(OpenError::WrongKey);
+    }
+    buf.truncate(buf.len() - pad);
+    // random(16) + msg_len(4, big-endian) + msg + appid.
+    let len_field: [u8; 4] = buf
+        .get(16..20)
+        .and_then(|b| b.try_into().ok())
+        .ok_or(OpenError::WrongKey)?;
+    let msg_len =
+        usize::try_from(u32::from_be_bytes(len_field)).map_err(|_| OpenError::WrongKey)?;
+    let msg_end = 20usize
+        .checked_add(msg_len)
+        .filter(|end| *end <= buf.len())
+        .ok_or(OpenError::WrongKey)?;
+    let found = String::from_utf8_lossy(&buf[msg_end..]).into_owned();
+    if found != app_id {
+        return Err(OpenError::OtherAppId { found });
+    }
+    String::from_utf8(buf[20..msg_end].to_vec()).map_err(|_| OpenError::NotText)
 }
 
 /// The `client_msg_id` of a message: 20 hex digits of the key's SHA-256
@@ -218,6 +369,164 @@ mod tests {
             d,
             request_digest("GET", "signature=s&timestamp=1&nonce=2", b"<xml/>")
         );
+    }
+
+    /// WeChat's worked example of a safe-mode push, "消息加解密说明 / 接入指引 /
+    /// 消息解密方式为安全模式"
+    /// (<https://developers.weixin.qq.com/doc/subscription/guide/dev/push/encryption.html>):
+    /// Token "AAAAA", EncodingAESKey 43 × "A", AppID "wxba5fad812f8e6fb9";
+    /// its `msg_signature`, and `Encrypt` (224 bytes; 205 once decrypted, so
+    /// 19 bytes of padding: only a 32-byte block pads that much) opening to
+    /// the 167-byte message.
+    const DOC_ENCRYPT: &str = "+qdx1OKCy+5JPCBFWw70tm0fJGb2Jmeia4FCB7kao+/Q5c/ohsOzQHi8khUOb05JCpj0JB4RvQMkUyus8TPxLKJGQqcvZqzDpVzazhZv6JsXUnnR8XGT740XgXZUXQ7vJVnAG+tE8NUd4yFyjPy7GgiaviNrlCTj+l5kdfMuFUPpRSrfMZuMcp3Fn2Pede2IuQrKEYwKSqFIZoNqJ4M8EajAsjLY2km32IIjdf8YL/P50F7mStwntrA2cPDrM1kb6mOcfBgRtWygb3VIYnSeOBrebufAlr7F9mFUPAJGj04=";
+    const DOC_APPID: &str = "wxba5fad812f8e6fb9";
+
+    #[test]
+    fn safe_mode_opens_wechats_published_example() {
+        assert_eq!(
+            msg_signature("AAAAA", "1714112445", "415670741", DOC_ENCRYPT),
+            "046e02f8204d34f8ba5fa3b1db94908f3df2e9b3"
+        );
+        assert!(verify_msg_signature(
+            "AAAAA",
+            "1714112445",
+            "415670741",
+            DOC_ENCRYPT,
+            "046E02F8204D34F8BA5FA3B1DB94908F3DF2E9B3"
+        ));
+        assert!(!verify_msg_signature(
+            "AAAAA",
+            "1714112446",
+            "415670741",
+            DOC_ENCRYPT,
+            "046e02f8204d34f8ba5fa3b1db94908f3df2e9b3"
+        ));
+        let key = aes_key(&"A".repeat(43)).unwrap();
+        assert_eq!(key, [0u8; 32]);
+        let msg = open(&key, DOC_ENCRYPT, DOC_APPID).unwrap();
+        assert_eq!(
+            msg,
+            r#"{"ToUserName":"gh_97417a04a28d","FromUserName":"o9AgO5Kd5ggOC-bXrbNODIiE3bGY","CreateTime":1714112445,"MsgType":"event","Event":"debug_demo","debug_str":"hello world"}"#
+        );
+        assert_eq!(msg.len(), 167);
+        // Another account's AppID at the end: refused, naming it.
+        assert_eq!(
+            open(&key, DOC_ENCRYPT, "wx0000000000000000"),
+            Err(OpenError::OtherAppId {
+                found: DOC_APPID.into()
+            })
+        );
+        // Another key: the padding does not come out.
+        let other = aes_key(&"B".repeat(43)).unwrap();
+        assert_eq!(
+            open(&other, DOC_ENCRYPT, DOC_APPID),
+            Err(OpenError::WrongKey)
+        );
+    }
+
+    /// Encrypts as WeChat documents (test-only: the plugin never encrypts).
+    fn seal(key: &[u8; 32], random: &[u8; 16], msg: &str, app_id: &str) -> String {
+        use aes::cipher::{BlockModeEncrypt, KeyIvInit};
+        use base64::Engine;
+        let mut buf = random.to_vec();
+        buf.extend_from_slice(&u32::try_from(msg.len()).unwrap().to_be_bytes());
+        buf.extend_from_slice(msg.as_bytes());
+        buf.extend_from_slice(app_id.as_bytes());
+        let pad = PAD_BLOCK - buf.len() % PAD_BLOCK;
+        buf.extend(std::iter::repeat_n(u8::try_from(pad).unwrap(), pad));
+        let mut enc = cbc::Encryptor::<aes::Aes256>::new(key.into(), (&iv_of(key)).into());
+        for chunk in buf.chunks_exact_mut(16) {
+            enc.encrypt_block(chunk.try_into().unwrap());
+        }
+        base64::engine::general_purpose::STANDARD.encode(buf)
+    }
+
+    /// The same page's encrypted reply: random "707722b803182950", message
+    /// `{"demo_resp":"good luck"}` → its `Encrypt` and `MsgSignature`
+    /// (TimeStamp 1713424427, Nonce 415670741); and it opens again.
+    #[test]
+    fn safe_mode_seals_wechats_published_reply() {
+        let key = [0u8; 32];
+        let msg = r#"{"demo_resp":"good luck"}"#;
+        let encrypt = seal(&key, b"707722b803182950", msg, DOC_APPID);
+        assert_eq!(
+            encrypt,
+            "ELGduP2YcVatjqIS+eZbp80MNLoAUWvzzyJxgGzxZO/5sAvd070Bs6qrLARC9nVHm48Y4hyRbtzve1L32tmxSQ=="
+        );
+        assert_eq!(
+            msg_signature("AAAAA", "1713424427", "415670741", &encrypt),
+            "1b9339964ed2e271e7c7b6ff2b0ef902fc94dea1"
+        );
+        assert_eq!(open(&key, &encrypt, DOC_APPID).as_deref(), Ok(msg));
+    }
+
+    /// WeChat's sample code (cryptoDemo.zip, Java `WXBizMsgCryptTest`, as
+    /// copied in public repositories): EncodingAESKey
+    /// "abcdefghijklmnopqrstuvwxyz0123456789ABCDEFG" (its last character
+    /// carries non-zero trailing bits), random "aaaabbbbccccdddd", AppID
+    /// "wxb11529c136998cb6", message "我是中文abcd123".
+    #[test]
+    fn safe_mode_opens_wechats_sample_code_vector() {
+        let key = aes_key("abcdefghijklmnopqrstuvwxyz0123456789ABCDEFG").unwrap();
+        let encrypt = "jn1L23DB+6ELqJ+6bruv21Y6MD7KeIfP82D6gU39rmkgczbWwt5+3bnyg5K55bgVtVzd832WzZGMhkP72vVOfg==";
+        assert_eq!(
+            open(&key, encrypt, "wxb11529c136998cb6").as_deref(),
+            Ok("我是中文abcd123")
+        );
+        assert_eq!(
+            seal(
+                &key,
+                b"aaaabbbbccccdddd",
+                "我是中文abcd123",
+                "wxb11529c136998cb6"
+            ),
+            encrypt
+        );
+    }
+
+    #[test]
+    fn a_malformed_encoding_aes_key_is_refused_naming_the_problem() {
+        let ok = "abcdefghijklmnopqrstuvwxyz0123456789ABCDEFG";
+        // Whitespace around it (a variable written with a newline) is not the key's.
+        assert!(aes_key(&format!(" {ok}\n")).is_ok());
+        for (bad, says) in [
+            (&ok[..42], "43 characters"),
+            (&format!("{ok}="), "43 characters"),
+            (&format!("{}-", &ok[..42]), "only the letters, digits"),
+            ("", "43 characters"),
+        ] {
+            let e = aes_key(bad).unwrap_err().to_string();
+            assert!(e.contains("EncodingAESKey"), "{e}");
+            assert!(e.contains("encoding_aes_key"), "{e}");
+            assert!(e.contains(says), "{bad:?}: {e}");
+            assert!(!e.contains(&ok[..20]), "the key is never shown: {e}");
+        }
+    }
+
+    #[test]
+    fn what_is_not_a_whole_ciphertext_is_refused() {
+        let key = [0u8; 32];
+        assert_eq!(
+            open(&key, "not base64!", DOC_APPID),
+            Err(OpenError::NotCiphertext)
+        );
+        assert_eq!(open(&key, "", DOC_APPID), Err(OpenError::NotCiphertext));
+        // 16 bytes: an AES block, but not a whole 32-byte block.
+        assert_eq!(
+            open(&key, "AAAAAAAAAAAAAAAAAAAAAA==", DOC_APPID),
+            Err(OpenError::NotCiphertext)
+        );
+        // Altered: one byte of the last block flipped ruins the padding or
+        // the AppID; nothing opens.
+        use base64::Engine;
+        let b64 = base64::engine::general_purpose::STANDARD;
+        let mut raw = b64.decode(DOC_ENCRYPT).unwrap();
+        let n = raw.len();
+        raw[n - 1] ^= 1;
+        assert!(open(&key, &b64.encode(&raw), DOC_APPID).is_err());
+        let mut raw = b64.decode(DOC_ENCRYPT).unwrap();
+        raw[n - 20] ^= 0x80;
+        assert!(open(&key, &b64.encode(&raw), DOC_APPID).is_err());
     }
 
     /// The errcode table: code → class.

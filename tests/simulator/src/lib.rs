@@ -146,6 +146,29 @@ pub struct ReceiptConfig {
     /// say failed).
     #[serde(default)]
     pub fail_after_accept: BTreeSet<String>,
+    /// WeChat: the console's message encryption mode (消息加解密方式); the
+    /// encrypted modes use [`Credentials::wechat_encoding_aes_key`]. Plain by
+    /// default, as WeChat's console is.
+    #[serde(default)]
+    pub wechat_mode: WechatMode,
+}
+
+/// How WeChat pushes events to the server URL: the official account's
+/// 消息加解密方式 ("消息加解密说明",
+/// <https://developers.weixin.qq.com/doc/subscription/guide/dev/push/encryption.html>).
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum WechatMode {
+    /// 明文模式: the XML message as is, the query signed with `signature`
+    /// (the console's default).
+    #[default]
+    Plain,
+    /// 兼容模式: the message's fields and `Encrypt` in one XML body; the
+    /// query adds `encrypt_type=aes` and `msg_signature`.
+    Compatible,
+    /// 安全模式 (WeChat's recommendation): only `ToUserName` and `Encrypt`;
+    /// the query adds `encrypt_type=aes` and `msg_signature`.
+    Safe,
 }
 
 /// Attempts at posting one receipt before giving up.
@@ -238,6 +261,11 @@ pub struct Credentials {
     pub wechat_secret: String,
     /// The WeChat "Token" receipts (event pushes) are signed with.
     pub wechat_callback_token: String,
+    /// The WeChat EncodingAESKey (43 letters and digits) receipts are
+    /// encrypted with in compatible and safe mode (absent from an older
+    /// `credentials.json`: empty, and encrypted pushes are not made).
+    #[serde(default)]
+    pub wechat_encoding_aes_key: String,
     /// WeChat official account id (`ToUserName` of events).
     pub wechat_account: String,
     /// FCM project id.

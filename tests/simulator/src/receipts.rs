@@ -14,7 +14,14 @@
 //!   documented: 100 ms, then 200 ms here).
 //! - `wechat`: the `TEMPLATESENDJOBFINISH` XML event, with `signature`,
 //!   `timestamp`, `nonce` in the query (`sha1(sort(token, timestamp,
-//!   nonce))`); expects the text `success` (or an empty answer).
+//!   nonce))`); expects the text `success` (or an empty answer). In
+//!   compatible and safe mode ([`crate::WechatMode`], "消息加解密说明",
+//!   <https://developers.weixin.qq.com/doc/subscription/guide/dev/push/encryption.html>)
+//!   the query adds `openid`, `encrypt_type=aes` and `msg_signature`
+//!   (`sha1(sort(token, timestamp, nonce, Encrypt))`), and the body carries
+//!   `Encrypt` ([`wechat_encrypt`]): beside the message's fields
+//!   (compatible), or with `ToUserName` alone (safe). Each attempt is
+//!   encrypted afresh, with a new random prefix, timestamp and nonce.
 //! - `inbox`: `{"receipts":[{reference, message_id, recipient, status}]}`
 //!   with `Authorization: Bearer <secret>` when set; expects any 2xx.
 //!
@@ -65,6 +72,75 @@ pub fn wechat_signature(token: &str, timestamp: &str, nonce: &str) -> String {
     ))
 }
 
+/// WeChat safe mode's `msg_signature`: hex SHA-1 of the sorted, joined
+/// `token`, `timestamp`, `nonce` and `Encrypt`.
+pub fn wechat_msg_signature(token: &str, timestamp: &str, nonce: &str, encrypt: &str) -> String {
+    let mut parts = [token, timestamp, nonce, encrypt];
+    parts.sort_unstable();
+    hex::encode(digest::digest(
+        &digest::SHA1_FOR_LEGACY_USE_ONLY,
+        parts.concat().as_bytes(),
+    ))
+}
+
+/// The AES key of an EncodingAESKey: base64-decode(key + "=") to 32 bytes
+/// (WeChat's keys are 43 letters and digits, so the last one's two spare
+/// bits are not zero: decoded as WeChat's sample code does, ignoring them).
+/// `None` when it is not such a key.
+pub fn wechat_aes_key(encoding_aes_key: &str) -> Option<[u8; 32]> {
+    use base64::Engine;
+    const LENIENT: base64::engine::GeneralPurpose = base64::engine::GeneralPurpose::new(
+        &base64::alphabet::STANDARD,
+        base64::engine::GeneralPurposeConfig::new().with_decode_allow_trailing_bits(true),
+    );
+    if encoding_aes_key.len() != 43 {
+        return None;
+    }
+    LENIENT
+        .decode(format!("{encoding_aes_key}="))
+        .ok()?
+        .try_into()
+        .ok()
+}
+
+/// WeChat safe mode's `Encrypt` of `msg` ("消息加解密说明", "Encrypt的生成方法"):
+/// FullStr = `random` (16 bytes) + msg_len (4 bytes, network order) + msg +
+/// `appid`, PKCS#7-padded to a multiple of 32 bytes ("K 为秘钥字节数（采用
+/// 32）"), AES-256-CBC under the key with IV = its first 16 bytes, base64.
+/// `None` when `encoding_aes_key` is not a key ([`wechat_aes_key`]).
+pub fn wechat_encrypt(
+    encoding_aes_key: &str,
+    random: &[u8; 16],
+    msg: &str,
+    appid: &str,
+) -> Option<String> {
+    use aes::cipher::{BlockCipherEncrypt, KeyInit};
+    use base64::Engine;
+    let key = wechat_aes_key(encoding_aes_key)?;
+    let mut full = random.to_vec();
+    full.extend_from_slice(&u32::try_from(msg.len()).ok()?.to_be_bytes());
+    full.extend_from_slice(msg.as_bytes());
+    full.extend_from_slice(appid.as_bytes());
+    let pad = 32 - full.len() % 32;
+    full.resize(full.len() + pad, u8::try_from(pad).ok()?);
+    // CBC by hand: each block XORed with the previous ciphertext block (the
+    // IV for the first), then encrypted.
+    let cipher = aes::Aes256::new(&key.into());
+    let mut chain = [0u8; 16];
+    chain.copy_from_slice(&key[..16]);
+    for block in full.chunks_exact_mut(16) {
+        let mut b = [0u8; 16];
+        for (i, byte) in b.iter_mut().enumerate() {
+            *byte = block[i] ^ chain[i];
+        }
+        let mut b = aes::Block::from(b);
+        cipher.encrypt_block(&mut b);
+        block.copy_from_slice(&b);
+        chain.copy_from_slice(&b);
+    }
+    Some(base64::engine::general_purpose::STANDARD.encode(full))
+}
+
 /// One receipt, ready to post.
 struct Job {
     provider: &'static str,
@@ -94,6 +170,10 @@ enum Request {
         url: String,
         token: String,
         xml: String,
+        /// The console's encryption mode.
+        mode: crate::WechatMode,
+        /// The recipient (`openid` in the query of encrypted pushes).
+        openid: String,
     },
     Inbox {
         url: String,
@@ -242,6 +322,8 @@ impl SimState {
                     .clone()
                     .unwrap_or_else(|| self.credentials().wechat_callback_token.clone()),
                 xml: wechat_xml(&self.credentials().wechat_account, accepted),
+                mode: config.wechat_mode,
+                openid: accepted.recipient.clone(),
             },
             _ => Request::Inbox {
                 url,
@@ -350,20 +432,59 @@ impl SimState {
                         .await
                         .is_ok_and(|v| v["result"] == json!(0))
             }
-            Request::Wechat { url, token, xml } => {
+            Request::Wechat {
+                url,
+                token,
+                xml,
+                mode,
+                openid,
+            } => {
                 let timestamp = now_secs().to_string();
                 let nonce = rand::rng().random::<u32>().to_string();
                 let signature = wechat_signature(token, &timestamp, &nonce);
+                let mut query = vec![
+                    ("signature", signature),
+                    ("timestamp", timestamp.clone()),
+                    ("nonce", nonce.clone()),
+                ];
+                let body = match mode {
+                    crate::WechatMode::Plain => xml.clone(),
+                    crate::WechatMode::Compatible | crate::WechatMode::Safe => {
+                        let creds = self.credentials();
+                        let random: [u8; 16] = rand::rng().random();
+                        let Some(encrypt) = wechat_encrypt(
+                            &creds.wechat_encoding_aes_key,
+                            &random,
+                            xml,
+                            &creds.wechat_appid,
+                        ) else {
+                            // No key (an older credentials.json): WeChat's
+                            // console would not have allowed the mode.
+                            return false;
+                        };
+                        query.push(("openid", openid.clone()));
+                        query.push(("encrypt_type", "aes".into()));
+                        query.push((
+                            "msg_signature",
+                            wechat_msg_signature(token, &timestamp, &nonce, &encrypt),
+                        ));
+                        let encrypted = format!("<Encrypt>{}</Encrypt>", cdata(&encrypt));
+                        if *mode == crate::WechatMode::Safe {
+                            format!(
+                                "<xml><ToUserName>{}</ToUserName>{encrypted}</xml>",
+                                cdata(&creds.wechat_account)
+                            )
+                        } else {
+                            xml.replacen("</xml>", &format!("{encrypted}</xml>"), 1)
+                        }
+                    }
+                };
                 let sent = self
                     .http
                     .post(url)
-                    .query(&[
-                        ("signature", signature),
-                        ("timestamp", timestamp),
-                        ("nonce", nonce),
-                    ])
+                    .query(&query)
                     .header("content-type", "text/xml")
-                    .body(xml.clone())
+                    .body(body)
                     .send()
                     .await;
                 let Ok(r) = sent else { return false };
@@ -380,5 +501,52 @@ impl SimState {
                 req.send().await.is_ok_and(|r| r.status().is_success())
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The encrypted reply of WeChat's worked example ("消息加解密说明",
+    /// <https://developers.weixin.qq.com/doc/subscription/guide/dev/push/encryption.html>):
+    /// EncodingAESKey 43 × "A", random "707722b803182950", AppID
+    /// "wxba5fad812f8e6fb9", Token "AAAAA", TimeStamp 1713424427, Nonce 415670741.
+    #[test]
+    fn encrypts_as_wechats_worked_example() {
+        let encrypt = wechat_encrypt(
+            &"A".repeat(43),
+            b"707722b803182950",
+            r#"{"demo_resp":"good luck"}"#,
+            "wxba5fad812f8e6fb9",
+        )
+        .unwrap();
+        assert_eq!(
+            encrypt,
+            "ELGduP2YcVatjqIS+eZbp80MNLoAUWvzzyJxgGzxZO/5sAvd070Bs6qrLARC9nVHm48Y4hyRbtzve1L32tmxSQ=="
+        );
+        assert_eq!(
+            wechat_msg_signature("AAAAA", "1713424427", "415670741", &encrypt),
+            "1b9339964ed2e271e7c7b6ff2b0ef902fc94dea1"
+        );
+        assert_eq!(wechat_encrypt("short", b"707722b803182950", "m", "a"), None);
+    }
+
+    /// WeChat's sample code (cryptoDemo.zip, Java `WXBizMsgCryptTest`):
+    /// a key whose last character has non-zero spare bits.
+    #[test]
+    fn encrypts_as_wechats_sample_code() {
+        assert_eq!(
+            wechat_encrypt(
+                "abcdefghijklmnopqrstuvwxyz0123456789ABCDEFG",
+                b"aaaabbbbccccdddd",
+                "我是中文abcd123",
+                "wxb11529c136998cb6",
+            )
+            .as_deref(),
+            Some(
+                "jn1L23DB+6ELqJ+6bruv21Y6MD7KeIfP82D6gU39rmkgczbWwt5+3bnyg5K55bgVtVzd832WzZGMhkP72vVOfg=="
+            )
+        );
     }
 }

@@ -108,6 +108,7 @@ fn fresh_credentials() -> Result<Credentials, KeyError> {
         wechat_appid: format!("wx{}", hex(16)),
         wechat_secret: hex(32),
         wechat_callback_token: hex(24),
+        wechat_encoding_aes_key: alphanumeric(43),
         wechat_account: format!("gh_{}", hex(12)),
         fcm_project_id: format!("sim-{}", hex(6)),
         fcm_client_email: format!("push@sim-{}.iam.gserviceaccount.com", hex(6)),
@@ -121,6 +122,16 @@ fn fresh_credentials() -> Result<Credentials, KeyError> {
         tencent_secret_key: hex(32),
         tencent_sdk_app_id: format!("1400{app_id:06}"),
     })
+}
+
+/// `n` random letters and digits (WeChat's console makes an EncodingAESKey
+/// of 43 such).
+fn alphanumeric(n: usize) -> String {
+    const CHARS: &[u8] = b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
+    let mut rng = rand::rng();
+    (0..n)
+        .map(|_| char::from(CHARS[rng.random_range(0..CHARS.len())]))
+        .collect()
 }
 
 /// The public half of a PKCS#8 PEM RSA key.

@@ -520,6 +520,7 @@ fn receipts_to(rx: &Receiver, fail: &[&str]) -> ReceiptConfig {
         delay_ms: 10,
         secret: None,
         fail_after_accept: fail.iter().map(|s| s.to_string()).collect(),
+        wechat_mode: Default::default(),
     }
 }
 
@@ -544,6 +545,7 @@ async fn aliyun_pushes_no_report_to_a_url_that_fails_its_get_check() {
         delay_ms: 0,
         secret: None,
         fail_after_accept: Default::default(),
+        wechat_mode: Default::default(),
     };
     assert!(sim.state.set_receipts("aliyun-sms", Some(config)));
     let started = Instant::now();
@@ -839,6 +841,103 @@ async fn wechat_receipts_are_signed_xml_events_retried_until_success() {
         bad.body
             .contains("<Status><![CDATA[failed:user block]]></Status>")
     );
+}
+
+/// Opens a safe-mode `Encrypt` as WeChat's page describes (written out here,
+/// apart from the simulator's encryption): AES-256-CBC under
+/// base64-decode(key + "="), IV = its first 16 bytes, PKCS#7 to 32 bytes,
+/// then random(16) + length (4, big-endian) + message + AppID.
+fn wechat_open(encoding_aes_key: &str, encrypt: &str) -> (String, String) {
+    use aes::cipher::{BlockCipherDecrypt, KeyInit};
+    let lenient = base64::engine::GeneralPurpose::new(
+        &base64::alphabet::STANDARD,
+        base64::engine::GeneralPurposeConfig::new().with_decode_allow_trailing_bits(true),
+    );
+    let key: [u8; 32] = lenient
+        .decode(format!("{encoding_aes_key}="))
+        .unwrap()
+        .try_into()
+        .unwrap();
+    let mut data = STANDARD.decode(encrypt).unwrap();
+    assert_eq!(data.len() % 32, 0, "whole 32-byte blocks");
+    let cipher = aes::Aes256::new(&key.into());
+    let mut prev: Vec<u8> = key[..16].to_vec();
+    for block in data.chunks_exact_mut(16) {
+        let cipher_block = block.to_vec();
+        let mut b = aes::Block::try_from(&*block).unwrap();
+        cipher.decrypt_block(&mut b);
+        for (out, (p, c)) in block.iter_mut().zip(prev.iter().zip(b.iter())) {
+            *out = p ^ c;
+        }
+        prev = cipher_block;
+    }
+    let pad = usize::from(*data.last().unwrap());
+    assert!((1..=32).contains(&pad), "padding {pad}");
+    assert!(
+        data[data.len() - pad..]
+            .iter()
+            .all(|b| usize::from(*b) == pad)
+    );
+    data.truncate(data.len() - pad);
+    let len = u32::from_be_bytes(data[16..20].try_into().unwrap()) as usize;
+    let msg = String::from_utf8(data[20..20 + len].to_vec()).unwrap();
+    let appid = String::from_utf8(data[20 + len..].to_vec()).unwrap();
+    (msg, appid)
+}
+
+/// In safe mode the push carries only `ToUserName` and `Encrypt`; in
+/// compatible mode the event's fields beside `Encrypt`; both add
+/// `encrypt_type=aes` and a `msg_signature` over `Encrypt`, which opens to
+/// the event and the account's AppID.
+#[tokio::test]
+async fn wechat_encrypted_modes_push_the_event_encrypted_and_signed_over_it() {
+    use provider_sim::WechatMode;
+    for mode in [WechatMode::Safe, WechatMode::Compatible] {
+        let sim = start().await;
+        let rx = receiver(0, (200, ""), "success").await;
+        let config = ReceiptConfig {
+            wechat_mode: mode,
+            ..receipts_to(&rx, &[])
+        };
+        assert!(sim.state.set_receipts("wechat", Some(config)));
+        let token = token_of(&wechat_token(&sim, false).await);
+        let sent = wechat_send(&sim, &token, "o-1", None).await;
+        wait_for("the receipt accepted", || {
+            sim.stat("wechat.receipt_posted") == 1
+        })
+        .await;
+        let arrived = rx.arrived().remove(0);
+        let creds = sim.state.credentials();
+        let q = url_pairs(&arrived.query);
+        assert_eq!(q["encrypt_type"], "aes", "{mode:?}");
+        assert_eq!(q["openid"], "o-1");
+        let start = arrived.body.find("<Encrypt><![CDATA[").unwrap() + 18;
+        let len = arrived.body[start..].find("]]>").unwrap();
+        let encrypt = &arrived.body[start..start + len];
+        let mut parts = [
+            creds.wechat_callback_token.as_str(),
+            q["timestamp"].as_str(),
+            q["nonce"].as_str(),
+            encrypt,
+        ];
+        parts.sort();
+        let expected = hex::encode(digest::digest(
+            &digest::SHA1_FOR_LEGACY_USE_ONLY,
+            parts.concat().as_bytes(),
+        ));
+        assert_eq!(q["msg_signature"], expected, "{mode:?}");
+        let (msg, appid) = wechat_open(&creds.wechat_encoding_aes_key, encrypt);
+        assert_eq!(appid, creds.wechat_appid);
+        assert!(msg.contains("<Event><![CDATA[TEMPLATESENDJOBFINISH]]></Event>"));
+        assert!(msg.contains(&format!("<MsgID>{}</MsgID>", sent["msgid"])));
+        let plain_fields = arrived.body.contains("<MsgID>");
+        assert_eq!(
+            plain_fields,
+            mode == WechatMode::Compatible,
+            "{}",
+            arrived.body
+        );
+    }
 }
 
 #[tokio::test]

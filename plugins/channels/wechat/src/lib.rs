@@ -34,18 +34,34 @@
 //! not documented (assumed: success or 45065).
 //!
 //! Capability `callbacks`: the `TEMPLATESENDJOBFINISH` event ("模板消息 / 事件推送")
-//! POSTed as XML to the server URL, plain mode; the query's `signature` =
+//! POSTed as XML to the server URL. Plain mode: the query's `signature` =
 //! sha1 of the sorted `[token, timestamp, nonce]` ("接入概述", <https://developers.weixin.qq.com/doc/offiaccount/Basic_Information/Access_Overview.html>),
 //! token = setting `callback_token`. GET with `echostr` is the URL check
-//! (echoed when the signature verifies). The signature covers no body, so a
+//! (echoed when the signature verifies). That signature covers no body, so a
 //! request is also refused when its `timestamp` is more than 5 minutes from
 //! now, or when its timestamp and nonce already signed another request
 //! (remembered in Redis through the shared cache's `remember`, until the
-//! timestamp leaves the window; see `not_replayed`). Safe mode
-//! (`encrypt_type=aes`, `msg_signature` over the encrypted body) is not
-//! supported: refused, naming the fix (docs/providers.md, "WeChat").
-//! Every verified POST is answered
-//! `success`. Events settle by `MsgID` (= the send's `msgid`): `Status`
+//! timestamp leaves the window; see `not_replayed`).
+//!
+//! Safe mode (安全模式, WeChat's recommended setting; "消息加解密说明",
+//! <https://developers.weixin.qq.com/doc/subscription/guide/dev/push/encryption.html>):
+//! when the channel has the account's 43-character EncodingAESKey (secret
+//! `encoding_aes_key`), every POST must carry `encrypt_type=aes` and
+//! `msg_signature` in the query and `<Encrypt>` in the XML body;
+//! `msg_signature` = sha1 of the sorted `[token, timestamp, nonce, Encrypt]`
+//! (so it covers the body) is checked in constant time, `Encrypt` is
+//! decrypted (AES-256-CBC, `provider_auth::wechat::open`) and its AppID must
+//! be the channel's `app_id`; the decrypted XML is then handled as in plain
+//! mode. Compatibility mode (plain fields beside `Encrypt`) is read from
+//! `Encrypt` only. A request without them is refused (403: no downgrade to
+//! plain mode), and so is one whose `Encrypt` does not open. The window and
+//! the nonce records apply in both modes (the record's digest covers the
+//! body, so `Encrypt`). Without the key, `encrypt_type=aes` is refused
+//! (400), naming the setting to add.
+//! Replies stay the plain text `success`: the same page says "如无特定要求，
+//! 回复空串或者success（无需加密）即可" (an empty string or success, not
+//! encrypted, when the event asks for nothing else; template events do not).
+//! Every verified POST is answered `success`. Events settle by `MsgID` (= the send's `msgid`): `Status`
 //! `success` delivered, `failed:user block` / `failed: system failed` failed.
 //! A community report says `MsgID` is 0 in this event when `client_msg_id`
 //! was set: a `MsgID` of 0 (or a send's `msgid` of 0) is no message's id, so
@@ -109,14 +125,23 @@ impl Channel for Wechat {
     }
 
     fn handle_callback(req: CallbackRequest) -> Result<CallbackAnswer, CallbackError> {
-        verify(&req)?;
+        let safe = safe_mode()?;
+        let token = callback_token()?;
         if req.method == "GET" {
+            // The URL check is signed as in plain mode in every mode.
+            verify_plain(&req, &token)?;
             let echo = req
                 .query_param("echostr")
                 .ok_or_else(|| CallbackError::Malformed("a URL check without `echostr`".into()))?;
             return Ok(answer(vec![], callback::text(echo)));
         }
-        let xml = String::from_utf8_lossy(&req.body);
+        let xml = match safe {
+            Some(safe) => verify_safe(&req, &token, &safe)?,
+            None => {
+                verify_plain(&req, &token)?;
+                String::from_utf8_lossy(&req.body).into_owned()
+            }
+        };
         let settled = match wechat::xml_field(&xml, "Event").as_deref() {
             Some("TEMPLATESENDJOBFINISH") => job_finished(&xml)?.into_iter().collect(),
             _ => vec![],
@@ -188,26 +213,93 @@ fn mint(endpoint: &str) -> Result<(String, u64), SendError> {
     ))
 }
 
-/// Checks the query's `signature` against the configured `callback_token`.
-fn verify(req: &CallbackRequest) -> Result<(), CallbackError> {
-    if req.query_param("encrypt_type").is_some_and(|t| t == "aes") {
-        return Err(CallbackError::Malformed(
-            "safe (encrypted) mode is not supported: set the server URL to plain mode".into(),
-        ));
-    }
-    let token = setting("callback_token")
+/// The configured `callback_token` (WeChat's "Token").
+fn callback_token() -> Result<String, CallbackError> {
+    setting("callback_token")
         .filter(|t| !t.is_empty())
         .ok_or_else(|| {
             CallbackError::Forbidden("channel setting `callback_token` is not configured".into())
-        })?;
+        })
+}
+
+/// What safe mode needs: the AES key and the AppID the messages must name.
+struct SafeMode {
+    key: [u8; 32],
+    app_id: String,
+}
+
+/// Safe mode's settings when secret `encoding_aes_key` is configured; `None`
+/// (plain mode) when it is not. A malformed key, or no `app_id`, refuses
+/// every callback with the reason (the key itself is never shown).
+fn safe_mode() -> Result<Option<SafeMode>, CallbackError> {
+    let Some(k) = setting("encoding_aes_key").filter(|k| !k.trim().is_empty()) else {
+        return Ok(None);
+    };
+    let key = wechat::aes_key(&k).map_err(|e| {
+        CallbackError::Forbidden(format!("channel setting `encoding_aes_key`: {e}"))
+    })?;
+    let app_id = setting("app_id").filter(|a| !a.is_empty()).ok_or_else(|| {
+        CallbackError::Forbidden(
+            "channel setting `app_id` is not configured: safe mode checks the AppID \
+             inside each message against it"
+                .into(),
+        )
+    })?;
+    Ok(Some(SafeMode { key, app_id }))
+}
+
+/// Checks the query's plain-mode `signature` against `token`, then the
+/// timestamp window and the nonce record. Without a configured key, a
+/// safe-mode request is refused naming the setting.
+fn verify_plain(req: &CallbackRequest, token: &str) -> Result<(), CallbackError> {
+    if req.method != "GET" && req.query_param("encrypt_type").is_some_and(|t| t == "aes") {
+        return Err(CallbackError::Malformed(
+            "the request is in safe (encrypted) mode, but the channel has no EncodingAESKey: \
+             set secret `encoding_aes_key` to the official account's EncodingAESKey \
+             (docs/providers.md, \"WeChat\")"
+                .into(),
+        ));
+    }
     let param = |n: &str| req.query_param(n).unwrap_or_default();
     let (timestamp, nonce) = (param("timestamp"), param("nonce"));
-    if !wechat::verify(&token, &timestamp, &nonce, &param("signature")) {
+    if !wechat::verify(token, &timestamp, &nonce, &param("signature")) {
         return Err(CallbackError::Forbidden(
             "the signature does not verify".into(),
         ));
     }
     not_replayed(req, &timestamp, &nonce)
+}
+
+/// Checks a safe-mode request: `encrypt_type=aes`, `msg_signature` over the
+/// body's `Encrypt`, the timestamp window and the nonce record; returns the
+/// decrypted XML message once its AppID is the channel's.
+fn verify_safe(
+    req: &CallbackRequest,
+    token: &str,
+    safe: &SafeMode,
+) -> Result<String, CallbackError> {
+    let body = String::from_utf8_lossy(&req.body);
+    let given = req.query_param("msg_signature");
+    let encrypt = wechat::xml_field(&body, "Encrypt");
+    let aes = req.query_param("encrypt_type").is_some_and(|t| t == "aes");
+    let (Some(given), Some(encrypt), true) = (given, encrypt, aes) else {
+        return Err(CallbackError::Forbidden(
+            "the channel is in safe mode (`encoding_aes_key` is set): a request without \
+             `encrypt_type=aes`, `msg_signature` and an `Encrypt` body is refused \
+             (no downgrade to plain mode)"
+                .into(),
+        ));
+    };
+    let param = |n: &str| req.query_param(n).unwrap_or_default();
+    let (timestamp, nonce) = (param("timestamp"), param("nonce"));
+    if !wechat::verify_msg_signature(token, &timestamp, &nonce, &encrypt, &given) {
+        return Err(CallbackError::Forbidden(
+            "the msg_signature does not verify over the body's Encrypt".into(),
+        ));
+    }
+    not_replayed(req, &timestamp, &nonce)?;
+    wechat::open(&safe.key, &encrypt, &safe.app_id)
+        .map_err(|e| CallbackError::Forbidden(format!("safe mode: {e}")))
 }
 
 /// Refuses a signed request that is old, or whose timestamp and nonce

@@ -985,9 +985,20 @@ async fn held_sms(conn: &mut RedisConn, layout: &Layout, bases: &[String]) -> Ve
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
     }
-    let mut held = Vec::new();
+    // Fetched 32 at a time: A stays dark while they are read.
+    let slots = Arc::new(Semaphore::new(32));
+    let mut fetches = tokio::task::JoinSet::new();
     for id in ids {
-        let Some(t) = task_from_any(&client, bases, &id).await else {
+        let (client, bases, slots) = (client.clone(), bases.to_vec(), slots.clone());
+        fetches.spawn(async move {
+            let _slot = slots.acquire_owned().await;
+            let task = task_from_any(&client, &bases, &id).await;
+            (id, task)
+        });
+    }
+    let mut held = Vec::new();
+    while let Some(fetched) = fetches.join_next().await {
+        let Ok((id, Some(t))) = fetched else {
             continue;
         };
         if t["channel"] != "sms" {

@@ -8,7 +8,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Parser;
-use pushonce_tests::chaos::{ChaosConfig, ChaosLedger, run};
+use pushonce_tests::chaos::{ChaosConfig, ChaosLedger, ProviderOutage, run};
 
 /// Proves no duplicate and no miss under chaos; prints a table.
 #[derive(Debug, Parser)]
@@ -53,6 +53,33 @@ struct Args {
     /// file, claims not shared).
     #[arg(long, default_value = "postgres", value_parser = ["postgres", "sqlite"])]
     ledger: String,
+    /// An outage of the SMS channel's first provider: `START,LENGTH`
+    /// (humantime, e.g. `20s,30s`, counted from the start of the load).
+    /// The `sms` channel then fails over from Aliyun to Tencent
+    /// (`providers`), and Aliyun's gateway answers 503 to every send and
+    /// status query for that stretch; the run checks that the tasks held
+    /// when it recovers were unknown at Aliyun, and that they settle.
+    #[arg(long, value_parser = parse_outage)]
+    provider_outage: Option<(Duration, Duration)>,
+    /// With `--provider-outage`: how long after Aliyun recovers the tasks
+    /// held there may take to settle.
+    #[arg(long, default_value = "15m", value_parser = humantime::parse_duration)]
+    settle_timeout: Duration,
+}
+
+/// `START,LENGTH` as two durations.
+fn parse_outage(text: &str) -> Result<(Duration, Duration), String> {
+    let (start, length) = text
+        .split_once(',')
+        .ok_or_else(|| format!("`{text}`: expected START,LENGTH, e.g. 20s,30s"))?;
+    let parse = |what: &str, v: &str| {
+        humantime::parse_duration(v.trim()).map_err(|e| format!("{what} `{v}`: {e}"))
+    };
+    let (start, length) = (parse("START", start)?, parse("LENGTH", length)?);
+    if length.is_zero() {
+        return Err("LENGTH must be more than 0".into());
+    }
+    Ok((start, length))
 }
 
 #[tokio::main]
@@ -74,10 +101,24 @@ async fn main() -> ExitCode {
             "sqlite" => ChaosLedger::SqlitePerInstance,
             _ => ChaosLedger::Postgres,
         },
+        provider_outage: args.provider_outage.map(|(start, length)| ProviderOutage {
+            start,
+            length,
+            settle_timeout: args.settle_timeout,
+        }),
         ..ChaosConfig::default()
     };
+    let outage = config
+        .provider_outage
+        .map(|o| {
+            format!(
+                ", sms = aliyun → tencent with aliyun dark {:?} from {:?}",
+                o.length, o.start
+            )
+        })
+        .unwrap_or_default();
     let title = format!(
-        "chaos: {}, ledger {}, {} instances, {} events × {} posts",
+        "chaos: {}, ledger {}, {} instances, {} events × {} posts{outage}",
         if config.cluster {
             "Redis Cluster (3 masters)"
         } else {

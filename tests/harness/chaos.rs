@@ -70,6 +70,97 @@ pub struct ChaosConfig {
     pub cluster: bool,
     /// The delivery ledger every instance claims in.
     pub ledger: ChaosLedger,
+    /// An outage of the SMS channel's first provider (`None`: `sms` is
+    /// Aliyun alone, as before).
+    pub provider_outage: Option<ProviderOutage>,
+}
+
+/// An outage of provider A (Aliyun) of an `sms` channel that fails over to
+/// provider B (Tencent): A's gateway answers 503 to every send and every
+/// status query from `start` after the load began, for `length`. B gets no
+/// injected faults (an unknown outcome at Tencent can only be settled by a
+/// receipt, so its faults would hold tasks for an operator by design, not
+/// because of the outage), and no SMS number is in arrears (arrears are the
+/// account's: they would move every SMS to B and open A's circuit at once).
+#[derive(Debug, Clone, Copy)]
+pub struct ProviderOutage {
+    /// When A goes dark, counted from the start of the load.
+    pub start: Duration,
+    /// How long it stays dark.
+    pub length: Duration,
+    /// How long after A recovers the tasks held at A may take to settle.
+    pub settle_timeout: Duration,
+}
+
+/// Infrastructure failures in a row that open a provider's circuit in an
+/// outage run (the default of `circuit_failures`).
+const OUTAGE_CIRCUIT_FAILURES: u32 = 5;
+
+/// How long an open circuit stays open in an outage run.
+const OUTAGE_CIRCUIT_OPEN: &str = "5s";
+
+/// What a provider outage did.
+#[derive(Debug, Clone, Default)]
+pub struct OutageReport {
+    /// When A went dark and for how long, seconds into the load.
+    pub start_s: f64,
+    /// How long it stayed dark.
+    pub length_s: f64,
+    /// Whether the load was still being posted when A recovered.
+    pub within_load: bool,
+    /// SMS tasks held (`unknown`) when A recovered.
+    pub held_at_recovery: u64,
+    /// Of those, held because a host was killed, not because of the
+    /// outage: at B mid-send (Tencent's query cannot prove a message absent,
+    /// so only its receipt settles such a task, else it is held for an
+    /// operator, by design: docs/channels.md), or before any request went
+    /// (no provider yet).
+    pub held_after_kill: u64,
+    /// Of those, at A with an unknown outcome whose last request went out
+    /// while A was dark.
+    pub sent_into_the_outage: u64,
+    /// Of those, at A with an unknown outcome from before A went dark (its
+    /// status queries then failed with A).
+    pub unknown_before: u64,
+    /// Held tasks neither at A with an unknown outcome nor after a kill.
+    pub held_otherwise: u64,
+    /// Of the tasks held at A when it recovered, those sent or delivered afterwards.
+    pub settled: u64,
+    /// Seconds from A's recovery until the last of them settled.
+    pub settle_seconds: Option<f64>,
+    /// SMS messages A and B received.
+    pub sent_by_a: u64,
+    /// Messages B received.
+    pub sent_by_b: u64,
+}
+
+/// A held SMS task as seen when A recovered.
+#[derive(Debug, Clone)]
+struct HeldAtRecovery {
+    /// Task id.
+    id: String,
+    /// Its provider then.
+    provider: String,
+    /// Its status then.
+    status: String,
+    /// When its last request went out (ms since the epoch).
+    last_attempt_at: u64,
+    /// Why it is held, in the table's words.
+    cause: String,
+}
+
+impl HeldAtRecovery {
+    /// At A with an unknown outcome.
+    fn unknown_at_a(&self) -> bool {
+        self.provider == providers::SMS_PROVIDERS[0] && self.status == "unknown"
+    }
+
+    /// Held because a worker was killed: at B mid-send, or before any
+    /// request of the task went out (it has no provider yet).
+    fn after_a_kill(&self) -> bool {
+        (self.provider == providers::SMS_PROVIDERS[1] && self.cause == "kill mid-send")
+            || (self.provider.is_empty() && self.cause.starts_with("kill "))
+    }
 }
 
 /// Which delivery ledger a chaos run's instances use.
@@ -101,6 +192,7 @@ impl Default for ChaosConfig {
             progress_every: Duration::from_secs(5),
             cluster: false,
             ledger: ChaosLedger::Postgres,
+            provider_outage: None,
         }
     }
 }
@@ -155,6 +247,8 @@ pub struct ChaosReport {
     pub quiescence_seconds: f64,
     /// Examples of duplicates and misses, for the failure message.
     pub examples: Vec<String>,
+    /// What the provider outage did, when the run had one.
+    pub outage: Option<OutageReport>,
 }
 
 impl ChaosReport {
@@ -200,10 +294,12 @@ impl ChaosReport {
                 )
             })
             .collect();
+        let outage_rows = self.outage.as_ref().map(outage_rows).unwrap_or_default();
         let rows: Vec<(&str, String)> = rows
             .into_iter()
             .chain(held_rows.iter().map(|(k, v)| (k.as_str(), v.clone())))
             .chain(possible_rows.iter().map(|(k, v)| (k.as_str(), v.clone())))
+            .chain(outage_rows.iter().map(|(k, v)| (*k, v.clone())))
             .chain(vec![
                 ("retries", self.retries.to_string()),
                 ("fallbacks", self.fallbacks.to_string()),
@@ -228,10 +324,67 @@ impl ChaosReport {
         out
     }
 
-    /// Duplicates and misses are zero and every held task is explained.
+    /// Duplicates and misses are zero and every held task is explained;
+    /// after a provider outage, every task held when A recovered was at A
+    /// with an unknown outcome, and settled.
     pub fn is_clean(&self) -> bool {
-        self.duplicates == 0 && self.misses == 0 && self.held_unexplained == 0
+        let outage_clean = self
+            .outage
+            .as_ref()
+            .is_none_or(|o| o.held_otherwise == 0 && o.settled == o.held_at_a());
+        self.duplicates == 0 && self.misses == 0 && self.held_unexplained == 0 && outage_clean
     }
+}
+
+impl OutageReport {
+    /// Tasks held at A with an unknown outcome when A recovered.
+    pub fn held_at_a(&self) -> u64 {
+        self.sent_into_the_outage + self.unknown_before
+    }
+}
+
+/// The table's rows of a provider outage.
+fn outage_rows(o: &OutageReport) -> Vec<(&'static str, String)> {
+    vec![
+        (
+            "provider outage: A (sms-aliyun) dark, sends and queries",
+            format!(
+                "{:.1} s from {:.1} s into the load{}",
+                o.length_s,
+                o.start_s,
+                if o.within_load {
+                    ""
+                } else {
+                    " (the load had ended before A recovered)"
+                }
+            ),
+        ),
+        (
+            "  SMS sent by A / by B",
+            format!("{} / {}", o.sent_by_a, o.sent_by_b),
+        ),
+        ("  held when A recovered", o.held_at_recovery.to_string()),
+        (
+            "    at A, unknown: sent into the outage / from before it",
+            format!("{} / {}", o.sent_into_the_outage, o.unknown_before),
+        ),
+        (
+            "    after a kill: at B mid-send, or before any request",
+            o.held_after_kill.to_string(),
+        ),
+        ("    held otherwise", o.held_otherwise.to_string()),
+        (
+            "    of those at A, settled after A recovered",
+            format!(
+                "{} of {}{}",
+                o.settled,
+                o.held_at_a(),
+                o.settle_seconds
+                    .map(|s| format!(", the last {s:.1} s after"))
+                    .unwrap_or_default()
+            ),
+        ),
+    ]
 }
 
 /// The Redis a chaos run uses.
@@ -390,13 +543,14 @@ struct Planned {
     messages: Vec<(&'static str, String, String)>,
 }
 
-/// Event `i` of the run: business type by `i % 3`.
-fn plan(i: usize, events: usize) -> Planned {
+/// Event `i` of the run: business type by `i % 3`; `arrears`: every 97th
+/// order's phone is in arrears at Aliyun (not in an outage run).
+fn plan(i: usize, events: usize, arrears: bool) -> Planned {
     let n = i / 3;
     match i % 3 {
         0 => {
             // One message per order and channel; every 97th phone is in arrears.
-            let phone = if n % 97 == 5 {
+            let phone = if arrears && n % 97 == 5 {
                 format!("137{n:08}")
             } else {
                 format!("139{n:08}")
@@ -491,6 +645,9 @@ pub async fn run(
     let sim = providers::sim().await;
     let mut serve = ServeConfig::new("", &sim);
     serve.redis = backend.config_lines();
+    if config.provider_outage.is_some() {
+        serve.channels = sim.toml_with_sms_providers(OUTAGE_CIRCUIT_FAILURES, OUTAGE_CIRCUIT_OPEN);
+    }
     // Kept for the run: every instance claims in it.
     let postgres = match config.ledger {
         ChaosLedger::Postgres => {
@@ -506,15 +663,23 @@ pub async fn run(
     // The reconciler checks quickly, so held tasks reach `dead` within a run
     // and sends whose receipt was lost (posted to a killed instance) are
     // confirmed by a status query.
-    serve.extra = r#"
+    // In an outage run, a task held at A is checked until past the outage
+    // (every check fails while A is dark), as a deployment sets
+    // `max_checks` to outlast its providers' outages.
+    let max_checks = match config.provider_outage {
+        Some(o) => 3 + (o.length.as_secs() + 30).div_ceil(4),
+        None => 3,
+    };
+    serve.extra = format!(
+        r#"
 [reconcile]
 every = "1s"
 sent_age = "5s"
 unknown_age = "2s"
-max_checks = 3
-backoff = { initial = "1s", factor = 2.0, max = "4s" }
+max_checks = {max_checks}
+backoff = {{ initial = "1s", factor = 2.0, max = "4s" }}
 "#
-    .into();
+    );
     if config.ledger == ChaosLedger::SqlitePerInstance {
         // What the host refuses by default: it is this mode's point.
         serve.extra.insert_str(0, "allow_separate_ledgers = true\n");
@@ -557,9 +722,43 @@ backoff = { initial = "1s", factor = 2.0, max = "4s" }
     let mut next_backlog_check = Instant::now();
     let (mut restarts_done, mut progress_kills) = (0usize, 0usize);
     let mut load_done = false;
+    // The outage runs on its own clock (the kills and restarts here wait
+    // for hosts and Redis): not yet (0), A dark (1), A recovered (2).
+    let outage_phase = Arc::new(AtomicU64::new(if config.provider_outage.is_some() {
+        0
+    } else {
+        2
+    }));
+    let (quiet_tx, quiet_rx) = tokio::sync::watch::channel(false);
+    let outage_run = match config.provider_outage {
+        Some(o) => Some(tokio::spawn(outage(
+            o,
+            OutageParts {
+                config: config.clone(),
+                state: sim.state.clone(),
+                conn: backend.connection().await?,
+                bases: bases.clone(),
+                started,
+                counts: counts.clone(),
+                phase: outage_phase.clone(),
+                quiet: quiet_rx,
+            },
+        ))),
+        None => None,
+    };
+    let mut phase_told = 0;
     loop {
         tokio::time::sleep(Duration::from_millis(50)).await;
         let done = counts.done_events.load(Ordering::Relaxed) as usize;
+        let phase = outage_phase.load(Ordering::Relaxed);
+        if phase > phase_told {
+            phase_told = phase;
+            progress(if phase == 1 {
+                "chaos: provider A (aliyun-sms) goes dark: every send and query answers 503"
+            } else {
+                "chaos: provider A recovers"
+            });
+        }
         if !load_done && load.is_finished() {
             load_done = true;
             report.load_seconds = started.elapsed().as_secs_f64();
@@ -567,7 +766,7 @@ backoff = { initial = "1s", factor = 2.0, max = "4s" }
         }
         // Scheduled restarts and kills that the load outran happen while draining.
         let scheduled_left = restarts_done < config.redis_restarts || progress_kills < config.kills;
-        if load_done && !scheduled_left && Instant::now() >= next_backlog_check {
+        if load_done && !scheduled_left && phase_told == 2 && Instant::now() >= next_backlog_check {
             next_backlog_check = Instant::now() + Duration::from_millis(500);
             if backlog(&mut conn, &layout).await.unwrap_or(1) == 0 {
                 break;
@@ -665,6 +864,30 @@ backoff = { initial = "1s", factor = 2.0, max = "4s" }
     progress("chaos: comparing the providers' ledger with the plan");
     let tasks = collect_tasks(config, &bases).await?;
     account(config, &sim, &tasks, &mut report);
+    if let Some(outage_run) = outage_run {
+        let _ = quiet_tx.send(true);
+        let run = outage_run.await??;
+        let mut o = run.report;
+        o.settled = run.settling.settled;
+        o.settle_seconds = run.settling.seconds;
+        for t in run.settling.unsettled.iter().take(10) {
+            report
+                .examples
+                .push(format!("held when A recovered, not settled: {t}"));
+        }
+        outage_summary(&mut o, &run.held, run.dark_at_ms, &sim);
+        for t in run
+            .held
+            .iter()
+            .filter(|t| !t.unknown_at_a() && !t.after_a_kill())
+        {
+            report.examples.push(format!(
+                "held when A recovered, not an unknown outcome at A: {} at {:?} ({}, {})",
+                t.id, t.provider, t.status, t.cause
+            ));
+        }
+        report.outage = Some(o);
+    }
     for host in hosts.iter_mut() {
         let _ = host.terminate(Duration::from_secs(10)).await;
     }
@@ -675,8 +898,20 @@ backoff = { initial = "1s", factor = 2.0, max = "4s" }
 /// Faults on every provider, SMS arrears for the planned phones, and
 /// receipts (to the first instance) from the providers that send them.
 fn inject_faults(sim: &Sim, config: &ChaosConfig, receipts_base: &str) {
+    background_faults(&sim.state, config);
+    if config.provider_outage.is_some() {
+        sim.send_sms_provider_receipts_to(receipts_base, 200);
+    } else {
+        sim.send_receipts_to(receipts_base, 200, &[]);
+    }
+}
+
+/// The faults every provider has for the whole run. In an outage run: no
+/// arrears, and none at Tencent.
+fn background_faults(state: &provider_sim::SimState, config: &ChaosConfig) {
+    let outage = config.provider_outage.is_some();
     let arrears: BTreeMap<String, String> = (0..config.events)
-        .filter(|i| i % 3 == 0 && (i / 3) % 97 == 5)
+        .filter(|i| !outage && i % 3 == 0 && (i / 3) % 97 == 5)
         .map(|i| {
             (
                 format!("137{:08}", i / 3),
@@ -685,21 +920,261 @@ fn inject_faults(sim: &Sim, config: &ChaosConfig, receipts_base: &str) {
         })
         .collect();
     for provider in provider_sim::PROVIDERS {
-        let faults = Faults {
-            fail_5xx: config.fail_rate,
-            fail_429: config.fail_rate / 2.0,
-            drop_after_accept: config.drop_rate,
-            error_after_accept: config.error_after_accept,
-            permanent: if provider == "aliyun-sms" {
-                arrears.clone()
-            } else {
-                BTreeMap::new()
-            },
-            ..Faults::default()
+        let faults = if outage && provider == "tencent-sms" {
+            Faults::default()
+        } else {
+            Faults {
+                fail_5xx: config.fail_rate,
+                fail_429: config.fail_rate / 2.0,
+                drop_after_accept: config.drop_rate,
+                error_after_accept: config.error_after_accept,
+                permanent: if provider == "aliyun-sms" {
+                    arrears.clone()
+                } else {
+                    BTreeMap::new()
+                },
+                ..Faults::default()
+            }
         };
-        sim.state.set_faults(provider, faults);
+        state.set_faults(provider, faults);
     }
-    sim.send_receipts_to(receipts_base, 200, &[]);
+}
+
+/// Milliseconds since the epoch now.
+fn epoch_ms_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+/// `GET /v1/tasks/{id}` from the first instance that answers.
+async fn task_from_any(client: &reqwest::Client, bases: &[String], id: &str) -> Option<Value> {
+    for base in bases {
+        if let Ok(r) = client.get(format!("{base}/v1/tasks/{id}")).send().await
+            && r.status().is_success()
+            && let Ok(v) = r.json::<Value>().await
+        {
+            return Some(v);
+        }
+    }
+    None
+}
+
+/// Every SMS task held (`unknown`) now, read from the held index of every
+/// shard and each task through the API.
+async fn held_sms(conn: &mut RedisConn, layout: &Layout, bases: &[String]) -> Vec<HeldAtRecovery> {
+    let client = reqwest::Client::builder()
+        .timeout(Duration::from_secs(10))
+        .build()
+        .expect("a client");
+    let mut ids: Vec<String> = Vec::new();
+    for shard in 0..layout.shards() {
+        // Redis may be restarting: ask again, a bounded number of times.
+        for _ in 0..50 {
+            let got: Result<Vec<String>, _> = redis::cmd("ZRANGE")
+                .arg(layout.held(shard))
+                .arg(0)
+                .arg(-1)
+                .query_async(conn)
+                .await;
+            if let Ok(got) = got {
+                ids.extend(got);
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+    // Fetched 32 at a time: A stays dark while they are read.
+    let slots = Arc::new(Semaphore::new(32));
+    let mut fetches = tokio::task::JoinSet::new();
+    for id in ids {
+        let (client, bases, slots) = (client.clone(), bases.to_vec(), slots.clone());
+        fetches.spawn(async move {
+            let _slot = slots.acquire_owned().await;
+            let task = task_from_any(&client, &bases, &id).await;
+            (id, task)
+        });
+    }
+    let mut held = Vec::new();
+    while let Some(fetched) = fetches.join_next().await {
+        let Ok((id, Some(t))) = fetched else {
+            continue;
+        };
+        if t["channel"] != "sms" {
+            continue;
+        }
+        held.push(HeldAtRecovery {
+            id,
+            provider: t["provider"].as_str().unwrap_or_default().to_string(),
+            status: t["status"].as_str().unwrap_or_default().to_string(),
+            last_attempt_at: t["last_attempt_at"].as_u64().unwrap_or(0),
+            cause: hold_cause(&t),
+        });
+    }
+    held
+}
+
+/// What became of the tasks held when A recovered.
+#[derive(Debug, Default)]
+struct Settling {
+    /// Sent or delivered since.
+    settled: u64,
+    /// Seconds after A's recovery when the last one settled (all did).
+    seconds: Option<f64>,
+    /// The tasks that did not settle, as the API last showed them.
+    unsettled: Vec<Value>,
+}
+
+/// Waits until every task of `ids` is `sent` or `delivered` (settled), or
+/// ended otherwise (`failed`, `dead`: not settled), or `timeout` after
+/// `recovered`, or the run is quiet (`quiet` true: one last look).
+async fn wait_settled(
+    ids: Vec<String>,
+    bases: Vec<String>,
+    recovered: Instant,
+    timeout: Duration,
+    quiet: tokio::sync::watch::Receiver<bool>,
+) -> Settling {
+    let client = reqwest::Client::builder()
+        .timeout(Duration::from_secs(10))
+        .build()
+        .expect("a client");
+    let mut last: BTreeMap<String, Value> = BTreeMap::new();
+    let mut settled: BTreeSet<String> = BTreeSet::new();
+    let mut ended: BTreeSet<String> = BTreeSet::new();
+    let mut last_settled = None;
+    loop {
+        // After quiescence nothing moves any more: the pass that follows is the last.
+        let quiet_now = *quiet.borrow();
+        for id in &ids {
+            if settled.contains(id) || ended.contains(id) {
+                continue;
+            }
+            let Some(t) = task_from_any(&client, &bases, id).await else {
+                continue;
+            };
+            match t["status"].as_str() {
+                Some("sent" | "delivered") => {
+                    settled.insert(id.clone());
+                    last_settled = Some(recovered.elapsed().as_secs_f64());
+                }
+                Some("failed" | "dead" | "duplicate_prevented") => {
+                    ended.insert(id.clone());
+                }
+                _ => {}
+            }
+            last.insert(id.clone(), t);
+        }
+        let all_settled = settled.len() == ids.len();
+        if all_settled
+            || settled.len() + ended.len() == ids.len()
+            || recovered.elapsed() > timeout
+            || quiet_now
+        {
+            return Settling {
+                settled: settled.len() as u64,
+                seconds: if all_settled {
+                    Some(last_settled.unwrap_or(0.0))
+                } else {
+                    None
+                },
+                unsettled: ids
+                    .iter()
+                    .filter(|id| !settled.contains(*id))
+                    .map(|id| last.get(id).cloned().unwrap_or_else(|| json!({ "id": id })))
+                    .collect(),
+            };
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+/// What the outage task needs.
+struct OutageParts {
+    config: ChaosConfig,
+    state: provider_sim::SimState,
+    conn: RedisConn,
+    bases: Vec<String>,
+    started: Instant,
+    counts: Arc<PostCounts>,
+    /// 0 before, 1 dark, 2 recovered.
+    phase: Arc<AtomicU64>,
+    /// True once the run is quiet.
+    quiet: tokio::sync::watch::Receiver<bool>,
+}
+
+/// What the outage task saw.
+struct OutageRun {
+    report: OutageReport,
+    held: Vec<HeldAtRecovery>,
+    dark_at_ms: u64,
+    settling: Settling,
+}
+
+/// Provider A's outage on its own clock: dark at `o.start` after the load
+/// began, the held SMS tasks read while still dark at `o.start + o.length`,
+/// then A's usual faults back, and the tasks held at A watched until they
+/// settle.
+async fn outage(o: ProviderOutage, mut parts: OutageParts) -> anyhow::Result<OutageRun> {
+    let mut report = OutageReport::default();
+    tokio::time::sleep_until((parts.started + o.start).into()).await;
+    let dark_at_ms = epoch_ms_now();
+    report.start_s = parts.started.elapsed().as_secs_f64();
+    parts.state.set_faults(
+        "aliyun-sms",
+        Faults {
+            fail_5xx: 1.0,
+            fail_queries: true,
+            ..Faults::default()
+        },
+    );
+    parts.phase.store(1, Ordering::Relaxed);
+    tokio::time::sleep_until((parts.started + o.start + o.length).into()).await;
+    // Read while A is still dark, so none of them settles in between.
+    let layout = Layout::new("po", SHARDS);
+    let held = held_sms(&mut parts.conn, &layout, &parts.bases).await;
+    background_faults(&parts.state, &parts.config);
+    let recovered = Instant::now();
+    report.length_s = parts.started.elapsed().as_secs_f64() - report.start_s;
+    report.within_load =
+        (parts.counts.done_events.load(Ordering::Relaxed) as usize) < parts.config.events;
+    parts.phase.store(2, Ordering::Relaxed);
+    let settling = wait_settled(
+        held.iter()
+            .filter(|t| t.unknown_at_a())
+            .map(|t| t.id.clone())
+            .collect(),
+        parts.bases.clone(),
+        recovered,
+        o.settle_timeout,
+        parts.quiet.clone(),
+    )
+    .await;
+    Ok(OutageRun {
+        report,
+        held,
+        dark_at_ms,
+        settling,
+    })
+}
+
+/// Fills in what the tasks held at A's recovery were, and who sent the SMS.
+fn outage_summary(o: &mut OutageReport, held: &[HeldAtRecovery], dark_at_ms: u64, sim: &Sim) {
+    o.held_at_recovery = held.len() as u64;
+    for t in held {
+        if t.after_a_kill() {
+            o.held_after_kill += 1;
+        } else if !t.unknown_at_a() {
+            o.held_otherwise += 1;
+        } else if t.last_attempt_at >= dark_at_ms {
+            o.sent_into_the_outage += 1;
+        } else {
+            o.unknown_before += 1;
+        }
+    }
+    o.sent_by_a = sim.ledger("sms").len() as u64;
+    o.sent_by_b = sim.ledger(providers::TENCENT.0).len() as u64;
 }
 
 /// Posts every event `posts` times, concurrently, to different instances.
@@ -719,8 +1194,9 @@ async fn post_all(
         let (client, bases, counts) = (client.clone(), bases.clone(), counts.clone());
         let posts = config.posts.max(1);
         let events = config.events;
+        let arrears = config.provider_outage.is_none();
         set.spawn(async move {
-            let body = Arc::new(plan(i, events).body);
+            let body = Arc::new(plan(i, events, arrears).body);
             let mut each = tokio::task::JoinSet::new();
             for p in 0..posts {
                 let (client, bases, counts, body) =
@@ -806,7 +1282,7 @@ async fn collect_tasks(config: &ChaosConfig, bases: &[String]) -> anyhow::Result
     let slots = Arc::new(Semaphore::new(32));
     let mut set = tokio::task::JoinSet::new();
     for i in 0..config.events {
-        let body = plan(i, config.events).body;
+        let body = plan(i, config.events, config.provider_outage.is_none()).body;
         let url = format!(
             "{}/v1/events/{}/{}",
             bases[i % bases.len()],
@@ -900,7 +1376,9 @@ fn account(config: &ChaosConfig, sim: &Sim, tasks: &[Value], report: &mut ChaosR
     // Expected: distinct dedup units per (provider, recipient).
     let mut units: HashMap<(String, String), BTreeSet<String>> = HashMap::new();
     for i in 0..config.events {
-        for (provider, recipient, unit) in plan(i, config.events).messages {
+        for (provider, recipient, unit) in
+            plan(i, config.events, config.provider_outage.is_none()).messages
+        {
             units
                 .entry((provider.to_string(), recipient))
                 .or_default()
@@ -911,6 +1389,13 @@ fn account(config: &ChaosConfig, sim: &Sim, tasks: &[Value], report: &mut ChaosR
     for (channel, _, _) in providers::CHANNELS {
         for m in sim.ledger(channel) {
             *got.entry((channel.to_string(), m.recipient.clone()))
+                .or_default() += 1;
+        }
+    }
+    if config.provider_outage.is_some() {
+        // The `sms` channel's second provider: one SMS to a user, whichever sent it.
+        for m in sim.ledger(providers::TENCENT.0) {
+            *got.entry(("sms".to_string(), m.recipient.clone()))
                 .or_default() += 1;
         }
     }
@@ -953,7 +1438,14 @@ fn account(config: &ChaosConfig, sim: &Sim, tasks: &[Value], report: &mut ChaosR
                 "kill mid-send",
                 "kill before its send",
             ];
-            if channel != "app-push" || !explained.contains(&cause.as_str()) {
+            // In an outage run, Tencent (the `sms` channel's B) cannot prove
+            // a message absent either: a kill mid-send there is settled
+            // only by its receipt.
+            let held_at_b = config.provider_outage.is_some()
+                && channel == "sms"
+                && t["provider"] == providers::SMS_PROVIDERS[1]
+                && cause == "kill mid-send";
+            if (channel != "app-push" || !explained.contains(&cause.as_str())) && !held_at_b {
                 report.held_unexplained += 1;
                 report.examples.push(format!("unexplained hold: {t}"));
             }

@@ -29,6 +29,10 @@ pub const WITH_CALLBACKS: [&str; 3] = ["inbox", "sms", "wechat"];
 /// chaos runs configure those six); tests add it with [`Sim::tencent_channel`].
 pub const TENCENT: (&str, &str, &str) = ("tencent", "tencent-sms", "tencent-sms@^1");
 
+/// The provider instances of the `sms` channel when it fails over
+/// ([`Sim::toml_with_sms_providers`]): Aliyun first, then Tencent.
+pub const SMS_PROVIDERS: [&str; 2] = ["sms-aliyun", "sms-tencent"];
+
 /// The simulator's provider name of `channel`.
 pub fn provider_of(channel: &str) -> &'static str {
     CHANNELS
@@ -259,26 +263,56 @@ impl Sim {
     /// The `[channels.*]` tables of a `pushonce.toml` for `channels` (e.g.
     /// [`Sim::channels`] with the `wechat` one in [`wechat_safe_mode`]).
     pub fn toml_of(channels: BTreeMap<String, ChannelConfig>) -> String {
+        channels
+            .into_iter()
+            .map(|(channel, config)| table_toml(&channel, config))
+            .collect()
+    }
+
+    /// The `[channels.*]` tables of the six channels, except that `sms`
+    /// fails over between two provider instances, [`SMS_PROVIDERS`]: Aliyun
+    /// (the `sms` settings and callback token) then Tencent; its circuits
+    /// open after `circuit_failures` and stay open `circuit_open` (humantime).
+    pub fn toml_with_sms_providers(&self, circuit_failures: u32, circuit_open: &str) -> String {
         let mut out = String::new();
-        for (channel, config) in channels {
-            let mut table = toml::Table::new();
-            table.insert("plugin".into(), config.plugin.into());
-            table.insert("settings".into(), to_toml(&config.settings));
-            table.insert("secrets_from_env".into(), to_toml(&config.secrets_from_env));
-            table.insert("allowed_hosts".into(), config.allowed_hosts.into());
-            let ca = config.ca_file.expect("ca_file");
-            table.insert("ca_file".into(), ca.display().to_string().into());
-            if let Some(env) = config.callback_token_env {
-                table.insert("callback_token_env".into(), env.into());
+        for (channel, config) in self.channels() {
+            if channel != "sms" {
+                out.push_str(&table_toml(&channel, config));
+                continue;
             }
-            let mut doc = toml::Table::new();
-            let mut channels = toml::Table::new();
-            channels.insert(channel, table.into());
-            doc.insert("channels".into(), channels.into());
-            out.push_str(&toml::to_string(&doc).expect("channel TOML"));
-            out.push('\n');
+            out.push_str(&table_toml(SMS_PROVIDERS[0], config));
+            out.push_str(&table_toml(SMS_PROVIDERS[1], self.tencent_channel()));
+            out.push_str(&format!(
+                "[channels.sms]\nproviders = [\"{}\", \"{}\"]\ncircuit_failures = {circuit_failures}\ncircuit_open = \"{circuit_open}\"\n\n",
+                SMS_PROVIDERS[0], SMS_PROVIDERS[1]
+            ));
         }
         out
+    }
+
+    /// With [`Sim::toml_with_sms_providers`]: Aliyun and Tencent post their
+    /// receipts to their provider instance's callback route on the host at
+    /// `host_base`, after `delay_ms`; the inbox and WeChat to theirs.
+    pub fn send_sms_provider_receipts_to(&self, host_base: &str, delay_ms: u64) {
+        let routes = [
+            ("inbox", "inbox", "inbox"),
+            ("wechat", "wechat", "wechat"),
+            ("aliyun-sms", SMS_PROVIDERS[0], "sms"),
+            ("tencent-sms", SMS_PROVIDERS[1], TENCENT.0),
+        ];
+        for (provider, route, token_of) in routes {
+            let config = ReceiptConfig {
+                url: format!(
+                    "{host_base}/v1/receipts/{route}/{}",
+                    Sim::callback_token(token_of)
+                ),
+                delay_ms,
+                secret: None,
+                fail_after_accept: Default::default(),
+                wechat_mode: WechatMode::Plain,
+            };
+            assert!(self.state.set_receipts(provider, Some(config)));
+        }
     }
 
     /// The callback URL of `channel` on the host at `host_base`
@@ -330,6 +364,27 @@ pub fn wechat_safe_mode(config: &mut ChannelConfig) {
     config
         .secrets_from_env
         .insert("encoding_aes_key".into(), WECHAT_AES_KEY_ENV.into());
+}
+
+/// The `[channels.<name>]` table of `config`.
+fn table_toml(name: &str, config: ChannelConfig) -> String {
+    let mut table = toml::Table::new();
+    table.insert("plugin".into(), config.plugin.into());
+    table.insert("settings".into(), to_toml(&config.settings));
+    table.insert("secrets_from_env".into(), to_toml(&config.secrets_from_env));
+    table.insert("allowed_hosts".into(), config.allowed_hosts.into());
+    let ca = config.ca_file.expect("ca_file");
+    table.insert("ca_file".into(), ca.display().to_string().into());
+    if let Some(env) = config.callback_token_env {
+        table.insert("callback_token_env".into(), env.into());
+    }
+    let mut doc = toml::Table::new();
+    let mut channels = toml::Table::new();
+    channels.insert(name.to_string(), table.into());
+    doc.insert("channels".into(), channels.into());
+    let mut out = toml::to_string(&doc).expect("channel TOML");
+    out.push('\n');
+    out
 }
 
 /// The environment variable holding `channel`'s callback path token.

@@ -8,7 +8,9 @@
 //! refused with its reason or diffed over the sampled events and applied
 //! (the reload puts it in force), a refused reload in words.
 //! The session cookie and the CSRF and origin checks are asserted with
-//! plain HTTP. Screenshots of the overview, the held list, the policies page and the key
+//! plain HTTP. A provider's circuit (issue 37) seen open under its 5xx and
+//! closed again after it recovers, in `/admin/providers` and on the
+//! Providers page. Screenshots of the overview, the held list, the policies page and the key
 //! explorer go to `docs/console/`.
 
 use std::path::{Path, PathBuf};
@@ -646,7 +648,14 @@ async fn pasted_policies(browser: &Browser, host: &ServeProcess, dir: &Path) {
 async fn readable_on_a_phone(browser: &Browser, host: &ServeProcess) {
     browser.resize(390, 844).await.unwrap();
     let width = "return [document.documentElement.scrollWidth, window.innerWidth]";
-    for page in ["overview", "held", "lookup", "policies", "keys"] {
+    for page in [
+        "overview",
+        "held",
+        "providers",
+        "lookup",
+        "policies",
+        "keys",
+    ] {
         browser
             .goto(&host.url(&format!("/console/{page}")))
             .await
@@ -664,4 +673,214 @@ async fn readable_on_a_phone(browser: &Browser, host: &ServeProcess) {
         }
     }
     browser.resize(1200, 900).await.unwrap();
+}
+
+/// Only SMS, on a channel that fails over from Aliyun to Tencent.
+const SMS_POLICY: &str = r#"
+biz_type = "ORDER_SHIPPED"
+key_policy = "per-event@^1"
+channels = ["sms"]
+window = "1h"
+
+[retry]
+max_attempts = 1
+backoff = { initial = "50ms", factor = 2.0, max = "200ms", jitter = false }
+"#;
+
+/// How long the SMS channel's circuits stay open in [`providers_host`].
+const CIRCUIT_OPEN_SECS: u64 = 6;
+
+/// A `pushonce serve` whose `sms` channel names Aliyun then Tencent, its
+/// circuits opening after two infrastructure failures in a row.
+async fn providers_host(redis: &RedisServer, dir: &Path, sim: &Sim) -> ServeProcess {
+    let policies = dir.join("policies");
+    std::fs::create_dir_all(&policies).unwrap();
+    std::fs::write(policies.join("order-shipped.toml"), SMS_POLICY).unwrap();
+    let mut config = ServeConfig::new(&redis.url(), sim);
+    config.channels = sim.toml_with_sms_providers(2, &format!("{CIRCUIT_OPEN_SECS}s"));
+    config.extra = "[auth]\nadmin_token_env = \"CONSOLE_ADMIN_TOKEN\"\n".into();
+    config
+        .env
+        .push(("CONSOLE_ADMIN_TOKEN".into(), ADMIN_TOKEN.into()));
+    ServeProcess::start(&config, dir, &policies).await.unwrap()
+}
+
+/// Posts one SMS to `phone`; its task id.
+async fn post_sms(host: &ServeProcess, biz_id: &str, phone: &str) -> String {
+    let event = json!({
+        "biz_type": "ORDER_SHIPPED", "biz_id": biz_id, "user_id": format!("u-{biz_id}"),
+        "occurred_at": "2026-11-30T08:00:00Z", "template": "order_shipped",
+        "params": {"order": biz_id}, "recipients": {"sms": phone}
+    });
+    let answer: Value = reqwest::Client::new()
+        .post(host.url("/v1/events"))
+        .json(&event)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(answer["results"][0]["result"], "accepted", "{answer}");
+    answer["results"][0]["task_id"]
+        .as_str()
+        .unwrap()
+        .to_string()
+}
+
+/// `GET /admin/providers` with the admin token.
+async fn admin_providers(host: &ServeProcess) -> Value {
+    let answer = reqwest::Client::new()
+        .get(host.url("/admin/providers"))
+        .bearer_auth(ADMIN_TOKEN)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(answer.status(), StatusCode::OK);
+    answer.json().await.unwrap()
+}
+
+/// The `sms` channel's provider `name` in an `/admin/providers` answer.
+fn provider<'a>(view: &'a Value, name: &str) -> &'a Value {
+    let channel = view["channels"]
+        .as_array()
+        .and_then(|c| c.iter().find(|c| c["channel"] == "sms"))
+        .unwrap_or_else(|| panic!("no sms channel: {view}"));
+    channel["providers"]
+        .as_array()
+        .and_then(|p| p.iter().find(|p| p["provider"] == name))
+        .unwrap_or_else(|| panic!("no provider {name}: {view}"))
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64
+}
+
+/// The Providers page's row of `name`: its circuit cell and its whole text.
+async fn page_row(browser: &Browser, host: &ServeProcess, name: &str) -> (String, String) {
+    browser.goto(&host.url("/console/providers")).await.unwrap();
+    let state = browser
+        .find(&format!("tr[data-provider=\"{name}\"] td.state"))
+        .await
+        .unwrap();
+    let row = browser
+        .find(&format!("tr[data-provider=\"{name}\"]"))
+        .await
+        .unwrap();
+    (
+        browser.text_of(&state).await.unwrap(),
+        browser.text_of(&row).await.unwrap(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operator_sees_a_providers_circuit_open_under_5xx_and_close_after_it_recovers() {
+    let redis = RedisServer::start().await.unwrap();
+    let sim = providers::sim().await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut host = providers_host(&redis, dir.path(), &sim).await;
+    let browser = Browser::start().await.unwrap();
+    browser.goto(&host.url("/console/login")).await.unwrap();
+    browser.fill("#name", "ana").await.unwrap();
+    browser.fill("#token", ADMIN_TOKEN).await.unwrap();
+    browser.click("button[type=submit]").await.unwrap();
+
+    // Both providers closed, in order, before any send.
+    let view = admin_providers(&host).await;
+    assert_eq!(view["pid"].as_u64(), host.pid().map(u64::from), "{view}");
+    let order: Vec<&str> = view["channels"][0]["providers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["provider"].as_str().unwrap())
+        .collect();
+    assert_eq!(order, ["sms-aliyun", "sms-tencent"], "{view}");
+    assert_eq!(view["channels"][0]["circuit_failures"], 2, "{view}");
+    for p in order {
+        assert_eq!(provider(&view, p)["state"], "closed", "{view}");
+        assert!(provider(&view, p).get("last_failure").is_none(), "{view}");
+    }
+
+    // Aliyun's gateway answers 503 to everything: two SMS held unknown at
+    // Aliyun open its circuit.
+    sim.set_faults(
+        "sms",
+        Faults {
+            fail_5xx: 1.0,
+            ..Faults::default()
+        },
+    );
+    let before = now_ms();
+    for (biz, phone) in [("c-1", "+8613900000001"), ("c-2", "+8613900000002")] {
+        let id = post_sms(&host, biz, phone).await;
+        wait_status(&host, &id, "unknown").await;
+    }
+    let view = admin_providers(&host).await;
+    let aliyun = provider(&view, "sms-aliyun");
+    assert_eq!(aliyun["state"], "open", "{view}");
+    assert_eq!(aliyun["failures_in_a_row"], 2, "{view}");
+    let since = aliyun["since_ms"].as_u64().unwrap();
+    assert!(before <= since && since <= now_ms(), "{view}");
+    let reason = aliyun["last_failure"]["reason"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(reason.contains("ServiceUnavailable"), "{view}");
+    assert_eq!(provider(&view, "sms-tencent")["state"], "closed", "{view}");
+    // The same on the console's Providers page, while it is open.
+    let (state, row) = page_row(&browser, &host, "sms-aliyun").await;
+    assert_eq!(state, "open", "{row}");
+    assert!(row.contains("ServiceUnavailable"), "{row}");
+    let (state, _) = page_row(&browser, &host, "sms-tencent").await;
+    assert_eq!(state, "closed");
+    let still_open = admin_providers(&host).await;
+    assert_eq!(
+        provider(&still_open, "sms-aliyun")["state"],
+        "open",
+        "the page was read while the circuit was open: {still_open}"
+    );
+
+    // Aliyun recovers; past the open time one real SMS tries it and closes it.
+    sim.set_faults("sms", Faults::default());
+    let recovered = now_ms();
+    wait_until(Duration::from_secs(CIRCUIT_OPEN_SECS + 20), || async {
+        provider(&admin_providers(&host).await, "sms-aliyun")["state"] == "half-open"
+    })
+    .await
+    .expect("the circuit turns half-open");
+    let probe = post_sms(&host, "c-3", "+8613900000003").await;
+    wait_status(&host, &probe, "sent").await;
+    assert_eq!(
+        task(&host, &probe).await["provider_log"],
+        json!(["1:sms-aliyun"]),
+        "the half-open try went to Aliyun"
+    );
+    let view = admin_providers(&host).await;
+    let aliyun = provider(&view, "sms-aliyun");
+    assert_eq!(aliyun["state"], "closed", "{view}");
+    assert_eq!(aliyun["failures_in_a_row"], 0, "{view}");
+    assert!(aliyun["since_ms"].as_u64().unwrap() >= recovered, "{view}");
+    assert!(
+        aliyun["last_failure"]["reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("ServiceUnavailable")),
+        "the last failure stays on record: {view}"
+    );
+    let (state, row) = page_row(&browser, &host, "sms-aliyun").await;
+    assert_eq!(state, "closed", "{row}");
+    assert!(
+        sim.ledger("sms")
+            .iter()
+            .any(|m| m.recipient == "+8613900000003"),
+        "Aliyun took the half-open try"
+    );
+    assert!(
+        sim.ledger(providers::TENCENT.0).is_empty(),
+        "Tencent sent nothing: {:?}",
+        sim.ledger(providers::TENCENT.0)
+    );
+    browser.stop().await;
+    host.terminate(Duration::from_secs(10)).await.unwrap();
 }

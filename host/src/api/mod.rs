@@ -116,6 +116,9 @@ pub struct SharedState {
     pub corpus: Arc<crate::corpus::CorpusSampler>,
     /// Snapshots of the per-channel counters of the last minutes (the overview).
     pub recent: Arc<overview::Recent>,
+    /// The provider circuits of this process's channels with `providers`
+    /// (`/admin/providers`, the console).
+    pub provider_health: crate::send::circuit::ProviderHealth,
 }
 
 /// The router of the whole API.
@@ -129,6 +132,7 @@ pub fn app(state: AppState) -> Router {
     let admin = Router::new()
         .route("/admin/overview", get(overview::get_overview))
         .route("/admin/plugins", get(admin::plugins))
+        .route("/admin/providers", get(admin::providers::providers))
         .route("/admin/doctor", get(doctor::get_doctor))
         .route("/admin/policies", get(admin::policies))
         .route("/admin/reload", post(admin::reload))

@@ -22,7 +22,7 @@ use super::{admin, doctor, events, history, model, ops, overview, receipts};
     paths(
         events::post_event, events::post_batch, events::get_task, events::get_event,
         receipts::receipt, receipts::open_receipt,
-        overview::get_overview, admin::plugins, admin::policies, admin::reload, admin::tasks::dead_tasks, admin::tasks::held_tasks, admin::tasks::requeue, admin::tasks::mark_delivered, admin::tasks::give_up, admin::tasks::task_by_key, history::get_user_tasks, doctor::get_doctor,
+        overview::get_overview, admin::plugins, admin::providers::providers, admin::policies, admin::reload, admin::tasks::dead_tasks, admin::tasks::held_tasks, admin::tasks::requeue, admin::tasks::mark_delivered, admin::tasks::give_up, admin::tasks::task_by_key, history::get_user_tasks, doctor::get_doctor,
         ops::healthz, ops::readyz, ops::metrics, openapi,
     ),
     components(schemas(model::Problem, model::EventRequest, model::BatchRequest)),

@@ -12,8 +12,8 @@
 //! moves a message that may have been taken.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime};
 
 use super::SendOutcome;
 use super::providers::refusal_code;
@@ -31,6 +31,15 @@ pub enum CircuitState {
 }
 
 impl CircuitState {
+    /// `closed`, `open` or `half-open`, as `/admin/providers` and the console show it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CircuitState::Closed => "closed",
+            CircuitState::Open => "open",
+            CircuitState::HalfOpen => "half-open",
+        }
+    }
+
     fn gauge(self) -> f64 {
         match self {
             CircuitState::Closed => 0.0,
@@ -87,6 +96,9 @@ pub fn health(outcome: &SendOutcome, written: bool) -> Health {
     }
 }
 
+/// The longest failure reason kept for `/admin/providers` (characters).
+const REASON_CHARS: usize = 500;
+
 #[derive(Debug, Default)]
 struct Circuit {
     /// Infrastructure failures in a row.
@@ -96,6 +108,14 @@ struct Circuit {
     /// A half-open try let through, and when (a try that never reports
     /// back is given up after `open_for`).
     trying_since: Option<Instant>,
+    /// When it last opened (wall clock), while open or half-open.
+    opened_at: Option<SystemTime>,
+    /// When it turns half-open (wall clock), while open or half-open.
+    half_open_at: Option<SystemTime>,
+    /// When it last closed again (`None`: never opened).
+    closed_at: Option<SystemTime>,
+    /// The last infrastructure failure (or arrears): when, and why.
+    last_failure: Option<(SystemTime, String)>,
 }
 
 impl Circuit {
@@ -106,6 +126,88 @@ impl Circuit {
             Some(_) => CircuitState::HalfOpen,
         }
     }
+
+    /// Opens it (again) for `open_for` from now; an open circuit keeps the
+    /// time it first opened.
+    fn open(&mut self, now: Instant, open_for: Duration, before: CircuitState) {
+        let wall = SystemTime::now();
+        self.open_until = Some(now + open_for);
+        self.half_open_at = Some(wall + open_for);
+        self.trying_since = None;
+        if before != CircuitState::Open || self.opened_at.is_none() {
+            self.opened_at = Some(wall);
+        }
+    }
+
+    /// Closes it after a success (the last failure stays on record).
+    fn close(&mut self, before: CircuitState) {
+        self.failures = 0;
+        self.open_until = None;
+        self.trying_since = None;
+        self.opened_at = None;
+        self.half_open_at = None;
+        if before != CircuitState::Closed {
+            self.closed_at = Some(SystemTime::now());
+        }
+    }
+}
+
+/// How one provider's circuit stands, for `/admin/providers` and the console.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CircuitView {
+    /// The provider instance.
+    pub provider: String,
+    /// Closed, open or half-open.
+    pub state: CircuitState,
+    /// Since when it is in that state: opened, turned half-open, closed
+    /// again (for a circuit that never opened: when this process set it up).
+    pub since: SystemTime,
+    /// Infrastructure failures in a row now.
+    pub failures_in_a_row: u32,
+    /// The last infrastructure failure (or arrears) seen at this provider:
+    /// when, and the reason the send gave (secrets redacted).
+    pub last_failure: Option<(SystemTime, String)>,
+}
+
+/// The circuits of every channel with `providers`, in this process: what
+/// `/admin/providers` and the console show. Cheap to clone.
+#[derive(Debug, Clone, Default)]
+pub struct ProviderHealth {
+    /// Per channel (by name): its providers in order and their circuits.
+    channels: Vec<(String, Vec<String>, Arc<Circuits>)>,
+}
+
+/// One channel with `providers`, as [`ProviderHealth::view`] shows it.
+#[derive(Debug, Clone)]
+pub struct ChannelHealth {
+    /// The channel.
+    pub channel: String,
+    /// Failures in a row that open a circuit (`circuit_failures`).
+    pub circuit_failures: u32,
+    /// How long a circuit stays open (`circuit_open`).
+    pub circuit_open: Duration,
+    /// Each provider in the channel's order.
+    pub providers: Vec<CircuitView>,
+}
+
+impl ProviderHealth {
+    /// The health of `channels`: (channel, its providers in order, their circuits).
+    pub fn new(channels: Vec<(String, Vec<String>, Arc<Circuits>)>) -> ProviderHealth {
+        ProviderHealth { channels }
+    }
+
+    /// Every channel with providers, by name, each provider in order.
+    pub fn view(&self) -> Vec<ChannelHealth> {
+        self.channels
+            .iter()
+            .map(|(channel, providers, circuits)| ChannelHealth {
+                channel: channel.clone(),
+                circuit_failures: circuits.config.failures,
+                circuit_open: circuits.config.open_for,
+                providers: providers.iter().map(|p| circuits.view(p)).collect(),
+            })
+            .collect()
+    }
 }
 
 /// The circuits of one channel's providers (and of every channel: keyed by
@@ -114,6 +216,8 @@ impl Circuit {
 pub struct Circuits {
     config: CircuitConfig,
     circuits: Mutex<HashMap<String, Circuit>>,
+    /// When this process set them up (a circuit that never opened is closed since then).
+    created: SystemTime,
 }
 
 impl Circuits {
@@ -122,6 +226,34 @@ impl Circuits {
         Circuits {
             config,
             circuits: Mutex::new(HashMap::new()),
+            created: SystemTime::now(),
+        }
+    }
+
+    /// How `provider`'s circuit stands now, with since when and its last failure.
+    pub fn view(&self, provider: &str) -> CircuitView {
+        let circuits = self.circuits.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(c) = circuits.get(provider) else {
+            return CircuitView {
+                provider: provider.to_string(),
+                state: CircuitState::Closed,
+                since: self.created,
+                failures_in_a_row: 0,
+                last_failure: None,
+            };
+        };
+        let state = c.state(Instant::now());
+        let since = match state {
+            CircuitState::Closed => c.closed_at,
+            CircuitState::Open => c.opened_at,
+            CircuitState::HalfOpen => c.half_open_at,
+        };
+        CircuitView {
+            provider: provider.to_string(),
+            state,
+            since: since.unwrap_or(self.created),
+            failures_in_a_row: c.failures,
+            last_failure: c.last_failure.clone(),
         }
     }
 
@@ -154,8 +286,32 @@ impl Circuits {
         }
     }
 
+    /// Feeds one send's `outcome` at `provider` of `channel` (`written`:
+    /// whether a request may have reached it), keeping its reason when it
+    /// was an infrastructure failure.
+    pub fn report_outcome(
+        &self,
+        channel: &str,
+        provider: &str,
+        outcome: &SendOutcome,
+        written: bool,
+    ) {
+        let health = health(outcome, written);
+        let reason = match outcome {
+            SendOutcome::Sent { .. } => "",
+            SendOutcome::Retryable { reason, .. }
+            | SendOutcome::Permanent(reason)
+            | SendOutcome::Unknown(reason) => reason,
+        };
+        self.feed(channel, provider, health, reason);
+    }
+
     /// Feeds one send's `health` at `provider` of `channel`.
     pub fn report(&self, channel: &str, provider: &str, health: Health) {
+        self.feed(channel, provider, health, "");
+    }
+
+    fn feed(&self, channel: &str, provider: &str, health: Health, reason: &str) {
         let now = Instant::now();
         let state = {
             let mut circuits = self.circuits.lock().unwrap_or_else(|e| e.into_inner());
@@ -163,19 +319,21 @@ impl Circuits {
             let before = c.state(now);
             match health {
                 Health::Neutral => return,
-                Health::Up => *c = Circuit::default(),
+                Health::Up => c.close(before),
                 Health::Suspended => {
                     c.failures = c.failures.max(self.config.failures);
-                    c.open_until = Some(now + self.config.open_for);
-                    c.trying_since = None;
+                    c.open(now, self.config.open_for, before);
                 }
                 Health::Down => {
                     c.failures = c.failures.saturating_add(1);
                     if c.failures >= self.config.failures || before == CircuitState::HalfOpen {
-                        c.open_until = Some(now + self.config.open_for);
-                        c.trying_since = None;
+                        c.open(now, self.config.open_for, before);
                     }
                 }
+            }
+            if matches!(health, Health::Down | Health::Suspended) {
+                let reason: String = reason.chars().take(REASON_CHARS).collect();
+                c.last_failure = Some((SystemTime::now(), reason));
             }
             let after = c.state(now);
             if after != before {
@@ -220,6 +378,60 @@ mod tests {
         assert_eq!(c.state("a"), CircuitState::Closed);
         c.report("sms", "a", Health::Suspended);
         assert_eq!(c.state("a"), CircuitState::Open, "arrears open it at once");
+    }
+
+    #[test]
+    fn the_view_says_since_when_and_the_last_failures_reason() {
+        let c = Circuits::new(CircuitConfig {
+            failures: 1,
+            open_for: Duration::from_millis(30),
+        });
+        let fresh = c.view("a");
+        assert_eq!(
+            (fresh.state, fresh.since, fresh.last_failure),
+            (CircuitState::Closed, c.created, None)
+        );
+        let before = SystemTime::now();
+        c.report_outcome(
+            "sms",
+            "a",
+            &SendOutcome::Unknown("503 ServiceUnavailable".into()),
+            true,
+        );
+        let open = c.view("a");
+        assert_eq!(
+            (open.state, open.failures_in_a_row),
+            (CircuitState::Open, 1)
+        );
+        assert!(open.since >= before);
+        let (at, reason) = open.last_failure.clone().expect("a failure");
+        assert_eq!(
+            (at >= before, reason.as_str()),
+            (true, "503 ServiceUnavailable")
+        );
+        // A refusal of the number is no failure of the provider: not recorded.
+        c.report_outcome(
+            "sms",
+            "a",
+            &SendOutcome::Permanent("refused the message: isv.MOBILE_NUMBER_ILLEGAL".into()),
+            true,
+        );
+        assert_eq!(c.view("a").last_failure, open.last_failure);
+        std::thread::sleep(Duration::from_millis(40));
+        let half = c.view("a");
+        assert_eq!(half.state, CircuitState::HalfOpen);
+        assert!(half.since > open.since);
+        c.report("sms", "a", Health::Up);
+        let closed = c.view("a");
+        assert_eq!(
+            (closed.state, closed.failures_in_a_row),
+            (CircuitState::Closed, 0)
+        );
+        assert!(closed.since >= half.since);
+        assert_eq!(
+            closed.last_failure, open.last_failure,
+            "the last failure stays on record"
+        );
     }
 
     #[test]

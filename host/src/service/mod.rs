@@ -220,6 +220,8 @@ struct Parts {
     receipts: SharedReceiptHandler,
     /// Which channels take callbacks, and how they are gated.
     callbacks: CallbackGates,
+    /// The provider circuits of the channel plugins' sender.
+    provider_health: crate::send::circuit::ProviderHealth,
 }
 
 /// Opens Redis, the permit layer and the ledger, loads plugins and policies,
@@ -249,6 +251,7 @@ async fn open_parts(
     };
     let receipts = receipts_handler(config, options, &permits, &plugins, &ledger);
     let callbacks = callback_gates(config, &plugins).await?;
+    let provider_health = plugins.provider_health();
     Ok(Parts {
         store,
         permits,
@@ -258,6 +261,7 @@ async fn open_parts(
         sender,
         receipts,
         callbacks,
+        provider_health,
     })
 }
 
@@ -293,6 +297,7 @@ async fn api_state(
         metrics,
         corpus: Arc::new(CorpusSampler::default()),
         recent,
+        provider_health: parts.provider_health.clone(),
     }))
 }
 

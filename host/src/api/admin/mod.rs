@@ -1,8 +1,10 @@
 //! `/admin`: what operators see and steer — plugins loaded, policies in force
 //! (and the last refused change) and reload here; the tasks they act on
 //! (held, failed and dead; requeue and settle; the search by idempotency key)
-//! in [`tasks`].
+//! in [`tasks`]; the provider circuits of channels with `providers` in
+//! [`providers`].
 
+pub(crate) mod providers;
 pub(crate) mod tasks;
 
 use std::collections::BTreeMap;

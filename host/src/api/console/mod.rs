@@ -13,6 +13,7 @@ pub(crate) mod login;
 pub(crate) mod lookup;
 pub(crate) mod overview;
 pub(crate) mod policies;
+pub(crate) mod providers;
 pub(crate) mod session;
 pub(crate) mod task;
 
@@ -44,6 +45,7 @@ pub(crate) fn routes(state: AppState) -> Router<AppState> {
         .route("/console/logout", post(login::sign_out))
         .route("/console/overview", get(overview::page))
         .route("/console/held", get(held::page))
+        .route("/console/providers", get(providers::page))
         .route("/console/lookup", get(lookup::page))
         .route("/console/policies", get(policies::page))
         .route("/console/policies/check", post(policies::check))
@@ -198,6 +200,7 @@ pub(crate) fn layout(title: &str, session: Option<&Session>, content: Markup) ->
                         nav aria-label="Console" {
                             a href="/console/overview" { "Overview" }
                             a href="/console/held" { "Held tasks" }
+                            a href="/console/providers" { "Providers" }
                             a href="/console/lookup" { "Look-up" }
                             a href="/console/policies" { "Policies" }
                             a href="/console/keys" { "Key explorer" }

@@ -15,7 +15,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::circuit::{CircuitConfig, CircuitState, Circuits, health};
+use super::circuit::{CircuitConfig, CircuitState, Circuits, ProviderHealth};
 use super::providers::{Handover, handover};
 use super::{BoxFuture, Check, OutgoingMessage, SendOutcome, Sender, UnknownVerdict};
 use crate::config::ChannelConfig;
@@ -107,7 +107,7 @@ pub struct PluginSender {
     /// their provider instances in order (each one of `channels`).
     chains: BTreeMap<String, Vec<String>>,
     /// The circuits of each such channel's providers, in this process.
-    circuits: BTreeMap<String, Circuits>,
+    circuits: BTreeMap<String, Arc<Circuits>>,
     /// The current registry.
     registry: RegistrySource,
 }
@@ -138,7 +138,7 @@ impl PluginSender {
                     failures: cfg.circuit_failures.max(1),
                     open_for: cfg.circuit_open,
                 };
-                circuits.insert(name.clone(), Circuits::new(config));
+                circuits.insert(name.clone(), Arc::new(Circuits::new(config)));
                 continue;
             }
             out.insert(
@@ -308,8 +308,22 @@ impl PluginSender {
         written: bool,
     ) {
         if let Some(circuits) = self.circuits.get(&msg.channel) {
-            circuits.report(&msg.channel, provider, health(outcome, written));
+            circuits.report_outcome(&msg.channel, provider, outcome, written);
         }
+    }
+
+    /// The circuits of every channel with providers, in this process (for
+    /// `/admin/providers` and the console).
+    pub fn provider_health(&self) -> ProviderHealth {
+        ProviderHealth::new(
+            self.circuits
+                .iter()
+                .map(|(channel, circuits)| {
+                    let chain = self.chains.get(channel).cloned().unwrap_or_default();
+                    (channel.clone(), chain, circuits.clone())
+                })
+                .collect(),
+        )
     }
 
     /// How `provider`'s circuit on `channel` stands in this process (closed

@@ -111,7 +111,7 @@ pub struct OutageReport {
     /// SMS tasks held (`unknown`) when A recovered.
     pub held_at_recovery: u64,
     /// Of those, held because a host was killed, not because of the
-    /// outage: at B mid-send (Tencent's query cannot prove a message absent,
+    /// outage: at B (mid-send, or re-claimed before its send: Tencent's query cannot prove a message absent,
     /// so only its receipt settles such a task, else it is held for an
     /// operator, by design: docs/channels.md), or before any request went
     /// (no provider yet).
@@ -158,7 +158,7 @@ impl HeldAtRecovery {
     /// Held because a worker was killed: at B mid-send, or before any
     /// request of the task went out (it has no provider yet).
     fn after_a_kill(&self) -> bool {
-        (self.provider == providers::SMS_PROVIDERS[1] && self.cause == "kill mid-send")
+        (self.provider == providers::SMS_PROVIDERS[1] && self.cause.starts_with("kill "))
             || (self.provider.is_empty() && self.cause.starts_with("kill "))
     }
 }
@@ -1439,12 +1439,13 @@ fn account(config: &ChaosConfig, sim: &Sim, tasks: &[Value], report: &mut ChaosR
                 "kill before its send",
             ];
             // In an outage run, Tencent (the `sms` channel's B) cannot prove
-            // a message absent either: a kill mid-send there is settled
-            // only by its receipt.
+            // a message absent either: a task held there by a kill, mid-send
+            // or before it (the host holds a re-claimed task it cannot
+            // query, as it does FCM's), is settled only by its receipt.
             let held_at_b = config.provider_outage.is_some()
                 && channel == "sms"
                 && t["provider"] == providers::SMS_PROVIDERS[1]
-                && cause == "kill mid-send";
+                && cause.starts_with("kill ");
             if (channel != "app-push" || !explained.contains(&cause.as_str())) && !held_at_b {
                 report.held_unexplained += 1;
                 report.examples.push(format!("unexplained hold: {t}"));

@@ -69,10 +69,16 @@ async fn serve(redis: &RedisServer, dir: &Path, sim: &Sim) -> ServeProcess {
 
 /// Posts one ORDER_SHIPPED event for WeChat recipient `openid`; its task id.
 async fn post_event(host: &ServeProcess, biz_id: &str, openid: &str) -> String {
+    post_to(host, biz_id, "wechat", openid).await
+}
+
+/// Posts one ORDER_SHIPPED event for `recipient` on `channel` alone (the
+/// policy must name that channel only); its task id.
+async fn post_to(host: &ServeProcess, biz_id: &str, channel: &str, recipient: &str) -> String {
     let event = json!({
         "biz_type": "ORDER_SHIPPED", "biz_id": biz_id, "user_id": format!("u-{biz_id}"),
         "occurred_at": "2026-11-30T08:00:00Z", "template": "order_shipped",
-        "params": {"order": biz_id}, "recipients": {"wechat": openid}
+        "params": {"order": biz_id}, "recipients": {channel: recipient}
     });
     let answer: Value = reqwest::Client::new()
         .post(host.url("/v1/events"))
@@ -705,29 +711,6 @@ async fn providers_host(redis: &RedisServer, dir: &Path, sim: &Sim) -> ServeProc
     ServeProcess::start(&config, dir, &policies).await.unwrap()
 }
 
-/// Posts one SMS to `phone`; its task id.
-async fn post_sms(host: &ServeProcess, biz_id: &str, phone: &str) -> String {
-    let event = json!({
-        "biz_type": "ORDER_SHIPPED", "biz_id": biz_id, "user_id": format!("u-{biz_id}"),
-        "occurred_at": "2026-11-30T08:00:00Z", "template": "order_shipped",
-        "params": {"order": biz_id}, "recipients": {"sms": phone}
-    });
-    let answer: Value = reqwest::Client::new()
-        .post(host.url("/v1/events"))
-        .json(&event)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    assert_eq!(answer["results"][0]["result"], "accepted", "{answer}");
-    answer["results"][0]["task_id"]
-        .as_str()
-        .unwrap()
-        .to_string()
-}
-
 /// `GET /admin/providers` with the admin token.
 async fn admin_providers(host: &ServeProcess) -> Value {
     let answer = reqwest::Client::new()
@@ -815,7 +798,7 @@ async fn an_operator_sees_a_providers_circuit_open_under_5xx_and_close_after_it_
     );
     let before = now_ms();
     for (biz, phone) in [("c-1", "+8613900000001"), ("c-2", "+8613900000002")] {
-        let id = post_sms(&host, biz, phone).await;
+        let id = post_to(&host, biz, "sms", phone).await;
         wait_status(&host, &id, "unknown").await;
     }
     let view = admin_providers(&host).await;
@@ -850,7 +833,7 @@ async fn an_operator_sees_a_providers_circuit_open_under_5xx_and_close_after_it_
     })
     .await
     .expect("the circuit turns half-open");
-    let probe = post_sms(&host, "c-3", "+8613900000003").await;
+    let probe = post_to(&host, "c-3", "sms", "+8613900000003").await;
     wait_status(&host, &probe, "sent").await;
     assert_eq!(
         task(&host, &probe).await["provider_log"],

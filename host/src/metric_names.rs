@@ -50,6 +50,7 @@ pub const PER_CHANNEL: &[&str] = &[
     FALLBACK,
     DUPLICATE_PREVENTED,
     POSSIBLE_DUPLICATES,
+    CANCELLED,
 ];
 
 /// Reloads refused (counted by `route::live`).
@@ -88,6 +89,8 @@ pub const FAILOVERS: &str = "pushonce_failovers_total";
 pub const PROVIDER_CIRCUIT: &str = "pushonce_provider_circuit_state";
 /// Sends the delivery ledger stopped because Redis had lost a permit, per channel.
 pub const DUPLICATE_PREVENTED: &str = "pushonce_duplicate_prevented_total";
+/// Tasks cancelled before their first attempt (`POST /v1/events/{biz_type}/{biz_id}/cancel`), per channel.
+pub const CANCELLED: &str = "pushonce_tasks_cancelled_total";
 /// Seconds of one send through a channel plugin, per channel.
 pub const SEND_SECONDS: &str = "pushonce_send_seconds";
 /// Receipts that named no known task, per channel.

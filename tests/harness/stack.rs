@@ -9,6 +9,8 @@ use std::time::Duration;
 use crate::plugins::real_dir;
 use crate::process::PushonceProcess;
 use crate::providers::Sim;
+use crate::wait_until;
+use serde_json::Value;
 
 /// What a generated `pushonce.toml` varies.
 #[derive(Debug, Clone)]
@@ -188,4 +190,55 @@ pub fn copy_dir(from: &Path, to: &Path) -> std::io::Result<()> {
         }
     }
     Ok(())
+}
+
+/// Posts `body` to `/v1/events` and returns the answer.
+pub async fn post_json(client: &reqwest::Client, base: &str, body: &Value) -> Value {
+    let answer = client.post(format!("{base}/v1/events")).json(body).send();
+    answer.await.unwrap().json().await.unwrap()
+}
+
+/// Posts `body` to `/v1/events` and returns the task ids, asserting each
+/// channel accepted it.
+pub async fn post_event(client: &reqwest::Client, base: &str, body: &Value) -> Vec<String> {
+    let answer = post_json(client, base, body).await;
+    let results = answer["results"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{answer}"));
+    results
+        .iter()
+        .map(|r| {
+            assert_eq!(r["result"], "accepted", "{answer}");
+            r["task_id"].as_str().unwrap().to_string()
+        })
+        .collect()
+}
+
+/// Waits up to `secs` until every task of `ids` is `done`; false if not.
+pub async fn wait_tasks(
+    client: &reqwest::Client,
+    base: &str,
+    ids: &[String],
+    secs: u64,
+    done: fn(&Value) -> bool,
+) -> bool {
+    wait_until(Duration::from_secs(secs), || {
+        let (client, base, ids) = (client.clone(), base.to_string(), ids.to_vec());
+        async move {
+            for id in ids {
+                match get_json(&client, &format!("{base}/v1/tasks/{id}")).await {
+                    Some(t) if done(&t) => {}
+                    _ => return false,
+                }
+            }
+            true
+        }
+    })
+    .await
+    .is_ok()
+}
+
+/// `GET url` as JSON; `None` when it cannot be read.
+pub async fn get_json(client: &reqwest::Client, url: &str) -> Option<Value> {
+    client.get(url).send().await.ok()?.json().await.ok()
 }

@@ -7,7 +7,9 @@
 use provider_sim::Faults;
 use pushonce_tests::providers::{self, Sim, WEBHOOK_ENDPOINT};
 use pushonce_tests::redis::RedisServer;
-use pushonce_tests::stack::{ServeConfig, ServeProcess, copy_dir};
+use pushonce_tests::stack::{
+    ServeConfig, ServeProcess, copy_dir, get_json, post_event, post_json, wait_tasks,
+};
 use pushonce_tests::wait_until;
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
@@ -48,56 +50,6 @@ fn per_recipient(list: &[provider_sim::Accepted]) -> BTreeMap<String, usize> {
         *counts.entry(m.recipient.clone()).or_default() += 1;
     }
     counts
-}
-
-/// Posts `body` to `/v1/events` and returns the answer.
-async fn post_json(client: &reqwest::Client, base: &str, body: &Value) -> Value {
-    let answer = client.post(format!("{base}/v1/events")).json(body).send();
-    answer.await.unwrap().json().await.unwrap()
-}
-
-/// Posts `body` to `/v1/events` and returns the task ids, asserting each
-/// channel accepted it.
-async fn post_event(client: &reqwest::Client, base: &str, body: &Value) -> Vec<String> {
-    let answer = post_json(client, base, body).await;
-    let results = answer["results"]
-        .as_array()
-        .unwrap_or_else(|| panic!("{answer}"));
-    results
-        .iter()
-        .map(|r| {
-            assert_eq!(r["result"], "accepted", "{answer}");
-            r["task_id"].as_str().unwrap().to_string()
-        })
-        .collect()
-}
-
-/// Waits up to `secs` until every task of `ids` is `done`; false if not.
-async fn wait_tasks(
-    client: &reqwest::Client,
-    base: &str,
-    ids: &[String],
-    secs: u64,
-    done: fn(&Value) -> bool,
-) -> bool {
-    wait_until(Duration::from_secs(secs), || {
-        let (client, base, ids) = (client.clone(), base.to_string(), ids.to_vec());
-        async move {
-            for id in ids {
-                match get_json(&client, &format!("{base}/v1/tasks/{id}")).await {
-                    Some(t) if done(&t) => {}
-                    _ => return false,
-                }
-            }
-            true
-        }
-    })
-    .await
-    .is_ok()
-}
-
-async fn get_json(client: &reqwest::Client, url: &str) -> Option<Value> {
-    client.get(url).send().await.ok()?.json().await.ok()
 }
 
 #[tokio::test]

@@ -14,6 +14,7 @@ mod api;
 mod api_metrics;
 mod bloom;
 mod boundaries;
+mod cancel;
 mod caps;
 mod channel_outbound;
 mod channels;

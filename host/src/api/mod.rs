@@ -10,6 +10,7 @@
 pub(crate) mod admin;
 pub(crate) mod auth;
 pub(crate) mod body;
+pub(crate) mod cancel;
 pub(crate) mod console;
 pub(crate) mod doctor;
 pub(crate) mod events;
@@ -127,6 +128,10 @@ pub fn app(state: AppState) -> Router {
         .route("/v1/events", post(events::post_event))
         .route("/v1/events:batch", post(events::post_batch))
         .route("/v1/events/{biz_type}/{biz_id}", get(events::get_event))
+        .route(
+            "/v1/events/{biz_type}/{biz_id}/cancel",
+            post(cancel::cancel_event),
+        )
         .route("/v1/tasks/{id}", get(events::get_task))
         .route_layer(from_fn_with_state(state.api_token.clone(), auth::require));
     let admin = Router::new()

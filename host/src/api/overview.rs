@@ -38,6 +38,8 @@ pub struct ChannelCounts {
     /// Tasks made `dead`: out of retries, or held until the reconciler's
     /// checks ran out.
     pub dead: u64,
+    /// Tasks cancelled before their first attempt.
+    pub cancelled: u64,
 }
 
 /// The per-channel counters over the last minutes.
@@ -156,13 +158,14 @@ type Source = (&'static str, Option<(&'static str, &'static str)>, Field);
 /// whose checks ran out (the reconciler's give-up of an `unknown` task).
 pub(crate) fn channel_counts(text: &str) -> Vec<ChannelCounts> {
     let mut by_channel: BTreeMap<String, ChannelCounts> = BTreeMap::new();
-    let fields: [Source; 7] = [
+    let fields: [Source; 8] = [
         (m::SENT, None, |c| &mut c.sent),
         (m::DELIVERED, None, |c| &mut c.delivered),
         (m::FAILED, None, |c| &mut c.failed),
         (m::RETRIED, None, |c| &mut c.retrying),
         (m::UNKNOWN, None, |c| &mut c.held),
         (m::DEAD, None, |c| &mut c.dead),
+        (m::CANCELLED, None, |c| &mut c.cancelled),
         (m::GAVE_UP_TOTAL, Some(("status", "unknown")), |c| {
             &mut c.dead
         }),
@@ -248,6 +251,7 @@ fn difference(now: &ChannelCounts, before: Option<&ChannelCounts>) -> ChannelCou
         retrying: now.retrying.saturating_sub(b.retrying),
         held: now.held.saturating_sub(b.held),
         dead: now.dead.saturating_sub(b.dead),
+        cancelled: now.cancelled.saturating_sub(b.cancelled),
     }
 }
 

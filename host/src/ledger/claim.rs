@@ -201,3 +201,61 @@ async fn claim_all(pool: &LedgerPool, group: &Waiting) -> Result<Vec<ClaimAnswer
     });
     Ok(answers)
 }
+
+/// A task cancelled before its first attempt (so before any claim of its
+/// key): its row, written in place of a claim, `cancelled`, no attempt. A
+/// row of the same task (an attempt given back unsent after its claim)
+/// becomes `cancelled`; another task's row is left alone. The row then
+/// guards the key like a claim until its window ends (the permit is kept).
+const CANCELLED_SQL: &str = "INSERT INTO deliveries \
+    (key, task_id, channel, policy, recipient_digest, biz_type, biz_id, status, attempts, claimed_at, updated_at, window_ends_at) \
+    VALUES ($1, $2, $3, $4, $5, $6, $7, 'cancelled', 0, $8, $8, $9) \
+    ON CONFLICT (key) DO UPDATE SET status = 'cancelled', updated_at = excluded.updated_at \
+    WHERE deliveries.task_id = excluded.task_id";
+
+/// A cancelled task whose permit was released: no row may stop the key's
+/// next task (a re-post), so the row of the task's own claim, if an attempt
+/// claimed and gave it back unsent, goes.
+const RELEASED_SQL: &str = "DELETE FROM deliveries WHERE key = $1 AND task_id = $2";
+
+impl super::Ledger {
+    /// Writes `c` (its `attempt` unused) as the row of a task cancelled
+    /// before its first attempt, or, when its permit was `released`, takes
+    /// out the task's own row, so a re-post of the key can claim it. True
+    /// when written. A failure is logged.
+    pub(crate) async fn write_cancelled(&self, c: &Claim, released: bool) -> bool {
+        let done: Result<(), LedgerError> = async {
+            on_pool!(self.pool(), p => {
+                if released {
+                    sqlx::query(RELEASED_SQL)
+                        .bind(&c.key)
+                        .bind(&c.task_id)
+                        .execute(p)
+                        .await?;
+                } else {
+                    sqlx::query(CANCELLED_SQL)
+                        .bind(&c.key)
+                        .bind(&c.task_id)
+                        .bind(&c.channel)
+                        .bind(&c.policy)
+                        .bind(&c.recipient_digest)
+                        .bind(&c.biz_type)
+                        .bind(&c.biz_id)
+                        .bind(c.now_ms)
+                        .bind(c.window_ends_ms)
+                        .execute(p)
+                        .await?;
+                }
+            });
+            Ok(())
+        }
+        .await;
+        match done {
+            Ok(()) => true,
+            Err(e) => {
+                tracing::warn!(task = %c.task_id, error = %e, "could not write the cancelled task to the ledger; it keeps Redis's retention");
+                false
+            }
+        }
+    }
+}

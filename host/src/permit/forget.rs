@@ -42,7 +42,7 @@ impl Transition for ForgetArgs<'_> {
 }
 
 impl Permits {
-    /// Lets `task`, which ended `status` (`delivered` or `failed`) by a
+    /// Lets `task`, which ended `status` (`delivered`, `failed` or `cancelled`) by a
     /// receipt, a reconciler check or an operator, or stays `sent` with no
     /// more checks to come (the reconciler untracked it), leave Redis once the
     /// delivery ledger holds that outcome (call it only then): its hash, its

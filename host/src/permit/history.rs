@@ -7,8 +7,8 @@
 
 use std::time::Duration;
 
-use super::{Attempt, Outcome, Permits, Task};
-use crate::ledger::{Ledger, Update};
+use super::{Attempt, Outcome, PermitFate, Permits, Task};
+use crate::ledger::{Claim, Ledger, Update, now_ms, recipient_digest};
 
 /// The task's operator log (one JSON line per step), when an operator acted on it.
 pub(crate) fn operator_log(task: &Task) -> Option<String> {
@@ -123,6 +123,49 @@ impl Permits {
         }
         for (task_id, status) in late {
             ledger.settle_late(task_id, channel, status).await;
+        }
+    }
+
+    /// Writes a task cancelled before its first attempt (`task` as it was
+    /// read before [`Permits::cancel`], whose permit met `fate`) to
+    /// `ledger` and, once the ledger confirms it, lets the task leave Redis
+    /// ([`Permits::forget`]). Its row is written only while the task keeps
+    /// its permit: the row guards the key as the permit does, and a released
+    /// key (or one another task holds) must stay claimable, so there the
+    /// task's own row, if any, goes and the task keeps Redis's retention as
+    /// its only record. Errors are logged.
+    pub(crate) async fn note_cancelled(&self, ledger: &Ledger, task: &Task, fate: PermitFate) {
+        let user = serde_json::from_str::<serde_json::Value>(&task.event_json)
+            .ok()
+            .and_then(|v| v.get("user_id").and_then(|u| u.as_str()).map(str::to_owned))
+            .unwrap_or_default();
+        let now = now_ms();
+        let window = i64::try_from(task.window_ms).unwrap_or(i64::MAX);
+        let accepted = i64::try_from(task.accepted_at_ms).unwrap_or(i64::MAX);
+        // A first attempt that quiet hours held back counts its window from their end.
+        let scheduled = task
+            .fields
+            .get("scheduled_for")
+            .and_then(|s| s.parse::<i64>().ok())
+            .unwrap_or(0);
+        let row = Claim {
+            key: task.key.clone(),
+            task_id: task.id.clone(),
+            channel: task.channel.clone(),
+            policy: format!("{}@{}", task.policy_name, task.policy_version),
+            recipient_digest: recipient_digest(&user),
+            biz_type: task.biz_type.clone(),
+            biz_id: task.biz_id.clone(),
+            attempt: 0,
+            now_ms: now,
+            window_ends_ms: now.max(accepted).max(scheduled).saturating_add(window),
+        };
+        let keeps_key = fate == PermitFate::Kept;
+        if !ledger.write_cancelled(&row, !keeps_key).await || !keeps_key {
+            return;
+        }
+        if let Err(e) = self.forget(task, "cancelled").await {
+            tracing::warn!(task = %task.id, error = %e, "could not let the cancelled task leave Redis; it keeps the retention");
         }
     }
 }

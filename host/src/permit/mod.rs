@@ -7,7 +7,8 @@
 //! script's `KEYS` and `ARGV` ([`scripts::Transition`]) and its answer:
 //! `accept` takes the permit and enqueues the task in one script; `begin`,
 //! `extend`, `record` (an attempt), `receipt`, `claim` and `reconcile`
-//! (the reconciler), `requeue` and `settle` (an operator), `forget` and
+//! (the reconciler), `requeue` and `settle` (an operator), `cancel` (the
+//! business, before the first attempt), `forget` and
 //! `promote` are scripts that check the expected status and, for a
 //! worker, its lease token (fencing), and touch the permit only while the
 //! task owns it; `duplicate` marks a task a possible duplicate. `listing`
@@ -23,6 +24,7 @@
 pub mod accept;
 mod begin;
 pub mod bloom;
+mod cancel;
 mod claim;
 mod duplicate;
 mod extend;
@@ -52,6 +54,7 @@ use crate::store::RedisConn;
 pub use accept::{AcceptRequest, Acceptance};
 pub use begin::{Attempt, Begin};
 pub use bloom::{BloomCheck, BloomSizing};
+pub use cancel::Cancel;
 pub use claim::ClaimPass;
 pub(crate) use claim::Claimed;
 pub use duplicate::POSSIBLE_DUPLICATE;
@@ -394,7 +397,7 @@ pub(crate) fn text(v: Option<&Value>) -> String {
 }
 
 /// Every script, for loading them all up front.
-fn all_scripts() -> [&'static redis::Script; 14] {
+fn all_scripts() -> [&'static redis::Script; 15] {
     [
         &accept::SCRIPT,
         &begin::SCRIPT,
@@ -410,5 +413,6 @@ fn all_scripts() -> [&'static redis::Script; 14] {
         &forget::SCRIPT,
         &duplicate::SCRIPT,
         &listing::SCRIPT,
+        &cancel::SCRIPT,
     ]
 }

@@ -9,7 +9,7 @@ use super::held::{HeldCause, OperatorStep, ReconcileStep, parse_log, parse_opera
 use super::payload::{InvalidPayload, ParsedPayload, Payload};
 
 /// Where a task is in its life. `queued → sending → sent → delivered`, with
-/// `retry_wait`, `unknown`, `failed`, `dead` and `superseded` on the side.
+/// `retry_wait`, `unknown`, `failed`, `dead`, `superseded` and `cancelled` on the side.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum TaskStatus {
     /// Accepted, in its shard's ready stream, waiting for a worker.
@@ -35,6 +35,9 @@ pub enum TaskStatus {
     /// Redis lost that task's permit (a failover), and this task, accepted
     /// again, was stopped before sending (`duplicate_of` names the owner).
     DuplicatePrevented,
+    /// Cancelled by the business before its first attempt began
+    /// (`POST /v1/events/{biz_type}/{biz_id}/cancel`): never sent.
+    Cancelled,
 }
 
 impl TaskStatus {
@@ -51,6 +54,7 @@ impl TaskStatus {
             TaskStatus::Dead => "dead",
             TaskStatus::Superseded => "superseded",
             TaskStatus::DuplicatePrevented => "duplicate_prevented",
+            TaskStatus::Cancelled => "cancelled",
         }
     }
 
@@ -67,6 +71,7 @@ impl TaskStatus {
             "dead" => TaskStatus::Dead,
             "superseded" => TaskStatus::Superseded,
             "duplicate_prevented" => TaskStatus::DuplicatePrevented,
+            "cancelled" => TaskStatus::Cancelled,
             _ => return None,
         })
     }

@@ -72,7 +72,7 @@ fn counts_table(caption: &str, class: &str, channels: &[ChannelCounts]) -> Marku
                 thead { tr {
                     th scope="col" { "Channel" } th scope="col" { "Sent" } th scope="col" { "Delivered" }
                     th scope="col" { "Failed" } th scope="col" { "Retrying" } th scope="col" { "Held" }
-                    th scope="col" { "Dead" }
+                    th scope="col" { "Dead" } th scope="col" { "Cancelled" }
                 } }
                 tbody {
                     @for c in channels {
@@ -81,6 +81,7 @@ fn counts_table(caption: &str, class: &str, channels: &[ChannelCounts]) -> Marku
                             td class="n" { (c.sent) } td class="n" { (c.delivered) }
                             td class="n" { (c.failed) } td class="n" { (c.retrying) }
                             td class="n" { (c.held) } td class="n" { (c.dead) }
+                            td class="n" { (c.cancelled) }
                         }
                     }
                 }

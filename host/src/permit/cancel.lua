@@ -1,0 +1,63 @@
+-- cancel: a task whose first attempt has not begun (`queued`, no attempt
+-- counted: in its shard's ready stream, or in the delayed set until quiet
+-- hours end) ends `cancelled` and is never sent. Decided against
+-- `begin.lua` by the status alone: both run atomically on the task's shard,
+-- so whichever runs first wins (a begun task is `sending` or later here; a
+-- cancelled one is `settled` there).
+-- KEYS[1] task, KEYS[2] permit, KEYS[3] delayed zset, KEYS[4] ready stream,
+-- KEYS[5] awaiting zset (the shard's held index is named after it)
+-- ARGV[1] task id, ARGV[2] '1' to release the permit (owner-checked), else
+-- it stays for the window, ARGV[3] retention ms, ARGV[4] consumer group
+-- Returns {'cancelled', permit fate (kept|released|not_owner)}
+--       | {'too_late', status} | {'missing'}.
+local id, release, retention = ARGV[1], ARGV[2] == '1', tonumber(ARGV[3])
+local status = redis.call('HGET', KEYS[1], 'status')
+if not status then
+  return {'missing'}
+end
+-- A queued task with attempts counted was requeued (by an operator or the
+-- reconciler) after an attempt that may have reached the provider.
+if status ~= 'queued' or tonumber(redis.call('HGET', KEYS[1], 'attempts') or '0') > 0 then
+  return {'too_late', status}
+end
+local now = now_ms()
+local at = n2s(now)
+local owner = redis.call('GET', KEYS[2])
+local fate = 'not_owner'
+if owner == id then
+  if release or bloom_task(KEYS[1]) then
+    -- Nothing was sent: compare-and-delete (the owner was checked above).
+    -- In Bloom mode the filter's bits guard re-posts, never the permit.
+    redis.call('DEL', KEYS[2])
+    fate = 'released'
+  else
+    -- Kept as the accept set it: the window (from the quiet hours' end
+    -- for a task they held back), so a re-post stays `duplicate`.
+    fate = 'kept'
+  end
+end
+redis.call('HSET', KEYS[1], 'status', 'cancelled', 'cancelled_at', at,
+  'finished_at', at, 'updated_at', at, 'lease_token', '', 'permit_released',
+  fate == 'released' and '1' or '0')
+redis.call('ZREM', KEYS[3], id)
+redis.call('ZREM', KEYS[5], id)
+redis.call('ZREM', held_index(KEYS[5], 'awaiting'), id)
+-- Its ready entry, when it still has one: written by the accept in the same
+-- millisecond as `accepted_at` (looked for from a second before, among the
+-- next 200 entries); one not found here is acked by the worker that reads
+-- it (`begin.lua` answers `settled` or `missing`).
+local accepted = tonumber(redis.call('HGET', KEYS[1], 'accepted_at') or '0')
+local entries = redis.call('XRANGE', KEYS[4], n2s(math.max(accepted - 1000, 0)), '+', 'COUNT', 200)
+for _, entry in ipairs(entries) do
+  local fields = entry[2]
+  for i = 1, #fields, 2 do
+    if fields[i] == 'task' and fields[i + 1] == id then
+      redis.call('XACK', KEYS[4], ARGV[4], entry[1])
+      redis.call('XDEL', KEYS[4], entry[1])
+    end
+  end
+end
+redis.call('PEXPIRE', KEYS[1], retention)
+keep_index(KEYS[1], now, retention)
+event_follower(KEYS[1], id)()
+return {'cancelled', fate}

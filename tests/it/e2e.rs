@@ -11,7 +11,7 @@ use pushonce_tests::stack::{
     ServeConfig, ServeProcess, copy_dir, get_json, post_event, post_json, wait_tasks,
 };
 use pushonce_tests::wait_until;
-use serde_json::{Value, json};
+use serde_json::json;
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::Duration;

@@ -362,6 +362,7 @@ pub(super) fn request(tag: &str, i: usize) -> AcceptRequest {
         retry: RetryPolicy::default(),
         gate: gate_of(tag, &user),
         recipient: Some(user.clone()),
+        send_at_ms: None,
     }
 }
 

@@ -87,6 +87,58 @@ impl Default for YearRange {
     }
 }
 
+/// How far from now an event's `send_at` may be: not more than `grace` in
+/// the past (a clock a little behind, a retried request), not more than
+/// `horizon` ahead (a permit and a task wait in Redis until then).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SendAtBounds {
+    /// How far in the past `send_at` may be (it is then sent at once).
+    #[serde(with = "humantime_serde")]
+    pub grace: std::time::Duration,
+    /// How far ahead `send_at` may be.
+    #[serde(with = "humantime_serde")]
+    pub horizon: std::time::Duration,
+}
+
+impl Default for SendAtBounds {
+    /// 5 minutes of grace, 30 days ahead.
+    fn default() -> Self {
+        SendAtBounds {
+            grace: std::time::Duration::from_secs(5 * 60),
+            horizon: std::time::Duration::from_secs(30 * 24 * 3600),
+        }
+    }
+}
+
+/// An event's `send_at` (RFC 3339 text) in ms since the epoch, checked
+/// against `bounds` around `now_ms`; the error says which bound it broke
+/// and by how much.
+pub fn send_at_within(text: &str, now_ms: u64, bounds: SendAtBounds) -> Result<u64, String> {
+    let at = parse_rfc3339_ms(text)?;
+    let grace = u64::try_from(bounds.grace.as_millis()).unwrap_or(u64::MAX);
+    let horizon = u64::try_from(bounds.horizon.as_millis()).unwrap_or(u64::MAX);
+    let span =
+        |ms: u64| humantime::format_duration(std::time::Duration::from_millis(ms / 1000 * 1000));
+    if at.saturating_add(grace) < now_ms {
+        return Err(format!(
+            "`{}` is {} in the past; at most {} (`send_at.grace` in pushonce.toml)",
+            text.escape_debug(),
+            span(now_ms - at),
+            humantime::format_duration(bounds.grace)
+        ));
+    }
+    if at > now_ms.saturating_add(horizon) {
+        return Err(format!(
+            "`{}` is {} ahead; at most {} (`send_at.horizon` in pushonce.toml)",
+            text.escape_debug(),
+            span(at - now_ms),
+            humantime::format_duration(bounds.horizon)
+        ));
+    }
+    Ok(at)
+}
+
 /// Parses an event from its JSON text; `occurred_at` within 2000–2100.
 pub fn event_from_json(text: &str) -> Result<Event, EventError> {
     event_from_json_within(text, YearRange::default())
@@ -232,6 +284,46 @@ pub fn event_json(event: &Event) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn send_at_is_checked_against_the_grace_and_the_horizon() {
+        let bounds = SendAtBounds::default();
+        let now = parse_rfc3339_ms("2026-11-30T12:00:00Z").unwrap();
+        let at = |t: &str| send_at_within(t, now, bounds);
+        assert_eq!(at("2026-11-30T12:00:05Z"), Ok(now + 5000));
+        assert_eq!(at("2026-11-30T20:00:05.5+08:00"), Ok(now + 5500));
+        // Within the grace: accepted (sent at once), its own time kept.
+        assert_eq!(at("2026-11-30T11:55:00Z"), Ok(now - 300_000));
+        assert_eq!(
+            at("2026-12-30T12:00:00Z"),
+            Ok(now + 30 * 86_400_000),
+            "the horizon itself is inside"
+        );
+        let past = at("2026-11-30T11:54:59Z").unwrap_err();
+        assert!(past.contains("is 5m 1s in the past; at most 5m"), "{past}");
+        assert!(past.contains("send_at.grace"), "{past}");
+        let far = at("2026-12-30T12:00:01Z").unwrap_err();
+        assert!(far.contains("is 30days 1s ahead; at most 30days"), "{far}");
+        assert!(far.contains("send_at.horizon"), "{far}");
+        for bad in [
+            "tomorrow",
+            "2026-11-30",
+            "2026-11-30T12:00:00",
+            "1796054400000",
+        ] {
+            let e = at(bad).unwrap_err();
+            assert!(e.contains("is not an RFC 3339 time"), "{bad}: {e}");
+        }
+        let tight = SendAtBounds {
+            grace: std::time::Duration::ZERO,
+            horizon: std::time::Duration::from_secs(60),
+        };
+        assert!(send_at_within("2026-11-30T11:59:59.999Z", now, tight).is_err());
+        assert_eq!(
+            send_at_within("2026-11-30T12:01:00Z", now, tight),
+            Ok(now + 60_000)
+        );
+    }
 
     #[test]
     fn rfc3339() {

@@ -15,6 +15,9 @@ pub const DEDUP_ANSWERS: &str = "pushonce_dedup_answers_total";
 pub const CAPPED: &str = "pushonce_capped_total";
 /// Channels accepted inside quiet hours (first attempt scheduled for their end), by channel.
 pub const QUIET_DEFERRED: &str = "pushonce_quiet_deferred_total";
+/// Channels accepted with a later `send_at` (first attempt scheduled then),
+/// by channel; one whose `send_at` falls in quiet hours counts as quiet deferred.
+pub const SCHEDULED: &str = "pushonce_scheduled_total";
 /// Requests refused or failed, by HTTP status.
 pub const REFUSED: &str = "pushonce_http_refused_total";
 /// Seconds of one pipelined accept (all channels of a request).
@@ -40,6 +43,7 @@ pub const PER_CHANNEL: &[&str] = &[
     ACCEPTED,
     DUPLICATES,
     QUIET_DEFERRED,
+    SCHEDULED,
     SENT,
     DELIVERED,
     FAILED,

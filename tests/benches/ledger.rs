@@ -37,6 +37,7 @@ fn request(i: usize, run: &str) -> AcceptRequest {
         retry: RetryPolicy::default(),
         gate: Default::default(),
         recipient: None,
+        send_at_ms: None,
     }
 }
 

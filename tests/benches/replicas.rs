@@ -34,6 +34,7 @@ fn event(run: &str, i: usize) -> Vec<AcceptRequest> {
             retry: RetryPolicy::default(),
             gate: Default::default(),
             recipient: None,
+            send_at_ms: None,
         })
         .collect()
 }

@@ -224,6 +224,7 @@ impl Env {
             retry: self.retry,
             gate: Default::default(),
             recipient: None,
+            send_at_ms: None,
         };
         match self.permits.accept(&req).await.unwrap() {
             Acceptance::Accepted { task_id } => task_id,

@@ -32,5 +32,6 @@ pub fn accept_request(key: &str) -> AcceptRequest {
         retry: RetryPolicy::default(),
         gate: Default::default(),
         recipient: None,
+        send_at_ms: None,
     }
 }

@@ -152,6 +152,20 @@ pub struct Answer {
 }
 
 impl Answer {
+    /// Sends `req` and reads its answer.
+    pub async fn of(req: reqwest::RequestBuilder) -> anyhow::Result<Answer> {
+        let res = req.send().await?;
+        let status = res.status();
+        let headers = res.headers().clone();
+        let text = res.text().await?;
+        let body = serde_json::from_str(&text).unwrap_or(Value::String(text));
+        Ok(Answer {
+            status,
+            headers,
+            body,
+        })
+    }
+
     /// The `task_id` of every channel result of an accept answer.
     pub fn task_ids(&self) -> Vec<String> {
         self.body["results"]
@@ -313,16 +327,7 @@ impl TestHost {
 
     /// Sends a request and reads the answer.
     pub async fn send(&self, req: reqwest::RequestBuilder) -> anyhow::Result<Answer> {
-        let res = req.send().await?;
-        let status = res.status();
-        let headers = res.headers().clone();
-        let text = res.text().await?;
-        let body = serde_json::from_str(&text).unwrap_or(Value::String(text));
-        Ok(Answer {
-            status,
-            headers,
-            body,
-        })
+        Answer::of(req).await
     }
 
     /// `POST path` with a JSON body and an optional bearer token.

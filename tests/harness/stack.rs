@@ -6,6 +6,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use crate::host::Answer;
 use crate::plugins::real_dir;
 use crate::process::PushonceProcess;
 use crate::providers::Sim;
@@ -97,6 +98,8 @@ pub struct ServeProcess {
     env: Vec<(String, String)>,
     /// `http://127.0.0.1:<port>`.
     base: String,
+    /// A client for its API.
+    client: reqwest::Client,
 }
 
 impl ServeProcess {
@@ -116,6 +119,7 @@ impl ServeProcess {
             config: file,
             env: config.env.clone(),
             base: format!("http://127.0.0.1:{port}"),
+            client: reqwest::Client::new(),
         };
         serve.restart().await?;
         Ok(serve)
@@ -157,6 +161,16 @@ impl ServeProcess {
     /// `base` + `path`.
     pub fn url(&self, path: &str) -> String {
         format!("{}{path}", self.base)
+    }
+
+    /// `POST path` with a JSON body (the stack's API is open: no token).
+    pub async fn post(&self, path: &str, body: &serde_json::Value) -> anyhow::Result<Answer> {
+        Answer::of(self.client.post(self.url(path)).json(body)).await
+    }
+
+    /// `GET path`.
+    pub async fn get(&self, path: &str) -> anyhow::Result<Answer> {
+        Answer::of(self.client.get(self.url(path))).await
     }
 
     /// The process id of the running process (`None` while killed).

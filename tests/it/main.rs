@@ -41,6 +41,7 @@ mod reconcile;
 mod redis_embedded;
 mod redis_processes;
 mod redis_tls;
+mod scheduled;
 mod security;
 mod vanished;
 

@@ -237,6 +237,7 @@ async fn accept_capped(env: &Env, key: &str, phone: &str) -> Acceptance {
             ..Gate::default()
         },
         recipient: Some(phone.into()),
+        send_at_ms: None,
     };
     env.permits.accept(&req).await.unwrap()
 }

@@ -22,7 +22,7 @@ use super::log::escaped;
 use super::model::Problem;
 use super::model::*;
 use super::problem::ApiError;
-use crate::event::{Event, OccurredAt as At, YearRange, occurred_at_within};
+use crate::event::{Event, OccurredAt as At, YearRange, occurred_at_within, send_at_within};
 use crate::permit::{AcceptRequest, Acceptance};
 use crate::route::Snapshot;
 use crate::route::plan::{PlanRequest, PlannedEvent};
@@ -384,12 +384,20 @@ fn plan(
 ) -> Result<PlannedEvent, ApiError> {
     validate(&req)?;
     let event = to_event(&req, now, state.limits.occurred_at_years)?;
+    let send_at_ms = req
+        .send_at
+        .as_deref()
+        .map(|text| send_at_within(text, now, state.limits.send_at))
+        .transpose()
+        .map_err(|reason| ApiError::invalid("send_at", reason))?;
     let request = PlanRequest {
         event,
         channels: req.channels.as_deref(),
         template: req.template.as_deref(),
         params: &req.params,
         recipients: &req.recipients,
+        send_at_ms,
+        now_ms: now,
     };
     Ok(crate::route::plan::plan(
         snapshot,
@@ -482,8 +490,14 @@ fn channel_result(planned: &crate::route::plan::Planned, answer: Acceptance) -> 
         } => {
             metrics::counter!(crate::metric_names::ACCEPTED, "channel" => channel.clone())
                 .increment(1);
-            metrics::counter!(crate::metric_names::QUIET_DEFERRED, "channel" => channel)
-                .increment(1);
+            // Scheduled for the send_at itself, or for the end of the quiet
+            // hours it (or now) fell in.
+            let by = if planned.request.send_at_ms == Some(scheduled_for_ms) {
+                crate::metric_names::SCHEDULED
+            } else {
+                crate::metric_names::QUIET_DEFERRED
+            };
+            metrics::counter!(by, "channel" => channel).increment(1);
             result.task_id = task_id;
             result.scheduled_for = Some(scheduled_for_ms);
         }

@@ -53,6 +53,8 @@ pub struct ApiLimits {
     pub request_timeout: Duration,
     /// Years an event's `occurred_at` may fall in (default 2000–2100); outside is 422.
     pub occurred_at_years: crate::event::YearRange,
+    /// How far from now an event's `send_at` may be (default 5 min back, 30 days ahead); outside is 422.
+    pub send_at: crate::event::SendAtBounds,
 }
 
 impl Default for ApiLimits {
@@ -62,6 +64,7 @@ impl Default for ApiLimits {
             batch_max: 100,
             request_timeout: Duration::from_secs(10),
             occurred_at_years: crate::event::YearRange::default(),
+            send_at: crate::event::SendAtBounds::default(),
         }
     }
 }

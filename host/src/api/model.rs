@@ -55,6 +55,13 @@ pub(crate) struct EventRequest {
     /// event may fall on another day for day-based key policies.
     #[serde(default)]
     pub occurred_at: Option<OccurredAt>,
+    /// When to send (RFC 3339): the tasks wait until then, and quiet hours
+    /// and frequency caps are judged at that time. At most `send_at.grace`
+    /// (5 min) in the past (then sent at once) and `send_at.horizon`
+    /// (30 days) ahead; outside is 422 naming `send_at`. Now when absent.
+    #[serde(default)]
+    #[schema(format = DateTime, example = "2026-12-01T09:00:00+08:00")]
+    pub send_at: Option<String>,
     /// A subset of the policy's channels; all of them when absent.
     #[serde(default)]
     #[schema(min_items = 1, max_items = 16)]
@@ -149,7 +156,8 @@ pub struct ChannelResult {
     /// For `capped`: when the next message would be allowed (ms since the epoch, Redis clock).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub next_allowed_at: Option<u64>,
-    /// For `accepted` inside quiet hours: when its first attempt is due (ms since the epoch).
+    /// For `accepted` with a future `send_at` or inside quiet hours: when
+    /// its first attempt is due (ms since the epoch).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub scheduled_for: Option<u64>,
 }
@@ -239,7 +247,8 @@ pub(crate) struct TaskView {
     /// When a `retry_wait` task is due (ms).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub next_due: Option<u64>,
-    /// When quiet hours scheduled its first attempt (ms since the epoch).
+    /// When its first attempt is due, set by the event's `send_at` or by
+    /// quiet hours (ms since the epoch).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub scheduled_for: Option<u64>,
     /// The last error the sender reported.

@@ -129,6 +129,10 @@ fn routed(args: Args, event: Event) -> anyhow::Result<()> {
         template: None,
         params: &BTreeMap::new(),
         recipients: &recipients,
+        send_at_ms: None,
+        now_ms: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64),
     };
     let planned = plan(&snapshot, &config.channels, request)?;
     let answers = match &args.redis {

@@ -159,7 +159,8 @@ impl HostConfig {
         Ok(())
     }
 
-    /// The HTTP server's limits and the accepted years of `occurred_at`.
+    /// The HTTP server's limits, the accepted years of `occurred_at` and the
+    /// bounds of `send_at`.
     fn check_http_and_events(&self) -> Result<(), ConfigError> {
         if self.http.max_connections == 0 {
             return Err(invalid("http.max_connections", "must be at least 1"));
@@ -185,6 +186,9 @@ impl HostConfig {
                 "occurred_at_years",
                 "needs 1970 <= from <= to <= 9999",
             ));
+        }
+        if self.send_at.horizon < Duration::from_secs(1) {
+            return Err(invalid("send_at.horizon", "must be at least 1s"));
         }
         Ok(())
     }

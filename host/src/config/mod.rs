@@ -155,6 +155,11 @@ pub struct HostConfig {
     /// refused with 422 naming `occurred_at` (a typo, seconds sent as
     /// milliseconds).
     pub occurred_at_years: crate::event::YearRange,
+    /// How far from now an event's `send_at` may be, e.g.
+    /// `{ grace = "5m", horizon = "30d" }` (the default): more than `grace`
+    /// in the past or more than `horizon` ahead is refused with 422 naming
+    /// `send_at` and the bound.
+    pub send_at: crate::event::SendAtBounds,
     /// The HTTP listener: exposure, header timeout, connection cap.
     pub http: HttpConfig,
     /// Named frequency-cap groups (`[caps.marketing]`) that policies share
@@ -193,6 +198,7 @@ impl Default for HostConfig {
             reconcile: ReconcileConfig::default(),
             receipts: ReceiptsConfig::default(),
             occurred_at_years: crate::event::YearRange::default(),
+            send_at: crate::event::SendAtBounds::default(),
             http: HttpConfig::default(),
             caps: BTreeMap::new(),
         }

@@ -257,6 +257,32 @@ fn http_and_occurred_at_years_are_read_and_checked() {
 }
 
 #[test]
+fn send_at_bounds_are_read_defaulted_and_checked() {
+    let file = Path::new("pushonce.toml");
+    let c = HostConfig::parse(file, "").unwrap();
+    assert_eq!(c.send_at.grace, Duration::from_secs(300));
+    assert_eq!(c.send_at.horizon, Duration::from_secs(30 * 86400));
+    let c = HostConfig::parse(file, "send_at = { horizon = \"2d\" }\n").unwrap();
+    c.check().unwrap();
+    assert_eq!(c.send_at.horizon, Duration::from_secs(2 * 86400));
+    assert_eq!(
+        c.send_at.grace,
+        Duration::from_secs(300),
+        "grace keeps its default"
+    );
+    let c = HostConfig::parse(file, "send_at = { horizon = \"0s\" }\n").unwrap();
+    let err = c.check().unwrap_err().to_string();
+    assert!(
+        err.starts_with("send_at.horizon: must be at least 1s"),
+        "{err}"
+    );
+    let err = HostConfig::parse(file, "send_at = { horizn = \"2d\" }\n")
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("horizn"), "{err}");
+}
+
+#[test]
 fn reconcile_table_reads_durations_and_refuses_unknown_keys() {
     let c = HostConfig::parse(
             Path::new("pushonce.toml"),

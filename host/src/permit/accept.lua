@@ -2,7 +2,8 @@
 -- For each channel: take the permit of its idempotency key and enqueue its
 -- task, atomically, after the channel's frequency caps (if any) had room;
 -- quiet hours (if any) schedule the first attempt for their end instead of
--- enqueueing it. In Bloom mode (a channel's nbits > 0) no permit is taken:
+-- enqueueing it. An event with a later send_at is scheduled for then, and
+-- its caps and quiet hours are judged at send_at (t0 below), not now. In Bloom mode (a channel's nbits > 0) no permit is taken:
 -- the key's bits in the shard's Bloom filters answer duplicate, else they
 -- are set (see permit/bloom.rs).
 -- The event is stored once, in the event record, with the payload of each
@@ -14,7 +15,7 @@
 -- KEYS[4] index    {ns:shard}:event:<biz_type>:<biz_id>   (when ARGV[6] is '1')
 -- then per channel: its permit {ns:shard}:permit:<key>, its task
 --   {ns:shard}:task:<task-id>, its caps' zsets {ns:s}:cap:<name>:<subject>
---   (scored by accept time), and in Bloom mode the shard's filters of even
+--   (scored by send time: t0), and in Bloom mode the shard's filters of even
 --   and odd window periods {ns:shard}:bloom:<name>:<window>:<m>:<k>:0|1
 -- ARGV[1] the event record's id, or '' for a dry run: the answers this accept
 --         would get, nothing written (but a cap's expired entries, which any
@@ -23,6 +24,8 @@
 -- ARGV[3] the event (JSON), ARGV[4] what the channels share (JSON: biz_type,
 --         biz_id, policy, policy_version), ARGV[5] n, the number of channels,
 -- ARGV[6] '1' when KEYS[4] is the event index, else '0'
+-- ARGV[7] the event's send_at (ms since the epoch), or '' to send now; one
+--         not later than now is now
 -- then per channel: task id ('' in a dry run), window ms, number of caps,
 --   quiet hours ('' or '<offset ms>,<from ms>,<to ms>', local time of day),
 --   k (the key's bit positions in Bloom mode; 0: permit mode), the filter's
@@ -32,7 +35,7 @@
 --   retry_max_attempts, the channel, the retry schedule
 --   ('<initial ms>,<factor>,<max delay ms>,<jitter 0|1>') and the payload.
 -- Returns one answer per channel, in order: {'accepted', id, scheduled_for
--- or ''}, {'duplicate', owner id, owner status or ''} (Bloom mode:
+-- or ''} (scheduled_for: send_at, or the end of the quiet hours it is in), {'duplicate', owner id, owner status or ''} (Bloom mode:
 -- {'duplicate', '', ''}) or {'capped', cap name, next allowed ms}.
 local DAY = 86400000
 local record_id = ARGV[1]
@@ -46,7 +49,7 @@ end
 
 -- The channels' blocks of KEYS and ARGV, read into one table each.
 local channels = {}
-local a = 7
+local a = 8
 for i = 1, tonumber(ARGV[5]) do
   local c = {permit = KEYS[k], task = KEYS[k + 1], id = ARGV[a],
     window = tonumber(ARGV[a + 1]), ncaps = tonumber(ARGV[a + 2]),
@@ -97,36 +100,102 @@ local function span(kind, param, now)
   return local_now - (local_now % DAY) - param
 end
 
--- Drops what cap i of channel c no longer counts; returns {name, next
--- allowed} when it is full.
-local function full(c, i, now)
-  local key, name, kind, max, param = cap(c, i)
-  local since = span(kind, param, now)
-  if kind == 'r' then
-    redis.call('ZREMRANGEBYSCORE', key, '-inf', n2s(since))
-  else
-    redis.call('ZREMRANGEBYSCORE', key, '-inf', '(' .. n2s(since))
+-- The scores of cap set `key` in (lo, hi), ascending.
+local function scores(key, lo, hi)
+  local r = redis.call('ZRANGEBYSCORE', key, '(' .. n2s(lo), hi, 'WITHSCORES')
+  local xs = {}
+  for j = 2, #r, 2 do
+    xs[#xs + 1] = tonumber(r[j])
   end
-  local count = redis.call('ZCARD', key)
-  if count < max then
-    return nil
-  end
-  if kind == 'd' then
-    return {name, since + DAY}
-  end
-  -- Room again once all but max-1 of the counted messages left the window.
-  local oldest = redis.call('ZRANGE', key, count - max, count - max, 'WITHSCORES')
-  return {name, tonumber(oldest[2]) + param}
+  return xs
 end
 
--- Counts channel c's message in its cap i.
-local function count_in(c, i, now)
-  local key, _, kind, _, param = cap(c, i)
-  redis.call('ZADD', key, n2s(now), c.id)
+-- How many of xs (ascending) are at or below v.
+local function rank(xs, v)
+  local lo, hi = 1, #xs + 1
+  while lo < hi do
+    local mid = math.floor((lo + hi) / 2)
+    if xs[mid] <= v then
+      lo = mid + 1
+    else
+      hi = mid
+    end
+  end
+  return lo - 1
+end
+
+-- Whether a rolling cap of `max` per `period` has room for a message sent
+-- at t, the messages already counted sent at xs (ascending, holding at
+-- least every one in (t - period, t + period)): every window
+-- (s, s + period] holding t must hold fewer than max of them. The fullest
+-- such windows end at t or at a counted message in [t, t + period), so
+-- those are the ones checked.
+local function rolling_room(xs, t, period, max)
+  if rank(xs, t) - rank(xs, t - period) >= max then
+    return false
+  end
+  for j = rank(xs, t - 1) + 1, #xs do
+    local x = xs[j]
+    if x >= t + period then
+      break
+    end
+    if rank(xs, x) - rank(xs, x - period) >= max then
+      return false
+    end
+  end
+  return true
+end
+
+-- The first time after t0 a rolling cap has room: room comes back only when
+-- a counted message leaves a window, at its time + period, so those times
+-- are tried in order (at most 1000; the last message's time + period
+-- always has room).
+local function rolling_next(key, t0, period, max)
+  local xs = scores(key, t0 - period, '+inf')
+  for j = 1, math.min(#xs, 1000) do
+    local t = xs[j] + period
+    if t > t0 and rolling_room(xs, t, period, max) then
+      return t
+    end
+  end
+  return xs[#xs] + period
+end
+
+-- Drops what cap i of channel c counts for no send from now on; returns
+-- {name, next allowed} when it has no room for a message sent at t0
+-- (now, or a later send_at). A calendar cap counts the recipient's day
+-- holding t0; a rolling cap every window of its length holding t0.
+local function full(c, i, now, t0)
+  local key, name, kind, max, param = cap(c, i)
   if kind == 'r' then
-    redis.call('PEXPIREAT', key, n2s(now + param))
+    redis.call('ZREMRANGEBYSCORE', key, '-inf', n2s(now - param))
+    if rolling_room(scores(key, t0 - param, '(' .. n2s(t0 + param)), t0, param, max) then
+      return nil
+    end
+    return {name, rolling_next(key, t0, param, max)}
+  end
+  redis.call('ZREMRANGEBYSCORE', key, '-inf', '(' .. n2s(span(kind, param, now)))
+  local first = span(kind, param, t0)
+  local day = first
+  while redis.call('ZCOUNT', key, n2s(day), '(' .. n2s(day + DAY)) >= max do
+    day = day + DAY
+  end
+  if day == first then
+    return nil
+  end
+  return {name, day}
+end
+
+-- Counts channel c's message, sent at t0, in its cap i; the set lives as
+-- long as its latest message counts (never shortened: a scheduled message
+-- may be counted after a later one).
+local function count_in(c, i, t0)
+  local key, _, kind, _, param = cap(c, i)
+  redis.call('ZADD', key, n2s(t0), c.id)
+  if kind == 'r' then
+    extend_or_set(key, t0 + param)
   else
-    redis.call('PEXPIREAT', key, n2s(span(kind, param, now) + DAY))
+    extend_or_set(key, span(kind, param, t0) + DAY)
   end
 end
 
@@ -150,10 +219,11 @@ local function quiet_end(c, now)
   return now + (to - t) % DAY
 end
 
--- The first cap of channel c with no room, as the answer: {'capped', name, next allowed}.
-local function capped(c, now)
+-- The first cap of channel c with no room at t0, as the answer: {'capped',
+-- name, next allowed}.
+local function capped(c, now, t0)
   for i = 1, c.ncaps do
-    local f = full(c, i, now)
+    local f = full(c, i, now, t0)
     if f then
       return {'capped', f[1], n2s(f[2])}
     end
@@ -162,14 +232,26 @@ local function capped(c, now)
 end
 
 -- Ids of the tasks this call created (for the event index and the record),
--- and their payloads as the record's field/value pairs.
+-- and their payloads as the record's field/value pairs; the latest first
+-- attempt scheduled (the event index lives a window and retention past it).
 local created = {}
 local payloads = {}
+local latest_due = 0
 
--- Writes channel c's task and enqueues it (or schedules it after the quiet
--- hours), puts its payload in the event record and counts it in the caps;
--- `permit` is false in Bloom mode.
-local function enqueue(c, now, permit)
+-- When channel c's first attempt is due, if not now: the end of the quiet
+-- hours t0 falls in, else t0 when it is later than now (send_at); else nil.
+local function due_of(c, now, t0)
+  local due = quiet_end(c, t0)
+  if not due and t0 > now then
+    due = t0
+  end
+  return due
+end
+
+-- Writes channel c's task and enqueues it (or schedules it for send_at or
+-- after the quiet hours), puts its payload in the event record and counts
+-- it in the caps at t0; `permit` is false in Bloom mode.
+local function enqueue(c, now, t0, permit)
   local at = n2s(now)
   redis.call('HSET', c.task, 'status', 'queued', 'accepted_at', at, 'updated_at', at,
     'attempts', '0', 'window_ms', n2s(c.window), 'event_index', index or '', 'key', c.key,
@@ -181,9 +263,12 @@ local function enqueue(c, now, permit)
   -- Its payload goes into the event record with the event, in one HSET below.
   payloads[#payloads + 1] = 'p:' .. c.id
   payloads[#payloads + 1] = c.payload
-  local due = quiet_end(c, now)
+  local due = due_of(c, now, t0)
   if due then
-    -- Held back until the quiet time ends; the retry scheduler promotes it.
+    -- Held back until send_at or the end of the quiet time; the retry
+    -- scheduler promotes it. The permit's window starts then (lib.lua's
+    -- window_end).
+    latest_due = math.max(latest_due, due)
     redis.call('HSET', c.task, 'scheduled_for', n2s(due), 'next_due', n2s(due))
     redis.call('ZADD', KEYS[2], n2s(due), c.id)
     if permit then
@@ -193,24 +278,25 @@ local function enqueue(c, now, permit)
     redis.call('XADD', KEYS[1], '*', 'task', c.id, 'key', c.key)
   end
   for i = 1, c.ncaps do
-    count_in(c, i, now)
+    count_in(c, i, t0)
   end
   created[#created + 1] = c.id
   return {'accepted', c.id, due and n2s(due) or ''}
 end
 
 -- A dry run's answer once nothing holds the message back: accepted, and
--- when quiet hours would defer it, when.
-local function dry_accepted(c, now)
-  local due = quiet_end(c, now)
+-- when send_at or quiet hours would defer it, when.
+local function dry_accepted(c, now, t0)
+  local due = due_of(c, now, t0)
   return {'accepted', '', due and n2s(due) or ''}
 end
 
 -- Bloom mode: the filter of this window period and of the previous one
 -- (the one of two periods ago has expired: each expires at the end of the
 -- period after its own). A key seen in either is a duplicate, so a re-post
--- within one window is always caught; bits are set in the current one.
-local function bloom_accept(c, now)
+-- within one window is always caught; bits are set in the current one
+-- (the API refuses a send_at more than a window ahead in Bloom mode).
+local function bloom_accept(c, now, t0)
   if redis.call('EXISTS', c.task) == 1 then
     -- The same request again (its first answer was lost): same answer.
     return {'accepted', c.id, redis.call('HGET', c.task, 'scheduled_for') or ''}
@@ -221,30 +307,30 @@ local function bloom_accept(c, now)
   if bloom_has(previous, c.bits, c.nbits) or bloom_has(current, c.bits, c.nbits) then
     return {'duplicate', '', ''}
   end
-  local r = capped(c, now)
+  local r = capped(c, now, t0)
   if r then
     return r
   end
   if c.id == '' then
-    return dry_accepted(c, now)
+    return dry_accepted(c, now, t0)
   end
   bloom_create(current, c.bytes)
   bloom_add(current, c.bits, c.nbits)
   redis.call('PEXPIREAT', current, n2s((period + 2) * c.window - 1))
-  return enqueue(c, now, false)
+  return enqueue(c, now, t0, false)
 end
 
--- Channel c's answer (permit mode unless its nbits > 0).
-local function accept(c, now)
+-- Channel c's answer (permit mode unless its nbits > 0), sent at t0.
+local function accept(c, now, t0)
   if c.nbits > 0 then
-    return bloom_accept(c, now)
+    return bloom_accept(c, now, t0)
   end
   if c.ncaps > 0 then
     local owner = redis.call('GET', c.permit)
     if owner then
       return held(c, owner)
     end
-    local r = capped(c, now)
+    local r = capped(c, now, t0)
     if r then
       return r
     end
@@ -255,19 +341,21 @@ local function accept(c, now)
     if owner then
       return held(c, owner)
     end
-    return dry_accepted(c, now)
+    return dry_accepted(c, now, t0)
   end
   if not redis.call('SET', c.permit, c.id, 'NX', 'PX', c.window) then
     return held(c, redis.call('GET', c.permit))
   end
-  return enqueue(c, now, true)
+  return enqueue(c, now, t0, true)
 end
 
 local now = now_ms()
+-- When the event is sent: its send_at when later than now.
+local t0 = math.max(now, tonumber(ARGV[7]) or 0)
 local answers = {}
 local longest = 0
 for i, c in ipairs(channels) do
-  answers[i] = accept(c, now)
+  answers[i] = accept(c, now, t0)
   longest = math.max(longest, c.window)
 end
 if #created > 0 then
@@ -278,7 +366,7 @@ if #created > 0 then
     redis.call('SADD', index, unpack(created))
     -- extend_or_set in two calls at most, one for a new index (no PTTL):
     -- NX gives an expiry to an index without one; GT only pushes one later.
-    local until_ms = n2s(now + longest + retention)
+    local until_ms = n2s(math.max(now, latest_due) + longest + retention)
     if redis.call('PEXPIREAT', index, until_ms, 'NX') == 0 then
       redis.call('PEXPIREAT', index, until_ms, 'GT')
     end

@@ -52,6 +52,11 @@ pub struct AcceptRequest {
     /// recipient's shard, with every other channel of the event for that
     /// user and the user's caps; otherwise in the shard of the key.
     pub recipient: Option<String>,
+    /// When the event asked to be sent (ms since the epoch; the event's
+    /// `send_at`), `None`: now. A later time schedules the first attempt
+    /// then, and the caps and quiet hours are judged at it; the permit lasts
+    /// at least until it plus the window. The same for every channel of one event.
+    pub send_at_ms: Option<u64>,
 }
 
 /// The answer to an accept.
@@ -69,8 +74,10 @@ pub enum Acceptance {
         /// Its status; `None` if its record already expired (retention shorter than the window).
         status: Option<TaskStatus>,
     },
-    /// Accepted inside quiet hours: the task's first attempt waits until
-    /// `scheduled_for_ms` (it sits in the shard's delayed set, not the stream).
+    /// Accepted with a later `send_at`, or inside quiet hours: the task's
+    /// first attempt waits until `scheduled_for_ms` (it sits in the shard's
+    /// delayed set, not the stream): the request's `send_at_ms`, or the end
+    /// of the quiet hours that time falls in.
     Deferred {
         /// The new task's id (the permit's value).
         task_id: String,
@@ -150,6 +157,8 @@ struct AcceptArgs<'a> {
     event: &'a str,
     /// ARGV[4]: what the channels share ([`meta_json`]).
     meta: String,
+    /// ARGV[7]: the event's send_at (ms), `None`: now.
+    send_at_ms: Option<u64>,
     /// The channels, in the order of their answers.
     channels: Vec<ChannelArgs<'a>>,
 }
@@ -219,6 +228,7 @@ impl<'a> AcceptArgs<'a> {
             retention_ms: millis(config.retention),
             event: &first.event_json,
             meta: meta_json(first),
+            send_at_ms: first.send_at_ms,
             channels: reqs
                 .iter()
                 .map(|req| ChannelArgs::new(layout, req, shard, new_id()))
@@ -241,7 +251,8 @@ impl Transition for AcceptArgs<'_> {
             .arg(self.event)
             .arg(&*self.meta)
             .num(self.channels.len() as u64)
-            .flag(self.event_index.is_some());
+            .flag(self.event_index.is_some())
+            .arg(self.send_at_ms.map(|ms| ms.to_string()).unwrap_or_default());
         for c in &self.channels {
             let (hashes, bytes, positions) = match &c.bloom {
                 Some((hashes, bytes, positions)) => (*hashes, *bytes, positions.as_slice()),
@@ -339,17 +350,25 @@ impl Permits {
     }
 
     /// `reqs` grouped into script calls: the channels of one event (the same
-    /// `event_json` text, shared or equal, and business ids) that land in one
-    /// shard, each with its position in `reqs`; groups in order of first appearance.
+    /// `event_json` text, shared or equal, business ids and `send_at_ms`)
+    /// that land in one shard, each with its position in `reqs`; groups in
+    /// order of first appearance.
     fn group_by_event<'r>(
         &self,
         reqs: impl IntoIterator<Item = &'r AcceptRequest>,
     ) -> Vec<(u16, Vec<(usize, &'r AcceptRequest)>)> {
         let mut groups: Vec<(u16, Vec<(usize, &'r AcceptRequest)>)> = Vec::new();
-        let mut by_event: HashMap<(u16, &'r str, &'r str, &'r str), usize> = HashMap::new();
+        type EventOf<'r> = (u16, &'r str, &'r str, &'r str, Option<u64>);
+        let mut by_event: HashMap<EventOf<'r>, usize> = HashMap::new();
         for (i, req) in reqs.into_iter().enumerate() {
             let shard = self.shard_of_request(req);
-            let event = (shard, &*req.event_json, &*req.biz_type, &*req.biz_id);
+            let event = (
+                shard,
+                &*req.event_json,
+                &*req.biz_type,
+                &*req.biz_id,
+                req.send_at_ms,
+            );
             match by_event.get(&event) {
                 Some(&g) => groups[g].1.push((i, req)),
                 None => {

@@ -38,6 +38,8 @@ impl Permits {
             // The same recipient as the task's, so the fallback's key lands in
             // the shard a direct accept of it would take.
             recipient: recipient_of(&task.event_json),
+            // Sent now: the task it stands in for was due already.
+            send_at_ms: None,
         };
         let answer = self.accept(&req).await?;
         tracing::info!(task = %task.id, fallback = %answer.task_id(), channel = %fallback.channel, "fallback accepted");

@@ -25,11 +25,12 @@ local function extend_or_set(key, at)
 end
 
 -- When the permit of a task that ended keeps to: the whole window from
--- accept, and never a time already past (that would be a silent DEL).
+-- accept, or from its scheduled first attempt (send_at, quiet hours) when
+-- later, and never a time already past (that would be a silent DEL).
 local function window_end(task, now)
-  local accepted = tonumber(redis.call('HGET', task, 'accepted_at') or '0')
-  local window = tonumber(redis.call('HGET', task, 'window_ms') or '0')
-  return math.max(accepted + window, now + 1)
+  local t = redis.call('HMGET', task, 'accepted_at', 'window_ms', 'scheduled_for')
+  local start = math.max(tonumber(t[1] or '0'), tonumber(t[3] or '0'))
+  return math.max(start + tonumber(t[2] or '0'), now + 1)
 end
 
 -- Gives an ended task's event index at least `retention` more life.

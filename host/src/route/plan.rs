@@ -36,6 +36,11 @@ pub(crate) struct PlanRequest<'a> {
     pub params: &'a BTreeMap<String, String>,
     /// The address per channel.
     pub recipients: &'a BTreeMap<String, String>,
+    /// When to send (ms since the epoch), already checked against the
+    /// host's bounds; `None`: now.
+    pub send_at_ms: Option<u64>,
+    /// The host's clock when the request came (ms since the epoch).
+    pub now_ms: u64,
 }
 
 /// Why an event cannot be planned.
@@ -227,11 +232,14 @@ impl ChannelPlanner<'_> {
         let payload = self.payload(&channel, None, 0)?;
         let payload = serde_json::to_string(&payload).map_err(PlanError::PayloadJson)?;
         let meta = self.plugin.meta();
+        let window = self.window(&channel, &derived);
+        let gate = self.gate(&channel, &derived.key)?;
+        self.check_send_at(&channel, &gate, window)?;
         Ok(Planned {
             request: AcceptRequest {
                 key: derived.key.clone(),
                 channel: channel.clone(),
-                window: self.window(&channel, &derived),
+                window,
                 biz_type: self.event.biz_type.clone(),
                 biz_id: self.event.biz_id.clone(),
                 event_json: event_text.clone(),
@@ -239,11 +247,35 @@ impl ChannelPlanner<'_> {
                 policy_name: meta.name.clone(),
                 policy_version: meta.version.to_string(),
                 retry: self.retry(&channel),
-                gate: self.gate(&channel, &derived.key)?,
+                gate,
                 recipient: Some(self.event.user_id.clone()),
+                send_at_ms: self.req.send_at_ms,
             },
             channel,
         })
+    }
+
+    /// A `send_at` later than one window from now is refused on a Bloom-mode
+    /// channel: its filter remembers a key for about one window from the
+    /// accept, so a re-post between then and `send_at` would be accepted again.
+    fn check_send_at(&self, channel: &str, gate: &Gate, window: Duration) -> Result<(), PlanError> {
+        let Some(at) = self.req.send_at_ms else {
+            return Ok(());
+        };
+        let window_ms = u64::try_from(window.as_millis()).unwrap_or(u64::MAX);
+        if gate.bloom.is_some() && at > self.req.now_ms.saturating_add(window_ms) {
+            return Err(PlanError::invalid(
+                "send_at",
+                format!(
+                    "channel `{channel}` of {} deduplicates with a Bloom filter, which \
+                     remembers a key for one window ({}) from its accept: send_at may be \
+                     at most that far ahead",
+                    self.event.biz_type,
+                    humantime::format_duration(window)
+                ),
+            ));
+        }
+        Ok(())
     }
 
     /// The caps this channel's message (under `key`) counts against and its

@@ -287,6 +287,7 @@ async fn api_state(
         eviction: eviction_guard(config),
         limits: ApiLimits {
             occurred_at_years: config.occurred_at_years,
+            send_at: config.send_at,
             ..options.limits
         },
         api_token: token(env, config.auth.api_token_env.as_deref(), "/v1"),

@@ -212,6 +212,50 @@ async fn an_event_with_send_at_is_sent_once_and_not_before() {
     );
 }
 
+/// A scheduled send cancelled before its `send_at` never reaches the
+/// provider: an event for another user scheduled for the same time
+/// arrives, the cancelled one does not, and its task says `cancelled`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_scheduled_send_cancelled_before_send_at_is_never_sent() {
+    let redis = RedisServer::start().await.unwrap();
+    let sim = providers::sim().await;
+    let dir = tempfile::tempdir().unwrap();
+    let host = serve(&redis, &sim, dir.path(), "").await;
+    let at = json!({"send_at": rfc3339(now_ms() + 3000)});
+    let cancelled = post_one(&host, &event("REMINDER", "r-cancel", at.clone())).await;
+    assert_eq!(cancelled["result"], "accepted", "{cancelled}");
+    let mut control = event("REMINDER", "r-control", at);
+    control["user_id"] = json!("u-8");
+    let kept = post_one(&host, &control).await;
+    assert_eq!(kept["result"], "accepted", "{kept}");
+
+    let answer = host
+        .post("/v1/events/REMINDER/r-cancel/cancel", &json!({}))
+        .await
+        .unwrap();
+    assert_eq!(answer.status, 200, "{}", answer.body);
+    assert_eq!(
+        answer.body["channels"][0]["result"], "cancelled",
+        "{}",
+        answer.body
+    );
+
+    wait_until(Duration::from_secs(20), || async {
+        !sim.ledger("inbox").is_empty()
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}: the control was not sent; host log:\n{}", host.log()));
+    let id = cancelled["task_id"].as_str().unwrap();
+    let view = host.get(&format!("/v1/tasks/{id}")).await.unwrap();
+    assert_eq!(view.body["status"], "cancelled", "{}", view.body);
+    let recipients: Vec<String> = sim
+        .ledger("inbox")
+        .iter()
+        .map(|m| m.recipient.clone())
+        .collect();
+    assert_eq!(recipients, ["u-8"], "only the event not cancelled was sent");
+}
+
 /// Quiet hours 22:00–08:00 are judged at `send_at`: a `send_at` at 23:00
 /// local (accepted at 20:00, outside them) is scheduled for the next 08:00;
 /// one at 09:00 local, accepted at 07:00 inside them, is scheduled for the
@@ -287,11 +331,18 @@ async fn quiet_hours_are_judged_at_send_at() {
         Some(next_eight(now_ms(), offset)),
         "07:00 local is inside them: {unscheduled}"
     );
-    assert!(
-        sim.ledger("inbox").is_empty(),
-        "nothing is due yet: {:?}",
-        sim.ledger("inbox")
-    );
+    // q-0 (20:00 local) goes out now; the three deferred ones wait.
+    wait_until(Duration::from_secs(20), || async {
+        !sim.ledger("inbox").is_empty()
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}: q-0 was not sent; host log:\n{}", host.log()));
+    assert_eq!(sim.ledger("inbox").len(), 1, "{:?}", sim.ledger("inbox"));
+    for r in [&night, &morning, &unscheduled] {
+        let id = r["task_id"].as_str().unwrap();
+        let view = host.get(&format!("/v1/tasks/{id}")).await.unwrap();
+        assert_eq!(view.body["status"], "queued", "not due yet: {}", view.body);
+    }
 }
 
 /// Caps are judged at `send_at`. A cap of 1 a day: one event now and one

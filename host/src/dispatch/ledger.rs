@@ -10,7 +10,7 @@
 use std::time::Duration;
 
 use super::{DispatchContext, pause};
-use crate::ledger::{Claim, ClaimAnswer, now_ms, recipient_digest};
+use crate::ledger::{Claim, ClaimAnswer, now_ms};
 use crate::permit::{Attempt, Outcome};
 
 /// One attempt's answer of [`claim_batch`].
@@ -44,7 +44,10 @@ pub(crate) async fn claim_batch(shared: &DispatchContext, attempts: &[&Attempt])
             .map(|_| Claimed::Ours { first: false })
             .collect();
     };
-    let claims: Vec<Claim> = attempts.iter().map(|a| claim_of(a)).collect();
+    let claims: Vec<Claim> = attempts
+        .iter()
+        .map(|a| a.task.claim(&a.task_id, a.number, now_ms()))
+        .collect();
     let mut wait = Duration::from_millis(20);
     loop {
         match ledger.claim_all(&claims).await {
@@ -72,37 +75,6 @@ pub(crate) async fn claim_batch(shared: &DispatchContext, attempts: &[&Attempt])
             }
         }
     }
-}
-
-/// The claim of an attempt.
-fn claim_of(attempt: &Attempt) -> Claim {
-    let task = &attempt.task;
-    let user = serde_json::from_str::<serde_json::Value>(&task.event_json)
-        .ok()
-        .and_then(|v| v.get("user_id").and_then(|u| u.as_str()).map(str::to_owned))
-        .unwrap_or_default();
-    let now = now_ms();
-    Claim {
-        key: task.key.clone(),
-        task_id: attempt.task_id.clone(),
-        channel: task.channel.clone(),
-        policy: format!("{}@{}", task.policy_name, task.policy_version),
-        recipient_digest: recipient_digest(&user),
-        biz_type: task.biz_type.clone(),
-        biz_id: task.biz_id.clone(),
-        attempt: attempt.number,
-        now_ms: now,
-        window_ends_ms: window_end(task, now),
-    }
-}
-
-/// When the window of the attempt's key ends: a window from now, or from
-/// the accept if Redis's clock put that later. The permit lives at most that
-/// long unless held (a retry's or a requeue's claim pushes the end again).
-fn window_end(task: &crate::permit::Task, now: i64) -> i64 {
-    let window = i64::try_from(task.window_ms).unwrap_or(i64::MAX);
-    let accepted = i64::try_from(task.accepted_at_ms).unwrap_or(i64::MAX);
-    now.max(accepted).saturating_add(window)
 }
 
 /// Writes the outcome of an attempt to the ledger, when there is one

@@ -135,37 +135,46 @@ impl Permits {
     /// task's own row, if any, goes and the task keeps Redis's retention as
     /// its only record. Errors are logged.
     pub(crate) async fn note_cancelled(&self, ledger: &Ledger, task: &Task, fate: PermitFate) {
-        let user = serde_json::from_str::<serde_json::Value>(&task.event_json)
-            .ok()
-            .and_then(|v| v.get("user_id").and_then(|u| u.as_str()).map(str::to_owned))
-            .unwrap_or_default();
-        let now = now_ms();
-        let window = i64::try_from(task.window_ms).unwrap_or(i64::MAX);
-        let accepted = i64::try_from(task.accepted_at_ms).unwrap_or(i64::MAX);
-        // A first attempt that quiet hours held back counts its window from their end.
-        let scheduled = task
-            .fields
-            .get("scheduled_for")
-            .and_then(|s| s.parse::<i64>().ok())
-            .unwrap_or(0);
-        let row = Claim {
-            key: task.key.clone(),
-            task_id: task.id.clone(),
-            channel: task.channel.clone(),
-            policy: format!("{}@{}", task.policy_name, task.policy_version),
-            recipient_digest: recipient_digest(&user),
-            biz_type: task.biz_type.clone(),
-            biz_id: task.biz_id.clone(),
-            attempt: 0,
-            now_ms: now,
-            window_ends_ms: now.max(accepted).max(scheduled).saturating_add(window),
-        };
+        let row = task.claim(&task.id, 0, now_ms());
         let keeps_key = fate == PermitFate::Kept;
         if !ledger.write_cancelled(&row, !keeps_key).await || !keeps_key {
             return;
         }
         if let Err(e) = self.forget(task, "cancelled").await {
             tracing::warn!(task = %task.id, error = %e, "could not let the cancelled task leave Redis; it keeps the retention");
+        }
+    }
+}
+
+impl Task {
+    /// This task's ledger row for `attempt` (0: none, a cancel) at `now`,
+    /// as `task_id`: the key, who and what it is for, and the end of its
+    /// window, counted from the latest of now, the accept and the first
+    /// attempt's schedule (quiet hours or `send_at`), as `lib.lua`'s
+    /// `window_end` counts the permit's.
+    pub(crate) fn claim(&self, task_id: &str, attempt: u32, now: i64) -> Claim {
+        let user = serde_json::from_str::<serde_json::Value>(&self.event_json)
+            .ok()
+            .and_then(|v| v.get("user_id").and_then(|u| u.as_str()).map(str::to_owned))
+            .unwrap_or_default();
+        let window = i64::try_from(self.window_ms).unwrap_or(i64::MAX);
+        let accepted = i64::try_from(self.accepted_at_ms).unwrap_or(i64::MAX);
+        let scheduled = self
+            .fields
+            .get("scheduled_for")
+            .and_then(|s| s.parse::<i64>().ok())
+            .unwrap_or(0);
+        Claim {
+            key: self.key.clone(),
+            task_id: task_id.to_string(),
+            channel: self.channel.clone(),
+            policy: format!("{}@{}", self.policy_name, self.policy_version),
+            recipient_digest: recipient_digest(&user),
+            biz_type: self.biz_type.clone(),
+            biz_id: self.biz_id.clone(),
+            attempt,
+            now_ms: now,
+            window_ends_ms: now.max(accepted).max(scheduled).saturating_add(window),
         }
     }
 }

@@ -393,6 +393,7 @@ fn gate_of(tag: &str, user: &str) -> pushonce::permit::Gate {
         }],
         quiet: None,
         bloom: None,
+        digest: None,
     }
 }
 

@@ -101,7 +101,7 @@ impl QuietSpec {
 }
 
 /// `HH:MM` as ms after midnight.
-fn parse_clock(text: &str) -> Result<i64, String> {
+pub(crate) fn parse_clock(text: &str) -> Result<i64, String> {
     let bad = || format!("`{text}` is not a time of day `HH:MM` (00:00 to 23:59)");
     let (h, m) = text.split_once(':').ok_or_else(bad)?;
     if h.len() != 2 || m.len() != 2 {

@@ -16,8 +16,13 @@ pub const CAPPED: &str = "pushonce_capped_total";
 /// Channels accepted inside quiet hours (first attempt scheduled for their end), by channel.
 pub const QUIET_DEFERRED: &str = "pushonce_quiet_deferred_total";
 /// Channels accepted with a later `send_at` (first attempt scheduled then),
-/// by channel; one whose `send_at` falls in quiet hours counts as quiet deferred.
+/// or opening a digest (first attempt at its due time), by channel; one whose
+/// `send_at` falls in quiet hours counts as quiet deferred.
 pub const SCHEDULED: &str = "pushonce_scheduled_total";
+/// Events added to an open digest (the policy's `[digest]`) instead of
+/// getting a task of their own, by channel. The event that opens a digest
+/// counts as accepted.
+pub const DIGESTED: &str = "pushonce_digested_total";
 /// Requests refused or failed, by HTTP status.
 pub const REFUSED: &str = "pushonce_http_refused_total";
 /// Seconds of one pipelined accept (all channels of a request).
@@ -44,6 +49,7 @@ pub const PER_CHANNEL: &[&str] = &[
     DUPLICATES,
     QUIET_DEFERRED,
     SCHEDULED,
+    DIGESTED,
     SENT,
     DELIVERED,
     FAILED,

@@ -52,6 +52,7 @@ fn capped_by(c: &CapCheck) -> Gate {
         caps: vec![c.clone()],
         quiet: None,
         bloom: None,
+        digest: None,
     }
 }
 
@@ -259,6 +260,7 @@ async fn quiet_hours_schedule_the_first_attempt_for_their_end() {
             to_ms: 8 * hour,
         }),
         bloom: None,
+        digest: None,
     };
     let answer = permits.accept(&gated("q-night", night)).await.unwrap();
     let Acceptance::Deferred {
@@ -302,6 +304,7 @@ async fn quiet_hours_schedule_the_first_attempt_for_their_end() {
             to_ms: (t + 1500).rem_euclid(DAY_MS),
         }),
         bloom: None,
+        digest: None,
     };
     let answer = permits.accept(&gated("q-soon", soon)).await.unwrap();
     let Acceptance::Deferred {

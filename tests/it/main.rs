@@ -20,6 +20,7 @@ mod channel_outbound;
 mod channels;
 mod cluster;
 mod contract;
+mod digest;
 mod dispatch;
 mod dispatch_batch;
 mod dist;

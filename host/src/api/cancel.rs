@@ -123,7 +123,10 @@ pub(crate) async fn cancel_event(
         if !wanted(&view) {
             continue;
         }
-        let answer = state.permits.cancel(&id, req.release_permit).await?;
+        let answer = state
+            .permits
+            .cancel(&id, &biz_id, req.release_permit)
+            .await?;
         let item = |result: &str, status: TaskStatus, permit: Option<PermitFate>| ChannelCancel {
             channel: task.channel.clone(),
             task_id: id.clone(),
@@ -138,6 +141,11 @@ pub(crate) async fn cancel_event(
                 if let Some(ledger) = &state.ledger {
                     state.permits.note_cancelled(ledger, &task, fate).await;
                 }
+                channels.push(item("cancelled", TaskStatus::Cancelled, Some(fate)));
+            }
+            Cancel::Removed(fate) => {
+                metrics::counter!(names::CANCELLED, "channel" => task.channel.clone()).increment(1);
+                tracing::info!(task = %id, channel = %task.channel, biz_id = %biz_id, "taken out of its digest before the digest's first attempt");
                 channels.push(item("cancelled", TaskStatus::Cancelled, Some(fate)));
             }
             Cancel::TooLate(TaskStatus::Cancelled) => {

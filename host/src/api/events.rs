@@ -454,7 +454,7 @@ fn count_dedup_answer(planned: &crate::route::plan::Planned, answer: &Acceptance
     let kind = match answer {
         Acceptance::Accepted { .. } | Acceptance::Deferred { .. } => "accepted",
         Acceptance::Duplicate { .. } => "duplicate",
-        Acceptance::Capped { .. } => return,
+        Acceptance::Capped { .. } | Acceptance::Digested { .. } => return,
     };
     let mode = match planned.request.gate.bloom {
         Some(_) => "bloom",
@@ -490,14 +490,25 @@ fn channel_result(planned: &crate::route::plan::Planned, answer: Acceptance) -> 
         } => {
             metrics::counter!(crate::metric_names::ACCEPTED, "channel" => channel.clone())
                 .increment(1);
-            // Scheduled for the send_at itself, or for the end of the quiet
-            // hours it (or now) fell in.
-            let by = if planned.request.send_at_ms == Some(scheduled_for_ms) {
+            // Scheduled for the send_at itself or a digest's due time, or
+            // for the end of the quiet hours it (or now) fell in.
+            let by = if planned.request.send_at_ms == Some(scheduled_for_ms)
+                || planned.request.gate.digest.is_some()
+            {
                 crate::metric_names::SCHEDULED
             } else {
                 crate::metric_names::QUIET_DEFERRED
             };
             metrics::counter!(by, "channel" => channel).increment(1);
+            result.task_id = task_id;
+            result.scheduled_for = Some(scheduled_for_ms);
+        }
+        Acceptance::Digested {
+            task_id,
+            scheduled_for_ms,
+        } => {
+            metrics::counter!(crate::metric_names::DIGESTED, "channel" => channel).increment(1);
+            result.result = ResultKind::Digested;
             result.task_id = task_id;
             result.scheduled_for = Some(scheduled_for_ms);
         }

@@ -162,7 +162,7 @@ pub struct ChannelResult {
     pub scheduled_for: Option<u64>,
 }
 
-/// Accepted, duplicate or capped.
+/// Accepted, digested, duplicate or capped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, ToSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum ResultKind {
@@ -170,6 +170,9 @@ pub enum ResultKind {
     Accepted,
     /// An earlier task holds the permit; nothing new was created.
     Duplicate,
+    /// Added to the open digest under its key (the policy's `[digest]`):
+    /// `task_id` is the digest's task, `scheduled_for` when it is sent.
+    Digested,
     /// A frequency cap had no room: nothing was created (`cap`, `next_allowed_at`).
     Capped,
 }

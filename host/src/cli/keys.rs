@@ -201,6 +201,15 @@ fn answer_text(answer: &Acceptance) -> String {
         } => {
             format!("accepted, first attempt at {}", when(*scheduled_for_ms))
         }
+        Acceptance::Digested {
+            task_id,
+            scheduled_for_ms,
+        } => {
+            format!(
+                "digested into {task_id}, sent at {}",
+                when(*scheduled_for_ms)
+            )
+        }
         Acceptance::Duplicate { task_id, .. } if task_id.is_empty() => {
             "duplicate (its key is in the bloom filter)".into()
         }

@@ -16,7 +16,9 @@
 -- then per channel: its permit {ns:shard}:permit:<key>, its task
 --   {ns:shard}:task:<task-id>, its caps' zsets {ns:s}:cap:<name>:<subject>
 --   (scored by send time: t0), and in Bloom mode the shard's filters of even
---   and odd window periods {ns:shard}:bloom:<name>:<window>:<m>:<k>:0|1
+--   and odd window periods {ns:shard}:bloom:<name>:<window>:<m>:<k>:0|1,
+--   and with a digest the key's digest head {ns:shard}:digest:<key> (hash:
+--   task, gen) and the event's item mark {ns:shard}:digested:<key>:<item id>
 -- ARGV[1] the event record's id, or '' for a dry run: the answers this accept
 --         would get, nothing written (but a cap's expired entries, which any
 --         accept drops)
@@ -33,10 +35,15 @@
 --   ('r' rolling window, 'd' calendar day), max, window ms (kind r) or the
 --   recipient's UTC offset ms (kind d); then the idempotency key,
 --   retry_max_attempts, the channel, the retry schedule
---   ('<initial ms>,<factor>,<max delay ms>,<jitter 0|1>') and the payload.
+--   ('<initial ms>,<factor>,<max delay ms>,<jitter 0|1>'), the payload, the
+--   digest ('' or 'w,<ms>,<max items>,<n|d>' or
+--   'a,<offset ms>,<time of day ms>,<max items>,<n|d>'; n: after the
+--   digest began a new event opens the next one, d: it is a duplicate), the
+--   event's item id and the item (JSON; both '' without a digest).
 -- Returns one answer per channel, in order: {'accepted', id, scheduled_for
 -- or ''} (scheduled_for: send_at, or the end of the quiet hours it is in), {'duplicate', owner id, owner status or ''} (Bloom mode:
--- {'duplicate', '', ''}) or {'capped', cap name, next allowed ms}.
+-- {'duplicate', '', ''}), {'capped', cap name, next allowed ms} or
+-- {'digested', digest task id, scheduled_for} (added to the open digest).
 local DAY = 86400000
 local record_id = ARGV[1]
 local retention = tonumber(ARGV[2])
@@ -68,7 +75,22 @@ for i = 1, tonumber(ARGV[5]) do
   end
   c.key, c.max_attempts, c.channel, c.retry, c.payload =
     ARGV[a], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3], ARGV[a + 4]
-  a = a + 5
+  if ARGV[a + 5] ~= '' then
+    local d = {}
+    for part in string.gmatch(ARGV[a + 5], '[^,]+') do
+      d[#d + 1] = part
+    end
+    c.head, c.mark = KEYS[k], KEYS[k + 1]
+    k = k + 2
+    c.dkind, c.dx = d[1], tonumber(d[2])
+    if c.dkind == 'a' then
+      c.dy = tonumber(d[3])
+      table.remove(d, 3)
+    end
+    c.dmax, c.dafter = tonumber(d[3]), d[4]
+    c.item_id, c.item = ARGV[a + 6], ARGV[a + 7]
+  end
+  a = a + 8
   channels[i] = c
 end
 
@@ -237,6 +259,8 @@ end
 local created = {}
 local payloads = {}
 local latest_due = 0
+-- Ids for the event index: the tasks created, and the digests this event joined.
+local indexed = {}
 
 -- When channel c's first attempt is due, if not now: the end of the quiet
 -- hours t0 falls in, else t0 when it is later than now (send_at); else nil.
@@ -281,6 +305,7 @@ local function enqueue(c, now, t0, permit)
     count_in(c, i, t0)
   end
   created[#created + 1] = c.id
+  indexed[#indexed + 1] = c.id
   return {'accepted', c.id, due and n2s(due) or ''}
 end
 
@@ -320,8 +345,100 @@ local function bloom_accept(c, now, t0)
   return enqueue(c, now, t0, false)
 end
 
+-- Digest: when a digest that channel c's event opens at t0 is due: the
+-- window after it, or the first local time of day `at` after it.
+local function digest_due(c, t0)
+  if c.dkind == 'w' then
+    return t0 + c.dx
+  end
+  return t0 + (c.dy - (t0 + c.dx) % DAY) % DAY
+end
+
+-- Digest: adds channel c's event as an item of open digest `open` (task
+-- hash `otask`): counted in `items`, its JSON kept in the digest's event
+-- record under its place (`i:<digest id>:<seq>`) while the digest carries fewer than
+-- max items; the item mark names the digest (and this request) for as
+-- long as the digest's head lives.
+local function digest_append(c, open, otask, scheduled)
+  redis.call('HINCRBY', otask, 'items', 1)
+  local seq = redis.call('HINCRBY', otask, 'dseq', 1)
+  if seq <= c.dmax then
+    local ev = event_of(otask, open)
+    if ev then
+      redis.call('HSET', ev, 'i:' .. open .. ':' .. seq, c.item)
+    end
+  end
+  redis.call('SET', c.mark, open .. ' ' .. c.id, 'PX', math.max(redis.call('PTTL', c.head), 1))
+  latest_due = math.max(latest_due, tonumber(scheduled) or 0)
+  indexed[#indexed + 1] = open
+  return {'digested', open, scheduled or ''}
+end
+
+-- Digest: channel c's event joins the open digest under its key (one whose
+-- first attempt has not begun: `queued`, no attempt counted — the fence
+-- begin.lua and cancel.lua use, so an append racing the begin lands in
+-- exactly one digest), or opens the next one, scheduled for digest_due
+-- (caps and quiet hours judged then). The first digest under a key holds
+-- the key's own permit; the g-th holds `<key>#<g>`. An event already in a
+-- digest (its item mark) is a duplicate of that digest.
+local function digest_accept(c, now, t0)
+  local prefix = string.sub(c.task, 1, #c.task - #c.id)
+  local mark = redis.call('GET', c.mark)
+  if mark then
+    local into, by = string.match(mark, '^(%S+) (%S*)$')
+    if c.id ~= '' and by == c.id then
+      -- The same request again (its first answer was lost): same answer.
+      local scheduled = redis.call('HGET', prefix .. into, 'scheduled_for') or ''
+      return {into == c.id and 'accepted' or 'digested', into, scheduled}
+    end
+    return {'duplicate', into, redis.call('HGET', prefix .. into, 'status') or ''}
+  end
+  local head = redis.call('HMGET', c.head, 'task', 'gen')
+  local open, gen = head[1], tonumber(head[2] or '0')
+  if open then
+    local t = redis.call('HMGET', prefix .. open, 'status', 'attempts', 'scheduled_for')
+    if t[1] == 'queued' and t[2] == '0' then
+      if c.id == '' then
+        return {'digested', open, t[3] or ''}
+      end
+      return digest_append(c, open, prefix .. open, t[3])
+    end
+    if c.dafter == 'd' then
+      return {'duplicate', open, t[1] or ''}
+    end
+  end
+  local t1 = math.max(t0, digest_due(c, t0))
+  local r = capped(c, now, t1)
+  if r then
+    return r
+  end
+  if c.id == '' then
+    return dry_accepted(c, now, t1)
+  end
+  gen = gen + 1
+  if gen > 1 then
+    c.key = c.key .. '#' .. gen
+    c.permit = c.permit .. '#' .. gen
+  end
+  if not redis.call('SET', c.permit, c.id, 'NX', 'PX', c.window) then
+    return held(c, redis.call('GET', c.permit))
+  end
+  local answer = enqueue(c, now, t1, true)
+  redis.call('HSET', c.task, 'items', '1', 'dseq', '1', 'dgen', n2s(gen))
+  payloads[#payloads + 1] = 'i:' .. c.id .. ':1'
+  payloads[#payloads + 1] = c.item
+  redis.call('HSET', c.head, 'task', c.id, 'gen', n2s(gen))
+  local ttl = math.max(redis.call('PTTL', c.permit), 1)
+  redis.call('PEXPIRE', c.head, ttl)
+  redis.call('SET', c.mark, c.id .. ' ' .. c.id, 'PX', ttl)
+  return answer
+end
+
 -- Channel c's answer (permit mode unless its nbits > 0), sent at t0.
 local function accept(c, now, t0)
+  if c.head then
+    return digest_accept(c, now, t0)
+  end
   if c.nbits > 0 then
     return bloom_accept(c, now, t0)
   end
@@ -362,14 +479,14 @@ if #created > 0 then
   -- The event once, for every channel accepted; no expiry while one of its
   -- tasks has none (lib.lua's follow_event).
   redis.call('HSET', KEYS[3], 'event', ARGV[3], 'meta', ARGV[4], unpack(payloads))
-  if index then
-    redis.call('SADD', index, unpack(created))
-    -- extend_or_set in two calls at most, one for a new index (no PTTL):
-    -- NX gives an expiry to an index without one; GT only pushes one later.
-    local until_ms = n2s(math.max(now, latest_due) + longest + retention)
-    if redis.call('PEXPIREAT', index, until_ms, 'NX') == 0 then
-      redis.call('PEXPIREAT', index, until_ms, 'GT')
-    end
+end
+if index and #indexed > 0 then
+  redis.call('SADD', index, unpack(indexed))
+  -- extend_or_set in two calls at most, one for a new index (no PTTL):
+  -- NX gives an expiry to an index without one; GT only pushes one later.
+  local until_ms = n2s(math.max(now, latest_due) + longest + retention)
+  if redis.call('PEXPIREAT', index, until_ms, 'NX') == 0 then
+    redis.call('PEXPIREAT', index, until_ms, 'GT')
   end
 end
 return answers

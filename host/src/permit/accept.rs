@@ -13,8 +13,8 @@ use redis::{Script, Value};
 
 use super::scripts::{Arg, Call, Transition, script};
 use super::{
-    Gate, Layout, PermitConfig, PermitError, Permits, QuietCheck, RetryPolicy, TaskStatus, array,
-    millis, text, unexpected,
+    DigestCheck, Gate, Layout, PermitConfig, PermitError, Permits, QuietCheck, RetryPolicy,
+    TaskStatus, array, millis, text, unexpected,
 };
 use crate::store::Batch;
 
@@ -84,6 +84,14 @@ pub enum Acceptance {
         /// When its first attempt is due (ms since the epoch, Redis clock).
         scheduled_for_ms: u64,
     },
+    /// Added to the open digest under its key (the policy's `[digest]`): no
+    /// task of its own; the digest task sends it with the others.
+    Digested {
+        /// The digest task's id.
+        task_id: String,
+        /// When the digest is due (ms since the epoch, Redis clock).
+        scheduled_for_ms: u64,
+    },
     /// A frequency cap has no room: no permit was taken, no task created.
     Capped {
         /// The cap's name.
@@ -99,6 +107,7 @@ impl Acceptance {
         match self {
             Acceptance::Accepted { task_id }
             | Acceptance::Deferred { task_id, .. }
+            | Acceptance::Digested { task_id, .. }
             | Acceptance::Duplicate { task_id, .. } => task_id,
             Acceptance::Capped { .. } => "",
         }
@@ -115,6 +124,8 @@ struct ChannelArgs<'a> {
     cap_keys: Vec<String>,
     /// In Bloom mode: the filters of even and odd window periods.
     filters: Option<[String; 2]>,
+    /// With a digest: the key's digest head and this event's item mark.
+    digest_keys: Option<[String; 2]>,
     /// The new task's id; empty for a dry run.
     task_id: String,
     /// The window, ms.
@@ -136,6 +147,10 @@ struct ChannelArgs<'a> {
     retry: String,
     /// What the channel sends, as JSON text (borrowed, not copied).
     payload: &'a str,
+    /// The digest ([`DigestCheck::arg`]), empty without one.
+    digest: String,
+    /// With a digest: the event's item id and the item (JSON).
+    item: Option<(&'a str, &'a str)>,
 }
 
 /// `accept.lua`'s `KEYS` and `ARGV`: the channels of one event that land in
@@ -167,7 +182,12 @@ impl<'a> ChannelArgs<'a> {
     /// Channel `req`'s block, accepted under `task_id` in `shard`.
     fn new(layout: &Layout, req: &'a AcceptRequest, shard: u16, task_id: String) -> Self {
         let window_ms = millis(req.window).max(1);
-        let Gate { caps, quiet, bloom } = &req.gate;
+        let Gate {
+            caps,
+            quiet,
+            bloom,
+            digest,
+        } = &req.gate;
         let sizing = bloom.as_ref().map(|b| b.sizing(layout.shards()));
         ChannelArgs {
             permit: layout.permit_in(shard, &req.key),
@@ -185,6 +205,12 @@ impl<'a> ChannelArgs<'a> {
                 .as_ref()
                 .zip(sizing.as_ref())
                 .map(|(bloom, sizing)| layout.bloom(shard, &bloom.filter, window_ms, sizing)),
+            digest_keys: digest.as_ref().map(|d| {
+                [
+                    layout.digest_head(shard, &req.key),
+                    layout.digest_item(shard, &req.key, &d.item_id),
+                ]
+            }),
             task_id,
             window_ms,
             quiet: QuietCheck::arg(quiet.as_ref()),
@@ -195,6 +221,8 @@ impl<'a> ChannelArgs<'a> {
             channel: &req.channel,
             retry: retry_arg(&req.retry),
             payload: &req.payload,
+            digest: DigestCheck::arg(digest.as_ref()),
+            item: digest.as_ref().map(|d| (&*d.item_id, &*d.item)),
         }
     }
 }
@@ -263,6 +291,7 @@ impl Transition for AcceptArgs<'_> {
                 .key(&*c.task)
                 .keys(&c.cap_keys)
                 .keys(c.filters.iter().flatten())
+                .keys(c.digest_keys.iter().flatten())
                 .arg(&*c.task_id)
                 .num(c.window_ms)
                 .num(c.caps.len() as u64)
@@ -275,7 +304,10 @@ impl Transition for AcceptArgs<'_> {
                 .num(c.max_attempts)
                 .arg(c.channel)
                 .arg(&*c.retry)
-                .arg(c.payload);
+                .arg(c.payload)
+                .arg(&*c.digest)
+                .arg(c.item.map_or("", |(id, _)| id))
+                .arg(c.item.map_or("", |(_, item)| item));
         }
         call
     }
@@ -506,6 +538,10 @@ fn parse_acceptance(answer: Value) -> Result<Acceptance, PermitError> {
                 task_id: text(items.get(1)),
             }),
         },
+        "digested" => Ok(Acceptance::Digested {
+            task_id: text(items.get(1)),
+            scheduled_for_ms: text(items.get(2)).parse().unwrap_or(0),
+        }),
         "duplicate" => Ok(Acceptance::Duplicate {
             task_id: text(items.get(1)),
             status: TaskStatus::parse(&text(items.get(2))),

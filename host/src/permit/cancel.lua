@@ -7,9 +7,12 @@
 -- KEYS[1] task, KEYS[2] permit, KEYS[3] delayed zset, KEYS[4] ready stream,
 -- KEYS[5] awaiting zset (the shard's held index is named after it)
 -- ARGV[1] task id, ARGV[2] '1' to release the permit (owner-checked), else
--- it stays for the window, ARGV[3] retention ms, ARGV[4] consumer group
+-- it stays for the window, ARGV[3] retention ms, ARGV[4] consumer group,
+-- ARGV[5] the business id of the event cancelled (for a digest task: its
+-- item is taken out, and the digest still sends the others)
 -- Returns {'cancelled', permit fate (kept|released|not_owner)}
---       | {'too_late', status} | {'missing'}.
+--       | {'removed', item mark fate (kept|released)} | {'too_late', status}
+--       | {'missing'}.
 local id, release, retention = ARGV[1], ARGV[2] == '1', tonumber(ARGV[3])
 local status = redis.call('HGET', KEYS[1], 'status')
 if not status then
@@ -19,6 +22,43 @@ end
 -- reconciler) after an attempt that may have reached the provider.
 if status ~= 'queued' or tonumber(redis.call('HGET', KEYS[1], 'attempts') or '0') > 0 then
   return {'too_late', status}
+end
+-- A digest task: the event's item mark ({ns:shard}:digested:<key>:<biz
+-- id>, the key without its generation), when it names this digest.
+local mark = nil
+if redis.call('HEXISTS', KEYS[1], 'items') == 1 then
+  local tag = string.sub(KEYS[1], 1, #KEYS[1] - #id - #'task:')
+  local base = (string.gsub(redis.call('HGET', KEYS[1], 'key') or '', '#%d+$', ''))
+  local m = tag .. 'digested:' .. base .. ':' .. ARGV[5]
+  if string.match(redis.call('GET', m) or '', '^%S+') == id then
+    mark = m
+  end
+end
+-- One event of several in the digest: its item is taken out, the digest
+-- sends the others (its kept JSON, if within max items, is dropped).
+if mark and tonumber(redis.call('HGET', KEYS[1], 'items') or '0') > 1 then
+  local ev = event_of(KEYS[1], id)
+  if ev then
+    local prefix = 'i:' .. id .. ':'
+    local all = redis.call('HGETALL', ev)
+    for i = 1, #all, 2 do
+      if string.sub(all[i], 1, #prefix) == prefix then
+        local ok, item = pcall(cjson.decode, all[i + 1])
+        if ok and type(item) == 'table' and item.biz_id == ARGV[5] then
+          redis.call('HDEL', ev, all[i])
+        end
+      end
+    end
+  end
+  redis.call('HINCRBY', KEYS[1], 'items', -1)
+  if release then
+    redis.call('DEL', mark)
+    return {'removed', 'released'}
+  end
+  return {'removed', 'kept'}
+end
+if mark and release then
+  redis.call('DEL', mark)
 end
 local now = now_ms()
 local at = n2s(now)

@@ -21,6 +21,10 @@ pub enum Cancel {
     Cancelled(PermitFate),
     /// Its first attempt had begun (or it ended before): nothing changed.
     TooLate(TaskStatus),
+    /// A digest task holding other events too: this event's item was
+    /// taken out (the digest sends the others); what became of its item
+    /// mark (kept: a re-post stays a duplicate; released: asked for).
+    Removed(PermitFate),
     /// No such task (never existed, or it left Redis).
     Missing,
 }
@@ -45,6 +49,8 @@ struct CancelArgs<'a> {
     retention_ms: u64,
     /// ARGV[4]: the ready streams' consumer group.
     group: &'a str,
+    /// ARGV[5]: the business id of the event cancelled.
+    biz_id: &'a str,
 }
 
 impl Transition for CancelArgs<'_> {
@@ -61,6 +67,7 @@ impl Transition for CancelArgs<'_> {
             .flag(self.release)
             .num(self.retention_ms)
             .arg(self.group)
+            .arg(self.biz_id)
     }
 }
 
@@ -70,8 +77,14 @@ impl Permits {
     /// the ready stream, and its permit stays for the window unless
     /// `release` (then deleted, owner-checked, so a re-post is accepted).
     /// The task keeps the retention; [`Permits::note_cancelled`] writes the
-    /// ledger and lets it leave.
-    pub async fn cancel(&self, task_id: &str, release: bool) -> Result<Cancel, PermitError> {
+    /// ledger and lets it leave. A digest task holding other events than
+    /// event `biz_id` only loses that event ([`Cancel::Removed`]).
+    pub async fn cancel(
+        &self,
+        task_id: &str,
+        biz_id: &str,
+        release: bool,
+    ) -> Result<Cancel, PermitError> {
         let task_key = self.task_key(task_id)?;
         let shard = self.shard_of(task_id)?;
         let Some(key) = self.task_idempotency_key(&task_key).await? else {
@@ -88,6 +101,7 @@ impl Permits {
                 release,
                 retention_ms: millis(self.config.retention).max(1),
                 group: &self.config.group,
+                biz_id,
             })
             .await?;
         let items = array(answer, "cancel")?;
@@ -96,6 +110,11 @@ impl Permits {
                 "kept" => PermitFate::Kept,
                 "released" => PermitFate::Released,
                 _ => PermitFate::NotOwner,
+            })),
+            "removed" => Ok(Cancel::Removed(if text(items.get(1)) == "released" {
+                PermitFate::Released
+            } else {
+                PermitFate::Kept
             })),
             "too_late" => TaskStatus::parse(&text(items.get(1)))
                 .map(Cancel::TooLate)

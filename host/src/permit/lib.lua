@@ -55,11 +55,14 @@ end
 -- Keeps event record `ev` (its tasks' keys start with `prefix`) alive as
 -- long as its tasks: without an expiry while one of them has none, else
 -- until the last of them expires; deleted once none is left. Its tasks are
--- the ids of its `p:<task id>` fields; a gone task's payload is dropped.
+-- the ids of its `p:<task id>` fields; a gone task's payload is dropped,
+-- and with it a gone digest's items (`i:<task id>:<seq>`).
 -- Derived from the tasks each time, so calling it again changes nothing.
 local function follow_event(ev, prefix)
   local latest = -1
-  for _, field in ipairs(redis.call('HKEYS', ev)) do
+  local fields = redis.call('HKEYS', ev)
+  local gone = {}
+  for _, field in ipairs(fields) do
     if string.sub(field, 1, 2) == 'p:' then
       local ttl = redis.call('PTTL', prefix .. string.sub(field, 3))
       if ttl == -1 then
@@ -67,6 +70,7 @@ local function follow_event(ev, prefix)
         return
       elseif ttl == -2 then
         redis.call('HDEL', ev, field)
+        gone[string.sub(field, 3)] = true
       elseif ttl > latest then
         latest = ttl
       end
@@ -74,8 +78,14 @@ local function follow_event(ev, prefix)
   end
   if latest < 0 then
     redis.call('DEL', ev)
-  else
-    redis.call('PEXPIRE', ev, latest)
+    return
+  end
+  redis.call('PEXPIRE', ev, latest)
+  for _, field in ipairs(fields) do
+    local of = string.match(field, '^i:(.+):%d+$')
+    if of and gone[of] then
+      redis.call('HDEL', ev, field)
+    end
   end
 end
 
@@ -92,16 +102,41 @@ local function event_follower(task, id)
   end
 end
 
+-- A digest task's items kept in its event record `ev`, in the order they
+-- joined, as one JSON array text.
+local function digest_items(ev, id)
+  local items = {}
+  local all = redis.call('HGETALL', ev)
+  local head = 'i:' .. id .. ':'
+  for i = 1, #all, 2 do
+    if string.sub(all[i], 1, #head) == head then
+      items[#items + 1] = {tonumber(string.sub(all[i], #head + 1)), all[i + 1]}
+    end
+  end
+  table.sort(items, function(x, y) return x[1] < y[1] end)
+  local texts = {}
+  for i, item in ipairs(items) do
+    texts[i] = item[2]
+  end
+  return '[' .. table.concat(texts, ',') .. ']'
+end
+
 -- What task `task` (id `id`) takes from its event record, as field/value
 -- pairs the host merges into the task's own: the event, what its channels
--- share (`meta`) and its payload; none for a task without a record.
+-- share (`meta`), its payload, and a digest's items (`digest_items`); none
+-- for a task without a record.
 local function event_fields(task, id)
   local ev = event_of(task, id)
   if not ev then
     return {}
   end
   local v = redis.call('HMGET', ev, 'event', 'meta', 'p:' .. id)
-  return {'event', v[1] or '', 'meta', v[2] or '', 'payload', v[3] or ''}
+  local fields = {'event', v[1] or '', 'meta', v[2] or '', 'payload', v[3] or ''}
+  if redis.call('HEXISTS', task, 'items') == 1 then
+    fields[#fields + 1] = 'digest_items'
+    fields[#fields + 1] = digest_items(ev, id)
+  end
+  return fields
 end
 
 -- What becomes of task `task` (id `id`) once it ended: with `keep` > 0 it

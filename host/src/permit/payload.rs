@@ -52,12 +52,51 @@ pub(crate) struct ParsedPayload(
     std::sync::OnceLock<Result<std::sync::Arc<Payload>, InvalidPayload>>,
 );
 
+/// A digest's items as its message carries them: how many events it
+/// gathered and the first `max_items` of them (a JSON array of
+/// `{"biz_id", "params"}` objects, in the order they joined).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct DigestItems<'a> {
+    /// How many events the digest gathered.
+    pub(crate) count: &'a str,
+    /// The items kept, as JSON array text.
+    pub(crate) items: &'a str,
+}
+
+/// The parameter naming how many events a digest gathered.
+pub const DIGEST_COUNT: &str = "digest_count";
+/// The parameter holding a digest's first items (JSON array text).
+pub const DIGEST_ITEMS: &str = "digest_items";
+
+impl Payload {
+    /// This payload as a digest's message: its own parameters (those of the
+    /// event that opened the digest, so a channel that knows nothing of
+    /// digests sends the first item) followed by `digest_count` and
+    /// `digest_items`.
+    fn with_digest(mut self, digest: DigestItems<'_>) -> Payload {
+        self.params
+            .push((DIGEST_COUNT.to_string(), digest.count.to_string()));
+        self.params
+            .push((DIGEST_ITEMS.to_string(), digest.items.to_string()));
+        self
+    }
+}
+
 impl ParsedPayload {
-    /// `text` parsed, the first time; the same answer after.
-    pub(crate) fn get(&self, text: &str) -> Result<std::sync::Arc<Payload>, InvalidPayload> {
+    /// `text` parsed (as a digest's message when `digest`), the first time;
+    /// the same answer after.
+    pub(crate) fn get(
+        &self,
+        text: &str,
+        digest: Option<DigestItems<'_>>,
+    ) -> Result<std::sync::Arc<Payload>, InvalidPayload> {
         self.0
             .get_or_init(|| {
-                serde_json::from_str(text)
+                serde_json::from_str::<Payload>(text)
+                    .map(|p| match digest {
+                        Some(d) => p.with_digest(d),
+                        None => p,
+                    })
                     .map(std::sync::Arc::new)
                     .map_err(|e| InvalidPayload(e.to_string()))
             })

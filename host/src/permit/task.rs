@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::held::{HeldCause, OperatorStep, ReconcileStep, parse_log, parse_operator_log};
-use super::payload::{InvalidPayload, ParsedPayload, Payload};
+use super::payload::{DigestItems, InvalidPayload, ParsedPayload, Payload};
 
 /// Where a task is in its life. `queued → sending → sent → delivered`, with
 /// `retry_wait`, `unknown`, `failed`, `dead`, `superseded` and `cancelled` on the side.
@@ -176,7 +176,17 @@ impl Task {
     /// What the task sends: `payload` parsed, once per task read (every later
     /// call shares the first parse).
     pub fn sends(&self) -> Result<Arc<Payload>, InvalidPayload> {
-        self.parsed_payload.get(&self.payload)
+        let digest = self.fields.get("items").map(|count| DigestItems {
+            count,
+            items: self.fields.get("digest_items").map_or("[]", String::as_str),
+        });
+        self.parsed_payload.get(&self.payload, digest)
+    }
+
+    /// For a digest task (the policy's `[digest]`): how many events it
+    /// gathered; `None` for a task of one event.
+    pub fn digest_count(&self) -> Option<u64> {
+        self.fields.get("items").and_then(|n| n.parse().ok())
     }
 
     /// What the reconciler tried, oldest first (`reconcile_log`).

@@ -14,10 +14,11 @@ use crate::config::ChannelConfig;
 use crate::derive::{DeriveError, DerivedKey, derive};
 use crate::event::{Event, event_json};
 use crate::permit::{
-    AcceptRequest, BloomCheck, CapCheck, CapPeriod, Gate, QuietCheck, RetryPolicy,
+    AcceptRequest, BloomCheck, CapCheck, CapPeriod, DigestCheck, DigestDue, Gate, QuietCheck,
+    RetryPolicy,
 };
 use crate::plugin::KeyPolicyPlugin;
-use crate::route::policy::{DedupMode, RetrySpec};
+use crate::route::policy::{AfterBegin, DedupMode, RetrySpec};
 use crate::send::{Fallback, Payload};
 
 /// Deepest fallback chain followed (policies refuse cycles; this is a guard).
@@ -288,9 +289,11 @@ impl ChannelPlanner<'_> {
             .and_then(|o| o.quiet.as_ref())
             .or(spec.quiet.as_ref());
         let bloom = self.bloom(channel);
+        let digest = self.digest()?;
         if self.policy.caps.is_empty() && quiet.is_none() {
             return Ok(Gate {
                 bloom,
+                digest,
                 ..Gate::default()
             });
         }
@@ -342,7 +345,41 @@ impl ChannelPlanner<'_> {
             }
             _ => None,
         };
-        Ok(Gate { caps, quiet, bloom })
+        Ok(Gate {
+            caps,
+            quiet,
+            bloom,
+            digest,
+        })
+    }
+
+    /// The policy's digest (`[digest]`) for this event: when a digest it
+    /// opens is due, and the event as an item (its business id and
+    /// parameters); `None` without one.
+    fn digest(&self) -> Result<Option<DigestCheck>, PlanError> {
+        let Some(spec) = &self.policy.spec.digest else {
+            return Ok(None);
+        };
+        let due = match (&spec.window, &spec.at) {
+            (Some(w), _) => DigestDue::After(*w),
+            (None, Some(at)) => DigestDue::At {
+                offset_ms: self.offset_ms()?,
+                time_ms: crate::caps::parse_clock(at)
+                    .map_err(|r| PlanError::invalid("digest.at", r))?,
+            },
+            (None, None) => return Err(PlanError::invalid("digest", "has no window or at")),
+        };
+        let item = serde_json::json!({
+            "biz_id": self.event.biz_id,
+            "params": self.req.params,
+        });
+        Ok(Some(DigestCheck {
+            due,
+            max_items: spec.max_items,
+            duplicate_after_begin: spec.after_begin == AfterBegin::Duplicate,
+            item_id: self.event.biz_id.clone(),
+            item: item.to_string(),
+        }))
     }
 
     /// Bloom mode (`dedup = "bloom"`): the filter of this business type and
@@ -466,8 +503,12 @@ impl ChannelPlanner<'_> {
         Ok(Payload {
             recipient: self.recipient(channel, fallback_of)?,
             template: self
-                .req
-                .template
+                .policy
+                .spec
+                .digest
+                .as_ref()
+                .and_then(|d| d.template.as_deref())
+                .or(self.req.template)
                 .unwrap_or(&self.event.biz_type)
                 .to_string(),
             params: self

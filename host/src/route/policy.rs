@@ -78,6 +78,82 @@ pub struct PolicyFile {
     /// The Bloom filter's sizing, required with `dedup = "bloom"`.
     #[serde(default)]
     pub bloom: Option<BloomSpec>,
+    /// Gather the events under one key into one message (`[digest]`): the
+    /// first opens a digest sent at the window's end, later ones are added
+    /// to it until its first attempt begins. See `docs/digest.md`.
+    #[serde(default)]
+    pub digest: Option<DigestSpec>,
+}
+
+/// A policy's digest (`[digest]`): when the digest opened by an event is
+/// sent, how many events' parameters it carries, and what a new event does
+/// once the digest's first attempt has begun.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct DigestSpec {
+    /// Send the digest this long after the event that opened it, e.g. `1h`.
+    #[serde(default, with = "humantime_serde")]
+    pub window: Option<Duration>,
+    /// Or send it at this local time of day in the recipient's time zone
+    /// (`tz`, `tz_attribute`), `HH:MM`, e.g. `20:00`: the first such time
+    /// after the event that opened it.
+    #[serde(default)]
+    pub at: Option<String>,
+    /// How many events' parameters the message carries (the count is
+    /// always of all of them); 1 to 100, default 20.
+    #[serde(default = "DigestSpec::default_max_items")]
+    pub max_items: u32,
+    /// The template of the digest message; default: the event's template.
+    #[serde(default)]
+    pub template: Option<String>,
+    /// What an event does once the digest under its key has begun sending:
+    /// `next` (the default) opens the next digest, `duplicate` is answered
+    /// as a duplicate of the begun one.
+    #[serde(default)]
+    pub after_begin: AfterBegin,
+}
+
+/// What an event does once the digest under its key has begun sending.
+#[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum AfterBegin {
+    /// It opens the next digest under the key.
+    #[default]
+    Next,
+    /// It is a duplicate of the digest that began.
+    Duplicate,
+}
+
+impl DigestSpec {
+    fn default_max_items() -> u32 {
+        20
+    }
+
+    /// Exactly one of `window` and `at`, and `max_items` in range.
+    fn check(&self) -> Result<(), (String, String)> {
+        match (&self.window, &self.at) {
+            (Some(_), Some(_)) | (None, None) => {
+                return Err((
+                    "digest".into(),
+                    "needs exactly one of `window` (e.g. `\"1h\"`) and `at` (e.g. `\"20:00\"`)"
+                        .into(),
+                ));
+            }
+            (Some(w), None) => {
+                check_window(w).map_err(|r| ("digest.window".to_string(), r))?;
+            }
+            (None, Some(at)) => {
+                crate::caps::parse_clock(at).map_err(|r| ("digest.at".to_string(), r))?;
+            }
+        }
+        if !(1..=100).contains(&self.max_items) {
+            return Err((
+                "digest.max_items".into(),
+                format!("{} is not between 1 and 100", self.max_items),
+            ));
+        }
+        Ok(())
+    }
 }
 
 /// How a policy dedups its keys.
@@ -282,6 +358,7 @@ impl PolicyFile {
         }
         self.check_gates().map_err(|(f, r)| invalid(&f, r))?;
         self.check_dedup().map_err(|(f, r)| invalid(&f, r))?;
+        self.check_digest().map_err(|(f, r)| invalid(&f, r))?;
         self.check_fallback()
             .map_err(|(f, r)| invalid(&format!("fallback.{f}"), r))
     }
@@ -297,6 +374,31 @@ impl PolicyFile {
         }
         if let Some(q) = &self.quiet {
             q.parse().map_err(|(f, r)| (format!("quiet.{f}"), r))?;
+        }
+        Ok(())
+    }
+
+    /// A digest: well formed, with permits (a Bloom filter cannot tell which
+    /// digest holds an event) and without a fallback (a fallback message
+    /// would carry one event, not the digest).
+    fn check_digest(&self) -> Result<(), (String, String)> {
+        let Some(digest) = &self.digest else {
+            return Ok(());
+        };
+        digest.check()?;
+        if self.dedup == DedupMode::Bloom {
+            return Err((
+                "digest".into(),
+                "cannot be used with `dedup = \"bloom\"`: a digest needs a permit per key".into(),
+            ));
+        }
+        if !self.fallback.is_empty() {
+            return Err((
+                "digest".into(),
+                "cannot be used with `[fallback]` yet: a fallback message would carry one \
+                 event, not the digest"
+                    .into(),
+            ));
         }
         Ok(())
     }
@@ -436,6 +538,38 @@ mod tests {
             }
         }
         assert!(n >= 3, "expected the three example policies, found {n}");
+    }
+
+    #[test]
+    fn a_digest_is_checked_naming_its_field() {
+        let ok = parse(&format!("{BASE}[digest]\nat = \"20:00\"\n")).unwrap();
+        let d = ok.digest.unwrap();
+        assert_eq!((d.max_items, d.after_begin), (20, AfterBegin::Next));
+        for (text, field) in [
+            (
+                format!("{BASE}[digest]\nmax_items = 5\n"),
+                "digest: needs exactly one",
+            ),
+            (
+                format!("{BASE}[digest]\nwindow = \"1h\"\nat = \"20:00\"\n"),
+                "digest: needs exactly one",
+            ),
+            (
+                format!("{BASE}[digest]\nat = \"8pm\"\n"),
+                "digest.at: `8pm`",
+            ),
+            (
+                format!("{BASE}[digest]\nwindow = \"1h\"\nmax_items = 0\n"),
+                "digest.max_items: 0",
+            ),
+            (
+                format!("{BASE}[fallback]\nsms = \"app-push\"\n[digest]\nwindow = \"1h\"\n"),
+                "digest: cannot be used with `[fallback]`",
+            ),
+        ] {
+            let err = parse(&text).unwrap_err().to_string();
+            assert!(err.contains(field), "{field}: {err}");
+        }
     }
 
     #[test]

@@ -7,6 +7,7 @@ mod dedup_memory;
 mod http;
 mod languages;
 mod load;
+mod peers;
 mod permit;
 mod plugins;
 mod skew;
@@ -31,6 +32,8 @@ enum What {
     Permit(permit::Args),
     /// The whole host over HTTP (separate load generator process), against the Redis floor.
     Http(http::Args),
+    /// pushonce's webhook channel and Svix's server side by side (needs a svix-webhooks checkout).
+    Peers(peers::Args),
     /// Shard and master skew of a Zipf user mix on a Redis Cluster (no Redis needed).
     Skew(skew::Args),
     /// The HTTP load generator `http` runs as a separate process.
@@ -47,6 +50,7 @@ fn main() -> anyhow::Result<()> {
         What::Http(a) => http::run(a),
         What::Load(a) => load::run(a),
         What::Skew(a) => skew::run(a),
+        What::Peers(a) => peers::run(a),
     }
 }
 

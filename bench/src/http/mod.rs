@@ -23,6 +23,8 @@ mod runs;
 mod stack;
 mod targets;
 
+pub(crate) use report::load_avg;
+
 use std::collections::BTreeMap;
 
 use anyhow::Context;

@@ -125,7 +125,7 @@ pub(super) fn cpu_of(pid: Option<u32>) -> f64 {
 }
 
 /// The machine's load average (1, 5, 15 minutes).
-pub(super) fn load_avg() -> String {
+pub(crate) fn load_avg() -> String {
     std::fs::read_to_string("/proc/loadavg")
         .unwrap_or_default()
         .split_whitespace()

@@ -15,7 +15,11 @@
 //! policies, not from pushonce's answers: `ORDER_SHIPPED` is one message per
 //! event per channel (an SMS in arrears falls back to app push, whose key is
 //! the event's own app push: still one push); `RESUME_VIEWED` one per user
-//! per day; `INTERVIEW_REMINDER` one per user per job.
+//! per day; `INTERVIEW_REMINDER` one per user per job; `PROFILE_LIKED` is
+//! a digest (per user per day, sent two seconds after the first like of
+//! each generation): every like in exactly one message's `digest_items`.
+//! A cancel stream cancels every tenth order right after it is posted; a
+//! channel answered `cancelled` must get no message.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
@@ -245,6 +249,18 @@ pub struct ChaosReport {
     pub load_seconds: f64,
     /// Seconds from the end of the load until nothing was queued or waiting.
     pub quiescence_seconds: f64,
+    /// Likes posted (the digest business type) and digest messages sent.
+    pub digest_events: u64,
+    /// Digest messages the inbox provider received.
+    pub digest_messages: u64,
+    /// Likes in no sent digest and not in a held one.
+    pub digest_missing: u64,
+    /// Likes in more than one sent digest.
+    pub digest_twice: u64,
+    /// Digest messages whose `digest_count` is not their number of items.
+    pub digest_miscounted: u64,
+    /// Cancels answered per channel: `cancelled` / `too_late`.
+    pub cancels: (u64, u64),
     /// Examples of duplicates and misses, for the failure message.
     pub examples: Vec<String>,
     /// What the provider outage did, when the run had one.
@@ -294,11 +310,31 @@ impl ChaosReport {
                 )
             })
             .collect();
+        let digest_rows = vec![
+            (
+                "likes (digest) / digest messages",
+                format!("{} / {}", self.digest_events, self.digest_messages),
+            ),
+            (
+                "  likes missing from digests",
+                self.digest_missing.to_string(),
+            ),
+            ("  likes in two digests", self.digest_twice.to_string()),
+            (
+                "  digests whose count is not their items",
+                self.digest_miscounted.to_string(),
+            ),
+            (
+                "cancels per channel: cancelled / too late",
+                format!("{} / {}", self.cancels.0, self.cancels.1),
+            ),
+        ];
         let outage_rows = self.outage.as_ref().map(outage_rows).unwrap_or_default();
         let rows: Vec<(&str, String)> = rows
             .into_iter()
             .chain(held_rows.iter().map(|(k, v)| (k.as_str(), v.clone())))
             .chain(possible_rows.iter().map(|(k, v)| (k.as_str(), v.clone())))
+            .chain(digest_rows)
             .chain(outage_rows.iter().map(|(k, v)| (*k, v.clone())))
             .chain(vec![
                 ("retries", self.retries.to_string()),
@@ -332,7 +368,13 @@ impl ChaosReport {
             .outage
             .as_ref()
             .is_none_or(|o| o.held_otherwise == 0 && o.settled == o.held_at_a());
-        self.duplicates == 0 && self.misses == 0 && self.held_unexplained == 0 && outage_clean
+        let digests_clean =
+            self.digest_missing == 0 && self.digest_twice == 0 && self.digest_miscounted == 0;
+        self.duplicates == 0
+            && self.misses == 0
+            && self.held_unexplained == 0
+            && outage_clean
+            && digests_clean
     }
 }
 
@@ -490,7 +532,7 @@ const SHARDS: u16 = 8;
 /// three or so reminders a candidate gets, so it never binds): every one of
 /// its accepts counts in the user's cap inside the accept script, on a
 /// Redis Cluster too (the cap and the permits share the user's hash slot).
-const POLICIES: [(&str, &str); 3] = [
+const POLICIES: [(&str, &str); 4] = [
     (
         "order-shipped.toml",
         r#"biz_type = "ORDER_SHIPPED"
@@ -532,7 +574,26 @@ window = "1h"
 scope = "user"
 "#,
     ),
+    (
+        "profile-liked.toml",
+        r#"biz_type = "PROFILE_LIKED"
+key_policy = "per-user-per-day@^1"
+params = { tz = "+08:00" }
+channels = ["inbox"]
+window = "48h"
+[retry]
+max_attempts = 12
+backoff = { initial = "200ms", factor = 2.0, max = "2s", jitter = true }
+[digest]
+window = "2s"
+max_items = 100
+template = "profile_liked_digest"
+"#,
+    ),
 ];
+
+/// The template of the digest business type's messages.
+const DIGEST_TEMPLATE: &str = "profile_liked_digest";
 
 /// One generated event and the messages it calls for.
 struct Planned {
@@ -541,11 +602,36 @@ struct Planned {
     /// `(provider, recipient, dedup unit)`: the message this event calls for
     /// on each channel; events sharing a unit share the message.
     messages: Vec<(&'static str, String, String)>,
+    /// For an order the cancel stream cancels: its unit.
+    cancel: Option<String>,
 }
 
-/// Event `i` of the run: business type by `i % 3`; `arrears`: every 97th
-/// order's phone is in arrears at Aliyun (not in an outage run).
+/// Event `i` of the run: every fourth a like (the digest type), the others
+/// by their own count modulo 3; `arrears`: every 97th order's phone is in
+/// arrears at Aliyun (not in an outage run).
 fn plan(i: usize, events: usize, arrears: bool) -> Planned {
+    if i % 4 == 3 {
+        // About four likes per user and day, over two days (UTC+8).
+        let n = i / 4;
+        let users = (events / 32).max(1);
+        let k = n % users;
+        let at = if (n / users).is_multiple_of(2) {
+            "2026-11-29T10:00:00+08:00"
+        } else {
+            "2026-11-30T10:00:00+08:00"
+        };
+        return Planned {
+            body: json!({
+                "biz_type": "PROFILE_LIKED", "biz_id": format!("like-{n}"), "user_id": format!("u-l{k}"),
+                "occurred_at": at, "template": "profile_liked",
+                "params": {"liker": format!("m-{n}")},
+                "recipients": {"inbox": format!("u-l{k}")}
+            }),
+            messages: Vec::new(),
+            cancel: None,
+        };
+    }
+    let i = i - i / 4;
     let n = i / 3;
     match i % 3 {
         0 => {
@@ -571,6 +657,7 @@ fn plan(i: usize, events: usize, arrears: bool) -> Planned {
                     "recipients": {"sms": phone, "wechat": format!("openid-o{n}"), "app-push": format!("device-o{n}")}
                 }),
                 messages,
+                cancel: (n % 10 == 7).then_some(unit),
             }
         }
         1 => {
@@ -595,6 +682,7 @@ fn plan(i: usize, events: usize, arrears: bool) -> Planned {
                     ("sms", format!("136{k:08}"), unit.clone()),
                     ("wechat", format!("openid-r{k}"), unit),
                 ],
+                cancel: None,
             }
         }
         _ => {
@@ -615,6 +703,7 @@ fn plan(i: usize, events: usize, arrears: bool) -> Planned {
                     ("sms", format!("135{k:08}"), unit.clone()),
                     ("app-push", format!("device-i{k}"), unit),
                 ],
+                cancel: None,
             }
         }
     }
@@ -628,6 +717,10 @@ struct PostCounts {
     accepted: AtomicU64,
     duplicates: AtomicU64,
     done_events: AtomicU64,
+    /// `(channel, unit)` of every channel a cancel answered `cancelled`.
+    cancelled: std::sync::Mutex<BTreeSet<(String, String)>>,
+    /// Channels a cancel answered `too_late`.
+    too_late: AtomicU64,
 }
 
 /// Runs one chaos scenario; `progress` receives a line now and then.
@@ -863,7 +956,12 @@ backoff = {{ initial = "1s", factor = 2.0, max = "4s" }}
 
     progress("chaos: comparing the providers' ledger with the plan");
     let tasks = collect_tasks(config, &bases).await?;
-    account(config, &sim, &tasks, &mut report);
+    let cancelled = std::mem::take(&mut *counts.cancelled.lock().unwrap());
+    report.cancels = (
+        cancelled.len() as u64,
+        counts.too_late.load(Ordering::Relaxed),
+    );
+    account(config, &sim, &tasks, &cancelled, &mut report);
     if let Some(outage_run) = outage_run {
         let _ = quiet_tx.send(true);
         let run = outage_run.await??;
@@ -1196,7 +1294,9 @@ async fn post_all(
         let events = config.events;
         let arrears = config.provider_outage.is_none();
         set.spawn(async move {
-            let body = Arc::new(plan(i, events, arrears).body);
+            let planned = plan(i, events, arrears);
+            let cancel = planned.cancel;
+            let body = Arc::new(planned.body);
             let mut each = tokio::task::JoinSet::new();
             for p in 0..posts {
                 let (client, bases, counts, body) =
@@ -1208,6 +1308,11 @@ async fn post_all(
                 if let Err(e) = done.map_err(anyhow::Error::from).and_then(|r| r) {
                     result = Err(e);
                 }
+            }
+            if let Some(unit) = cancel
+                && result.is_ok()
+            {
+                result = cancel_one(&client, &bases, i, &unit, &counts).await;
             }
             counts.done_events.fetch_add(1, Ordering::Relaxed);
             drop(slot);
@@ -1251,7 +1356,9 @@ async fn post_one(
                             Some("capped") => anyhow::bail!(
                                 "{base} answered `capped`: the chaos cap must never bind; event {body}"
                             ),
-                            Some("accepted") => counts.accepted.fetch_add(1, Ordering::Relaxed),
+                            Some("accepted" | "digested") => {
+                                counts.accepted.fetch_add(1, Ordering::Relaxed)
+                            }
                             _ => counts.duplicates.fetch_add(1, Ordering::Relaxed),
                         };
                     }
@@ -1269,6 +1376,56 @@ async fn post_one(
             anyhow::bail!("no instance took event {body} within 300 s");
         }
         counts.retries.fetch_add(1, Ordering::Relaxed);
+        i += 1;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Cancels order `unit` (`POST /v1/events/ORDER_SHIPPED/<unit>/cancel`),
+/// starting at instance `start`, until an instance answers; records each
+/// channel's answer.
+async fn cancel_one(
+    client: &reqwest::Client,
+    bases: &[String],
+    start: usize,
+    unit: &str,
+    counts: &PostCounts,
+) -> anyhow::Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(300);
+    let mut i = start;
+    loop {
+        let base = &bases[i % bases.len()];
+        let answer = client
+            .post(format!("{base}/v1/events/ORDER_SHIPPED/{unit}/cancel"))
+            .json(&json!({}))
+            .send()
+            .await;
+        if let Ok(r) = answer {
+            let status = r.status();
+            if status.is_success() {
+                let v: Value = r.json().await.unwrap_or(Value::Null);
+                for c in v["channels"].as_array().into_iter().flatten() {
+                    let channel = c["channel"].as_str().unwrap_or_default().to_string();
+                    if c["result"] == "cancelled" {
+                        counts
+                            .cancelled
+                            .lock()
+                            .unwrap()
+                            .insert((channel, unit.to_string()));
+                    } else {
+                        counts.too_late.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+                return Ok(());
+            }
+            if status.is_client_error() && status.as_u16() != 429 {
+                let text = r.text().await.unwrap_or_default();
+                anyhow::bail!("{base} refused the cancel of {unit} with {status}: {text}");
+            }
+        }
+        if Instant::now() > deadline {
+            anyhow::bail!("no instance took the cancel of {unit} within 300 s");
+        }
         i += 1;
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
@@ -1371,14 +1528,79 @@ fn hold_cause_from_text(task: &Value) -> String {
     cause.to_string()
 }
 
+/// The digest business type: every like in exactly one sent digest (or in
+/// a digest held for an operator), each digest's count its items.
+fn account_digests(config: &ChaosConfig, sim: &Sim, tasks: &[Value], report: &mut ChaosReport) {
+    let likes: BTreeSet<String> = (0..config.events)
+        .map(|i| plan(i, config.events, true).body)
+        .filter(|b| b["biz_type"] == "PROFILE_LIKED")
+        .map(|b| b["biz_id"].as_str().unwrap_or_default().to_string())
+        .collect();
+    report.digest_events = likes.len() as u64;
+    let mut seen: HashMap<String, u64> = HashMap::new();
+    for m in sim.ledger("inbox") {
+        if m.template != DIGEST_TEMPLATE {
+            continue;
+        }
+        report.digest_messages += 1;
+        let param = |name: &str| m.params[name].as_str().unwrap_or_default().to_string();
+        let items: Vec<Value> = serde_json::from_str(&param("digest_items")).unwrap_or_default();
+        if param("digest_count") != items.len().to_string() {
+            report.digest_miscounted += 1;
+            report
+                .examples
+                .push(format!("digest miscounted: {:?}", m.params));
+        }
+        for item in items {
+            *seen
+                .entry(item["biz_id"].as_str().unwrap_or_default().to_string())
+                .or_default() += 1;
+        }
+    }
+    // A digest held for an operator holds its likes: not missing.
+    let held_users: BTreeSet<String> = tasks
+        .iter()
+        .filter(|t| t["status"] == "unknown" || t["status"] == "dead")
+        .filter(|t| t["payload"]["template"] == DIGEST_TEMPLATE)
+        .filter_map(|t| t["payload"]["recipient"].as_str().map(str::to_string))
+        .collect();
+    for like in &likes {
+        match seen.get(like).copied().unwrap_or(0) {
+            0 => {
+                let n: usize = like.trim_start_matches("like-").parse().unwrap_or(0);
+                let user = format!("u-l{}", n % (config.events / 32).max(1));
+                if !held_users.contains(&user) {
+                    report.digest_missing += 1;
+                    report.examples.push(format!("like in no digest: {like}"));
+                }
+            }
+            1 => {}
+            _ => {
+                report.digest_twice += 1;
+                report.examples.push(format!("like in two digests: {like}"));
+            }
+        }
+    }
+}
+
 /// Compares the plan with the ledger and the tasks' final states.
-fn account(config: &ChaosConfig, sim: &Sim, tasks: &[Value], report: &mut ChaosReport) {
-    // Expected: distinct dedup units per (provider, recipient).
+fn account(
+    config: &ChaosConfig,
+    sim: &Sim,
+    tasks: &[Value],
+    cancelled: &BTreeSet<(String, String)>,
+    report: &mut ChaosReport,
+) {
+    // Expected: distinct dedup units per (provider, recipient), but the
+    // channels a cancel answered `cancelled`.
     let mut units: HashMap<(String, String), BTreeSet<String>> = HashMap::new();
     for i in 0..config.events {
         for (provider, recipient, unit) in
             plan(i, config.events, config.provider_outage.is_none()).messages
         {
+            if cancelled.contains(&(provider.to_string(), unit.clone())) {
+                continue;
+            }
             units
                 .entry((provider.to_string(), recipient))
                 .or_default()
@@ -1388,10 +1610,14 @@ fn account(config: &ChaosConfig, sim: &Sim, tasks: &[Value], report: &mut ChaosR
     let mut got: HashMap<(String, String), u64> = HashMap::new();
     for (channel, _, _) in providers::CHANNELS {
         for m in sim.ledger(channel) {
+            if m.template == DIGEST_TEMPLATE {
+                continue;
+            }
             *got.entry((channel.to_string(), m.recipient.clone()))
                 .or_default() += 1;
         }
     }
+    account_digests(config, sim, tasks, report);
     if config.provider_outage.is_some() {
         // The `sms` channel's second provider: one SMS to a user, whichever sent it.
         for m in sim.ledger(providers::TENCENT.0) {

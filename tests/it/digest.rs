@@ -332,3 +332,74 @@ async fn a_cancelled_view_leaves_its_digest() {
     let v = host.get(&format!("/v1/tasks/{id}")).await.unwrap();
     assert_eq!(v.body["status"], "cancelled", "{}", v.body);
 }
+
+/// The console shows a digest task's events and cancels it before it is
+/// sent: an operator signs in, opens the digest from the look-up of one of
+/// its later events, sees the three views in the order they joined, and
+/// cancels it; the task is `cancelled` and never reaches the provider.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operator_sees_a_digests_events_and_cancels_it_in_the_console() {
+    let redis = RedisServer::start().await.unwrap();
+    let sim = providers::sim().await;
+    let dir = tempfile::tempdir().unwrap();
+    let policies = dir.path().join("policies");
+    std::fs::create_dir_all(&policies).unwrap();
+    std::fs::write(policies.join("resume-viewed.toml"), policy("1h", 10)).unwrap();
+    let mut config = ServeConfig::new(&redis.url(), &sim);
+    config.extra = "[auth]\nadmin_token_env = \"DIGEST_ADMIN_TOKEN\"\n".into();
+    config
+        .env
+        .push(("DIGEST_ADMIN_TOKEN".into(), "digest-admin-token".into()));
+    let host = ServeProcess::start(&config, dir.path(), &policies)
+        .await
+        .unwrap();
+    let first = post_one(&host, &view("d-1")).await;
+    let digest = first["task_id"].as_str().unwrap().to_string();
+    for id in ["d-2", "d-3"] {
+        assert_eq!(post_one(&host, &view(id)).await["result"], "digested");
+    }
+    let looked_up = host.get("/v1/events/RESUME_VIEWED/d-3").await.unwrap();
+    assert_eq!(
+        looked_up.body["tasks"][0]["id"],
+        digest.as_str(),
+        "a later event's look-up names the digest: {}",
+        looked_up.body
+    );
+    assert_eq!(
+        looked_up.body["tasks"][0]["digest"]["count"], 3,
+        "{}",
+        looked_up.body
+    );
+
+    let browser = pushonce_tests::browser::Browser::start().await.unwrap();
+    browser.goto(&host.url("/console/login")).await.unwrap();
+    browser.fill("#name", "ana").await.unwrap();
+    browser.fill("#token", "digest-admin-token").await.unwrap();
+    browser.click("button[type=submit]").await.unwrap();
+    browser
+        .goto(&host.url(&format!("/console/tasks/{digest}")))
+        .await
+        .unwrap();
+    let items = browser
+        .text_of(&browser.find("table.digest-items").await.unwrap())
+        .await
+        .unwrap();
+    let at = |id: &str| {
+        items
+            .find(id)
+            .unwrap_or_else(|| panic!("{id} listed: {items}"))
+    };
+    assert!(at("d-1") < at("d-2") && at("d-2") < at("d-3"), "{items}");
+    assert!(items.contains("recruiter of d-2"), "{items}");
+    browser.click("button.cancel").await.unwrap();
+    assert!(browser.url().await.unwrap().contains("done=cancelled"));
+    let status = browser
+        .text_of(&browser.find("dd.status").await.unwrap())
+        .await
+        .unwrap();
+    assert_eq!(status, "cancelled");
+    browser.stop().await;
+    let v = host.get(&format!("/v1/tasks/{digest}")).await.unwrap();
+    assert_eq!(v.body["status"], "cancelled", "{}", v.body);
+    assert!(sim.ledger("inbox").is_empty(), "nothing sent");
+}

@@ -188,6 +188,7 @@ fn view(row: &LedgerRow) -> TaskView {
             .into_iter()
             .map(OperatorStepView::from)
             .collect(),
+        digest: None,
         from_ledger: true,
         event: serde_json::Value::Null,
         payload: serde_json::Value::Null,

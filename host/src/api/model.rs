@@ -310,6 +310,9 @@ pub(crate) struct TaskView {
     /// What operators did to it (requeue, delivered, given up): who, when, why; oldest first.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub(crate) operator_log: Vec<OperatorStepView>,
+    /// For a digest task (the policy's `[digest]`): the events it gathered.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub digest: Option<DigestView>,
     /// True when Redis no longer has the task (retention) and this is the
     /// delivery ledger's row: no event, payload or schedule, the recipient only as a digest.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
@@ -375,11 +378,30 @@ impl From<&Task> for TaskView {
                 .into_iter()
                 .map(OperatorStepView::from)
                 .collect(),
+            digest: task.digest_count().map(|count| DigestView {
+                count,
+                items: task
+                    .fields
+                    .get("digest_items")
+                    .and_then(|t| serde_json::from_str(t).ok())
+                    .unwrap_or_default(),
+            }),
             from_ledger: false,
             event: json(&task.event_json),
             payload: json(&task.payload),
         }
     }
+}
+
+/// A digest task's events: how many, and the first `max_items` in the
+/// order they joined.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub(crate) struct DigestView {
+    /// How many events the digest holds.
+    pub count: u64,
+    /// The events it carries in its message, each `{"biz_id", "params"}`.
+    #[schema(value_type = Vec<Object>)]
+    pub items: Vec<serde_json::Value>,
 }
 
 impl From<HeldCause> for HeldCauseView {

@@ -58,6 +58,7 @@ pub(crate) fn routes(state: AppState) -> Router<AppState> {
             post(task::mark_delivered),
         )
         .route("/console/tasks/{id}/give-up", post(task::give_up))
+        .route("/console/tasks/{id}/cancel", post(task::cancel))
         .layer(from_fn_with_state(state, guard))
         .layer(Extension(Arc::new(Revoked::default())))
         .layer(axum::middleware::from_fn(headers))

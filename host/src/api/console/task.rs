@@ -1,7 +1,9 @@
 //! `/console/tasks/{id}`: one task with its evidence, its audit and the
 //! operator's actions — requeue (with the explicit confirmation the API's
 //! `force` stands for), mark delivered, give up — all through the admin
-//! API's own functions, recorded on the task with who, when and why.
+//! API's own functions, recorded on the task with who, when and why — and
+//! cancel, for a task whose first attempt has not begun (a digest with all
+//! its events). A digest task lists the events it gathered.
 
 use axum::Form;
 use axum::extract::{Path, Query, State};
@@ -14,12 +16,12 @@ use super::{Operator, csrf_field, error_page, layout, when};
 use crate::api::admin::tasks::{operator_note, requeue_answer, settle_task};
 use crate::api::model::TaskView;
 use crate::api::{AppState, events};
-use crate::permit::{Requeue, Settle};
+use crate::permit::{Cancel, Requeue, Settle};
 
 /// `?done=` after an action.
 #[derive(Debug, Deserialize)]
 pub(crate) struct Done {
-    /// `requeued`, `delivered` or `given_up`.
+    /// `requeued`, `delivered`, `given_up` or `cancelled`.
     pub done: Option<String>,
 }
 
@@ -48,6 +50,8 @@ pub(crate) async fn page(
         Some("requeued") => Some("Requeued: it will be sent again."),
         Some("delivered") => Some("Marked delivered: settled without a send."),
         Some("given_up") => Some("Given up: nobody will send it."),
+        Some("cancelled") => Some("Cancelled: it will never be sent."),
+        Some("too_late") => Some("Too late to cancel: its first attempt had begun."),
         _ => None,
     };
     let body = html! {
@@ -120,6 +124,39 @@ async fn settle(
     }
 }
 
+/// Cancel a task whose first attempt has not begun (a digest task with
+/// every event it holds); its permit stays for the window.
+pub(crate) async fn cancel(
+    State(state): State<AppState>,
+    Operator(session): Operator,
+    Path(id): Path<String>,
+) -> Response {
+    let task = match state.permits.task(&id).await {
+        Ok(Some(task)) => task,
+        Ok(None) => {
+            return error_page(
+                &session,
+                crate::api::ApiError::NotFound(format!("no task {id}")),
+            );
+        }
+        Err(e) => return error_page(&session, e.into()),
+    };
+    // No business id: the whole task, not one event of a digest.
+    match state.permits.cancel(&id, "", false).await {
+        Ok(Cancel::Cancelled(fate)) => {
+            metrics::counter!(crate::metric_names::CANCELLED, "channel" => task.channel.clone())
+                .increment(1);
+            tracing::info!(task = %id, by = %session.by, "cancelled from the console");
+            if let Some(ledger) = &state.ledger {
+                state.permits.note_cancelled(ledger, &task, fate).await;
+            }
+            done(&id, "cancelled")
+        }
+        Ok(_) => done(&id, "too_late"),
+        Err(e) => error_page(&session, e.into()),
+    }
+}
+
 fn done(id: &str, what: &str) -> Response {
     let id: String =
         percent_encoding::utf8_percent_encode(id, percent_encoding::NON_ALPHANUMERIC).to_string();
@@ -176,6 +213,21 @@ pub(crate) fn card(session: &Session, task: &TaskView) -> Markup {
                 @if task.maybe_sent && !task.ever_sent {
                     dt { "Warning" } dd class="warn" { "the message may already be at the provider" }
                 }
+                @if let Some(digest) = &task.digest {
+                    dt { "Digest" } dd class="digest" { (digest.count) " events" }
+                }
+            }
+            @if let Some(digest) = &task.digest {
+                div class="scroll" { table class="digest-items" {
+                    caption { "Events in this digest (the first " (digest.items.len()) ", in the order they joined)" }
+                    thead { tr { th { "Business id" } th { "Parameters" } } }
+                    tbody { @for item in &digest.items {
+                        tr {
+                            td { (item["biz_id"].as_str().unwrap_or_default()) }
+                            td { code { (item["params"]) } }
+                        }
+                    } }
+                } }
             }
             @if !task.reconcile_log.is_empty() {
                 details {
@@ -207,9 +259,16 @@ fn actions(session: &Session, task: &TaskView) -> Markup {
     let requeueable = matches!(status, "failed" | "dead" | "unknown");
     let settleable = matches!(status, "unknown" | "failed" | "dead");
     let deliverable = settleable || status == "sent";
+    let cancellable = status == "queued" && task.attempts == 0;
     html! {
-        @if requeueable || deliverable {
+        @if requeueable || deliverable || cancellable {
             div class="actions" {
+                @if cancellable {
+                    form method="post" action={ "/console/tasks/" (task.id) "/cancel" } {
+                        (csrf_field(session))
+                        button type="submit" class="cancel" { "Cancel before it is sent" }
+                    }
+                }
                 @if requeueable { (action(session, task, "requeue", "Requeue", "Why send it again")) }
                 @if deliverable { (action(session, task, "mark-delivered", "Mark delivered", "How you know it arrived")) }
                 @if settleable { (action(session, task, "give-up", "Give up", "Why nobody will send it")) }

@@ -14,7 +14,7 @@ use pushonce_tests::chaos::{ChaosConfig, ChaosLedger, ProviderOutage, run};
 #[derive(Debug, Parser)]
 #[command(name = "chaos")]
 struct Args {
-    /// Distinct events (over three business types and all four channels).
+    /// Distinct events (over four business types, one of them a digest, and all four channels).
     #[arg(long, default_value_t = 20_000)]
     events: usize,
     /// Times each event is posted, concurrently, to different instances.

@@ -18,8 +18,9 @@
 //! per day; `INTERVIEW_REMINDER` one per user per job; `PROFILE_LIKED` is
 //! a digest (per user per day, sent two seconds after the first like of
 //! each generation): every like in exactly one message's `digest_items`.
-//! A cancel stream cancels every tenth order right after it is posted; a
-//! channel answered `cancelled` must get no message.
+//! A cancel stream cancels every tenth order right after it is posted and
+//! another tenth two seconds later (mostly too late); a channel answered
+//! `cancelled` must get no message, one answered `too_late` its message.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
@@ -42,7 +43,7 @@ use crate::stack::{ServeConfig, ServeProcess};
 /// What a chaos run does.
 #[derive(Debug, Clone)]
 pub struct ChaosConfig {
-    /// Distinct events posted (spread over three business types).
+    /// Distinct events posted (spread over four business types).
     pub events: usize,
     /// Times each event is posted, concurrently, each to another instance.
     pub posts: usize,
@@ -526,7 +527,7 @@ async fn backlog(conn: &mut RedisConn, layout: &Layout) -> anyhow::Result<u64> {
 /// Shards of the chaos hosts' key layout.
 const SHARDS: u16 = 8;
 
-/// The chaos policies: the repository's three business types with a short
+/// The chaos policies: the repository's three business types and a digest with a short
 /// retry schedule (so a run ends in minutes) and room for many attempts.
 /// `INTERVIEW_REMINDER` carries a frequency cap (per user, far above the
 /// three or so reminders a candidate gets, so it never binds): every one of
@@ -602,8 +603,9 @@ struct Planned {
     /// `(provider, recipient, dedup unit)`: the message this event calls for
     /// on each channel; events sharing a unit share the message.
     messages: Vec<(&'static str, String, String)>,
-    /// For an order the cancel stream cancels: its unit.
-    cancel: Option<String>,
+    /// For an order the cancel stream cancels: its unit, and how long after
+    /// its posts were answered.
+    cancel: Option<(String, Duration)>,
 }
 
 /// Event `i` of the run: every fourth a like (the digest type), the others
@@ -657,7 +659,11 @@ fn plan(i: usize, events: usize, arrears: bool) -> Planned {
                     "recipients": {"sms": phone, "wechat": format!("openid-o{n}"), "app-push": format!("device-o{n}")}
                 }),
                 messages,
-                cancel: (n % 10 == 7).then_some(unit),
+                cancel: match n % 10 {
+                    7 => Some((unit, Duration::ZERO)),
+                    3 => Some((unit, Duration::from_secs(2))),
+                    _ => None,
+                },
             }
         }
         1 => {
@@ -1309,13 +1315,14 @@ async fn post_all(
                     result = Err(e);
                 }
             }
-            if let Some(unit) = cancel
-                && result.is_ok()
-            {
-                result = cancel_one(&client, &bases, i, &unit, &counts).await;
-            }
             counts.done_events.fetch_add(1, Ordering::Relaxed);
             drop(slot);
+            if let Some((unit, after)) = cancel
+                && result.is_ok()
+            {
+                tokio::time::sleep(after).await;
+                result = cancel_one(&client, &bases, i, &unit, &counts).await;
+            }
             result
         });
         while let Some(done) = set.try_join_next() {

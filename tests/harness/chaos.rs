@@ -1590,6 +1590,42 @@ fn account_digests(config: &ChaosConfig, sim: &Sim, tasks: &[Value], report: &mu
     }
 }
 
+/// For a miss: every task of `(channel, recipient)`, as the look-ups
+/// answered it at the end (status, key, attempts, provider log, last
+/// error), so a miss can be traced after the run's data is gone.
+fn tasks_of(tasks: &[Value], (channel, recipient): &(String, String)) -> Vec<String> {
+    // A ledger row has no payload: matched by the user in its key
+    // (`openid-r7`, `device-o7` and `u-r7` are user `u-r7`, `u-o7`).
+    let user = recipient
+        .split_once('-')
+        .map(|(_, id)| format!(":u-{}", id.trim_start_matches("u-")));
+    tasks
+        .iter()
+        .filter(|t| t["channel"] == channel.as_str())
+        .filter(|t| {
+            t["payload"]["recipient"] == recipient.as_str()
+                || (t["payload"].is_null()
+                    && user.as_ref().is_some_and(|u| {
+                        t["key"].as_str().is_some_and(|k| {
+                            k.contains(&format!("{u}:")) || k.ends_with(u.as_str())
+                        })
+                    }))
+        })
+        .map(|t| {
+            format!(
+                "  task {} {} key {} attempts {} from_ledger {} provider_log {} last_error {}",
+                t["id"],
+                t["status"],
+                t["key"],
+                t["attempts"],
+                t["from_ledger"],
+                t["provider_log"],
+                t["last_error"]
+            )
+        })
+        .collect()
+}
+
 /// Compares the plan with the ledger and the tasks' final states.
 fn account(
     config: &ChaosConfig,
@@ -1709,6 +1745,7 @@ fn account(
                 report
                     .examples
                     .push(format!("miss: {who:?} got {got}, expected {expected}"));
+                report.examples.extend(tasks_of(tasks, who));
             }
         }
     }
@@ -1718,5 +1755,5 @@ fn account(
             report.examples.push(format!("unexpected: {who:?} got {n}"));
         }
     }
-    report.examples.truncate(20);
+    report.examples.truncate(40);
 }

@@ -13,6 +13,7 @@ pub mod claim;
 pub mod history;
 pub(crate) mod identity;
 mod pool;
+pub mod preferences;
 pub mod retention;
 pub mod writer;
 

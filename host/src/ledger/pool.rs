@@ -41,6 +41,11 @@ const SQLITE_MIGRATIONS: &[Step] = &[
         "identity",
         include_str!("../../migrations/sqlite/0004_identity.sql"),
     ),
+    (
+        5,
+        "preferences",
+        include_str!("../../migrations/sqlite/0005_preferences.sql"),
+    ),
 ];
 
 /// The PostgreSQL schema's migrations, in order.
@@ -64,6 +69,11 @@ const POSTGRES_MIGRATIONS: &[Step] = &[
         4,
         "identity",
         include_str!("../../migrations/postgres/0004_identity.sql"),
+    ),
+    (
+        5,
+        "preferences",
+        include_str!("../../migrations/postgres/0005_preferences.sql"),
     ),
 ];
 

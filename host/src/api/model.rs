@@ -162,7 +162,7 @@ pub struct ChannelResult {
     pub scheduled_for: Option<u64>,
 }
 
-/// Accepted, digested, duplicate or capped.
+/// Accepted, digested, duplicate, capped or opted out.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, ToSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum ResultKind {
@@ -175,6 +175,11 @@ pub enum ResultKind {
     Digested,
     /// A frequency cap had no room: nothing was created (`cap`, `next_allowed_at`).
     Capped,
+    /// The recipient switched this channel, or the policy's category, off
+    /// (`docs/preferences.md`): nothing was created, nothing is sent, and
+    /// `task_id` is empty.
+    #[serde(rename = "opted_out")]
+    OptedOut,
 }
 
 /// The answer to `POST /v1/events` (202).

@@ -14,8 +14,18 @@ use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use crate::ledger::preferences::Preferences;
+use tokio::sync::mpsc;
+
+use crate::ledger::preferences::{OptedOutAnswer, Preferences};
 use crate::ledger::{Ledger, LedgerError};
+
+/// Most `opted_out` answers waiting to be recorded; past it an answer is
+/// not recorded (the look-up does not show it; nothing else depends on it).
+const ANSWERS_QUEUED: usize = 10_000;
+/// Most answers recorded in one transaction.
+const ANSWERS_BATCH: usize = 256;
+/// How often recorded answers older than the ledger's history are removed.
+const ANSWERS_PRUNE_EVERY: Duration = Duration::from_secs(3600);
 
 /// Most users an instance keeps entries of; past it, stale entries go,
 /// then all (the next events read again).
@@ -44,6 +54,9 @@ pub struct PreferenceCache {
     /// Categories no preference blocks.
     mandatory: BTreeSet<String>,
     entries: Mutex<HashMap<String, Entry>>,
+    /// The queue of the background writer of `opted_out` answers (`None`:
+    /// not recorded).
+    answers: Option<mpsc::Sender<OptedOutAnswer>>,
 }
 
 impl std::fmt::Debug for PreferenceCache {
@@ -64,6 +77,30 @@ impl PreferenceCache {
             ttl,
             mandatory: mandatory.iter().cloned().collect(),
             entries: Mutex::new(HashMap::new()),
+            answers: None,
+        }
+    }
+
+    /// Records `opted_out` answers in the ledger (for the event look-up)
+    /// through a background writer, keeping each for `keep` (the ledger's
+    /// history). The writer stops when the cache is dropped. Nothing is
+    /// recorded with the ledger off.
+    pub fn recording_answers(mut self, keep: Duration) -> PreferenceCache {
+        if let Some(ledger) = &self.ledger {
+            let (tx, rx) = mpsc::channel(ANSWERS_QUEUED);
+            tokio::spawn(write_answers(ledger.clone(), rx, keep));
+            self.answers = Some(tx);
+        }
+        self
+    }
+
+    /// Queues `answer` for the look-up's record (dropped, with a debug
+    /// line, when the writer is behind by [`ANSWERS_QUEUED`]).
+    pub fn record(&self, answer: OptedOutAnswer) {
+        if let Some(tx) = &self.answers
+            && tx.try_send(answer).is_err()
+        {
+            tracing::debug!("opted_out answer not recorded: the writer is behind");
         }
     }
 
@@ -159,6 +196,43 @@ impl PreferenceCache {
         Verdict {
             preferences,
             mandatory: &self.mandatory,
+        }
+    }
+}
+
+/// The background writer of `opted_out` answers: batches of what is
+/// queued, each tried three times; hourly, the removal of answers older
+/// than `keep`.
+async fn write_answers(ledger: Ledger, mut rx: mpsc::Receiver<OptedOutAnswer>, keep: Duration) {
+    let mut prune = tokio::time::interval(ANSWERS_PRUNE_EVERY);
+    loop {
+        tokio::select! {
+            got = rx.recv() => {
+                let Some(first) = got else { return };
+                let mut batch = vec![first];
+                while batch.len() < ANSWERS_BATCH {
+                    match rx.try_recv() {
+                        Ok(a) => batch.push(a),
+                        Err(_) => break,
+                    }
+                }
+                for attempt in 0..3u32 {
+                    match ledger.record_opted_out(&batch).await {
+                        Ok(()) => break,
+                        Err(e) => {
+                            tracing::warn!(error = %e, answers = batch.len(), attempt, "could not record opted_out answers");
+                            tokio::time::sleep(Duration::from_millis(100 << attempt)).await;
+                        }
+                    }
+                }
+            }
+            _ = prune.tick() => {
+                let keep_ms = i64::try_from(keep.as_millis()).unwrap_or(i64::MAX);
+                let before = crate::ledger::now_ms().saturating_sub(keep_ms);
+                if let Err(e) = ledger.remove_opted_out_before(before).await {
+                    tracing::warn!(error = %e, "could not remove old opted_out answers");
+                }
+            }
         }
     }
 }

@@ -24,3 +24,16 @@ CREATE TABLE preference_changes (
     categories_off TEXT   NOT NULL
 );
 CREATE INDEX preference_changes_user ON preference_changes (user_digest, id);
+-- The channels of events answered `opted_out` (nothing was accepted for
+-- them), so that an event's look-up shows them; written in the background
+-- after the answer, removed `ledger_history` after `at`.
+CREATE TABLE opted_out (
+    biz_type    TEXT   NOT NULL,
+    biz_id      TEXT   NOT NULL,
+    user_digest TEXT   NOT NULL,
+    channel     TEXT   NOT NULL,
+    key         TEXT   NOT NULL,
+    at          BIGINT NOT NULL,
+    CONSTRAINT opted_out_answer UNIQUE (biz_type, biz_id, user_digest, channel)
+);
+CREATE INDEX opted_out_at ON opted_out (at);

@@ -200,7 +200,7 @@ pub(crate) async fn get_task(
         EventQuery,
     ),
     responses(
-        (status = 200, description = "The event's tasks", body = EventTasks),
+        (status = 200, description = "The event's tasks, and its channels answered opted_out", body = EventTasks),
         (status = 401, description = "Missing or wrong bearer token", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "No task of this event (or they expired)", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "Bad query", body = Problem, content_type = "application/problem+json"),
@@ -238,7 +238,14 @@ pub(crate) async fn get_event(
         &mut tasks,
     )
     .await?;
-    if tasks.is_empty() {
+    let opted_out = super::preferences::opted_out_of_event(
+        &state,
+        &biz_type,
+        &biz_id,
+        query.user_id.as_deref(),
+    )
+    .await?;
+    if tasks.is_empty() && opted_out.is_empty() {
         let why = if state.permits.config().event_index {
             ""
         } else {
@@ -253,6 +260,7 @@ pub(crate) async fn get_event(
         biz_type,
         biz_id,
         tasks,
+        opted_out,
     }))
 }
 
@@ -458,7 +466,7 @@ async fn accept(state: &AppState, events: &[PlannedEvent]) -> Result<Vec<EventAc
             results.push(result);
         }
         for skipped in &event.opted_out {
-            let result = super::preferences::opted_out_result(skipped);
+            let result = super::preferences::opted_out_result(state, event, skipped);
             results.insert(skipped.at.min(results.len()), result);
         }
         out.push(EventAccepted {

@@ -505,6 +505,21 @@ pub(crate) struct EventTasks {
     pub biz_id: String,
     /// Its tasks (every channel, fallbacks included once created), oldest first.
     pub tasks: Vec<TaskView>,
+    /// Its channels answered `opted_out` (the recipient had switched the
+    /// channel or the policy's category off: no task), oldest first.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub opted_out: Vec<OptedOutView>,
+}
+
+/// A channel of an event answered `opted_out`.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub(crate) struct OptedOutView {
+    /// The channel.
+    pub channel: String,
+    /// The key its message would have had.
+    pub key: String,
+    /// When it was answered (ms since the epoch, the host's clock).
+    pub at: i64,
 }
 
 /// `?user_id=` of the event lookup.

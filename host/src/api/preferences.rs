@@ -20,10 +20,12 @@ use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
 use super::AppState;
-use super::model::{ChannelResult, MAX_ID, Problem, ResultKind};
+use super::model::{ChannelResult, MAX_ID, OptedOutView, Problem, ResultKind};
 use super::problem::ApiError;
-use crate::ledger::preferences::{ChangeRoute, Edit, PreferenceChange, Preferences};
-use crate::route::plan::OptedOut;
+use crate::ledger::preferences::{
+    ChangeRoute, Edit, OptedOutAnswer, PreferenceChange, Preferences,
+};
+use crate::route::plan::{OptedOut, PlannedEvent};
 
 /// Most channels or categories one document may switch off.
 const MAX_NAMES: usize = 64;
@@ -50,10 +52,23 @@ pub(crate) async fn of_users(
         })
 }
 
-/// The answer for a channel the recipient switched off, counted.
-pub(crate) fn opted_out_result(skipped: &OptedOut) -> ChannelResult {
+/// The answer for a channel of `event` the recipient switched off,
+/// counted and queued for the event look-up's record.
+pub(crate) fn opted_out_result(
+    state: &AppState,
+    event: &PlannedEvent,
+    skipped: &OptedOut,
+) -> ChannelResult {
     metrics::counter!(crate::metric_names::OPTED_OUT, "channel" => skipped.channel.clone())
         .increment(1);
+    state.preferences.record(OptedOutAnswer {
+        biz_type: event.biz_type.clone(),
+        biz_id: event.biz_id.clone(),
+        user_digest: crate::ledger::recipient_digest(&event.user_id),
+        channel: skipped.channel.clone(),
+        key: skipped.key.clone(),
+        at_ms: crate::ledger::now_ms(),
+    });
     ChannelResult {
         channel: skipped.channel.clone(),
         result: ResultKind::OptedOut,
@@ -64,6 +79,31 @@ pub(crate) fn opted_out_result(skipped: &OptedOut) -> ChannelResult {
         next_allowed_at: None,
         scheduled_for: None,
     }
+}
+
+/// The channels of event `biz_type`/`biz_id` answered `opted_out` (only
+/// `user_id`'s when given), as recorded in the ledger (none with it off).
+pub(crate) async fn opted_out_of_event(
+    state: &AppState,
+    biz_type: &str,
+    biz_id: &str,
+    user_id: Option<&str>,
+) -> Result<Vec<OptedOutView>, ApiError> {
+    let Some(ledger) = state.preferences.ledger() else {
+        return Ok(Vec::new());
+    };
+    let digest = user_id.map(crate::ledger::recipient_digest);
+    Ok(ledger
+        .opted_out_of_event(biz_type, biz_id)
+        .await?
+        .into_iter()
+        .filter(|a| digest.as_ref().is_none_or(|d| *d == a.user_digest))
+        .map(|a| OptedOutView {
+            channel: a.channel,
+            key: a.key,
+            at: a.at_ms,
+        })
+        .collect())
 }
 
 /// The token kind of a request to the preferences routes, set by [`authorise`].

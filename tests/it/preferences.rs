@@ -92,13 +92,18 @@ cache_ttl = "{}ms"
 
 /// A host on `redis` (sharing its ledger) sending through `sim`.
 async fn serve(redis: &RedisServer, sim: &Sim, dir: &Path) -> ServeProcess {
+    serve_on(redis, sim, dir, &redis.ledger_url()).await
+}
+
+/// A host on `redis` and the ledger at `ledger_url`, sending through `sim`.
+async fn serve_on(redis: &RedisServer, sim: &Sim, dir: &Path, ledger_url: &str) -> ServeProcess {
     let policies = dir.join("policies");
     std::fs::create_dir_all(&policies).unwrap();
     for (file, text) in POLICIES {
         std::fs::write(policies.join(file), text).unwrap();
     }
     let mut config = ServeConfig::new(&redis.url(), sim);
-    config.ledger_url = Some(redis.ledger_url());
+    config.ledger_url = Some(ledger_url.to_string());
     config.extra = extra();
     config
         .env
@@ -671,5 +676,72 @@ mod console {
                 .ends_with(&format!("/console/preferences?user_id={user}"))
         );
         browser.stop().await;
+    }
+}
+
+/// Two hosts sharing a PostgreSQL ledger: a change made on one is read by
+/// the other, the history and the look-up's opted-out channel come from it.
+mod ledger {
+    use super::*;
+    use pushonce_tests::postgres::PostgresServer;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn preferences_are_shared_through_a_postgresql_ledger() {
+        let pg = PostgresServer::shared().await.expect("postgres starts");
+        let url = pg.database().await.expect("a database");
+        let redis = RedisServer::start().await.unwrap();
+        let sim = providers::sim().await;
+        let dir = tempfile::tempdir().unwrap();
+        let a = serve_on(&redis, &sim, &dir.path().join("a"), &url).await;
+        let b = serve_on(&redis, &sim, &dir.path().join("b"), &url).await;
+        let user = "u-pg";
+        put(
+            &a,
+            user,
+            json!({"channels_off": ["wechat"], "categories_off": ["marketing"]}),
+        )
+        .await;
+        put(&a, user, json!({"channels_off": ["sms"]})).await;
+        // B never read this user: its first read is of the change.
+        let answer = post(&b, &order("o-pg", user)).await;
+        assert_eq!(
+            kinds(&answer),
+            [
+                ("sms".to_string(), "opted_out".to_string()),
+                ("wechat".to_string(), "accepted".to_string()),
+            ]
+        );
+        let path = format!("/v1/users/{user}/preferences");
+        let (status, view) = call(&b, reqwest::Method::GET, &path, Some(API_TOKEN), None).await;
+        assert_eq!(status, 200, "{view}");
+        let whats: Vec<&str> = view["history"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| c["what"].as_str().unwrap())
+            .collect();
+        assert_eq!(
+            whats,
+            [
+                "channels off +sms -wechat; categories off -marketing",
+                "channels off +wechat; categories off +marketing",
+            ]
+        );
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let (_, found) = call(
+                &a,
+                reqwest::Method::GET,
+                "/v1/events/ORDER_SHIPPED/o-pg",
+                Some(API_TOKEN),
+                None,
+            )
+            .await;
+            if found["opted_out"][0]["channel"] == "sms" {
+                break;
+            }
+            assert!(Instant::now() < deadline, "never recorded: {found}");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
     }
 }

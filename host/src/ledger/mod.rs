@@ -128,6 +128,8 @@ impl LedgerError {
 #[derive(Clone)]
 pub struct Ledger {
     pool: LedgerPool,
+    /// Reads of the accept path (`LedgerPool::for_reads`).
+    reads: LedgerPool,
     claimer: claim::Claimer,
     writer: writer::WriterHandle,
     health: Arc<Mutex<Option<String>>>,
@@ -151,6 +153,7 @@ impl Ledger {
         Ok(Ledger {
             id: id.into(),
             claimer: claim::Claimer::spawn(pool.clone()),
+            reads: pool.for_reads(),
             pool,
             writer,
             health: Arc::new(Mutex::new(None)),

@@ -207,6 +207,25 @@ impl LedgerPool {
         Err(LedgerError::BadUrl(url.to_string()))
     }
 
+    /// A pool for reads that must not wait behind the claims and the
+    /// writer (the accept path's preference reads): on SQLite a second pool
+    /// of its own on the same file (WAL: readers do not wait for the
+    /// writer); on PostgreSQL this pool.
+    pub(crate) fn for_reads(&self) -> LedgerPool {
+        match self {
+            LedgerPool::Sqlite(p) => {
+                let options = (*p.connect_options()).clone();
+                LedgerPool::Sqlite(
+                    SqlitePoolOptions::new()
+                        .max_connections(4)
+                        .acquire_timeout(ACQUIRE_TIMEOUT)
+                        .connect_lazy_with(options),
+                )
+            }
+            LedgerPool::Postgres(_) => self.clone(),
+        }
+    }
+
     /// `sqlite` or `postgres`.
     pub fn backend(&self) -> &'static str {
         match self {

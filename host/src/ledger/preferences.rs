@@ -204,7 +204,8 @@ impl Ledger {
     }
 
     /// The preferences of each of `users` in one query (a user without a
-    /// row is absent from the answer: the defaults).
+    /// row is absent from the answer: the defaults), on the pool for reads,
+    /// so the accept path does not wait behind claims.
     pub async fn preferences_of(
         &self,
         users: &[&str],
@@ -220,7 +221,7 @@ impl Ledger {
              WHERE user_digest IN ({})",
             marks.join(", ")
         );
-        let rows: Vec<(String, String, String)> = on_pool!(self.pool(), p => {
+        let rows: Vec<(String, String, String)> = on_pool!(&self.reads, p => {
             let mut q = sqlx::query_as(&sql);
             for digest in by_digest.keys() {
                 q = q.bind(digest);

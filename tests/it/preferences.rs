@@ -385,8 +385,27 @@ async fn a_mandatory_category_still_sends_and_a_redis_restart_loses_no_preferenc
         [("app-push".to_string(), "opted_out".to_string())]
     );
     let sim_ref = &sim;
+    // A batch answers each event alike.
+    let mut code_2 = code.clone();
+    code_2["biz_id"] = "c-2".into();
+    let batch = json!({"events": [promo("p-b"), code_2]});
+    let (status, answer) = call(
+        &host,
+        reqwest::Method::POST,
+        "/v1/events:batch",
+        Some(API_TOKEN),
+        Some(&batch),
+    )
+    .await;
+    assert_eq!(status, 200, "{answer}");
+    let result = |i: usize| answer["results"][i]["accepted"]["results"][0]["result"].clone();
+    assert_eq!(
+        (result(0), result(1)),
+        (json!("opted_out"), json!("accepted")),
+        "{answer}"
+    );
     wait_until(Duration::from_secs(30), || async move {
-        at_provider(sim_ref, "sms", "13900000001") == 1
+        at_provider(sim_ref, "sms", "13900000001") == 2
     })
     .await
     .unwrap_or_else(|e| panic!("{e}: sms {:?}", sim.ledger("sms")));

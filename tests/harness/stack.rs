@@ -65,9 +65,6 @@ lease = "{lease}"
 {ledger}
 {extra}
 
-[plugin_limits]
-instances = 64
-
 {channels}
 "#,
             redis = self.redis,

@@ -165,6 +165,31 @@ impl ServeProcess {
         Answer::of(self.client.post(self.url(path)).json(body)).await
     }
 
+    /// `POST /v1/events` with `body`, asserting 202: its first channel's
+    /// result.
+    pub async fn post_event(&self, body: &serde_json::Value) -> serde_json::Value {
+        let a = self.post("/v1/events", body).await.unwrap();
+        assert_eq!(a.status, 202, "{}", a.body);
+        a.body["results"][0].clone()
+    }
+
+    /// `POST /v1/events/{biz_type}/{biz_id}/cancel` with `body`, asserting
+    /// 200 and that its first channel is `cancelled`: the answer.
+    pub async fn cancel_event(
+        &self,
+        biz_type: &str,
+        biz_id: &str,
+        body: &serde_json::Value,
+    ) -> serde_json::Value {
+        let a = self
+            .post(&format!("/v1/events/{biz_type}/{biz_id}/cancel"), body)
+            .await
+            .unwrap();
+        assert_eq!(a.status, 200, "{}", a.body);
+        assert_eq!(a.body["channels"][0]["result"], "cancelled", "{}", a.body);
+        a.body
+    }
+
     /// `GET path`.
     pub async fn get(&self, path: &str) -> anyhow::Result<Answer> {
         Answer::of(self.client.get(self.url(path))).await

@@ -968,6 +968,7 @@ backoff = {{ initial = "1s", factor = 2.0, max = "4s" }}
         counts.too_late.load(Ordering::Relaxed),
     );
     account(config, &sim, &tasks, &cancelled, &mut report);
+    add_log_lines(&hosts, &mut report.examples);
     if let Some(outage_run) = outage_run {
         let _ = quiet_tx.send(true);
         let run = outage_run.await??;
@@ -1574,6 +1575,25 @@ fn account_digests(config: &ChaosConfig, sim: &Sim, tasks: &[Value], report: &mu
                 report.digest_twice += 1;
                 report.examples.push(format!("like in two digests: {like}"));
             }
+        }
+    }
+}
+
+/// For each task a miss printed (`  task "<id>" …`): the hosts' log lines
+/// naming it (all runs of each host: a restarted host appends), so its
+/// history can be read after the run's data is gone.
+fn add_log_lines(hosts: &[ServeProcess], examples: &mut Vec<String>) {
+    let ids: Vec<String> = examples
+        .iter()
+        .filter_map(|e| e.strip_prefix("  task \""))
+        .filter_map(|e| e.split('"').next())
+        .map(str::to_string)
+        .collect();
+    for id in ids {
+        for (i, host) in hosts.iter().enumerate() {
+            let log = host.all_logs();
+            let lines = log.lines().filter(|l| l.contains(&id)).take(30);
+            examples.extend(lines.map(|l| format!("    host {i}: {l}")));
         }
     }
 }

@@ -97,6 +97,8 @@ pub struct ServeProcess {
     base: String,
     /// A client for its API.
     client: reqwest::Client,
+    /// The logs of its earlier runs (ended by `kill9`).
+    earlier_logs: Vec<PathBuf>,
 }
 
 impl ServeProcess {
@@ -117,6 +119,7 @@ impl ServeProcess {
             env: config.env.clone(),
             base: format!("http://127.0.0.1:{port}"),
             client: reqwest::Client::new(),
+            earlier_logs: Vec::new(),
         };
         serve.restart().await?;
         Ok(serve)
@@ -142,7 +145,20 @@ impl ServeProcess {
     pub fn kill9(&mut self) {
         if let Some(mut p) = self.process.take() {
             p.kill9();
+            self.earlier_logs.push(p.log_path().to_path_buf());
         }
+    }
+
+    /// What every run of the process wrote to stderr, the earlier (killed)
+    /// runs first.
+    pub fn all_logs(&self) -> String {
+        let mut text: String = self
+            .earlier_logs
+            .iter()
+            .map(|l| std::fs::read_to_string(l).unwrap_or_default())
+            .collect();
+        text.push_str(&self.log());
+        text
     }
 
     /// Whether the process is running (not killed).

@@ -167,6 +167,21 @@ impl Browser {
         }
     }
 
+    /// The text of the element matching `css`.
+    pub async fn text_at(&self, css: &str) -> anyhow::Result<String> {
+        let element = self.find(css).await?;
+        self.text_of(&element).await
+    }
+
+    /// Signs in to the console at `base` (`http://…`) as `name` with the
+    /// admin token `token`, from its login page.
+    pub async fn sign_in(&self, base: &str, name: &str, token: &str) -> anyhow::Result<()> {
+        self.goto(&format!("{base}/console/login")).await?;
+        self.fill("#name", name).await?;
+        self.fill("#token", token).await?;
+        self.click("button[type=submit]").await
+    }
+
     /// Types `text` into the element matching `css`.
     pub async fn fill(&self, css: &str, text: &str) -> anyhow::Result<()> {
         let element = self.find(css).await?;

@@ -968,6 +968,7 @@ backoff = {{ initial = "1s", factor = 2.0, max = "4s" }}
         counts.too_late.load(Ordering::Relaxed),
     );
     account(config, &sim, &tasks, &cancelled, &mut report);
+    add_log_lines(&hosts, &mut report.examples);
     if let Some(outage_run) = outage_run {
         let _ = quiet_tx.send(true);
         let run = outage_run.await??;
@@ -1335,52 +1336,39 @@ async fn post_all(
     Ok(())
 }
 
-/// Posts one event, starting at instance `start`, until an instance answers
-/// with a verdict per channel: a dead instance or a 503 moves on to the next.
-async fn post_one(
+/// POSTs `body` to `path`, starting at instance `start`, until an instance
+/// answers 2xx with a JSON body whose `field` is an array (an answer cut
+/// off by a kill has none): a dead instance, a 429 or a 5xx moves on to the
+/// next instance; another 4xx fails the run.
+async fn post_until_answered(
     client: &reqwest::Client,
     bases: &[String],
     start: usize,
+    path: &str,
     body: &Value,
+    field: &str,
     counts: &PostCounts,
-) -> anyhow::Result<()> {
+) -> anyhow::Result<Value> {
     let deadline = Instant::now() + Duration::from_secs(300);
     let mut i = start;
     loop {
         let base = &bases[i % bases.len()];
-        let answer = client
-            .post(format!("{base}/v1/events"))
-            .json(body)
-            .send()
-            .await;
-        match answer {
+        match client.post(format!("{base}{path}")).json(body).send().await {
             Ok(r) if r.status().is_success() => {
                 let v: Value = r.json().await.unwrap_or(Value::Null);
-                if let Some(results) = v["results"].as_array() {
-                    counts.posts.fetch_add(1, Ordering::Relaxed);
-                    for r in results {
-                        match r["result"].as_str() {
-                            Some("capped") => anyhow::bail!(
-                                "{base} answered `capped`: the chaos cap must never bind; event {body}"
-                            ),
-                            Some("accepted" | "digested") => {
-                                counts.accepted.fetch_add(1, Ordering::Relaxed)
-                            }
-                            _ => counts.duplicates.fetch_add(1, Ordering::Relaxed),
-                        };
-                    }
-                    return Ok(());
+                if v[field].is_array() {
+                    return Ok(v);
                 }
             }
             Ok(r) if r.status().is_client_error() && r.status().as_u16() != 429 => {
                 let status = r.status();
                 let text = r.text().await.unwrap_or_default();
-                anyhow::bail!("{base} refused an event with {status}: {text}; event {body}");
+                anyhow::bail!("{base} refused POST {path} with {status}: {text}; body {body}");
             }
             _ => {}
         }
         if Instant::now() > deadline {
-            anyhow::bail!("no instance took event {body} within 300 s");
+            anyhow::bail!("no instance took POST {path} {body} within 300 s");
         }
         counts.retries.fetch_add(1, Ordering::Relaxed);
         i += 1;
@@ -1388,9 +1376,32 @@ async fn post_one(
     }
 }
 
-/// Cancels order `unit` (`POST /v1/events/ORDER_SHIPPED/<unit>/cancel`),
-/// starting at instance `start`, until an instance answers; records each
-/// channel's answer.
+/// Posts one event until an instance answers with a verdict per channel,
+/// and counts the verdicts.
+async fn post_one(
+    client: &reqwest::Client,
+    bases: &[String],
+    start: usize,
+    body: &Value,
+    counts: &PostCounts,
+) -> anyhow::Result<()> {
+    let v =
+        post_until_answered(client, bases, start, "/v1/events", body, "results", counts).await?;
+    counts.posts.fetch_add(1, Ordering::Relaxed);
+    for r in v["results"].as_array().into_iter().flatten() {
+        match r["result"].as_str() {
+            Some("capped") => {
+                anyhow::bail!("`capped` answered: the chaos cap must never bind; event {body}")
+            }
+            Some("accepted" | "digested") => counts.accepted.fetch_add(1, Ordering::Relaxed),
+            _ => counts.duplicates.fetch_add(1, Ordering::Relaxed),
+        };
+    }
+    Ok(())
+}
+
+/// Cancels order `unit` (`POST /v1/events/ORDER_SHIPPED/<unit>/cancel`)
+/// until an instance answers; records each channel's answer.
 async fn cancel_one(
     client: &reqwest::Client,
     bases: &[String],
@@ -1398,44 +1409,22 @@ async fn cancel_one(
     unit: &str,
     counts: &PostCounts,
 ) -> anyhow::Result<()> {
-    let deadline = Instant::now() + Duration::from_secs(300);
-    let mut i = start;
-    loop {
-        let base = &bases[i % bases.len()];
-        let answer = client
-            .post(format!("{base}/v1/events/ORDER_SHIPPED/{unit}/cancel"))
-            .json(&json!({}))
-            .send()
-            .await;
-        if let Ok(r) = answer {
-            let status = r.status();
-            if status.is_success() {
-                let v: Value = r.json().await.unwrap_or(Value::Null);
-                for c in v["channels"].as_array().into_iter().flatten() {
-                    let channel = c["channel"].as_str().unwrap_or_default().to_string();
-                    if c["result"] == "cancelled" {
-                        counts
-                            .cancelled
-                            .lock()
-                            .unwrap()
-                            .insert((channel, unit.to_string()));
-                    } else {
-                        counts.too_late.fetch_add(1, Ordering::Relaxed);
-                    }
-                }
-                return Ok(());
-            }
-            if status.is_client_error() && status.as_u16() != 429 {
-                let text = r.text().await.unwrap_or_default();
-                anyhow::bail!("{base} refused the cancel of {unit} with {status}: {text}");
-            }
+    let path = format!("/v1/events/ORDER_SHIPPED/{unit}/cancel");
+    let v =
+        post_until_answered(client, bases, start, &path, &json!({}), "channels", counts).await?;
+    for c in v["channels"].as_array().into_iter().flatten() {
+        let channel = c["channel"].as_str().unwrap_or_default().to_string();
+        if c["result"] == "cancelled" {
+            counts
+                .cancelled
+                .lock()
+                .unwrap()
+                .insert((channel, unit.to_string()));
+        } else {
+            counts.too_late.fetch_add(1, Ordering::Relaxed);
         }
-        if Instant::now() > deadline {
-            anyhow::bail!("no instance took the cancel of {unit} within 300 s");
-        }
-        i += 1;
-        tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    Ok(())
 }
 
 /// Every task of every event, read through the API (`GET /v1/events/…`).
@@ -1586,6 +1575,25 @@ fn account_digests(config: &ChaosConfig, sim: &Sim, tasks: &[Value], report: &mu
                 report.digest_twice += 1;
                 report.examples.push(format!("like in two digests: {like}"));
             }
+        }
+    }
+}
+
+/// For each task a miss printed (`  task "<id>" …`): the hosts' log lines
+/// naming it (all runs of each host: a restarted host appends), so its
+/// history can be read after the run's data is gone.
+fn add_log_lines(hosts: &[ServeProcess], examples: &mut Vec<String>) {
+    let ids: Vec<String> = examples
+        .iter()
+        .filter_map(|e| e.strip_prefix("  task \""))
+        .filter_map(|e| e.split('"').next())
+        .map(str::to_string)
+        .collect();
+    for id in ids {
+        for (i, host) in hosts.iter().enumerate() {
+            let log = host.all_logs();
+            let lines = log.lines().filter(|l| l.contains(&id)).take(30);
+            examples.extend(lines.map(|l| format!("    host {i}: {l}")));
         }
     }
 }

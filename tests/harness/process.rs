@@ -155,6 +155,11 @@ impl PushonceProcess {
         self.child.as_ref().map(|c| c.id()).unwrap_or(0)
     }
 
+    /// The file its stderr goes to.
+    pub fn log_path(&self) -> &Path {
+        &self.log
+    }
+
     /// What the process wrote to stderr so far.
     pub fn log(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()

@@ -65,9 +65,6 @@ lease = "{lease}"
 {ledger}
 {extra}
 
-[plugin_limits]
-instances = 64
-
 {channels}
 "#,
             redis = self.redis,
@@ -100,6 +97,8 @@ pub struct ServeProcess {
     base: String,
     /// A client for its API.
     client: reqwest::Client,
+    /// The logs of its earlier runs (ended by `kill9`).
+    earlier_logs: Vec<PathBuf>,
 }
 
 impl ServeProcess {
@@ -120,6 +119,7 @@ impl ServeProcess {
             env: config.env.clone(),
             base: format!("http://127.0.0.1:{port}"),
             client: reqwest::Client::new(),
+            earlier_logs: Vec::new(),
         };
         serve.restart().await?;
         Ok(serve)
@@ -145,7 +145,20 @@ impl ServeProcess {
     pub fn kill9(&mut self) {
         if let Some(mut p) = self.process.take() {
             p.kill9();
+            self.earlier_logs.push(p.log_path().to_path_buf());
         }
+    }
+
+    /// What every run of the process wrote to stderr, the earlier (killed)
+    /// runs first.
+    pub fn all_logs(&self) -> String {
+        let mut text: String = self
+            .earlier_logs
+            .iter()
+            .map(|l| std::fs::read_to_string(l).unwrap_or_default())
+            .collect();
+        text.push_str(&self.log());
+        text
     }
 
     /// Whether the process is running (not killed).
@@ -166,6 +179,31 @@ impl ServeProcess {
     /// `POST path` with a JSON body (the stack's API is open: no token).
     pub async fn post(&self, path: &str, body: &serde_json::Value) -> anyhow::Result<Answer> {
         Answer::of(self.client.post(self.url(path)).json(body)).await
+    }
+
+    /// `POST /v1/events` with `body`, asserting 202: its first channel's
+    /// result.
+    pub async fn post_event(&self, body: &serde_json::Value) -> serde_json::Value {
+        let a = self.post("/v1/events", body).await.unwrap();
+        assert_eq!(a.status, 202, "{}", a.body);
+        a.body["results"][0].clone()
+    }
+
+    /// `POST /v1/events/{biz_type}/{biz_id}/cancel` with `body`, asserting
+    /// 200 and that its first channel is `cancelled`: the answer.
+    pub async fn cancel_event(
+        &self,
+        biz_type: &str,
+        biz_id: &str,
+        body: &serde_json::Value,
+    ) -> serde_json::Value {
+        let a = self
+            .post(&format!("/v1/events/{biz_type}/{biz_id}/cancel"), body)
+            .await
+            .unwrap();
+        assert_eq!(a.status, 200, "{}", a.body);
+        assert_eq!(a.body["channels"][0]["result"], "cancelled", "{}", a.body);
+        a.body
     }
 
     /// `GET path`.

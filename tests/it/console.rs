@@ -300,10 +300,7 @@ async fn requeue_with_confirmation(browser: &Browser, host: &ServeProcess, id: &
     );
     browser.click("#send-anyway").await.unwrap();
     assert!(browser.url().await.unwrap().contains("done=requeued"));
-    let audit = browser
-        .text_of(&browser.find("table.audit").await.unwrap())
-        .await
-        .unwrap();
+    let audit = browser.text_at("table.audit").await.unwrap();
     assert!(audit.contains("ana"), "{audit}");
     assert!(audit.contains("requeue (forced)"), "{audit}");
     assert!(
@@ -327,15 +324,9 @@ async fn mark_delivered(browser: &Browser, host: &ServeProcess, id: &str) {
         .unwrap();
     browser.click("button.mark-delivered").await.unwrap();
     assert!(browser.url().await.unwrap().contains("done=delivered"));
-    let status = browser
-        .text_of(&browser.find("dd.status").await.unwrap())
-        .await
-        .unwrap();
+    let status = browser.text_at("dd.status").await.unwrap();
     assert_eq!(status, "delivered");
-    let audit = browser
-        .text_of(&browser.find("table.audit").await.unwrap())
-        .await
-        .unwrap();
+    let audit = browser.text_at("table.audit").await.unwrap();
     assert!(
         audit.contains("ana") && audit.contains("delivered"),
         "{audit}"
@@ -508,15 +499,9 @@ async fn give_up(browser: &Browser, host: &ServeProcess, id: &str) {
         .unwrap();
     browser.click("button.give-up").await.unwrap();
     assert!(browser.url().await.unwrap().contains("done=given_up"));
-    let status = browser
-        .text_of(&browser.find("dd.status").await.unwrap())
-        .await
-        .unwrap();
+    let status = browser.text_at("dd.status").await.unwrap();
     assert_eq!(status, "failed");
-    let audit = browser
-        .text_of(&browser.find("table.audit").await.unwrap())
-        .await
-        .unwrap();
+    let audit = browser.text_at("table.audit").await.unwrap();
     assert!(
         audit.contains("ana")
             && audit.contains("given_up")
@@ -605,10 +590,7 @@ async fn pasted_policies(browser: &Browser, host: &ServeProcess, dir: &Path) {
         summary.starts_with("3 events, 3 keys compared: 3 changed"),
         "{summary}"
     );
-    let diff = browser
-        .text_of(&browser.find("table.diff").await.unwrap())
-        .await
-        .unwrap();
+    let diff = browser.text_at("table.diff").await.unwrap();
     assert!(
         diff.contains("push:per-user-per-day@1:wechat:u-o-never:2026-11-30"),
         "{diff}"

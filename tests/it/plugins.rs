@@ -558,6 +558,35 @@ fn a_smaller_budget_and_cap_are_honoured() {
     assert!(bad.derive_key(&ev, "ok", &[]).is_ok());
 }
 
+/// With every instance slot taken (here one slot, held by another key
+/// policy's warm instance), a call fails as `Busy`, naming the setting to
+/// raise (the API answers it 503, retry, not 422); once a slot is free the
+/// same call works.
+#[test]
+fn a_call_finding_no_free_instance_slot_is_busy_not_refused() {
+    let limits = pushonce::plugin::Limits {
+        pool_slots: 1,
+        ..limits()
+    };
+    let (registry, refused) =
+        PluginRegistry::load_dir(&real_dir(), &limits, None).expect("plugin dir");
+    assert!(refused.is_empty(), "{refused:?}");
+    let day = registry.resolve_key_policy("per-user-per-day@^1").unwrap();
+    let event_key = registry.resolve_key_policy("per-event").unwrap();
+    let ev = event("u-42", 0, &[]);
+    day.derive_key(&ev, "sms", &params(&[("tz", "+08:00")]))
+        .unwrap();
+    let err = event_key.derive_key(&ev, "sms", &[]).unwrap_err();
+    assert!(matches!(err, CallError::Busy { .. }), "{err:?}");
+    let text = err.to_string();
+    assert!(
+        text.starts_with("plugin per-event@") && text.contains("`plugin_limits.instances`"),
+        "{text}"
+    );
+    day.clear_pool();
+    assert!(event_key.derive_key(&ev, "sms", &[]).is_ok());
+}
+
 #[test]
 fn plugins_serve_many_threads_at_once() {
     let registry = real_registry(None);

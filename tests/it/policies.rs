@@ -33,7 +33,7 @@ plugin = "app-push@^2"
 fn config(plugin_dir: &Path, policy_dir: &Path, data_dir: &Path) -> HostConfig {
     let mut c = HostConfig::parse(
         Path::new("test.toml"),
-        &format!("[plugin_limits]\ninstances = 32\n{CHANNELS}"),
+        &format!("[plugin_limits]\ninstances = 96\n{CHANNELS}"),
     )
     .unwrap();
     c.plugin_dir = plugin_dir.to_path_buf();

@@ -114,13 +114,6 @@ fn event(biz_type: &str, biz_id: &str, more: Value) -> Value {
     e
 }
 
-/// Posts `body` and returns its one channel result, asserting 202.
-async fn post_one(host: &ServeProcess, body: &Value) -> Value {
-    let a = host.post("/v1/events", body).await.unwrap();
-    assert_eq!(a.status, 202, "{}", a.body);
-    a.body["results"][0].clone()
-}
-
 /// A fixed UTC offset, whole minutes in -12h..+12h, as `±HH:MM`, that puts
 /// the local time of `at` at `local` (ms after midnight) or up to a minute later;
 /// with the offset in ms.
@@ -158,7 +151,7 @@ async fn an_event_with_send_at_is_sent_once_and_not_before() {
     let host = serve(&redis, &sim, dir.path(), "").await;
     let send_at = now_ms() + 4000;
     let body = event("REMINDER", "r-1", json!({"send_at": rfc3339(send_at)}));
-    let r = post_one(&host, &body).await;
+    let r = host.post_event(&body).await;
     assert_eq!(r["result"], "accepted", "{r}");
     assert_eq!(r["scheduled_for"].as_i64(), Some(send_at), "{r}");
     let id = r["task_id"].as_str().unwrap().to_string();
@@ -170,7 +163,7 @@ async fn an_event_with_send_at_is_sent_once_and_not_before() {
         "{}",
         view.body
     );
-    let again = post_one(&host, &body).await;
+    let again = host.post_event(&body).await;
     assert_eq!(again["result"], "duplicate", "{again}");
     assert_eq!(again["task_id"], id.as_str());
 
@@ -202,7 +195,7 @@ async fn an_event_with_send_at_is_sent_once_and_not_before() {
     })
     .await
     .expect("the task is recorded sent");
-    let after = post_one(&host, &body).await;
+    let after = host.post_event(&body).await;
     assert_eq!(after["result"], "duplicate", "{after}");
     let sent = sim.ledger("inbox");
     assert_eq!(
@@ -222,23 +215,16 @@ async fn a_scheduled_send_cancelled_before_send_at_is_never_sent() {
     let dir = tempfile::tempdir().unwrap();
     let host = serve(&redis, &sim, dir.path(), "").await;
     let at = json!({"send_at": rfc3339(now_ms() + 3000)});
-    let cancelled = post_one(&host, &event("REMINDER", "r-cancel", at.clone())).await;
+    let cancelled = host
+        .post_event(&event("REMINDER", "r-cancel", at.clone()))
+        .await;
     assert_eq!(cancelled["result"], "accepted", "{cancelled}");
     let mut control = event("REMINDER", "r-control", at);
     control["user_id"] = json!("u-8");
-    let kept = post_one(&host, &control).await;
+    let kept = host.post_event(&control).await;
     assert_eq!(kept["result"], "accepted", "{kept}");
 
-    let answer = host
-        .post("/v1/events/REMINDER/r-cancel/cancel", &json!({}))
-        .await
-        .unwrap();
-    assert_eq!(answer.status, 200, "{}", answer.body);
-    assert_eq!(
-        answer.body["channels"][0]["result"], "cancelled",
-        "{}",
-        answer.body
-    );
+    host.cancel_event("REMINDER", "r-cancel", &json!({})).await;
 
     wait_until(Duration::from_secs(20), || async {
         !sim.ledger("inbox").is_empty()
@@ -269,25 +255,21 @@ async fn quiet_hours_are_judged_at_send_at() {
 
     let send_at = now_ms() + 3 * HOUR;
     let (tz, offset) = zone_putting(send_at, 23 * HOUR);
-    let now_local = post_one(
-        &host,
-        &event("DIGEST", "q-0", json!({"attributes": {"tz": tz}})),
-    )
-    .await;
+    let now_local = host
+        .post_event(&event("DIGEST", "q-0", json!({"attributes": {"tz": tz}})))
+        .await;
     assert_eq!(now_local["result"], "accepted", "{now_local}");
     assert!(
         now_local.get("scheduled_for").is_none(),
         "20:00 local is outside the quiet hours: {now_local}"
     );
-    let night = post_one(
-        &host,
-        &event(
+    let night = host
+        .post_event(&event(
             "DIGEST",
             "q-1",
             json!({"attributes": {"tz": tz}, "send_at": rfc3339(send_at)}),
-        ),
-    )
-    .await;
+        ))
+        .await;
     assert_eq!(night["result"], "accepted", "{night}");
     assert_eq!(
         night["scheduled_for"].as_i64(),
@@ -307,25 +289,21 @@ async fn quiet_hours_are_judged_at_send_at() {
     let now = now_ms();
     let (tz, offset) = zone_putting(now, 7 * HOUR);
     let send_at = now + 2 * HOUR;
-    let morning = post_one(
-        &host,
-        &event(
+    let morning = host
+        .post_event(&event(
             "DIGEST",
             "q-2",
             json!({"attributes": {"tz": tz}, "send_at": rfc3339(send_at)}),
-        ),
-    )
-    .await;
+        ))
+        .await;
     assert_eq!(
         morning["scheduled_for"].as_i64(),
         Some(send_at),
         "09:00 local is after the quiet hours: {morning}"
     );
-    let unscheduled = post_one(
-        &host,
-        &event("DIGEST", "q-3", json!({"attributes": {"tz": tz}})),
-    )
-    .await;
+    let unscheduled = host
+        .post_event(&event("DIGEST", "q-3", json!({"attributes": {"tz": tz}})))
+        .await;
     assert_eq!(
         unscheduled["scheduled_for"].as_i64(),
         Some(next_eight(now_ms(), offset)),
@@ -362,36 +340,38 @@ async fn caps_are_judged_at_send_at() {
 
     let now = now_ms();
     let tomorrow = now.div_euclid(DAY_MS) * DAY_MS + DAY_MS;
-    let today = post_one(&host, &event("DAILY_TIP", "d-1", json!({}))).await;
+    let today = host.post_event(&event("DAILY_TIP", "d-1", json!({}))).await;
     assert_eq!(today["result"], "accepted", "{today}");
     let noon = json!({"send_at": rfc3339(tomorrow + 12 * HOUR)});
-    let first = post_one(&host, &event("DAILY_TIP", "d-2", noon.clone())).await;
+    let first = host
+        .post_event(&event("DAILY_TIP", "d-2", noon.clone()))
+        .await;
     assert_eq!(first["result"], "accepted", "{first}");
     assert_eq!(first["scheduled_for"].as_i64(), Some(tomorrow + 12 * HOUR));
-    let second = post_one(
-        &host,
-        &event(
+    let second = host
+        .post_event(&event(
             "DAILY_TIP",
             "d-3",
             json!({"send_at": rfc3339(tomorrow + 13 * HOUR)}),
-        ),
-    )
-    .await;
+        ))
+        .await;
     assert_eq!(second["result"], "capped", "{second}");
     assert_eq!(second["cap"], "DAILY_TIP/daily");
     assert_eq!(second["next_allowed_at"].as_i64(), Some(tomorrow + DAY_MS));
-    let again_today = post_one(&host, &event("DAILY_TIP", "d-4", json!({}))).await;
+    let again_today = host.post_event(&event("DAILY_TIP", "d-4", json!({}))).await;
     assert_eq!(again_today["result"], "capped", "{again_today}");
     assert_eq!(
         again_today["next_allowed_at"].as_i64(),
         Some(tomorrow + DAY_MS),
         "tomorrow is taken by the scheduled one: {again_today}"
     );
-    let repost = post_one(&host, &event("DAILY_TIP", "d-2", noon)).await;
+    let repost = host.post_event(&event("DAILY_TIP", "d-2", noon)).await;
     assert_eq!(repost["result"], "duplicate", "{repost}");
     assert_eq!(repost["task_id"], first["task_id"]);
 
-    let now_one = post_one(&host, &event("HOURLY_TIP", "h-1", json!({}))).await;
+    let now_one = host
+        .post_event(&event("HOURLY_TIP", "h-1", json!({})))
+        .await;
     assert_eq!(now_one["result"], "accepted", "{now_one}");
     let view = host
         .get(&format!(
@@ -402,35 +382,37 @@ async fn caps_are_judged_at_send_at() {
         .unwrap();
     let now_at = view.body["accepted_at"].as_i64().unwrap();
     let in_two = now_at + 2 * HOUR;
-    let later = post_one(
-        &host,
-        &event("HOURLY_TIP", "h-2", json!({"send_at": rfc3339(in_two)})),
-    )
-    .await;
+    let later = host
+        .post_event(&event(
+            "HOURLY_TIP",
+            "h-2",
+            json!({"send_at": rfc3339(in_two)}),
+        ))
+        .await;
     assert_eq!(later["result"], "accepted", "{later}");
     for (biz_id, at, until) in [
         ("h-3", in_two + 30 * MINUTE, in_two + HOUR),
         ("h-4", now_at + 30 * MINUTE, now_at + HOUR),
         ("h-5", now_at + 90 * MINUTE, in_two + HOUR),
     ] {
-        let r = post_one(
-            &host,
-            &event("HOURLY_TIP", biz_id, json!({"send_at": rfc3339(at)})),
-        )
-        .await;
+        let r = host
+            .post_event(&event(
+                "HOURLY_TIP",
+                biz_id,
+                json!({"send_at": rfc3339(at)}),
+            ))
+            .await;
         assert_eq!(r["result"], "capped", "{biz_id}: {r}");
         assert_eq!(r["cap"], "HOURLY_TIP/hourly");
         assert_eq!(r["next_allowed_at"].as_i64(), Some(until), "{biz_id}: {r}");
     }
-    let after = post_one(
-        &host,
-        &event(
+    let after = host
+        .post_event(&event(
             "HOURLY_TIP",
             "h-6",
             json!({"send_at": rfc3339(in_two + HOUR)}),
-        ),
-    )
-    .await;
+        ))
+        .await;
     assert_eq!(after["result"], "accepted", "{after}");
 }
 
@@ -473,11 +455,13 @@ async fn send_at_outside_its_bounds_or_not_a_time_is_refused_naming_it() {
         let detail = a.body["detail"].as_str().unwrap();
         assert!(detail.contains(says), "{send_at}: {detail}");
     }
-    let late = post_one(
-        &host,
-        &event("REMINDER", "b-2", json!({"send_at": rfc3339(now - 30_000)})),
-    )
-    .await;
+    let late = host
+        .post_event(&event(
+            "REMINDER",
+            "b-2",
+            json!({"send_at": rfc3339(now - 30_000)}),
+        ))
+        .await;
     assert_eq!(late["result"], "accepted", "{late}");
     assert!(late.get("scheduled_for").is_none(), "sent at once: {late}");
     wait_until(Duration::from_secs(20), || async {
@@ -532,14 +516,12 @@ async fn send_at_outside_its_bounds_or_not_a_time_is_refused_naming_it() {
         "{}",
         far.body
     );
-    let near = post_one(
-        &host,
-        &event(
+    let near = host
+        .post_event(&event(
             "BROADCAST",
             "b-7",
             json!({"send_at": rfc3339(now_ms() + 30 * MINUTE)}),
-        ),
-    )
-    .await;
+        ))
+        .await;
     assert_eq!(near["result"], "accepted", "{near}");
 }

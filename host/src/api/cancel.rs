@@ -16,7 +16,7 @@ use super::history;
 use super::model::{MAX_ID, MAX_NAME, MAX_RECIPIENT, Problem, TaskView};
 use super::problem::ApiError;
 use crate::metric_names as names;
-use crate::permit::{Cancel, PermitFate, TaskStatus};
+use crate::permit::{Cancel, PermitFate, Task, TaskStatus};
 
 /// The body of a cancel (optional: no body cancels every task of the event).
 #[derive(Debug, Default, Clone, Deserialize, ToSchema)]
@@ -123,10 +123,7 @@ pub(crate) async fn cancel_event(
         if !wanted(&view) {
             continue;
         }
-        let answer = state
-            .permits
-            .cancel(&id, &biz_id, req.release_permit)
-            .await?;
+        let answer = cancel_task(&state, &task, &biz_id, req.release_permit, "api").await?;
         let item = |result: &str, status: TaskStatus, permit: Option<PermitFate>| ChannelCancel {
             channel: task.channel.clone(),
             task_id: id.clone(),
@@ -135,17 +132,7 @@ pub(crate) async fn cancel_event(
             permit: permit.map(|p| permit_name(p).into()),
         };
         match answer {
-            Cancel::Cancelled(fate) => {
-                metrics::counter!(names::CANCELLED, "channel" => task.channel.clone()).increment(1);
-                tracing::info!(task = %id, channel = %task.channel, permit = permit_name(fate), "cancelled before its first attempt");
-                if let Some(ledger) = &state.ledger {
-                    state.permits.note_cancelled(ledger, &task, fate).await;
-                }
-                channels.push(item("cancelled", TaskStatus::Cancelled, Some(fate)));
-            }
-            Cancel::Removed(fate) => {
-                metrics::counter!(names::CANCELLED, "channel" => task.channel.clone()).increment(1);
-                tracing::info!(task = %id, channel = %task.channel, biz_id = %biz_id, "taken out of its digest before the digest's first attempt");
+            Cancel::Cancelled(fate) | Cancel::Removed(fate) => {
                 channels.push(item("cancelled", TaskStatus::Cancelled, Some(fate)));
             }
             Cancel::TooLate(TaskStatus::Cancelled) => {
@@ -198,6 +185,35 @@ pub(crate) async fn cancel_event(
         biz_id,
         channels,
     }))
+}
+
+/// Cancels `task` (`permit::Permits::cancel`: for a digest and a non-empty
+/// `biz_id`, that event's item only) on behalf of `by` (`api`, or the
+/// console's operator); a task cancelled or an item taken out is counted,
+/// logged and, for a whole task, noted in the ledger.
+pub(crate) async fn cancel_task(
+    state: &AppState,
+    task: &Task,
+    biz_id: &str,
+    release: bool,
+    by: &str,
+) -> Result<Cancel, ApiError> {
+    let answer = state.permits.cancel(&task.id, biz_id, release).await?;
+    match answer {
+        Cancel::Cancelled(fate) => {
+            metrics::counter!(names::CANCELLED, "channel" => task.channel.clone()).increment(1);
+            tracing::info!(task = %task.id, channel = %task.channel, permit = permit_name(fate), by, "cancelled before its first attempt");
+            if let Some(ledger) = &state.ledger {
+                state.permits.note_cancelled(ledger, task, fate).await;
+            }
+        }
+        Cancel::Removed(fate) => {
+            metrics::counter!(names::CANCELLED, "channel" => task.channel.clone()).increment(1);
+            tracing::info!(task = %task.id, channel = %task.channel, biz_id, permit = permit_name(fate), by, "taken out of its digest before the digest's first attempt");
+        }
+        Cancel::TooLate(_) | Cancel::Missing => {}
+    }
+    Ok(answer)
 }
 
 /// A permit's fate as the answer names it.

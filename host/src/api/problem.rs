@@ -272,6 +272,10 @@ impl From<PlanError> for ApiError {
         match e {
             PlanError::Invalid { field, detail } => ApiError::Invalid { field, detail },
             PlanError::Plugin { plugin, detail } => ApiError::Plugin { plugin, detail },
+            PlanError::Busy { detail, .. } => ApiError::Unavailable {
+                detail,
+                accepted: None,
+            },
             PlanError::PayloadJson(e) => ApiError::PayloadJson(e),
         }
     }

@@ -5,6 +5,10 @@ use std::time::Duration;
 
 use super::{ConfigError, HostConfig, invalid};
 
+/// Plugin instance slots kept beside the channels' sends for key policies
+/// (their warm instances, and the calls of requests in flight).
+const KEY_POLICY_INSTANCES: usize = 32;
+
 impl HostConfig {
     /// Checks values that parse but cannot work.
     pub fn check(&self) -> Result<(), ConfigError> {
@@ -132,6 +136,24 @@ impl HostConfig {
         }
         if self.plugin_limits.instances < 4 {
             return Err(invalid("plugin_limits.instances", "must be at least 4"));
+        }
+        let sends: usize = self
+            .channels
+            .values()
+            .filter(|c| !c.plugin.is_empty())
+            .map(|c| c.concurrency)
+            .sum();
+        let needed = sends.saturating_add(KEY_POLICY_INSTANCES);
+        if (self.plugin_limits.instances as usize) < needed {
+            return Err(invalid(
+                "plugin_limits.instances",
+                &format!(
+                    "is {}, fewer than the channels may hold at once ({sends}: the sum of their \
+                     `concurrency`) plus {KEY_POLICY_INSTANCES} for key policies: set it to at \
+                     least {needed}, or lower a channel's `concurrency`",
+                    self.plugin_limits.instances
+                ),
+            ));
         }
         if self.plugin_limits.memory < bytesize::ByteSize::mib(1) {
             return Err(invalid("plugin_limits.memory", "must be at least 1 MiB"));

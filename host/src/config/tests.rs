@@ -283,6 +283,31 @@ fn send_at_bounds_are_read_defaulted_and_checked() {
 }
 
 #[test]
+fn plugin_instances_must_cover_the_channels_sends_and_key_policies() {
+    let file = Path::new("pushonce.toml");
+    let channels = "[channels.a]\nplugin = \"inbox@^2\"\nconcurrency = 40\n\
+                    [channels.b]\nplugin = \"inbox@^2\"\nconcurrency = 24\n";
+    let c = HostConfig::parse(
+        file,
+        &format!("[plugin_limits]\ninstances = 96\n{channels}"),
+    )
+    .unwrap();
+    c.check().unwrap();
+    let c = HostConfig::parse(
+        file,
+        &format!("[plugin_limits]\ninstances = 95\n{channels}"),
+    )
+    .unwrap();
+    let err = c.check().unwrap_err().to_string();
+    assert!(
+        err.starts_with(
+            "plugin_limits.instances: is 95, fewer than the channels may hold at once (64"
+        ) && err.contains("at least 96"),
+        "{err}"
+    );
+}
+
+#[test]
 fn reconcile_table_reads_durations_and_refuses_unknown_keys() {
     let c = HostConfig::parse(
             Path::new("pushonce.toml"),

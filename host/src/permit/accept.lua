@@ -385,7 +385,7 @@ local function digest_accept(c, now, t0)
   local prefix = string.sub(c.task, 1, #c.task - #c.id)
   local mark = redis.call('GET', c.mark)
   if mark then
-    local into, by = string.match(mark, '^(%S+) (%S*)$')
+    local into, by = string.match(mark, '^(%S+) (%S*)')
     if c.id ~= '' and by == c.id then
       -- The same request again (its first answer was lost): same answer.
       local scheduled = redis.call('HGET', prefix .. into, 'scheduled_for') or ''
@@ -407,7 +407,7 @@ local function digest_accept(c, now, t0)
       return {'duplicate', open, t[1] or ''}
     end
   end
-  local t1 = math.max(t0, digest_due(c, t0))
+  local t1 = digest_due(c, t0)
   local r = capped(c, now, t1)
   if r then
     return r

@@ -24,14 +24,23 @@ if status ~= 'queued' or tonumber(redis.call('HGET', KEYS[1], 'attempts') or '0'
   return {'too_late', status}
 end
 -- A digest task: the event's item mark ({ns:shard}:digested:<key>:<biz
--- id>, the key without its generation), when it names this digest.
+-- id>, the key without its generation), when it names this digest. A mark
+-- ending ' removed' is an item a cancel already took out (its permit
+-- kept); an event whose mark is gone (released) is not in the digest: a
+-- retried cancel of either answers as the first did and changes nothing.
 local mark = nil
 if redis.call('HEXISTS', KEYS[1], 'items') == 1 then
   local tag = string.sub(KEYS[1], 1, #KEYS[1] - #id - #'task:')
   local base = (string.gsub(redis.call('HGET', KEYS[1], 'key') or '', '#%d+$', ''))
   local m = tag .. 'digested:' .. base .. ':' .. ARGV[5]
-  if string.match(redis.call('GET', m) or '', '^%S+') == id then
+  local v = redis.call('GET', m) or ''
+  if string.match(v, '^%S+') == id then
+    if string.find(v, ' removed$') then
+      return {'removed', 'kept'}
+    end
     mark = m
+  elseif ARGV[5] ~= '' then
+    return {'removed', 'released'}
   end
 end
 -- One event of several in the digest: its item is taken out, the digest
@@ -39,14 +48,10 @@ end
 if mark and tonumber(redis.call('HGET', KEYS[1], 'items') or '0') > 1 then
   local ev = event_of(KEYS[1], id)
   if ev then
-    local prefix = 'i:' .. id .. ':'
-    local all = redis.call('HGETALL', ev)
-    for i = 1, #all, 2 do
-      if string.sub(all[i], 1, #prefix) == prefix then
-        local ok, item = pcall(cjson.decode, all[i + 1])
-        if ok and type(item) == 'table' and item.biz_id == ARGV[5] then
-          redis.call('HDEL', ev, all[i])
-        end
+    for _, item in ipairs(digest_item_fields(ev, id)) do
+      local ok, v = pcall(cjson.decode, item[3])
+      if ok and type(v) == 'table' and v.biz_id == ARGV[5] then
+        redis.call('HDEL', ev, item[2])
       end
     end
   end
@@ -55,6 +60,7 @@ if mark and tonumber(redis.call('HGET', KEYS[1], 'items') or '0') > 1 then
     redis.call('DEL', mark)
     return {'removed', 'released'}
   end
+  redis.call('SET', mark, redis.call('GET', mark) .. ' removed', 'KEEPTTL')
   return {'removed', 'kept'}
 end
 if mark and release then

@@ -102,21 +102,26 @@ local function event_follower(task, id)
   end
 end
 
--- A digest task's items kept in its event record `ev`, in the order they
--- joined, as one JSON array text.
-local function digest_items(ev, id)
+-- A digest task's items kept in its event record `ev`: {seq, field, JSON
+-- text} each, in the order they joined.
+local function digest_item_fields(ev, id)
   local items = {}
   local all = redis.call('HGETALL', ev)
   local head = 'i:' .. id .. ':'
   for i = 1, #all, 2 do
     if string.sub(all[i], 1, #head) == head then
-      items[#items + 1] = {tonumber(string.sub(all[i], #head + 1)), all[i + 1]}
+      items[#items + 1] = {tonumber(string.sub(all[i], #head + 1)), all[i], all[i + 1]}
     end
   end
   table.sort(items, function(x, y) return x[1] < y[1] end)
+  return items
+end
+
+-- A digest task's items, in the order they joined, as one JSON array text.
+local function digest_items(ev, id)
   local texts = {}
-  for i, item in ipairs(items) do
-    texts[i] = item[2]
+  for i, item in ipairs(digest_item_fields(ev, id)) do
+    texts[i] = item[3]
   end
   return '[' .. table.concat(texts, ',') .. ']'
 end

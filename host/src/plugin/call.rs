@@ -10,6 +10,12 @@ use super::state::HostState;
 /// the store saw: whether the memory cap was hit, what the guest wrote to stderr.
 pub(crate) fn classify(id: &str, err: wasmtime::Error, state: &HostState, fuel: u64) -> CallError {
     let plugin = id.to_string();
+    if let Some(busy) = err.downcast_ref::<wasmtime::PoolConcurrencyLimitError>() {
+        return CallError::Busy {
+            plugin,
+            reason: busy.to_string(),
+        };
+    }
     if state.limiter.hit {
         return CallError::MemoryCap {
             plugin,

@@ -232,6 +232,17 @@ pub enum CallError {
         /// The budget, in ms.
         millis: u64,
     },
+    /// Every instance slot was taken (`plugin_limits.instances`, all plugins
+    /// together): the call did not run; retrying later is safe.
+    #[error(
+        "plugin {plugin} found no free instance slot ({reason}): retry later, or raise `plugin_limits.instances`"
+    )]
+    Busy {
+        /// `name@version`.
+        plugin: String,
+        /// wasmtime's explanation (the limit reached).
+        reason: String,
+    },
     /// A new instance could not be created.
     #[error("plugin {plugin} could not be instantiated: {reason}")]
     Instantiate {
@@ -252,6 +263,7 @@ impl CallError {
             | CallError::Trap { plugin, .. }
             | CallError::Forbidden { plugin, .. }
             | CallError::TimedOut { plugin, .. }
+            | CallError::Busy { plugin, .. }
             | CallError::Instantiate { plugin, .. } => plugin,
         }
     }

@@ -17,7 +17,7 @@ use crate::permit::{
     AcceptRequest, BloomCheck, CapCheck, CapPeriod, DigestCheck, DigestDue, Gate, QuietCheck,
     RetryPolicy,
 };
-use crate::plugin::KeyPolicyPlugin;
+use crate::plugin::{CallError, KeyPolicyPlugin};
 use crate::route::policy::{AfterBegin, DedupMode, RetrySpec};
 use crate::send::{Fallback, Payload};
 
@@ -63,6 +63,15 @@ pub enum PlanError {
         /// `name@version` (or the policy's requirement when unresolved).
         plugin: String,
         /// The plugin's error.
+        detail: String,
+    },
+    /// The key policy found no free instance slot: the event was not
+    /// looked at; retrying later is safe.
+    #[error("key policy {plugin}: {detail}")]
+    Busy {
+        /// `name@version`.
+        plugin: String,
+        /// The plugin runtime's error.
         detail: String,
     },
     /// A payload could not be written as JSON.
@@ -518,6 +527,10 @@ impl ChannelPlanner<'_> {
 
     fn derive(&self, channel: &str) -> Result<DerivedKey, PlanError> {
         derive(self.plugin, self.event, channel, &self.params).map_err(|e| match e {
+            DeriveError::Call(call @ CallError::Busy { .. }) => PlanError::Busy {
+                plugin: call.plugin().to_string(),
+                detail: call.to_string(),
+            },
             DeriveError::Call(call) => PlanError::Plugin {
                 plugin: call.plugin().to_string(),
                 detail: call.to_string(),

@@ -15,7 +15,7 @@ use super::session::Session;
 use super::{Operator, csrf_field, error_page, layout, when};
 use crate::api::admin::tasks::{operator_note, requeue_answer, settle_task};
 use crate::api::model::TaskView;
-use crate::api::{AppState, events};
+use crate::api::{AppState, cancel, events};
 use crate::permit::{Cancel, Requeue, Settle};
 
 /// `?done=` after an action.
@@ -142,18 +142,10 @@ pub(crate) async fn cancel(
         Err(e) => return error_page(&session, e.into()),
     };
     // No business id: the whole task, not one event of a digest.
-    match state.permits.cancel(&id, "", false).await {
-        Ok(Cancel::Cancelled(fate)) => {
-            metrics::counter!(crate::metric_names::CANCELLED, "channel" => task.channel.clone())
-                .increment(1);
-            tracing::info!(task = %id, by = %session.by, "cancelled from the console");
-            if let Some(ledger) = &state.ledger {
-                state.permits.note_cancelled(ledger, &task, fate).await;
-            }
-            done(&id, "cancelled")
-        }
+    match cancel::cancel_task(&state, &task, "", false, &session.by).await {
+        Ok(Cancel::Cancelled(_)) => done(&id, "cancelled"),
         Ok(_) => done(&id, "too_late"),
-        Err(e) => error_page(&session, e.into()),
+        Err(e) => error_page(&session, e),
     }
 }
 

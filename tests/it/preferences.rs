@@ -644,10 +644,10 @@ mod console {
         assert_eq!(answer[0].1["result"], "opted_out", "{answer:?}");
 
         let browser = Browser::start().await.unwrap();
-        browser.goto(&host.url("/console/login")).await.unwrap();
-        browser.fill("#name", "ana").await.unwrap();
-        browser.fill("#token", ADMIN_TOKEN).await.unwrap();
-        browser.click("button[type=submit]").await.unwrap();
+        browser
+            .sign_in(host.base(), "ana", ADMIN_TOKEN)
+            .await
+            .unwrap();
         assert!(browser.url().await.unwrap().ends_with("/console/overview"));
 
         browser
@@ -656,12 +656,9 @@ mod console {
             .unwrap();
         browser.fill("#user_id", user).await.unwrap();
         browser.click("#show").await.unwrap();
-        let off = browser.find("#channels-off").await.unwrap();
-        assert_eq!(browser.text_of(&off).await.unwrap(), "sms");
-        let categories = browser.find("#categories-off").await.unwrap();
-        assert_eq!(browser.text_of(&categories).await.unwrap(), "none");
-        let history = browser.find("#history").await.unwrap();
-        let text = browser.text_of(&history).await.unwrap();
+        assert_eq!(browser.text_at("#channels-off").await.unwrap(), "sms");
+        assert_eq!(browser.text_at("#categories-off").await.unwrap(), "none");
+        let text = browser.text_at("#history").await.unwrap();
         let rows: Vec<&str> = text.lines().filter(|l| l.contains("admin token")).collect();
         assert_eq!(rows.len(), 2, "{text}");
         assert!(

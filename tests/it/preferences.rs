@@ -3,7 +3,8 @@
 //! opt-out made on one host stops the next event on that channel on another
 //! host within the documented bound (`[preferences] cache_ttl`), the other
 //! channels still send and nothing reaches the provider on the opted-out one;
-//! a mandatory category still sends; a Redis restart (and a host restart)
+//! a mandatory category still sends; a fallback chain skips a switched-off
+//! channel; a Redis restart (and a host restart)
 //! loses no preference; the history lists each change with its route and
 //! token kind; bad input is refused naming the field; the console shows a
 //! user's preferences, their history and an event's opted-out channel.
@@ -56,6 +57,20 @@ key_policy = "per-event@^1"
 channels = ["sms"]
 window = "1h"
 category = "security"
+"#,
+    ),
+    (
+        "alert.toml",
+        r#"
+biz_type = "ALERT"
+key_policy = "per-event@^1"
+channels = ["sms", "app-push"]
+window = "1h"
+category = "transactional"
+
+[fallback]
+sms = "app-push"
+"app-push" = "inbox"
 "#,
     ),
     (
@@ -409,6 +424,37 @@ async fn a_mandatory_category_still_sends_and_a_redis_restart_loses_no_preferenc
     })
     .await
     .unwrap_or_else(|e| panic!("{e}: sms {:?}", sim.ledger("sms")));
+
+    // An SMS that fails for good falls back past the switched-off app push
+    // to the inbox.
+    let refused = "13911110000";
+    sim.set_faults(
+        "sms",
+        provider_sim::Faults {
+            permanent: [(refused.to_string(), "isv.AMOUNT_NOT_ENOUGH".to_string())].into(),
+            ..provider_sim::Faults::default()
+        },
+    );
+    put(&host, "u-chain", json!({"channels_off": ["app-push"]})).await;
+    let alert = json!({
+        "biz_type": "ALERT", "biz_id": "a-1", "user_id": "u-chain",
+        "occurred_at": "2026-12-04T10:00:00Z",
+        "recipients": {"sms": refused, "app-push": "device-chain"},
+    });
+    assert_eq!(
+        kinds(&post(&host, &alert).await),
+        [
+            ("sms".to_string(), "accepted".to_string()),
+            ("app-push".to_string(), "opted_out".to_string()),
+        ]
+    );
+    wait_until(Duration::from_secs(30), || async move {
+        at_provider(sim_ref, "inbox", "u-chain") == 1
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}: inbox {:?}", sim.ledger("inbox")));
+    assert_eq!(at_provider(&sim, "app-push", "device-chain"), 0);
+    assert_eq!(at_provider(&sim, "sms", refused), 0);
 
     // Redis restarts; then the host too, so nothing it held survives.
     redis.restart().await.unwrap();

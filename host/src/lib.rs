@@ -30,6 +30,7 @@ pub(crate) mod listener;
 pub mod metric_names;
 pub mod permit;
 pub mod plugin;
+pub mod prefs;
 pub mod reconcile;
 pub mod route;
 pub mod send;

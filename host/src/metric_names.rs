@@ -23,6 +23,9 @@ pub const SCHEDULED: &str = "pushonce_scheduled_total";
 /// getting a task of their own, by channel. The event that opens a digest
 /// counts as accepted.
 pub const DIGESTED: &str = "pushonce_digested_total";
+/// Channels answered `opted_out` (the recipient switched the channel or the
+/// policy's category off: nothing accepted), by channel.
+pub const OPTED_OUT: &str = "pushonce_opted_out_total";
 /// Requests refused or failed, by HTTP status.
 pub const REFUSED: &str = "pushonce_http_refused_total";
 /// Seconds of one pipelined accept (all channels of a request).
@@ -50,6 +53,7 @@ pub const PER_CHANNEL: &[&str] = &[
     QUIET_DEFERRED,
     SCHEDULED,
     DIGESTED,
+    OPTED_OUT,
     SENT,
     DELIVERED,
     FAILED,

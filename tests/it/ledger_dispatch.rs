@@ -519,6 +519,11 @@ impl pushonce::send::Sender for Pending {
     }
 }
 
+/// While the ledger is down, `/readyz` names it and accepts continue for
+/// users whose preferences the instance read within `[preferences]
+/// cache_ttl`; an event for a user it did not is refused with 503 naming
+/// the preferences store (never sent to a user whose opt-out could not be
+/// read; `docs/preferences.md`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn readyz_names_a_ledger_that_is_down_while_accepts_continue() {
     use pushonce_tests::host::{Setup, TestHost, order_shipped};
@@ -527,6 +532,9 @@ async fn readyz_names_a_ledger_that_is_down_while_accepts_continue() {
     let url = pg.database().await.unwrap();
     let setup = Setup {
         ledger_url: Some(url),
+        configure: Some(Box::new(|c| {
+            c.preferences.cache_ttl = Duration::from_secs(60);
+        })),
         ..Setup::default()
     };
     let host = TestHost::start_with(&redis, setup).await.unwrap();
@@ -534,6 +542,12 @@ async fn readyz_names_a_ledger_that_is_down_while_accepts_continue() {
         host.get("/readyz", None).await.unwrap().status,
         reqwest::StatusCode::OK
     );
+    // The instance reads (and holds) u-42's preferences.
+    let warm = host
+        .post("/v1/events", &order_shipped("o-warm"), None)
+        .await
+        .unwrap();
+    assert_eq!(warm.status, reqwest::StatusCode::ACCEPTED, "{}", warm.body);
     pg.stop().unwrap();
     let ready = host.get("/readyz", None).await.unwrap();
     assert_eq!(
@@ -559,6 +573,28 @@ async fn readyz_names_a_ledger_that_is_down_while_accepts_continue() {
         reqwest::StatusCode::ACCEPTED,
         "{}",
         accepted.body
+    );
+    let mut unread = order_shipped("o-unread");
+    unread["user_id"] = "u-43".into();
+    let refused = host.post("/v1/events", &unread, None).await.unwrap();
+    assert_eq!(
+        refused.status,
+        reqwest::StatusCode::SERVICE_UNAVAILABLE,
+        "{}",
+        refused.body
+    );
+    assert!(
+        refused.body["detail"]
+            .as_str()
+            .unwrap_or("")
+            .contains("the preferences store"),
+        "{}",
+        refused.body
+    );
+    assert!(
+        refused.headers.contains_key("retry-after"),
+        "{:?}",
+        refused.headers
     );
     pg.start_again().await.unwrap();
     let back = wait_until(Duration::from_secs(20), || {

@@ -35,6 +35,7 @@ mod outbound_tls;
 mod permit;
 mod plugins;
 mod policies;
+mod preferences;
 mod properties;
 mod provider_failover;
 mod providers;

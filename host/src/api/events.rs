@@ -47,7 +47,9 @@ pub(crate) async fn post_event(
     JsonBody(req): JsonBody<EventRequest>,
 ) -> Result<impl IntoResponse, ApiError> {
     let snapshot = state.live.current();
-    let planned = plan(&snapshot, &state, req, now_ms())?;
+    validate(&req)?;
+    let preferences = super::preferences::of_users(&state, &[req.user_id.as_str()]).await?;
+    let planned = plan(&snapshot, &state, req, now_ms(), &preferences)?;
     let mut answers = accept(&state, std::slice::from_ref(&planned))
         .await
         .map_err(|e| match e {
@@ -98,15 +100,27 @@ pub(crate) async fn post_batch(
     let mut items: Vec<BatchItem> = Vec::with_capacity(batch.events.len());
     let mut planned = Vec::new();
     let mut planned_index = Vec::new();
-    for (index, value) in batch.events.into_iter().enumerate() {
-        let result = if value.is_object() {
-            from_value::<EventRequest>(value)
-        } else {
-            Err(ApiError::invalid("body", "must be a JSON object"))
-        };
+    let parsed: Vec<Result<EventRequest, ApiError>> = batch
+        .events
+        .into_iter()
+        .map(|value| {
+            let req = if value.is_object() {
+                from_value::<EventRequest>(value)
+            } else {
+                Err(ApiError::invalid("body", "must be a JSON object"))
+            };
+            req.and_then(|req| validate(&req).map(|()| req))
+        })
+        .collect();
+    let users: Vec<&str> = parsed
+        .iter()
+        .filter_map(|r| r.as_ref().ok().map(|req| req.user_id.as_str()))
+        .collect();
+    let preferences = super::preferences::of_users(&state, &users).await?;
+    for (index, result) in parsed.into_iter().enumerate() {
         let result = result
             .map_err(|e| prefix_field(e, index))
-            .and_then(|req| plan(&snapshot, &state, req, now));
+            .and_then(|req| plan(&snapshot, &state, req, now, &preferences));
         match result {
             Ok(p) => {
                 planned_index.push(index);
@@ -186,7 +200,7 @@ pub(crate) async fn get_task(
         EventQuery,
     ),
     responses(
-        (status = 200, description = "The event's tasks", body = EventTasks),
+        (status = 200, description = "The event's tasks, and its channels answered opted_out", body = EventTasks),
         (status = 401, description = "Missing or wrong bearer token", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "No task of this event (or they expired)", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "Bad query", body = Problem, content_type = "application/problem+json"),
@@ -224,7 +238,14 @@ pub(crate) async fn get_event(
         &mut tasks,
     )
     .await?;
-    if tasks.is_empty() {
+    let opted_out = super::preferences::opted_out_of_event(
+        &state,
+        &biz_type,
+        &biz_id,
+        query.user_id.as_deref(),
+    )
+    .await?;
+    if tasks.is_empty() && opted_out.is_empty() {
         let why = if state.permits.config().event_index {
             ""
         } else {
@@ -239,6 +260,7 @@ pub(crate) async fn get_event(
         biz_type,
         biz_id,
         tasks,
+        opted_out,
     }))
 }
 
@@ -375,14 +397,15 @@ fn to_event(req: &EventRequest, now: u64, years: YearRange) -> Result<Event, Api
     })
 }
 
-/// Checks the request's fields, parses its event, and plans it (`route::plan`).
+/// Parses the event of a request whose fields were checked (`validate`) and
+/// plans it (`route::plan`) with its user's preferences.
 fn plan(
     snapshot: &Snapshot,
     state: &AppState,
     req: EventRequest,
     now: u64,
+    preferences: &super::preferences::UserPreferences,
 ) -> Result<PlannedEvent, ApiError> {
-    validate(&req)?;
     let event = to_event(&req, now, state.limits.occurred_at_years)?;
     let send_at_ms = req
         .send_at
@@ -398,6 +421,9 @@ fn plan(
         recipients: &req.recipients,
         send_at_ms,
         now_ms: now,
+        preferences: preferences
+            .get(&req.user_id)
+            .map(|p| state.preferences.verdict(p)),
     };
     Ok(crate::route::plan::plan(
         snapshot,
@@ -438,6 +464,10 @@ async fn accept(state: &AppState, events: &[PlannedEvent]) -> Result<Vec<EventAc
                 .ok_or(ApiError::Bug("Redis gave fewer answers than requests"))?;
             let result = channel_result(planned, answer);
             results.push(result);
+        }
+        for skipped in &event.opted_out {
+            let result = super::preferences::opted_out_result(state, event, skipped);
+            results.insert(skipped.at.min(results.len()), result);
         }
         out.push(EventAccepted {
             biz_type: event.biz_type.clone(),

@@ -22,6 +22,7 @@ pub(crate) mod model;
 pub(crate) mod openapi;
 pub(crate) mod ops;
 pub(crate) mod overview;
+pub(crate) mod preferences;
 pub(crate) mod problem;
 pub(crate) mod receipts;
 
@@ -33,7 +34,7 @@ use axum::Router;
 use axum::extract::{DefaultBodyLimit, Request, State};
 use axum::middleware::{Next, from_fn_with_state};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::{get, post, put};
 
 pub use auth::Token;
 pub(crate) use problem::ApiError;
@@ -123,6 +124,11 @@ pub struct SharedState {
     /// The provider circuits of this process's channels with `providers`
     /// (`/admin/providers`, the console).
     pub provider_health: crate::send::circuit::ProviderHealth,
+    /// Recipients' preferences as this instance reads them (the accept
+    /// path, `/v1/users/{user_id}/preferences`).
+    pub preferences: Arc<crate::prefs::PreferenceCache>,
+    /// Whether the API token may change preferences (`[preferences] api_token_writes`).
+    pub preferences_api_writes: bool,
 }
 
 /// The router of the whole API.
@@ -137,6 +143,14 @@ pub fn app(state: AppState) -> Router {
         )
         .route("/v1/tasks/{id}", get(events::get_task))
         .route_layer(from_fn_with_state(state.api_token.clone(), auth::require));
+    let preferences = Router::new()
+        .route(
+            "/v1/users/{user_id}/preferences",
+            put(preferences::put_preferences)
+                .get(preferences::get_preferences)
+                .delete(preferences::delete_preferences),
+        )
+        .route_layer(from_fn_with_state(state.clone(), preferences::authorise));
     let admin = Router::new()
         .route("/admin/overview", get(overview::get_overview))
         .route("/admin/plugins", get(admin::plugins))
@@ -172,6 +186,7 @@ pub fn app(state: AppState) -> Router {
     let tokenless = state.api_token.is_open() || state.admin_token.is_open();
     Router::new()
         .merge(v1)
+        .merge(preferences)
         .merge(admin)
         .merge(open)
         .merge(console::routes(state.clone()))

@@ -162,7 +162,7 @@ pub struct ChannelResult {
     pub scheduled_for: Option<u64>,
 }
 
-/// Accepted, digested, duplicate or capped.
+/// Accepted, digested, duplicate, capped or opted out.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, ToSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum ResultKind {
@@ -175,6 +175,11 @@ pub enum ResultKind {
     Digested,
     /// A frequency cap had no room: nothing was created (`cap`, `next_allowed_at`).
     Capped,
+    /// The recipient switched this channel, or the policy's category, off
+    /// (`docs/preferences.md`): nothing was created, nothing is sent, and
+    /// `task_id` is empty.
+    #[serde(rename = "opted_out")]
+    OptedOut,
 }
 
 /// The answer to `POST /v1/events` (202).
@@ -500,6 +505,21 @@ pub(crate) struct EventTasks {
     pub biz_id: String,
     /// Its tasks (every channel, fallbacks included once created), oldest first.
     pub tasks: Vec<TaskView>,
+    /// Its channels answered `opted_out` (the recipient had switched the
+    /// channel or the policy's category off: no task), oldest first.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub opted_out: Vec<OptedOutView>,
+}
+
+/// A channel of an event answered `opted_out`.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub(crate) struct OptedOutView {
+    /// The channel.
+    pub channel: String,
+    /// The key its message would have had.
+    pub key: String,
+    /// When it was answered (ms since the epoch, the host's clock).
+    pub at: i64,
 }
 
 /// `?user_id=` of the event lookup.

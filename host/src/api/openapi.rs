@@ -9,7 +9,7 @@ use axum::response::IntoResponse;
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::{Modify, OpenApi};
 
-use super::{admin, cancel, doctor, events, history, model, ops, overview, receipts};
+use super::{admin, cancel, doctor, events, history, model, ops, overview, preferences, receipts};
 
 /// The API's document.
 #[derive(OpenApi)]
@@ -21,6 +21,7 @@ use super::{admin, cancel, doctor, events, history, model, ops, overview, receip
     ),
     paths(
         events::post_event, events::post_batch, events::get_task, events::get_event, cancel::cancel_event,
+        preferences::get_preferences, preferences::put_preferences, preferences::delete_preferences,
         receipts::receipt, receipts::open_receipt,
         overview::get_overview, admin::plugins, admin::providers::providers, admin::policies, admin::reload, admin::tasks::dead_tasks, admin::tasks::held_tasks, admin::tasks::requeue, admin::tasks::mark_delivered, admin::tasks::give_up, admin::tasks::task_by_key, history::get_user_tasks, doctor::get_doctor,
         ops::healthz, ops::readyz, ops::metrics, openapi,
@@ -30,6 +31,7 @@ use super::{admin, cancel, doctor, events, history, model, ops, overview, receip
     tags(
         (name = "events", description = "Business events in"),
         (name = "tasks", description = "Tasks out"),
+        (name = "preferences", description = "What recipients switched off"),
         (name = "receipts", description = "Provider delivery callbacks"),
         (name = "admin", description = "Operators"),
         (name = "ops", description = "Probes, metrics, this document"),

@@ -133,6 +133,7 @@ fn routed(args: Args, event: Event) -> anyhow::Result<()> {
         now_ms: std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_millis() as u64),
+        preferences: None,
     };
     let planned = plan(&snapshot, &config.channels, request)?;
     let answers = match &args.redis {

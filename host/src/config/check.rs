@@ -18,6 +18,7 @@ impl HostConfig {
         self.check_caps()?;
         self.check_providers()?;
         self.check_retention_and_index()?;
+        self.preferences.check()?;
         self.check_redis()
     }
 

@@ -5,6 +5,7 @@
 
 mod channel;
 mod check;
+mod preferences;
 mod sections;
 #[cfg(test)]
 mod tests;
@@ -16,6 +17,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 pub use channel::{ChannelConfig, OnUnknown, OutboundConfigError};
+pub use preferences::{PreferencesConfig, check_category};
 pub use sections::{
     AuthConfig, HttpConfig, PluginLimits, ReceiptsConfig, ReconcileBackoff, ReconcileConfig,
 };
@@ -166,6 +168,9 @@ pub struct HostConfig {
     /// through `cap_groups = ["marketing"]`: one count per user (and
     /// channel) across every business type naming the group (`docs/caps.md`).
     pub caps: BTreeMap<String, crate::caps::CapSpec>,
+    /// Recipient preferences: mandatory categories, the cache's bound, who
+    /// may change them (`docs/preferences.md`).
+    pub preferences: PreferencesConfig,
 }
 impl Default for HostConfig {
     fn default() -> Self {
@@ -201,6 +206,7 @@ impl Default for HostConfig {
             send_at: crate::event::SendAtBounds::default(),
             http: HttpConfig::default(),
             caps: BTreeMap::new(),
+            preferences: PreferencesConfig::default(),
         }
     }
 }

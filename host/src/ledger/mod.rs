@@ -13,6 +13,7 @@ pub mod claim;
 pub mod history;
 pub(crate) mod identity;
 mod pool;
+pub mod preferences;
 pub mod retention;
 pub mod writer;
 
@@ -127,6 +128,8 @@ impl LedgerError {
 #[derive(Clone)]
 pub struct Ledger {
     pool: LedgerPool,
+    /// Reads of the accept path (`LedgerPool::for_reads`).
+    reads: LedgerPool,
     claimer: claim::Claimer,
     writer: writer::WriterHandle,
     health: Arc<Mutex<Option<String>>>,
@@ -150,6 +153,7 @@ impl Ledger {
         Ok(Ledger {
             id: id.into(),
             claimer: claim::Claimer::spawn(pool.clone()),
+            reads: pool.for_reads(),
             pool,
             writer,
             health: Arc::new(Mutex::new(None)),

@@ -41,6 +41,11 @@ const SQLITE_MIGRATIONS: &[Step] = &[
         "identity",
         include_str!("../../migrations/sqlite/0004_identity.sql"),
     ),
+    (
+        5,
+        "preferences",
+        include_str!("../../migrations/sqlite/0005_preferences.sql"),
+    ),
 ];
 
 /// The PostgreSQL schema's migrations, in order.
@@ -64,6 +69,11 @@ const POSTGRES_MIGRATIONS: &[Step] = &[
         4,
         "identity",
         include_str!("../../migrations/postgres/0004_identity.sql"),
+    ),
+    (
+        5,
+        "preferences",
+        include_str!("../../migrations/postgres/0005_preferences.sql"),
     ),
 ];
 
@@ -195,6 +205,25 @@ impl LedgerPool {
             return Ok(LedgerPool::Sqlite(pool));
         }
         Err(LedgerError::BadUrl(url.to_string()))
+    }
+
+    /// A pool for reads that must not wait behind the claims and the
+    /// writer (the accept path's preference reads): on SQLite a second pool
+    /// of its own on the same file (WAL: readers do not wait for the
+    /// writer); on PostgreSQL this pool.
+    pub(crate) fn for_reads(&self) -> LedgerPool {
+        match self {
+            LedgerPool::Sqlite(p) => {
+                let options = (*p.connect_options()).clone();
+                LedgerPool::Sqlite(
+                    SqlitePoolOptions::new()
+                        .max_connections(4)
+                        .acquire_timeout(ACQUIRE_TIMEOUT)
+                        .connect_lazy_with(options),
+                )
+            }
+            LedgerPool::Postgres(_) => self.clone(),
+        }
     }
 
     /// `sqlite` or `postgres`.

@@ -42,6 +42,8 @@ pub(crate) struct PlanRequest<'a> {
     pub send_at_ms: Option<u64>,
     /// The host's clock when the request came (ms since the epoch).
     pub now_ms: u64,
+    /// The recipient's preferences (`None`: none apply).
+    pub preferences: Option<crate::prefs::Verdict<'a>>,
 }
 
 /// Why an event cannot be planned.
@@ -94,6 +96,17 @@ pub(crate) struct Planned {
     pub request: AcceptRequest,
 }
 
+/// A channel of an event the recipient switched off (its channel or the
+/// policy's category): nothing is accepted for it.
+pub(crate) struct OptedOut {
+    /// The channel.
+    pub channel: String,
+    /// The key the channel's message would have had.
+    pub key: String,
+    /// Its place among the event's results.
+    pub at: usize,
+}
+
 /// One event, checked and planned.
 pub(crate) struct PlannedEvent {
     /// The event's business type.
@@ -104,6 +117,8 @@ pub(crate) struct PlannedEvent {
     pub user_id: String,
     /// Its channels.
     pub channels: Vec<Planned>,
+    /// The channels the recipient switched off, answered `opted_out`.
+    pub opted_out: Vec<OptedOut>,
     /// The event as JSON text (task field and corpus sample).
     pub event_json: std::sync::Arc<str>,
 }
@@ -128,17 +143,34 @@ pub(crate) fn plan(
         snapshot,
         channels: host_channels,
     };
-    let planned = channels
-        .into_iter()
-        .map(|channel| ctx.plan_channel(channel, &event_text))
-        .collect::<Result<_, _>>()?;
+    let mut planned = Vec::with_capacity(channels.len());
+    let mut opted_out = Vec::new();
+    for channel in ctx.with_preferences(&channels) {
+        match channel {
+            Pick::Send(channel) => planned.push(ctx.plan_channel(channel, &event_text)?),
+            Pick::OptedOut(channel) => opted_out.push(OptedOut {
+                key: ctx.derive(&channel)?.key,
+                channel,
+                at: planned.len() + opted_out.len(),
+            }),
+        }
+    }
     Ok(PlannedEvent {
         biz_type: req.event.biz_type.clone(),
         biz_id: req.event.biz_id.clone(),
         user_id: req.event.user_id.clone(),
         channels: planned,
+        opted_out,
         event_json: event_text,
     })
+}
+
+/// A picked channel once the recipient's preferences are applied.
+enum Pick {
+    /// Accepted as usual.
+    Send(String),
+    /// Switched off: answered `opted_out`.
+    OptedOut(String),
 }
 
 /// The policy routing `biz_type`.
@@ -232,6 +264,46 @@ struct ChannelPlanner<'a> {
 }
 
 impl ChannelPlanner<'_> {
+    /// Whether the recipient switched `channel` (or this policy's category) off.
+    fn blocked(&self, channel: &str) -> bool {
+        self.req
+            .preferences
+            .is_some_and(|v| v.blocks(channel, self.policy.spec.category.as_deref()))
+    }
+
+    /// The picked channels in order, each sent or opted out; with the
+    /// policy's `fallback_when_opted_out`, an opted-out channel's first
+    /// fallback the recipient did not switch off (and the event does not
+    /// send on already) is sent in its place, right after it.
+    fn with_preferences(&self, picked: &[String]) -> Vec<Pick> {
+        let spec = &self.policy.spec;
+        let mut out: Vec<Pick> = Vec::with_capacity(picked.len());
+        let sends =
+            |out: &[Pick], c: &str| out.iter().any(|p| matches!(p, Pick::Send(s) if s == c));
+        for channel in picked {
+            if !self.blocked(channel) {
+                out.push(Pick::Send(channel.clone()));
+                continue;
+            }
+            out.push(Pick::OptedOut(channel.clone()));
+            if !spec.fallback_when_opted_out {
+                continue;
+            }
+            let mut at = channel.as_str();
+            for _ in 0..MAX_FALLBACK_DEPTH {
+                let Some(to) = spec.fallback.get(at) else {
+                    break;
+                };
+                if !self.blocked(to) && !picked.contains(to) && !sends(&out, to) {
+                    out.push(Pick::Send(to.clone()));
+                    break;
+                }
+                at = to;
+            }
+        }
+        out
+    }
+
     /// One channel's accept request: its key, window, payload and retries.
     fn plan_channel(
         &self,
@@ -535,10 +607,20 @@ impl ChannelPlanner<'_> {
         })
     }
 
+    /// The fallback of `channel`: the next channel of its chain the
+    /// recipient did not switch off.
     fn fallback(&self, channel: &str, depth: usize) -> Result<Option<Box<Fallback>>, PlanError> {
-        let Some(to) = self.policy.spec.fallback.get(channel) else {
+        let Some(mut to) = self.policy.spec.fallback.get(channel) else {
             return Ok(None);
         };
+        let mut depth = depth;
+        while self.blocked(to) {
+            depth += 1;
+            match self.policy.spec.fallback.get(to) {
+                Some(next) if depth < MAX_FALLBACK_DEPTH => to = next,
+                _ => return Ok(None),
+            }
+        }
         if depth >= MAX_FALLBACK_DEPTH {
             return Ok(None);
         }

@@ -41,6 +41,19 @@ pub struct PolicyFile {
     /// Backup channel per channel, used when a channel fails for good.
     #[serde(default)]
     pub fallback: BTreeMap<String, String>,
+    /// What kind of message this is for recipients' preferences, e.g.
+    /// `transactional`, `marketing`, `security` (1 to 64 of a-z, 0-9, `_`,
+    /// `-`): a user who switched it off gets no message of this policy,
+    /// unless `[preferences] mandatory` names it. Absent: only the user's
+    /// channel preferences apply (`docs/preferences.md`).
+    #[serde(default)]
+    pub category: Option<String>,
+    /// Whether a channel the recipient switched off hands its message to
+    /// its `[fallback]` channel at accept, as a failure for good would
+    /// (default `false`: an opted-out channel is answered `opted_out` and
+    /// nothing takes its place).
+    #[serde(default)]
+    pub fallback_when_opted_out: bool,
     /// Per-channel overrides of the window or the retry schedule.
     #[serde(default)]
     pub(crate) overrides: BTreeMap<String, ChannelOverride>,
@@ -359,6 +372,15 @@ impl PolicyFile {
         self.check_gates().map_err(|(f, r)| invalid(&f, r))?;
         self.check_dedup().map_err(|(f, r)| invalid(&f, r))?;
         self.check_digest().map_err(|(f, r)| invalid(&f, r))?;
+        if let Some(category) = &self.category {
+            crate::config::check_category(category).map_err(|r| invalid("category", r))?;
+        }
+        if self.fallback_when_opted_out && self.fallback.is_empty() {
+            return Err(invalid(
+                "fallback_when_opted_out",
+                "has no effect without a `[fallback]` table".into(),
+            ));
+        }
         self.check_fallback()
             .map_err(|(f, r)| invalid(&format!("fallback.{f}"), r))
     }
@@ -630,6 +652,11 @@ mod tests {
                 "retry.backoff.factor",
             ),
             (BASE.replace("per-event@^1", "per-event"), "key_policy"),
+            (format!("{BASE}category = \"Marketing!\"\n"), "category"),
+            (
+                format!("{BASE}fallback_when_opted_out = true\n"),
+                "fallback_when_opted_out",
+            ),
             (BASE.replace("\"app-push\"]", "\"sms\"]"), "channels"),
             (
                 format!("{BASE}[fallback]\nwechat = \"sms\"\n"),

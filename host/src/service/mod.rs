@@ -299,6 +299,15 @@ async fn api_state(
         corpus: Arc::new(CorpusSampler::default()),
         recent,
         provider_health: parts.provider_health.clone(),
+        preferences: Arc::new(
+            crate::prefs::PreferenceCache::new(
+                parts.ledger.clone(),
+                config.preferences.cache_ttl,
+                &config.preferences.mandatory,
+            )
+            .recording_answers(config.ledger_history),
+        ),
+        preferences_api_writes: config.preferences.api_token_writes,
     }))
 }
 

@@ -11,9 +11,9 @@ use serde::Deserialize;
 
 use super::session::Session;
 use super::task::card;
-use super::{Operator, layout};
+use super::{Operator, layout, when};
 use crate::api::admin::tasks::{KeyQuery, task_by_key};
-use crate::api::model::{EventQuery, TaskView};
+use crate::api::model::{EventQuery, OptedOutView, TaskView};
 use crate::api::{ApiError, AppState, events, history};
 
 /// Most tasks a look-up by user shows.
@@ -51,15 +51,83 @@ pub(crate) async fn page(
         (form(&find))
         @match found {
             None => {}
-            Some(Ok(tasks)) => { (results(&session, &tasks)) }
+            Some(Ok((tasks, opted_out))) => {
+                (results(&session, &tasks))
+                (opted_out_list(&opted_out))
+            }
             Some(Err(e)) => { p role="alert" class="error" { (e.to_string()) } }
+        }
+        @let user = find.user_id.trim();
+        @if !user.is_empty() {
+            p { a id="user-preferences" href={ "/console/preferences?" (user_query(user)) } {
+                "Preferences of " (user) " and their history"
+            } }
         }
     };
     layout("Look-up", Some(&session), body).into_response()
 }
 
+/// `user_id=<user>`, encoded for a link.
+fn user_query(user: &str) -> String {
+    form_urlencoded::Serializer::new(String::new())
+        .append_pair("user_id", user)
+        .finish()
+}
+
+/// An event's channels answered `opted_out`.
+fn opted_out_list(opted_out: &[OptedOutView]) -> Markup {
+    html! {
+        @if !opted_out.is_empty() {
+            section aria-labelledby="opted-out" {
+                h2 id="opted-out" class="counts" { "Channels answered opted_out (no task)" }
+                ul {
+                    @for o in opted_out {
+                        li class="opted-out" {
+                            strong { (o.channel) } ": opted out at " (when(u64::try_from(o.at).unwrap_or(0)))
+                            " (key " code { (o.key) } ")"
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The tasks `find` names (and an event's channels answered `opted_out`);
+/// `None` when nothing was asked.
+async fn search(state: &AppState, find: &Find) -> Option<Result<Found, ApiError>> {
+    if let Some(found) = search_event(state, find).await {
+        return Some(found);
+    }
+    find_tasks(state, find)
+        .await
+        .map(|found| found.map(|tasks| (tasks, Vec::new())))
+}
+
+/// What a look-up found: tasks, and an event's channels answered `opted_out`.
+type Found = (Vec<TaskView>, Vec<OptedOutView>);
+
+/// An event's tasks and opted-out channels, when `find` names an event (and no task id).
+async fn search_event(state: &AppState, find: &Find) -> Option<Result<Found, ApiError>> {
+    if !find.task.trim().is_empty()
+        || find.biz_type.trim().is_empty()
+        || find.biz_id.trim().is_empty()
+    {
+        return None;
+    }
+    let path = Path((find.biz_type.trim().into(), find.biz_id.trim().into()));
+    let user_id = Some(find.user_id.trim().to_string()).filter(|u| !u.is_empty());
+    let event = events::get_event(
+        State(state.clone()),
+        path,
+        Ok(Query(EventQuery { user_id })),
+    )
+    .await;
+    Some(event.map(|e| (e.0.tasks, e.0.opted_out)))
+}
+
 /// The tasks `find` names; `None` when nothing was asked.
-async fn search(state: &AppState, find: &Find) -> Option<Result<Vec<TaskView>, ApiError>> {
+async fn find_tasks(state: &AppState, find: &Find) -> Option<Result<Vec<TaskView>, ApiError>> {
     let state = State(state.clone());
     if !find.task.trim().is_empty() {
         let task = events::get_task(state, Path(find.task.trim().to_string())).await;

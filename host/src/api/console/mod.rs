@@ -13,6 +13,7 @@ pub(crate) mod login;
 pub(crate) mod lookup;
 pub(crate) mod overview;
 pub(crate) mod policies;
+pub(crate) mod preferences;
 pub(crate) mod providers;
 pub(crate) mod session;
 pub(crate) mod task;
@@ -47,6 +48,7 @@ pub(crate) fn routes(state: AppState) -> Router<AppState> {
         .route("/console/held", get(held::page))
         .route("/console/providers", get(providers::page))
         .route("/console/lookup", get(lookup::page))
+        .route("/console/preferences", get(preferences::page))
         .route("/console/policies", get(policies::page))
         .route("/console/policies/check", post(policies::check))
         .route("/console/policies/apply", post(policies::apply))
@@ -203,6 +205,7 @@ pub(crate) fn layout(title: &str, session: Option<&Session>, content: Markup) ->
                             a href="/console/held" { "Held tasks" }
                             a href="/console/providers" { "Providers" }
                             a href="/console/lookup" { "Look-up" }
+                            a href="/console/preferences" { "Preferences" }
                             a href="/console/policies" { "Policies" }
                             a href="/console/keys" { "Key explorer" }
                         }

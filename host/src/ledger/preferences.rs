@@ -1,0 +1,522 @@
+//! Recipient preferences in the ledger's database (`docs/preferences.md`):
+//! what each user switched off (`preferences`, one row per user, by the
+//! digest of the user id) and every change to it (`preference_changes`,
+//! append-only: when, by which route, by whom, what). Stored beside the
+//! deliveries, never in Redis, so a Redis loss cannot turn an opt-out back
+//! on. Every route that changes preferences — the API now, a reply to an
+//! SMS, a bounce or an unsubscribe link later — writes through
+//! [`Ledger::change_preferences`] with its own [`ChangeRoute`].
+
+use std::collections::{BTreeSet, HashMap};
+
+use serde::Serialize;
+
+use super::claim::recipient_digest;
+use super::pool::on_pool;
+use super::{Ledger, LedgerError, now_ms};
+
+/// What one user switched off.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct Preferences {
+    /// Channels (channel instance names) on which the user gets nothing.
+    pub channels_off: BTreeSet<String>,
+    /// Categories (a policy's `category`) the user gets nothing of.
+    pub categories_off: BTreeSet<String>,
+}
+
+impl Preferences {
+    /// Whether nothing is switched off (the defaults).
+    pub fn is_default(&self) -> bool {
+        self.channels_off.is_empty() && self.categories_off.is_empty()
+    }
+}
+
+/// The route a change came by (the history's `route`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ChangeRoute {
+    /// `PUT` / `DELETE /v1/users/{user_id}/preferences`.
+    Api,
+    /// The user replied to an SMS with an opt-out word.
+    SmsReply,
+    /// An email bounced or was reported as spam.
+    EmailBounce,
+    /// The user followed a one-click unsubscribe link.
+    UnsubscribeLink,
+}
+
+impl ChangeRoute {
+    /// The label stored in the history.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ChangeRoute::Api => "api",
+            ChangeRoute::SmsReply => "sms_reply",
+            ChangeRoute::EmailBounce => "email_bounce",
+            ChangeRoute::UnsubscribeLink => "unsubscribe_link",
+        }
+    }
+}
+
+/// A change to one user's preferences.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Edit {
+    /// The whole document replaced (`PUT`).
+    Replace(Preferences),
+    /// Back to the defaults: nothing switched off (`DELETE`).
+    Clear,
+    /// These switched off as well, the rest kept (an opt-out by reply,
+    /// bounce or link).
+    SwitchOff(Preferences),
+}
+
+impl Edit {
+    fn action(&self) -> &'static str {
+        match self {
+            Edit::Replace(_) => "replace",
+            Edit::Clear => "clear",
+            Edit::SwitchOff(_) => "switch_off",
+        }
+    }
+
+    fn apply(&self, before: &Preferences) -> Preferences {
+        match self {
+            Edit::Replace(p) => p.clone(),
+            Edit::Clear => Preferences::default(),
+            Edit::SwitchOff(p) => Preferences {
+                channels_off: before
+                    .channels_off
+                    .union(&p.channels_off)
+                    .cloned()
+                    .collect(),
+                categories_off: before
+                    .categories_off
+                    .union(&p.categories_off)
+                    .cloned()
+                    .collect(),
+            },
+        }
+    }
+}
+
+/// One change as the history keeps it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct PreferenceChange {
+    /// When (ms since the epoch, the writing host's clock).
+    pub at_ms: i64,
+    /// By which route: `api`, `sms_reply`, `email_bounce`, `unsubscribe_link`.
+    pub route: String,
+    /// By whom: the token kind (`admin token`, `api token`) or the route's own name.
+    pub by: String,
+    /// `replace`, `clear` or `switch_off`.
+    pub action: String,
+    /// What changed, in words, e.g. `channels off +sms; categories off -marketing`.
+    pub what: String,
+    /// The preferences after the change.
+    pub after: Preferences,
+}
+
+/// A user's stored preferences and when they last changed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredPreferences {
+    /// What is switched off.
+    pub preferences: Preferences,
+    /// When it last changed (ms since the epoch).
+    pub updated_at_ms: i64,
+}
+
+fn to_json(names: &BTreeSet<String>) -> String {
+    serde_json::to_string(names).unwrap_or_else(|_| "[]".into())
+}
+
+fn from_json(text: &str) -> BTreeSet<String> {
+    serde_json::from_str(text).unwrap_or_default()
+}
+
+/// `channels off +sms -wechat; categories off +marketing`, or `no change`.
+fn difference(before: &Preferences, after: &Preferences) -> String {
+    let side = |label: &str, b: &BTreeSet<String>, a: &BTreeSet<String>| {
+        let changes: Vec<String> = a
+            .difference(b)
+            .map(|n| format!("+{n}"))
+            .chain(b.difference(a).map(|n| format!("-{n}")))
+            .collect();
+        (!changes.is_empty()).then(|| format!("{label} {}", changes.join(" ")))
+    };
+    let parts: Vec<String> = [
+        side("channels off", &before.channels_off, &after.channels_off),
+        side(
+            "categories off",
+            &before.categories_off,
+            &after.categories_off,
+        ),
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
+    if parts.is_empty() {
+        "no change".into()
+    } else {
+        parts.join("; ")
+    }
+}
+
+type HistoryTuple = (i64, String, String, String, String, String, String);
+
+/// A channel of an event answered `opted_out`, as the look-up shows it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct OptedOutAnswer {
+    /// Business type of the event.
+    pub biz_type: String,
+    /// Business id of the event.
+    pub biz_id: String,
+    /// SHA-256 (hex) of the user id.
+    pub user_digest: String,
+    /// The channel.
+    pub channel: String,
+    /// The key its message would have had.
+    pub key: String,
+    /// When it was answered (ms since the epoch).
+    pub at_ms: i64,
+}
+
+impl Ledger {
+    /// `user_id`'s stored preferences (`None`: never set, the defaults).
+    pub async fn preferences(
+        &self,
+        user_id: &str,
+    ) -> Result<Option<StoredPreferences>, LedgerError> {
+        let digest = recipient_digest(user_id);
+        let row: Option<(String, String, i64)> = on_pool!(self.pool(), p => {
+            sqlx::query_as(
+                "SELECT channels_off, categories_off, updated_at FROM preferences \
+                 WHERE user_digest = $1",
+            )
+            .bind(&digest)
+            .fetch_optional(p)
+            .await?
+        });
+        Ok(row.map(|(ch, cat, at)| StoredPreferences {
+            preferences: Preferences {
+                channels_off: from_json(&ch),
+                categories_off: from_json(&cat),
+            },
+            updated_at_ms: at,
+        }))
+    }
+
+    /// The preferences of each of `users` in one query (a user without a
+    /// row is absent from the answer: the defaults), on the pool for reads,
+    /// so the accept path does not wait behind claims.
+    pub async fn preferences_of(
+        &self,
+        users: &[&str],
+    ) -> Result<HashMap<String, Preferences>, LedgerError> {
+        if users.is_empty() {
+            return Ok(HashMap::new());
+        }
+        let by_digest: HashMap<String, &str> =
+            users.iter().map(|u| (recipient_digest(u), *u)).collect();
+        let marks: Vec<String> = (1..=by_digest.len()).map(|i| format!("${i}")).collect();
+        let sql = format!(
+            "SELECT user_digest, channels_off, categories_off FROM preferences \
+             WHERE user_digest IN ({})",
+            marks.join(", ")
+        );
+        let rows: Vec<(String, String, String)> = on_pool!(&self.reads, p => {
+            let mut q = sqlx::query_as(&sql);
+            for digest in by_digest.keys() {
+                q = q.bind(digest);
+            }
+            q.fetch_all(p).await?
+        });
+        Ok(rows
+            .into_iter()
+            .filter_map(|(digest, ch, cat)| {
+                let user = by_digest.get(&digest)?;
+                Some((
+                    user.to_string(),
+                    Preferences {
+                        channels_off: from_json(&ch),
+                        categories_off: from_json(&cat),
+                    },
+                ))
+            })
+            .collect())
+    }
+
+    /// Applies `edit` to `user_id`'s preferences and appends the change to
+    /// their history, in one transaction; `by` is who made it (the token
+    /// kind, or the route's own name). Answers the change as recorded.
+    pub async fn change_preferences(
+        &self,
+        user_id: &str,
+        edit: &Edit,
+        by: &str,
+        route: ChangeRoute,
+    ) -> Result<PreferenceChange, LedgerError> {
+        let digest = recipient_digest(user_id);
+        let at = now_ms();
+        on_pool!(self.pool(), p => {
+            let mut tx = p.begin().await?;
+            let row: Option<(String, String)> = sqlx::query_as(
+                "SELECT channels_off, categories_off FROM preferences WHERE user_digest = $1",
+            )
+            .bind(&digest)
+            .fetch_optional(&mut *tx)
+            .await?;
+            let before = row
+                .map(|(ch, cat)| Preferences {
+                    channels_off: from_json(&ch),
+                    categories_off: from_json(&cat),
+                })
+                .unwrap_or_default();
+            let after = edit.apply(&before);
+            let change = PreferenceChange {
+                at_ms: at,
+                route: route.as_str().to_string(),
+                by: by.to_string(),
+                action: edit.action().to_string(),
+                what: difference(&before, &after),
+                after,
+            };
+            let channels = to_json(&change.after.channels_off);
+            let categories = to_json(&change.after.categories_off);
+            sqlx::query(
+                "INSERT INTO preferences (user_digest, channels_off, categories_off, updated_at) \
+                 VALUES ($1, $2, $3, $4) ON CONFLICT (user_digest) DO UPDATE SET \
+                 channels_off = excluded.channels_off, categories_off = excluded.categories_off, \
+                 updated_at = excluded.updated_at",
+            )
+            .bind(&digest)
+            .bind(&channels)
+            .bind(&categories)
+            .bind(at)
+            .execute(&mut *tx)
+            .await?;
+            sqlx::query(
+                "INSERT INTO preference_changes (user_digest, at, route, changed_by, action, \
+                 what, channels_off, categories_off) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
+            )
+            .bind(&digest)
+            .bind(at)
+            .bind(&change.route)
+            .bind(&change.by)
+            .bind(&change.action)
+            .bind(&change.what)
+            .bind(&channels)
+            .bind(&categories)
+            .execute(&mut *tx)
+            .await?;
+            tx.commit().await?;
+            Ok(change)
+        })
+    }
+
+    /// Records `answers` (one transaction; an answer already recorded for
+    /// the same event, user and channel is kept as it is).
+    pub async fn record_opted_out(&self, answers: &[OptedOutAnswer]) -> Result<(), LedgerError> {
+        on_pool!(self.pool(), p => {
+            let mut tx = p.begin().await?;
+            for a in answers {
+                sqlx::query(
+                    "INSERT INTO opted_out (biz_type, biz_id, user_digest, channel, key, at) \
+                     VALUES ($1, $2, $3, $4, $5, $6) \
+                     ON CONFLICT (biz_type, biz_id, user_digest, channel) DO NOTHING",
+                )
+                .bind(&a.biz_type)
+                .bind(&a.biz_id)
+                .bind(&a.user_digest)
+                .bind(&a.channel)
+                .bind(&a.key)
+                .bind(a.at_ms)
+                .execute(&mut *tx)
+                .await?;
+            }
+            tx.commit().await?;
+        });
+        Ok(())
+    }
+
+    /// The channels of event `biz_type`/`biz_id` answered `opted_out`, oldest first.
+    pub async fn opted_out_of_event(
+        &self,
+        biz_type: &str,
+        biz_id: &str,
+    ) -> Result<Vec<OptedOutAnswer>, LedgerError> {
+        let rows: Vec<(String, String, String, i64)> = on_pool!(self.pool(), p => {
+            sqlx::query_as(
+                "SELECT user_digest, channel, key, at FROM opted_out \
+                 WHERE biz_type = $1 AND biz_id = $2 ORDER BY at, channel",
+            )
+            .bind(biz_type)
+            .bind(biz_id)
+            .fetch_all(p)
+            .await?
+        });
+        Ok(rows
+            .into_iter()
+            .map(|(user_digest, channel, key, at_ms)| OptedOutAnswer {
+                biz_type: biz_type.to_string(),
+                biz_id: biz_id.to_string(),
+                user_digest,
+                channel,
+                key,
+                at_ms,
+            })
+            .collect())
+    }
+
+    /// Removes the `opted_out` answers recorded before `before_ms`; how many.
+    pub async fn remove_opted_out_before(&self, before_ms: i64) -> Result<u64, LedgerError> {
+        let done = on_pool!(self.pool(), p => {
+            sqlx::query("DELETE FROM opted_out WHERE at < $1")
+                .bind(before_ms)
+                .execute(p)
+                .await?
+                .rows_affected()
+        });
+        Ok(done)
+    }
+
+    /// `user_id`'s changes, newest first, at most `limit`.
+    pub async fn preference_history(
+        &self,
+        user_id: &str,
+        limit: u32,
+    ) -> Result<Vec<PreferenceChange>, LedgerError> {
+        let digest = recipient_digest(user_id);
+        let rows: Vec<HistoryTuple> = on_pool!(self.pool(), p => {
+            sqlx::query_as(
+                "SELECT at, route, changed_by, action, what, channels_off, categories_off \
+                 FROM preference_changes WHERE user_digest = $1 ORDER BY id DESC LIMIT $2",
+            )
+            .bind(&digest)
+            .bind(i64::from(limit))
+            .fetch_all(p)
+            .await?
+        });
+        Ok(rows
+            .into_iter()
+            .map(|(at, route, by, action, what, ch, cat)| PreferenceChange {
+                at_ms: at,
+                route,
+                by,
+                action,
+                what,
+                after: Preferences {
+                    channels_off: from_json(&ch),
+                    categories_off: from_json(&cat),
+                },
+            })
+            .collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn prefs(channels: &[&str], categories: &[&str]) -> Preferences {
+        Preferences {
+            channels_off: channels.iter().map(|s| s.to_string()).collect(),
+            categories_off: categories.iter().map(|s| s.to_string()).collect(),
+        }
+    }
+
+    #[tokio::test]
+    async fn changes_are_stored_with_their_history() {
+        let dir = tempfile::tempdir().unwrap();
+        let ledger = Ledger::open(&Ledger::sqlite_url(dir.path())).await.unwrap();
+        assert_eq!(ledger.preferences("u-1").await.unwrap(), None);
+        let put = Edit::Replace(prefs(&["sms"], &["marketing"]));
+        let change = ledger
+            .change_preferences("u-1", &put, "admin token", ChangeRoute::Api)
+            .await
+            .unwrap();
+        assert_eq!(change.what, "channels off +sms; categories off +marketing");
+        let off = Edit::SwitchOff(prefs(&["wechat"], &[]));
+        let change = ledger
+            .change_preferences("u-1", &off, "sms_reply", ChangeRoute::SmsReply)
+            .await
+            .unwrap();
+        assert_eq!(change.what, "channels off +wechat");
+        let stored = ledger.preferences("u-1").await.unwrap().unwrap();
+        assert_eq!(
+            stored.preferences,
+            prefs(&["sms", "wechat"], &["marketing"])
+        );
+        let many = ledger.preferences_of(&["u-1", "u-2"]).await.unwrap();
+        assert_eq!(many.len(), 1);
+        assert_eq!(many["u-1"], stored.preferences);
+        ledger
+            .change_preferences("u-1", &Edit::Clear, "api token", ChangeRoute::Api)
+            .await
+            .unwrap();
+        assert!(
+            ledger
+                .preferences("u-1")
+                .await
+                .unwrap()
+                .unwrap()
+                .preferences
+                .is_default()
+        );
+        let history = ledger.preference_history("u-1", 10).await.unwrap();
+        let seen: Vec<(&str, &str, &str)> = history
+            .iter()
+            .map(|c| (c.route.as_str(), c.action.as_str(), c.what.as_str()))
+            .collect();
+        assert_eq!(
+            seen,
+            [
+                (
+                    "api",
+                    "clear",
+                    "channels off -sms -wechat; categories off -marketing"
+                ),
+                ("sms_reply", "switch_off", "channels off +wechat"),
+                (
+                    "api",
+                    "replace",
+                    "channels off +sms; categories off +marketing"
+                ),
+            ]
+        );
+        assert!(
+            ledger
+                .preference_history("u-2", 10)
+                .await
+                .unwrap()
+                .is_empty()
+        );
+    }
+
+    #[tokio::test]
+    async fn opted_out_answers_are_kept_once_and_removed_after_their_time() {
+        let dir = tempfile::tempdir().unwrap();
+        let ledger = Ledger::open(&Ledger::sqlite_url(dir.path())).await.unwrap();
+        let answer = |channel: &str, at_ms: i64| OptedOutAnswer {
+            biz_type: "ORDER_SHIPPED".into(),
+            biz_id: "o-1".into(),
+            user_digest: recipient_digest("u-1"),
+            channel: channel.into(),
+            key: format!("push:k:{channel}"),
+            at_ms,
+        };
+        ledger
+            .record_opted_out(&[answer("sms", 10), answer("wechat", 20)])
+            .await
+            .unwrap();
+        ledger.record_opted_out(&[answer("sms", 30)]).await.unwrap();
+        let found = ledger
+            .opted_out_of_event("ORDER_SHIPPED", "o-1")
+            .await
+            .unwrap();
+        assert_eq!(found, [answer("sms", 10), answer("wechat", 20)]);
+        assert_eq!(ledger.remove_opted_out_before(15).await.unwrap(), 1);
+        let found = ledger
+            .opted_out_of_event("ORDER_SHIPPED", "o-1")
+            .await
+            .unwrap();
+        assert_eq!(found, [answer("wechat", 20)]);
+    }
+}

@@ -1,0 +1,318 @@
+//! Recipient preferences on the accept path (`docs/preferences.md`): each
+//! instance reads a user's preferences from the ledger's database
+//! (`ledger::preferences`) through [`PreferenceCache`], whose entries are
+//! used for at most `[preferences] cache_ttl` after the read that filled
+//! them began, and decides per channel with [`Verdict`].
+//!
+//! A change takes effect at once on the instance that wrote it (the write
+//! refreshes its entry) and within `cache_ttl` on every other. When the
+//! database cannot be read and no fresh entry is held, the answer is an
+//! error (the API answers 503): an event is never sent to a user whose
+//! opt-out could not be read.
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tokio::sync::mpsc;
+
+use crate::ledger::preferences::{OptedOutAnswer, Preferences};
+use crate::ledger::{Ledger, LedgerError};
+
+/// Most `opted_out` answers waiting to be recorded; past it an answer is
+/// not recorded (the look-up does not show it; nothing else depends on it).
+const ANSWERS_QUEUED: usize = 10_000;
+/// Most answers recorded in one transaction.
+const ANSWERS_BATCH: usize = 256;
+/// How often recorded answers older than the ledger's history are removed.
+const ANSWERS_PRUNE_EVERY: Duration = Duration::from_secs(3600);
+
+/// Most users an instance keeps entries of; past it, stale entries go,
+/// then all (the next events read again).
+const MAX_ENTRIES: usize = 100_000;
+
+/// Why preferences could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum PrefsError {
+    /// The ledger's database did not answer, and no fresh entry was held.
+    #[error("the preferences store (the ledger's database) cannot be read: {0}")]
+    Unreadable(#[source] LedgerError),
+}
+
+/// One user's preferences as last read, and when that read began.
+struct Entry {
+    read_at: Instant,
+    preferences: Arc<Preferences>,
+}
+
+/// Per-instance cache of users' preferences over the ledger's database.
+pub struct PreferenceCache {
+    /// The store (`None`: the ledger is off, no preference applies).
+    ledger: Option<Ledger>,
+    /// How long an entry is used.
+    ttl: Duration,
+    /// Categories no preference blocks.
+    mandatory: BTreeSet<String>,
+    entries: Mutex<HashMap<String, Entry>>,
+    /// The queue of the background writer of `opted_out` answers (`None`:
+    /// not recorded).
+    answers: Option<mpsc::Sender<OptedOutAnswer>>,
+}
+
+impl std::fmt::Debug for PreferenceCache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PreferenceCache")
+            .field("ttl", &self.ttl)
+            .field("mandatory", &self.mandatory)
+            .finish_non_exhaustive()
+    }
+}
+
+impl PreferenceCache {
+    /// A cache over `ledger` (`None`: preferences are off with the ledger)
+    /// using entries for `ttl`, with the `mandatory` categories.
+    pub fn new(ledger: Option<Ledger>, ttl: Duration, mandatory: &[String]) -> PreferenceCache {
+        PreferenceCache {
+            ledger,
+            ttl,
+            mandatory: mandatory.iter().cloned().collect(),
+            entries: Mutex::new(HashMap::new()),
+            answers: None,
+        }
+    }
+
+    /// Records `opted_out` answers in the ledger (for the event look-up)
+    /// through a background writer, keeping each for `keep` (the ledger's
+    /// history). The writer stops when the cache is dropped. Nothing is
+    /// recorded with the ledger off.
+    pub fn recording_answers(mut self, keep: Duration) -> PreferenceCache {
+        if let Some(ledger) = &self.ledger {
+            let (tx, rx) = mpsc::channel(ANSWERS_QUEUED);
+            tokio::spawn(write_answers(ledger.clone(), rx, keep));
+            self.answers = Some(tx);
+        }
+        self
+    }
+
+    /// Queues `answer` for the look-up's record (dropped, with a debug
+    /// line, when the writer is behind by [`ANSWERS_QUEUED`]).
+    pub fn record(&self, answer: OptedOutAnswer) {
+        if let Some(tx) = &self.answers
+            && tx.try_send(answer).is_err()
+        {
+            tracing::debug!("opted_out answer not recorded: the writer is behind");
+        }
+    }
+
+    /// The store, when the ledger is on.
+    pub fn ledger(&self) -> Option<&Ledger> {
+        self.ledger.as_ref()
+    }
+
+    /// The categories no preference blocks.
+    pub fn mandatory(&self) -> &BTreeSet<String> {
+        &self.mandatory
+    }
+
+    /// The bound of an entry's age.
+    pub fn ttl(&self) -> Duration {
+        self.ttl
+    }
+
+    /// The preferences of each of `users`: fresh entries as held, the rest
+    /// read in one query (and held). Every user is in the answer (defaults
+    /// for one without a row).
+    pub async fn of_users(
+        &self,
+        users: &[&str],
+    ) -> Result<HashMap<String, Arc<Preferences>>, PrefsError> {
+        let mut found = HashMap::with_capacity(users.len());
+        let Some(ledger) = &self.ledger else {
+            for user in users {
+                found.insert(user.to_string(), Arc::new(Preferences::default()));
+            }
+            return Ok(found);
+        };
+        let mut missing: Vec<&str> = Vec::new();
+        {
+            let entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
+            for user in users {
+                match entries.get(*user) {
+                    Some(e) if e.read_at.elapsed() < self.ttl => {
+                        found.insert(user.to_string(), e.preferences.clone());
+                    }
+                    _ if !missing.contains(user) => missing.push(user),
+                    _ => {}
+                }
+            }
+        }
+        if missing.is_empty() {
+            return Ok(found);
+        }
+        let read_at = Instant::now();
+        let mut read = ledger
+            .preferences_of(&missing)
+            .await
+            .map_err(PrefsError::Unreadable)?;
+        let mut entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
+        if entries.len() + missing.len() > MAX_ENTRIES {
+            entries.retain(|_, e| e.read_at.elapsed() < self.ttl);
+            if entries.len() + missing.len() > MAX_ENTRIES {
+                entries.clear();
+            }
+        }
+        for user in missing {
+            let preferences = Arc::new(read.remove(user).unwrap_or_default());
+            let newer = entries.get(user).is_some_and(|e| e.read_at > read_at);
+            if !newer {
+                entries.insert(
+                    user.to_string(),
+                    Entry {
+                        read_at,
+                        preferences: preferences.clone(),
+                    },
+                );
+            }
+            found.insert(user.to_string(), preferences);
+        }
+        Ok(found)
+    }
+
+    /// Holds `preferences` for `user` as of now: after this instance
+    /// changed them, so its next event sees the change at once.
+    pub fn remember(&self, user: &str, preferences: Preferences) {
+        let mut entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
+        entries.insert(
+            user.to_string(),
+            Entry {
+                read_at: Instant::now(),
+                preferences: Arc::new(preferences),
+            },
+        );
+    }
+
+    /// The verdict for one user's preferences.
+    pub fn verdict<'a>(&'a self, preferences: &'a Preferences) -> Verdict<'a> {
+        Verdict {
+            preferences,
+            mandatory: &self.mandatory,
+        }
+    }
+}
+
+/// The background writer of `opted_out` answers: batches of what is
+/// queued, each tried three times; hourly, the removal of answers older
+/// than `keep`.
+async fn write_answers(ledger: Ledger, mut rx: mpsc::Receiver<OptedOutAnswer>, keep: Duration) {
+    let mut prune = tokio::time::interval(ANSWERS_PRUNE_EVERY);
+    loop {
+        tokio::select! {
+            got = rx.recv() => {
+                let Some(first) = got else { return };
+                let mut batch = vec![first];
+                while batch.len() < ANSWERS_BATCH {
+                    match rx.try_recv() {
+                        Ok(a) => batch.push(a),
+                        Err(_) => break,
+                    }
+                }
+                for attempt in 0..3u32 {
+                    match ledger.record_opted_out(&batch).await {
+                        Ok(()) => break,
+                        Err(e) => {
+                            tracing::warn!(error = %e, answers = batch.len(), attempt, "could not record opted_out answers");
+                            tokio::time::sleep(Duration::from_millis(100 << attempt)).await;
+                        }
+                    }
+                }
+            }
+            _ = prune.tick() => {
+                let keep_ms = i64::try_from(keep.as_millis()).unwrap_or(i64::MAX);
+                let before = crate::ledger::now_ms().saturating_sub(keep_ms);
+                if let Err(e) = ledger.remove_opted_out_before(before).await {
+                    tracing::warn!(error = %e, "could not remove old opted_out answers");
+                }
+            }
+        }
+    }
+}
+
+/// One user's preferences with the mandatory categories: which channel of
+/// which category may be sent.
+#[derive(Debug, Clone, Copy)]
+pub struct Verdict<'a> {
+    preferences: &'a Preferences,
+    mandatory: &'a BTreeSet<String>,
+}
+
+impl Verdict<'_> {
+    /// Whether the user switched off `channel` or the policy's `category`,
+    /// and the category is not mandatory (a mandatory one is sent on every
+    /// channel whatever the user switched off).
+    pub fn blocks(&self, channel: &str, category: Option<&str>) -> bool {
+        if category.is_some_and(|c| self.mandatory.contains(c)) {
+            return false;
+        }
+        self.preferences.channels_off.contains(channel)
+            || category.is_some_and(|c| self.preferences.categories_off.contains(c))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn prefs(channels: &[&str], categories: &[&str]) -> Preferences {
+        Preferences {
+            channels_off: channels.iter().map(|s| s.to_string()).collect(),
+            categories_off: categories.iter().map(|s| s.to_string()).collect(),
+        }
+    }
+
+    #[test]
+    fn a_mandatory_category_is_never_blocked() {
+        let cache = PreferenceCache::new(None, Duration::from_secs(2), &["security".into()]);
+        let p = prefs(&["sms"], &["marketing", "security"]);
+        let v = cache.verdict(&p);
+        assert!(v.blocks("sms", None));
+        assert!(v.blocks("sms", Some("transactional")));
+        assert!(!v.blocks("wechat", Some("transactional")));
+        assert!(v.blocks("wechat", Some("marketing")));
+        assert!(!v.blocks("sms", Some("security")));
+        assert!(!v.blocks("wechat", Some("security")));
+    }
+
+    #[tokio::test]
+    async fn entries_are_used_for_the_ttl_then_read_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let ledger = Ledger::open(&Ledger::sqlite_url(dir.path())).await.unwrap();
+        let cache = PreferenceCache::new(Some(ledger.clone()), Duration::from_millis(200), &[]);
+        let read = cache.of_users(&["u-1"]).await.unwrap();
+        assert!(read["u-1"].is_default());
+        let edit = crate::ledger::preferences::Edit::Replace(prefs(&["sms"], &[]));
+        ledger
+            .change_preferences(
+                "u-1",
+                &edit,
+                "admin token",
+                crate::ledger::preferences::ChangeRoute::Api,
+            )
+            .await
+            .unwrap();
+        // Within the bound the entry may still be used; after it, never.
+        let started = Instant::now();
+        loop {
+            let read = cache.of_users(&["u-1", "u-1"]).await.unwrap();
+            if read["u-1"].channels_off.contains("sms") {
+                break;
+            }
+            assert!(
+                started.elapsed() < Duration::from_millis(200),
+                "stale past the ttl"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        cache.remember("u-1", Preferences::default());
+        assert!(cache.of_users(&["u-1"]).await.unwrap()["u-1"].is_default());
+    }
+}

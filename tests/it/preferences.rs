@@ -1,0 +1,809 @@
+//! Recipient preferences (issue 35 item 1) through real `pushonce serve`
+//! processes, real Redis, the real plugins and the provider simulator: an
+//! opt-out made on one host stops the next event on that channel on another
+//! host within the documented bound (`[preferences] cache_ttl`), the other
+//! channels still send and nothing reaches the provider on the opted-out one;
+//! a mandatory category still sends; a fallback chain skips a switched-off
+//! channel; a Redis restart (and a host restart)
+//! loses no preference; the history lists each change with its route and
+//! token kind; bad input is refused naming the field; the console shows a
+//! user's preferences, their history and an event's opted-out channel.
+//! Conditions with deadlines, no sleeps.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use pushonce_tests::providers::{self, Sim};
+use pushonce_tests::redis::RedisServer;
+use pushonce_tests::stack::{ServeConfig, ServeProcess};
+use pushonce_tests::wait_until;
+use serde_json::{Value, json};
+
+const API_TOKEN: &str = "prefs-test-api-token";
+const ADMIN_TOKEN: &str = "prefs-test-admin-token";
+
+/// The bound every host of these tests runs with.
+const CACHE_TTL: Duration = Duration::from_secs(1);
+
+/// Order updates on SMS and WeChat (transactional), promotions on the app
+/// (marketing), sign-in codes by SMS (security: mandatory), and a WeChat
+/// notice whose fallback takes an opted-out WeChat's place.
+const POLICIES: &[(&str, &str)] = &[
+    (
+        "order-shipped.toml",
+        r#"
+biz_type = "ORDER_SHIPPED"
+key_policy = "per-event@^1"
+channels = ["sms", "wechat"]
+window = "1h"
+category = "transactional"
+"#,
+    ),
+    (
+        "promo.toml",
+        r#"
+biz_type = "PROMO"
+key_policy = "per-event@^1"
+channels = ["app-push"]
+window = "1h"
+category = "marketing"
+"#,
+    ),
+    (
+        "login-code.toml",
+        r#"
+biz_type = "LOGIN_CODE"
+key_policy = "per-event@^1"
+channels = ["sms"]
+window = "1h"
+category = "security"
+"#,
+    ),
+    (
+        "alert.toml",
+        r#"
+biz_type = "ALERT"
+key_policy = "per-event@^1"
+channels = ["sms", "app-push"]
+window = "1h"
+category = "transactional"
+
+[fallback]
+sms = "app-push"
+"app-push" = "inbox"
+"#,
+    ),
+    (
+        "notice.toml",
+        r#"
+biz_type = "NOTICE"
+key_policy = "per-event@^1"
+channels = ["wechat"]
+window = "1h"
+category = "transactional"
+fallback_when_opted_out = true
+
+[fallback]
+wechat = "inbox"
+"#,
+    ),
+];
+
+/// The configuration's tokens and preferences.
+fn extra() -> String {
+    format!(
+        r#"
+[auth]
+api_token_env = "PREFS_API_TOKEN"
+admin_token_env = "PREFS_ADMIN_TOKEN"
+
+[preferences]
+mandatory = ["security"]
+cache_ttl = "{}ms"
+"#,
+        CACHE_TTL.as_millis()
+    )
+}
+
+/// A host on `redis` (sharing its ledger) sending through `sim`.
+async fn serve(redis: &RedisServer, sim: &Sim, dir: &Path) -> ServeProcess {
+    serve_on(redis, sim, dir, &redis.ledger_url()).await
+}
+
+/// A host on `redis` and the ledger at `ledger_url`, sending through `sim`.
+async fn serve_on(redis: &RedisServer, sim: &Sim, dir: &Path, ledger_url: &str) -> ServeProcess {
+    let policies = dir.join("policies");
+    std::fs::create_dir_all(&policies).unwrap();
+    for (file, text) in POLICIES {
+        std::fs::write(policies.join(file), text).unwrap();
+    }
+    let mut config = ServeConfig::new(&redis.url(), sim);
+    config.ledger_url = Some(ledger_url.to_string());
+    config.extra = extra();
+    config
+        .env
+        .push(("PREFS_API_TOKEN".into(), API_TOKEN.into()));
+    config
+        .env
+        .push(("PREFS_ADMIN_TOKEN".into(), ADMIN_TOKEN.into()));
+    ServeProcess::start(&config, dir, &policies).await.unwrap()
+}
+
+/// An answer: status and JSON body.
+async fn send(req: reqwest::RequestBuilder) -> (u16, Value) {
+    let res = req.send().await.unwrap();
+    let status = res.status().as_u16();
+    let text = res.text().await.unwrap();
+    (
+        status,
+        serde_json::from_str(&text).unwrap_or(Value::String(text)),
+    )
+}
+
+/// `method path` on `host` with `token` (and a JSON body).
+async fn call(
+    host: &ServeProcess,
+    method: reqwest::Method,
+    path: &str,
+    token: Option<&str>,
+    body: Option<&Value>,
+) -> (u16, Value) {
+    let mut req = reqwest::Client::new().request(method, host.url(path));
+    if let Some(token) = token {
+        req = req.bearer_auth(token);
+    }
+    if let Some(body) = body {
+        req = req.json(body);
+    }
+    send(req).await
+}
+
+/// `PUT` of `user`'s preferences with the admin token; the stored view.
+async fn put(host: &ServeProcess, user: &str, body: Value) -> Value {
+    let path = format!("/v1/users/{user}/preferences");
+    let (status, view) = call(
+        host,
+        reqwest::Method::PUT,
+        &path,
+        Some(ADMIN_TOKEN),
+        Some(&body),
+    )
+    .await;
+    assert_eq!(status, 200, "{view}");
+    view
+}
+
+/// Posts an event; each channel's result by channel, in order.
+async fn post(host: &ServeProcess, event: &Value) -> Vec<(String, Value)> {
+    let (status, answer) = call(
+        host,
+        reqwest::Method::POST,
+        "/v1/events",
+        Some(API_TOKEN),
+        Some(event),
+    )
+    .await;
+    assert_eq!(status, 202, "{answer}");
+    answer["results"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| (r["channel"].as_str().unwrap().to_string(), r.clone()))
+        .collect()
+}
+
+/// The results' kinds in order: `[("sms", "accepted"), …]`.
+fn kinds(results: &[(String, Value)]) -> Vec<(String, String)> {
+    results
+        .iter()
+        .map(|(c, r)| (c.clone(), r["result"].as_str().unwrap().to_string()))
+        .collect()
+}
+
+/// An order update `biz_id` for `user` on SMS (phone by `biz_id`) and WeChat.
+fn order(biz_id: &str, user: &str) -> Value {
+    json!({
+        "biz_type": "ORDER_SHIPPED", "biz_id": biz_id, "user_id": user,
+        "occurred_at": "2026-12-04T10:00:00Z",
+        "params": {"order": biz_id},
+        "recipients": {"sms": phone(biz_id), "wechat": format!("openid-{biz_id}")},
+    })
+}
+
+/// The phone number an event `biz_id` is sent to by SMS (one per event, so
+/// the provider's ledger tells the events apart).
+fn phone(biz_id: &str) -> String {
+    let n: u64 = biz_id
+        .bytes()
+        .fold(0u64, |h, b| h.wrapping_mul(31).wrapping_add(u64::from(b)));
+    format!("1380{:07}", n % 10_000_000)
+}
+
+/// Messages the provider of `channel` accepted for `recipient`.
+fn at_provider(sim: &Sim, channel: &str, recipient: &str) -> usize {
+    sim.ledger(channel)
+        .iter()
+        .filter(|m| m.recipient == recipient)
+        .count()
+}
+
+/// `pushonce_opted_out_total{channel="<channel>"}` of `host`.
+async fn opted_out_count(host: &ServeProcess, channel: &str) -> u64 {
+    let (_, text) = call(host, reqwest::Method::GET, "/metrics", None, None).await;
+    let text = text.as_str().unwrap_or_default().to_string();
+    let series = format!("pushonce_opted_out_total{{channel=\"{channel}\"}} ");
+    text.lines()
+        .find_map(|l| l.strip_prefix(&series))
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .map_or(0, |v| v as u64)
+}
+
+/// An opt-out by API on host A stops the next event on that channel on host
+/// B within `cache_ttl` (and on A at once); the other channel still sends,
+/// nothing reaches the SMS provider for the opted-out events, the answer is
+/// counted, and the event's look-up shows the opted-out channel beside its
+/// WeChat task. A policy with `fallback_when_opted_out` sends its fallback
+/// in the opted-out channel's place.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_opt_out_on_one_host_stops_the_next_event_on_another_within_the_bound() {
+    let redis = RedisServer::start().await.unwrap();
+    let sim = providers::sim().await;
+    let dir = tempfile::tempdir().unwrap();
+    let a = serve(&redis, &sim, &dir.path().join("a")).await;
+    let b = serve(&redis, &sim, &dir.path().join("b")).await;
+    let user = "u-1";
+    let both = [
+        ("sms".to_string(), "accepted".to_string()),
+        ("wechat".to_string(), "accepted".to_string()),
+    ];
+    // B reads (and holds) the user's preferences: nothing switched off.
+    assert_eq!(kinds(&post(&b, &order("o-before", user)).await), both);
+
+    put(&a, user, json!({"channels_off": ["sms"]})).await;
+    let changed = Instant::now();
+    let opted = [
+        ("sms".to_string(), "opted_out".to_string()),
+        ("wechat".to_string(), "accepted".to_string()),
+    ];
+    // The instance that took the change sees it at once.
+    let on_a = post(&a, &order("o-a", user)).await;
+    assert_eq!(kinds(&on_a), opted, "{on_a:?}");
+    assert_eq!(on_a[0].1["task_id"], "", "{on_a:?}");
+    assert!(
+        on_a[0].1["key"].as_str().unwrap().contains(":sms:"),
+        "{on_a:?}"
+    );
+
+    // The other within the bound: post every 50 ms until SMS answers
+    // opted_out, failing past the bound and some.
+    let deadline = changed + CACHE_TTL + Duration::from_secs(3);
+    let mut n = 0;
+    let last_on_b = loop {
+        n += 1;
+        let answer = post(&b, &order(&format!("o-b-{n}"), user)).await;
+        if answer[0].1["result"] == "opted_out" {
+            break answer;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "host B still answers {answer:?} {:?} after the change",
+            changed.elapsed()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let took = changed.elapsed();
+    assert_eq!(kinds(&last_on_b), opted);
+    // Each post is a round trip: the bound plus one post's time.
+    assert!(
+        took < CACHE_TTL + Duration::from_secs(1),
+        "host B saw the opt-out after {took:?}, bound {CACHE_TTL:?}"
+    );
+    let stopped_on_b = format!("o-b-{n}");
+
+    // WeChat sent both opted-out events; SMS neither (the one before it, yes).
+    let (sim_ref, stopped) = (&sim, stopped_on_b.as_str());
+    wait_until(Duration::from_secs(30), || async move {
+        at_provider(sim_ref, "wechat", "openid-o-a") == 1
+            && at_provider(sim_ref, "wechat", &format!("openid-{stopped}")) == 1
+            && at_provider(sim_ref, "sms", &phone("o-before")) == 1
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}: wechat {:?}", sim.ledger("wechat")));
+    for biz_id in ["o-a", stopped_on_b.as_str()] {
+        assert_eq!(at_provider(&sim, "sms", &phone(biz_id)), 0, "{biz_id}");
+    }
+    assert_eq!(opted_out_count(&a, "sms").await, 1);
+    assert!(opted_out_count(&b, "sms").await >= 1);
+    assert_eq!(opted_out_count(&b, "wechat").await, 0);
+
+    // The look-up: the WeChat task and the SMS channel answered opted_out.
+    let path = format!("/v1/events/ORDER_SHIPPED/o-a?user_id={user}");
+    // The answer is recorded in the background: wait for it (20 ms polls).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let found = loop {
+        let (_, found) = call(&a, reqwest::Method::GET, &path, Some(API_TOKEN), None).await;
+        if found["opted_out"].as_array().is_some_and(|o| !o.is_empty()) {
+            break found;
+        }
+        assert!(Instant::now() < deadline, "never recorded: {found}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(found["opted_out"][0]["channel"], "sms", "{found}");
+    assert_eq!(found["opted_out"][0]["key"], on_a[0].1["key"], "{found}");
+    let tasks: Vec<&str> = found["tasks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["channel"].as_str().unwrap())
+        .collect();
+    assert_eq!(tasks, ["wechat"], "{found}");
+
+    // An opted-out WeChat hands a NOTICE to its fallback, the inbox.
+    put(&a, "u-notice", json!({"channels_off": ["wechat"]})).await;
+    let notice = json!({
+        "biz_type": "NOTICE", "biz_id": "n-1", "user_id": "u-notice",
+        "occurred_at": "2026-12-04T10:00:00Z",
+    });
+    let answer = post(&a, &notice).await;
+    assert_eq!(
+        kinds(&answer),
+        [
+            ("wechat".to_string(), "opted_out".to_string()),
+            ("inbox".to_string(), "accepted".to_string()),
+        ],
+        "{answer:?}"
+    );
+    wait_until(Duration::from_secs(30), || async move {
+        at_provider(sim_ref, "inbox", "u-notice") == 1
+    })
+    .await
+    .unwrap();
+}
+
+/// A mandatory category (`security`) is sent although the user switched it
+/// and its channel off; a category that is not mandatory is not. The
+/// preferences live in the ledger's database: after a Redis restart, and a
+/// restart of the host (its cache gone), they are as they were.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mandatory_category_still_sends_and_a_redis_restart_loses_no_preference() {
+    let mut redis = RedisServer::start().await.unwrap();
+    let sim = providers::sim().await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut host = serve(&redis, &sim, dir.path()).await;
+    let user = "u-2";
+    let view = put(
+        &host,
+        user,
+        json!({"channels_off": ["sms", "app-push"], "categories_off": ["security", "marketing"]}),
+    )
+    .await;
+    assert_eq!(view["mandatory"], json!(["security"]), "{view}");
+
+    let code = json!({
+        "biz_type": "LOGIN_CODE", "biz_id": "c-1", "user_id": user,
+        "occurred_at": "2026-12-04T10:00:00Z", "params": {"code": "123456"},
+        "recipients": {"sms": "13900000001"},
+    });
+    let promo = |biz_id: &str| {
+        json!({
+            "biz_type": "PROMO", "biz_id": biz_id, "user_id": user,
+            "occurred_at": "2026-12-04T10:00:00Z",
+            "recipients": {"app-push": format!("device-{biz_id}")},
+        })
+    };
+    assert_eq!(
+        kinds(&post(&host, &code).await),
+        [("sms".to_string(), "accepted".to_string())]
+    );
+    assert_eq!(
+        kinds(&post(&host, &promo("p-1")).await),
+        [("app-push".to_string(), "opted_out".to_string())]
+    );
+    let sim_ref = &sim;
+    // A batch answers each event alike.
+    let mut code_2 = code.clone();
+    code_2["biz_id"] = "c-2".into();
+    let batch = json!({"events": [promo("p-b"), code_2]});
+    let (status, answer) = call(
+        &host,
+        reqwest::Method::POST,
+        "/v1/events:batch",
+        Some(API_TOKEN),
+        Some(&batch),
+    )
+    .await;
+    assert_eq!(status, 200, "{answer}");
+    let result = |i: usize| answer["results"][i]["accepted"]["results"][0]["result"].clone();
+    assert_eq!(
+        (result(0), result(1)),
+        (json!("opted_out"), json!("accepted")),
+        "{answer}"
+    );
+    wait_until(Duration::from_secs(30), || async move {
+        at_provider(sim_ref, "sms", "13900000001") == 2
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}: sms {:?}", sim.ledger("sms")));
+
+    // An SMS that fails for good falls back past the switched-off app push
+    // to the inbox.
+    let refused = "13911110000";
+    sim.set_faults(
+        "sms",
+        provider_sim::Faults {
+            permanent: [(refused.to_string(), "isv.AMOUNT_NOT_ENOUGH".to_string())].into(),
+            ..provider_sim::Faults::default()
+        },
+    );
+    put(&host, "u-chain", json!({"channels_off": ["app-push"]})).await;
+    let alert = json!({
+        "biz_type": "ALERT", "biz_id": "a-1", "user_id": "u-chain",
+        "occurred_at": "2026-12-04T10:00:00Z",
+        "recipients": {"sms": refused, "app-push": "device-chain"},
+    });
+    assert_eq!(
+        kinds(&post(&host, &alert).await),
+        [
+            ("sms".to_string(), "accepted".to_string()),
+            ("app-push".to_string(), "opted_out".to_string()),
+        ]
+    );
+    wait_until(Duration::from_secs(30), || async move {
+        at_provider(sim_ref, "inbox", "u-chain") == 1
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}: inbox {:?}", sim.ledger("inbox")));
+    assert_eq!(at_provider(&sim, "app-push", "device-chain"), 0);
+    assert_eq!(at_provider(&sim, "sms", refused), 0);
+
+    // Redis restarts; then the host too, so nothing it held survives.
+    redis.restart().await.unwrap();
+    let host_ref = &host;
+    wait_until(Duration::from_secs(60), || async move {
+        call(host_ref, reqwest::Method::GET, "/readyz", None, None)
+            .await
+            .0
+            == 200
+    })
+    .await
+    .unwrap();
+    let answer = post(&host, &promo("p-2")).await;
+    assert_eq!(
+        kinds(&answer),
+        [("app-push".to_string(), "opted_out".to_string())]
+    );
+    host.kill9();
+    host.restart().await.unwrap();
+    let answer = post(&host, &promo("p-3")).await;
+    assert_eq!(
+        kinds(&answer),
+        [("app-push".to_string(), "opted_out".to_string())]
+    );
+    let (status, view) = call(
+        &host,
+        reqwest::Method::GET,
+        &format!("/v1/users/{user}/preferences"),
+        Some(API_TOKEN),
+        None,
+    )
+    .await;
+    assert_eq!(status, 200, "{view}");
+    assert_eq!(view["channels_off"], json!(["app-push", "sms"]), "{view}");
+    assert_eq!(
+        view["categories_off"],
+        json!(["marketing", "security"]),
+        "{view}"
+    );
+    assert_eq!(at_provider(&sim, "app-push", "device-p-1"), 0);
+}
+
+/// Every change is in the history, newest first, with its route, the token
+/// kind that made it and what changed; a `DELETE` goes back to the defaults
+/// and is recorded too. The API token reads but may not write (403 naming
+/// the setting); no token is 401.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_history_lists_every_change_and_bad_input_is_refused_by_name() {
+    let redis = RedisServer::start().await.unwrap();
+    let sim = providers::sim().await;
+    let dir = tempfile::tempdir().unwrap();
+    let host = serve(&redis, &sim, dir.path()).await;
+    let user = "u-3";
+    let path = format!("/v1/users/{user}/preferences");
+    let (status, fresh) = call(&host, reqwest::Method::GET, &path, Some(API_TOKEN), None).await;
+    assert_eq!(status, 200, "{fresh}");
+    assert_eq!(fresh["channels_off"], json!([]), "{fresh}");
+    assert!(fresh.get("updated_at").is_none(), "{fresh}");
+
+    put(
+        &host,
+        user,
+        json!({"channels_off": ["sms"], "categories_off": ["marketing"]}),
+    )
+    .await;
+    put(&host, user, json!({"channels_off": ["sms", "wechat"]})).await;
+    let (status, cleared) = call(
+        &host,
+        reqwest::Method::DELETE,
+        &path,
+        Some(ADMIN_TOKEN),
+        None,
+    )
+    .await;
+    assert_eq!(status, 200, "{cleared}");
+    assert_eq!(cleared["channels_off"], json!([]), "{cleared}");
+    assert!(cleared["updated_at"].is_i64(), "{cleared}");
+    let history: Vec<(String, String, String, String)> = cleared["history"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| {
+            let s = |k: &str| c[k].as_str().unwrap().to_string();
+            (s("route"), s("by"), s("action"), s("what"))
+        })
+        .collect();
+    let row = |action: &str, what: &str| {
+        (
+            "api".to_string(),
+            "admin token".to_string(),
+            action.to_string(),
+            what.to_string(),
+        )
+    };
+    assert_eq!(
+        history,
+        [
+            row("clear", "channels off -sms -wechat"),
+            row("replace", "channels off +wechat; categories off -marketing"),
+            row("replace", "channels off +sms; categories off +marketing"),
+        ]
+    );
+
+    // Who may.
+    let put_body = json!({"channels_off": ["sms"]});
+    let (status, problem) = call(
+        &host,
+        reqwest::Method::PUT,
+        &path,
+        Some(API_TOKEN),
+        Some(&put_body),
+    )
+    .await;
+    assert_eq!(status, 403, "{problem}");
+    assert!(
+        problem["detail"]
+            .as_str()
+            .unwrap()
+            .contains("api_token_writes"),
+        "{problem}"
+    );
+    let (status, _) = call(&host, reqwest::Method::GET, &path, None, None).await;
+    assert_eq!(status, 401);
+    let (status, _) = call(&host, reqwest::Method::GET, &path, Some("wrong"), None).await;
+    assert_eq!(status, 401);
+
+    // Bad input, each refused naming its field.
+    let long = "u".repeat(129);
+    for (path, body, status, field, words) in [
+        (
+            path.clone(),
+            json!({"channels_off": ["fax"]}),
+            422,
+            "channels_off[0]",
+            "`fax` is not a channel of this host",
+        ),
+        (
+            path.clone(),
+            json!({"categories_off": ["newsletters"]}),
+            422,
+            "categories_off[0]",
+            "no policy in force has category `newsletters`",
+        ),
+        (
+            path.clone(),
+            json!({"categories_off": ["Marketing!"]}),
+            422,
+            "categories_off[0]",
+            "is not a category name",
+        ),
+        (
+            path.clone(),
+            json!({"channels_off": ["sms", "sms"]}),
+            422,
+            "channels_off[1]",
+            "listed twice",
+        ),
+        (
+            path.clone(),
+            json!({"channels": ["sms"]}),
+            422,
+            "channels",
+            "unknown field",
+        ),
+        (
+            path.clone(),
+            json!({"channels_off": "sms"}),
+            422,
+            "channels_off",
+            "",
+        ),
+        (
+            format!("/v1/users/{long}/preferences"),
+            json!({}),
+            422,
+            "user_id",
+            "1 to 128 characters",
+        ),
+    ] {
+        let (got, problem) = call(
+            &host,
+            reqwest::Method::PUT,
+            &path,
+            Some(ADMIN_TOKEN),
+            Some(&body),
+        )
+        .await;
+        assert_eq!(got, status, "{body}: {problem}");
+        assert_eq!(problem["field"], field, "{body}: {problem}");
+        assert!(
+            problem["detail"].as_str().unwrap().contains(words),
+            "{body}: {problem}"
+        );
+    }
+    let (status, problem) = send(
+        reqwest::Client::new()
+            .put(host.url(&path))
+            .bearer_auth(ADMIN_TOKEN)
+            .header("content-type", "application/json")
+            .body("{\"channels_off\": [\"sms\""),
+    )
+    .await;
+    assert_eq!(status, 400, "{problem}");
+    // Nothing of that was stored.
+    let (_, after) = call(&host, reqwest::Method::GET, &path, Some(API_TOKEN), None).await;
+    assert_eq!(after["history"].as_array().unwrap().len(), 3, "{after}");
+    assert_eq!(after["channels_off"], json!([]), "{after}");
+}
+
+/// In a real Chromium: the console's preferences page shows what a user
+/// switched off and the history of changes (when, route, by whom, what),
+/// and the look-up of an event shows its opted-out channel and links to
+/// the user's preferences.
+mod console {
+    use super::*;
+    use pushonce_tests::browser::Browser;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_console_shows_a_users_preferences_their_history_and_an_opted_out_channel() {
+        let redis = RedisServer::start().await.unwrap();
+        let sim = providers::sim().await;
+        let dir = tempfile::tempdir().unwrap();
+        let host = serve(&redis, &sim, dir.path()).await;
+        let user = "u-4";
+        put(
+            &host,
+            user,
+            json!({"channels_off": ["wechat"], "categories_off": ["marketing"]}),
+        )
+        .await;
+        put(&host, user, json!({"channels_off": ["sms"]})).await;
+        let answer = post(&host, &order("o-console", user)).await;
+        assert_eq!(answer[0].1["result"], "opted_out", "{answer:?}");
+
+        let browser = Browser::start().await.unwrap();
+        browser
+            .sign_in(host.base(), "ana", ADMIN_TOKEN)
+            .await
+            .unwrap();
+        assert!(browser.url().await.unwrap().ends_with("/console/overview"));
+
+        browser
+            .click("a[href='/console/preferences']")
+            .await
+            .unwrap();
+        browser.fill("#user_id", user).await.unwrap();
+        browser.click("#show").await.unwrap();
+        assert_eq!(browser.text_at("#channels-off").await.unwrap(), "sms");
+        assert_eq!(browser.text_at("#categories-off").await.unwrap(), "none");
+        let text = browser.text_at("#history").await.unwrap();
+        let rows: Vec<&str> = text.lines().filter(|l| l.contains("admin token")).collect();
+        assert_eq!(rows.len(), 2, "{text}");
+        assert!(
+            rows[0].contains("api")
+                && rows[0].contains("channels off +sms -wechat; categories off -marketing"),
+            "newest first: {text}"
+        );
+        assert!(
+            rows[1].contains("channels off +wechat; categories off +marketing"),
+            "{text}"
+        );
+
+        // The event's look-up: the WeChat task, and SMS answered opted_out.
+        let url = format!("/console/lookup?biz_type=ORDER_SHIPPED&biz_id=o-console&user_id={user}");
+        let (b, page) = (&browser, host.url(&url));
+        let page = page.as_str();
+        let shown = wait_until(Duration::from_secs(10), || async move {
+            b.goto(page).await.unwrap();
+            b.text().await.unwrap().contains("sms: opted out at")
+        })
+        .await;
+        let text = browser.text().await.unwrap();
+        shown.unwrap_or_else(|e| panic!("{e}: {text}"));
+        assert!(text.contains("1 tasks"), "{text}");
+        browser.click("#user-preferences").await.unwrap();
+        assert!(
+            browser
+                .url()
+                .await
+                .unwrap()
+                .ends_with(&format!("/console/preferences?user_id={user}"))
+        );
+        browser.stop().await;
+    }
+}
+
+/// Two hosts sharing a PostgreSQL ledger: a change made on one is read by
+/// the other, the history and the look-up's opted-out channel come from it.
+mod ledger {
+    use super::*;
+    use pushonce_tests::postgres::PostgresServer;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn preferences_are_shared_through_a_postgresql_ledger() {
+        let pg = PostgresServer::shared().await.expect("postgres starts");
+        let url = pg.database().await.expect("a database");
+        let redis = RedisServer::start().await.unwrap();
+        let sim = providers::sim().await;
+        let dir = tempfile::tempdir().unwrap();
+        let a = serve_on(&redis, &sim, &dir.path().join("a"), &url).await;
+        let b = serve_on(&redis, &sim, &dir.path().join("b"), &url).await;
+        let user = "u-pg";
+        put(
+            &a,
+            user,
+            json!({"channels_off": ["wechat"], "categories_off": ["marketing"]}),
+        )
+        .await;
+        put(&a, user, json!({"channels_off": ["sms"]})).await;
+        // B never read this user: its first read is of the change.
+        let answer = post(&b, &order("o-pg", user)).await;
+        assert_eq!(
+            kinds(&answer),
+            [
+                ("sms".to_string(), "opted_out".to_string()),
+                ("wechat".to_string(), "accepted".to_string()),
+            ]
+        );
+        let path = format!("/v1/users/{user}/preferences");
+        let (status, view) = call(&b, reqwest::Method::GET, &path, Some(API_TOKEN), None).await;
+        assert_eq!(status, 200, "{view}");
+        let whats: Vec<&str> = view["history"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| c["what"].as_str().unwrap())
+            .collect();
+        assert_eq!(
+            whats,
+            [
+                "channels off +sms -wechat; categories off -marketing",
+                "channels off +wechat; categories off +marketing",
+            ]
+        );
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let (_, found) = call(
+                &a,
+                reqwest::Method::GET,
+                "/v1/events/ORDER_SHIPPED/o-pg",
+                Some(API_TOKEN),
+                None,
+            )
+            .await;
+            if found["opted_out"][0]["channel"] == "sms" {
+                break;
+            }
+            assert!(Instant::now() < deadline, "never recorded: {found}");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}

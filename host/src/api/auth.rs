@@ -101,25 +101,14 @@ pub(crate) async fn require(State(token): State<Token>, req: Request, next: Next
     if token.is_open() {
         return next.run(req).await;
     }
-    let client = super::guard::client_ip(req.extensions());
-    let failures = req
-        .extensions()
-        .get::<Arc<super::guard::Failures>>()
-        .cloned();
-    if let Some(failures) = &failures
-        && let Err(e) = failures.check(client)
-    {
-        return e.into_response();
-    }
+    let guard = match super::guard::TokenGuard::of(&req) {
+        Ok(guard) => guard,
+        Err(refused) => return refused.into_response(),
+    };
     match token.check(req.headers()) {
         Ok(()) => next.run(req).await,
         Err(e) => {
-            let path = super::log::loggable_path(req.uri().path());
-            let client = client.map_or_else(|| "unknown".to_string(), |ip| ip.to_string());
-            tracing::warn!(%client, %path, "refused: missing or wrong bearer token");
-            if let Some(failures) = failures {
-                failures.failed(super::guard::client_ip(req.extensions()));
-            }
+            guard.refused(&req);
             e.into_response()
         }
     }

@@ -90,6 +90,40 @@ fn key(ip: IpAddr) -> IpAddr {
     }
 }
 
+/// A request's bearer-token check, guarded by its client's failures: what
+/// an auth middleware needs before and after comparing the token.
+pub(crate) struct TokenGuard {
+    client: Option<IpAddr>,
+    failures: Option<std::sync::Arc<Failures>>,
+}
+
+impl TokenGuard {
+    /// The guard of `req`, or the 429 refusal while its client is over its
+    /// failures.
+    pub(crate) fn of(req: &Request) -> Result<TokenGuard, ApiError> {
+        let guard = TokenGuard {
+            client: client_ip(req.extensions()),
+            failures: req.extensions().get::<std::sync::Arc<Failures>>().cloned(),
+        };
+        if let Some(failures) = &guard.failures {
+            failures.check(guard.client)?;
+        }
+        Ok(guard)
+    }
+
+    /// Counts and logs a missing or wrong token of `req`.
+    pub(crate) fn refused(&self, req: &Request) {
+        let path = super::log::loggable_path(req.uri().path());
+        let client = self
+            .client
+            .map_or_else(|| "unknown".to_string(), |ip| ip.to_string());
+        tracing::warn!(%client, %path, "refused: missing or wrong bearer token");
+        if let Some(failures) = &self.failures {
+            failures.failed(self.client);
+        }
+    }
+}
+
 /// The client address of a request (from the listener), if known.
 pub(crate) fn client_ip(req_extensions: &axum::http::Extensions) -> Option<IpAddr> {
     req_extensions.get::<Client>().map(|c| c.peer.ip())

@@ -119,16 +119,10 @@ pub(crate) async fn authorise(
     mut req: Request,
     next: Next,
 ) -> Response {
-    let client = super::guard::client_ip(req.extensions());
-    let failures = req
-        .extensions()
-        .get::<Arc<super::guard::Failures>>()
-        .cloned();
-    if let Some(failures) = &failures
-        && let Err(e) = failures.check(client)
-    {
-        return e.into_response();
-    }
+    let guard = match super::guard::TokenGuard::of(&req) {
+        Ok(guard) => guard,
+        Err(refused) => return refused.into_response(),
+    };
     let write = req.method() != Method::GET && req.method() != Method::HEAD;
     let headers = req.headers();
     let caller = if state.admin_token.check(headers).is_ok() {
@@ -144,10 +138,7 @@ pub(crate) async fn authorise(
             Ok("api token")
         }
     } else {
-        if let Some(failures) = failures {
-            failures.failed(client);
-        }
-        tracing::warn!(path = %super::log::loggable_path(req.uri().path()), "refused: missing or wrong bearer token");
+        guard.refused(&req);
         Err(ApiError::Unauthorized(
             "missing or wrong bearer token (the API or the admin token)".into(),
         ))

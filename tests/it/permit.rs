@@ -162,6 +162,85 @@ async fn a_batch_accepts_in_one_pipeline_and_sees_duplicates_within_it() {
     assert_eq!(ids.len(), 3);
 }
 
+/// A record script that stops on an error (Redis keeps its writes so far,
+/// no rollback) leaves the task's stream entry pending: a reclaimer finds
+/// the task and decides from what the script wrote, so a task is never
+/// stranded `sending` with no entry left to find it by.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_record_that_fails_midway_leaves_the_entry_for_a_reclaimer() {
+    let server = RedisServer::start().await.unwrap();
+    let permits = server.permits(permit_config()).await.unwrap();
+    let key = "strand-key";
+    let id = accepted(
+        &permits
+            .accept(&request(key, Duration::from_secs(60)))
+            .await
+            .unwrap(),
+    );
+    let shard = shard_of_task(&id).unwrap();
+    let stream = permits.layout().ready(shard);
+    let mut conn = permits.connection();
+    let read: redis::streams::StreamReadReply = redis::cmd("XREADGROUP")
+        .arg("GROUP")
+        .arg(&permits.config().group)
+        .arg("worker-1")
+        .arg("COUNT")
+        .arg(1)
+        .arg("STREAMS")
+        .arg(&stream)
+        .arg(">")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let entry = pushonce::permit::Entry {
+        shard,
+        id: read.keys[0].ids[0].id.clone(),
+        task_id: id.clone(),
+        key: key.into(),
+    };
+    let a = begin(&permits, &id, key, Duration::from_millis(300)).await;
+    // A field the script reads no longer parses: `sent` stops on an error.
+    let task = permits.layout().task(&id).unwrap();
+    let _: () = redis::cmd("HSET")
+        .arg(&task)
+        .arg("accepted_at")
+        .arg("not a number")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let sent = Outcome::Sent {
+        provider_message_id: "p-1".into(),
+        reference: None,
+    };
+    let err = permits.record(&a, &sent, Some(&entry)).await;
+    assert!(err.is_err(), "the script stopped: {err:?}");
+    let claimed: redis::streams::StreamAutoClaimReply = redis::cmd("XAUTOCLAIM")
+        .arg(&stream)
+        .arg(&permits.config().group)
+        .arg("reclaimer")
+        .arg(0)
+        .arg("0-0")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let ids: Vec<&str> = claimed.claimed.iter().map(|e| e.id.as_str()).collect();
+    assert_eq!(
+        ids,
+        [entry.id.as_str()],
+        "the entry is still there to re-claim"
+    );
+    // The reclaimer's begin decides from what the script wrote before it
+    // stopped (here `status = sent`): nothing to send, the entry is acked.
+    let settled = permits
+        .begin_attempt(&id, key, Duration::from_millis(300))
+        .await
+        .unwrap();
+    assert!(
+        matches!(settled, Begin::Settled(TaskStatus::Sent)),
+        "{settled:?}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_whose_lease_was_lost_cannot_overwrite() {
     let server = RedisServer::start().await.unwrap();

@@ -79,15 +79,20 @@ pub(super) async fn record_batch(shared: &DispatchContext, pending: Vec<Pending<
                 return;
             }
             Err(e) if Instant::now() < deadline => {
-                tracing::warn!(tasks = pending.len(), error = %e, "recording failed; retrying");
+                tracing::warn!(tasks = ?task_ids(&pending), error = %e, "recording failed; retrying");
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
             Err(e) => {
-                tracing::error!(tasks = pending.len(), error = %e, "recording failed; the tasks will be re-claimed");
+                tracing::error!(tasks = ?task_ids(&pending), error = %e, "recording failed; the tasks will be re-claimed");
                 return;
             }
         }
     }
+}
+
+/// The task ids of a batch, for its log lines.
+fn task_ids<'a>(pending: &'a [Pending<'_>]) -> Vec<&'a str> {
+    pending.iter().map(|p| p.attempt.task_id.as_str()).collect()
 }
 
 /// Counts a recorded outcome per channel, for `/metrics`.

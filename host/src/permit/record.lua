@@ -46,10 +46,6 @@ local function record_one(K, A, now)
     redis.call('HINCRBY', K[1], 'attempts', -1)
     return {'recorded', 'kept'}
   end
-  if entry ~= '' then
-    redis.call('XACK', K[3], A[5], entry)
-    redis.call('XDEL', K[3], entry)
-  end
   local owner = redis.call('GET', K[2])
   local fate = 'not_owner'
   -- Whether leave_or_keep already made the event record follow the task.
@@ -166,6 +162,13 @@ local function record_one(K, A, now)
     -- The task's expiry changed: its event record follows (leave_or_keep
     -- already made it follow where it ran).
     event_follower(K[1], id)()
+  end
+  -- Acked last: a script that stops on an error before this line (its
+  -- writes so far stay) leaves the entry pending, so the task, still
+  -- `sending`, is re-claimed after its lease instead of stranded.
+  if entry ~= '' then
+    redis.call('XACK', K[3], A[5], entry)
+    redis.call('XDEL', K[3], entry)
   end
   return {'recorded', fate}
 end

@@ -1568,6 +1568,9 @@ fn account_digests(config: &ChaosConfig, sim: &Sim, tasks: &[Value], report: &mu
                 if !held_users.contains(&user) {
                     report.digest_missing += 1;
                     report.examples.push(format!("like in no digest: {like}"));
+                    report
+                        .examples
+                        .extend(tasks_of(tasks, &("inbox".to_string(), user)));
                 }
             }
             1 => {}

@@ -246,6 +246,10 @@ pub struct ChaosReport {
     pub kills: u64,
     /// Redis restarts.
     pub redis_restarts: u64,
+    /// Entries a worker held that were acked before it began their task
+    /// (a reclaimer that raced a slow worker's record): begun from one, the
+    /// task would have had no entry left should that worker die.
+    pub entries_gone: u64,
     /// Seconds of the load.
     pub load_seconds: f64,
     /// Seconds from the end of the load until nothing was queued or waiting.
@@ -342,6 +346,10 @@ impl ChaosReport {
                 ("fallbacks", self.fallbacks.to_string()),
                 ("kills (kill -9)", self.kills.to_string()),
                 ("Redis restarts", self.redis_restarts.to_string()),
+                (
+                    "entries acked before their begin (not begun)",
+                    self.entries_gone.to_string(),
+                ),
                 ("load time", format!("{:.1} s", self.load_seconds)),
                 (
                     "time to quiescence",
@@ -969,6 +977,10 @@ backoff = {{ initial = "1s", factor = 2.0, max = "4s" }}
     );
     account(config, &sim, &tasks, &cancelled, &mut report);
     add_log_lines(&hosts, &mut report.examples);
+    report.entries_gone = hosts
+        .iter()
+        .map(|h| h.all_logs().matches(ENTRY_GONE_LOG).count() as u64)
+        .sum();
     if let Some(outage_run) = outage_run {
         let _ = quiet_tx.send(true);
         let run = outage_run.await??;
@@ -1581,6 +1593,10 @@ fn account_digests(config: &ChaosConfig, sim: &Sim, tasks: &[Value], report: &mu
         }
     }
 }
+
+/// What a host logs for an entry acked before its task was begun
+/// (`dispatch::worker`).
+const ENTRY_GONE_LOG: &str = "entry acked meanwhile";
 
 /// For each task a miss printed (`  task "<id>" …`): the hosts' log lines
 /// naming it (all runs of each host: a restarted host appends), so its

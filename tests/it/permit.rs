@@ -162,6 +162,82 @@ async fn a_batch_accepts_in_one_pipeline_and_sees_duplicates_within_it() {
     assert_eq!(ids.len(), 3);
 }
 
+/// The task's entry in its shard's ready stream, read as `consumer` would.
+async fn read_entry(
+    permits: &Permits,
+    id: &str,
+    key: &str,
+    consumer: &str,
+) -> pushonce::permit::Entry {
+    let shard = shard_of_task(id).unwrap();
+    let read: redis::streams::StreamReadReply = redis::cmd("XREADGROUP")
+        .arg("GROUP")
+        .arg(&permits.config().group)
+        .arg(consumer)
+        .arg("COUNT")
+        .arg(1)
+        .arg("STREAMS")
+        .arg(permits.layout().ready(shard))
+        .arg(">")
+        .query_async(&mut permits.connection())
+        .await
+        .unwrap();
+    pushonce::permit::Entry {
+        shard,
+        id: read.keys[0].ids[0].id.clone(),
+        task_id: id.to_string(),
+        key: key.into(),
+    }
+}
+
+/// A reclaimer may take an entry whose worker is still sending (a slow
+/// send outlives the entry's idle time, not the lease), and the worker then
+/// records a retry, acking the entry. Begun from that entry, the retry
+/// would have no entry left in the stream (the promoted one is not written
+/// while the task is `sending`): should its worker die, nothing would ever
+/// find the task. The begin answers `gone` and changes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_entry_acked_after_a_reclaimer_took_it_begins_nothing() {
+    let server = RedisServer::start().await.unwrap();
+    let permits = server.permits(permit_config()).await.unwrap();
+    let key = "reclaimed-then-acked";
+    let id = accepted(
+        &permits
+            .accept(&request(key, Duration::from_secs(60)))
+            .await
+            .unwrap(),
+    );
+    let entry = read_entry(&permits, &id, key, "worker-1").await;
+    let lease = Duration::from_secs(5);
+    let tasks = [(id.as_str(), key, entry.id.as_str())];
+    let a = match permits.begin_attempts(&tasks, lease).await.unwrap().pop() {
+        Some(Ok(Begin::Begun(a))) => a,
+        other => panic!("expected to begin, got {other:?}"),
+    };
+    // The reclaimer takes the entry while the worker still sends.
+    let claimed: redis::streams::StreamAutoClaimReply = redis::cmd("XAUTOCLAIM")
+        .arg(permits.layout().ready(entry.shard))
+        .arg(&permits.config().group)
+        .arg("reclaimer")
+        .arg(0)
+        .arg("0-0")
+        .query_async(&mut permits.connection())
+        .await
+        .unwrap();
+    assert_eq!(claimed.claimed.len(), 1);
+    let retry = Outcome::Retry {
+        delay: Duration::from_secs(30),
+        reason: "quota".into(),
+    };
+    let recorded = permits.record(&a, &retry, Some(&entry)).await.unwrap();
+    assert_eq!(recorded, Recorded::Done(PermitFate::Kept));
+    let late = permits.begin_attempts(&tasks, lease).await.unwrap().pop();
+    assert!(matches!(late, Some(Ok(Begin::Gone))), "{late:?}");
+    let task = permits.task(&id).await.unwrap().unwrap();
+    assert_eq!(task.status, TaskStatus::RetryWait);
+    assert_eq!(task.attempts, 1, "no attempt was begun");
+}
+
 /// A record script that stops on an error (Redis keeps its writes so far,
 /// no rollback) leaves the task's stream entry pending: a reclaimer finds
 /// the task and decides from what the script wrote, so a task is never
@@ -177,27 +253,9 @@ async fn a_record_that_fails_midway_leaves_the_entry_for_a_reclaimer() {
             .await
             .unwrap(),
     );
-    let shard = shard_of_task(&id).unwrap();
-    let stream = permits.layout().ready(shard);
+    let entry = read_entry(&permits, &id, key, "worker-1").await;
+    let stream = permits.layout().ready(entry.shard);
     let mut conn = permits.connection();
-    let read: redis::streams::StreamReadReply = redis::cmd("XREADGROUP")
-        .arg("GROUP")
-        .arg(&permits.config().group)
-        .arg("worker-1")
-        .arg("COUNT")
-        .arg(1)
-        .arg("STREAMS")
-        .arg(&stream)
-        .arg(">")
-        .query_async(&mut conn)
-        .await
-        .unwrap();
-    let entry = pushonce::permit::Entry {
-        shard,
-        id: read.keys[0].ids[0].id.clone(),
-        task_id: id.clone(),
-        key: key.into(),
-    };
     let a = begin(&permits, &id, key, Duration::from_millis(300)).await;
     // A field the script reads no longer parses: `sent` stops on an error.
     let task = permits.layout().task(&id).unwrap();

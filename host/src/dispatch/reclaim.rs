@@ -41,6 +41,9 @@ pub(crate) async fn run(shared: Arc<DispatchContext>) {
                 continue;
             }
             tracing::info!(shard, n = entries.len(), "re-claimed idle entries");
+            for entry in &entries {
+                tracing::debug!(task = %entry.task_id, entry = %entry.id, "re-claimed");
+            }
             // In batches like the reader's, at most `workers` entries in flight.
             let batch = shared.config.batch.clamp(1, shared.config.workers.max(1));
             let mut set = JoinSet::new();

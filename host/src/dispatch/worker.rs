@@ -232,14 +232,14 @@ fn window_left(task: &crate::permit::Task) -> Duration {
 /// Begins an attempt of each entry's task in one script call: the attempts
 /// begun, with their entries. An entry whose task needs no attempt is
 /// acked; one whose task another worker holds, or that Redis could not
-/// begin, is left pending.
+/// begin, is left pending; one acked meanwhile is dropped.
 async fn begin_batch<'e>(
     shared: &DispatchContext,
     entries: &'e [Entry],
 ) -> Vec<(Attempt, &'e Entry)> {
-    let tasks: Vec<(&str, &str)> = entries
+    let tasks: Vec<(&str, &str, &str)> = entries
         .iter()
-        .map(|e| (e.task_id.as_str(), e.key.as_str()))
+        .map(|e| (e.task_id.as_str(), e.key.as_str(), e.id.as_str()))
         .collect();
     let answers = match shared
         .permits
@@ -272,6 +272,9 @@ async fn begin_batch<'e>(
             Ok(Begin::Missing) => {
                 tracing::warn!(task = %entry.task_id, "task record missing");
                 done.push(entry);
+            }
+            Ok(Begin::Gone) => {
+                tracing::debug!(task = %entry.task_id, entry = %entry.id, "entry acked meanwhile; nothing to do");
             }
             Err(e) => {
                 tracing::warn!(task = %entry.task_id, error = %e, "could not begin an attempt; left pending");

@@ -1,16 +1,24 @@
 -- begin: claim a lease on each of several tasks of one shard for one attempt each
 -- (a batch: one call for what would be one call per task; each task's answer is
 -- its own, decided as if it were alone).
--- Per task i (from 1), the KEYS and ARGV below at offsets 2*(i-1) and 5*(i-1):
--- KEYS[1] task, KEYS[2] permit
+-- Per task i (from 1), the KEYS and ARGV below at offsets 3*(i-1) and 6*(i-1):
+-- KEYS[1] task, KEYS[2] permit, KEYS[3] the shard's ready stream
 -- ARGV[1] task id, ARGV[2] lease token, ARGV[3] lease ms, ARGV[4] permit grace ms,
--- ARGV[5] retention ms (for a superseded task)
+-- ARGV[5] retention ms (for a superseded task), ARGV[6] the stream entry the
+-- worker holds (empty: none, a caller outside the dispatcher)
 -- Returns one answer per task, in order, each {'begun', attempt, lease_until, reclaimed 0|1, {task fields}, {event record
 -- fields: event, meta, payload}} | {'busy', lease_until}
---       | {'settled', status} | {'superseded', owner} | {'missing'}
-local function begin_one(task, permit, A, now)
+--       | {'settled', status} | {'superseded', owner} | {'missing'} | {'gone'}
+local function begin_one(task, permit, stream, A, now)
   local id, token = A[1], A[2]
   local lease, grace = tonumber(A[3]), tonumber(A[4])
+  -- An entry no longer in the stream was acked as its task was recorded (a
+  -- reclaimer can hold one that a slow worker recorded after the claim).
+  -- Begun from it, the attempt would have no entry left to re-claim if this
+  -- worker died: the task would stay `sending` for good.
+  if A[6] ~= '' and #redis.call('XRANGE', stream, A[6], A[6]) == 0 then
+    return {'gone'}
+  end
   local status = redis.call('HGET', task, 'status')
   if not status then
     return {'missing'}
@@ -66,15 +74,14 @@ local function begin_one(task, permit, A, now)
   return {'begun', n2s(attempt), n2s(lease_until), stale and '1' or '0', redis.call('HGETALL', task),
     event_fields(task, id)}
 end
-local n = #KEYS / 2
-if n ~= math.floor(n) or #ARGV ~= 5 * n then
+local n = #KEYS / 3
+if n ~= math.floor(n) or #ARGV ~= 6 * n then
   return redis.error_reply('begin: KEYS and ARGV do not hold whole tasks')
 end
 local now = now_ms()
 local answers = {}
 for i = 1, n do
-  local a = 5 * (i - 1)
-  answers[i] = begin_one(KEYS[2 * i - 1], KEYS[2 * i],
-    {ARGV[a + 1], ARGV[a + 2], ARGV[a + 3], ARGV[a + 4], ARGV[a + 5]}, now)
+  local k, a = 3 * (i - 1), 6 * (i - 1)
+  answers[i] = begin_one(KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], {unpack(ARGV, a + 1, a + 6)}, now)
 end
 return answers

@@ -48,6 +48,9 @@ pub enum Begin {
     },
     /// The task record does not exist (expired or never written).
     Missing,
+    /// The worker's stream entry is gone: the task was recorded, and the
+    /// entry acked, after this worker read or re-claimed it. Nothing to do.
+    Gone,
 }
 
 /// What both lease scripts (`begin.lua`, `extend.lua`) take first:
@@ -84,15 +87,23 @@ impl Lease<'_> {
 struct BeginArgs<'a> {
     /// KEYS[1..2], ARGV[1..4]: the new lease.
     lease: Lease<'a>,
+    /// KEYS[3]: the shard's ready stream.
+    ready: String,
     /// ARGV[5]: how long a superseded task is kept, ms.
     retention_ms: u64,
+    /// ARGV[6]: the stream entry the worker holds, or empty.
+    entry_id: &'a str,
 }
 
 impl Transition for BeginArgs<'_> {
     const SCRIPT: &'static LazyLock<Script> = &SCRIPT;
 
     fn call(&self) -> Call<'_> {
-        self.lease.call().num(self.retention_ms)
+        self.lease
+            .call()
+            .key(&*self.ready)
+            .num(self.retention_ms)
+            .arg(self.entry_id)
     }
 }
 
@@ -102,25 +113,30 @@ impl Permits {
     /// permit is extended past the lease end by the grace.
     /// `key` is the task's idempotency key (stream entries carry it), which
     /// names the permit without a read.
+    /// Begun without a stream entry: a caller outside the dispatcher, whose
+    /// attempt nothing re-claims should it vanish.
     pub async fn begin_attempt(
         &self,
         task_id: &str,
         key: &str,
         lease: Duration,
     ) -> Result<Begin, PermitError> {
-        self.begin_attempts(&[(task_id, key)], lease)
+        self.begin_attempts(&[(task_id, key, "")], lease)
             .await?
             .pop()
             .unwrap_or_else(|| Err(unexpected("begin", &[])))
     }
 
     /// [`Permits::begin_attempt`] for several tasks of one shard in one
-    /// script call: each task's answer is its own, in order (a malformed
-    /// task id is its own error). The call fails as a whole only when Redis
-    /// did not answer.
+    /// script call, each `(task id, key, stream entry id)`: each task's
+    /// answer is its own, in order (a malformed task id is its own error).
+    /// A task whose entry (when given) is no longer in its shard's ready
+    /// stream is [`Begin::Gone`] and unchanged: every attempt begun from an
+    /// entry has that entry pending, for a reclaimer should its worker die.
+    /// The call fails as a whole only when Redis did not answer.
     pub async fn begin_attempts(
         &self,
-        tasks: &[(&str, &str)],
+        tasks: &[(&str, &str, &str)],
         lease: Duration,
     ) -> Result<Vec<Result<Begin, PermitError>>, PermitError> {
         let tokens: Vec<String> = tasks
@@ -130,12 +146,13 @@ impl Permits {
         let mut out: Vec<Option<Result<Begin, PermitError>>> = Vec::with_capacity(tasks.len());
         let mut args = Vec::with_capacity(tasks.len());
         let mut asked = Vec::with_capacity(tasks.len());
-        for (i, ((task_id, key), token)) in tasks.iter().zip(&tokens).enumerate() {
-            let named = self
-                .task_key(task_id)
-                .and_then(|t| Ok((t, self.task_permit(task_id, key)?)));
+        for (i, ((task_id, key, entry_id), token)) in tasks.iter().zip(&tokens).enumerate() {
+            let named = self.task_key(task_id).and_then(|t| {
+                let shard = self.shard_of(task_id)?;
+                Ok((t, self.task_permit(task_id, key)?, self.layout.ready(shard)))
+            });
             match named {
-                Ok((task, permit)) => {
+                Ok((task, permit, ready)) => {
                     out.push(None);
                     asked.push(i);
                     args.push(BeginArgs {
@@ -147,7 +164,9 @@ impl Permits {
                             lease_ms: millis(lease).max(1),
                             grace_ms: millis(self.config.grace),
                         },
+                        ready,
                         retention_ms: millis(self.config.retention).max(1),
+                        entry_id,
                     });
                 }
                 Err(e) => out.push(Some(Err(e))),
@@ -201,6 +220,7 @@ fn begun(task_id: &str, token: &str, answer: Value) -> Result<Begin, PermitError
             by: text(items.get(1)),
         }),
         "missing" => Ok(Begin::Missing),
+        "gone" => Ok(Begin::Gone),
         _ => Err(unexpected("begin", &items)),
     }
 }

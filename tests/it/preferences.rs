@@ -807,3 +807,83 @@ mod ledger {
         }
     }
 }
+
+/// While the ledger's database does not answer, an event for a user whose
+/// preferences were not read within `cache_ttl` is refused 503 (an unread
+/// opt-out must never send), naming the preferences; an event whose
+/// business type has no policy is still refused 422 for that (it reads no
+/// preferences); the same event is accepted once the database is back.
+mod unreadable {
+    use super::*;
+    use pushonce_tests::postgres::PostgresServer;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_unread_user_is_refused_503_and_an_unknown_business_type_still_422() {
+        let mut pg = PostgresServer::start(false).await.expect("postgres starts");
+        let url = pg.database().await.expect("a database");
+        let redis = RedisServer::start().await.unwrap();
+        let sim = providers::sim().await;
+        let dir = tempfile::tempdir().unwrap();
+        let host = serve_on(&redis, &sim, dir.path(), &url).await;
+        pg.stop().unwrap();
+        let event = order("o-down", "u-down");
+        let (status, problem) = call(
+            &host,
+            reqwest::Method::POST,
+            "/v1/events",
+            Some(API_TOKEN),
+            Some(&event),
+        )
+        .await;
+        assert_eq!(status, 503, "{problem}");
+        assert!(
+            problem["detail"]
+                .as_str()
+                .is_some_and(|d| d.contains("preferences") && d.contains("retry")),
+            "{problem}"
+        );
+        let mut unknown = event.clone();
+        unknown["biz_type"] = json!("NO_SUCH_TYPE");
+        let (status, problem) = call(
+            &host,
+            reqwest::Method::POST,
+            "/v1/events",
+            Some(API_TOKEN),
+            Some(&unknown),
+        )
+        .await;
+        assert_eq!(status, 422, "{problem}");
+        assert!(
+            problem["detail"]
+                .as_str()
+                .is_some_and(|d| d.contains("NO_SUCH_TYPE")),
+            "{problem}"
+        );
+        pg.start_again().await.unwrap();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let (status, answer) = call(
+                &host,
+                reqwest::Method::POST,
+                "/v1/events",
+                Some(API_TOKEN),
+                Some(&event),
+            )
+            .await;
+            if status == 202 {
+                assert_eq!(
+                    kinds(&post(&host, &event).await),
+                    [
+                        ("sms".to_string(), "duplicate".to_string()),
+                        ("wechat".to_string(), "duplicate".to_string()),
+                    ],
+                    "accepted once, a re-post is a duplicate"
+                );
+                break;
+            }
+            assert_eq!(status, 503, "{answer}");
+            assert!(Instant::now() < deadline, "still refused: {answer}");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+}

@@ -48,7 +48,7 @@ pub(crate) async fn post_event(
 ) -> Result<impl IntoResponse, ApiError> {
     let snapshot = state.live.current();
     validate(&req)?;
-    let preferences = super::preferences::of_users(&state, &[req.user_id.as_str()]).await?;
+    let preferences = preferences_for(&state, &snapshot, std::iter::once(&req)).await?;
     let planned = plan(&snapshot, &state, req, now_ms(), &preferences)?;
     let mut answers = accept(&state, std::slice::from_ref(&planned))
         .await
@@ -112,11 +112,8 @@ pub(crate) async fn post_batch(
             req.and_then(|req| validate(&req).map(|()| req))
         })
         .collect();
-    let users: Vec<&str> = parsed
-        .iter()
-        .filter_map(|r| r.as_ref().ok().map(|req| req.user_id.as_str()))
-        .collect();
-    let preferences = super::preferences::of_users(&state, &users).await?;
+    let valid = parsed.iter().filter_map(|r| r.as_ref().ok());
+    let preferences = preferences_for(&state, &snapshot, valid).await?;
     for (index, result) in parsed.into_iter().enumerate() {
         let result = result
             .map_err(|e| prefix_field(e, index))
@@ -395,6 +392,21 @@ fn to_event(req: &EventRequest, now: u64, years: YearRange) -> Result<Event, Api
         occurred_at_ms,
         attributes,
     })
+}
+
+/// The preferences of the users of `requests` whose business type has a
+/// policy (an event refused as unknown reads none, and is refused 422 even
+/// while the preferences cannot be read).
+async fn preferences_for<'r>(
+    state: &AppState,
+    snapshot: &Snapshot,
+    requests: impl Iterator<Item = &'r EventRequest>,
+) -> Result<super::preferences::UserPreferences, ApiError> {
+    let users: Vec<&str> = requests
+        .filter(|req| snapshot.policies.get(&req.biz_type).is_some())
+        .map(|req| req.user_id.as_str())
+        .collect();
+    super::preferences::of_users(state, &users).await
 }
 
 /// Parses the event of a request whose fields were checked (`validate`) and

@@ -13,6 +13,12 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+mod digest;
+mod retry;
+
+pub use digest::{AfterBegin, DigestSpec};
+pub use retry::{BackoffSpec, RetrySpec};
+
 /// Longest dedup window a policy may ask for; longer is almost surely a typo.
 pub(crate) const MAX_WINDOW: Duration = Duration::from_secs(366 * 24 * 3600);
 /// Most attempts a retry schedule may allow for one task.
@@ -98,77 +104,6 @@ pub struct PolicyFile {
     pub digest: Option<DigestSpec>,
 }
 
-/// A policy's digest (`[digest]`): when the digest opened by an event is
-/// sent, how many events' parameters it carries, and what a new event does
-/// once the digest's first attempt has begun.
-#[derive(Debug, Clone, Deserialize, PartialEq)]
-#[serde(deny_unknown_fields)]
-pub struct DigestSpec {
-    /// Send the digest this long after the event that opened it, e.g. `1h`.
-    #[serde(default, with = "humantime_serde")]
-    pub window: Option<Duration>,
-    /// Or send it at this local time of day in the recipient's time zone
-    /// (`tz`, `tz_attribute`), `HH:MM`, e.g. `20:00`: the first such time
-    /// after the event that opened it.
-    #[serde(default)]
-    pub at: Option<String>,
-    /// How many events' parameters the message carries (the count is
-    /// always of all of them); 1 to 100, default 20.
-    #[serde(default = "DigestSpec::default_max_items")]
-    pub max_items: u32,
-    /// The template of the digest message; default: the event's template.
-    #[serde(default)]
-    pub template: Option<String>,
-    /// What an event does once the digest under its key has begun sending:
-    /// `next` (the default) opens the next digest, `duplicate` is answered
-    /// as a duplicate of the begun one.
-    #[serde(default)]
-    pub after_begin: AfterBegin,
-}
-
-/// What an event does once the digest under its key has begun sending.
-#[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, Eq)]
-#[serde(rename_all = "lowercase")]
-pub enum AfterBegin {
-    /// It opens the next digest under the key.
-    #[default]
-    Next,
-    /// It is a duplicate of the digest that began.
-    Duplicate,
-}
-
-impl DigestSpec {
-    fn default_max_items() -> u32 {
-        20
-    }
-
-    /// Exactly one of `window` and `at`, and `max_items` in range.
-    fn check(&self) -> Result<(), (String, String)> {
-        match (&self.window, &self.at) {
-            (Some(_), Some(_)) | (None, None) => {
-                return Err((
-                    "digest".into(),
-                    "needs exactly one of `window` (e.g. `\"1h\"`) and `at` (e.g. `\"20:00\"`)"
-                        .into(),
-                ));
-            }
-            (Some(w), None) => {
-                check_window(w).map_err(|r| ("digest.window".to_string(), r))?;
-            }
-            (None, Some(at)) => {
-                crate::caps::parse_clock(at).map_err(|r| ("digest.at".to_string(), r))?;
-            }
-        }
-        if !(1..=100).contains(&self.max_items) {
-            return Err((
-                "digest.max_items".into(),
-                format!("{} is not between 1 and 100", self.max_items),
-            ));
-        }
-        Ok(())
-    }
-}
-
 /// How a policy dedups its keys.
 #[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, Eq)]
 #[serde(rename_all = "lowercase")]
@@ -191,37 +126,6 @@ pub struct BloomSpec {
     pub false_positive: f64,
 }
 
-/// A retry schedule: exponential backoff with optional jitter.
-#[derive(Debug, Clone, Deserialize, PartialEq)]
-#[serde(deny_unknown_fields)]
-pub struct RetrySpec {
-    /// Attempts in all, the first included; after the last the task is `dead`.
-    #[serde(default = "RetrySpec::default_max_attempts")]
-    pub max_attempts: u32,
-    /// The delays between attempts.
-    #[serde(default)]
-    pub backoff: BackoffSpec,
-}
-
-/// Delay before attempt n+1: `min(initial * factor^(n-1), max)`, randomised when `jitter`.
-#[derive(Debug, Clone, Deserialize, PartialEq)]
-#[serde(deny_unknown_fields)]
-pub struct BackoffSpec {
-    /// Delay before the second attempt, e.g. `2s`.
-    #[serde(default = "BackoffSpec::default_initial", with = "humantime_serde")]
-    pub initial: Duration,
-    /// Growth of the delay from one attempt to the next (≥ 1.0).
-    #[serde(default = "BackoffSpec::default_factor")]
-    pub factor: f64,
-    /// Cap of any one delay, e.g. `5m`.
-    #[serde(default = "BackoffSpec::default_max", with = "humantime_serde")]
-    pub max: Duration,
-    /// Spread delays randomly (full jitter between half and all of the delay)
-    /// so that many retries do not hit a provider at the same instant.
-    #[serde(default = "BackoffSpec::default_jitter")]
-    pub jitter: bool,
-}
-
 /// What one channel does differently from the file's defaults.
 #[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
@@ -235,47 +139,6 @@ pub(crate) struct ChannelOverride {
     /// This channel's own quiet hours (instead of the policy's).
     #[serde(default)]
     pub quiet: Option<QuietSpec>,
-}
-
-impl RetrySpec {
-    fn default_max_attempts() -> u32 {
-        5
-    }
-}
-
-impl Default for RetrySpec {
-    fn default() -> Self {
-        RetrySpec {
-            max_attempts: Self::default_max_attempts(),
-            backoff: BackoffSpec::default(),
-        }
-    }
-}
-
-impl BackoffSpec {
-    fn default_initial() -> Duration {
-        Duration::from_secs(2)
-    }
-    fn default_factor() -> f64 {
-        2.0
-    }
-    fn default_max() -> Duration {
-        Duration::from_secs(300)
-    }
-    fn default_jitter() -> bool {
-        true
-    }
-}
-
-impl Default for BackoffSpec {
-    fn default() -> Self {
-        BackoffSpec {
-            initial: Self::default_initial(),
-            factor: Self::default_factor(),
-            max: Self::default_max(),
-            jitter: Self::default_jitter(),
-        }
-    }
 }
 
 /// Why a policy file was refused. Every variant names the file.
@@ -489,39 +352,7 @@ impl PolicyFile {
     }
 }
 
-impl RetrySpec {
-    /// Checks the schedule; the error names the field (relative to `retry`).
-    fn check(&self) -> Result<(), (String, String)> {
-        if self.max_attempts == 0 || self.max_attempts > MAX_ATTEMPTS {
-            return Err((
-                "max_attempts".into(),
-                format!("{} is not in 1..={MAX_ATTEMPTS}", self.max_attempts),
-            ));
-        }
-        let b = &self.backoff;
-        if b.initial.is_zero() {
-            return Err(("backoff.initial".into(), "must be more than 0s".into()));
-        }
-        if !(b.factor.is_finite() && b.factor >= 1.0 && b.factor <= 100.0) {
-            return Err((
-                "backoff.factor".into(),
-                format!("{} is not in 1.0..=100.0", b.factor),
-            ));
-        }
-        if b.max < b.initial {
-            return Err((
-                "backoff.max".into(),
-                format!(
-                    "{} is shorter than backoff.initial ({})",
-                    humantime::format_duration(b.max),
-                    humantime::format_duration(b.initial)
-                ),
-            ));
-        }
-        Ok(())
-    }
-}
-
+/// A window between a second and [`MAX_WINDOW`].
 fn check_window(w: &Duration) -> Result<(), String> {
     if *w < Duration::from_secs(1) {
         return Err(format!(

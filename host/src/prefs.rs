@@ -262,17 +262,10 @@ impl Verdict<'_> {
 mod tests {
     use super::*;
 
-    fn prefs(channels: &[&str], categories: &[&str]) -> Preferences {
-        Preferences {
-            channels_off: channels.iter().map(|s| s.to_string()).collect(),
-            categories_off: categories.iter().map(|s| s.to_string()).collect(),
-        }
-    }
-
     #[test]
     fn a_mandatory_category_is_never_blocked() {
         let cache = PreferenceCache::new(None, Duration::from_secs(2), &["security".into()]);
-        let p = prefs(&["sms"], &["marketing", "security"]);
+        let p = Preferences::off(&["sms"], &["marketing", "security"]);
         let v = cache.verdict(&p);
         assert!(v.blocks("sms", None));
         assert!(v.blocks("sms", Some("transactional")));
@@ -289,7 +282,7 @@ mod tests {
         let cache = PreferenceCache::new(Some(ledger.clone()), Duration::from_millis(200), &[]);
         let read = cache.of_users(&["u-1"]).await.unwrap();
         assert!(read["u-1"].is_default());
-        let edit = crate::ledger::preferences::Edit::Replace(prefs(&["sms"], &[]));
+        let edit = crate::ledger::preferences::Edit::Replace(Preferences::off(&["sms"], &[]));
         ledger
             .change_preferences(
                 "u-1",

@@ -29,6 +29,15 @@ impl Preferences {
     pub fn is_default(&self) -> bool {
         self.channels_off.is_empty() && self.categories_off.is_empty()
     }
+
+    /// These channels and categories switched off (for tests).
+    #[cfg(test)]
+    pub(crate) fn off(channels: &[&str], categories: &[&str]) -> Preferences {
+        Preferences {
+            channels_off: channels.iter().map(|s| s.to_string()).collect(),
+            categories_off: categories.iter().map(|s| s.to_string()).collect(),
+        }
+    }
 }
 
 /// The route a change came by (the history's `route`).
@@ -415,25 +424,18 @@ impl Ledger {
 mod tests {
     use super::*;
 
-    fn prefs(channels: &[&str], categories: &[&str]) -> Preferences {
-        Preferences {
-            channels_off: channels.iter().map(|s| s.to_string()).collect(),
-            categories_off: categories.iter().map(|s| s.to_string()).collect(),
-        }
-    }
-
     #[tokio::test]
     async fn changes_are_stored_with_their_history() {
         let dir = tempfile::tempdir().unwrap();
         let ledger = Ledger::open(&Ledger::sqlite_url(dir.path())).await.unwrap();
         assert_eq!(ledger.preferences("u-1").await.unwrap(), None);
-        let put = Edit::Replace(prefs(&["sms"], &["marketing"]));
+        let put = Edit::Replace(Preferences::off(&["sms"], &["marketing"]));
         let change = ledger
             .change_preferences("u-1", &put, "admin token", ChangeRoute::Api)
             .await
             .unwrap();
         assert_eq!(change.what, "channels off +sms; categories off +marketing");
-        let off = Edit::SwitchOff(prefs(&["wechat"], &[]));
+        let off = Edit::SwitchOff(Preferences::off(&["wechat"], &[]));
         let change = ledger
             .change_preferences("u-1", &off, "sms_reply", ChangeRoute::SmsReply)
             .await
@@ -442,7 +444,7 @@ mod tests {
         let stored = ledger.preferences("u-1").await.unwrap().unwrap();
         assert_eq!(
             stored.preferences,
-            prefs(&["sms", "wechat"], &["marketing"])
+            Preferences::off(&["sms", "wechat"], &["marketing"])
         );
         let many = ledger.preferences_of(&["u-1", "u-2"]).await.unwrap();
         assert_eq!(many.len(), 1);

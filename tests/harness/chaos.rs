@@ -21,6 +21,11 @@
 //! A cancel stream cancels every tenth order right after it is posted and
 //! another tenth two seconds later (mostly too late); a channel answered
 //! `cancelled` must get no message, one answered `too_late` its message.
+//! With the shared PostgreSQL ledger, some résumé-view users switch WeChat
+//! off a third into the load (`PUT /v1/users/{id}/preferences`): a post
+//! begun once the change took effect (answered, plus the preference cache's
+//! bound) must be answered `opted_out` on WeChat, and a WeChat message whose
+//! posts were all answered `opted_out` is not expected (nor sent).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
@@ -266,6 +271,12 @@ pub struct ChaosReport {
     pub digest_miscounted: u64,
     /// Cancels answered per channel: `cancelled` / `too_late`.
     pub cancels: (u64, u64),
+    /// Users who switched WeChat off during the load, and the WeChat
+    /// answers `opted_out` their events got.
+    pub opt_outs: (u64, u64),
+    /// Posts begun after an opt-out took effect whose WeChat answer was not
+    /// `opted_out` (each would be a message the user asked not to get).
+    pub accepted_after_opt_out: u64,
     /// Examples of duplicates and misses, for the failure message.
     pub examples: Vec<String>,
     /// What the provider outage did, when the run had one.
@@ -333,6 +344,14 @@ impl ChaosReport {
                 "cancels per channel: cancelled / too late",
                 format!("{} / {}", self.cancels.0, self.cancels.1),
             ),
+            (
+                "WeChat opt-outs during the load / answers opted_out",
+                format!("{} / {}", self.opt_outs.0, self.opt_outs.1),
+            ),
+            (
+                "  accepted after the opt-out took effect",
+                self.accepted_after_opt_out.to_string(),
+            ),
         ];
         let outage_rows = self.outage.as_ref().map(outage_rows).unwrap_or_default();
         let rows: Vec<(&str, String)> = rows
@@ -381,6 +400,7 @@ impl ChaosReport {
             self.digest_missing == 0 && self.digest_twice == 0 && self.digest_miscounted == 0;
         self.duplicates == 0
             && self.misses == 0
+            && self.accepted_after_opt_out == 0
             && self.held_unexplained == 0
             && outage_clean
             && digests_clean
@@ -735,7 +755,32 @@ struct PostCounts {
     cancelled: std::sync::Mutex<BTreeSet<(String, String)>>,
     /// Channels a cancel answered `too_late`.
     too_late: AtomicU64,
+    /// When each opt-out was answered, by user.
+    opted_out_at: std::sync::Mutex<HashMap<String, Instant>>,
+    /// The WeChat answers of the users who opt out.
+    wechat_answers: std::sync::Mutex<Vec<WechatAnswer>>,
 }
+
+/// One post's WeChat answer, for a user who opts out of WeChat.
+struct WechatAnswer {
+    /// The user.
+    user: String,
+    /// The event's WeChat dedup unit.
+    unit: String,
+    /// When the answered POST began.
+    began: Instant,
+    /// Its WeChat result (`accepted`, `duplicate`, `opted_out`, …).
+    result: String,
+}
+
+/// Whether résumé-view user `u-r<k>` switches WeChat off during the load.
+fn opts_out(k: usize) -> bool {
+    k % 40 == 3
+}
+
+/// The preference cache's bound on the chaos hosts (`[preferences]
+/// cache_ttl`): a change takes effect on every instance within it.
+const PREFS_TTL: Duration = Duration::from_secs(2);
 
 /// Runs one chaos scenario; `progress` receives a line now and then.
 pub async fn run(
@@ -785,7 +830,11 @@ sent_age = "5s"
 unknown_age = "2s"
 max_checks = {max_checks}
 backoff = {{ initial = "1s", factor = 2.0, max = "4s" }}
-"#
+
+[preferences]
+cache_ttl = "{}ms"
+"#,
+        PREFS_TTL.as_millis()
     );
     if config.ledger == ChaosLedger::SqlitePerInstance {
         // What the host refuses by default: it is this mode's point.
@@ -975,7 +1024,12 @@ backoff = {{ initial = "1s", factor = 2.0, max = "4s" }}
         cancelled.len() as u64,
         counts.too_late.load(Ordering::Relaxed),
     );
-    account(config, &sim, &tasks, &cancelled, &mut report);
+    let not_expected: BTreeSet<(String, String)> = cancelled
+        .iter()
+        .cloned()
+        .chain(account_opt_outs(&counts, &mut report))
+        .collect();
+    account(config, &sim, &tasks, &not_expected, &mut report);
     add_log_lines(&hosts, &mut report.examples);
     report.entries_gone = hosts
         .iter()
@@ -1306,7 +1360,14 @@ async fn post_all(
         .build()?;
     let slots = Arc::new(Semaphore::new(config.concurrency.max(1)));
     let mut set = tokio::task::JoinSet::new();
+    // Preferences live in the ledger's database: shared only with PostgreSQL.
+    let opt_outs_at = (config.ledger == ChaosLedger::Postgres).then_some(config.events * 3 / 10);
     for i in 0..config.events {
+        if opt_outs_at == Some(i) {
+            let (client, bases, counts) = (client.clone(), bases.clone(), counts.clone());
+            let events = config.events;
+            set.spawn(async move { opt_out_all(&client, &bases, events, &counts).await });
+        }
         let slot = slots.clone().acquire_owned().await?;
         let (client, bases, counts) = (client.clone(), bases.clone(), counts.clone());
         let posts = config.posts.max(1);
@@ -1314,13 +1375,21 @@ async fn post_all(
         let arrears = config.provider_outage.is_none();
         set.spawn(async move {
             let planned = plan(i, events, arrears);
+            let watched = Arc::new(watched_wechat(&planned));
             let cancel = planned.cancel;
             let body = Arc::new(planned.body);
             let mut each = tokio::task::JoinSet::new();
             for p in 0..posts {
-                let (client, bases, counts, body) =
-                    (client.clone(), bases.clone(), counts.clone(), body.clone());
-                each.spawn(async move { post_one(&client, &bases, i + p, &body, &counts).await });
+                let (client, bases, counts, body, watched) = (
+                    client.clone(),
+                    bases.clone(),
+                    counts.clone(),
+                    body.clone(),
+                    watched.clone(),
+                );
+                each.spawn(async move {
+                    post_one(&client, &bases, i + p, &body, &watched, &counts).await
+                });
             }
             let mut result = Ok(());
             while let Some(done) = each.join_next().await {
@@ -1360,16 +1429,17 @@ async fn post_until_answered(
     body: &Value,
     field: &str,
     counts: &PostCounts,
-) -> anyhow::Result<Value> {
+) -> anyhow::Result<(Value, Instant)> {
     let deadline = Instant::now() + Duration::from_secs(300);
     let mut i = start;
     loop {
         let base = &bases[i % bases.len()];
+        let began = Instant::now();
         match client.post(format!("{base}{path}")).json(body).send().await {
             Ok(r) if r.status().is_success() => {
                 let v: Value = r.json().await.unwrap_or(Value::Null);
                 if v[field].is_array() {
-                    return Ok(v);
+                    return Ok((v, began));
                 }
             }
             Ok(r) if r.status().is_client_error() && r.status().as_u16() != 429 => {
@@ -1389,17 +1459,32 @@ async fn post_until_answered(
 }
 
 /// Posts one event until an instance answers with a verdict per channel,
-/// and counts the verdicts.
+/// and counts the verdicts; keeps the WeChat answer of a `watched` user
+/// (one who opts out), with its event's WeChat unit.
 async fn post_one(
     client: &reqwest::Client,
     bases: &[String],
     start: usize,
     body: &Value,
+    watched: &Option<(String, String)>,
     counts: &PostCounts,
 ) -> anyhow::Result<()> {
-    let v =
+    let (v, began) =
         post_until_answered(client, bases, start, "/v1/events", body, "results", counts).await?;
     counts.posts.fetch_add(1, Ordering::Relaxed);
+    if let Some((user, unit)) = watched {
+        let wechat = v["results"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|r| r["channel"] == "wechat");
+        counts.wechat_answers.lock().unwrap().push(WechatAnswer {
+            user: user.clone(),
+            unit: unit.clone(),
+            began,
+            result: wechat.map_or("none".into(), |r| r["result"].as_str().unwrap_or("").into()),
+        });
+    }
     for r in v["results"].as_array().into_iter().flatten() {
         match r["result"].as_str() {
             Some("capped") => {
@@ -1408,6 +1493,57 @@ async fn post_one(
             Some("accepted" | "digested") => counts.accepted.fetch_add(1, Ordering::Relaxed),
             _ => counts.duplicates.fetch_add(1, Ordering::Relaxed),
         };
+    }
+    Ok(())
+}
+
+/// The user and WeChat unit of a résumé view whose user opts out of WeChat.
+fn watched_wechat(planned: &Planned) -> Option<(String, String)> {
+    let user = planned.body["user_id"].as_str()?;
+    let k: usize = user.strip_prefix("u-r")?.parse().ok()?;
+    if !opts_out(k) {
+        return None;
+    }
+    let (_, _, unit) = planned.messages.iter().find(|(p, _, _)| *p == "wechat")?;
+    Some((user.to_string(), unit.clone()))
+}
+
+/// Switches WeChat off for every résumé-view user who opts out
+/// (`PUT /v1/users/<id>/preferences`, moving on to the next instance while
+/// one is dead), and notes when each change was answered.
+async fn opt_out_all(
+    client: &reqwest::Client,
+    bases: &[String],
+    events: usize,
+    counts: &PostCounts,
+) -> anyhow::Result<()> {
+    let users = (events / 12).max(1);
+    let body = json!({"channels_off": ["wechat"]});
+    for k in (0..users).filter(|k| opts_out(*k)) {
+        let user = format!("u-r{k}");
+        let deadline = Instant::now() + Duration::from_secs(300);
+        let mut i = k;
+        loop {
+            let base = &bases[i % bases.len()];
+            let url = format!("{base}/v1/users/{user}/preferences");
+            match client.put(url).json(&body).send().await {
+                Ok(r) if r.status().is_success() => break,
+                Ok(r) if r.status().is_client_error() && r.status().as_u16() != 429 => {
+                    let status = r.status();
+                    let text = r.text().await.unwrap_or_default();
+                    anyhow::bail!("{base} refused the opt-out of {user} with {status}: {text}");
+                }
+                _ => {}
+            }
+            anyhow::ensure!(Instant::now() < deadline, "no instance took the opt-out of {user}");
+            i += 1;
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        counts
+            .opted_out_at
+            .lock()
+            .unwrap()
+            .insert(user, Instant::now());
     }
     Ok(())
 }
@@ -1422,7 +1558,7 @@ async fn cancel_one(
     counts: &PostCounts,
 ) -> anyhow::Result<()> {
     let path = format!("/v1/events/ORDER_SHIPPED/{unit}/cancel");
-    let v =
+    let (v, _) =
         post_until_answered(client, bases, start, &path, &json!({}), "channels", counts).await?;
     for c in v["channels"].as_array().into_iter().flatten() {
         let channel = c["channel"].as_str().unwrap_or_default().to_string();
@@ -1594,6 +1730,35 @@ fn account_digests(config: &ChaosConfig, sim: &Sim, tasks: &[Value], report: &mu
     }
 }
 
+/// The opt-outs' side of the report: WeChat answers `opted_out`, and posts
+/// begun after their user's opt-out took effect (answered, plus
+/// [`PREFS_TTL`]) that were not answered `opted_out`. Returns the WeChat
+/// units every post of which was answered `opted_out`: no message is due.
+fn account_opt_outs(counts: &PostCounts, report: &mut ChaosReport) -> Vec<(String, String)> {
+    let at = counts.opted_out_at.lock().unwrap();
+    let answers = counts.wechat_answers.lock().unwrap();
+    report.opt_outs.0 = at.len() as u64;
+    let mut taken: BTreeMap<&str, bool> = BTreeMap::new();
+    for a in answers.iter() {
+        let opted_out = a.result == "opted_out";
+        report.opt_outs.1 += u64::from(opted_out);
+        *taken.entry(a.unit.as_str()).or_default() |= !opted_out;
+        let in_effect = at.get(&a.user).is_some_and(|t| a.began > *t + PREFS_TTL);
+        if in_effect && !opted_out {
+            report.accepted_after_opt_out += 1;
+            report.examples.push(format!(
+                "WeChat answered {} for {} ({}) after the opt-out took effect",
+                a.result, a.user, a.unit
+            ));
+        }
+    }
+    taken
+        .into_iter()
+        .filter(|(_, taken)| !taken)
+        .map(|(unit, _)| ("wechat".to_string(), unit.to_string()))
+        .collect()
+}
+
 /// What a host logs for an entry acked before its task was begun
 /// (`dispatch::worker`).
 const ENTRY_GONE_LOG: &str = "entry acked meanwhile";
@@ -1658,17 +1823,18 @@ fn account(
     config: &ChaosConfig,
     sim: &Sim,
     tasks: &[Value],
-    cancelled: &BTreeSet<(String, String)>,
+    not_expected: &BTreeSet<(String, String)>,
     report: &mut ChaosReport,
 ) {
     // Expected: distinct dedup units per (provider, recipient), but the
-    // channels a cancel answered `cancelled`.
+    // `(channel, unit)`s a cancel answered `cancelled` and the WeChat units
+    // only ever answered `opted_out`.
     let mut units: HashMap<(String, String), BTreeSet<String>> = HashMap::new();
     for i in 0..config.events {
         for (provider, recipient, unit) in
             plan(i, config.events, config.provider_outage.is_none()).messages
         {
-            if cancelled.contains(&(provider.to_string(), unit.clone())) {
+            if not_expected.contains(&(provider.to_string(), unit.clone())) {
                 continue;
             }
             units

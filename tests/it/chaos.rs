@@ -2,7 +2,8 @@
 //! times to three `pushonce serve` processes that are killed with `kill -9`
 //! and restarted, while Redis restarts once and the providers fail, time out
 //! and refuse. At the receiving end: no duplicate, no miss, and every task
-//! held for an operator explained by an injected fault. The full run
+//! held for an operator explained by an injected fault, and nothing
+//! accepted on WeChat for a user once their opt-out took effect. The full run
 //! (20,000 events) is `cargo xtask chaos`; this test prints the same table.
 //! The same on a Redis Cluster of three masters, one of them restarted.
 //! And with an outage of the SMS channel's first provider (issue 37): the
@@ -40,6 +41,10 @@ async fn small_run(cluster: bool, events: usize) {
     println!("{table}");
     assert!(report.kills >= 3, "hosts were killed:\n{table}");
     assert_eq!(report.redis_restarts, 1, "{table}");
+    assert!(
+        report.opt_outs.0 > 0,
+        "users switched WeChat off during the load:\n{table}"
+    );
     assert!(
         report.retries > 0,
         "faults were injected and retried:\n{table}"

@@ -187,16 +187,18 @@ impl Permits {
 
 /// One task's answer of `begin.lua`.
 fn begun(task_id: &str, token: &str, answer: Value) -> Result<Begin, PermitError> {
-    let items = array(answer, "begin")?;
+    let mut items = array(answer, "begin")?;
     let tag = text(items.first());
     match tag.as_str() {
         "begun" => {
             let number = text(items.get(1)).parse().unwrap_or(0);
             let lease_until_ms = text(items.get(2)).parse().unwrap_or(0);
             let reclaimed = text(items.get(3)) == "1";
-            let mut fields = pairs(items.get(4).cloned());
+            // Taken out of the answer, not cloned: every attempt reads them.
+            let mut take = |i: usize| items.get_mut(i).map(|v| std::mem::replace(v, Value::Nil));
+            let mut fields = pairs(take(4));
             // What the task takes from its event record: the event, its payload.
-            fields.extend(pairs(items.get(5).cloned()));
+            fields.extend(pairs(take(5)));
             let task = Task::from_fields(task_id, fields).ok_or(PermitError::Unexpected {
                 script: "begin",
                 answer: "task without status".into(),

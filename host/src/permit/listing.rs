@@ -31,13 +31,18 @@ impl Transition for ReadArgs<'_> {
 
 /// Field/value pairs of a script's answer, as a map.
 pub(crate) fn pairs(value: Option<Value>) -> HashMap<String, String> {
-    match value {
-        Some(Value::Array(kv)) => kv
-            .chunks(2)
-            .map(|p| (super::text(p.first()), super::text(p.get(1))))
-            .collect(),
-        _ => HashMap::new(),
+    let Some(Value::Array(kv)) = value else {
+        return HashMap::new();
+    };
+    let mut out = HashMap::with_capacity(kv.len() / 2);
+    let mut kv = kv.into_iter();
+    while let Some(k) = kv.next() {
+        out.insert(
+            super::into_text(k),
+            kv.next().map(super::into_text).unwrap_or_default(),
+        );
     }
+    out
 }
 
 impl Permits {

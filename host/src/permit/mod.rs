@@ -396,6 +396,17 @@ pub(crate) fn text(v: Option<&Value>) -> String {
     }
 }
 
+/// [`text`] of an answer taken by value: a bulk string's bytes become the
+/// text without a copy (a hash read back is the hot path of every attempt).
+pub(crate) fn into_text(v: Value) -> String {
+    match v {
+        Value::BulkString(b) => String::from_utf8(b)
+            .unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned()),
+        Value::SimpleString(s) => s,
+        other => text(Some(&other)),
+    }
+}
+
 /// Every script, for loading them all up front.
 fn all_scripts() -> [&'static redis::Script; 15] {
     [

@@ -4,6 +4,11 @@
 use clap::{Parser, Subcommand};
 use pushonce::cli;
 
+/// mimalloc instead of the system allocator (feature `mimalloc`).
+#[cfg(feature = "mimalloc")]
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// pushonce: push delivery exactly once per channel.
 #[derive(Debug, Parser)]
 #[command(name = "pushonce", version, about)]

@@ -162,6 +162,20 @@ async fn a_batch_accepts_in_one_pipeline_and_sees_duplicates_within_it() {
     assert_eq!(ids.len(), 3);
 }
 
+/// A redis-server, its permits, and one task accepted under `key` (a
+/// 60 s window).
+async fn one_task(key: &str) -> (RedisServer, Permits, String) {
+    let server = RedisServer::start().await.unwrap();
+    let permits = server.permits(permit_config()).await.unwrap();
+    let id = accepted(
+        &permits
+            .accept(&request(key, Duration::from_secs(60)))
+            .await
+            .unwrap(),
+    );
+    (server, permits, id)
+}
+
 /// The task's entry in its shard's ready stream, read as `consumer` would.
 async fn read_entry(
     permits: &Permits,
@@ -198,15 +212,8 @@ async fn read_entry(
 /// find the task. The begin answers `gone` and changes nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_entry_acked_after_a_reclaimer_took_it_begins_nothing() {
-    let server = RedisServer::start().await.unwrap();
-    let permits = server.permits(permit_config()).await.unwrap();
     let key = "reclaimed-then-acked";
-    let id = accepted(
-        &permits
-            .accept(&request(key, Duration::from_secs(60)))
-            .await
-            .unwrap(),
-    );
+    let (_server, permits, id) = one_task(key).await;
     let entry = read_entry(&permits, &id, key, "worker-1").await;
     let lease = Duration::from_secs(5);
     let tasks = [(id.as_str(), key, entry.id.as_str())];
@@ -244,15 +251,8 @@ async fn an_entry_acked_after_a_reclaimer_took_it_begins_nothing() {
 /// stranded `sending` with no entry left to find it by.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_record_that_fails_midway_leaves_the_entry_for_a_reclaimer() {
-    let server = RedisServer::start().await.unwrap();
-    let permits = server.permits(permit_config()).await.unwrap();
     let key = "strand-key";
-    let id = accepted(
-        &permits
-            .accept(&request(key, Duration::from_secs(60)))
-            .await
-            .unwrap(),
-    );
+    let (_server, permits, id) = one_task(key).await;
     let entry = read_entry(&permits, &id, key, "worker-1").await;
     let stream = permits.layout().ready(entry.shard);
     let mut conn = permits.connection();

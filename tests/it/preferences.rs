@@ -173,16 +173,21 @@ async fn put(host: &ServeProcess, user: &str, body: Value) -> Value {
     view
 }
 
-/// Posts an event; each channel's result by channel, in order.
-async fn post(host: &ServeProcess, event: &Value) -> Vec<(String, Value)> {
-    let (status, answer) = call(
+/// Posts an event with the API token: the status and the answer.
+async fn post_answer(host: &ServeProcess, event: &Value) -> (u16, Value) {
+    call(
         host,
         reqwest::Method::POST,
         "/v1/events",
         Some(API_TOKEN),
         Some(event),
     )
-    .await;
+    .await
+}
+
+/// Posts an event; each channel's result by channel, in order.
+async fn post(host: &ServeProcess, event: &Value) -> Vec<(String, Value)> {
+    let (status, answer) = post_answer(host, event).await;
     assert_eq!(status, 202, "{answer}");
     answer["results"]
         .as_array()
@@ -827,14 +832,7 @@ mod unreadable {
         let host = serve_on(&redis, &sim, dir.path(), &url).await;
         pg.stop().unwrap();
         let event = order("o-down", "u-down");
-        let (status, problem) = call(
-            &host,
-            reqwest::Method::POST,
-            "/v1/events",
-            Some(API_TOKEN),
-            Some(&event),
-        )
-        .await;
+        let (status, problem) = post_answer(&host, &event).await;
         assert_eq!(status, 503, "{problem}");
         assert!(
             problem["detail"]
@@ -844,14 +842,7 @@ mod unreadable {
         );
         let mut unknown = event.clone();
         unknown["biz_type"] = json!("NO_SUCH_TYPE");
-        let (status, problem) = call(
-            &host,
-            reqwest::Method::POST,
-            "/v1/events",
-            Some(API_TOKEN),
-            Some(&unknown),
-        )
-        .await;
+        let (status, problem) = post_answer(&host, &unknown).await;
         assert_eq!(status, 422, "{problem}");
         assert!(
             problem["detail"]
@@ -862,14 +853,7 @@ mod unreadable {
         pg.start_again().await.unwrap();
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
-            let (status, answer) = call(
-                &host,
-                reqwest::Method::POST,
-                "/v1/events",
-                Some(API_TOKEN),
-                Some(&event),
-            )
-            .await;
+            let (status, answer) = post_answer(&host, &event).await;
             if status == 202 {
                 assert_eq!(
                     kinds(&post(&host, &event).await),

@@ -1535,7 +1535,10 @@ async fn opt_out_all(
                 }
                 _ => {}
             }
-            anyhow::ensure!(Instant::now() < deadline, "no instance took the opt-out of {user}");
+            anyhow::ensure!(
+                Instant::now() < deadline,
+                "no instance took the opt-out of {user}"
+            );
             i += 1;
             tokio::time::sleep(Duration::from_millis(50)).await;
         }

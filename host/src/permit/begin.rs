@@ -147,9 +147,9 @@ impl Permits {
         let mut args = Vec::with_capacity(tasks.len());
         let mut asked = Vec::with_capacity(tasks.len());
         for (i, ((task_id, key, entry_id), token)) in tasks.iter().zip(&tokens).enumerate() {
-            let named = self.task_key(task_id).and_then(|t| {
-                let shard = self.shard_of(task_id)?;
-                Ok((t, self.task_permit(task_id, key)?, self.layout.ready(shard)))
+            let named = self.shard_of(task_id).and_then(|shard| {
+                let permit = self.layout.permit_in(shard, key);
+                Ok((self.task_key(task_id)?, permit, self.layout.ready(shard)))
             });
             match named {
                 Ok((task, permit, ready)) => {

@@ -767,6 +767,8 @@ struct WechatAnswer {
     user: String,
     /// The event's WeChat dedup unit.
     unit: String,
+    /// The WeChat idempotency key the answer names.
+    key: String,
     /// When the answered POST began.
     began: Instant,
     /// Its WeChat result (`accepted`, `duplicate`, `opted_out`, …).
@@ -1027,7 +1029,7 @@ cache_ttl = "{}ms"
     let not_expected: BTreeSet<(String, String)> = cancelled
         .iter()
         .cloned()
-        .chain(account_opt_outs(&counts, &mut report))
+        .chain(account_opt_outs(&counts, &tasks, &mut report))
         .collect();
     account(config, &sim, &tasks, &not_expected, &mut report);
     add_log_lines(&hosts, &mut report.examples);
@@ -1417,15 +1419,16 @@ async fn post_all(
     Ok(())
 }
 
-/// POSTs `body` to `path`, starting at instance `start`, until an instance
-/// answers 2xx with a JSON body whose `field` is an array (an answer cut
-/// off by a kill has none): a dead instance, a 429 or a 5xx moves on to the
-/// next instance; another 4xx fails the run.
-async fn post_until_answered(
+/// Sends `body` to `path` (`method`: POST, PUT), starting at instance
+/// `start`, until an instance answers 2xx with a JSON body whose `field` is
+/// an array (an answer cut off by a kill has none): a dead instance, a 429
+/// or a 5xx moves on to the next instance; another 4xx fails the run. The
+/// answer, and when the request that got it began.
+async fn send_until_answered(
     client: &reqwest::Client,
     bases: &[String],
     start: usize,
-    path: &str,
+    (method, path): (reqwest::Method, &str),
     body: &Value,
     field: &str,
     counts: &PostCounts,
@@ -1435,7 +1438,8 @@ async fn post_until_answered(
     loop {
         let base = &bases[i % bases.len()];
         let began = Instant::now();
-        match client.post(format!("{base}{path}")).json(body).send().await {
+        let request = client.request(method.clone(), format!("{base}{path}"));
+        match request.json(body).send().await {
             Ok(r) if r.status().is_success() => {
                 let v: Value = r.json().await.unwrap_or(Value::Null);
                 if v[field].is_array() {
@@ -1445,12 +1449,12 @@ async fn post_until_answered(
             Ok(r) if r.status().is_client_error() && r.status().as_u16() != 429 => {
                 let status = r.status();
                 let text = r.text().await.unwrap_or_default();
-                anyhow::bail!("{base} refused POST {path} with {status}: {text}; body {body}");
+                anyhow::bail!("{base} refused {method} {path} with {status}: {text}; body {body}");
             }
             _ => {}
         }
         if Instant::now() > deadline {
-            anyhow::bail!("no instance took POST {path} {body} within 300 s");
+            anyhow::bail!("no instance took {method} {path} {body} within 300 s");
         }
         counts.retries.fetch_add(1, Ordering::Relaxed);
         i += 1;
@@ -1469,8 +1473,9 @@ async fn post_one(
     watched: &Option<(String, String)>,
     counts: &PostCounts,
 ) -> anyhow::Result<()> {
+    let post = (reqwest::Method::POST, "/v1/events");
     let (v, began) =
-        post_until_answered(client, bases, start, "/v1/events", body, "results", counts).await?;
+        send_until_answered(client, bases, start, post, body, "results", counts).await?;
     counts.posts.fetch_add(1, Ordering::Relaxed);
     if let Some((user, unit)) = watched {
         let wechat = v["results"]
@@ -1478,11 +1483,17 @@ async fn post_one(
             .into_iter()
             .flatten()
             .find(|r| r["channel"] == "wechat");
+        let field = |name: &str| wechat.and_then(|r| r[name].as_str()).unwrap_or_default();
         counts.wechat_answers.lock().unwrap().push(WechatAnswer {
             user: user.clone(),
             unit: unit.clone(),
+            key: field("key").to_string(),
             began,
-            result: wechat.map_or("none".into(), |r| r["result"].as_str().unwrap_or("").into()),
+            result: if wechat.is_some() {
+                field("result").to_string()
+            } else {
+                "none".to_string()
+            },
         });
     }
     for r in v["results"].as_array().into_iter().flatten() {
@@ -1510,7 +1521,7 @@ fn watched_wechat(planned: &Planned) -> Option<(String, String)> {
 
 /// Switches WeChat off for every résumé-view user who opts out
 /// (`PUT /v1/users/<id>/preferences`, moving on to the next instance while
-/// one is dead), and notes when each change was answered.
+/// one is dead, as posts do), and notes when each change was answered.
 async fn opt_out_all(
     client: &reqwest::Client,
     bases: &[String],
@@ -1521,27 +1532,9 @@ async fn opt_out_all(
     let body = json!({"channels_off": ["wechat"]});
     for k in (0..users).filter(|k| opts_out(*k)) {
         let user = format!("u-r{k}");
-        let deadline = Instant::now() + Duration::from_secs(300);
-        let mut i = k;
-        loop {
-            let base = &bases[i % bases.len()];
-            let url = format!("{base}/v1/users/{user}/preferences");
-            match client.put(url).json(&body).send().await {
-                Ok(r) if r.status().is_success() => break,
-                Ok(r) if r.status().is_client_error() && r.status().as_u16() != 429 => {
-                    let status = r.status();
-                    let text = r.text().await.unwrap_or_default();
-                    anyhow::bail!("{base} refused the opt-out of {user} with {status}: {text}");
-                }
-                _ => {}
-            }
-            anyhow::ensure!(
-                Instant::now() < deadline,
-                "no instance took the opt-out of {user}"
-            );
-            i += 1;
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        let path = format!("/v1/users/{user}/preferences");
+        let put = (reqwest::Method::PUT, path.as_str());
+        send_until_answered(client, bases, k, put, &body, "channels_off", counts).await?;
         counts
             .opted_out_at
             .lock()
@@ -1561,8 +1554,9 @@ async fn cancel_one(
     counts: &PostCounts,
 ) -> anyhow::Result<()> {
     let path = format!("/v1/events/ORDER_SHIPPED/{unit}/cancel");
+    let post = (reqwest::Method::POST, path.as_str());
     let (v, _) =
-        post_until_answered(client, bases, start, &path, &json!({}), "channels", counts).await?;
+        send_until_answered(client, bases, start, post, &json!({}), "channels", counts).await?;
     for c in v["channels"].as_array().into_iter().flatten() {
         let channel = c["channel"].as_str().unwrap_or_default().to_string();
         if c["result"] == "cancelled" {
@@ -1736,16 +1730,29 @@ fn account_digests(config: &ChaosConfig, sim: &Sim, tasks: &[Value], report: &mu
 /// The opt-outs' side of the report: WeChat answers `opted_out`, and posts
 /// begun after their user's opt-out took effect (answered, plus
 /// [`PREFS_TTL`]) that were not answered `opted_out`. Returns the WeChat
-/// units every post of which was answered `opted_out`: no message is due.
-fn account_opt_outs(counts: &PostCounts, report: &mut ChaosReport) -> Vec<(String, String)> {
+/// units every post of which was answered `opted_out` and that have no
+/// WeChat task among `tasks`: no message is due. (A post whose first answer
+/// a kill cut off may have been accepted before the opt-out, and answered
+/// `opted_out` on the instance it was retried on: its task is sent.)
+fn account_opt_outs(
+    counts: &PostCounts,
+    tasks: &[Value],
+    report: &mut ChaosReport,
+) -> Vec<(String, String)> {
     let at = counts.opted_out_at.lock().unwrap();
     let answers = counts.wechat_answers.lock().unwrap();
     report.opt_outs.0 = at.len() as u64;
+    let accepted: BTreeSet<&str> = tasks
+        .iter()
+        .filter(|t| t["channel"] == "wechat")
+        .filter_map(|t| t["key"].as_str())
+        .collect();
     let mut taken: BTreeMap<&str, bool> = BTreeMap::new();
     for a in answers.iter() {
         let opted_out = a.result == "opted_out";
         report.opt_outs.1 += u64::from(opted_out);
-        *taken.entry(a.unit.as_str()).or_default() |= !opted_out;
+        *taken.entry(a.unit.as_str()).or_default() |=
+            !opted_out || accepted.contains(a.key.as_str());
         let in_effect = at.get(&a.user).is_some_and(|t| a.began > *t + PREFS_TTL);
         if in_effect && !opted_out {
             report.accepted_after_opt_out += 1;

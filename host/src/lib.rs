@@ -36,6 +36,7 @@ pub mod route;
 pub mod send;
 pub mod service;
 pub mod store;
+pub mod unsubscribe;
 
 pub use config::HostConfig;
 pub use ledger::Ledger;

@@ -7,7 +7,9 @@
 //! channel; a Redis restart (and a host restart)
 //! loses no preference; the history lists each change with its route and
 //! token kind; bad input is refused naming the field; the console shows a
-//! user's preferences, their history and an event's opted-out channel.
+//! user's preferences, their history and an event's opted-out channel; a
+//! one-click unsubscribe link (RFC 8058) opts its user out of its category
+//! without a login, and a forged, altered or expired one changes nothing.
 //! Conditions with deadlines, no sleeps.
 
 use std::path::Path;
@@ -24,6 +26,11 @@ const ADMIN_TOKEN: &str = "prefs-test-admin-token";
 
 /// The bound every host of these tests runs with.
 const CACHE_TTL: Duration = Duration::from_secs(1);
+
+/// The secret that signs the hosts' one-click unsubscribe links.
+const UNSUBSCRIBE_SECRET: &str = "prefs-test-unsubscribe-secret-of-40-bytes";
+/// The URL the hosts' unsubscribe links are written under.
+const LINK_BASE: &str = "https://push.example.com";
 
 /// Order updates on SMS and WeChat (transactional), promotions on the app
 /// (marketing), sign-in codes by SMS (security: mandatory), and a WeChat
@@ -100,6 +107,10 @@ admin_token_env = "PREFS_ADMIN_TOKEN"
 [preferences]
 mandatory = ["security"]
 cache_ttl = "{}ms"
+
+[unsubscribe]
+secret_env = "PREFS_UNSUBSCRIBE_SECRET"
+base_url = "{LINK_BASE}"
 "#,
         CACHE_TTL.as_millis()
     )
@@ -126,6 +137,9 @@ async fn serve_on(redis: &RedisServer, sim: &Sim, dir: &Path, ledger_url: &str) 
     config
         .env
         .push(("PREFS_ADMIN_TOKEN".into(), ADMIN_TOKEN.into()));
+    config
+        .env
+        .push(("PREFS_UNSUBSCRIBE_SECRET".into(), UNSUBSCRIBE_SECRET.into()));
     ServeProcess::start(&config, dir, &policies).await.unwrap()
 }
 
@@ -869,5 +883,170 @@ mod unreadable {
             assert!(Instant::now() < deadline, "still refused: {answer}");
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
+    }
+}
+
+mod one_click {
+    use super::*;
+    use pushonce::unsubscribe::{Target, UnsubscribeLinks};
+    use std::time::SystemTime;
+
+    const DAY: Duration = Duration::from_secs(86_400);
+
+    /// The token of a link for `user` switching `target` off, signed with
+    /// `secret` at `written`.
+    fn token(secret: &str, user: &str, target: Target, written: SystemTime) -> String {
+        let links = UnsubscribeLinks::new(secret.as_bytes(), LINK_BASE, 60 * DAY);
+        let link = links.link(user, &target, written);
+        let prefix = format!("{LINK_BASE}/v1/unsubscribe/");
+        link.strip_prefix(&prefix)
+            .expect("under the base URL")
+            .to_string()
+    }
+
+    /// A mail system's one-click POST of `token` (no token, no cookie).
+    async fn one_click(host: &ServeProcess, token: &str, body: &str) -> (u16, Value) {
+        send(
+            reqwest::Client::new()
+                .post(host.url(&format!("/v1/unsubscribe/{token}")))
+                .header("content-type", "application/x-www-form-urlencoded")
+                .body(body.to_string()),
+        )
+        .await
+    }
+
+    async fn preferences(host: &ServeProcess, user: &str) -> Value {
+        let path = format!("/v1/users/{user}/preferences");
+        let (status, view) = call(host, reqwest::Method::GET, &path, Some(ADMIN_TOKEN), None).await;
+        assert_eq!(status, 200, "{view}");
+        view
+    }
+
+    fn promo(biz_id: &str, user: &str) -> Value {
+        json!({
+            "biz_type": "PROMO", "biz_id": biz_id, "user_id": user,
+            "occurred_at": "2026-12-04T10:00:00Z",
+            "recipients": {"app-push": format!("device-{biz_id}")},
+        })
+    }
+
+    /// A signed link opts its user out of its category at once, without a
+    /// login: the next marketing event is answered `opted_out`, a
+    /// transactional one still sends, and the history names the route. A
+    /// `GET` of the link changes nothing; forged, altered, expired and
+    /// malformed links, and a POST without RFC 8058's body, are refused by
+    /// name and change nothing.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_signed_link_opts_out_its_category_and_a_forged_or_expired_one_is_refused() {
+        let redis = RedisServer::start().await.unwrap();
+        let sim = providers::sim().await;
+        let dir = tempfile::tempdir().unwrap();
+        let host = serve(&redis, &sim, dir.path()).await;
+        let now = SystemTime::now();
+        let marketing = || Target::Category("marketing".into());
+        let good = token(UNSUBSCRIBE_SECRET, "u-click", marketing(), now);
+
+        // Opening the link shows a button and changes nothing.
+        let page = reqwest::get(host.url(&format!("/v1/unsubscribe/{good}")))
+            .await
+            .unwrap();
+        assert_eq!(page.status().as_u16(), 200);
+        let html = page.text().await.unwrap();
+        assert!(
+            html.contains("name=\"List-Unsubscribe\"") && html.contains("value=\"One-Click\""),
+            "{html}"
+        );
+        assert_eq!(
+            preferences(&host, "u-click").await["categories_off"],
+            json!([])
+        );
+
+        // Refused links and bodies, each by name; nothing changes.
+        let forged = token(
+            "another-secret-of-at-least-32-bytes!!",
+            "u-click",
+            marketing(),
+            now,
+        );
+        let (payload, mac) = good.rsplit_once('.').unwrap();
+        let altered = format!("{}.{mac}", payload.replacen('c', "h", 1));
+        let expired = token(UNSUBSCRIBE_SECRET, "u-click", marketing(), now - 61 * DAY);
+        for (token, body, status, words) in [
+            (
+                forged.as_str(),
+                "List-Unsubscribe=One-Click",
+                403,
+                "signature",
+            ),
+            (
+                altered.as_str(),
+                "List-Unsubscribe=One-Click",
+                403,
+                "signature",
+            ),
+            (
+                expired.as_str(),
+                "List-Unsubscribe=One-Click",
+                410,
+                "expired",
+            ),
+            ("not-a-link", "List-Unsubscribe=One-Click", 400, "malformed"),
+            (good.as_str(), "", 400, "List-Unsubscribe=One-Click"),
+        ] {
+            let (got, problem) = one_click(&host, token, body).await;
+            assert_eq!(got, status, "{token}: {problem}");
+            assert!(
+                problem["detail"]
+                    .as_str()
+                    .is_some_and(|d| d.contains(words)),
+                "{token}: {problem}"
+            );
+        }
+        let untouched = preferences(&host, "u-click").await;
+        assert_eq!(untouched["categories_off"], json!([]), "{untouched}");
+        assert_eq!(untouched["history"], json!([]), "{untouched}");
+        assert_eq!(
+            kinds(&post(&host, &promo("p-before", "u-click")).await)[0].1,
+            "accepted"
+        );
+
+        // The one-click POST: switched off at once, recorded with its route.
+        let (status, answer) = one_click(&host, &good, "List-Unsubscribe=One-Click").await;
+        assert_eq!(status, 200, "{answer}");
+        assert_eq!(
+            answer,
+            json!({"user_id": "u-click", "kind": "category", "name": "marketing"})
+        );
+        assert_eq!(
+            kinds(&post(&host, &promo("p-after", "u-click")).await),
+            [("app-push".to_string(), "opted_out".to_string())]
+        );
+        assert_eq!(
+            kinds(&post(&host, &order("o-click", "u-click")).await),
+            [
+                ("sms".to_string(), "accepted".to_string()),
+                ("wechat".to_string(), "accepted".to_string()),
+            ],
+            "a transactional event still sends"
+        );
+        let view = preferences(&host, "u-click").await;
+        assert_eq!(view["categories_off"], json!(["marketing"]), "{view}");
+        let change = &view["history"][0];
+        assert_eq!(
+            (&change["route"], &change["by"], &change["action"]),
+            (
+                &json!("unsubscribe_link"),
+                &json!("unsubscribe link"),
+                &json!("switch_off")
+            ),
+            "{view}"
+        );
+
+        // Again: the same answer, nothing else switched off.
+        let (status, _) = one_click(&host, &good, "List-Unsubscribe=One-Click").await;
+        assert_eq!(status, 200);
+        let again = preferences(&host, "u-click").await;
+        assert_eq!(again["categories_off"], json!(["marketing"]), "{again}");
+        assert_eq!(again["channels_off"], json!([]), "{again}");
     }
 }

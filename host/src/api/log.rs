@@ -92,12 +92,19 @@ pub(crate) async fn log_refusals(
 
 /// The prefix of providers' callback routes: `<prefix><channel>/<token>[/<rest>]`.
 const RECEIPTS: &str = "/v1/receipts/";
+/// The prefix of one-click unsubscribe links: `<prefix><token>`.
+const UNSUBSCRIBE: &str = "/v1/unsubscribe/";
 
-/// `path` as it may be logged: the segment after `/v1/receipts/<channel>/`
+/// `path` as it may be logged: an unsubscribe link's token replaced by
+/// `***`; the segment after `/v1/receipts/<channel>/`
 /// (a channel's callback path token, in whatever encoding it came) replaced
 /// by `***`, and control characters escaped. Redacting by position, not by
 /// value, also hides a wrong token's guess and every encoded form of a right one.
 pub(crate) fn loggable_path(path: &str) -> Cow<'_, str> {
+    if path.starts_with(UNSUBSCRIBE) {
+        // The token opts its user out: as good as a password for that.
+        return Cow::Owned(format!("{UNSUBSCRIBE}***"));
+    }
     let Some(after) = path.strip_prefix(RECEIPTS) else {
         return escaped(path);
     };

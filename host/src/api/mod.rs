@@ -25,6 +25,7 @@ pub(crate) mod overview;
 pub(crate) mod preferences;
 pub(crate) mod problem;
 pub(crate) mod receipts;
+pub(crate) mod unsubscribe;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -129,6 +130,9 @@ pub struct SharedState {
     pub preferences: Arc<crate::prefs::PreferenceCache>,
     /// Whether the API token may change preferences (`[preferences] api_token_writes`).
     pub preferences_api_writes: bool,
+    /// The signer of one-click unsubscribe links (`None`: `[unsubscribe]`
+    /// not configured, `/v1/unsubscribe/{token}` answers 404).
+    pub unsubscribe: Option<Arc<crate::unsubscribe::UnsubscribeLinks>>,
 }
 
 /// The router of the whole API.
@@ -170,6 +174,10 @@ pub fn app(state: AppState) -> Router {
         .route("/admin/tasks/{id}/give-up", post(admin::tasks::give_up))
         .route_layer(from_fn_with_state(state.admin_token.clone(), auth::require));
     let open = Router::new()
+        .route(
+            "/v1/unsubscribe/{token}",
+            post(unsubscribe::post_unsubscribe).get(unsubscribe::get_unsubscribe),
+        )
         .route(
             "/v1/receipts/{channel}",
             get(receipts::open_receipt).post(receipts::open_receipt),

@@ -9,7 +9,10 @@ use axum::response::IntoResponse;
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::{Modify, OpenApi};
 
-use super::{admin, cancel, doctor, events, history, model, ops, overview, preferences, receipts};
+use super::{
+    admin, cancel, doctor, events, history, model, ops, overview, preferences, receipts,
+    unsubscribe,
+};
 
 /// The API's document.
 #[derive(OpenApi)]
@@ -22,6 +25,7 @@ use super::{admin, cancel, doctor, events, history, model, ops, overview, prefer
     paths(
         events::post_event, events::post_batch, events::get_task, events::get_event, cancel::cancel_event,
         preferences::get_preferences, preferences::put_preferences, preferences::delete_preferences,
+        unsubscribe::post_unsubscribe, unsubscribe::get_unsubscribe,
         receipts::receipt, receipts::open_receipt,
         overview::get_overview, admin::plugins, admin::providers::providers, admin::policies, admin::reload, admin::tasks::dead_tasks, admin::tasks::held_tasks, admin::tasks::requeue, admin::tasks::mark_delivered, admin::tasks::give_up, admin::tasks::task_by_key, history::get_user_tasks, doctor::get_doctor,
         ops::healthz, ops::readyz, ops::metrics, openapi,

@@ -193,7 +193,7 @@ pub(crate) struct PreferencesView {
 pub(crate) struct ChangeView {
     /// When (ms since the epoch).
     pub at: i64,
-    /// By which route: `api` (later also `sms_reply`, `email_bounce`, `unsubscribe_link`).
+    /// By which route: `api`, `unsubscribe_link` (later also `sms_reply`, `email_bounce`).
     pub route: String,
     /// By whom: `admin token`, `api token`, or the route's own name.
     pub by: String,
@@ -222,7 +222,7 @@ impl From<PreferenceChange> for ChangeView {
 }
 
 /// The ledger, or 501 when it is off (preferences live in its database).
-fn ledger(state: &AppState) -> Result<&crate::ledger::Ledger, ApiError> {
+pub(super) fn ledger(state: &AppState) -> Result<&crate::ledger::Ledger, ApiError> {
     state.preferences.ledger().ok_or_else(|| {
         ApiError::NotImplemented(
             "preferences are stored in the delivery ledger's database, and ledger_url is \"off\""
@@ -232,7 +232,7 @@ fn ledger(state: &AppState) -> Result<&crate::ledger::Ledger, ApiError> {
 }
 
 /// A user id as events carry it: 1 to 128 characters, no control characters.
-fn check_user(user_id: &str) -> Result<(), ApiError> {
+pub(super) fn check_user(user_id: &str) -> Result<(), ApiError> {
     let chars = user_id.chars().count();
     if chars == 0 || chars > MAX_ID || user_id.chars().any(char::is_control) {
         return Err(ApiError::invalid(

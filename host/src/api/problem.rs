@@ -83,6 +83,13 @@ pub enum ApiError {
     /// No such resource.
     #[error("not found: {0}")]
     NotFound(String),
+    /// A request the route cannot read (e.g. an unsubscribe link that is
+    /// not one, or a one-click POST without its body).
+    #[error("bad request: {0}")]
+    BadRequest(String),
+    /// The resource existed but is no more (e.g. an expired unsubscribe link).
+    #[error("gone: {0}")]
+    Gone(String),
     /// The request conflicts with the current state (e.g. requeue refused).
     #[error("conflict: {0}")]
     Conflict(String),
@@ -162,6 +169,8 @@ impl ApiError {
             | ApiError::OriginRefused(d)
             | ApiError::MalformedCallback(d)
             | ApiError::NotFound(d)
+            | ApiError::BadRequest(d)
+            | ApiError::Gone(d)
             | ApiError::Conflict(d)
             | ApiError::NotImplemented(d) => d.clone(),
             ApiError::Invalid { detail, .. }
@@ -189,7 +198,10 @@ impl ApiError {
     /// The HTTP status of this error.
     pub fn status(&self) -> StatusCode {
         match self {
-            ApiError::BadJson(_) | ApiError::MalformedCallback(_) => StatusCode::BAD_REQUEST,
+            ApiError::BadJson(_) | ApiError::MalformedCallback(_) | ApiError::BadRequest(_) => {
+                StatusCode::BAD_REQUEST
+            }
+            ApiError::Gone(_) => StatusCode::GONE,
             ApiError::Forbidden(_) | ApiError::OriginRefused(_) => StatusCode::FORBIDDEN,
             ApiError::TooManyFailures { .. } => StatusCode::TOO_MANY_REQUESTS,
             ApiError::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
@@ -228,6 +240,8 @@ impl ApiError {
             ApiError::TooManyFailures { .. } => ("too-many-failures", "Too many failed attempts"),
             ApiError::MalformedCallback(_) => ("malformed-callback", "Malformed callback"),
             ApiError::NotFound(_) => ("not-found", "Not found"),
+            ApiError::BadRequest(_) => ("bad-request", "Bad request"),
+            ApiError::Gone(_) => ("gone", "Gone"),
             ApiError::Conflict(_) => ("conflict", "Conflict"),
             ApiError::ReloadRefused(_) => ("reload-refused", "Reload refused"),
             ApiError::Unavailable { .. } => ("unavailable", "Service unavailable"),

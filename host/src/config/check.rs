@@ -19,6 +19,7 @@ impl HostConfig {
         self.check_providers()?;
         self.check_retention_and_index()?;
         self.preferences.check()?;
+        self.unsubscribe.check()?;
         self.check_redis()
     }
 

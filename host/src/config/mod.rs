@@ -9,6 +9,7 @@ mod preferences;
 mod sections;
 #[cfg(test)]
 mod tests;
+mod unsubscribe;
 
 use serde::Deserialize;
 use std::collections::BTreeMap;
@@ -21,6 +22,7 @@ pub use preferences::{PreferencesConfig, check_category};
 pub use sections::{
     AuthConfig, HttpConfig, PluginLimits, ReceiptsConfig, ReconcileBackoff, ReconcileConfig,
 };
+pub use unsubscribe::UnsubscribeConfig;
 
 /// Everything one host process needs to know to run.
 #[derive(Debug, Clone, Deserialize)]
@@ -171,6 +173,9 @@ pub struct HostConfig {
     /// Recipient preferences: mandatory categories, the cache's bound, who
     /// may change them (`docs/preferences.md`).
     pub preferences: PreferencesConfig,
+    /// One-click unsubscribe links: their secret, URL and lifetime
+    /// (`docs/preferences.md`).
+    pub unsubscribe: UnsubscribeConfig,
 }
 impl Default for HostConfig {
     fn default() -> Self {
@@ -207,6 +212,7 @@ impl Default for HostConfig {
             http: HttpConfig::default(),
             caps: BTreeMap::new(),
             preferences: PreferencesConfig::default(),
+            unsubscribe: UnsubscribeConfig::default(),
         }
     }
 }

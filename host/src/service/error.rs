@@ -61,6 +61,18 @@ pub enum ServiceError {
     /// The configuration cannot be served as it is (e.g. open beyond loopback).
     #[error(transparent)]
     Config(#[from] crate::config::ConfigError),
+    /// `[unsubscribe] secret_env` names a variable that is unset or too short.
+    #[error(
+        "unsubscribe.secret_env: the variable {variable} is {found}: set it to a random secret of at least {min} bytes (the same on every instance), or remove `secret_env` to write no unsubscribe links"
+    )]
+    UnsubscribeSecret {
+        /// The variable.
+        variable: String,
+        /// What it holds instead (`unset`, `12 bytes long`).
+        found: String,
+        /// The shortest secret accepted.
+        min: usize,
+    },
     /// A task of the host panicked.
     #[error("host task failed: {0}")]
     Join(#[from] tokio::task::JoinError),

@@ -308,7 +308,39 @@ async fn api_state(
             .recording_answers(config.ledger_history),
         ),
         preferences_api_writes: config.preferences.api_token_writes,
+        unsubscribe: unsubscribe_links(config, env)?.map(Arc::new),
     }))
+}
+
+/// The signer of one-click unsubscribe links, when `[unsubscribe]
+/// secret_env` is set; its variable unset or short stops the start.
+fn unsubscribe_links(
+    config: &HostConfig,
+    env: &EnvLookup,
+) -> Result<Option<crate::unsubscribe::UnsubscribeLinks>, ServiceError> {
+    let settings = &config.unsubscribe;
+    let Some(variable) = &settings.secret_env else {
+        return Ok(None);
+    };
+    let min = crate::unsubscribe::MIN_SECRET_BYTES;
+    let secret = env(variable).unwrap_or_default();
+    if secret.len() < min {
+        return Err(ServiceError::UnsubscribeSecret {
+            variable: variable.clone(),
+            found: if secret.is_empty() {
+                "unset or empty".into()
+            } else {
+                format!("{} bytes long", secret.len())
+            },
+            min,
+        });
+    }
+    let base_url = settings.base_url.as_deref().unwrap_or_default();
+    Ok(Some(crate::unsubscribe::UnsubscribeLinks::new(
+        secret.as_bytes(),
+        base_url,
+        settings.link_ttl,
+    )))
 }
 
 /// What runs beside the API and stops after it.
@@ -497,4 +529,40 @@ fn token(env: &EnvLookup, var: Option<&str>, surface: &str) -> Token {
         }
     }
     Token::new(secret.as_deref())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn with_secret(secret: Option<&'static str>) -> (HostConfig, EnvLookup) {
+        let mut config = HostConfig::default();
+        config.unsubscribe.secret_env = Some("UNSUB_SECRET".into());
+        config.unsubscribe.base_url = Some("https://push.example.com".into());
+        let env: EnvLookup = Arc::new(move |name| {
+            (name == "UNSUB_SECRET")
+                .then_some(secret)
+                .flatten()
+                .map(String::from)
+        });
+        (config, env)
+    }
+
+    #[test]
+    fn an_unset_or_short_unsubscribe_secret_stops_the_start_by_name() {
+        for (secret, found) in [(None, "unset or empty"), (Some("short"), "5 bytes long")] {
+            let (config, env) = with_secret(secret);
+            let refused = unsubscribe_links(&config, &env).expect_err("refused");
+            let text = refused.to_string();
+            assert!(
+                text.contains("UNSUB_SECRET") && text.contains(found),
+                "{text}"
+            );
+        }
+        let (config, env) = with_secret(Some("a secret of at least thirty-two bytes"));
+        assert!(unsubscribe_links(&config, &env).unwrap().is_some());
+        let (mut config, env) = with_secret(None);
+        config.unsubscribe.secret_env = None;
+        assert!(unsubscribe_links(&config, &env).unwrap().is_none());
+    }
 }

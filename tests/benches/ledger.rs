@@ -109,6 +109,7 @@ fn claim(i: usize) -> Claim {
         attempt: 1,
         now_ms: 1_764_561_600_000,
         window_ends_ms: 1_764_561_600_000 + 86_400_000,
+        accepted_ms: 1_764_561_600_000,
     }
 }
 

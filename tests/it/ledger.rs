@@ -36,6 +36,7 @@ fn claim(key: &str, task: &str) -> Claim {
         attempt: 1,
         now_ms: 1_000,
         window_ends_ms: 61_000,
+        accepted_ms: 1_000,
     }
 }
 

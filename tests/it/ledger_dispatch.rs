@@ -268,6 +268,58 @@ async fn lookups_fall_back_to_the_ledger_after_redis_retention() {
     host.shutdown().await.unwrap();
 }
 
+/// A look-up answered from the ledger gives each task's `accepted_at` as
+/// Redis gave it (the accept's time), not the time its key was claimed in
+/// the ledger: here every claim comes 1.5 s after the accept (`send_at`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lookup_from_the_ledger_gives_the_accepts_time_as_redis_did() {
+    use pushonce_tests::host::{TestHost, order_shipped};
+    let redis = RedisServer::start().await.unwrap();
+    let host = TestHost::start(&redis).await.unwrap();
+    let send_at = std::time::SystemTime::now() + Duration::from_millis(1500);
+    let mut event = order_shipped("o-at");
+    event["send_at"] = humantime::format_rfc3339_millis(send_at).to_string().into();
+    let ids = accepted_task_ids(&host, &event).await;
+    assert_eq!(ids.len(), 3);
+    let mut live = Vec::new();
+    for id in &ids {
+        let view = host.get(&format!("/v1/tasks/{id}"), None).await.unwrap();
+        assert_eq!(view.body["status"], "queued", "{}", view.body);
+        assert_ne!(view.body["from_ledger"], true, "{}", view.body);
+        live.push(view.body["accepted_at"].clone());
+    }
+    let permits = host_permits(&redis).await;
+    for id in &ids {
+        wait_status(&permits, id, TaskStatus::Sent).await;
+        forget_task(&redis, &permits, id).await;
+    }
+    for (id, accepted_at) in ids.iter().zip(&live) {
+        let path = format!("/v1/tasks/{id}");
+        let answered = wait_until(Duration::from_secs(10), || {
+            let fut = host.get(&path, None);
+            async move { fut.await.unwrap().body["from_ledger"] == true }
+        })
+        .await;
+        answered.unwrap_or_else(|_| panic!("task {id} not found in the ledger"));
+        let view = host.get(&path, None).await.unwrap();
+        assert_eq!(
+            &view.body["accepted_at"], accepted_at,
+            "the ledger's accepted_at of {id} is Redis's: {}",
+            view.body
+        );
+    }
+    let event = host
+        .get("/v1/events/ORDER_SHIPPED/o-at", None)
+        .await
+        .unwrap();
+    for task in event.body["tasks"].as_array().unwrap() {
+        let i = ids.iter().position(|id| task["id"] == id.as_str()).unwrap();
+        assert_eq!(task["from_ledger"], true, "{task}");
+        assert_eq!(task["accepted_at"], live[i], "{task}");
+    }
+    host.shutdown().await.unwrap();
+}
+
 /// The keys of `redis` matching `pattern` (`SCAN`, every one).
 /// Waits until each of `ids` is answered `status` from the ledger (it left
 /// Redis), within `deadline` each, and checks Redis no longer has its task.

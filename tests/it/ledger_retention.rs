@@ -31,6 +31,7 @@ fn claim(key: &str, task: &str, window_ends_ms: i64) -> Claim {
         attempt: 1,
         now_ms: 1_000,
         window_ends_ms,
+        accepted_ms: 1_000,
     }
 }
 

@@ -487,13 +487,18 @@ async fn begun(permits: &Permits, key: &str) -> (Box<pushonce::permit::Attempt>,
     };
     let id = accepted(&permits.accept(&req).await.unwrap());
     let a = begin(permits, &id, key, Duration::from_secs(5)).await;
-    let index = a
-        .task
-        .fields
-        .get("event_index")
-        .cloned()
-        .unwrap_or_default();
-    assert!(!index.is_empty(), "the accept indexed the event");
+    assert_eq!(
+        a.task.fields.get("ix").map(String::as_str),
+        Some("1"),
+        "the accept indexed the event"
+    );
+    let shard = shard_of_task(&id).unwrap();
+    let index = format!(
+        "{}:event:{}:{}",
+        permits.layout().tag(shard),
+        a.task.biz_type,
+        a.task.biz_id
+    );
     (a, index)
 }
 
@@ -1269,12 +1274,15 @@ async fn pttl(server: &RedisServer, key: &str) -> i64 {
 /// state, and a look-up or an attempt sees each task whole. The record
 /// lives as long as its tasks: without expiry while one is in flight or
 /// held, then as long as the last one kept, and it leaves with the last.
+/// Record, task hashes and event index stay listpacks (layout 4): values
+/// over 64 bytes are kept in pieces and read back whole.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_event_is_stored_once_for_its_channels_and_leaves_with_its_last_task() {
     let server = RedisServer::start().await.unwrap();
     let permits = server.permits(permit_config()).await.unwrap();
-    let event: std::sync::Arc<str> =
-        r#"{"biz_type":"ORDER_SHIPPED","biz_id":"o-once","user_id":"u-42"}"#.into();
+    // 168 bytes: three pieces; the payloads two (sms, push) or one.
+    let event: std::sync::Arc<str> = r#"{"biz_type":"ORDER_SHIPPED","biz_id":"o-once","user_id":"u-42","occurred_at_ms":1718000000000,"attributes":{"carrier":"SF","note":"a long enough text"}}"#.into();
+    assert!(event.len() > 128);
     let channels = ["sms", "inbox", "push", "wechat"];
     let requests: Vec<AcceptRequest> = channels
         .iter()
@@ -1283,7 +1291,7 @@ async fn an_event_is_stored_once_for_its_channels_and_leaves_with_its_last_task(
             AcceptRequest {
                 channel: channel.to_string(),
                 event_json: event.clone(),
-                payload: format!(r#"{{"template":"shipped-{channel}"}}"#),
+                payload: payload_of(channel),
                 biz_id: "o-once".into(),
                 recipient: Some("u-42".into()),
                 ..accept_request(&key)
@@ -1307,10 +1315,24 @@ async fn an_event_is_stored_once_for_its_channels_and_leaves_with_its_last_task(
         .await
         .unwrap();
     assert_eq!(
-        fields.len(),
+        fields.iter().filter(|f| !f.starts_with('+')).count(),
         2 + channels.len(),
-        "event, meta and 4 payloads: {fields:?}"
+        "event, meta and 4 payloads, and their further pieces: {fields:?}"
     );
+    assert!(fields.len() > 2 + channels.len(), "{fields:?}");
+    let shard = shard_of_task(&ids[0]).unwrap();
+    let index = format!("{}:event:ORDER_SHIPPED:o-once", permits.layout().tag(shard));
+    let mut packed = vec![record.clone(), index];
+    packed.extend(ids.iter().map(|id| permits.layout().task(id).unwrap()));
+    for key in &packed {
+        let encoding: String = redis::cmd("OBJECT")
+            .arg("ENCODING")
+            .arg(key)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        assert_eq!(encoding, "listpack", "{key}");
+    }
     for (id, channel) in ids.iter().zip(channels) {
         let task_key = permits.layout().task(id).unwrap();
         let own: Vec<String> = redis::cmd("HKEYS")
@@ -1325,10 +1347,7 @@ async fn an_event_is_stored_once_for_its_channels_and_leaves_with_its_last_task(
         );
         let task = permits.task(id).await.unwrap().unwrap();
         assert_eq!(task.event_json, &*event);
-        assert_eq!(
-            task.payload,
-            format!(r#"{{"template":"shipped-{channel}"}}"#)
-        );
+        assert_eq!(task.payload, payload_of(channel));
         assert_eq!(
             (task.channel.as_str(), task.biz_id.as_str()),
             (channel, "o-once")
@@ -1364,6 +1383,17 @@ async fn an_event_is_stored_once_for_its_channels_and_leaves_with_its_last_task(
         assert_eq!(permits.task(id).await.unwrap(), None);
     }
     assert_eq!(pttl(&server, record).await, -1);
+    let left: Vec<String> = redis::cmd("HKEYS")
+        .arg(record)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert!(
+        !left
+            .iter()
+            .any(|f| f.contains(&*ids[0]) || f.contains(&*ids[1])),
+        "the payloads of the tasks that left went, pieces and all: {left:?}"
+    );
     // The third sent and awaiting its receipt (kept for the retention), the
     // fourth held: the record has no expiry while one is held.
     let third = begin(&permits, &ids[2], &requests[2].key, Duration::from_secs(5)).await;
@@ -1407,6 +1437,17 @@ async fn an_event_is_stored_once_for_its_channels_and_leaves_with_its_last_task(
         "the record left with its last task"
     );
     assert!(keys_matching(&server, "*:task:*").await.is_empty());
+}
+
+/// A channel's payload in the event test: over 64 bytes for two of them.
+fn payload_of(channel: &str) -> String {
+    if channel == "sms" || channel == "push" {
+        format!(
+            r#"{{"template":"shipped-{channel}","params":{{"order":"o-once","carrier":"SF","eta":"tomorrow"}}}}"#
+        )
+    } else {
+        format!(r#"{{"template":"shipped-{channel}"}}"#)
+    }
 }
 
 /// A namespace records the key layout version that writes it; a host of

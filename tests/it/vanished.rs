@@ -102,6 +102,7 @@ async fn a_vanished_worker_that_never_claimed_the_key_is_resent_one_that_did_is_
                 attempt: attempt.number,
                 now_ms: pushonce::ledger::now_ms(),
                 window_ends_ms: pushonce::ledger::now_ms() + 3_600_000,
+                accepted_ms: pushonce::ledger::now_ms(),
             };
             assert_eq!(
                 ledger.claim(&claim).await.unwrap(),

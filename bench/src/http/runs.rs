@@ -12,7 +12,7 @@ use super::stack::{BenchStack, FOUR, ONE};
 use super::{Args, Floors};
 use crate::load::Report;
 use crate::permit::memory_usage;
-use pushonce::permit::{Layout, PermitConfig};
+use pushonce::permit::{Layout, PermitConfig, Permits, shard_of_task};
 use pushonce_tests::stack::ServeProcess;
 
 /// One run of the load generator.
@@ -111,13 +111,20 @@ impl DeliveredMemory {
             let bytes = memory_usage(conn, &task_key).await?;
             in_redis += usize::from(bytes > 0);
             task += bytes;
-            let ev: Option<String> = redis::cmd("HGET")
+            // Layout 4: an indexed task carries the flag `ix`; its index is
+            // named by the event's business ids.
+            let ix: Option<String> = redis::cmd("HGET")
                 .arg(&task_key)
-                .arg("event_index")
+                .arg("ix")
                 .query_async(conn)
                 .await?;
-            if let Some(ev) = ev.filter(|e| !e.is_empty()) {
-                index += memory_usage(conn, &ev).await?;
+            if ix.as_deref() == Some("1") {
+                let id = task_key.rsplit(':').next().unwrap_or_default();
+                let reader = Permits::new(conn.clone(), PermitConfig::default());
+                if let (Some(t), Some(shard)) = (reader.task(id).await?, shard_of_task(id)) {
+                    let ev = layout.event_index(shard, &t.biz_type, &t.biz_id);
+                    index += memory_usage(conn, &ev).await?;
+                }
             }
         }
         let n = permits.len().max(1) as f64;

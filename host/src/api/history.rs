@@ -159,7 +159,9 @@ fn view(row: &LedgerRow) -> TaskView {
         window_ms: row
             .window_ends_at_ms
             .map_or(0, |end| ms(end.saturating_sub(row.claimed_at_ms))),
-        accepted_at: ms(row.claimed_at_ms),
+        // The accept's time, as Redis gave it (rows claimed before the
+        // ledger kept it: the claim's).
+        accepted_at: ms(row.accepted_at_ms.unwrap_or(row.claimed_at_ms)),
         updated_at: Some(ms(row.updated_at_ms)),
         sent_at: None,
         finished_at: ended.then(|| ms(row.updated_at_ms)),

@@ -347,7 +347,9 @@ impl From<&Task> for TaskView {
             key_policy: format!("{}@{}", task.policy_name, task.policy_version),
             window_ms: task.window_ms,
             accepted_at: task.accepted_at_ms,
-            updated_at: num("updated_at"),
+            // An accept writes no `updated_at` (layout 4): until the task
+            // first changes, it was last updated when it was accepted.
+            updated_at: num("updated_at").or(Some(task.accepted_at_ms)),
             sent_at: num("sent_at"),
             finished_at: num("finished_at"),
             next_due: task.next_due_ms,

@@ -164,6 +164,7 @@ mod tests {
             updated_at_ms: 2,
             operator_note: Some("+note".into()),
             window_ends_at_ms: None,
+            accepted_at_ms: None,
         };
         let mut out = Vec::new();
         write_csv(&mut out, &[row]).unwrap();

@@ -33,6 +33,10 @@ pub struct Claim {
     /// by the configured history ([`crate::ledger::retention`]). A later
     /// claim by the same task (a retry, a requeue) may push it later, never earlier.
     pub window_ends_ms: i64,
+    /// When the task was accepted, ms since the epoch (the Redis clock, the
+    /// task's `accepted_at`): kept in the row so a look-up from the ledger
+    /// answers the accept's time, not the claim's.
+    pub accepted_ms: i64,
 }
 
 /// The answer to a claim.
@@ -67,8 +71,8 @@ pub fn recipient_digest(recipient: &str) -> String {
 /// The owner's own re-claim (a retry, a requeue: a fresh window in Redis)
 /// pushes the window's end later; another task's claim changes nothing.
 const CLAIM_SQL: &str = "INSERT INTO deliveries \
-    (key, task_id, channel, policy, recipient_digest, biz_type, biz_id, status, attempts, claimed_at, updated_at, window_ends_at) \
-    VALUES ($1, $2, $3, $4, $5, $6, $7, 'claimed', $8, $9, $9, $10) \
+    (key, task_id, channel, policy, recipient_digest, biz_type, biz_id, status, attempts, claimed_at, updated_at, window_ends_at, accepted_at) \
+    VALUES ($1, $2, $3, $4, $5, $6, $7, 'claimed', $8, $9, $9, $10, $11) \
     ON CONFLICT (key) DO UPDATE SET window_ends_at = CASE \
     WHEN deliveries.task_id = excluded.task_id \
     AND (deliveries.window_ends_at IS NULL OR deliveries.window_ends_at < excluded.window_ends_at) \
@@ -185,6 +189,7 @@ async fn claim_all(pool: &LedgerPool, group: &Waiting) -> Result<Vec<ClaimAnswer
                 .bind(c.attempt as i32)
                 .bind(c.now_ms)
                 .bind(c.window_ends_ms)
+                .bind(c.accepted_ms)
                 .fetch_one(&mut *tx)
                 .await?;
             answers.push(if owner == c.task_id {
@@ -208,8 +213,8 @@ async fn claim_all(pool: &LedgerPool, group: &Waiting) -> Result<Vec<ClaimAnswer
 /// becomes `cancelled`; another task's row is left alone. The row then
 /// guards the key like a claim until its window ends (the permit is kept).
 const CANCELLED_SQL: &str = "INSERT INTO deliveries \
-    (key, task_id, channel, policy, recipient_digest, biz_type, biz_id, status, attempts, claimed_at, updated_at, window_ends_at) \
-    VALUES ($1, $2, $3, $4, $5, $6, $7, 'cancelled', 0, $8, $8, $9) \
+    (key, task_id, channel, policy, recipient_digest, biz_type, biz_id, status, attempts, claimed_at, updated_at, window_ends_at, accepted_at) \
+    VALUES ($1, $2, $3, $4, $5, $6, $7, 'cancelled', 0, $8, $8, $9, $10) \
     ON CONFLICT (key) DO UPDATE SET status = 'cancelled', updated_at = excluded.updated_at \
     WHERE deliveries.task_id = excluded.task_id";
 
@@ -243,6 +248,7 @@ impl super::Ledger {
                         .bind(&c.biz_id)
                         .bind(c.now_ms)
                         .bind(c.window_ends_ms)
+                        .bind(c.accepted_ms)
                         .execute(p)
                         .await?;
                 }

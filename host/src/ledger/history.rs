@@ -41,6 +41,9 @@ pub struct LedgerRow {
     /// claimed before the ledger recorded it): the row is removed
     /// `ledger_history` after this.
     pub window_ends_at_ms: Option<i64>,
+    /// When its task was accepted, ms since the epoch (the Redis clock);
+    /// `None` on rows written before the ledger recorded it.
+    pub accepted_at_ms: Option<i64>,
 }
 
 type Tuple = (
@@ -59,11 +62,12 @@ type Tuple = (
     i64,
     Option<String>,
     Option<i64>,
+    Option<i64>,
 );
 
 const COLUMNS: &str = "SELECT key, task_id, channel, policy, recipient_digest, biz_type, biz_id, \
     status, attempts, provider_message_id, last_error, claimed_at, updated_at, operator_note, \
-    window_ends_at \
+    window_ends_at, accepted_at \
     FROM deliveries ";
 
 fn row(t: Tuple) -> LedgerRow {
@@ -83,6 +87,7 @@ fn row(t: Tuple) -> LedgerRow {
         updated_at_ms: t.12,
         operator_note: t.13,
         window_ends_at_ms: t.14,
+        accepted_at_ms: t.15,
     }
 }
 

@@ -11,8 +11,10 @@
 -- id (field `ev`). See lib.lua's follow_event for how long the record lives.
 -- KEYS[1] ready    {ns:shard}:ready            (stream)
 -- KEYS[2] delayed  {ns:shard}:delayed          (zset, for quiet hours)
--- KEYS[3] event    {ns:shard}:ev:<record id>   (hash: event, meta, p:<task id>)
--- KEYS[4] index    {ns:shard}:event:<biz_type>:<biz_id>   (when ARGV[6] is '1')
+-- KEYS[3] event    {ns:shard}:ev:<record id>   (hash: event, meta, p:<task id>;
+--                  a value over 64 bytes in pieces, lib.lua's rec_pairs)
+-- KEYS[4] index    {ns:shard}:event:<biz_type>:<biz_id>   (hash: task id -> '';
+--                  when ARGV[6] is '1')
 -- then per channel: its permit {ns:shard}:permit:<key>, its task
 --   {ns:shard}:task:<task-id>, its caps' zsets {ns:s}:cap:<name>:<subject>
 --   (scored by send time: t0), and in Bloom mode the shard's filters of even
@@ -277,16 +279,21 @@ end
 -- it in the caps at t0; `permit` is false in Bloom mode.
 local function enqueue(c, now, t0, permit)
   local at = n2s(now)
-  redis.call('HSET', c.task, 'status', 'queued', 'accepted_at', at, 'updated_at', at,
-    'attempts', '0', 'window_ms', n2s(c.window), 'event_index', index or '', 'key', c.key,
+  -- No `updated_at` yet (a reader takes accepted_at), and the event index
+  -- as a flag (`ix`): its name is derived from the event (lib.lua's
+  -- index_of), so the hash keeps short values only.
+  redis.call('HSET', c.task, 'status', 'queued', 'accepted_at', at,
+    'attempts', '0', 'window_ms', n2s(c.window), 'key', c.key,
     'retry_max_attempts', c.max_attempts, 'channel', c.channel, 'retry', c.retry,
     'ev', record_id)
+  if index then
+    redis.call('HSET', c.task, 'ix', '1')
+  end
   if not permit then
     redis.call('HSET', c.task, 'dedup', 'bloom')
   end
   -- Its payload goes into the event record with the event, in one HSET below.
-  payloads[#payloads + 1] = 'p:' .. c.id
-  payloads[#payloads + 1] = c.payload
+  rec_pairs(payloads, 'p:' .. c.id, c.payload)
   local due = due_of(c, now, t0)
   if due then
     -- Held back until send_at or the end of the quiet time; the retry
@@ -365,7 +372,7 @@ local function digest_append(c, open, otask, scheduled)
   if seq <= c.dmax then
     local ev = event_of(otask, open)
     if ev then
-      redis.call('HSET', ev, 'i:' .. open .. ':' .. seq, c.item)
+      redis.call('HSET', ev, unpack(rec_pairs({}, 'i:' .. open .. ':' .. seq, c.item)))
     end
   end
   redis.call('SET', c.mark, open .. ' ' .. c.id, 'PX', math.max(redis.call('PTTL', c.head), 1))
@@ -425,8 +432,7 @@ local function digest_accept(c, now, t0)
   end
   local answer = enqueue(c, now, t1, true)
   redis.call('HSET', c.task, 'items', '1', 'dseq', '1', 'dgen', n2s(gen))
-  payloads[#payloads + 1] = 'i:' .. c.id .. ':1'
-  payloads[#payloads + 1] = c.item
+  rec_pairs(payloads, 'i:' .. c.id .. ':1', c.item)
   redis.call('HSET', c.head, 'task', c.id, 'gen', n2s(gen))
   local ttl = math.max(redis.call('PTTL', c.permit), 1)
   redis.call('PEXPIRE', c.head, ttl)
@@ -478,10 +484,23 @@ end
 if #created > 0 then
   -- The event once, for every channel accepted; no expiry while one of its
   -- tasks has none (lib.lua's follow_event).
-  redis.call('HSET', KEYS[3], 'event', ARGV[3], 'meta', ARGV[4], unpack(payloads))
+  -- Values longer than 64 bytes in pieces (lib.lua's rec_pairs), so the
+  -- record stays a listpack.
+  local fields = rec_pairs(rec_pairs({}, 'event', ARGV[3]), 'meta', ARGV[4])
+  for _, v in ipairs(payloads) do
+    fields[#fields + 1] = v
+  end
+  redis.call('HSET', KEYS[3], unpack(fields))
 end
 if index and #indexed > 0 then
-  redis.call('SADD', index, unpack(indexed))
+  -- A hash of task id -> '' (a listpack while small; a set of strings would
+  -- be a hash table on Redis 7.0).
+  local members = {}
+  for _, id in ipairs(indexed) do
+    members[#members + 1] = id
+    members[#members + 1] = ''
+  end
+  redis.call('HSET', index, unpack(members))
   -- extend_or_set in two calls at most, one for a new index (no PTTL):
   -- NX gives an expiry to an index without one; GT only pushes one later.
   local until_ms = n2s(math.max(now, latest_due) + longest + retention)

@@ -51,7 +51,7 @@ if mark and tonumber(redis.call('HGET', KEYS[1], 'items') or '0') > 1 then
     for _, item in ipairs(digest_item_fields(ev, id)) do
       local ok, v = pcall(cjson.decode, item[3])
       if ok and type(v) == 'table' and v.biz_id == ARGV[5] then
-        redis.call('HDEL', ev, item[2])
+        rec_del(ev, item[2])
       end
     end
   end
@@ -104,6 +104,6 @@ for _, entry in ipairs(entries) do
   end
 end
 redis.call('PEXPIRE', KEYS[1], retention)
-keep_index(KEYS[1], now, retention)
+keep_index(KEYS[1], id, now, retention)
 event_follower(KEYS[1], id)()
 return {'cancelled', fate}

@@ -175,6 +175,7 @@ impl Task {
             attempt,
             now_ms: now,
             window_ends_ms: now.max(accepted).max(scheduled).saturating_add(window),
+            accepted_ms: accepted,
         }
     }
 }

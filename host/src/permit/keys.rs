@@ -1,4 +1,4 @@
-//! The key layout (version 3): which shard an accept lands in, the names of
+//! The key layout (version 4): which shard an accept lands in, the names of
 //! the Redis keys of that shard, and task ids that carry their shard.
 //!
 //! Every key of one permit, its task and the queue entries that name it share
@@ -143,11 +143,12 @@ impl Layout {
         format!("{}:awaiting", self.tag(shard))
     }
 
-    /// The event index of a shard: `{po:3}:event:<biz_type>:<biz_id>`, the set of
-    /// task ids of that event whose keys landed in this shard. An event's
-    /// channels land in different shards, so finding all its tasks reads this
-    /// set in every shard (see `docs/redis.md`).
-    pub(crate) fn event_index(&self, shard: u16, biz_type: &str, biz_id: &str) -> String {
+    /// The event index of a shard: `{po:3}:event:<biz_type>:<biz_id>`, a
+    /// hash whose fields are the ids of that event's tasks whose keys landed
+    /// in this shard (values empty: a listpack while small). An event's
+    /// channels land in different shards, so finding all its tasks reads
+    /// this hash in every shard (see `docs/redis.md`).
+    pub fn event_index(&self, shard: u16, biz_type: &str, biz_id: &str) -> String {
         format!("{}:event:{}:{}", self.tag(shard), biz_type, biz_id)
     }
 

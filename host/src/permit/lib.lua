@@ -24,6 +24,64 @@ local function extend_or_set(key, at)
   end
 end
 
+-- An event record stays a listpack (Redis's compact encoding, kept while
+-- every value is at most `hash-max-listpack-value`, 64 bytes by default):
+-- a longer value is stored in 64-byte pieces, the first under its own
+-- field name and the k-th after it under `+<k>:<name>` (layout 4). Only
+-- the last piece of a value is shorter than 64 bytes, so a first piece
+-- shorter than that has none after it.
+local PIECE = 64
+
+-- Appends to `out` the field/value pairs that store `value` under `name`
+-- in an event record; returns `out`.
+local function rec_pairs(out, name, value)
+  out[#out + 1] = name
+  out[#out + 1] = string.sub(value, 1, PIECE)
+  local k = 1
+  while #value > k * PIECE do
+    out[#out + 1] = '+' .. k .. ':' .. name
+    out[#out + 1] = string.sub(value, k * PIECE + 1, (k + 1) * PIECE)
+    k = k + 1
+  end
+  return out
+end
+
+-- The whole value of field `name` of event record `ev`, given its first
+-- piece `first` (nil when the field is missing: nil).
+local function rec_join(ev, name, first)
+  if not first or #first < PIECE then
+    return first
+  end
+  local parts = {first}
+  local k = 1
+  while true do
+    local v = redis.call('HGET', ev, '+' .. k .. ':' .. name)
+    if not v then
+      break
+    end
+    parts[#parts + 1] = v
+    k = k + 1
+  end
+  return table.concat(parts)
+end
+
+-- Takes field `name` and its pieces out of event record `ev`.
+local function rec_del(ev, name)
+  local first = redis.call('HGET', ev, name)
+  if not first then
+    return
+  end
+  local fields = {name}
+  if #first >= PIECE then
+    local k = 1
+    while redis.call('HEXISTS', ev, '+' .. k .. ':' .. name) == 1 do
+      fields[#fields + 1] = '+' .. k .. ':' .. name
+      k = k + 1
+    end
+  end
+  redis.call('HDEL', ev, unpack(fields))
+end
+
 -- When the permit of a task that ended keeps to: the whole window from
 -- accept, or from its scheduled first attempt (send_at, quiet hours) when
 -- later, and never a time already past (that would be a silent DEL).
@@ -33,10 +91,30 @@ local function window_end(task, now)
   return math.max(start + tonumber(t[2] or '0'), now + 1)
 end
 
+-- The event index task `task` (id `id`) is listed in
+-- (`{ns:shard}:event:<biz_type>:<biz_id>`), or nil: a task the accept
+-- indexed carries the flag `ix`, and the name is derived from what its
+-- event record's channels share (`meta`: biz_type, biz_id), so the task
+-- hash does not repeat it (layout 4).
+local function index_of(task, id)
+  local f = redis.call('HMGET', task, 'ix', 'ev')
+  if f[1] ~= '1' or not f[2] or f[2] == '' then
+    return nil
+  end
+  local prefix = string.sub(task, 1, #task - #id - #'task:')
+  local record = prefix .. 'ev:' .. f[2]
+  local meta = rec_join(record, 'meta', redis.call('HGET', record, 'meta'))
+  if not meta then
+    return nil
+  end
+  local m = cjson.decode(meta)
+  return prefix .. 'event:' .. m.biz_type .. ':' .. m.biz_id
+end
+
 -- Gives an ended task's event index at least `retention` more life.
-local function keep_index(task, now, retention)
-  local ev = redis.call('HGET', task, 'event_index')
-  if ev and ev ~= '' then
+local function keep_index(task, id, now, retention)
+  local ev = index_of(task, id)
+  if ev then
     extend_or_set(ev, now + retention)
   end
 end
@@ -56,36 +134,43 @@ end
 -- long as its tasks: without an expiry while one of them has none, else
 -- until the last of them expires; deleted once none is left. Its tasks are
 -- the ids of its `p:<task id>` fields; a gone task's payload is dropped,
--- and with it a gone digest's items (`i:<task id>:<seq>`).
+-- and with it a gone digest's items (`i:<task id>:<seq>`), pieces and all.
 -- Derived from the tasks each time, so calling it again changes nothing.
 local function follow_event(ev, prefix)
   local latest = -1
+  local persist = false
   local fields = redis.call('HKEYS', ev)
   local gone = {}
   for _, field in ipairs(fields) do
     if string.sub(field, 1, 2) == 'p:' then
       local ttl = redis.call('PTTL', prefix .. string.sub(field, 3))
       if ttl == -1 then
-        redis.call('PERSIST', ev)
-        return
+        persist = true
       elseif ttl == -2 then
-        redis.call('HDEL', ev, field)
         gone[string.sub(field, 3)] = true
       elseif ttl > latest then
         latest = ttl
       end
     end
   end
-  if latest < 0 then
+  if persist then
+    redis.call('PERSIST', ev)
+  elseif latest < 0 then
     redis.call('DEL', ev)
     return
+  else
+    redis.call('PEXPIRE', ev, latest)
   end
-  redis.call('PEXPIRE', ev, latest)
+  local drop = {}
   for _, field in ipairs(fields) do
-    local of = string.match(field, '^i:(.+):%d+$')
+    local base = string.match(field, '^%+%d+:(.+)$') or field
+    local of = string.match(base, '^p:(.+)$') or string.match(base, '^i:(.+):%d+$')
     if of and gone[of] then
-      redis.call('HDEL', ev, field)
+      drop[#drop + 1] = field
     end
+  end
+  if #drop > 0 then
+    redis.call('HDEL', ev, unpack(drop))
   end
 end
 
@@ -103,14 +188,25 @@ local function event_follower(task, id)
 end
 
 -- A digest task's items kept in its event record `ev`: {seq, field, JSON
--- text} each, in the order they joined.
+-- text} each, in the order they joined (each text joined from its pieces).
 local function digest_item_fields(ev, id)
   local items = {}
   local all = redis.call('HGETALL', ev)
+  local values = {}
+  for i = 1, #all, 2 do
+    values[all[i]] = all[i + 1]
+  end
   local head = 'i:' .. id .. ':'
   for i = 1, #all, 2 do
-    if string.sub(all[i], 1, #head) == head then
-      items[#items + 1] = {tonumber(string.sub(all[i], #head + 1)), all[i], all[i + 1]}
+    local field = all[i]
+    if string.sub(field, 1, #head) == head then
+      local parts = {all[i + 1]}
+      local k = 1
+      while values['+' .. k .. ':' .. field] do
+        parts[#parts + 1] = values['+' .. k .. ':' .. field]
+        k = k + 1
+      end
+      items[#items + 1] = {tonumber(string.sub(field, #head + 1)), field, table.concat(parts)}
     end
   end
   table.sort(items, function(x, y) return x[1] < y[1] end)
@@ -136,7 +232,9 @@ local function event_fields(task, id)
     return {}
   end
   local v = redis.call('HMGET', ev, 'event', 'meta', 'p:' .. id)
-  local fields = {'event', v[1] or '', 'meta', v[2] or '', 'payload', v[3] or ''}
+  local fields = {'event', rec_join(ev, 'event', v[1]) or '',
+    'meta', rec_join(ev, 'meta', v[2]) or '',
+    'payload', rec_join(ev, 'p:' .. id, v[3]) or ''}
   if redis.call('HEXISTS', task, 'items') == 1 then
     fields[#fields + 1] = 'digest_items'
     fields[#fields + 1] = digest_items(ev, id)
@@ -147,19 +245,19 @@ end
 -- What becomes of task `task` (id `id`) once it ended: with `keep` > 0 it
 -- expires after `keep` ms (its event index lives at least as long); with 0
 -- it leaves Redis now, the delivery ledger holding its outcome: the hash is
--- deleted and the id taken out of its event index (SREM deletes an emptied
--- set). The permit is never touched here.
+-- deleted and the id taken out of its event index (HDEL deletes an emptied
+-- hash). The permit is never touched here.
 local function leave_or_keep(task, id, now, keep)
   local follow = event_follower(task, id)
   if keep > 0 then
     redis.call('PEXPIRE', task, keep)
-    keep_index(task, now, keep)
+    keep_index(task, id, now, keep)
     follow()
     return
   end
-  local ev = redis.call('HGET', task, 'event_index')
-  if ev and ev ~= '' then
-    redis.call('SREM', ev, id)
+  local ev = index_of(task, id)
+  if ev then
+    redis.call('HDEL', ev, id)
   end
   redis.call('DEL', task)
   follow()

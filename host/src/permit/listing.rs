@@ -108,7 +108,8 @@ impl Permits {
     }
 
     /// Ids of the tasks of one event, across every shard (one pipelined
-    /// `SMEMBERS` per shard); none when the event index is off.
+    /// `HKEYS` per shard: the index is a hash of task id -> ''); none when
+    /// the event index is off.
     pub async fn tasks_of_event(
         &self,
         biz_type: &str,
@@ -119,7 +120,7 @@ impl Permits {
         }
         let sets: Vec<Vec<String>> = self
             .per_shard(|shard| {
-                let mut cmd = redis::cmd("SMEMBERS");
+                let mut cmd = redis::cmd("HKEYS");
                 cmd.arg(self.layout.event_index(shard, biz_type, biz_id));
                 cmd
             })

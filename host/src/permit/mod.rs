@@ -124,7 +124,7 @@ pub enum PermitError {
 
 /// The key layout version this host writes and reads (docs/redis.md, "Key
 /// layout"); recorded in each namespace's marker ([`Layout::marker`]).
-pub const LAYOUT_VERSION: u32 = 3;
+pub const LAYOUT_VERSION: u32 = 4;
 
 /// Settings of the permit layer.
 #[derive(Debug, Clone)]

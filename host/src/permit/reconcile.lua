@@ -64,7 +64,7 @@ if action == 'sent' then
   -- Held without expiry while unknown: the window from accept again.
   end_permit(KEYS[1], KEYS[2], id, owner, n2s(window_end(KEYS[1], now)), true)
   redis.call('PEXPIRE', KEYS[1], retention)
-  keep_index(KEYS[1], now, retention)
+  keep_index(KEYS[1], id, now, retention)
   event_follower(KEYS[1], id)()
   await(KEYS[1], KEYS[3], id, now, after)
   redis.call('ZREM', held, id)
@@ -95,7 +95,7 @@ elseif action == 'dead' then
   -- It may have reached the provider: the permit keeps the window.
   end_permit(KEYS[1], KEYS[2], id, owner, n2s(window_end(KEYS[1], now)), false)
   redis.call('PEXPIRE', KEYS[1], retention)
-  keep_index(KEYS[1], now, retention)
+  keep_index(KEYS[1], id, now, retention)
   event_follower(KEYS[1], id)()
   redis.call('ZREM', KEYS[3], id)
   redis.call('ZADD', KEYS[5], at, id)

@@ -70,8 +70,8 @@ if ARGV[3] == '1' then
   action = 'requeue (forced)'
 end
 log_operator(KEYS[1], now, ARGV[4] or '', action, ARGV[5] or '')
-local ev = redis.call('HGET', KEYS[1], 'event_index')
-if ev and ev ~= '' then
+local ev = index_of(KEYS[1], id)
+if ev then
   extend_or_set(ev, now + window + retention)
 end
 return {'requeued', n2s(attempts), n2s(max)}

@@ -46,6 +46,11 @@ const SQLITE_MIGRATIONS: &[Step] = &[
         "preferences",
         include_str!("../../migrations/sqlite/0005_preferences.sql"),
     ),
+    (
+        6,
+        "addresses",
+        include_str!("../../migrations/sqlite/0006_addresses.sql"),
+    ),
 ];
 
 /// The PostgreSQL schema's migrations, in order.
@@ -74,6 +79,11 @@ const POSTGRES_MIGRATIONS: &[Step] = &[
         5,
         "preferences",
         include_str!("../../migrations/postgres/0005_preferences.sql"),
+    ),
+    (
+        6,
+        "addresses",
+        include_str!("../../migrations/postgres/0006_addresses.sql"),
     ),
 ];
 

@@ -541,6 +541,65 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn an_address_finds_the_users_sent_to_there_and_a_repeated_switch_off_is_kept_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let ledger = Ledger::open(&Ledger::sqlite_url(dir.path())).await.unwrap();
+        let claim = |key: &str, user: &str, channel: &str| crate::ledger::Claim {
+            key: key.into(),
+            task_id: format!("t-{key}"),
+            channel: channel.into(),
+            policy: "per-event@1.0.0".into(),
+            recipient_digest: recipient_digest(user),
+            biz_type: "ORDER_SHIPPED".into(),
+            biz_id: key.into(),
+            attempt: 1,
+            now_ms: 1,
+            window_ends_ms: i64::MAX,
+        };
+        let at = |address: &str| Some(recipient_digest(address));
+        ledger
+            .claim_all_at(&[
+                (claim("k1", "u-1", "sms"), at("+8613800000042")),
+                (claim("k2", "u-2", "sms"), at("13800000042")),
+                (claim("k3", "u-3", "wechat"), at("13800000042")),
+                (claim("k4", "u-4", "sms"), at("13800000099")),
+                (claim("k5", "u-5", "sms"), None),
+            ])
+            .await
+            .unwrap();
+        let forms = [
+            recipient_digest("13800000042"),
+            recipient_digest("+8613800000042"),
+        ];
+        let mut expected = vec![recipient_digest("u-1"), recipient_digest("u-2")];
+        expected.sort();
+        assert_eq!(
+            ledger.users_at_addresses("sms", &forms).await.unwrap(),
+            expected
+        );
+        assert!(
+            ledger
+                .users_at_addresses("sms", &[])
+                .await
+                .unwrap()
+                .is_empty()
+        );
+
+        let off = Edit::SwitchOff(Preferences::off(&["sms"], &[]));
+        let digest = recipient_digest("u-1");
+        for _ in 0..2 {
+            ledger
+                .change_preferences_of(&digest, &off, "channel sms", ChangeRoute::SmsReply)
+                .await
+                .unwrap();
+        }
+        let history = ledger.preference_history("u-1", 10).await.unwrap();
+        assert_eq!(history.len(), 1, "{history:?}");
+        assert_eq!(history[0].route, "sms_reply");
+        assert_eq!(history[0].what, "channels off +sms");
+    }
+
+    #[tokio::test]
     async fn opted_out_answers_are_kept_once_and_removed_after_their_time() {
         let dir = tempfile::tempdir().unwrap();
         let ledger = Ledger::open(&Ledger::sqlite_url(dir.path())).await.unwrap();

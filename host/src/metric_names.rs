@@ -109,6 +109,11 @@ pub const CANCELLED: &str = "pushonce_tasks_cancelled_total";
 pub const SEND_SECONDS: &str = "pushonce_send_seconds";
 /// Receipts that named no known task, per channel.
 pub const RECEIPTS_UNMATCHED: &str = "pushonce_receipts_unmatched_total";
+/// Opt-outs a channel's callbacks reported (an SMS answered "TD"), per
+/// channel and result: `applied` (a user's preferences changed),
+/// `unchanged` (already off), `unmatched` (no user was sent to at that
+/// address), `refused` (a malformed user id or category).
+pub const CALLBACK_OPT_OUTS: &str = "pushonce_callback_opt_outs_total";
 
 /// Checks per channel and result (`delivered`, `pending`, `failed`, `absent`, `cannot_tell`).
 pub const CHECKS_TOTAL: &str = "pushonce_reconcile_checks_total";

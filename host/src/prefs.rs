@@ -16,8 +16,8 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc;
 
-use crate::ledger::preferences::{OptedOutAnswer, Preferences};
-use crate::ledger::{Ledger, LedgerError};
+use crate::ledger::preferences::{ChangeRoute, Edit, OptedOutAnswer, Preferences};
+use crate::ledger::{Ledger, LedgerError, recipient_digest};
 
 /// Most `opted_out` answers waiting to be recorded; past it an answer is
 /// not recorded (the look-up does not show it; nothing else depends on it).
@@ -37,6 +37,57 @@ pub enum PrefsError {
     /// The ledger's database did not answer, and no fresh entry was held.
     #[error("the preferences store (the ledger's database) cannot be read: {0}")]
     Unreadable(#[source] LedgerError),
+}
+
+/// Longest user id an opt-out may name (as the preferences API allows).
+const MAX_USER_ID: usize = 128;
+
+/// Whom an opt-out reported by a channel's callback names.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum OptOutSubject {
+    /// A user id, as events name it.
+    User(String),
+    /// An address on the channel (a phone number), in each form it may have
+    /// been sent to: the users the host sent to at any of them.
+    Address(Vec<String>),
+}
+
+/// An opt-out reported by a channel's callback (a user answered "TD").
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OptOutRequest {
+    /// Whom it names.
+    pub subject: OptOutSubject,
+    /// The category to switch off; `None`: the channel.
+    pub category: Option<String>,
+    /// The history's route (`sms_reply`, ...).
+    pub route: ChangeRoute,
+    /// The provider's words, for the history's `by`.
+    pub detail: Option<String>,
+}
+
+/// What became of one opt-out (the label of `pushonce_callback_opt_outs_total`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OptOutResult {
+    /// At least one user's preferences changed.
+    Applied,
+    /// Every user it names had it off already.
+    Unchanged,
+    /// No user was sent to at that address (within the ledger's history).
+    Unmatched,
+    /// A user id or category that cannot be stored.
+    Refused,
+}
+
+impl OptOutResult {
+    /// The metric label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OptOutResult::Applied => "applied",
+            OptOutResult::Unchanged => "unchanged",
+            OptOutResult::Unmatched => "unmatched",
+            OptOutResult::Refused => "refused",
+        }
+    }
 }
 
 /// One user's preferences as last read, and when that read began.
@@ -102,6 +153,80 @@ impl PreferenceCache {
         {
             tracing::debug!("opted_out answer not recorded: the writer is behind");
         }
+    }
+
+    /// Stores `opt_out`, reported by `reported_by` (the channel instance
+    /// whose callback carried it), on `channel`'s preferences: the user it
+    /// names, or every user the host sent to on `channel` at its address,
+    /// gets `channel` (or its category) switched off, in their history with
+    /// its route. Storing it again changes nothing. This instance's entries
+    /// of those users are dropped, so its next accept reads the change.
+    /// `Err` when the ledger did not answer (the provider should push again);
+    /// with the ledger off there is nowhere to store it (`Refused`).
+    pub async fn store_opt_out(
+        &self,
+        channel: &str,
+        reported_by: &str,
+        opt_out: &OptOutRequest,
+    ) -> Result<OptOutResult, PrefsError> {
+        let Some(ledger) = &self.ledger else {
+            return Ok(OptOutResult::Refused);
+        };
+        if let Some(c) = &opt_out.category
+            && crate::config::check_category(c).is_err()
+        {
+            return Ok(OptOutResult::Refused);
+        }
+        let users: Vec<String> = match &opt_out.subject {
+            OptOutSubject::User(u) if u.is_empty() || u.chars().count() > MAX_USER_ID => {
+                return Ok(OptOutResult::Refused);
+            }
+            OptOutSubject::User(u) => vec![recipient_digest(u)],
+            OptOutSubject::Address(forms) => {
+                let digests: Vec<String> = forms.iter().map(|f| recipient_digest(f)).collect();
+                ledger
+                    .users_at_addresses(channel, &digests)
+                    .await
+                    .map_err(PrefsError::Unreadable)?
+            }
+        };
+        if users.is_empty() {
+            return Ok(OptOutResult::Unmatched);
+        }
+        let off = match &opt_out.category {
+            Some(c) => Preferences {
+                categories_off: [c.clone()].into(),
+                ..Preferences::default()
+            },
+            None => Preferences {
+                channels_off: [channel.to_string()].into(),
+                ..Preferences::default()
+            },
+        };
+        let by = match &opt_out.detail {
+            Some(d) => format!("channel {reported_by}: {d}"),
+            None => format!("channel {reported_by}"),
+        };
+        let edit = Edit::SwitchOff(off);
+        let mut result = OptOutResult::Unchanged;
+        for digest in &users {
+            let change = ledger
+                .change_preferences_of(digest, &edit, &by, opt_out.route)
+                .await
+                .map_err(PrefsError::Unreadable)?;
+            if change.what != "no change" {
+                result = OptOutResult::Applied;
+            }
+        }
+        self.forget_digests(&users);
+        Ok(result)
+    }
+
+    /// Drops this instance's entries of the users whose id digests are
+    /// `digests` (their next event reads the ledger).
+    fn forget_digests(&self, digests: &[String]) {
+        let mut entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
+        entries.retain(|user, _| !digests.contains(&recipient_digest(user)));
     }
 
     /// The store, when the ledger is on.

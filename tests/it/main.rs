@@ -45,6 +45,7 @@ mod redis_processes;
 mod redis_tls;
 mod scheduled;
 mod security;
+mod sms_opt_out;
 mod vanished;
 
 // Need more: PostgreSQL, Chromium, the JavaScript and Python toolchains,

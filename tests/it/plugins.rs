@@ -41,7 +41,7 @@ fn the_real_plugins_load_and_describe_themselves() {
     assert_eq!(
         ids,
         [
-            "aliyun-sms@2.0.0",
+            "aliyun-sms@2.1.0",
             "apns@2.0.0",
             "fcm@2.0.0",
             "inbox@2.0.0",
@@ -435,7 +435,7 @@ fn a_channel_of_contract_1_is_refused_naming_the_change_and_key_policies_still_l
     assert_eq!(k, "push:per-event@1:sms:ORDER_SHIPPED:o-1:u");
     assert_eq!(
         registry.resolve_channel("aliyun-sms@^2").unwrap().id(),
-        "aliyun-sms@2.0.0"
+        "aliyun-sms@2.1.0"
     );
 }
 

@@ -1,5 +1,6 @@
 //! `GET`/`POST /v1/receipts/{channel}/{token}[/{rest}]`: providers' delivery
-//! callbacks (and URL checks such as WeChat's `echostr`).
+//! callbacks (and URL checks such as WeChat's `echostr`), and the users'
+//! replies some providers push there (Aliyun's SmsUp: opt-outs).
 //!
 //! Closed by default: a channel is served only when it has a path token
 //! (`callback_token_env`: the provider calls the URL with the token in it,
@@ -84,6 +85,9 @@ pub enum ReceiptRefusal {
     /// Some entries confirm sends not recorded yet: answered 503 with
     /// `Retry-After`, the rest was applied.
     NotYet(String),
+    /// The callback's opt-outs could not be stored (the ledger's database
+    /// did not answer): 503, so the provider pushes again.
+    OptOutsUnstored(String),
 }
 
 /// A shared handler.
@@ -122,11 +126,11 @@ pub(crate) type CallbackGates = Arc<BTreeMap<String, CallbackGate>>;
     params(("channel" = String, Path, description = "Channel instance, e.g. `sms`")),
     request_body(content = Vec<u8>, description = "The provider's callback, as it sends it", content_type = "application/octet-stream"),
     responses(
-        (status = 200, description = "Handled: the channel plugin's reply, in the provider's format"),
+        (status = 200, description = "Handled (its settlements applied and its opt-outs stored): the channel plugin's reply, in the provider's format"),
         (status = 400, description = "Not a request this provider sends; nothing settled", body = super::model::Problem, content_type = "application/problem+json"),
         (status = 403, description = "The signature does not verify; nothing settled", body = super::model::Problem, content_type = "application/problem+json"),
         (status = 404, description = "No such channel, or its callbacks are closed", body = super::model::Problem, content_type = "application/problem+json"),
-        (status = 503, description = "Redis unavailable, or the callback names a send not recorded yet: send it again", body = super::model::Problem, content_type = "application/problem+json"),
+        (status = 503, description = "Redis unavailable, the callback names a send not recorded yet, or the opt-outs it carries could not be stored: send it again", body = super::model::Problem, content_type = "application/problem+json"),
     ))]
 pub(crate) async fn open_receipt(
     State(state): State<AppState>,
@@ -154,11 +158,11 @@ pub(crate) async fn open_receipt(
     ),
     request_body(content = Vec<u8>, description = "The provider's callback, as it sends it", content_type = "application/octet-stream"),
     responses(
-        (status = 200, description = "Handled: the channel plugin's reply, in the provider's format"),
+        (status = 200, description = "Handled (its settlements applied and its opt-outs stored): the channel plugin's reply, in the provider's format"),
         (status = 400, description = "Not a request this provider sends; nothing settled", body = super::model::Problem, content_type = "application/problem+json"),
         (status = 403, description = "The signature does not verify; nothing settled", body = super::model::Problem, content_type = "application/problem+json"),
         (status = 404, description = "No such channel, a wrong token, or callbacks closed", body = super::model::Problem, content_type = "application/problem+json"),
-        (status = 503, description = "Redis unavailable, or the callback names a send not recorded yet: send it again", body = super::model::Problem, content_type = "application/problem+json"),
+        (status = 503, description = "Redis unavailable, the callback names a send not recorded yet, or the opt-outs it carries could not be stored: send it again", body = super::model::Problem, content_type = "application/problem+json"),
     ))]
 pub(crate) async fn receipt(
     State(state): State<AppState>,
@@ -268,10 +272,12 @@ fn refusal_error(refusal: ReceiptRefusal) -> ApiError {
         ReceiptRefusal::Malformed(r) => ApiError::MalformedCallback(r),
         ReceiptRefusal::Failed(r) => ApiError::CallbackFailed(r),
         ReceiptRefusal::Unavailable(e) => ApiError::from(e),
-        ReceiptRefusal::NotYet(detail) => ApiError::Unavailable {
-            detail,
-            accepted: None,
-        },
+        ReceiptRefusal::NotYet(detail) | ReceiptRefusal::OptOutsUnstored(detail) => {
+            ApiError::Unavailable {
+                detail,
+                accepted: None,
+            }
+        }
     }
 }
 

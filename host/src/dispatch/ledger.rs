@@ -10,7 +10,7 @@
 use std::time::Duration;
 
 use super::{DispatchContext, pause};
-use crate::ledger::{Claim, ClaimAnswer, now_ms};
+use crate::ledger::{Claim, ClaimAnswer, now_ms, recipient_digest};
 use crate::permit::{Attempt, Outcome};
 
 /// One attempt's answer of [`claim_batch`].
@@ -44,13 +44,18 @@ pub(crate) async fn claim_batch(shared: &DispatchContext, attempts: &[&Attempt])
             .map(|_| Claimed::Ours { first: false })
             .collect();
     };
-    let claims: Vec<Claim> = attempts
+    // Each row keeps the digest of the address it sends to, so an opt-out
+    // by address (an SMS answered "TD") finds its users.
+    let claims: Vec<(Claim, Option<String>)> = attempts
         .iter()
-        .map(|a| a.task.claim(&a.task_id, a.number, now_ms()))
+        .map(|a| {
+            let address = a.task.sends().ok().map(|p| recipient_digest(&p.recipient));
+            (a.task.claim(&a.task_id, a.number, now_ms()), address)
+        })
         .collect();
     let mut wait = Duration::from_millis(20);
     loop {
-        match ledger.claim_all(&claims).await {
+        match ledger.claim_all_at(&claims).await {
             Ok(answers) => {
                 return answers
                     .into_iter()

@@ -71,8 +71,8 @@ pub fn recipient_digest(recipient: &str) -> String {
 /// The owner's own re-claim (a retry, a requeue: a fresh window in Redis)
 /// pushes the window's end later; another task's claim changes nothing.
 const CLAIM_SQL: &str = "INSERT INTO deliveries \
-    (key, task_id, channel, policy, recipient_digest, biz_type, biz_id, status, attempts, claimed_at, updated_at, window_ends_at, accepted_at) \
-    VALUES ($1, $2, $3, $4, $5, $6, $7, 'claimed', $8, $9, $9, $10, $11) \
+    (key, task_id, channel, policy, recipient_digest, biz_type, biz_id, status, attempts, claimed_at, updated_at, window_ends_at, accepted_at, address_digest) \
+    VALUES ($1, $2, $3, $4, $5, $6, $7, 'claimed', $8, $9, $9, $10, $11, $12) \
     ON CONFLICT (key) DO UPDATE SET window_ends_at = CASE \
     WHEN deliveries.task_id = excluded.task_id \
     AND (deliveries.window_ends_at IS NULL OR deliveries.window_ends_at < excluded.window_ends_at) \
@@ -81,7 +81,10 @@ const CLAIM_SQL: &str = "INSERT INTO deliveries \
 
 /// Claims waiting together, written in one transaction (group commit): one
 /// fsync for all of them instead of one each.
-type Waiting = Vec<(Claim, Reply)>;
+/// Each claim with the [`recipient_digest`] of the address its message goes
+/// to, when known (kept in the row's `address_digest`, for opt-outs by
+/// address).
+type Waiting = Vec<((Claim, Option<String>), Reply)>;
 
 /// Where one claim's answer goes.
 type Reply = oneshot::Sender<Result<ClaimAnswer, Arc<LedgerError>>>;
@@ -118,17 +121,18 @@ impl Claimer {
 
     /// Claims `c` with whatever other claims are waiting.
     pub(super) async fn claim(&self, c: &Claim) -> Result<ClaimAnswer, LedgerError> {
-        self.claim_all(std::slice::from_ref(c))
+        self.claim_all(&[(c.clone(), None)])
             .await?
             .pop()
             .ok_or(LedgerError::WriterStopped)
     }
 
-    /// Claims every one of `claims` in one transaction (with whatever other
-    /// claims are waiting); answers in order. One fails only with all.
+    /// Claims every one of `claims` (each with its address digest) in one
+    /// transaction (with whatever other claims are waiting); answers in
+    /// order. One fails only with all.
     pub(super) async fn claim_all(
         &self,
-        claims: &[Claim],
+        claims: &[(Claim, Option<String>)],
     ) -> Result<Vec<ClaimAnswer>, LedgerError> {
         let mut waiting = Vec::with_capacity(claims.len());
         let mut replies = Vec::with_capacity(claims.len());
@@ -157,7 +161,7 @@ impl Claimer {
 async fn answer_group(pool: &LedgerPool, group: &mut Waiting) {
     // One order of keys in every transaction: two instances' groups cannot
     // wait on each other's rows (a PostgreSQL deadlock).
-    group.sort_by(|a, b| a.0.key.cmp(&b.0.key));
+    group.sort_by(|a, b| a.0.0.key.cmp(&b.0.0.key));
     match claim_all(pool, group).await {
         Ok(answers) => {
             for ((_, waiter), answer) in group.drain(..).zip(answers) {
@@ -177,7 +181,7 @@ async fn claim_all(pool: &LedgerPool, group: &Waiting) -> Result<Vec<ClaimAnswer
     let mut answers = Vec::with_capacity(group.len());
     on_pool!(pool, p => {
         let mut tx = p.begin().await?;
-        for (c, _) in group {
+        for ((c, address), _) in group {
             let (owner, status, attempts): (String, String, i32) = sqlx::query_as(CLAIM_SQL)
                 .bind(&c.key)
                 .bind(&c.task_id)
@@ -190,6 +194,7 @@ async fn claim_all(pool: &LedgerPool, group: &Waiting) -> Result<Vec<ClaimAnswer
                 .bind(c.now_ms)
                 .bind(c.window_ends_ms)
                 .bind(c.accepted_ms)
+                .bind(address)
                 .fetch_one(&mut *tx)
                 .await?;
             answers.push(if owner == c.task_id {

@@ -193,6 +193,19 @@ impl Ledger {
     /// Claims each of `claims` like [`Ledger::claim`], all in one
     /// transaction (a dispatcher's batch); answers in order.
     pub async fn claim_all(&self, claims: &[Claim]) -> Result<Vec<ClaimAnswer>, LedgerError> {
+        let claims: Vec<(Claim, Option<String>)> =
+            claims.iter().map(|c| (c.clone(), None)).collect();
+        self.claim_all_at(&claims).await
+    }
+
+    /// [`Ledger::claim_all`] of claims each with the [`recipient_digest`] of
+    /// the address its message goes to (`None`: not known), kept in the row
+    /// so that an opt-out by address finds its users
+    /// ([`Ledger::users_at_addresses`]).
+    pub async fn claim_all_at(
+        &self,
+        claims: &[(Claim, Option<String>)],
+    ) -> Result<Vec<ClaimAnswer>, LedgerError> {
         let answer = self.claimer.claim_all(claims).await;
         self.observe(answer.as_ref().err());
         answer

@@ -51,6 +51,11 @@ const SQLITE_MIGRATIONS: &[Step] = &[
         "accepted at",
         include_str!("../../migrations/sqlite/0006_accepted_at.sql"),
     ),
+    (
+        7,
+        "addresses",
+        include_str!("../../migrations/sqlite/0007_addresses.sql"),
+    ),
 ];
 
 /// The PostgreSQL schema's migrations, in order.
@@ -84,6 +89,11 @@ const POSTGRES_MIGRATIONS: &[Step] = &[
         6,
         "accepted at",
         include_str!("../../migrations/postgres/0006_accepted_at.sql"),
+    ),
+    (
+        7,
+        "addresses",
+        include_str!("../../migrations/postgres/0007_addresses.sql"),
     ),
 ];
 

@@ -262,14 +262,29 @@ impl Ledger {
         by: &str,
         route: ChangeRoute,
     ) -> Result<PreferenceChange, LedgerError> {
-        let digest = recipient_digest(user_id);
+        self.change_preferences_of(&recipient_digest(user_id), edit, by, route)
+            .await
+    }
+
+    /// [`Ledger::change_preferences`] of the user whose id has the SHA-256
+    /// (hex) `digest` (an opt-out by address knows only that). A
+    /// [`Edit::SwitchOff`] that changes nothing (already off) writes nothing,
+    /// not even history: an opt-out reported twice is recorded once; the
+    /// answer's `what` is then `no change`.
+    pub async fn change_preferences_of(
+        &self,
+        digest: &str,
+        edit: &Edit,
+        by: &str,
+        route: ChangeRoute,
+    ) -> Result<PreferenceChange, LedgerError> {
         let at = now_ms();
         on_pool!(self.pool(), p => {
             let mut tx = p.begin().await?;
             let row: Option<(String, String)> = sqlx::query_as(
                 "SELECT channels_off, categories_off FROM preferences WHERE user_digest = $1",
             )
-            .bind(&digest)
+            .bind(digest)
             .fetch_optional(&mut *tx)
             .await?;
             let before = row
@@ -287,6 +302,10 @@ impl Ledger {
                 what: difference(&before, &after),
                 after,
             };
+            if matches!(edit, Edit::SwitchOff(_)) && before == change.after {
+                tx.rollback().await?;
+                return Ok(change);
+            }
             let channels = to_json(&change.after.channels_off);
             let categories = to_json(&change.after.categories_off);
             sqlx::query(
@@ -295,7 +314,7 @@ impl Ledger {
                  channels_off = excluded.channels_off, categories_off = excluded.categories_off, \
                  updated_at = excluded.updated_at",
             )
-            .bind(&digest)
+            .bind(digest)
             .bind(&channels)
             .bind(&categories)
             .bind(at)
@@ -305,7 +324,7 @@ impl Ledger {
                 "INSERT INTO preference_changes (user_digest, at, route, changed_by, action, \
                  what, channels_off, categories_off) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
             )
-            .bind(&digest)
+            .bind(digest)
             .bind(at)
             .bind(&change.route)
             .bind(&change.by)
@@ -318,6 +337,35 @@ impl Ledger {
             tx.commit().await?;
             Ok(change)
         })
+    }
+
+    /// The users (SHA-256 hex of their ids) the host sent to on `channel` at
+    /// any of the addresses whose digests are `address_digests`, as the
+    /// deliveries still held (`ledger_history` after each key's window) say.
+    pub async fn users_at_addresses(
+        &self,
+        channel: &str,
+        address_digests: &[String],
+    ) -> Result<Vec<String>, LedgerError> {
+        if address_digests.is_empty() {
+            return Ok(Vec::new());
+        }
+        let marks: Vec<String> = (2..=address_digests.len() + 1)
+            .map(|i| format!("${i}"))
+            .collect();
+        let sql = format!(
+            "SELECT DISTINCT recipient_digest FROM deliveries \
+             WHERE channel = $1 AND address_digest IN ({}) ORDER BY recipient_digest",
+            marks.join(", ")
+        );
+        let rows: Vec<(String,)> = on_pool!(self.pool(), p => {
+            let mut q = sqlx::query_as(&sql).bind(channel);
+            for d in address_digests {
+                q = q.bind(d);
+            }
+            q.fetch_all(p).await?
+        });
+        Ok(rows.into_iter().map(|(d,)| d).collect())
     }
 
     /// Records `answers` (one transaction; an answer already recorded for
@@ -490,6 +538,65 @@ mod tests {
                 .unwrap()
                 .is_empty()
         );
+    }
+
+    #[tokio::test]
+    async fn an_address_finds_the_users_sent_to_there_and_a_repeated_switch_off_is_kept_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let ledger = Ledger::open(&Ledger::sqlite_url(dir.path())).await.unwrap();
+        let claim = |key: &str, user: &str, channel: &str| crate::ledger::Claim {
+            key: key.into(),
+            task_id: format!("t-{key}"),
+            channel: channel.into(),
+            policy: "per-event@1.0.0".into(),
+            recipient_digest: recipient_digest(user),
+            biz_type: "ORDER_SHIPPED".into(),
+            biz_id: key.into(),
+            attempt: 1,
+            now_ms: 1,
+            window_ends_ms: i64::MAX,
+        };
+        let at = |address: &str| Some(recipient_digest(address));
+        ledger
+            .claim_all_at(&[
+                (claim("k1", "u-1", "sms"), at("+8613800000042")),
+                (claim("k2", "u-2", "sms"), at("13800000042")),
+                (claim("k3", "u-3", "wechat"), at("13800000042")),
+                (claim("k4", "u-4", "sms"), at("13800000099")),
+                (claim("k5", "u-5", "sms"), None),
+            ])
+            .await
+            .unwrap();
+        let forms = [
+            recipient_digest("13800000042"),
+            recipient_digest("+8613800000042"),
+        ];
+        let mut expected = vec![recipient_digest("u-1"), recipient_digest("u-2")];
+        expected.sort();
+        assert_eq!(
+            ledger.users_at_addresses("sms", &forms).await.unwrap(),
+            expected
+        );
+        assert!(
+            ledger
+                .users_at_addresses("sms", &[])
+                .await
+                .unwrap()
+                .is_empty()
+        );
+
+        let off = Edit::SwitchOff(Preferences::off(&["sms"], &[]));
+        let digest = recipient_digest("u-1");
+        for _ in 0..2 {
+            ledger
+                .change_preferences_of(&digest, &off, "channel sms", ChangeRoute::SmsReply)
+                .await
+                .unwrap();
+        }
+        let history = ledger.preference_history("u-1", 10).await.unwrap();
+        assert_eq!(history.len(), 1, "{history:?}");
+        assert_eq!(history[0].route, "sms_reply");
+        assert_eq!(history[0].what, "channels off +sms");
     }
 
     #[tokio::test]

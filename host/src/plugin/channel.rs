@@ -17,10 +17,10 @@ use std::time::Duration;
 use wasmtime::Store;
 
 use super::PluginMeta;
-use super::bindings::channel::ChannelPluginPre;
+use super::bindings::channel::{ChannelPluginIndices, ChannelPluginPre};
 use super::bindings::{
-    CallbackAnswer, CallbackError, CallbackRequest, Capabilities, ChannelWorld, DeliveryStatus,
-    Message, Receipt, SendError, SentMessage,
+    CallbackError, CallbackOutcome, CallbackRequest, CallbacksExport, CallbacksIndices,
+    Capabilities, ChannelWorld, DeliveryStatus, Message, Receipt, SendError, SentMessage,
 };
 use super::cache_import::SharedCache;
 use super::call::classify;
@@ -40,15 +40,61 @@ pub struct ChannelPlugin {
     runtime: Arc<PluginRuntime>,
     /// Linked and type-checked component, ready to instantiate.
     pre: ChannelPluginPre<HostState>,
+    /// The channel world's exports.
+    indices: ChannelPluginIndices,
+    /// The optional `callbacks` export of contract 2.1 (`None`: a 2.0
+    /// plugin, served by `channel.handle-callback`).
+    callbacks: Option<CallbacksIndices>,
 }
 
 impl ChannelPlugin {
+    /// `pre` with its exports looked up (the world's, and `callbacks` when
+    /// the component exports it).
     pub(crate) fn new(
         meta: PluginMeta,
         runtime: Arc<PluginRuntime>,
         pre: ChannelPluginPre<HostState>,
-    ) -> Self {
-        Self { meta, runtime, pre }
+    ) -> wasmtime::Result<Self> {
+        let indices = ChannelPluginIndices::new(pre.instance_pre())?;
+        let callbacks = CallbacksIndices::new(pre.instance_pre()).ok();
+        Ok(Self {
+            meta,
+            runtime,
+            pre,
+            indices,
+            callbacks,
+        })
+    }
+
+    /// The same plugin with `meta` (filled in after `describe`).
+    pub(crate) fn with_meta(mut self, meta: PluginMeta) -> Self {
+        self.meta = meta;
+        self
+    }
+
+    /// Whether the plugin exports the `callbacks` interface of contract 2.1
+    /// (its callbacks may carry opt-outs).
+    pub fn takes_opt_outs(&self) -> bool {
+        self.callbacks.is_some()
+    }
+
+    /// Instantiates the plugin in `store`: the channel world's exports and,
+    /// when exported, `callbacks` (type-checked here: a mismatch is an error).
+    pub(crate) async fn instantiate(
+        &self,
+        store: &mut Store<HostState>,
+    ) -> wasmtime::Result<(ChannelWorld, Option<CallbacksExport>)> {
+        let instance = self
+            .pre
+            .instance_pre()
+            .instantiate_async(&mut *store)
+            .await?;
+        let world = self.indices.load(&mut *store, &instance)?;
+        let callbacks = match &self.callbacks {
+            Some(i) => Some(i.load(&mut *store, &instance)?),
+            None => None,
+        };
+        Ok((world, callbacks))
     }
 
     /// Name, version, world, file.
@@ -137,6 +183,8 @@ struct Warm {
     store: Store<HostState>,
     /// The instance's typed exports.
     world: ChannelWorld,
+    /// Its `callbacks` export, when the plugin has one (contract 2.1).
+    callbacks: Option<CallbacksExport>,
 }
 
 /// One channel plugin bound to one channel instance's settings.
@@ -194,16 +242,28 @@ impl ChannelInstance {
         .await
     }
 
-    /// Handles one request the provider sent to the channel's callback URL.
+    /// Handles one request the provider sent to the channel's callback URL:
+    /// through `callbacks.handle-callback` when the plugin exports it
+    /// (contract 2.1, opt-outs included), else `channel.handle-callback`
+    /// (no opt-outs).
     pub async fn handle_callback(
         &self,
         req: CallbackRequest,
-    ) -> Result<Answer<Result<CallbackAnswer, CallbackError>>, ChannelCallError> {
-        self.call(move |w, s| {
+    ) -> Result<Answer<Result<CallbackOutcome, CallbackError>>, ChannelCallError> {
+        self.call_with(move |w, c, s| {
             Box::pin(async move {
-                w.pushonce_channel_channel()
+                if let Some(c) = c {
+                    return c.call_handle_callback(s, &req).await;
+                }
+                let answer = w
+                    .pushonce_channel_channel()
                     .call_handle_callback(s, &req)
-                    .await
+                    .await?;
+                Ok(answer.map(|a| CallbackOutcome {
+                    settlements: a.settlements,
+                    opt_outs: Vec::new(),
+                    reply: a.reply,
+                }))
             })
         })
         .await
@@ -256,8 +316,12 @@ impl ChannelInstance {
                     OutboundLog::default(),
                 )
             })?;
-        match self.plugin.pre.instantiate_async(&mut store).await {
-            Ok(world) => Ok(Warm { store, world }),
+        match self.plugin.instantiate(&mut store).await {
+            Ok((world, callbacks)) => Ok(Warm {
+                store,
+                world,
+                callbacks,
+            }),
             Err(e) => {
                 let err = classify(id, e, store.data(), fuel);
                 let log = store.data().hooks.log();
@@ -275,11 +339,27 @@ impl ChannelInstance {
         }
     }
 
-    /// Runs one export call on a warm (or new) instance under the budgets.
+    /// Runs one call of the channel world's exports (see [`Self::call_with`]).
     async fn call<T, F>(&self, f: F) -> Result<Answer<T>, ChannelCallError>
     where
         F: for<'a> FnOnce(
             &'a ChannelWorld,
+            &'a mut Store<HostState>,
+        ) -> std::pin::Pin<
+            Box<dyn Future<Output = wasmtime::Result<T>> + Send + 'a>,
+        >,
+        T: Send,
+    {
+        self.call_with(move |w, _, s| f(w, s)).await
+    }
+
+    /// Runs one export call on a warm (or new) instance under the budgets;
+    /// `f` sees the channel world's exports and the `callbacks` export, if any.
+    async fn call_with<T, F>(&self, f: F) -> Result<Answer<T>, ChannelCallError>
+    where
+        F: for<'a> FnOnce(
+            &'a ChannelWorld,
+            Option<&'a CallbacksExport>,
             &'a mut Store<HostState>,
         ) -> std::pin::Pin<
             Box<dyn Future<Output = wasmtime::Result<T>> + Send + 'a>,
@@ -312,12 +392,20 @@ impl ChannelInstance {
                     OutboundLog::default(),
                 ));
             }
-            let Warm { mut store, world } = warm;
-            let result = f(&world, &mut store).await;
+            let Warm {
+                mut store,
+                world,
+                callbacks,
+            } = warm;
+            let result = f(&world, callbacks.as_ref(), &mut store).await;
             let log = store.data().hooks.log();
             match result {
                 Ok(value) => {
-                    self.put_warm(Warm { store, world });
+                    self.put_warm(Warm {
+                        store,
+                        world,
+                        callbacks,
+                    });
                     Ok(Answer { value, log })
                 }
                 Err(e) => Err((classify(&id, e, store.data(), fuel), log)),

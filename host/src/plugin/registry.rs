@@ -188,9 +188,12 @@ impl PluginRegistry {
             .map_err(|e| mismatch(format!("{e:#}")))?;
         // Channel exports are async; `describe` does no I/O, so it
         // completes by polling alone (no runtime needed, none nested).
+        let plugin = ChannelPlugin::new(meta.clone(), self.runtime.clone(), pre)
+            .map_err(|e| mismatch(format!("{e:#}")))?;
         let info = self.describe(file, |store| {
             super::channel::block_on(async {
-                let inst = pre.instantiate_async(&mut *store).await?;
+                // Instantiating type-checks the optional `callbacks` export too.
+                let (inst, _) = plugin.instantiate(&mut *store).await?;
                 let info = inst.call_describe(&mut *store).await?;
                 Ok(PluginInfo {
                     name: info.name,
@@ -201,11 +204,7 @@ impl PluginRegistry {
         })?;
         self.fill_meta(&mut meta, info)?;
         meta.load_time = started.elapsed();
-        Ok(Plugin::Channel(Arc::new(ChannelPlugin::new(
-            meta,
-            self.runtime.clone(),
-            pre,
-        ))))
+        Ok(Plugin::Channel(Arc::new(plugin.with_meta(meta))))
     }
 
     /// Runs `describe` in a fresh store under the call limits.

@@ -20,7 +20,7 @@ use std::time::Duration;
 use super::plugin::{InstanceError, PluginSender};
 use crate::permit::{PermitError, Permits, Task, TaskStatus};
 use crate::plugin::bindings::{
-    CallbackError, CallbackReply, CallbackRequest, DeliveryStatus, Settlement,
+    CallbackError, CallbackReply, CallbackRequest, DeliveryStatus, OptOut, Settlement,
 };
 
 /// Unmatched ids are remembered this long after their grace, so a replay
@@ -101,6 +101,9 @@ pub struct CallbackOutcome {
     pub reply: CallbackReply,
     /// What it settled.
     pub report: ReceiptReport,
+    /// The opt-outs it carries (contract 2.1), their `detail` redacted; the
+    /// caller stores them before answering the provider.
+    pub opt_outs: Vec<OptOut>,
 }
 
 /// Handles one request to `channel`'s callback URL: the plugin verifies it
@@ -134,9 +137,18 @@ pub async fn handle_callback(
         }
     };
     let report = apply_settlements(permits, channel, &answer.settlements, grace).await?;
+    let opt_outs = answer
+        .opt_outs
+        .into_iter()
+        .map(|mut o| {
+            o.detail = o.detail.map(|d| sender.redact(channel, &d));
+            o
+        })
+        .collect();
     Ok(CallbackOutcome {
         reply: answer.reply,
         report,
+        opt_outs,
     })
 }
 

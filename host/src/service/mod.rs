@@ -222,6 +222,9 @@ struct Parts {
     callbacks: CallbackGates,
     /// The provider circuits of the channel plugins' sender.
     provider_health: crate::send::circuit::ProviderHealth,
+    /// The recipients' preferences, read by the API and changed by
+    /// opt-outs that callbacks carry.
+    preferences: Arc<crate::prefs::PreferenceCache>,
 }
 
 /// Opens Redis, the permit layer and the ledger, loads plugins and policies,
@@ -249,7 +252,15 @@ async fn open_parts(
         Some(s) => s.clone(),
         None => plugins.clone(),
     };
-    let receipts = receipts_handler(config, options, &permits, &plugins, &ledger);
+    let preferences = Arc::new(
+        crate::prefs::PreferenceCache::new(
+            ledger.clone(),
+            config.preferences.cache_ttl,
+            &config.preferences.mandatory,
+        )
+        .recording_answers(config.ledger_history),
+    );
+    let receipts = receipts_handler(config, options, &permits, &plugins, &ledger, &preferences);
     let callbacks = callback_gates(config, &plugins).await?;
     let provider_health = plugins.provider_health();
     Ok(Parts {
@@ -262,6 +273,7 @@ async fn open_parts(
         receipts,
         callbacks,
         provider_health,
+        preferences,
     })
 }
 
@@ -299,14 +311,7 @@ async fn api_state(
         corpus: Arc::new(CorpusSampler::default()),
         recent,
         provider_health: parts.provider_health.clone(),
-        preferences: Arc::new(
-            crate::prefs::PreferenceCache::new(
-                parts.ledger.clone(),
-                config.preferences.cache_ttl,
-                &config.preferences.mandatory,
-            )
-            .recording_answers(config.ledger_history),
-        ),
+        preferences: parts.preferences.clone(),
         preferences_api_writes: config.preferences.api_token_writes,
         unsubscribe: unsubscribe_links(config, env)?.map(Arc::new),
     }))
@@ -446,7 +451,13 @@ fn receipts_handler(
     permits: &Permits,
     plugins: &Arc<PluginSender>,
     ledger: &Option<Ledger>,
+    preferences: &Arc<crate::prefs::PreferenceCache>,
 ) -> SharedReceiptHandler {
+    let chain_of = config
+        .channels
+        .iter()
+        .flat_map(|(name, c)| c.providers.iter().map(|p| (p.clone(), name.clone())))
+        .collect();
     match &options.receipts {
         Some(r) => r.clone(),
         None => Arc::new(PluginReceipts {
@@ -454,6 +465,8 @@ fn receipts_handler(
             sender: plugins.clone(),
             unmatched_grace: config.receipts.unmatched_grace,
             ledger: ledger.clone(),
+            preferences: preferences.clone(),
+            chain_of,
         }),
     }
 }

@@ -1,7 +1,9 @@
 //! Provider callbacks: which channels' callbacks are served ([`callback_gates`]),
 //! and the receipts they carry handled by the channel plugins'
 //! `handle-callback`, settled in the lifecycle and written to the ledger
-//! ([`PluginReceipts`]).
+//! ([`PluginReceipts`]); the opt-outs a callback carries (contract 2.1: an
+//! SMS answered "TD") stored in the recipients' preferences before the
+//! provider is answered.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -13,8 +15,10 @@ use crate::api::receipts::{
 };
 use crate::config::HostConfig;
 use crate::ledger::Ledger;
+use crate::ledger::preferences::ChangeRoute;
 use crate::permit::Permits;
-use crate::plugin::bindings::CallbackRequest;
+use crate::plugin::bindings::{CallbackRequest, OptOut, OptOutRoute, OptOutSubject};
+use crate::prefs::{OptOutRequest, OptOutSubject as Subject, PreferenceCache};
 use crate::send::BoxFuture;
 use crate::send::plugin::{CallbackAccess, PluginSender};
 use crate::send::receipts::{ReceiptError, handle_callback};
@@ -29,6 +33,47 @@ pub(super) struct PluginReceipts {
     pub(super) unmatched_grace: Duration,
     /// Where settled tasks are written as history.
     pub(super) ledger: Option<Ledger>,
+    /// Where opt-outs are stored (the recipients' preferences).
+    pub(super) preferences: Arc<PreferenceCache>,
+    /// The channel each provider instance of a chain channel serves
+    /// (`providers = [...]`): an opt-out through a provider's callback route
+    /// switches the channel off.
+    pub(super) chain_of: BTreeMap<String, String>,
+}
+
+impl PluginReceipts {
+    /// Stores the opt-outs `channel`'s callback carried, counting each;
+    /// an error names why they could not all be stored (answered 503: the
+    /// provider pushes again, and storing again changes nothing).
+    async fn store_opt_outs(&self, channel: &str, opt_outs: Vec<OptOut>) -> Result<(), String> {
+        let target = self.chain_of.get(channel).map_or(channel, String::as_str);
+        for o in opt_outs {
+            let request = OptOutRequest {
+                subject: match o.subject {
+                    OptOutSubject::User(u) => Subject::User(u),
+                    OptOutSubject::Address(forms) => Subject::Address(forms),
+                },
+                category: o.category,
+                route: match o.route {
+                    OptOutRoute::Reply => ChangeRoute::SmsReply,
+                    OptOutRoute::Bounce => ChangeRoute::EmailBounce,
+                    OptOutRoute::UnsubscribeLink => ChangeRoute::UnsubscribeLink,
+                },
+                detail: o.detail,
+            };
+            let result = self
+                .preferences
+                .store_opt_out(target, channel, &request)
+                .await
+                .map_err(|e| format!("an opt-out could not be stored ({e}); push it again"))?;
+            tracing::info!(channel = %target, reported_by = %channel, result = result.as_str(),
+                detail = request.detail.as_deref().unwrap_or(""), "opt-out reported by a callback");
+            metrics::counter!(crate::metric_names::CALLBACK_OPT_OUTS,
+                "channel" => target.to_string(), "result" => result.as_str())
+            .increment(1);
+        }
+        Ok(())
+    }
 }
 
 impl ReceiptHandler for PluginReceipts {
@@ -55,6 +100,11 @@ impl ReceiptHandler for PluginReceipts {
                     )))
                 }
                 Ok(done) => {
+                    if !done.opt_outs.is_empty() {
+                        self.store_opt_outs(channel, done.opt_outs)
+                            .await
+                            .map_err(ReceiptRefusal::OptOutsUnstored)?;
+                    }
                     if let Some(ledger) = &self.ledger {
                         let report = &done.report;
                         permits

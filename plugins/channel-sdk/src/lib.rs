@@ -1,5 +1,6 @@
 //! The SDK for pushonce channel plugins (`wasm32-wasip2`, contract
-//! `pushonce:channel@2`).
+//! `pushonce:channel@2`, world `channel-plugin-opt-outs` of 2.1: a plugin's
+//! callback may carry opt-outs, [`Channel::handle_callback_with_opt_outs`]).
 //!
 //! A plugin implements [`Channel`] — `send`, and what its provider offers
 //! beyond it — and calls `channel_sdk::export_channel!(MyPlugin);`, which
@@ -28,7 +29,7 @@ pub mod provider;
 /// The generated bindings of the `channel-plugin` world.
 pub mod bindings {
     wit_bindgen::generate!({
-        world: "pushonce:channel/channel-plugin",
+        world: "pushonce:channel/channel-plugin-opt-outs",
         path: "../../wit",
         pub_export_macro: true,
         export_macro_name: "export_channel_world",
@@ -38,6 +39,10 @@ pub mod bindings {
 }
 
 pub use bindings::Guest;
+pub use bindings::exports::pushonce::channel::callbacks::Guest as CallbacksGuest;
+pub use bindings::exports::pushonce::channel::callbacks::{
+    CallbackOutcome, OptOut, OptOutRoute, OptOutSubject,
+};
 pub use bindings::exports::pushonce::channel::channel::Guest as ChannelGuest;
 pub use bindings::pushonce::channel::types::{
     CallbackAnswer, CallbackError, CallbackReply, CallbackRequest, DeliveryStatus, Message,
@@ -71,6 +76,20 @@ pub trait Channel {
         Err(CallbackError::Malformed(
             "this channel takes no callbacks".into(),
         ))
+    }
+
+    /// Handle a request to the channel's callback URL that may carry
+    /// opt-outs besides receipts (a user's "unsubscribe" reply). The host
+    /// calls this one; the default is [`Channel::handle_callback`] with no
+    /// opt-outs.
+    fn handle_callback_with_opt_outs(
+        req: CallbackRequest,
+    ) -> Result<CallbackOutcome, CallbackError> {
+        Self::handle_callback(req).map(|a| CallbackOutcome {
+            settlements: a.settlements,
+            opt_outs: Vec::new(),
+            reply: a.reply,
+        })
     }
 }
 
@@ -148,6 +167,13 @@ macro_rules! export_channel {
                     req: $crate::CallbackRequest,
                 ) -> Result<$crate::CallbackAnswer, $crate::CallbackError> {
                     <$t as $crate::Channel>::handle_callback(req)
+                }
+            }
+            impl $crate::CallbacksGuest for __PushonceChannel {
+                fn handle_callback(
+                    req: $crate::CallbackRequest,
+                ) -> Result<$crate::CallbackOutcome, $crate::CallbackError> {
+                    <$t as $crate::Channel>::handle_callback_with_opt_outs(req)
                 }
             }
             $crate::bindings::export_channel_world!(__PushonceChannel with_types_in $crate::bindings);

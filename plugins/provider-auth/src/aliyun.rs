@@ -234,6 +234,95 @@ fn report(v: &serde_json::Value) -> Result<Report, String> {
     })
 }
 
+/// One entry of an SmsUp push: a user's reply to an SMS
+/// (<https://help.aliyun.com/zh/sms/developer-reference/smsup-http>).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Uplink {
+    /// `phone_number`: who replied, as Aliyun writes it (the 11 digits of a
+    /// mainland number).
+    pub phone_number: String,
+    /// `content`: the reply's text.
+    pub content: String,
+    /// `sequence_id` (documented as a string, formerly a number), as text.
+    pub sequence_id: String,
+}
+
+/// Whether an SMS push body holds SmsUp entries (a user's replies: each has
+/// `content`) rather than SmsReport's receipts. An empty array is neither: it
+/// is answered as a receipt push with nothing in it.
+pub fn is_uplink_push(body: &[u8]) -> bool {
+    serde_json::from_slice::<Vec<serde_json::Value>>(body)
+        .ok()
+        .and_then(|list| list.first().map(|v| v.get("content").is_some()))
+        .unwrap_or(false)
+}
+
+/// The entries of an SmsUp push body (a JSON array of `{phone_number,
+/// content, send_time, dest_code, sequence_id}`), or what is wrong with it,
+/// naming the entry and the field.
+pub fn uplinks(body: &[u8]) -> Result<Vec<Uplink>, String> {
+    let list: Vec<serde_json::Value> = serde_json::from_slice(body)
+        .map_err(|e| format!("SmsUp: not a JSON array of replies: {e}"))?;
+    list.iter()
+        .enumerate()
+        .map(|(i, v)| uplink(v).map_err(|e| format!("SmsUp entry [{i}]: {e}")))
+        .collect()
+}
+
+/// One SmsUp entry.
+fn uplink(v: &serde_json::Value) -> Result<Uplink, String> {
+    if !v.is_object() {
+        return Err("not an object".into());
+    }
+    let text = |k: &str| -> Result<String, String> {
+        match v.get(k) {
+            Some(serde_json::Value::String(s)) => Ok(s.clone()),
+            Some(serde_json::Value::Number(n)) => Ok(n.to_string()),
+            Some(_) => Err(format!("`{k}` is not a string")),
+            None => Err(format!("`{k}` is missing")),
+        }
+    };
+    let phone_number = text("phone_number")?;
+    if phone_number.trim().is_empty() {
+        return Err("`phone_number` is empty".into());
+    }
+    let content = text("content")?;
+    text("send_time")?;
+    text("dest_code")?;
+    let sequence_id = text("sequence_id")?;
+    Ok(Uplink {
+        phone_number: phone_number.trim().to_string(),
+        content,
+        sequence_id,
+    })
+}
+
+/// The forms a mainland number may have been given to SendSms in (`+86`,
+/// `0086`, `86` or no prefix, "手机号码格式", SendSms), the 11 digits first;
+/// any other number as it is.
+pub fn number_forms(phone_number: &str) -> Vec<String> {
+    let n = query_number(phone_number);
+    if n.len() == 11 && n.starts_with('1') && n.bytes().all(|b| b.is_ascii_digit()) {
+        vec![
+            n.to_string(),
+            format!("+86{n}"),
+            format!("0086{n}"),
+            format!("86{n}"),
+        ]
+    } else {
+        vec![n.to_string()]
+    }
+}
+
+/// Whether a reply's `content` is one of the unsubscribe `words`: compared
+/// trimmed and case-insensitively (`td`, ` TD `, `退订`).
+pub fn is_unsubscribe(content: &str, words: &[String]) -> bool {
+    let c = content.trim();
+    words
+        .iter()
+        .any(|w| !w.trim().is_empty() && w.trim().to_lowercase() == c.to_lowercase())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -370,5 +459,44 @@ mod tests {
         assert_eq!(send_status(3), Some(Status::Delivered));
         assert_eq!(send_status(0), None);
         assert_eq!(out_id("k").len(), 32);
+    }
+
+    /// The documentation's example push (SmsUp, "参数示例"), with
+    /// `sequence_id` as a string and, as an older page shows it, a number.
+    #[test]
+    fn smsup_entries_as_documented() {
+        let body = br#"[{"phone_number":"1381111****","content":"TD","send_time":"2017-09-01 00:00:00","dest_code":"1234","sequence_id":"1234567890"},
+            {"phone_number":"13800000042","content":" td ","send_time":"2017-09-01 00:00:00","dest_code":"1234","sequence_id":1234567891}]"#;
+        assert!(is_uplink_push(body));
+        let ups = uplinks(body).unwrap();
+        assert_eq!(ups.len(), 2);
+        assert_eq!(ups[1].sequence_id, "1234567891");
+        assert_eq!(ups[1].content, " td ");
+        let words: Vec<String> = ["TD", "T", "退订"].map(String::from).to_vec();
+        assert!(is_unsubscribe(&ups[1].content, &words));
+        assert!(is_unsubscribe("退订", &words));
+        assert!(!is_unsubscribe("TDX", &words));
+        assert!(!is_uplink_push(br#"[{"biz_id":"1","success":true}]"#));
+        assert!(!is_uplink_push(b"[]"));
+        assert_eq!(
+            uplinks(br#"[{"phone_number":"13800000042","send_time":"x","dest_code":"1","sequence_id":"1"}]"#)
+                .unwrap_err(),
+            "SmsUp entry [0]: `content` is missing"
+        );
+        assert!(
+            uplinks(b"{}")
+                .unwrap_err()
+                .starts_with("SmsUp: not a JSON array")
+        );
+        assert_eq!(
+            number_forms("13800000042"),
+            [
+                "13800000042",
+                "+8613800000042",
+                "008613800000042",
+                "8613800000042"
+            ]
+        );
+        assert_eq!(number_forms("+85291234567"), ["+85291234567"]);
     }
 }

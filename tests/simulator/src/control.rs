@@ -27,6 +27,29 @@ pub fn routes() -> Router<SimState> {
         .route("/_sim/wechat/expire-tokens", post(expire_tokens))
         .route("/_sim/ca.pem", get(ca))
         .route("/_sim/wechat/verify-url", post(wechat_verify_url))
+        .route("/_sim/aliyun/sms-up", post(aliyun_sms_up))
+}
+
+/// A user's reply to an Aliyun SMS, to push as SmsUp.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SmsUpRequest {
+    /// Where Aliyun pushes SmsUp (the console's "上行消息" URL).
+    url: String,
+    /// Who replies.
+    phone_number: String,
+    /// The reply, e.g. `TD`.
+    content: String,
+}
+
+/// `POST /_sim/aliyun/sms-up`: pushes the reply as Aliyun's SmsUp does
+/// (counted `aliyun-sms.sms_up_posted` once answered).
+async fn aliyun_sms_up(State(state): State<SimState>, Json(req): Json<SmsUpRequest>) -> Response {
+    if !req.url.starts_with("http://") && !req.url.starts_with("https://") {
+        return unprocessable("`url` must be an absolute http(s) URL".into());
+    }
+    state.push_sms_up(&req.url, &req.phone_number, &req.content);
+    Json(json!({"ok": true})).into_response()
 }
 
 fn unprocessable(message: String) -> Response {

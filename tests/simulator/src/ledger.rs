@@ -142,6 +142,8 @@ pub struct Sim {
     pub inbox_in_flight: HashSet<String>,
     /// SmsReport URLs that passed Aliyun's `GET` check.
     pub checked_report_urls: HashSet<String>,
+    /// The last SmsUp `sequence_id` pushed.
+    pub sms_up_sequence: u64,
     /// Source of ids and of fault dice; seeded for repeatable runs.
     pub rng: StdRng,
     /// Next numeric message id.
@@ -183,6 +185,7 @@ impl Sim {
             aliyun_nonces: HashSet::new(),
             inbox_in_flight: HashSet::new(),
             checked_report_urls: HashSet::new(),
+            sms_up_sequence: 0,
             rng: StdRng::seed_from_u64(seed),
             next_id: 1,
         }

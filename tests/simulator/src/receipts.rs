@@ -33,8 +33,16 @@
 //! enabled: a `GET` answered 200 with `{"code":0,...}` within 700 ms. A URL
 //! that fails the check gets no push (tried again before each push).
 //!
+//! Aliyun also pushes the users' replies to its SMS (SmsUp, HTTP batch push,
+//! <https://help.aliyun.com/zh/sms/developer-reference/smsup-http>): a JSON
+//! array of `{phone_number, content, send_time, dest_code, sequence_id}`,
+//! expecting 200 with a numeric `code` (0), re-pushed 1, 5 and 10 minutes
+//! after a push not so answered, then given up ([`SimState::push_sms_up`]).
+//! No URL check is documented for SmsUp: none is made.
+//!
 //! Counted in the stats as `<provider>.receipt_posted` / `receipt_retried` /
-//! `receipt_failed`, and `aliyun-sms.probe_ok` / `probe_failed`.
+//! `receipt_failed`, `aliyun-sms.sms_up_posted` / `sms_up_retried` /
+//! `sms_up_failed`, and `aliyun-sms.probe_ok` / `probe_failed`.
 
 use crate::{Accepted, Delivery, RECEIPT_ATTEMPTS, ReceiptConfig, SimState, now_secs};
 use rand::Rng;
@@ -144,6 +152,8 @@ pub fn wechat_encrypt(
 /// One receipt, ready to post.
 struct Job {
     provider: &'static str,
+    /// What the stats count it as: `receipt` or `sms_up`.
+    kind: &'static str,
     request: Request,
     delay: Duration,
     /// Pauses before each further attempt; the attempts are one more.
@@ -159,6 +169,11 @@ const ALIYUN_PROBE_TIMEOUT: Duration = Duration::from_millis(700);
 
 enum Request {
     Aliyun {
+        url: String,
+        body: Value,
+    },
+    /// An SmsUp push (no URL check).
+    AliyunUp {
         url: String,
         body: Value,
     },
@@ -339,6 +354,7 @@ impl SimState {
             let minute = self.config.aliyun_repush_minute;
             Job {
                 provider,
+                kind: "receipt",
                 request,
                 delay: delay.max(self.config.aliyun_report_after),
                 retries: ALIYUN_REPUSH_MINUTES.iter().map(|m| minute * *m).collect(),
@@ -346,6 +362,7 @@ impl SimState {
         } else if provider == "tencent-sms" {
             Job {
                 provider,
+                kind: "receipt",
                 request,
                 delay: delay.max(self.config.tencent_report_after),
                 retries: vec![Duration::from_millis(100), Duration::from_millis(200)],
@@ -356,6 +373,7 @@ impl SimState {
                 .collect();
             Job {
                 provider,
+                kind: "receipt",
                 request,
                 delay,
                 retries,
@@ -370,16 +388,52 @@ impl SimState {
         let mut pauses = job.retries.iter();
         loop {
             if self.post_once(&job.request).await {
-                self.lock().count(job.provider, "receipt_posted");
+                self.lock()
+                    .count(job.provider, &format!("{}_posted", job.kind));
                 return;
             }
             let Some(pause) = pauses.next() else {
                 break;
             };
-            self.lock().count(job.provider, "receipt_retried");
+            self.lock()
+                .count(job.provider, &format!("{}_retried", job.kind));
             tokio::time::sleep(*pause).await;
         }
-        self.lock().count(job.provider, "receipt_failed");
+        self.lock()
+            .count(job.provider, &format!("{}_failed", job.kind));
+    }
+
+    /// Pushes a user's reply `content` from `phone_number` to `url` as
+    /// Aliyun's SmsUp does, in the background: one entry in the documented
+    /// JSON array (`sequence_id` a string, as the current page shows it),
+    /// re-pushed 1, 5 and 10 "minutes" ([`crate::Config::aliyun_repush_minute`])
+    /// after a push not answered 200 with a numeric `code`.
+    pub fn push_sms_up(&self, url: &str, phone_number: &str, content: &str) {
+        let sequence_id = {
+            let mut sim = self.lock();
+            sim.sms_up_sequence += 1;
+            sim.sms_up_sequence
+        };
+        let body = json!([{
+            "phone_number": phone_number,
+            "content": content,
+            "send_time": crate::aliyun::china_time(crate::now_ms()),
+            "dest_code": "1234",
+            "sequence_id": sequence_id.to_string(),
+        }]);
+        let minute = self.config.aliyun_repush_minute;
+        let job = Job {
+            provider: "aliyun-sms",
+            kind: "sms_up",
+            request: Request::AliyunUp {
+                url: url.to_string(),
+                body,
+            },
+            delay: Duration::ZERO,
+            retries: ALIYUN_REPUSH_MINUTES.iter().map(|m| minute * *m).collect(),
+        };
+        let state = self.clone();
+        tokio::spawn(async move { state.post_receipt(job).await });
     }
 
     /// Aliyun's check of a SmsReport URL (made until it once passes): a
@@ -422,6 +476,13 @@ impl SimState {
                 };
                 r.status().is_success()
                     && r.json::<Value>().await.is_ok_and(|v| v["code"] == json!(0))
+            }
+            Request::AliyunUp { url, body } => {
+                let Ok(r) = self.http.post(url).json(body).send().await else {
+                    return false;
+                };
+                r.status() == reqwest::StatusCode::OK
+                    && r.json::<Value>().await.is_ok_and(|v| v["code"].is_number())
             }
             Request::Tencent { url, body } => {
                 let Ok(r) = self.http.post(url).json(body).send().await else {

@@ -40,6 +40,18 @@
 //!   (none is documented), so the unguessable path token of the channel's
 //!   callback URL is the only gate. Reports may repeat ("回执消息无法保证幂等性"):
 //!   settlements are idempotent at the host.
+//! - Opt-outs: SmsUp, HTTP batch push
+//!   (<https://help.aliyun.com/zh/sms/developer-reference/smsup-http>): the
+//!   users' replies, a JSON array of `{phone_number, content, send_time,
+//!   dest_code, sequence_id}`, answered `{"code":0,"msg":"接收成功"}` (else
+//!   re-pushed after 1, 5 and 10 minutes). Told apart from SmsReport by its
+//!   entries' `content`, so both pushes may use the channel's one callback
+//!   URL. A reply that is one of the unsubscribe words (setting
+//!   `unsubscribe_words`, comma separated, default `TD,T,退订`; compared
+//!   trimmed and case-insensitively) is an opt-out of this channel by the
+//!   number, in each form SendSms takes it (`aliyun::number_forms`); other
+//!   replies are acknowledged and change nothing. A malformed push is
+//!   refused naming the entry and the field.
 
 use channel_sdk::callback::{self, answer};
 use channel_sdk::provider::auth::aliyun::{self, Status};
@@ -47,9 +59,9 @@ use channel_sdk::provider::auth::{Refusal, sha256_hex, time};
 use channel_sdk::provider::{authority, nonce, number_setting, refused_by, setting_or};
 use channel_sdk::serde_json::{Value, json};
 use channel_sdk::{
-    CallbackAnswer, CallbackError, CallbackRequest, Channel, DeliveryStatus, Message,
-    ProviderCapabilities, Receipt, SendError, SentMessage, Settlement, http, now_ms, params_json,
-    require,
+    CallbackAnswer, CallbackError, CallbackOutcome, CallbackRequest, Channel, DeliveryStatus,
+    Message, OptOut, OptOutRoute, OptOutSubject, ProviderCapabilities, Receipt, SendError,
+    SentMessage, Settlement, http, now_ms, params_json, require, setting,
 };
 
 /// The real endpoint; setting `endpoint` overrides it.
@@ -63,6 +75,8 @@ const MAX_PAGES: usize = 10;
 /// The default not-found horizon (setting `query_lag`), in seconds: see the
 /// module documentation.
 const QUERY_LAG_SECS: u64 = 1200;
+/// The default unsubscribe words (setting `unsubscribe_words`).
+const UNSUBSCRIBE_WORDS: &str = "TD,T,退订";
 /// China Standard Time, in which `SendDate` is given.
 const CST: i64 = 8 * 3600;
 
@@ -148,6 +162,44 @@ impl Channel for AliyunSms {
             })
             .collect();
         Ok(answer(settled, ok()))
+    }
+
+    fn handle_callback_with_opt_outs(
+        req: CallbackRequest,
+    ) -> Result<CallbackOutcome, CallbackError> {
+        if req.method != "POST" || !aliyun::is_uplink_push(&req.body) {
+            return Self::handle_callback(req).map(|a| CallbackOutcome {
+                settlements: a.settlements,
+                opt_outs: Vec::new(),
+                reply: a.reply,
+            });
+        }
+        let words: Vec<String> = setting("unsubscribe_words")
+            .unwrap_or_else(|| UNSUBSCRIBE_WORDS.to_string())
+            .split(',')
+            .map(|w| w.trim().to_string())
+            .filter(|w| !w.is_empty())
+            .collect();
+        let opt_outs = aliyun::uplinks(&req.body)
+            .map_err(CallbackError::Malformed)?
+            .into_iter()
+            .filter(|up| aliyun::is_unsubscribe(&up.content, &words))
+            .map(|up| OptOut {
+                subject: OptOutSubject::Address(aliyun::number_forms(&up.phone_number)),
+                category: None,
+                route: OptOutRoute::Reply,
+                detail: Some(format!(
+                    "SmsUp reply {:?} (sequence_id {})",
+                    up.content.trim(),
+                    up.sequence_id
+                )),
+            })
+            .collect();
+        Ok(CallbackOutcome {
+            settlements: Vec::new(),
+            opt_outs,
+            reply: callback::json(&json!({"code": 0, "msg": "接收成功"})),
+        })
     }
 }
 

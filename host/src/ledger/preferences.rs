@@ -555,6 +555,7 @@ mod tests {
             attempt: 1,
             now_ms: 1,
             window_ends_ms: i64::MAX,
+            accepted_ms: 1,
         };
         let at = |address: &str| Some(recipient_digest(address));
         ledger

@@ -344,6 +344,14 @@ impl Sim {
         assert!(self.state.set_faults(provider_of(channel), faults));
     }
 
+    /// How many messages the provider of `channel` accepted for `recipient`.
+    pub fn sent_to(&self, channel: &str, recipient: &str) -> usize {
+        self.ledger(channel)
+            .iter()
+            .filter(|m| m.recipient == recipient)
+            .count()
+    }
+
     /// What the provider of `channel` accepted, per the simulator's ledger.
     pub fn ledger(&self, channel: &str) -> Vec<provider_sim::Accepted> {
         self.state

@@ -145,13 +145,8 @@ async fn serve_on(redis: &RedisServer, sim: &Sim, dir: &Path, ledger_url: &str) 
 
 /// An answer: status and JSON body.
 async fn send(req: reqwest::RequestBuilder) -> (u16, Value) {
-    let res = req.send().await.unwrap();
-    let status = res.status().as_u16();
-    let text = res.text().await.unwrap();
-    (
-        status,
-        serde_json::from_str(&text).unwrap_or(Value::String(text)),
-    )
+    let answer = pushonce_tests::host::Answer::of(req).await.unwrap();
+    (answer.status.as_u16(), answer.body)
 }
 
 /// `method path` on `host` with `token` (and a JSON body).
@@ -238,14 +233,6 @@ fn phone(biz_id: &str) -> String {
     format!("1380{:07}", n % 10_000_000)
 }
 
-/// Messages the provider of `channel` accepted for `recipient`.
-fn at_provider(sim: &Sim, channel: &str, recipient: &str) -> usize {
-    sim.ledger(channel)
-        .iter()
-        .filter(|m| m.recipient == recipient)
-        .count()
-}
-
 /// `pushonce_opted_out_total{channel="<channel>"}` of `host`.
 async fn opted_out_count(host: &ServeProcess, channel: &str) -> u64 {
     let (_, text) = call(host, reqwest::Method::GET, "/metrics", None, None).await;
@@ -322,14 +309,14 @@ async fn an_opt_out_on_one_host_stops_the_next_event_on_another_within_the_bound
     // WeChat sent both opted-out events; SMS neither (the one before it, yes).
     let (sim_ref, stopped) = (&sim, stopped_on_b.as_str());
     wait_until(Duration::from_secs(30), || async move {
-        at_provider(sim_ref, "wechat", "openid-o-a") == 1
-            && at_provider(sim_ref, "wechat", &format!("openid-{stopped}")) == 1
-            && at_provider(sim_ref, "sms", &phone("o-before")) == 1
+        sim_ref.sent_to("wechat", "openid-o-a") == 1
+            && sim_ref.sent_to("wechat", &format!("openid-{stopped}")) == 1
+            && sim_ref.sent_to("sms", &phone("o-before")) == 1
     })
     .await
     .unwrap_or_else(|e| panic!("{e}: wechat {:?}", sim.ledger("wechat")));
     for biz_id in ["o-a", stopped_on_b.as_str()] {
-        assert_eq!(at_provider(&sim, "sms", &phone(biz_id)), 0, "{biz_id}");
+        assert_eq!(sim.sent_to("sms", &phone(biz_id)), 0, "{biz_id}");
     }
     assert_eq!(opted_out_count(&a, "sms").await, 1);
     assert!(opted_out_count(&b, "sms").await >= 1);
@@ -373,7 +360,7 @@ async fn an_opt_out_on_one_host_stops_the_next_event_on_another_within_the_bound
         "{answer:?}"
     );
     wait_until(Duration::from_secs(30), || async move {
-        at_provider(sim_ref, "inbox", "u-notice") == 1
+        sim_ref.sent_to("inbox", "u-notice") == 1
     })
     .await
     .unwrap();
@@ -439,7 +426,7 @@ async fn a_mandatory_category_still_sends_and_a_redis_restart_loses_no_preferenc
         "{answer}"
     );
     wait_until(Duration::from_secs(30), || async move {
-        at_provider(sim_ref, "sms", "13900000001") == 2
+        sim_ref.sent_to("sms", "13900000001") == 2
     })
     .await
     .unwrap_or_else(|e| panic!("{e}: sms {:?}", sim.ledger("sms")));
@@ -468,12 +455,12 @@ async fn a_mandatory_category_still_sends_and_a_redis_restart_loses_no_preferenc
         ]
     );
     wait_until(Duration::from_secs(30), || async move {
-        at_provider(sim_ref, "inbox", "u-chain") == 1
+        sim_ref.sent_to("inbox", "u-chain") == 1
     })
     .await
     .unwrap_or_else(|e| panic!("{e}: inbox {:?}", sim.ledger("inbox")));
-    assert_eq!(at_provider(&sim, "app-push", "device-chain"), 0);
-    assert_eq!(at_provider(&sim, "sms", refused), 0);
+    assert_eq!(sim.sent_to("app-push", "device-chain"), 0);
+    assert_eq!(sim.sent_to("sms", refused), 0);
 
     // Redis restarts; then the host too, so nothing it held survives.
     redis.restart().await.unwrap();
@@ -513,7 +500,7 @@ async fn a_mandatory_category_still_sends_and_a_redis_restart_loses_no_preferenc
         json!(["marketing", "security"]),
         "{view}"
     );
-    assert_eq!(at_provider(&sim, "app-push", "device-p-1"), 0);
+    assert_eq!(sim.sent_to("app-push", "device-p-1"), 0);
 }
 
 /// Every change is in the history, newest first, with its route, the token

@@ -57,13 +57,8 @@ admin_token_env = "SMSUP_ADMIN_TOKEN"
 
 /// An answer: status and JSON body (a string when not JSON).
 async fn send(req: reqwest::RequestBuilder) -> (u16, Value) {
-    let res = req.send().await.unwrap();
-    let status = res.status().as_u16();
-    let text = res.text().await.unwrap();
-    (
-        status,
-        serde_json::from_str(&text).unwrap_or(Value::String(text)),
-    )
+    let answer = pushonce_tests::host::Answer::of(req).await.unwrap();
+    (answer.status.as_u16(), answer.body)
 }
 
 /// An order update `biz_id` for `user` by SMS to `phone` and by WeChat.
@@ -105,14 +100,6 @@ async fn preferences(host: &ServeProcess, user: &str) -> Value {
     let (status, view) = send(req).await;
     assert_eq!(status, 200, "{view}");
     view
-}
-
-/// Messages the provider of `channel` accepted for `recipient`.
-fn at_provider(sim: &Sim, channel: &str, recipient: &str) -> usize {
-    sim.ledger(channel)
-        .iter()
-        .filter(|m| m.recipient == recipient)
-        .count()
 }
 
 /// The simulator's count of `stat` (e.g. `aliyun-sms.sms_up_posted`).
@@ -173,7 +160,7 @@ async fn an_smsup_td_opts_the_number_out_and_the_next_sms_is_answered_opted_out(
         both("accepted")
     );
     wait_until(DEADLINE, || async {
-        at_provider(&sim, "sms", phone) == 1 && at_provider(&sim, "sms", other_phone) == 1
+        sim.sent_to("sms", phone) == 1 && sim.sent_to("sms", other_phone) == 1
     })
     .await
     .unwrap_or_else(|e| {
@@ -216,22 +203,20 @@ async fn an_smsup_td_opts_the_number_out_and_the_next_sms_is_answered_opted_out(
         both("opted_out")
     );
     wait_until(DEADLINE, || async {
-        at_provider(&sim, "wechat", "openid-o-3") == 1
+        sim.sent_to("wechat", "openid-o-3") == 1
     })
     .await
     .expect("the WeChat message of o-3 is sent");
-    assert_eq!(at_provider(&sim, "sms", phone), 1);
+    assert_eq!(sim.sent_to("sms", phone), 1);
 
     // Another user's SMS still goes.
     assert_eq!(
         post(&host, &order("o-4", "u-2", other_phone)).await,
         both("accepted")
     );
-    wait_until(DEADLINE, || async {
-        at_provider(&sim, "sms", other_phone) == 2
-    })
-    .await
-    .expect("u-2's SMS still reaches the provider");
+    wait_until(DEADLINE, || async { sim.sent_to("sms", other_phone) == 2 })
+        .await
+        .expect("u-2's SMS still reaches the provider");
 
     // Aliyun pushing the same reply again (its re-push) changes nothing
     // more: one change in the history, counted `unchanged`.

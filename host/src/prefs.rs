@@ -194,14 +194,8 @@ impl PreferenceCache {
             return Ok(OptOutResult::Unmatched);
         }
         let off = match &opt_out.category {
-            Some(c) => Preferences {
-                categories_off: [c.clone()].into(),
-                ..Preferences::default()
-            },
-            None => Preferences {
-                channels_off: [channel.to_string()].into(),
-                ..Preferences::default()
-            },
+            Some(c) => Preferences::off(&[], &[c]),
+            None => Preferences::off(&[channel], &[]),
         };
         let by = match &opt_out.detail {
             Some(d) => format!("channel {reported_by}: {d}"),

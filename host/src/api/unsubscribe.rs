@@ -8,7 +8,6 @@
 //! The change is recorded in the user's preference history with the route
 //! `unsubscribe_link` (`docs/preferences.md`).
 
-use std::collections::BTreeSet;
 use std::time::SystemTime;
 
 use axum::Json;
@@ -70,7 +69,10 @@ pub(crate) async fn post_unsubscribe(
     let change = ledger
         .change_preferences(
             &found.user_id,
-            &Edit::SwitchOff(switched_off(&found.target)),
+            &Edit::SwitchOff(match &found.target {
+                Target::Category(name) => Preferences::off(&[], &[name]),
+                Target::Channel(name) => Preferences::off(&[name], &[]),
+            }),
             "unsubscribe link",
             ChangeRoute::UnsubscribeLink,
         )
@@ -169,20 +171,6 @@ fn multipart_has_one_click(body: &[u8]) -> bool {
         .any(|(head, rest)| {
             head.contains(&disposition) && rest.split("\r\n").next() == Some(ONE_CLICK.1)
         })
-}
-
-fn switched_off(target: &Target) -> Preferences {
-    let one = |name: &str| BTreeSet::from([name.to_string()]);
-    match target {
-        Target::Category(name) => Preferences {
-            channels_off: BTreeSet::new(),
-            categories_off: one(name),
-        },
-        Target::Channel(name) => Preferences {
-            channels_off: one(name),
-            categories_off: BTreeSet::new(),
-        },
-    }
 }
 
 fn kind(target: &Target) -> &'static str {

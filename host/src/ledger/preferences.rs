@@ -31,8 +31,8 @@ impl Preferences {
     }
 
     /// These channels and categories switched off (for tests).
-    #[cfg(test)]
-    pub(crate) fn off(channels: &[&str], categories: &[&str]) -> Preferences {
+    /// `channels` and `categories` switched off, nothing else.
+    pub fn off(channels: &[&str], categories: &[&str]) -> Preferences {
         Preferences {
             channels_off: channels.iter().map(|s| s.to_string()).collect(),
             categories_off: categories.iter().map(|s| s.to_string()).collect(),

@@ -38,48 +38,40 @@ pub mod channel {
     });
 }
 
+/// Bindings of a channel world that adds optional exports to
+/// `channel-plugin`: only those exports are used (through `GuestIndices`
+/// looked up per plugin); the types and imports are [`channel`]'s.
+macro_rules! optional_exports_world {
+    ($world:literal) => {
+        wasmtime::component::bindgen!({
+            world: $world,
+            path: "../wit",
+            exports: { default: async },
+            additional_derives: [PartialEq, Eq],
+            with: {
+                "pushonce:channel/types": crate::plugin::bindings::channel::pushonce::channel::types,
+                "pushonce:channel/config": crate::plugin::bindings::channel::pushonce::channel::config,
+                "pushonce:channel/shared-cache": crate::plugin::bindings::channel::pushonce::channel::shared_cache,
+                "wasi:http": wasmtime_wasi_http::p2::bindings::http,
+                "wasi:io": wasmtime_wasi::p2::bindings::io,
+                "wasi:clocks": wasmtime_wasi::p2::bindings::clocks,
+            },
+        });
+    };
+}
+
 /// The `channel-plugin-opt-outs` world of 2.1: the channel world plus the
-/// optional `callbacks` export (a callback that carries opt-outs). Only its
-/// `callbacks` export is used, through `GuestIndices` looked up per plugin;
-/// the types and imports are [`channel`]'s.
+/// optional `callbacks` export (a callback that carries opt-outs).
 #[allow(missing_docs)]
 pub mod channel_opt_outs {
-    wasmtime::component::bindgen!({
-        world: "pushonce:channel/channel-plugin-opt-outs",
-        path: "../wit",
-        exports: { default: async },
-        additional_derives: [PartialEq, Eq],
-        with: {
-            "pushonce:channel/types": crate::plugin::bindings::channel::pushonce::channel::types,
-            "pushonce:channel/config": crate::plugin::bindings::channel::pushonce::channel::config,
-            "pushonce:channel/shared-cache": crate::plugin::bindings::channel::pushonce::channel::shared_cache,
-            "wasi:http": wasmtime_wasi_http::p2::bindings::http,
-            "wasi:io": wasmtime_wasi::p2::bindings::io,
-            "wasi:clocks": wasmtime_wasi::p2::bindings::clocks,
-        },
-    });
+    optional_exports_world!("pushonce:channel/channel-plugin-opt-outs");
 }
 
 /// The `channel-plugin-extras` world of 2.2: the opt-outs world plus the
 /// optional `extras` export (a send given the recipient's unsubscribe link).
-/// Only its `extras` export is used, through `GuestIndices` looked up per
-/// plugin; the types and imports are [`channel`]'s.
 #[allow(missing_docs)]
 pub mod channel_extras {
-    wasmtime::component::bindgen!({
-        world: "pushonce:channel/channel-plugin-extras",
-        path: "../wit",
-        exports: { default: async },
-        additional_derives: [PartialEq, Eq],
-        with: {
-            "pushonce:channel/types": crate::plugin::bindings::channel::pushonce::channel::types,
-            "pushonce:channel/config": crate::plugin::bindings::channel::pushonce::channel::config,
-            "pushonce:channel/shared-cache": crate::plugin::bindings::channel::pushonce::channel::shared_cache,
-            "wasi:http": wasmtime_wasi_http::p2::bindings::http,
-            "wasi:io": wasmtime_wasi::p2::bindings::io,
-            "wasi:clocks": wasmtime_wasi::p2::bindings::clocks,
-        },
-    });
+    optional_exports_world!("pushonce:channel/channel-plugin-extras");
 }
 
 pub use channel::ChannelPlugin as ChannelWorld;

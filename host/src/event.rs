@@ -7,6 +7,10 @@ use std::collections::BTreeMap;
 
 use serde::Deserialize;
 
+/// Longest `biz_type`, `biz_id`, `user_id`, `template`, in characters (the
+/// API checks requests against it; an opt-out naming a longer user is refused).
+pub(crate) const MAX_ID: usize = 128;
+
 /// A business event, as the host checked it: what key policies see and
 /// what payloads are built from.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -16,7 +16,8 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc;
 
-use crate::ledger::preferences::{ChangeRoute, Edit, OptedOutAnswer, Preferences};
+use crate::ledger::opted_out::OptedOutAnswer;
+use crate::ledger::preferences::{ChangeRoute, Edit, PreferenceChange, Preferences};
 use crate::ledger::{Ledger, LedgerError, recipient_digest};
 
 /// Most `opted_out` answers waiting to be recorded; past it an answer is
@@ -38,9 +39,6 @@ pub enum PrefsError {
     #[error("the preferences store (the ledger's database) cannot be read: {0}")]
     Unreadable(#[source] LedgerError),
 }
-
-/// Longest user id an opt-out may name (as the preferences API allows).
-const MAX_USER_ID: usize = 128;
 
 /// Whom an opt-out reported by a channel's callback names.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -159,8 +157,9 @@ impl PreferenceCache {
     /// whose callback carried it), on `channel`'s preferences: the user it
     /// names, or every user the host sent to on `channel` at its address,
     /// gets `channel` (or its category) switched off, in their history with
-    /// its route. Storing it again changes nothing. This instance's entries
-    /// of those users are dropped, so its next accept reads the change.
+    /// its route. Storing it again changes nothing. This instance holds the
+    /// change (a user named) or drops its entries of those users (an
+    /// address), so its next accept sees it.
     /// `Err` when the ledger did not answer (the provider should push again);
     /// with the ledger off there is nowhere to store it (`Refused`).
     pub async fn store_opt_out(
@@ -177,22 +176,6 @@ impl PreferenceCache {
         {
             return Ok(OptOutResult::Refused);
         }
-        let users: Vec<String> = match &opt_out.subject {
-            OptOutSubject::User(u) if u.is_empty() || u.chars().count() > MAX_USER_ID => {
-                return Ok(OptOutResult::Refused);
-            }
-            OptOutSubject::User(u) => vec![recipient_digest(u)],
-            OptOutSubject::Address(forms) => {
-                let digests: Vec<String> = forms.iter().map(|f| recipient_digest(f)).collect();
-                ledger
-                    .users_at_addresses(channel, &digests)
-                    .await
-                    .map_err(PrefsError::Unreadable)?
-            }
-        };
-        if users.is_empty() {
-            return Ok(OptOutResult::Unmatched);
-        }
         let off = match &opt_out.category {
             Some(c) => Preferences::off(&[], &[c]),
             None => Preferences::off(&[channel], &[]),
@@ -201,19 +184,81 @@ impl PreferenceCache {
             Some(d) => format!("channel {reported_by}: {d}"),
             None => format!("channel {reported_by}"),
         };
-        let edit = Edit::SwitchOff(off);
-        let mut result = OptOutResult::Unchanged;
-        for digest in &users {
-            let change = ledger
-                .change_preferences_of(digest, &edit, &by, opt_out.route)
-                .await
-                .map_err(PrefsError::Unreadable)?;
-            if change.what != "no change" {
-                result = OptOutResult::Applied;
+        let changed = match &opt_out.subject {
+            OptOutSubject::User(u) if u.is_empty() || u.chars().count() > crate::event::MAX_ID => {
+                return Ok(OptOutResult::Refused);
             }
+            OptOutSubject::User(u) => self
+                .switch_off(u, off, &by, opt_out.route)
+                .await
+                .map_err(PrefsError::Unreadable)?
+                .is_some_and(|c| c.changed),
+            OptOutSubject::Address(forms) => {
+                let digests: Vec<String> = forms.iter().map(|f| recipient_digest(f)).collect();
+                let users = ledger
+                    .users_at_addresses(channel, &digests)
+                    .await
+                    .map_err(PrefsError::Unreadable)?;
+                if users.is_empty() {
+                    return Ok(OptOutResult::Unmatched);
+                }
+                let changed = self
+                    .switch_off_digests(ledger, &users, off, &by, opt_out.route)
+                    .await
+                    .map_err(PrefsError::Unreadable)?;
+                changed > 0
+            }
+        };
+        Ok(if changed {
+            OptOutResult::Applied
+        } else {
+            OptOutResult::Unchanged
+        })
+    }
+
+    /// Switches `off` for `user_id` in the ledger (by `by`, through `route`)
+    /// and holds the result, so this instance's next accept sees it at once
+    /// (the others within the entries' ttl). Switching off what is off
+    /// changes nothing. `None` with the ledger off.
+    pub async fn switch_off(
+        &self,
+        user_id: &str,
+        off: Preferences,
+        by: &str,
+        route: ChangeRoute,
+    ) -> Result<Option<PreferenceChange>, LedgerError> {
+        let Some(ledger) = &self.ledger else {
+            return Ok(None);
+        };
+        let change = ledger
+            .change_preferences(user_id, &Edit::SwitchOff(off), by, route)
+            .await?;
+        self.remember(user_id, change.after.clone());
+        Ok(Some(change))
+    }
+
+    /// [`PreferenceCache::switch_off`] for the users whose id digests are
+    /// `digests` (an opt-out by address knows only those): their entries
+    /// here are dropped, so their next event reads the ledger. How many
+    /// changed.
+    async fn switch_off_digests(
+        &self,
+        ledger: &Ledger,
+        digests: &[String],
+        off: Preferences,
+        by: &str,
+        route: ChangeRoute,
+    ) -> Result<usize, LedgerError> {
+        let edit = Edit::SwitchOff(off);
+        let mut changed = 0;
+        for digest in digests {
+            let change = ledger
+                .change_preferences_of(digest, &edit, by, route)
+                .await?;
+            changed += usize::from(change.changed);
         }
-        self.forget_digests(&users);
-        Ok(result)
+        self.forget_digests(digests);
+        Ok(changed)
     }
 
     /// Drops this instance's entries of the users whose id digests are

@@ -260,5 +260,6 @@ pub fn payload(recipient: &str, template: &str) -> Payload {
         params: vec![("order".into(), "o-1".into())],
         plugin: None,
         fallback: None,
+        unsubscribe: None,
     }
 }

@@ -60,6 +60,7 @@ async fn outcome(sender: &PluginSender, url: &str) -> SendOutcome {
         params: vec![("url".into(), url.into())],
         plugin: None,
         fallback: None,
+        unsubscribe: None,
     };
     let msg = OutgoingMessage {
         task_id: "t-tls".into(),

@@ -814,6 +814,33 @@ mod ledger {
     }
 }
 
+/// Two instances storing the same opt-out at once (both took the provider's
+/// push) record it once: the second waits for the first and finds nothing
+/// to change.
+mod race {
+    use pushonce::Ledger;
+    use pushonce::ledger::preferences::{ChangeRoute, Edit, Preferences};
+    use pushonce_tests::postgres::PostgresServer;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_same_opt_out_stored_twice_at_once_is_one_history_row() {
+        let pg = PostgresServer::shared().await.expect("postgres starts");
+        let url = pg.database().await.expect("a database");
+        let ledger = Ledger::open(&url).await.expect("the ledger opens");
+        let off = Edit::SwitchOff(Preferences::off(&["sms"], &[]));
+        for round in 0..20 {
+            let user = format!("u-race-{round}");
+            let store =
+                || ledger.change_preferences(&user, &off, "channel sms: TD", ChangeRoute::SmsReply);
+            let (a, b) = tokio::join!(store(), store());
+            let changed = [a.unwrap().changed, b.unwrap().changed];
+            let history = ledger.preference_history(&user, 10).await.unwrap();
+            assert_eq!(history.len(), 1, "round {round}: {history:?}");
+            assert_eq!(changed.iter().filter(|c| **c).count(), 1, "round {round}");
+        }
+    }
+}
+
 /// While the ledger's database does not answer, an event for a user whose
 /// preferences were not read within `cache_ttl` is refused 503 (an unread
 /// opt-out must never send), naming the preferences; an event whose

@@ -30,20 +30,34 @@ window = "1h"
 category = "transactional"
 "#;
 
+/// How long an instance uses the preferences it read (`[preferences] cache_ttl`).
+const CACHE_TTL: Duration = Duration::from_millis(500);
+
 /// A host on `redis` (its ledger beside it) sending through `sim`, whose
 /// receipts come back to it.
 async fn serve(redis: &RedisServer, sim: &Sim, dir: &Path) -> ServeProcess {
+    serve_on(redis, sim, dir, &redis.ledger_url()).await
+}
+
+/// A host on `redis` and the ledger at `ledger_url`, sending through `sim`,
+/// whose receipts come back to it.
+async fn serve_on(redis: &RedisServer, sim: &Sim, dir: &Path, ledger_url: &str) -> ServeProcess {
     let policies = dir.join("policies");
     std::fs::create_dir_all(&policies).unwrap();
     std::fs::write(policies.join("order-shipped.toml"), POLICY).unwrap();
     let mut config = ServeConfig::new(&redis.url(), sim);
-    config.ledger_url = Some(redis.ledger_url());
-    config.extra = r#"
+    config.ledger_url = Some(ledger_url.to_string());
+    config.extra = format!(
+        r#"
 [auth]
 api_token_env = "SMSUP_API_TOKEN"
 admin_token_env = "SMSUP_ADMIN_TOKEN"
-"#
-    .into();
+
+[preferences]
+cache_ttl = "{}ms"
+"#,
+        CACHE_TTL.as_millis()
+    );
     config
         .env
         .push(("SMSUP_API_TOKEN".into(), API_TOKEN.into()));
@@ -247,6 +261,90 @@ async fn an_smsup_td_opts_the_number_out_and_the_next_sms_is_answered_opted_out(
         post(&host, &order("o-5", "u-1", phone)).await,
         both("opted_out")
     );
+}
+
+/// While the ledger's database does not answer, an SmsUp "TD" is answered
+/// 503 so Aliyun pushes it again, and nothing is stored; Aliyun's next push
+/// after the database is back is stored, and a second host sharing the
+/// ledger, which had read the user's preferences before, answers the
+/// number's next SMS `opted_out` within `cache_ttl`.
+mod ledger_down {
+    use super::*;
+    use pushonce_tests::postgres::PostgresServer;
+    use std::time::Instant;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_smsup_is_refused_503_while_the_ledger_is_down_then_stored_and_seen_by_another_host()
+    {
+        let mut pg = PostgresServer::start(false).await.expect("postgres starts");
+        let url = pg.database().await.expect("a database");
+        let redis = RedisServer::start().await.unwrap();
+        let sim = providers::sim().await;
+        let dir = tempfile::tempdir().unwrap();
+        let a = serve_on(&redis, &sim, &dir.path().join("a"), &url).await;
+        let b = serve_on(&redis, &sim, &dir.path().join("b"), &url).await;
+        let smsup_url = sim.callback_url(a.base(), "sms");
+        let phone = "13800000042";
+        let accepted = vec![
+            ("sms".to_string(), "accepted".to_string()),
+            ("wechat".to_string(), "accepted".to_string()),
+        ];
+        // u-1 gets an SMS through A; B reads (and holds) u-1's preferences.
+        assert_eq!(post(&a, &order("o-1", "u-1", phone)).await, accepted);
+        assert_eq!(post(&b, &order("o-2", "u-1", phone)).await, accepted);
+        wait_until(DEADLINE, || async { sim.sent_to("sms", phone) == 2 })
+            .await
+            .unwrap_or_else(|e| panic!("both SMS are sent: {e}; log:\n{}", a.log()));
+
+        // The database goes away: Aliyun's push and its three re-pushes are
+        // refused, and nothing is switched off.
+        pg.stop().unwrap();
+        sim.state.push_sms_up(&smsup_url, phone, "TD");
+        wait_until(DEADLINE, || async {
+            stat(&sim, "aliyun-sms.sms_up_failed") == 1
+        })
+        .await
+        .unwrap_or_else(|e| panic!("SmsUp not given up: {e}; {:?}", sim.state.stats()));
+        assert_eq!(stat(&sim, "aliyun-sms.sms_up_posted"), 0);
+        assert_eq!(stat(&sim, "aliyun-sms.sms_up_retried"), 3);
+
+        // Back: the next push is stored.
+        pg.start_again().await.unwrap();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while stat(&sim, "aliyun-sms.sms_up_posted") == 0 {
+            assert!(Instant::now() < deadline, "{:?}", sim.state.stats());
+            let failed = stat(&sim, "aliyun-sms.sms_up_failed");
+            sim.state.push_sms_up(&smsup_url, phone, "TD");
+            wait_until(DEADLINE, || async {
+                stat(&sim, "aliyun-sms.sms_up_posted") == 1
+                    || stat(&sim, "aliyun-sms.sms_up_failed") > failed
+            })
+            .await
+            .expect("the push is answered");
+        }
+        let stored = Instant::now();
+        let view = preferences(&a, "u-1").await;
+        assert_eq!(view["channels_off"], json!(["sms"]), "{view}");
+        assert_eq!(sms_replies(&view).len(), 1, "{view}");
+
+        // B, which held u-1's preferences from before, sees the opt-out
+        // within cache_ttl (and some slack for the posts themselves).
+        let bound = stored + CACHE_TTL + Duration::from_secs(3);
+        let mut n = 0;
+        loop {
+            n += 1;
+            let answer = post(&b, &order(&format!("o-b-{n}"), "u-1", phone)).await;
+            if answer[0].1 == "opted_out" {
+                break;
+            }
+            assert!(
+                Instant::now() < bound,
+                "host B still answers {answer:?} {:?} after the opt-out was stored",
+                stored.elapsed()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
 }
 
 /// A malformed SmsUp push is refused 400 naming the entry and the field,

@@ -436,6 +436,13 @@ fn plan(
         preferences: preferences
             .get(&req.user_id)
             .map(|p| state.preferences.verdict(p)),
+        unsubscribe: state
+            .unsubscribe
+            .as_deref()
+            .map(|links| crate::route::plan::LinkWriter {
+                links,
+                mandatory: state.preferences.mandatory(),
+            }),
     };
     Ok(crate::route::plan::plan(
         snapshot,

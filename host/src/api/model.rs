@@ -9,8 +9,7 @@ use utoipa::ToSchema;
 
 use crate::permit::{HeldCause, OperatorStep, ReconcileStep, Task};
 
-/// Longest `biz_type`, `biz_id`, `user_id`, `template`, in characters.
-pub(crate) const MAX_ID: usize = 128;
+pub(crate) use crate::event::MAX_ID;
 /// Most entries in `params`, `attributes`, `recipients`.
 pub(crate) const MAX_ENTRIES: usize = 64;
 /// Longest name of a param or attribute, in bytes.

@@ -22,9 +22,8 @@ use utoipa::ToSchema;
 use super::AppState;
 use super::model::{ChannelResult, MAX_ID, OptedOutView, Problem, ResultKind};
 use super::problem::ApiError;
-use crate::ledger::preferences::{
-    ChangeRoute, Edit, OptedOutAnswer, PreferenceChange, Preferences,
-};
+use crate::ledger::opted_out::OptedOutAnswer;
+use crate::ledger::preferences::{ChangeRoute, Edit, PreferenceChange, Preferences};
 use crate::route::plan::{OptedOut, PlannedEvent};
 
 /// Most channels or categories one document may switch off.

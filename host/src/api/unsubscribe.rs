@@ -22,7 +22,7 @@ use super::AppState;
 use super::model::Problem;
 use super::preferences::{check_user, ledger};
 use super::problem::ApiError;
-use crate::ledger::preferences::{ChangeRoute, Edit, Preferences};
+use crate::ledger::preferences::{ChangeRoute, Preferences};
 use crate::unsubscribe::{LinkError, Target, Unsubscribe, UnsubscribeLinks};
 
 /// The one key/value pair of a one-click POST (RFC 8058, section 3.1).
@@ -65,19 +65,20 @@ pub(crate) async fn post_unsubscribe(
     let found = checked_link(&state, &token)?;
     require_one_click(&headers, &body)?;
     check_user(&found.user_id)?;
-    let ledger = ledger(&state)?;
-    let change = ledger
-        .change_preferences(
+    ledger(&state)?;
+    let off = match &found.target {
+        Target::Category(name) => Preferences::off(&[], &[name]),
+        Target::Channel(name) => Preferences::off(&[name], &[]),
+    };
+    state
+        .preferences
+        .switch_off(
             &found.user_id,
-            &Edit::SwitchOff(match &found.target {
-                Target::Category(name) => Preferences::off(&[], &[name]),
-                Target::Channel(name) => Preferences::off(&[name], &[]),
-            }),
+            off,
             "unsubscribe link",
             ChangeRoute::UnsubscribeLink,
         )
         .await?;
-    state.preferences.remember(&found.user_id, change.after);
     tracing::info!(kind = kind(&found.target), name = %found.target.name(), "one-click unsubscribe");
     Ok(Json(UnsubscribedView {
         user_id: found.user_id,

@@ -150,6 +150,7 @@ async fn send(sender: &PluginSender, m: &CaseMessage) -> Got {
         params: m.params.clone().into_iter().collect(),
         plugin: None,
         fallback: None,
+        unsubscribe: None,
     };
     let msg = OutgoingMessage {
         task_id: "kit-task".into(),

@@ -134,6 +134,7 @@ fn routed(args: Args, event: Event) -> anyhow::Result<()> {
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_millis() as u64),
         preferences: None,
+        unsubscribe: None,
     };
     let planned = plan(&snapshot, &config.channels, request)?;
     let answers = match &args.redis {

@@ -12,6 +12,7 @@
 pub mod claim;
 pub mod history;
 pub(crate) mod identity;
+pub mod opted_out;
 mod pool;
 pub mod preferences;
 pub mod retention;

@@ -121,6 +121,10 @@ pub struct PreferenceChange {
     pub what: String,
     /// The preferences after the change.
     pub after: Preferences,
+    /// Whether anything changed (a switch-off of what is already off
+    /// changes nothing and writes nothing).
+    #[serde(skip)]
+    pub changed: bool,
 }
 
 /// A user's stored preferences and when they last changed.
@@ -169,23 +173,6 @@ fn difference(before: &Preferences, after: &Preferences) -> String {
 }
 
 type HistoryTuple = (i64, String, String, String, String, String, String);
-
-/// A channel of an event answered `opted_out`, as the look-up shows it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct OptedOutAnswer {
-    /// Business type of the event.
-    pub biz_type: String,
-    /// Business id of the event.
-    pub biz_id: String,
-    /// SHA-256 (hex) of the user id.
-    pub user_digest: String,
-    /// The channel.
-    pub channel: String,
-    /// The key its message would have had.
-    pub key: String,
-    /// When it was answered (ms since the epoch).
-    pub at_ms: i64,
-}
 
 impl Ledger {
     /// `user_id`'s stored preferences (`None`: never set, the defaults).
@@ -270,7 +257,7 @@ impl Ledger {
     /// (hex) `digest` (an opt-out by address knows only that). A
     /// [`Edit::SwitchOff`] that changes nothing (already off) writes nothing,
     /// not even history: an opt-out reported twice is recorded once; the
-    /// answer's `what` is then `no change`.
+    /// answer's `changed` is then false.
     pub async fn change_preferences_of(
         &self,
         digest: &str,
@@ -281,6 +268,24 @@ impl Ledger {
         let at = now_ms();
         on_pool!(self.pool(), p => {
             let mut tx = p.begin().await?;
+            // Two changes of one user at once (two instances taking the same
+            // SmsUp) must not both read the old row: the row is made to
+            // exist and write-locked before it is read, so the second waits
+            // for the first and reads its result (PostgreSQL: a row lock;
+            // SQLite: the database's write lock). Rolled back with the rest
+            // when nothing changes.
+            sqlx::query(
+                "INSERT INTO preferences (user_digest, channels_off, categories_off, updated_at) \
+                 VALUES ($1, '[]', '[]', $2) ON CONFLICT (user_digest) DO NOTHING",
+            )
+            .bind(digest)
+            .bind(at)
+            .execute(&mut *tx)
+            .await?;
+            sqlx::query("UPDATE preferences SET updated_at = updated_at WHERE user_digest = $1")
+                .bind(digest)
+                .execute(&mut *tx)
+                .await?;
             let row: Option<(String, String)> = sqlx::query_as(
                 "SELECT channels_off, categories_off FROM preferences WHERE user_digest = $1",
             )
@@ -300,9 +305,10 @@ impl Ledger {
                 by: by.to_string(),
                 action: edit.action().to_string(),
                 what: difference(&before, &after),
+                changed: before != after,
                 after,
             };
-            if matches!(edit, Edit::SwitchOff(_)) && before == change.after {
+            if matches!(edit, Edit::SwitchOff(_)) && !change.changed {
                 tx.rollback().await?;
                 return Ok(change);
             }
@@ -368,72 +374,6 @@ impl Ledger {
         Ok(rows.into_iter().map(|(d,)| d).collect())
     }
 
-    /// Records `answers` (one transaction; an answer already recorded for
-    /// the same event, user and channel is kept as it is).
-    pub async fn record_opted_out(&self, answers: &[OptedOutAnswer]) -> Result<(), LedgerError> {
-        on_pool!(self.pool(), p => {
-            let mut tx = p.begin().await?;
-            for a in answers {
-                sqlx::query(
-                    "INSERT INTO opted_out (biz_type, biz_id, user_digest, channel, key, at) \
-                     VALUES ($1, $2, $3, $4, $5, $6) \
-                     ON CONFLICT (biz_type, biz_id, user_digest, channel) DO NOTHING",
-                )
-                .bind(&a.biz_type)
-                .bind(&a.biz_id)
-                .bind(&a.user_digest)
-                .bind(&a.channel)
-                .bind(&a.key)
-                .bind(a.at_ms)
-                .execute(&mut *tx)
-                .await?;
-            }
-            tx.commit().await?;
-        });
-        Ok(())
-    }
-
-    /// The channels of event `biz_type`/`biz_id` answered `opted_out`, oldest first.
-    pub async fn opted_out_of_event(
-        &self,
-        biz_type: &str,
-        biz_id: &str,
-    ) -> Result<Vec<OptedOutAnswer>, LedgerError> {
-        let rows: Vec<(String, String, String, i64)> = on_pool!(self.pool(), p => {
-            sqlx::query_as(
-                "SELECT user_digest, channel, key, at FROM opted_out \
-                 WHERE biz_type = $1 AND biz_id = $2 ORDER BY at, channel",
-            )
-            .bind(biz_type)
-            .bind(biz_id)
-            .fetch_all(p)
-            .await?
-        });
-        Ok(rows
-            .into_iter()
-            .map(|(user_digest, channel, key, at_ms)| OptedOutAnswer {
-                biz_type: biz_type.to_string(),
-                biz_id: biz_id.to_string(),
-                user_digest,
-                channel,
-                key,
-                at_ms,
-            })
-            .collect())
-    }
-
-    /// Removes the `opted_out` answers recorded before `before_ms`; how many.
-    pub async fn remove_opted_out_before(&self, before_ms: i64) -> Result<u64, LedgerError> {
-        let done = on_pool!(self.pool(), p => {
-            sqlx::query("DELETE FROM opted_out WHERE at < $1")
-                .bind(before_ms)
-                .execute(p)
-                .await?
-                .rows_affected()
-        });
-        Ok(done)
-    }
-
     /// `user_id`'s changes, newest first, at most `limit`.
     pub async fn preference_history(
         &self,
@@ -463,6 +403,7 @@ impl Ledger {
                     channels_off: from_json(&ch),
                     categories_off: from_json(&cat),
                 },
+                changed: true,
             })
             .collect())
     }
@@ -598,35 +539,5 @@ mod tests {
         assert_eq!(history.len(), 1, "{history:?}");
         assert_eq!(history[0].route, "sms_reply");
         assert_eq!(history[0].what, "channels off +sms");
-    }
-
-    #[tokio::test]
-    async fn opted_out_answers_are_kept_once_and_removed_after_their_time() {
-        let dir = tempfile::tempdir().unwrap();
-        let ledger = Ledger::open(&Ledger::sqlite_url(dir.path())).await.unwrap();
-        let answer = |channel: &str, at_ms: i64| OptedOutAnswer {
-            biz_type: "ORDER_SHIPPED".into(),
-            biz_id: "o-1".into(),
-            user_digest: recipient_digest("u-1"),
-            channel: channel.into(),
-            key: format!("push:k:{channel}"),
-            at_ms,
-        };
-        ledger
-            .record_opted_out(&[answer("sms", 10), answer("wechat", 20)])
-            .await
-            .unwrap();
-        ledger.record_opted_out(&[answer("sms", 30)]).await.unwrap();
-        let found = ledger
-            .opted_out_of_event("ORDER_SHIPPED", "o-1")
-            .await
-            .unwrap();
-        assert_eq!(found, [answer("sms", 10), answer("wechat", 20)]);
-        assert_eq!(ledger.remove_opted_out_before(15).await.unwrap(), 1);
-        let found = ledger
-            .opted_out_of_event("ORDER_SHIPPED", "o-1")
-            .await
-            .unwrap();
-        assert_eq!(found, [answer("wechat", 20)]);
     }
 }

@@ -22,6 +22,23 @@ pub struct Payload {
     /// Where to send instead if this channel fails for good.
     #[serde(default)]
     pub fallback: Option<Box<Fallback>>,
+    /// The recipient's one-click unsubscribe link, written at accept for a
+    /// channel whose plugin takes extras (contract 2.2, e.g. email) when the
+    /// host has `[unsubscribe]` settings; absent otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unsubscribe: Option<UnsubscribeLink>,
+}
+
+/// A signed link that switches a category (or, without one, the channel)
+/// off for the message's recipient (`crate::unsubscribe`).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UnsubscribeLink {
+    /// The link's URL (`.../v1/unsubscribe/{token}`).
+    pub url: String,
+    /// The category it switches off; `None`: the channel.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub category: Option<String>,
 }
 
 /// A fallback task, fully derived at accept so the dispatcher needs no policy

@@ -20,7 +20,8 @@ use super::PluginMeta;
 use super::bindings::channel::{ChannelPluginIndices, ChannelPluginPre};
 use super::bindings::{
     CallbackError, CallbackOutcome, CallbackRequest, CallbacksExport, CallbacksIndices,
-    Capabilities, ChannelWorld, DeliveryStatus, Message, Receipt, SendError, SentMessage,
+    Capabilities, ChannelWorld, DeliveryStatus, ExtrasExport, ExtrasIndices, Message,
+    MessageExtras, Receipt, SendError, SentMessage,
 };
 use super::cache_import::SharedCache;
 use super::call::classify;
@@ -45,11 +46,14 @@ pub struct ChannelPlugin {
     /// The optional `callbacks` export of contract 2.1 (`None`: a 2.0
     /// plugin, served by `channel.handle-callback`).
     callbacks: Option<CallbacksIndices>,
+    /// The optional `extras` export of contract 2.2 (`None`: sends go
+    /// through `channel.send`, without extras).
+    extras: Option<ExtrasIndices>,
 }
 
 impl ChannelPlugin {
-    /// `pre` with its exports looked up (the world's, and `callbacks` when
-    /// the component exports it).
+    /// `pre` with its exports looked up (the world's, and `callbacks` and
+    /// `extras` when the component exports them).
     pub(crate) fn new(
         meta: PluginMeta,
         runtime: Arc<PluginRuntime>,
@@ -57,12 +61,14 @@ impl ChannelPlugin {
     ) -> wasmtime::Result<Self> {
         let indices = ChannelPluginIndices::new(pre.instance_pre())?;
         let callbacks = CallbacksIndices::new(pre.instance_pre()).ok();
+        let extras = ExtrasIndices::new(pre.instance_pre()).ok();
         Ok(Self {
             meta,
             runtime,
             pre,
             indices,
             callbacks,
+            extras,
         })
     }
 
@@ -78,12 +84,19 @@ impl ChannelPlugin {
         self.callbacks.is_some()
     }
 
+    /// Whether the plugin exports the `extras` interface of contract 2.2
+    /// (its sends take the recipient's unsubscribe link).
+    pub fn takes_extras(&self) -> bool {
+        self.extras.is_some()
+    }
+
     /// Instantiates the plugin in `store`: the channel world's exports and,
-    /// when exported, `callbacks` (type-checked here: a mismatch is an error).
+    /// when exported, `callbacks` and `extras` (type-checked here: a
+    /// mismatch is an error).
     pub(crate) async fn instantiate(
         &self,
         store: &mut Store<HostState>,
-    ) -> wasmtime::Result<(ChannelWorld, Option<CallbacksExport>)> {
+    ) -> wasmtime::Result<Exports> {
         let instance = self
             .pre
             .instance_pre()
@@ -94,7 +107,15 @@ impl ChannelPlugin {
             Some(i) => Some(i.load(&mut *store, &instance)?),
             None => None,
         };
-        Ok((world, callbacks))
+        let extras = match &self.extras {
+            Some(i) => Some(i.load(&mut *store, &instance)?),
+            None => None,
+        };
+        Ok(Exports {
+            world,
+            callbacks,
+            extras,
+        })
     }
 
     /// Name, version, world, file.
@@ -177,14 +198,32 @@ pub struct Answer<T> {
     pub log: OutboundLog,
 }
 
+/// The typed exports of one instance.
+pub(crate) struct Exports {
+    /// The channel world's exports.
+    world: ChannelWorld,
+    /// Its `callbacks` export, when the plugin has one (contract 2.1).
+    callbacks: Option<CallbacksExport>,
+    /// Its `extras` export, when the plugin has one (contract 2.2).
+    extras: Option<ExtrasExport>,
+}
+
+impl Exports {
+    /// The plugin's `describe`.
+    pub(crate) async fn describe(
+        &self,
+        store: &mut Store<HostState>,
+    ) -> wasmtime::Result<super::bindings::ChannelPluginInfo> {
+        self.world.call_describe(store).await
+    }
+}
+
 /// A warm instance and its store.
 struct Warm {
     /// Store with the instance's memory, fuel, WASI and HTTP state.
     store: Store<HostState>,
     /// The instance's typed exports.
-    world: ChannelWorld,
-    /// Its `callbacks` export, when the plugin has one (contract 2.1).
-    callbacks: Option<CallbacksExport>,
+    exports: Exports,
 }
 
 /// One channel plugin bound to one channel instance's settings.
@@ -220,13 +259,29 @@ impl ChannelInstance {
         .await
     }
 
-    /// Sends one message.
+    /// Sends one message, with no extras.
     pub async fn send(
         &self,
         msg: Message,
     ) -> Result<Answer<Result<Receipt, SendError>>, ChannelCallError> {
-        self.call(move |w, s| {
-            Box::pin(async move { w.pushonce_channel_channel().call_send(s, &msg).await })
+        self.send_with(msg, MessageExtras { unsubscribe: None })
+            .await
+    }
+
+    /// Sends one message: through `extras.send` with `extras` when the
+    /// plugin exports it (contract 2.2), else `channel.send`.
+    pub async fn send_with(
+        &self,
+        msg: Message,
+        extras: MessageExtras,
+    ) -> Result<Answer<Result<Receipt, SendError>>, ChannelCallError> {
+        self.call_with(move |e, s| {
+            Box::pin(async move {
+                match &e.extras {
+                    Some(x) => x.call_send(s, &msg, &extras).await,
+                    None => e.world.pushonce_channel_channel().call_send(s, &msg).await,
+                }
+            })
         })
         .await
     }
@@ -250,12 +305,13 @@ impl ChannelInstance {
         &self,
         req: CallbackRequest,
     ) -> Result<Answer<Result<CallbackOutcome, CallbackError>>, ChannelCallError> {
-        self.call_with(move |w, c, s| {
+        self.call_with(move |e, s| {
             Box::pin(async move {
-                if let Some(c) = c {
+                if let Some(c) = &e.callbacks {
                     return c.call_handle_callback(s, &req).await;
                 }
-                let answer = w
+                let answer = e
+                    .world
                     .pushonce_channel_channel()
                     .call_handle_callback(s, &req)
                     .await?;
@@ -317,11 +373,7 @@ impl ChannelInstance {
                 )
             })?;
         match self.plugin.instantiate(&mut store).await {
-            Ok((world, callbacks)) => Ok(Warm {
-                store,
-                world,
-                callbacks,
-            }),
+            Ok(exports) => Ok(Warm { store, exports }),
             Err(e) => {
                 let err = classify(id, e, store.data(), fuel);
                 let log = store.data().hooks.log();
@@ -350,16 +402,15 @@ impl ChannelInstance {
         >,
         T: Send,
     {
-        self.call_with(move |w, _, s| f(w, s)).await
+        self.call_with(move |e, s| f(&e.world, s)).await
     }
 
     /// Runs one export call on a warm (or new) instance under the budgets;
-    /// `f` sees the channel world's exports and the `callbacks` export, if any.
+    /// `f` sees the instance's exports (the optional ones included).
     async fn call_with<T, F>(&self, f: F) -> Result<Answer<T>, ChannelCallError>
     where
         F: for<'a> FnOnce(
-            &'a ChannelWorld,
-            Option<&'a CallbacksExport>,
+            &'a Exports,
             &'a mut Store<HostState>,
         ) -> std::pin::Pin<
             Box<dyn Future<Output = wasmtime::Result<T>> + Send + 'a>,
@@ -392,20 +443,12 @@ impl ChannelInstance {
                     OutboundLog::default(),
                 ));
             }
-            let Warm {
-                mut store,
-                world,
-                callbacks,
-            } = warm;
-            let result = f(&world, callbacks.as_ref(), &mut store).await;
+            let Warm { mut store, exports } = warm;
+            let result = f(&exports, &mut store).await;
             let log = store.data().hooks.log();
             match result {
                 Ok(value) => {
-                    self.put_warm(Warm {
-                        store,
-                        world,
-                        callbacks,
-                    });
+                    self.put_warm(Warm { store, exports });
                     Ok(Answer { value, log })
                 }
                 Err(e) => Err((classify(&id, e, store.data(), fuel), log)),

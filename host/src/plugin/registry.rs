@@ -192,9 +192,9 @@ impl PluginRegistry {
             .map_err(|e| mismatch(format!("{e:#}")))?;
         let info = self.describe(file, |store| {
             super::channel::block_on(async {
-                // Instantiating type-checks the optional `callbacks` export too.
-                let (inst, _) = plugin.instantiate(&mut *store).await?;
-                let info = inst.call_describe(&mut *store).await?;
+                // Instantiating type-checks the optional exports too.
+                let exports = plugin.instantiate(&mut *store).await?;
+                let info = exports.describe(&mut *store).await?;
                 Ok(PluginInfo {
                     name: info.name,
                     version: info.version,

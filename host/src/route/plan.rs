@@ -5,18 +5,20 @@
 //! (`api::events`) parses a request into a [`PlanRequest`] and answers a
 //! [`PlanError`] as a problem naming the field or the plugin.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, UNIX_EPOCH};
 
 use super::{Policy, Snapshot};
 use crate::config::ChannelConfig;
 use crate::derive::{DeriveError, DerivedKey, derive};
 use crate::event::{Event, event_json};
 use crate::permit::{AcceptRequest, RetryPolicy};
+use crate::plugin::ChannelPlugin;
 use crate::plugin::{CallError, KeyPolicyPlugin};
 use crate::route::policy::RetrySpec;
-use crate::send::{Fallback, Payload};
+use crate::send::{Fallback, Payload, UnsubscribeLink};
+use crate::unsubscribe::{Target, UnsubscribeLinks};
 
 mod gate;
 
@@ -43,6 +45,19 @@ pub(crate) struct PlanRequest<'a> {
     pub now_ms: u64,
     /// The recipient's preferences (`None`: none apply).
     pub preferences: Option<crate::prefs::Verdict<'a>>,
+    /// Who writes the unsubscribe links of channels whose plugin takes
+    /// extras, and which categories get none (`None`: no links).
+    pub unsubscribe: Option<LinkWriter<'a>>,
+}
+
+/// What writing a message's one-click unsubscribe link needs.
+#[derive(Clone, Copy)]
+pub(crate) struct LinkWriter<'a> {
+    /// The host's signed links (`[unsubscribe]`).
+    pub links: &'a UnsubscribeLinks,
+    /// The categories no preference blocks: their messages get no link (it
+    /// would promise what it cannot do).
+    pub mandatory: &'a BTreeSet<String>,
 }
 
 /// Why an event cannot be planned.
@@ -354,13 +369,40 @@ impl ChannelPlanner<'_> {
     /// now: pinned into the task so a send in flight keeps its version.
     /// Resolved for the channels of this event only.
     fn channel_plugin(&self, channel: &str) -> Option<String> {
+        Some(self.resolve_plugin(channel)?.meta().id.clone())
+    }
+
+    /// The channel plugin the channel instance resolves to now.
+    fn resolve_plugin(&self, channel: &str) -> Option<Arc<ChannelPlugin>> {
         let config = self.channels.get(channel)?;
-        let plugin = self
-            .snapshot
-            .registry
-            .resolve_channel(&config.plugin)
-            .ok()?;
-        Some(plugin.meta().id.clone())
+        self.snapshot.registry.resolve_channel(&config.plugin).ok()
+    }
+
+    /// The one-click unsubscribe link of `channel`'s message: written when
+    /// the host writes links, the channel's plugin takes extras and the
+    /// policy's category is not mandatory. It switches the category off, or
+    /// the channel when the policy names none.
+    fn unsubscribe(&self, channel: &str) -> Option<UnsubscribeLink> {
+        let writer = self.req.unsubscribe?;
+        let category = self.policy.spec.category.clone();
+        if category
+            .as_ref()
+            .is_some_and(|c| writer.mandatory.contains(c))
+        {
+            return None;
+        }
+        if !self.resolve_plugin(channel)?.takes_extras() {
+            return None;
+        }
+        let target = match &category {
+            Some(c) => Target::Category(c.clone()),
+            None => Target::Channel(channel.to_string()),
+        };
+        let now = UNIX_EPOCH + Duration::from_millis(self.req.now_ms);
+        Some(UnsubscribeLink {
+            url: writer.links.link(&self.event.user_id, &target, now),
+            category,
+        })
     }
 
     fn derive(&self, channel: &str) -> Result<DerivedKey, PlanError> {
@@ -442,6 +484,7 @@ impl ChannelPlanner<'_> {
                 .collect(),
             plugin: self.channel_plugin(channel),
             fallback: self.fallback(channel, depth)?,
+            unsubscribe: self.unsubscribe(channel),
         })
     }
 

@@ -394,4 +394,4 @@ impl Sender for LedgerFileSender {
     }
 }
 
-pub use crate::permit::{Fallback, InvalidPayload, Payload};
+pub use crate::permit::{Fallback, InvalidPayload, Payload, UnsubscribeLink};

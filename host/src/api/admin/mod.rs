@@ -46,6 +46,11 @@ pub(crate) struct PluginView {
     /// Calls that trapped or ran over a limit.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub failures: Option<u64>,
+    /// A channel's optional interfaces: `callbacks` (contract 2.1: its
+    /// callbacks may carry opt-outs) and `extras` (2.2: its sends take the
+    /// recipient's unsubscribe link). Empty for key policies.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub optional_exports: Vec<String>,
 }
 
 /// The plugins of the snapshot in force.
@@ -171,9 +176,9 @@ pub(crate) async fn plugins(State(state): State<AppState>) -> Json<PluginsView> 
         .into_iter()
         .map(|p| {
             let meta = p.meta().clone();
-            let stats = match &p {
-                Plugin::KeyPolicy(k) => Some(k.stats()),
-                Plugin::Channel(_) => None,
+            let (stats, optional_exports) = match &p {
+                Plugin::KeyPolicy(k) => (Some(k.stats()), Vec::new()),
+                Plugin::Channel(c) => (None, optional_exports(c)),
             };
             PluginView {
                 id: meta.id,
@@ -185,6 +190,7 @@ pub(crate) async fn plugins(State(state): State<AppState>) -> Json<PluginsView> 
                 calls: stats.map(|s| s.calls),
                 refusals: stats.map(|s| s.refusals),
                 failures: stats.map(|s| s.failures),
+                optional_exports,
             }
         })
         .collect();
@@ -193,6 +199,19 @@ pub(crate) async fn plugins(State(state): State<AppState>) -> Json<PluginsView> 
         plugins,
         refused: snapshot.plugin_refusals.clone(),
     })
+}
+
+/// The optional interfaces a channel plugin exports.
+fn optional_exports(plugin: &crate::plugin::ChannelPlugin) -> Vec<String> {
+    let found = [
+        (plugin.takes_opt_outs(), "callbacks"),
+        (plugin.takes_extras(), "extras"),
+    ];
+    found
+        .into_iter()
+        .filter(|(yes, _)| *yes)
+        .map(|(_, name)| name.to_string())
+        .collect()
 }
 
 /// The policies in force and the last refused change.

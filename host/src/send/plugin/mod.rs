@@ -20,7 +20,7 @@ use super::providers::{Handover, handover};
 use super::{BoxFuture, Check, OutgoingMessage, SendOutcome, Sender, UnknownVerdict};
 use crate::config::ChannelConfig;
 use crate::config::OutboundConfigError;
-use crate::plugin::bindings::{Capabilities, Message, SendError};
+use crate::plugin::bindings::{Capabilities, Message, MessageExtras, SendError, UnsubscribeLink};
 use crate::plugin::cache_import::SharedCache;
 use crate::plugin::channel::{ChannelCallError, ChannelInstance};
 use crate::plugin::{OutboundLog, PluginRegistry};
@@ -265,7 +265,7 @@ impl PluginSender {
             params: payload.params.clone(),
             attempt: msg.attempt,
         };
-        match inst.send(message).await {
+        match inst.send_with(message, extras_of(payload)).await {
             Ok(answer) => {
                 let log = answer.log;
                 let written = log.may_have_sent();
@@ -443,5 +443,16 @@ impl Sender for PluginSender {
                 Err(_) => false,
             }
         })
+    }
+}
+
+/// What the host adds to `payload`'s message for a plugin that takes extras
+/// (contract 2.2): the unsubscribe link written at accept.
+fn extras_of(payload: &super::Payload) -> MessageExtras {
+    MessageExtras {
+        unsubscribe: payload.unsubscribe.as_ref().map(|u| UnsubscribeLink {
+            url: u.url.clone(),
+            category: u.category.clone(),
+        }),
     }
 }

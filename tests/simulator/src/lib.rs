@@ -508,16 +508,18 @@ async fn root(
 
 /// Serves the providers (and the control API) over TLS with the simulator's
 /// CA on `listener` until `shutdown` completes. HTTP/1.1 and HTTP/2 by ALPN.
-pub async fn run(
+/// The listener's address is SNS's base URL (its `SigningCertURL` and
+/// `SubscribeURL`) from the call on, before the future is first polled.
+pub fn run(
     listener: tokio::net::TcpListener,
     state: SimState,
     shutdown: impl Future<Output = ()> + Send + 'static,
-) -> std::io::Result<()> {
+) -> impl Future<Output = std::io::Result<()>> + Send + 'static {
+    if let Ok(addr) = listener.local_addr() {
+        state.sns.set_base(format!("https://{addr}"));
+    }
     let config = state.keys.server_config.clone();
-    state
-        .sns
-        .set_base(format!("https://{}", listener.local_addr()?));
-    tls::serve(listener, config, app(state), shutdown).await
+    tls::serve(listener, config, app(state), shutdown)
 }
 
 /// Serves only the control API (`/_sim/*`) over plain HTTP on `listener`

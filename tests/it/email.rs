@@ -290,7 +290,8 @@ async fn an_email_carries_both_headers_and_its_one_click_link_opts_out_its_categ
 /// sent, then SNS posts a signed (SignatureVersion 1) Bounce, Permanent;
 /// the plugin verifies it, the task is settled failed and the address's
 /// user has email switched off, by the route `email_bounce`; the next
-/// email to them is answered `opted_out`. Another user is untouched.
+/// email to them is answered `opted_out`. Another user is untouched. A
+/// complaint (`complaint@`) opts its user out and leaves the task delivered.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_bounce_notification_opts_the_address_out_of_email() {
     let redis = RedisServer::start().await.unwrap();
@@ -334,6 +335,24 @@ async fn a_bounce_notification_opts_the_address_out_of_email() {
     assert_eq!(emails_to(&sim, bounce).len(), 1, "nothing more reaches SES");
     let other = preferences(&host, "u-other").await;
     assert_eq!(other["channels_off"], json!([]), "{other}");
+
+    // `complaint@`: delivered, then reported as spam: the task stays
+    // delivered and the complaining address's user is opted out too.
+    let complaint = "complaint@simulator.amazonses.com";
+    let (result, task) = post(&host, &event("RECEIPT", "r-c1", "u-spam", complaint)).await;
+    assert_eq!(result, "accepted");
+    let task = task.expect("a task id");
+    wait_until(DEADLINE, || async {
+        preferences(&host, "u-spam").await["channels_off"] == json!(["email"])
+    })
+    .await
+    .unwrap_or_else(|e| panic!("the complaint opts u-spam out: {e}; log:\n{}", host.log()));
+    assert_eq!(bounces(&preferences(&host, "u-spam").await).len(), 1);
+    wait_until(DEADLINE, || async {
+        task_status(&host, &task).await == "delivered"
+    })
+    .await
+    .expect("the complained-of email was delivered");
 }
 
 /// A Delivery notification (SignatureVersion 2) settles the task

@@ -163,6 +163,10 @@ struct Notes {
     per_permit_lean: f64,
     /// Per open permit of 4-channel events (the event stored once for four permits).
     per_permit_four: f64,
+    /// Per open permit of 1-channel events from an empty Redis: with the
+    /// embedded Redis's `hash-max-listpack-value` (1024), and with Redis's
+    /// default (64), as an operator's own or a managed Redis has it.
+    listpack: (f64, f64),
     /// Per phase: host RSS once it serves (idle), after its runs, and its peak (MiB).
     rss: Vec<(Phase, f64, (f64, f64))>,
     /// The accept script's profile (Redis µs per call), with its error if it failed.
@@ -182,6 +186,7 @@ impl Default for Notes {
             per_permit: f64::NAN,
             per_permit_lean: f64::NAN,
             per_permit_four: f64::NAN,
+            listpack: (f64::NAN, f64::NAN),
             rss: Vec::new(),
             profile: Ok(Vec::new()),
             delivered: None,
@@ -250,6 +255,51 @@ async fn permit_layer(
     }
 }
 
+/// Bytes per open permit of `n` 1-channel accepts from an empty Redis,
+/// with the embedded Redis's `hash-max-listpack-value` (1024) and with
+/// Redis's default (64), as a Redis an operator brings has it; the setting
+/// is restored after. Each run starts from `FLUSHALL`, so neither pays for
+/// the other's dictionary growth.
+async fn listpack_rows(
+    stack: &mut BenchStack,
+    permits: &Permits,
+    n: usize,
+    pc: usize,
+) -> anyhow::Result<(f64, f64)> {
+    let setting = "hash-max-listpack-value";
+    let (_, raised): (String, String) = redis::cmd("CONFIG")
+        .arg("GET")
+        .arg(setting)
+        .query_async(&mut stack.conn)
+        .await?;
+    let mut found = Vec::new();
+    for value in [raised.clone(), "64".to_string()] {
+        drop_everything(stack).await?;
+        permits.prepare().await?;
+        config_set(&mut stack.conn, setting, &value).await?;
+        let before = permit::used_memory(&mut stack.conn).await?;
+        let run = permit::host_accepts(permits, n, pc, 1, "d").await;
+        let after = permit::used_memory(&mut stack.conn).await?;
+        config_set(&mut stack.conn, setting, &raised).await?;
+        run?;
+        found.push(after.saturating_sub(before) as f64 / n as f64);
+    }
+    drop_everything(stack).await?;
+    permits.prepare().await?;
+    Ok((found[0], found[1]))
+}
+
+/// `CONFIG SET name value`.
+async fn config_set(conn: &mut pushonce::RedisConn, name: &str, value: &str) -> anyhow::Result<()> {
+    redis::cmd("CONFIG")
+        .arg("SET")
+        .arg(name)
+        .arg(value)
+        .query_async::<()>(conn)
+        .await?;
+    Ok(())
+}
+
 async fn permit_rows(
     stack: &mut BenchStack,
     args: &Args,
@@ -282,6 +332,7 @@ async fn permit_rows(
     permit::host_event_accepts(&permits, events, pc, 4, "q").await?;
     let after = permit::used_memory(&mut stack.conn).await?;
     notes.per_permit_four = after.saturating_sub(before) as f64 / (4 * events) as f64;
+    notes.listpack = listpack_rows(stack, &permits, n, pc).await?;
     let batched = permit::host_accepts(&permits, n, pc, 16, "b").await?;
     for (what, row, note) in [
         (
@@ -417,11 +468,13 @@ async fn print_report(
         );
     }
     println!(
-        "redis memory per open permit (permit + task hash + stream entry + its event record + event index): {:.0} bytes (used_memory delta / {}); with event_index = false {:.0} bytes; of 4-channel events (one record and index for four permits) {:.0} bytes; redis used_memory_rss now {:.1} MiB",
+        "redis memory per open permit (permit + task hash + stream entry + its event record + event index): {:.0} bytes (used_memory delta / {}); with event_index = false {:.0} bytes; of 4-channel events (one record and index for four permits) {:.0} bytes; from an empty Redis, {:.0} bytes at the embedded Redis's hash-max-listpack-value 1024 and {:.0} at Redis's default 64; redis used_memory_rss now {:.1} MiB",
         notes.per_permit,
         args.floor_requests,
         notes.per_permit_lean,
         notes.per_permit_four,
+        notes.listpack.0,
+        notes.listpack.1,
         redis_rss.parse::<f64>().unwrap_or(0.0) / 1048576.0
     );
     println!("warm derive-key cost: `pushonce-bench plugins` (the plugin layer alone)");

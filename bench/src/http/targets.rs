@@ -246,7 +246,8 @@ fn open_bytes(notes: &Notes, lean: bool) -> Target {
         asked: Bound::AtMost(700.0),
         value,
         how: format!(
-            "used_memory delta over Permits::accept direct / accepts; {other:.0} {other_name}"
+            "used_memory delta over Permits::accept direct / accepts; {other:.0} {other_name}; from an empty Redis {:.0} at hash-max-listpack-value 1024, {:.0} at Redis's default 64",
+            notes.listpack.0, notes.listpack.1
         ),
     }
 }

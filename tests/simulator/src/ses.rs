@@ -22,7 +22,7 @@
 //!   `TooManyRequestsException` 429, a permanent error type per recipient
 //!   (`Faults::permanent`, e.g. `MessageRejected`), cut-off answers.
 //! - The mailbox simulator
-//!   (<https://docs.aws.amazon.com/ses/latest/dg/send-an-email-from-console.html#send-email-simulator>):
+//!   (<https://docs.aws.amazon.com/ses/latest/DeveloperGuide/mailbox-simulator.html>):
 //!   `success@`, `bounce@`, `complaint@`, `suppressionlist@` and `ooto@
 //!   simulator.amazonses.com` (with `+label`): a Delivery notification for
 //!   every delivered email, a Permanent bounce for `bounce@` (General) and

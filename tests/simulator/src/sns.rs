@@ -8,7 +8,9 @@
 //!   (<https://docs.aws.amazon.com/sns/latest/dg/http-notification-json.html>),
 //!   posted with `x-amz-sns-message-type`, `x-amz-sns-message-id`,
 //!   `x-amz-sns-topic-arn` (and `x-amz-sns-subscription-arn` for
-//!   notifications), `Content-Type: text/plain; charset=UTF-8`.
+//!   notifications), `Content-Type: text/plain; charset=UTF-8` ("HTTP/HTTPS
+//!   headers", <https://docs.aws.amazon.com/sns/latest/dg/http-header.html>);
+//!   a retried message keeps its `MessageId`.
 //! - Signature ("Verifying the signatures of Amazon SNS messages",
 //!   <https://docs.aws.amazon.com/sns/latest/dg/sns-verify-signature-of-message.html>):
 //!   the documented string to sign, RSASSA-PKCS1-v1_5 with SHA-1

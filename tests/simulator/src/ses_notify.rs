@@ -1,8 +1,8 @@
 //! The SES notifications an accepted email leads to, in the format of
 //! "Amazon SNS notification contents for Amazon SES"
 //! (<https://docs.aws.amazon.com/ses/latest/dg/notification-contents.html>),
-//! chosen by the mailbox simulator's addresses ("Testing email sending,
-//! simulator", <https://docs.aws.amazon.com/ses/latest/DeveloperGuide/mailbox-simulator.html>):
+//! chosen by the mailbox simulator's addresses ("Testing email sending in Amazon SES",
+//! <https://docs.aws.amazon.com/ses/latest/DeveloperGuide/mailbox-simulator.html>):
 //!
 //! | To (`+label` allowed) | Notifications |
 //! |---|---|

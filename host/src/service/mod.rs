@@ -262,6 +262,7 @@ async fn open_parts(
     );
     let receipts = receipts_handler(config, options, &permits, &plugins, &ledger, &preferences);
     let callbacks = callback_gates(config, &plugins).await?;
+    warn_of_unlinked_channels(config, &plugins);
     let provider_health = plugins.provider_health();
     Ok(Parts {
         store,
@@ -315,6 +316,24 @@ async fn api_state(
         preferences_api_writes: config.preferences.api_token_writes,
         unsubscribe: unsubscribe_links(config, env)?.map(Arc::new),
     }))
+}
+
+/// Warns of each channel whose plugin would write one-click unsubscribe
+/// headers (it takes extras, e.g. email) on a host that writes no links
+/// (`[unsubscribe] secret_env` unset): its messages go without
+/// `List-Unsubscribe`, which Gmail and Yahoo ask of bulk senders.
+fn warn_of_unlinked_channels(config: &HostConfig, plugins: &PluginSender) {
+    if config.unsubscribe.secret_env.is_some() {
+        return;
+    }
+    for name in plugins.channels() {
+        if plugins
+            .instance(name, None)
+            .is_ok_and(|i| i.plugin().takes_extras())
+        {
+            tracing::warn!(channel = %name, "the channel's plugin writes one-click unsubscribe headers, but [unsubscribe] secret_env is not set: its messages carry no unsubscribe link (docs/preferences.md)");
+        }
+    }
 }
 
 /// The signer of one-click unsubscribe links, when `[unsubscribe]

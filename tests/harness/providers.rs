@@ -29,6 +29,12 @@ pub const WITH_CALLBACKS: [&str; 3] = ["inbox", "sms", "wechat"];
 /// chaos runs configure those six); tests add it with [`Sim::tencent_channel`].
 pub const TENCENT: (&str, &str, &str) = ("tencent", "tencent-sms", "tencent-sms@^1");
 
+/// The email channel on Amazon SES: channel name, the simulator's provider
+/// name, the plugin requirement. Not among [`CHANNELS`]; tests add it with
+/// [`Sim::email_channel`] and subscribe its callback URL to the simulated
+/// SNS topic with [`Sim::subscribe_email_notifications`].
+pub const EMAIL: (&str, &str, &str) = ("email", "ses-email", "ses-email@^1");
+
 /// The provider instances of the `sms` channel when it fails over
 /// ([`Sim::toml_with_sms_providers`]): Aliyun first, then Tencent.
 pub const SMS_PROVIDERS: [&str; 2] = ["sms-aliyun", "sms-tencent"];
@@ -37,7 +43,7 @@ pub const SMS_PROVIDERS: [&str; 2] = ["sms-aliyun", "sms-tencent"];
 pub fn provider_of(channel: &str) -> &'static str {
     CHANNELS
         .iter()
-        .chain(std::iter::once(&TENCENT))
+        .chain([&TENCENT, &EMAIL])
         .find(|(c, _, _)| *c == channel)
         .map(|(_, p, _)| *p)
         .unwrap_or_else(|| panic!("no provider for channel {channel}"))
@@ -104,6 +110,7 @@ pub async fn sim() -> Sim {
         aliyun_report_after: Duration::from_millis(1000),
         tencent_report_after: Duration::from_millis(1000),
         aliyun_repush_minute: Duration::from_millis(100),
+        sns_retry_delay: Duration::from_millis(200),
         ..Config::default()
     })
     .await
@@ -145,8 +152,9 @@ impl Sim {
             ("TEST_APNS_KEY".into(), c.apns_private_key_pem.clone()),
             ("TEST_WEBHOOK_SECRET".into(), c.webhook_secret.clone()),
             ("TEST_TENCENT_SECRET".into(), c.tencent_secret_key.clone()),
+            ("TEST_AWS_SECRET".into(), c.aws_secret_access_key.clone()),
         ];
-        for channel in WITH_CALLBACKS.iter().chain([&TENCENT.0]) {
+        for channel in WITH_CALLBACKS.iter().chain([&TENCENT.0, &EMAIL.0]) {
             env.push((token_env(channel), Sim::callback_token(channel)));
         }
         env
@@ -174,6 +182,28 @@ impl Sim {
         let mut c = self.channel(TENCENT.0, TENCENT.2);
         c.callback_token_env = Some(token_env(TENCENT.0));
         c
+    }
+
+    /// The email channel instance ([`EMAIL`]) on the simulated SES, its SNS
+    /// endpoint the simulator's (`<base>/sns`), its callbacks behind their
+    /// path token.
+    pub fn email_channel(&self) -> ChannelConfig {
+        let mut c = self.channel(EMAIL.0, EMAIL.2);
+        c.callback_token_env = Some(token_env(EMAIL.0));
+        c
+    }
+
+    /// Subscribes the email channel's callback URL on the host at
+    /// `host_base` to the simulated SNS topic of SES notifications, signed
+    /// with `signature_version` (1 or 2): SNS posts its
+    /// `SubscriptionConfirmation` at once, and notifications once the
+    /// plugin fetched its `SubscribeURL` ([`SimState::sns_confirmations`]).
+    pub fn subscribe_email_notifications(&self, host_base: &str, signature_version: u8) -> String {
+        self.state.sns_subscribe(provider_sim::sns::SnsConfig {
+            url: self.callback_url(host_base, EMAIL.0),
+            signature_version,
+            topic_arn: None,
+        })
     }
 
     /// One channel instance of `plugin` named `channel`.
@@ -250,6 +280,19 @@ impl Sim {
                     format!("{base}/webhook/{WEBHOOK_ENDPOINT}"),
                 )]),
                 s(&[("secret", "TEST_WEBHOOK_SECRET".into())]),
+            ),
+            "email" => (
+                s(&[
+                    ("endpoint", base.clone()),
+                    ("sns_endpoint", format!("{base}/sns")),
+                    ("region", "us-east-1".into()),
+                    ("access_key_id", c.aws_access_key_id.clone()),
+                    (
+                        "from",
+                        format!("noreply@{}", provider_sim::ses::SES_IDENTITY),
+                    ),
+                ]),
+                s(&[("secret_access_key", "TEST_AWS_SECRET".into())]),
             ),
             other => panic!("no settings for channel {other}"),
         }

@@ -21,8 +21,8 @@ use pushonce_tests::wait_until;
 const VERSION: &str = env!("CARGO_PKG_VERSION");
 
 /// The plugins the release ships: the key policies the example policies
-/// name and the six provider channels.
-const PLUGINS: [&str; 10] = [
+/// name and the provider channels.
+const PLUGINS: [&str; 11] = [
     "aliyun_sms",
     "apns",
     "fcm",
@@ -30,6 +30,7 @@ const PLUGINS: [&str; 10] = [
     "per_event",
     "per_user_per_day",
     "per_user_per_job",
+    "ses_email",
     "tencent_sms",
     "webhook",
     "wechat",

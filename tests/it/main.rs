@@ -27,6 +27,7 @@ mod dist;
 mod docs;
 mod doctor;
 mod e2e;
+mod email;
 mod eviction;
 mod hardening;
 mod one_ledger;

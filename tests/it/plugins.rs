@@ -48,6 +48,7 @@ fn the_real_plugins_load_and_describe_themselves() {
             "per-event@1.0.0",
             "per-user-per-day@1.0.0",
             "per-user-per-job@1.0.0",
+            "ses-email@1.0.0",
             "tencent-sms@1.0.0",
             "webhook@2.0.0",
             "wechat@2.0.0"
@@ -628,8 +629,8 @@ fn a_fresh_instance_gives_the_same_key_as_a_warm_one() {
 fn the_disk_cache_is_used_on_the_second_load() {
     let cache = tempfile::tempdir().unwrap();
     let first = real_registry(Some(cache.path()));
-    // 3 key policies + 7 channel plugins.
-    let shipped = 10;
+    // 3 key policies + 8 channel plugins.
+    let shipped = 11;
     assert_eq!(first.stats().compiled, shipped);
     assert_eq!(first.stats().from_cache, 0);
     let mut cwasm: Vec<_> = std::fs::read_dir(cache.path())

@@ -1,7 +1,7 @@
 //! Pure-Rust pieces of the real providers' protocols, shared by pushonce's
-//! channel plugins: request signatures (Aliyun V3, Tencent Cloud TC3, Standard Webhooks, WeChat's
-//! callback check), JWTs (RS256 for FCM's OAuth2 assertion, ES256 for APNs'
-//! provider token), references derived from an idempotency key, UTC
+//! channel plugins: request signatures (Aliyun V3, Tencent Cloud TC3, AWS
+//! SigV4, Standard Webhooks, WeChat's callback check, Amazon SNS messages),
+//! JWTs (RS256 for FCM's OAuth2 assertion, ES256 for APNs' provider token), references derived from an idempotency key, UTC
 //! timestamps, and each provider's error table. No `wit-bindgen` and no I/O,
 //! so everything here is unit-tested natively
 //! (`cargo test -p provider-auth --target-dir ../target/plugins-native`)
@@ -9,6 +9,7 @@
 
 pub mod aliyun;
 pub mod apns;
+pub mod aws;
 pub mod fcm;
 pub mod jwt;
 pub mod tencent;

@@ -28,6 +28,70 @@ pub fn routes() -> Router<SimState> {
         .route("/_sim/ca.pem", get(ca))
         .route("/_sim/wechat/verify-url", post(wechat_verify_url))
         .route("/_sim/aliyun/sms-up", post(aliyun_sms_up))
+        .route("/_sim/ses/sns", post(ses_sns).get(ses_sns_state))
+        .route("/_sim/ses/notify", post(ses_notify))
+}
+
+/// `POST /_sim/ses/sns`: subscribes an endpoint to the SES topic (SNS posts
+/// its `SubscriptionConfirmation` at once); `{"topic_arn": ...}`.
+async fn ses_sns(
+    State(state): State<SimState>,
+    Json(req): Json<crate::sns::SnsConfig>,
+) -> Response {
+    if !req.url.starts_with("http://") && !req.url.starts_with("https://") {
+        return unprocessable("`url` must be an absolute http(s) URL".into());
+    }
+    if !matches!(req.signature_version, 1 | 2) {
+        return unprocessable("`signature_version` must be 1 or 2".into());
+    }
+    let topic = state.sns_subscribe(req);
+    Json(json!({ "topic_arn": topic })).into_response()
+}
+
+/// `GET /_sim/ses/sns`: the topic and every `SubscribeURL` fetched.
+async fn ses_sns_state(State(state): State<SimState>) -> Response {
+    Json(json!({
+        "topic_arn": state.sns.topic(),
+        "confirmations": state.sns_confirmations(),
+    }))
+    .into_response()
+}
+
+/// A notification to push once, as SNS would, or spoiled.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NotifyRequest {
+    /// Where to post (default: the subscription's endpoint).
+    #[serde(default)]
+    url: Option<String>,
+    /// The `Message`: an SES notification (an object, or its text).
+    message: serde_json::Value,
+    /// `SignatureVersion`, 1 or 2 (default 1).
+    #[serde(default)]
+    signature_version: Option<u8>,
+    /// `none` (default), `signature` or `body`.
+    #[serde(default)]
+    tamper: crate::sns::Tamper,
+}
+
+/// `POST /_sim/ses/notify`: posts one SNS notification now, once;
+/// `{"status": <the endpoint's status>}`.
+async fn ses_notify(State(state): State<SimState>, Json(req): Json<NotifyRequest>) -> Response {
+    let version = req.signature_version.unwrap_or(1);
+    if !matches!(version, 1 | 2) {
+        return unprocessable("`signature_version` must be 1 or 2".into());
+    }
+    match state
+        .sns_push(req.url, &req.message, version, req.tamper)
+        .await
+    {
+        Ok(status) => Json(json!({ "status": status })).into_response(),
+        Err(e) => (
+            StatusCode::BAD_GATEWAY,
+            Json(json!({ "error": format!("the notification could not be posted: {e}") })),
+        )
+            .into_response(),
+    }
 }
 
 /// A user's reply to an Aliyun SMS, to push as SmsUp.

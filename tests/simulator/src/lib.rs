@@ -31,6 +31,12 @@
 //!   ("save the IDs in redis for 5 minutes"), not for ever.
 //! - [`inbox`] `inbox`: the business's own service, `Idempotency-Key` honoured;
 //!   a replay while the first request with the key is in flight gets 409.
+//! - [`ses`] `ses-email`: Amazon SES API v2 `SendEmail`, SigV4 verified from
+//!   the request as received ([`sigv4`]); no idempotency token; the mailbox
+//!   simulator's addresses; Delivery, Bounce and Complaint notifications
+//!   ([`ses_notify`]) published through a simulated SNS topic ([`sns`]):
+//!   its own key and certificate, messages signed as SNS signs them, a
+//!   subscription confirmed by its `SubscribeURL`.
 //!
 //! TLS ([`tls`]): a CA generated at start ([`SimState::ca_pem`]) signs the
 //! server certificate (SANs `127.0.0.1`, `localhost` and the real provider
@@ -51,6 +57,10 @@ pub mod inbox;
 mod jwt;
 mod ledger;
 pub mod receipts;
+pub mod ses;
+pub mod ses_notify;
+pub mod sigv4;
+pub mod sns;
 pub mod tencent;
 pub mod tls;
 pub mod webhook;
@@ -68,7 +78,7 @@ use ledger::Sim;
 pub use ledger::{Accepted, Delivery};
 
 /// The providers the simulator imitates, named like the channel plugins.
-pub const PROVIDERS: [&str; 7] = [
+pub const PROVIDERS: [&str; 8] = [
     "aliyun-sms",
     "tencent-sms",
     "wechat",
@@ -76,6 +86,7 @@ pub const PROVIDERS: [&str; 7] = [
     "apns",
     "webhook",
     "inbox",
+    "ses-email",
 ];
 
 /// Faults injected into one provider's send endpoint.
@@ -220,6 +231,11 @@ pub struct Config {
     /// Credentials to accept (e.g. kept from an earlier run's
     /// `credentials.json`); `None` generates fresh ones.
     pub credentials: Option<Credentials>,
+    /// The region of the simulated SES and SNS (the SigV4 scope SES accepts).
+    pub ses_region: String,
+    /// SNS's pause between delivery attempts to an HTTP(S) endpoint (its
+    /// default policy: 20 s; tests scale it down).
+    pub sns_retry_delay: Duration,
 }
 
 impl Default for Config {
@@ -241,6 +257,8 @@ impl Default for Config {
             tencent_report_after: Duration::from_secs(3),
             tencent_echo_session_context: false,
             credentials: None,
+            ses_region: "us-east-1".into(),
+            sns_retry_delay: Duration::from_secs(20),
         }
     }
 }
@@ -293,6 +311,12 @@ pub struct Credentials {
     /// Tencent Cloud SMS `SmsSdkAppId`.
     #[serde(default)]
     pub tencent_sdk_app_id: String,
+    /// AWS access key id for SES (absent from an older `credentials.json`: empty).
+    #[serde(default)]
+    pub aws_access_key_id: String,
+    /// AWS secret access key for SES.
+    #[serde(default)]
+    pub aws_secret_access_key: String,
 }
 
 impl std::fmt::Debug for Credentials {
@@ -301,6 +325,7 @@ impl std::fmt::Debug for Credentials {
             .field("aliyun_access_key_id", &self.aliyun_access_key_id)
             .field("tencent_secret_id", &self.tencent_secret_id)
             .field("tencent_sdk_app_id", &self.tencent_sdk_app_id)
+            .field("aws_access_key_id", &self.aws_access_key_id)
             .field("wechat_appid", &self.wechat_appid)
             .field("fcm_client_email", &self.fcm_client_email)
             .field("apns_team_id", &self.apns_team_id)
@@ -337,6 +362,8 @@ pub struct SimState {
     http: reqwest::Client,
     /// Settings fixed at start.
     config: Arc<Config>,
+    /// The simulated SNS: key, certificate, subscription.
+    sns: Arc<sns::Sns>,
 }
 
 impl SimState {
@@ -355,6 +382,7 @@ impl SimState {
             keys: Arc::new(keys),
             http,
             config: Arc::new(config),
+            sns: Arc::new(sns::Sns::default()),
         })
     }
 
@@ -419,6 +447,12 @@ impl SimState {
         self.lock().stats.clone()
     }
 
+    /// Every `SubscribeURL` the simulated SNS saw fetched (its subscription
+    /// confirmations).
+    pub fn sns_confirmations(&self) -> Vec<String> {
+        self.sns.confirmations()
+    }
+
     /// Every message accepted, per provider.
     pub fn ledger(&self) -> BTreeMap<String, Vec<Accepted>> {
         self.lock()
@@ -450,6 +484,7 @@ pub fn app(state: SimState) -> Router {
         .merge(apns::routes())
         .merge(webhook::routes())
         .merge(inbox::routes())
+        .merge(ses::routes())
         .merge(control::routes())
         .with_state(state)
 }
@@ -473,13 +508,18 @@ async fn root(
 
 /// Serves the providers (and the control API) over TLS with the simulator's
 /// CA on `listener` until `shutdown` completes. HTTP/1.1 and HTTP/2 by ALPN.
-pub async fn run(
+/// The listener's address is SNS's base URL (its `SigningCertURL` and
+/// `SubscribeURL`) from the call on, before the future is first polled.
+pub fn run(
     listener: tokio::net::TcpListener,
     state: SimState,
     shutdown: impl Future<Output = ()> + Send + 'static,
-) -> std::io::Result<()> {
+) -> impl Future<Output = std::io::Result<()>> + Send + 'static {
+    if let Ok(addr) = listener.local_addr() {
+        state.sns.set_base(format!("https://{addr}"));
+    }
     let config = state.keys.server_config.clone();
-    tls::serve(listener, config, app(state), shutdown).await
+    tls::serve(listener, config, app(state), shutdown)
 }
 
 /// Serves only the control API (`/_sim/*`) over plain HTTP on `listener`

@@ -9,7 +9,8 @@ use provider_sim::{Config, SimState};
 use std::path::PathBuf;
 use std::time::Duration;
 
-/// Imitates Aliyun SMS, WeChat, FCM, APNs, a Standard Webhooks receiver and
+/// Imitates Aliyun SMS, Tencent SMS, WeChat, FCM, APNs, Amazon SES (with its
+/// SNS notifications), a Standard Webhooks receiver and
 /// an inbox service on 127.0.0.1, over TLS with a CA generated at start.
 #[derive(Debug, Parser)]
 struct Args {

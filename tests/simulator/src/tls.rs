@@ -121,6 +121,8 @@ fn fresh_credentials() -> Result<Credentials, KeyError> {
         tencent_secret_id: format!("AKID{}", hex(32)),
         tencent_secret_key: hex(32),
         tencent_sdk_app_id: format!("1400{app_id:06}"),
+        aws_access_key_id: format!("AKIA{}", hex(16).to_uppercase()),
+        aws_secret_access_key: alphanumeric(40),
     })
 }
 

@@ -1,0 +1,81 @@
+//! The channel instance's settings, read through the host's `config` import.
+//!
+//! - `region` (required): the SES region, e.g. `eu-west-1`; it names the
+//!   SigV4 scope and the default endpoints.
+//! - `access_key_id`, `secret_access_key` (required to send; the secret from
+//!   the environment variable `secrets_from_env` names).
+//! - `from` (required to send): `FromEmailAddress`, a verified identity.
+//! - `configuration_set` (optional): `ConfigurationSetName`.
+//! - `endpoint` (default `https://email.<region>.amazonaws.com`).
+//! - `sns_endpoint` (default `https://sns.<region>.amazonaws.com`): a
+//!   `SigningCertURL` or `SubscribeURL` must be `https://` under it.
+//! - `topic_arns` (optional, comma separated): the only topics whose
+//!   messages are taken; any topic when unset.
+
+use channel_sdk::provider::setting_or;
+use channel_sdk::{SendError, require, setting};
+
+/// What sending needs.
+pub struct SendSettings {
+    /// `region`.
+    pub region: String,
+    /// `access_key_id`.
+    pub access_key_id: String,
+    /// `secret_access_key`.
+    pub secret_access_key: String,
+    /// `from`.
+    pub from: String,
+    /// `configuration_set`.
+    pub configuration_set: Option<String>,
+    /// `endpoint`, without a trailing `/`.
+    pub endpoint: String,
+}
+
+impl SendSettings {
+    /// The settings, or a permanent error naming the missing one.
+    pub fn read() -> Result<SendSettings, SendError> {
+        let region = require("region")?;
+        let endpoint = setting_or("endpoint", &format!("https://email.{region}.amazonaws.com"));
+        Ok(SendSettings {
+            access_key_id: require("access_key_id")?,
+            secret_access_key: require("secret_access_key")?,
+            from: require("from")?,
+            configuration_set: setting("configuration_set").filter(|s| !s.trim().is_empty()),
+            endpoint: endpoint.trim_end_matches('/').to_string(),
+            region,
+        })
+    }
+}
+
+/// What verifying a callback needs.
+pub struct CallbackSettings {
+    /// `sns_endpoint`, without a trailing `/`.
+    pub sns_endpoint: String,
+    /// `topic_arns`; empty: any topic.
+    pub topic_arns: Vec<String>,
+}
+
+impl CallbackSettings {
+    /// The settings, or what is missing (the callback is then refused).
+    pub fn read() -> Result<CallbackSettings, String> {
+        let endpoint = match setting("sns_endpoint").filter(|s| !s.is_empty()) {
+            Some(e) => e,
+            None => {
+                let region = setting("region")
+                    .filter(|s| !s.is_empty())
+                    .ok_or("channel setting `region` (or `sns_endpoint`) is not configured")?;
+                format!("https://sns.{region}.amazonaws.com")
+            }
+        };
+        let topic_arns = setting("topic_arns")
+            .unwrap_or_default()
+            .split(',')
+            .map(|t| t.trim().to_string())
+            .filter(|t| !t.is_empty())
+            .collect();
+        Ok(CallbackSettings {
+            sns_endpoint: endpoint.trim_end_matches('/').to_string(),
+            topic_arns,
+        })
+    }
+}

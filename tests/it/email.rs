@@ -1,0 +1,411 @@
+//! The email channel (issue 35 item 3) through a real `pushonce serve`
+//! process, real Redis, the real `ses-email` plugin and the provider
+//! simulator imitating Amazon SES and its SNS notifications: an email
+//! carries `List-Unsubscribe` and `List-Unsubscribe-Post` (RFC 8058), and
+//! its link's one-click POST opts the user out of that category while a
+//! forged or expired link is refused; the SNS subscription is confirmed by
+//! the plugin; an email to the mailbox simulator's `bounce@` gets a signed
+//! Bounce notification that opts the address's user out of email (history
+//! route `email_bounce`) and settles the task failed; a Delivery settles it
+//! delivered; a forged or altered notification is refused 403 and opts
+//! nobody out. Conditions with deadlines, no sleeps.
+
+use std::path::Path;
+use std::time::{Duration, SystemTime};
+
+use provider_sim::sns::Tamper;
+use pushonce_tests::providers::{self, Sim};
+use pushonce_tests::redis::RedisServer;
+use pushonce_tests::stack::{ServeConfig, ServeProcess};
+use pushonce_tests::wait_until;
+use serde_json::{Value, json};
+
+const API_TOKEN: &str = "email-test-api-token";
+const ADMIN_TOKEN: &str = "email-test-admin-token";
+/// The secret that signs the host's one-click unsubscribe links.
+const UNSUBSCRIBE_SECRET: &str = "email-test-unsubscribe-secret-of-40-bytes";
+/// The URL the host's unsubscribe links are written under.
+const LINK_BASE: &str = "https://push.example.com";
+/// How long a condition may take.
+const DEADLINE: Duration = Duration::from_secs(30);
+const DAY: Duration = Duration::from_secs(86_400);
+
+/// A newsletter (marketing) and a receipt (transactional), both by email.
+const POLICIES: &[(&str, &str)] = &[
+    (
+        "newsletter.toml",
+        r#"
+biz_type = "NEWSLETTER"
+key_policy = "per-event@^1"
+channels = ["email"]
+window = "1h"
+category = "marketing"
+"#,
+    ),
+    (
+        "receipt.toml",
+        r#"
+biz_type = "RECEIPT"
+key_policy = "per-event@^1"
+channels = ["email"]
+window = "1h"
+category = "transactional"
+"#,
+    ),
+];
+
+/// A host on `redis` (its ledger beside it) with the six channels and the
+/// email channel on the simulated SES.
+async fn serve(redis: &RedisServer, sim: &Sim, dir: &Path) -> ServeProcess {
+    let policies = dir.join("policies");
+    std::fs::create_dir_all(&policies).unwrap();
+    for (file, text) in POLICIES {
+        std::fs::write(policies.join(file), text).unwrap();
+    }
+    let mut config = ServeConfig::new(&redis.url(), sim);
+    let email = [(providers::EMAIL.0.to_string(), sim.email_channel())];
+    config
+        .channels
+        .push_str(&Sim::toml_of(email.into_iter().collect()));
+    config.ledger_url = Some(redis.ledger_url());
+    config.extra = format!(
+        r#"
+[auth]
+api_token_env = "EMAIL_API_TOKEN"
+admin_token_env = "EMAIL_ADMIN_TOKEN"
+
+[unsubscribe]
+secret_env = "EMAIL_UNSUBSCRIBE_SECRET"
+base_url = "{LINK_BASE}"
+"#
+    );
+    for (k, v) in [
+        ("EMAIL_API_TOKEN", API_TOKEN),
+        ("EMAIL_ADMIN_TOKEN", ADMIN_TOKEN),
+        ("EMAIL_UNSUBSCRIBE_SECRET", UNSUBSCRIBE_SECRET),
+    ] {
+        config.env.push((k.into(), v.into()));
+    }
+    ServeProcess::start(&config, dir, &policies).await.unwrap()
+}
+
+/// An answer: status and JSON body (a string when not JSON).
+async fn send(req: reqwest::RequestBuilder) -> (u16, Value) {
+    let answer = pushonce_tests::host::Answer::of(req).await.unwrap();
+    (answer.status.as_u16(), answer.body)
+}
+
+/// An event `biz_type` / `biz_id` for `user` by email to `address`.
+fn event(biz_type: &str, biz_id: &str, user: &str, address: &str) -> Value {
+    json!({
+        "biz_type": biz_type, "biz_id": biz_id, "user_id": user,
+        "occurred_at": "2026-12-04T10:00:00Z",
+        "params": {"name": user},
+        "recipients": {"email": address},
+    })
+}
+
+/// Posts an event: the email channel's result and its task id.
+async fn post(host: &ServeProcess, event: &Value) -> (String, Option<String>) {
+    let req = reqwest::Client::new()
+        .post(host.url("/v1/events"))
+        .bearer_auth(API_TOKEN)
+        .json(event);
+    let (status, answer) = send(req).await;
+    assert_eq!(status, 202, "{answer}");
+    let result = &answer["results"][0];
+    assert_eq!(result["channel"], "email", "{answer}");
+    (
+        result["result"].as_str().unwrap().to_string(),
+        result["task_id"].as_str().map(str::to_string),
+    )
+}
+
+/// A task's status (`sent`, `delivered`, `failed`...).
+async fn task_status(host: &ServeProcess, task: &str) -> String {
+    let req = reqwest::Client::new()
+        .get(host.url(&format!("/v1/tasks/{task}")))
+        .bearer_auth(API_TOKEN);
+    let (_, view) = send(req).await;
+    view["status"].as_str().unwrap_or_default().to_string()
+}
+
+/// `user`'s preferences view (`GET`, admin token).
+async fn preferences(host: &ServeProcess, user: &str) -> Value {
+    let req = reqwest::Client::new()
+        .get(host.url(&format!("/v1/users/{user}/preferences")))
+        .bearer_auth(ADMIN_TOKEN);
+    let (status, view) = send(req).await;
+    assert_eq!(status, 200, "{view}");
+    view
+}
+
+/// The changes in `view`'s history made by a bounce or complaint.
+fn bounces(view: &Value) -> Vec<Value> {
+    view["history"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| c["route"] == "email_bounce")
+        .cloned()
+        .collect()
+}
+
+/// The emails SES accepted for `address`, per the simulator's ledger.
+fn emails_to(sim: &Sim, address: &str) -> Vec<provider_sim::Accepted> {
+    sim.ledger("email")
+        .into_iter()
+        .filter(|m| m.recipient == address)
+        .collect()
+}
+
+/// The value of header `name` of an accepted email.
+fn header(email: &provider_sim::Accepted, name: &str) -> Option<String> {
+    email.params["Headers"]
+        .as_array()?
+        .iter()
+        .find(|h| h["Name"] == name)
+        .and_then(|h| h["Value"].as_str())
+        .map(str::to_string)
+}
+
+/// Waits until the plugin confirmed the SNS subscription (fetched its
+/// `SubscribeURL`).
+async fn confirmed(sim: &Sim, host: &ServeProcess) {
+    wait_until(DEADLINE, || async {
+        !sim.state.sns_confirmations().is_empty()
+    })
+    .await
+    .unwrap_or_else(|e| {
+        panic!(
+            "the SNS subscription is not confirmed: {e}; {:?}; log:\n{}",
+            sim.state.stats(),
+            host.log()
+        )
+    });
+}
+
+/// A mail system's one-click POST of `token` (RFC 8058: no login, no cookie).
+async fn one_click(host: &ServeProcess, token: &str) -> (u16, Value) {
+    send(
+        reqwest::Client::new()
+            .post(host.url(&format!("/v1/unsubscribe/{token}")))
+            .header("content-type", "application/x-www-form-urlencoded")
+            .body("List-Unsubscribe=One-Click"),
+    )
+    .await
+}
+
+/// The issue's done-when: an email is sent with both headers, a one-click
+/// POST to its link opts its user out of the category (the next newsletter
+/// by email is answered `opted_out`, a receipt still sends), and a forged
+/// or expired link is refused and changes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_email_carries_both_headers_and_its_one_click_link_opts_out_its_category() {
+    use pushonce::unsubscribe::{Target, UnsubscribeLinks};
+    let redis = RedisServer::start().await.unwrap();
+    let sim = providers::sim().await;
+    let dir = tempfile::tempdir().unwrap();
+    let host = serve(&redis, &sim, dir.path()).await;
+    let address = "reader@example.com";
+
+    assert_eq!(
+        post(&host, &event("NEWSLETTER", "n-1", "u-mail", address))
+            .await
+            .0,
+        "accepted"
+    );
+    wait_until(DEADLINE, || async { emails_to(&sim, address).len() == 1 })
+        .await
+        .unwrap_or_else(|e| panic!("the email reaches SES: {e}; log:\n{}", host.log()));
+    let email = &emails_to(&sim, address)[0];
+    assert_eq!(email.template, "NEWSLETTER");
+    assert_eq!(email.params["TemplateData"], json!({"name": "u-mail"}));
+    let unsubscribe = header(email, "List-Unsubscribe")
+        .unwrap_or_else(|| panic!("no List-Unsubscribe header: {}", email.params));
+    assert_eq!(
+        header(email, "List-Unsubscribe-Post").as_deref(),
+        Some("List-Unsubscribe=One-Click"),
+        "{}",
+        email.params
+    );
+    let prefix = format!("<{LINK_BASE}/v1/unsubscribe/");
+    let token = unsubscribe
+        .strip_prefix(&prefix)
+        .and_then(|t| t.strip_suffix('>'))
+        .unwrap_or_else(|| panic!("not a link of the host: {unsubscribe}"))
+        .to_string();
+
+    // A link with one character changed, and one written 61 days ago.
+    let (payload, mac) = token.rsplit_once('.').expect("payload.mac");
+    let flipped = if mac.starts_with('A') { "B" } else { "A" };
+    let forged = format!("{payload}.{flipped}{}", &mac[1..]);
+    let links = UnsubscribeLinks::new(UNSUBSCRIBE_SECRET.as_bytes(), LINK_BASE, 60 * DAY);
+    let old = links.link(
+        "u-mail",
+        &Target::Category("marketing".into()),
+        SystemTime::now() - 61 * DAY,
+    );
+    let expired = old
+        .strip_prefix(&format!("{LINK_BASE}/v1/unsubscribe/"))
+        .unwrap()
+        .to_string();
+    for (token, status) in [(&forged, 403), (&expired, 410)] {
+        let (got, problem) = one_click(&host, token).await;
+        assert_eq!(got, status, "{token}: {problem}");
+    }
+    let untouched = preferences(&host, "u-mail").await;
+    assert_eq!(untouched["categories_off"], json!([]), "{untouched}");
+    assert_eq!(untouched["history"], json!([]), "{untouched}");
+
+    // The mail system's one-click POST of the email's own link.
+    let (status, answer) = one_click(&host, &token).await;
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(
+        answer,
+        json!({"user_id": "u-mail", "kind": "category", "name": "marketing"})
+    );
+    assert_eq!(
+        post(&host, &event("NEWSLETTER", "n-2", "u-mail", address))
+            .await
+            .0,
+        "opted_out"
+    );
+    assert_eq!(
+        post(&host, &event("RECEIPT", "r-1", "u-mail", address))
+            .await
+            .0,
+        "accepted",
+        "a transactional email still goes"
+    );
+    wait_until(DEADLINE, || async { emails_to(&sim, address).len() == 2 })
+        .await
+        .expect("the receipt reaches SES");
+    let view = preferences(&host, "u-mail").await;
+    assert_eq!(view["categories_off"], json!(["marketing"]), "{view}");
+    assert_eq!(view["history"][0]["route"], "unsubscribe_link", "{view}");
+}
+
+/// An email to the mailbox simulator's `bounce@` address: SES answers it
+/// sent, then SNS posts a signed (SignatureVersion 1) Bounce, Permanent;
+/// the plugin verifies it, the task is settled failed and the address's
+/// user has email switched off, by the route `email_bounce`; the next
+/// email to them is answered `opted_out`. Another user is untouched. A
+/// complaint (`complaint@`) opts its user out and leaves the task delivered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bounce_notification_opts_the_address_out_of_email() {
+    let redis = RedisServer::start().await.unwrap();
+    let sim = providers::sim().await;
+    let dir = tempfile::tempdir().unwrap();
+    let host = serve(&redis, &sim, dir.path()).await;
+    sim.subscribe_email_notifications(host.base(), 1);
+    confirmed(&sim, &host).await;
+    let bounce = "bounce@simulator.amazonses.com";
+
+    let (result, task) = post(&host, &event("RECEIPT", "r-b1", "u-bounce", bounce)).await;
+    assert_eq!(result, "accepted");
+    let task = task.expect("a task id");
+    wait_until(DEADLINE, || async {
+        task_status(&host, &task).await == "failed"
+    })
+    .await
+    .unwrap_or_else(|e| {
+        panic!(
+            "the bounce settles the task failed: {e}; {:?}; log:\n{}",
+            sim.state.stats(),
+            host.log()
+        )
+    });
+    wait_until(DEADLINE, || async {
+        preferences(&host, "u-bounce").await["channels_off"] == json!(["email"])
+    })
+    .await
+    .unwrap_or_else(|e| panic!("the bounce opts u-bounce out: {e}; log:\n{}", host.log()));
+    let view = preferences(&host, "u-bounce").await;
+    let changes = bounces(&view);
+    assert_eq!(changes.len(), 1, "{view}");
+    assert_eq!(changes[0]["action"], "switch_off", "{view}");
+
+    assert_eq!(
+        post(&host, &event("RECEIPT", "r-b2", "u-bounce", bounce))
+            .await
+            .0,
+        "opted_out"
+    );
+    assert_eq!(emails_to(&sim, bounce).len(), 1, "nothing more reaches SES");
+    let other = preferences(&host, "u-other").await;
+    assert_eq!(other["channels_off"], json!([]), "{other}");
+
+    // `complaint@`: delivered, then reported as spam: the task stays
+    // delivered and the complaining address's user is opted out too.
+    let complaint = "complaint@simulator.amazonses.com";
+    let (result, task) = post(&host, &event("RECEIPT", "r-c1", "u-spam", complaint)).await;
+    assert_eq!(result, "accepted");
+    let task = task.expect("a task id");
+    wait_until(DEADLINE, || async {
+        preferences(&host, "u-spam").await["channels_off"] == json!(["email"])
+    })
+    .await
+    .unwrap_or_else(|e| panic!("the complaint opts u-spam out: {e}; log:\n{}", host.log()));
+    assert_eq!(bounces(&preferences(&host, "u-spam").await).len(), 1);
+    wait_until(DEADLINE, || async {
+        task_status(&host, &task).await == "delivered"
+    })
+    .await
+    .expect("the complained-of email was delivered");
+}
+
+/// A Delivery notification (SignatureVersion 2) settles the task
+/// delivered; a notification whose signature or body was altered is
+/// refused 403 by the plugin, and opts nobody out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_delivery_settles_delivered_and_a_forged_notification_is_refused() {
+    let redis = RedisServer::start().await.unwrap();
+    let sim = providers::sim().await;
+    let dir = tempfile::tempdir().unwrap();
+    let host = serve(&redis, &sim, dir.path()).await;
+    sim.subscribe_email_notifications(host.base(), 2);
+    confirmed(&sim, &host).await;
+    let address = "success@simulator.amazonses.com";
+
+    let (result, task) = post(&host, &event("RECEIPT", "r-d1", "u-ok", address)).await;
+    assert_eq!(result, "accepted");
+    let task = task.expect("a task id");
+    wait_until(DEADLINE, || async {
+        task_status(&host, &task).await == "delivered"
+    })
+    .await
+    .unwrap_or_else(|e| {
+        panic!(
+            "the delivery settles the task: {e}; {:?}; log:\n{}",
+            sim.state.stats(),
+            host.log()
+        )
+    });
+
+    // A bounce of that address, as an attacker would post it: with a
+    // signature they cannot make, or a genuine one over another body.
+    let message_id = emails_to(&sim, address)[0].id.clone();
+    let notice = provider_sim::ses_notify::bounce(
+        &message_id,
+        "noreply@mail.pushonce.test",
+        address,
+        "Permanent",
+        "General",
+    );
+    for tamper in [Tamper::Signature, Tamper::Body] {
+        let status = sim.state.sns_push(None, &notice, 2, tamper).await.unwrap();
+        assert_eq!(status, 403, "{tamper:?}");
+    }
+    let view = preferences(&host, "u-ok").await;
+    assert_eq!(view["channels_off"], json!([]), "{view}");
+    assert!(bounces(&view).is_empty(), "{view}");
+    assert_eq!(task_status(&host, &task).await, "delivered");
+    assert_eq!(
+        post(&host, &event("RECEIPT", "r-d2", "u-ok", address))
+            .await
+            .0,
+        "accepted",
+        "email still goes to u-ok"
+    );
+}

@@ -52,6 +52,16 @@ window = "1h"
 category = "transactional"
 "#,
     ),
+    (
+        "login-code.toml",
+        r#"
+biz_type = "LOGIN_CODE"
+key_policy = "per-event@^1"
+channels = ["email"]
+window = "1h"
+category = "security"
+"#,
+    ),
 ];
 
 /// A host on `redis` (its ledger beside it) with the six channels and the
@@ -73,6 +83,9 @@ async fn serve(redis: &RedisServer, sim: &Sim, dir: &Path) -> ServeProcess {
 [auth]
 api_token_env = "EMAIL_API_TOKEN"
 admin_token_env = "EMAIL_ADMIN_TOKEN"
+
+[preferences]
+mandatory = ["security"]
 
 [unsubscribe]
 secret_env = "EMAIL_UNSUBSCRIBE_SECRET"
@@ -284,6 +297,28 @@ async fn an_email_carries_both_headers_and_its_one_click_link_opts_out_its_categ
     let view = preferences(&host, "u-mail").await;
     assert_eq!(view["categories_off"], json!(["marketing"]), "{view}");
     assert_eq!(view["history"][0]["route"], "unsubscribe_link", "{view}");
+
+    // A mandatory category's email carries no link: no preference can stop it.
+    assert_eq!(
+        post(&host, &event("LOGIN_CODE", "c-1", "u-mail", address))
+            .await
+            .0,
+        "accepted"
+    );
+    wait_until(DEADLINE, || async { emails_to(&sim, address).len() == 3 })
+        .await
+        .expect("the login code reaches SES");
+    let code = emails_to(&sim, address)
+        .into_iter()
+        .find(|e| e.template == "LOGIN_CODE")
+        .expect("the login code's email");
+    assert_eq!(header(&code, "List-Unsubscribe"), None, "{}", code.params);
+    assert_eq!(
+        header(&code, "List-Unsubscribe-Post"),
+        None,
+        "{}",
+        code.params
+    );
 }
 
 /// An email to the mailbox simulator's `bounce@` address: SES answers it

@@ -63,6 +63,12 @@ fn the_real_plugins_load_and_describe_themselves() {
         assert_eq!(p.meta().world.to_string(), world);
         assert!(!p.meta().description.is_empty());
     }
+    // Contract 2.2's optional `extras`: the email channel takes the
+    // unsubscribe link, the SMS channel does not (both take opt-outs).
+    let email = registry.resolve_channel("ses-email@^1").unwrap();
+    let sms = registry.resolve_channel("aliyun-sms@^2").unwrap();
+    assert!(email.takes_extras() && email.takes_opt_outs());
+    assert!(!sms.takes_extras() && sms.takes_opt_outs());
 }
 
 #[test]

@@ -154,6 +154,22 @@ const CHANNEL_SDK: &[Template] = &[
         include_str!("../../../plugins/provider-auth/src/apns.rs"),
     ),
     (
+        "sdk/provider-auth/src/aws.rs",
+        include_str!("../../../plugins/provider-auth/src/aws.rs"),
+    ),
+    (
+        "sdk/provider-auth/src/aws/ses.rs",
+        include_str!("../../../plugins/provider-auth/src/aws/ses.rs"),
+    ),
+    (
+        "sdk/provider-auth/src/aws/sigv4.rs",
+        include_str!("../../../plugins/provider-auth/src/aws/sigv4.rs"),
+    ),
+    (
+        "sdk/provider-auth/src/aws/sns.rs",
+        include_str!("../../../plugins/provider-auth/src/aws/sns.rs"),
+    ),
+    (
         "sdk/provider-auth/src/fcm.rs",
         include_str!("../../../plugins/provider-auth/src/fcm.rs"),
     ),
@@ -305,5 +321,50 @@ pub(crate) fn build_command(lang: Lang) -> &'static str {
         Lang::Python => {
             "pip install componentize-py==0.25.1 && componentize-py -d wit -w pushonce:plugin/key-policy-plugin componentize -s app -o <name>.wasm"
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::{Path, PathBuf};
+
+    /// The `.rs` files under `dir`, at any depth.
+    fn rust_files(dir: &Path) -> Vec<PathBuf> {
+        let mut found = Vec::new();
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                found.extend(rust_files(&path));
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                found.push(path);
+            }
+        }
+        found
+    }
+
+    /// A module added to `channel-sdk` or `provider-auth` and not listed
+    /// here breaks every scaffolded channel project ("file not found for
+    /// module"). Unit-test files are left out, as their test data is.
+    #[test]
+    fn the_channel_sdk_template_lists_every_source_file_of_the_sdk() {
+        let plugins = Path::new(env!("CARGO_MANIFEST_DIR")).join("../plugins");
+        let mut missing = Vec::new();
+        for krate in ["channel-sdk", "provider-auth"] {
+            for file in rust_files(&plugins.join(krate).join("src")) {
+                let relative = file.strip_prefix(&plugins).unwrap();
+                if relative.ends_with("tests.rs") {
+                    continue;
+                }
+                let name = format!("sdk/{}", relative.display());
+                if !CHANNEL_SDK.iter().any(|(listed, _)| *listed == name) {
+                    missing.push(name);
+                }
+            }
+        }
+        assert!(
+            missing.is_empty(),
+            "add to CHANNEL_SDK in host/src/cli/scaffold.rs: {missing:?}"
+        );
     }
 }

@@ -13,7 +13,7 @@
 //! Errors: SendSms API reference, "错误码" (<https://help.aliyun.com/zh/sms/developer-reference/api-dysmsapi-2017-05-25-sendsms>)
 //! and the SMS error-code list (<https://help.aliyun.com/zh/sms/developer-reference/api-error-codes>).
 
-use crate::{Class, Refusal, hex, hmac_sha256, percent_encode, sha256_hex};
+use crate::{Class, Refusal, canonical_headers, canonical_query, hex, hmac_sha256, sha256_hex};
 
 /// The algorithm name of signature V3.
 pub const ALGORITHM: &str = "ACS3-HMAC-SHA256";
@@ -45,36 +45,15 @@ pub struct Signed {
     pub authorization: String,
 }
 
-/// The query string in canonical form: RFC 3986-encoded `k=v`, sorted, `&`-joined
-/// (the same string serves as the request's own query).
-pub fn canonical_query(params: &[(String, String)]) -> String {
-    let mut pairs: Vec<(String, String)> = params
-        .iter()
-        .map(|(k, v)| (percent_encode(k), percent_encode(v)))
-        .collect();
-    pairs.sort();
-    pairs
-        .iter()
-        .map(|(k, v)| format!("{k}={v}"))
-        .collect::<Vec<_>>()
-        .join("&")
-}
-
 /// Signs `req` with the access key pair.
 pub fn sign_v3(req: &Request<'_>, access_key_id: &str, secret: &str) -> Signed {
-    let mut headers: Vec<(String, String)> = req
-        .headers
-        .iter()
-        .map(|(k, v)| (k.to_ascii_lowercase(), v.trim().to_string()))
-        .filter(|(k, _)| k == "host" || k == "content-type" || k.starts_with("x-acs-"))
-        .collect();
-    headers.sort();
-    let canonical_headers: String = headers.iter().map(|(k, v)| format!("{k}:{v}\n")).collect();
-    let signed_headers = headers
-        .iter()
-        .map(|(k, _)| k.as_str())
-        .collect::<Vec<_>>()
-        .join(";");
+    let (canonical_headers, signed_headers) = canonical_headers(
+        req.headers
+            .iter()
+            .map(|(k, v)| (k.to_ascii_lowercase(), v.trim().to_string()))
+            .filter(|(k, _)| k == "host" || k == "content-type" || k.starts_with("x-acs-"))
+            .collect(),
+    );
     let canonical_request = format!(
         "{}\n{}\n{}\n{}\n{}\n{}",
         req.method,

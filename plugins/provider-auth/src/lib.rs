@@ -178,6 +178,36 @@ pub fn percent_encode(s: &str) -> String {
     out
 }
 
+/// The canonical query string of the SigV4 family (AWS SigV4, and Aliyun
+/// V3, which follows it): RFC 3986-encoded `k=v`, sorted by name then
+/// value, `&`-joined (the same string serves as a request's own query).
+pub fn canonical_query(params: &[(String, String)]) -> String {
+    let mut pairs: Vec<(String, String)> = params
+        .iter()
+        .map(|(k, v)| (percent_encode(k), percent_encode(v)))
+        .collect();
+    pairs.sort();
+    pairs
+        .iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect::<Vec<_>>()
+        .join("&")
+}
+
+/// The canonical headers and the signed-header list of the SigV4 family:
+/// `headers` (names lower case, values as signed) sorted, each
+/// `name:value\n`; their names `;`-joined.
+pub fn canonical_headers(mut headers: Vec<(String, String)>) -> (String, String) {
+    headers.sort();
+    let canonical = headers.iter().map(|(k, v)| format!("{k}:{v}\n")).collect();
+    let signed = headers
+        .iter()
+        .map(|(k, _)| k.as_str())
+        .collect::<Vec<_>>()
+        .join(";");
+    (canonical, signed)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

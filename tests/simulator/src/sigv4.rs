@@ -60,18 +60,6 @@ fn sha256_hex(data: &[u8]) -> String {
     hex::encode(digest::digest(&digest::SHA256, data))
 }
 
-/// URI-encodes as SigV4 does: unreserved characters kept, others `%XX`.
-fn encode(s: &str) -> String {
-    s.bytes()
-        .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
-                (b as char).to_string()
-            }
-            _ => format!("%{b:02X}"),
-        })
-        .collect()
-}
-
 /// The canonical request of a request as received. `headers` are the
 /// signed headers' (lower-case name, value as received), in any order.
 pub fn canonical_request(
@@ -81,12 +69,9 @@ pub fn canonical_request(
     headers: &[(String, String)],
     body: &[u8],
 ) -> String {
-    let mut query: Vec<(String, String)> = crate::aliyun::parse_pairs(raw_query)
-        .into_iter()
-        .map(|(k, v)| (encode(&k), encode(&v)))
-        .collect();
-    query.sort();
-    let query: Vec<String> = query.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    // SigV4's canonical query is Aliyun V3's (V3 follows SigV4):
+    // RFC 3986-encoded pairs, sorted, `&`-joined.
+    let query = crate::aliyun::canonical_query(&crate::aliyun::parse_pairs(raw_query));
     let mut headers: Vec<(String, String)> = headers
         .iter()
         .map(|(k, v)| {
@@ -99,8 +84,7 @@ pub fn canonical_request(
     let names: Vec<&str> = headers.iter().map(|(k, _)| k.as_str()).collect();
     let path = if path.is_empty() { "/" } else { path };
     format!(
-        "{method}\n{path}\n{}\n{canonical}\n{}\n{}",
-        query.join("&"),
+        "{method}\n{path}\n{query}\n{canonical}\n{}\n{}",
         names.join(";"),
         sha256_hex(body)
     )

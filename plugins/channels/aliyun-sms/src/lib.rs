@@ -273,7 +273,10 @@ fn call(action: &str, params: &[(&str, String)]) -> Result<Value, SendError> {
         .iter()
         .map(|(k, v)| (k.as_str(), v.as_str()))
         .collect();
-    let url = format!("{endpoint}/?{}", aliyun::canonical_query(&query));
+    let url = format!(
+        "{endpoint}/?{}",
+        channel_sdk::provider::auth::canonical_query(&query)
+    );
     let resp = http::request("POST", &url, &header_refs, Some(b""))?;
     let body = resp.json();
     let code = body.get("Code").and_then(Value::as_str);

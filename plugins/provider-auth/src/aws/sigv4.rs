@@ -22,7 +22,7 @@
 //! case `get-vanilla-query-order-key-case`) and the IAM `ListUsers` example
 //! of the same guide.
 
-use crate::{hex, hmac_sha256, percent_encode, sha256_hex};
+use crate::{canonical_headers, canonical_query, hex, hmac_sha256, percent_encode, sha256_hex};
 
 /// The algorithm name.
 pub const ALGORITHM: &str = "AWS4-HMAC-SHA256";
@@ -88,20 +88,6 @@ pub fn canonical_uri(path: &str) -> String {
         .join("/")
 }
 
-/// The canonical query string: encoded `name=value` pairs sorted by name (then value).
-pub fn canonical_query(query: &[(String, String)]) -> String {
-    let mut pairs: Vec<(String, String)> = query
-        .iter()
-        .map(|(k, v)| (percent_encode(k), percent_encode(v)))
-        .collect();
-    pairs.sort();
-    pairs
-        .iter()
-        .map(|(k, v)| format!("{k}={v}"))
-        .collect::<Vec<_>>()
-        .join("&")
-}
-
 /// A header value as signed: trimmed, inner runs of spaces made one.
 fn canonical_value(v: &str) -> String {
     v.split_whitespace().collect::<Vec<_>>().join(" ")
@@ -117,18 +103,12 @@ pub fn signing_key(secret: &str, date: &str, region: &str, service: &str) -> Vec
 
 /// Signs `req` in `scope`.
 pub fn sign(req: &Request<'_>, scope: &Scope<'_>) -> Signed {
-    let mut headers: Vec<(String, String)> = req
-        .headers
-        .iter()
-        .map(|(k, v)| (k.to_ascii_lowercase(), canonical_value(v)))
-        .collect();
-    headers.sort();
-    let canonical_headers: String = headers.iter().map(|(k, v)| format!("{k}:{v}\n")).collect();
-    let signed_headers = headers
-        .iter()
-        .map(|(k, _)| k.as_str())
-        .collect::<Vec<_>>()
-        .join(";");
+    let (canonical_headers, signed_headers) = canonical_headers(
+        req.headers
+            .iter()
+            .map(|(k, v)| (k.to_ascii_lowercase(), canonical_value(v)))
+            .collect(),
+    );
     let canonical_request = format!(
         "{}\n{}\n{}\n{}\n{}\n{}",
         req.method,

@@ -176,6 +176,17 @@ impl ServeProcess {
         format!("{}{path}", self.base)
     }
 
+    /// `user`'s preferences view (`GET /v1/users/{user}/preferences` with
+    /// the bearer `token`), asserting 200.
+    pub async fn preferences(&self, user: &str, token: &str) -> Value {
+        let path = format!("/v1/users/{user}/preferences");
+        let answer = Answer::of(self.client.get(self.url(&path)).bearer_auth(token))
+            .await
+            .unwrap();
+        assert_eq!(answer.status.as_u16(), 200, "{}", answer.body);
+        answer.body
+    }
+
     /// `POST path` with a JSON body (the stack's API is open: no token).
     pub async fn post(&self, path: &str, body: &serde_json::Value) -> anyhow::Result<Answer> {
         Answer::of(self.client.post(self.url(path)).json(body)).await
@@ -293,4 +304,16 @@ pub async fn wait_tasks(
 /// `GET url` as JSON; `None` when it cannot be read.
 pub async fn get_json(client: &reqwest::Client, url: &str) -> Option<Value> {
     client.get(url).send().await.ok()?.json().await.ok()
+}
+
+/// The changes in a preferences view's history made through `route`
+/// (`sms_reply`, `email_bounce`, ...), newest first.
+pub fn history_by_route(view: &Value, route: &str) -> Vec<Value> {
+    view["history"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| c["route"] == route)
+        .cloned()
+        .collect()
 }

@@ -145,23 +145,12 @@ async fn task_status(host: &ServeProcess, task: &str) -> String {
 
 /// `user`'s preferences view (`GET`, admin token).
 async fn preferences(host: &ServeProcess, user: &str) -> Value {
-    let req = reqwest::Client::new()
-        .get(host.url(&format!("/v1/users/{user}/preferences")))
-        .bearer_auth(ADMIN_TOKEN);
-    let (status, view) = send(req).await;
-    assert_eq!(status, 200, "{view}");
-    view
+    host.preferences(user, ADMIN_TOKEN).await
 }
 
 /// The changes in `view`'s history made by a bounce or complaint.
 fn bounces(view: &Value) -> Vec<Value> {
-    view["history"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|c| c["route"] == "email_bounce")
-        .cloned()
-        .collect()
+    pushonce_tests::stack::history_by_route(view, "email_bounce")
 }
 
 /// The emails SES accepted for `address`, per the simulator's ledger.

@@ -930,10 +930,7 @@ mod one_click {
     }
 
     async fn preferences(host: &ServeProcess, user: &str) -> Value {
-        let path = format!("/v1/users/{user}/preferences");
-        let (status, view) = call(host, reqwest::Method::GET, &path, Some(ADMIN_TOKEN), None).await;
-        assert_eq!(status, 200, "{view}");
-        view
+        host.preferences(user, ADMIN_TOKEN).await
     }
 
     fn promo(biz_id: &str, user: &str) -> Value {

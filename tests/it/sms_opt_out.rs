@@ -108,12 +108,7 @@ async fn post(host: &ServeProcess, event: &Value) -> Vec<(String, String)> {
 
 /// `user`'s preferences view (`GET`, admin token).
 async fn preferences(host: &ServeProcess, user: &str) -> Value {
-    let req = reqwest::Client::new()
-        .get(host.url(&format!("/v1/users/{user}/preferences")))
-        .bearer_auth(ADMIN_TOKEN);
-    let (status, view) = send(req).await;
-    assert_eq!(status, 200, "{view}");
-    view
+    host.preferences(user, ADMIN_TOKEN).await
 }
 
 /// The simulator's count of `stat` (e.g. `aliyun-sms.sms_up_posted`).
@@ -135,13 +130,7 @@ async fn opt_outs_counted(host: &ServeProcess, result: &str) -> u64 {
 
 /// The changes in `view`'s history made by an SMS reply.
 fn sms_replies(view: &Value) -> Vec<Value> {
-    view["history"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|c| c["route"] == "sms_reply")
-        .cloned()
-        .collect()
+    pushonce_tests::stack::history_by_route(view, "sms_reply")
 }
 
 /// The done-when: an SmsUp "TD" from the simulator opts the number

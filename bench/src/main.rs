@@ -3,6 +3,7 @@
 //! benchmark code; `http` runs the `pushonce` binary beside it as the host
 //! under test.
 
+mod anatomy;
 mod dedup_memory;
 mod http;
 mod languages;

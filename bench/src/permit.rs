@@ -421,33 +421,34 @@ pub(super) fn redis_benchmark_capped_accept(
         gate: gate_of("c", "u-__rand_int__"),
         ..request("g__rand_int__", 0)
     };
-    run_accept_script(url, n, c, permits, &req)
-}
-
-/// redis-benchmark calling the accept script by SHA with `req`'s keys and arguments.
-fn run_accept_script(
-    url: &str,
-    n: usize,
-    c: usize,
-    permits: &Permits,
-    req: &AcceptRequest,
-) -> anyhow::Result<Row> {
-    run_redis_benchmark(url, n, c, &accept_command_of(permits, req))
+    run_redis_benchmark(url, n, c, &accept_command_of(permits, &[req]))
 }
 
 /// The command line of [`redis_benchmark_accept`]: `EVALSHA` of the accept
 /// script with the benchmark's request shape, every key unique.
 pub(super) fn accept_command(permits: &Permits) -> Vec<String> {
-    accept_command_of(permits, &request("f__rand_int__", 0))
+    accept_command_of(permits, &[request("f__rand_int__", 0)])
 }
 
-/// `EVALSHA` of the accept script with `req`'s keys and arguments.
-fn accept_command_of(permits: &Permits, req: &AcceptRequest) -> Vec<String> {
+/// [`accept_command`] of one event on `channels` channels (one script call).
+pub(super) fn event_accept_command(permits: &Permits, channels: usize) -> Vec<String> {
+    accept_command_of(permits, &event_requests("f__rand_int__", 0, channels))
+}
+
+/// `EVALSHA` of the accept script with `reqs`' keys and arguments (one
+/// event's channels, in the shard of the first).
+fn accept_command_of(permits: &Permits, reqs: &[AcceptRequest]) -> Vec<String> {
+    let Some(req) = reqs.first() else {
+        return Vec::new();
+    };
     let shard = permits
         .layout()
         .shard_for(&req.key, req.recipient.as_deref());
-    let task_id = format!("{shard}-0-__rand_int__");
-    let (keys, args) = permits.accept_keys_and_args(req, &task_id);
+    let task_ids: Vec<String> = (0..reqs.len())
+        .map(|i| format!("{shard}-{i}-__rand_int__"))
+        .collect();
+    let reqs: Vec<&AcceptRequest> = reqs.iter().collect();
+    let (keys, args) = permits.accept_keys_and_args(&reqs, &task_ids);
     let mut command = vec![
         "EVALSHA".to_string(),
         pushonce::permit::accept::SCRIPT.get_hash().to_string(),

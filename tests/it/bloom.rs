@@ -238,7 +238,7 @@ async fn an_open_task_holds_a_permit_only_until_it_ends(server: &RedisServer) {
     };
     let lease = Duration::from_secs(30);
     let begin = |permits: pushonce::permit::Permits, id: String| async move {
-        match permits.begin_attempt(&id, "life-1", lease).await.unwrap() {
+        match permits.begin_attempt(&id, lease).await.unwrap() {
             Begin::Begun(a) => a,
             other => panic!("expected to begin, got {other:?}"),
         }

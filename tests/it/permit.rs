@@ -26,10 +26,9 @@ fn request(key: &str, window: Duration) -> AcceptRequest {
 async fn begin(
     permits: &Permits,
     task_id: &str,
-    key: &str,
     lease: Duration,
 ) -> Box<pushonce::permit::Attempt> {
-    match permits.begin_attempt(task_id, key, lease).await.unwrap() {
+    match permits.begin_attempt(task_id, lease).await.unwrap() {
         Begin::Begun(a) => a,
         other => panic!("expected to begin, got {other:?}"),
     }
@@ -39,12 +38,11 @@ async fn begin(
 async fn begin_when_free(
     permits: &Permits,
     task_id: &str,
-    key: &str,
     lease: Duration,
 ) -> Box<pushonce::permit::Attempt> {
     let start = std::time::Instant::now();
     loop {
-        match permits.begin_attempt(task_id, key, lease).await.unwrap() {
+        match permits.begin_attempt(task_id, lease).await.unwrap() {
             Begin::Begun(a) => return a,
             Begin::Busy { .. } if start.elapsed() < Duration::from_secs(5) => {
                 tokio::time::sleep(Duration::from_millis(20)).await
@@ -177,12 +175,7 @@ async fn one_task(key: &str) -> (RedisServer, Permits, String) {
 }
 
 /// The task's entry in its shard's ready stream, read as `consumer` would.
-async fn read_entry(
-    permits: &Permits,
-    id: &str,
-    key: &str,
-    consumer: &str,
-) -> pushonce::permit::Entry {
+async fn read_entry(permits: &Permits, id: &str, consumer: &str) -> pushonce::permit::Entry {
     let shard = shard_of_task(id).unwrap();
     let read: redis::streams::StreamReadReply = redis::cmd("XREADGROUP")
         .arg("GROUP")
@@ -200,7 +193,6 @@ async fn read_entry(
         shard,
         id: read.keys[0].ids[0].id.clone(),
         task_id: id.to_string(),
-        key: key.into(),
     }
 }
 
@@ -214,9 +206,9 @@ async fn read_entry(
 async fn an_entry_acked_after_a_reclaimer_took_it_begins_nothing() {
     let key = "reclaimed-then-acked";
     let (_server, permits, id) = one_task(key).await;
-    let entry = read_entry(&permits, &id, key, "worker-1").await;
+    let entry = read_entry(&permits, &id, "worker-1").await;
     let lease = Duration::from_secs(5);
-    let tasks = [(id.as_str(), key, entry.id.as_str())];
+    let tasks = [(id.as_str(), entry.id.as_str())];
     let a = match permits.begin_attempts(&tasks, lease).await.unwrap().pop() {
         Some(Ok(Begin::Begun(a))) => a,
         other => panic!("expected to begin, got {other:?}"),
@@ -253,10 +245,10 @@ async fn an_entry_acked_after_a_reclaimer_took_it_begins_nothing() {
 async fn a_record_that_fails_midway_leaves_the_entry_for_a_reclaimer() {
     let key = "strand-key";
     let (_server, permits, id) = one_task(key).await;
-    let entry = read_entry(&permits, &id, key, "worker-1").await;
+    let entry = read_entry(&permits, &id, "worker-1").await;
     let stream = permits.layout().ready(entry.shard);
     let mut conn = permits.connection();
-    let a = begin(&permits, &id, key, Duration::from_millis(300)).await;
+    let a = begin(&permits, &id, Duration::from_millis(300)).await;
     // A field the script reads no longer parses: `sent` stops on an error.
     let task = permits.layout().task(&id).unwrap();
     let _: () = redis::cmd("HSET")
@@ -290,7 +282,7 @@ async fn a_record_that_fails_midway_leaves_the_entry_for_a_reclaimer() {
     // The reclaimer's begin decides from what the script wrote before it
     // stopped (here `status = sent`): nothing to send, the entry is acked.
     let settled = permits
-        .begin_attempt(&id, key, Duration::from_millis(300))
+        .begin_attempt(&id, Duration::from_millis(300))
         .await
         .unwrap();
     assert!(
@@ -311,16 +303,16 @@ async fn a_worker_whose_lease_was_lost_cannot_overwrite() {
             .unwrap(),
     );
     let lease = Duration::from_millis(300);
-    let a = begin(&permits, &id, key, lease).await;
+    let a = begin(&permits, &id, lease).await;
     assert_eq!(a.number, 1);
     assert!(!a.reclaimed);
     // While A's lease lives, nobody else may begin.
     assert!(matches!(
-        permits.begin_attempt(&id, key, lease).await.unwrap(),
+        permits.begin_attempt(&id, lease).await.unwrap(),
         Begin::Busy { .. }
     ));
     // A's lease runs out; B takes over.
-    let b = begin_when_free(&permits, &id, key, lease).await;
+    let b = begin_when_free(&permits, &id, lease).await;
     assert_eq!(b.number, 2);
     assert!(b.reclaimed, "B took over a stale lease");
     // A comes back: it can neither extend nor record.
@@ -373,7 +365,7 @@ async fn a_permanent_failure_with_nothing_sent_releases_the_permit() {
             .await
             .unwrap(),
     );
-    let a = begin(&permits, &id, key, Duration::from_secs(5)).await;
+    let a = begin(&permits, &id, Duration::from_secs(5)).await;
     let rec = permits
         .record(
             &a,
@@ -405,8 +397,8 @@ async fn a_permanent_failure_with_nothing_sent_releases_the_permit() {
             .unwrap(),
     );
     let lease = Duration::from_millis(200);
-    let _dead_worker = begin(&permits, &id2, key2, lease).await;
-    let b = begin_when_free(&permits, &id2, key2, lease).await;
+    let _dead_worker = begin(&permits, &id2, lease).await;
+    let b = begin_when_free(&permits, &id2, lease).await;
     let rec = permits
         .record(
             &b,
@@ -430,7 +422,7 @@ async fn ended_tasks_get_retention_and_sent_permits_keep_the_window() {
     let id = accepted(&permits.accept(&request(key, window)).await.unwrap());
     let ttl = task_ttl(&server, &permits, &id).await;
     assert_eq!(ttl, -1, "a live task never expires");
-    let a = begin(&permits, &id, key, Duration::from_secs(5)).await;
+    let a = begin(&permits, &id, Duration::from_secs(5)).await;
     // During the attempt the permit lasts past the lease by the grace (60 s) or the window, whichever is longer.
     let during = permits.permit_ttl(key).await.unwrap().unwrap().unwrap();
     assert!(during > 590_000, "{during}");
@@ -486,12 +478,7 @@ async fn begun(permits: &Permits, key: &str) -> (Box<pushonce::permit::Attempt>,
         ..request(key, Duration::from_secs(30))
     };
     let id = accepted(&permits.accept(&req).await.unwrap());
-    let a = begin(permits, &id, key, Duration::from_secs(5)).await;
-    assert_eq!(
-        a.task.fields.get("ix").map(String::as_str),
-        Some("1"),
-        "the accept indexed the event"
-    );
+    let a = begin(permits, &id, Duration::from_secs(5)).await;
     let shard = shard_of_task(&id).unwrap();
     let index = format!(
         "{}:event:{}:{}",
@@ -662,7 +649,7 @@ async fn a_permit_outlives_a_retry_schedule_longer_than_its_window() {
     let key = "short-window";
     let window = Duration::from_millis(200);
     let id = accepted(&permits.accept(&request(key, window)).await.unwrap());
-    let a = begin(&permits, &id, key, Duration::from_millis(500)).await;
+    let a = begin(&permits, &id, Duration::from_millis(500)).await;
     permits
         .record(
             &a,
@@ -694,7 +681,7 @@ async fn a_permit_outlives_a_retry_schedule_longer_than_its_window() {
     })
     .await
     .unwrap();
-    let b = begin(&permits, &id, key, Duration::from_secs(5)).await;
+    let b = begin(&permits, &id, Duration::from_secs(5)).await;
     assert_eq!(b.number, 2);
 }
 
@@ -715,7 +702,7 @@ async fn a_task_whose_permit_lapsed_and_was_retaken_is_superseded() {
     let new = accepted(&permits.accept(&request(key, window)).await.unwrap());
     // The old task must not send: the newer one owns the key now.
     match permits
-        .begin_attempt(&old, key, Duration::from_secs(5))
+        .begin_attempt(&old, Duration::from_secs(5))
         .await
         .unwrap()
     {
@@ -726,7 +713,7 @@ async fn a_task_whose_permit_lapsed_and_was_retaken_is_superseded() {
         permits.task(&old).await.unwrap().unwrap().status,
         TaskStatus::Superseded
     );
-    begin(&permits, &new, key, Duration::from_secs(5)).await;
+    begin(&permits, &new, Duration::from_secs(5)).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -740,7 +727,7 @@ async fn an_unknown_outcome_holds_the_permit_until_a_receipt() {
             .await
             .unwrap(),
     );
-    let a = begin(&permits, &id, key, Duration::from_secs(5)).await;
+    let a = begin(&permits, &id, Duration::from_secs(5)).await;
     permits
         .record(
             &a,
@@ -758,7 +745,7 @@ async fn an_unknown_outcome_holds_the_permit_until_a_receipt() {
     );
     assert!(matches!(
         permits
-            .begin_attempt(&id, key, Duration::from_secs(5))
+            .begin_attempt(&id, Duration::from_secs(5))
             .await
             .unwrap(),
         Begin::Settled(TaskStatus::Unknown)
@@ -785,7 +772,7 @@ async fn recorded(permits: &Permits, key: &str, outcome: Outcome) -> String {
             .await
             .unwrap(),
     );
-    let a = begin(permits, &id, key, Duration::from_secs(5)).await;
+    let a = begin(permits, &id, Duration::from_secs(5)).await;
     permits.record(&a, &outcome, None).await.unwrap();
     id
 }
@@ -873,7 +860,7 @@ async fn a_claimed_check_is_exclusive_and_its_outcome_fenced() {
     assert_eq!(ready, 2, "the accept's entry and one requeue entry");
 
     // Lost again: not re-queued past its limit (1 here).
-    let a = begin(&permits, &id, key, Duration::from_secs(5)).await;
+    let a = begin(&permits, &id, Duration::from_secs(5)).await;
     let lost = Outcome::Unknown {
         reason: "no answer again".into(),
     };
@@ -1092,7 +1079,7 @@ async fn a_reclaimed_attempt_says_whether_the_vanished_worker_had_started_its_se
                 .await
                 .unwrap(),
         );
-        let first = begin(&permits, &id, key, lease).await;
+        let first = begin(&permits, &id, lease).await;
         if started {
             assert!(
                 permits
@@ -1103,7 +1090,7 @@ async fn a_reclaimed_attempt_says_whether_the_vanished_worker_had_started_its_se
             );
         }
         // The worker vanishes; another takes the task after its lease.
-        let second = begin_when_free(&permits, &id, key, Duration::from_secs(5)).await;
+        let second = begin_when_free(&permits, &id, Duration::from_secs(5)).await;
         assert!(second.reclaimed);
         assert_eq!(
             second
@@ -1146,7 +1133,7 @@ async fn a_sent_task_nothing_can_check_is_final_and_not_awaited() {
             .await
             .unwrap(),
     );
-    let a = begin(&permits, &id, key, Duration::from_secs(5)).await;
+    let a = begin(&permits, &id, Duration::from_secs(5)).await;
     let sent = Outcome::Sent {
         provider_message_id: "p-1".into(),
         reference: None,
@@ -1239,7 +1226,7 @@ async fn a_key_naming_its_recipient_lives_in_the_recipients_shard() {
     assert!(permits.permit_ttl(&named).await.unwrap().unwrap().is_some());
     // The transitions find the permit in the recipient's shard: a send
     // keeps it for the window, owned by the task.
-    let attempt = begin(&permits, &a, &named, Duration::from_secs(5)).await;
+    let attempt = begin(&permits, &a, Duration::from_secs(5)).await;
     let recorded = permits
         .record(
             &attempt,
@@ -1305,7 +1292,7 @@ async fn an_event_is_stored_once_for_its_channels_and_leaves_with_its_last_task(
         .iter()
         .map(accepted)
         .collect();
-    let records = keys_matching(&server, "*:ev:*").await;
+    let records = keys_matching(&server, "*:event:*").await;
     assert_eq!(records.len(), 1, "one event record: {records:?}");
     let record = &records[0];
     let mut conn = server.manager().await.unwrap();
@@ -1316,13 +1303,25 @@ async fn an_event_is_stored_once_for_its_channels_and_leaves_with_its_last_task(
         .unwrap();
     assert_eq!(
         fields.iter().filter(|f| !f.starts_with('+')).count(),
-        2 + channels.len(),
-        "event, meta and 4 payloads, and their further pieces: {fields:?}"
+        3 + channels.len(),
+        "its text number, event, meta and 4 payloads, and their further pieces: {fields:?}"
     );
-    assert!(fields.len() > 2 + channels.len(), "{fields:?}");
+    assert!(fields.len() > 3 + channels.len(), "{fields:?}");
     let shard = shard_of_task(&ids[0]).unwrap();
-    let index = format!("{}:event:ORDER_SHIPPED:o-once", permits.layout().tag(shard));
-    let mut packed = vec![record.clone(), index];
+    assert_eq!(
+        record,
+        &format!("{}:event:ORDER_SHIPPED:o-once", permits.layout().tag(shard)),
+        "the record is named by the event: it is the event's index too"
+    );
+    let mut looked_up = permits
+        .tasks_of_event("ORDER_SHIPPED", "o-once")
+        .await
+        .unwrap();
+    looked_up.sort();
+    let mut sorted = ids.clone();
+    sorted.sort();
+    assert_eq!(looked_up, sorted, "a look-up by event finds the four tasks");
+    let mut packed = vec![record.clone()];
     packed.extend(ids.iter().map(|id| permits.layout().task(id).unwrap()));
     for key in &packed {
         let encoding: String = redis::cmd("OBJECT")
@@ -1359,7 +1358,7 @@ async fn an_event_is_stored_once_for_its_channels_and_leaves_with_its_last_task(
     for answer in permits.accept_batch(&requests).await.unwrap() {
         assert!(matches!(answer, Acceptance::Duplicate { .. }), "{answer:?}");
     }
-    assert_eq!(keys_matching(&server, "*:ev:*").await.len(), 1);
+    assert_eq!(keys_matching(&server, "*:event:*").await.len(), 1);
 
     let in_ledger = RecordContext {
         checkable: false,
@@ -1373,7 +1372,7 @@ async fn an_event_is_stored_once_for_its_channels_and_leaves_with_its_last_task(
     // Two channels sent for good leave Redis; the record stays, without
     // expiry, for the two still open, and an attempt sees its payload.
     for (id, request) in ids.iter().zip(&requests).take(2) {
-        let a = begin(&permits, id, &request.key, Duration::from_secs(5)).await;
+        let a = begin(&permits, id, Duration::from_secs(5)).await;
         assert_eq!(a.task.payload, request.payload);
         assert_eq!(a.task.event_json, &*event);
         permits
@@ -1396,7 +1395,7 @@ async fn an_event_is_stored_once_for_its_channels_and_leaves_with_its_last_task(
     );
     // The third sent and awaiting its receipt (kept for the retention), the
     // fourth held: the record has no expiry while one is held.
-    let third = begin(&permits, &ids[2], &requests[2].key, Duration::from_secs(5)).await;
+    let third = begin(&permits, &ids[2], Duration::from_secs(5)).await;
     let awaiting = RecordContext {
         checkable: true,
         ..RecordContext::default()
@@ -1405,7 +1404,7 @@ async fn an_event_is_stored_once_for_its_channels_and_leaves_with_its_last_task(
         .record_with(&third, &sent, None, awaiting)
         .await
         .unwrap();
-    let fourth = begin(&permits, &ids[3], &requests[3].key, Duration::from_secs(5)).await;
+    let fourth = begin(&permits, &ids[3], Duration::from_secs(5)).await;
     let unknown = Outcome::Unknown {
         reason: "cut off".into(),
     };
@@ -1433,10 +1432,90 @@ async fn an_event_is_stored_once_for_its_channels_and_leaves_with_its_last_task(
         assert!(permits.forget(&task, "delivered").await.unwrap());
     }
     assert!(
-        keys_matching(&server, "*:ev:*").await.is_empty(),
+        keys_matching(&server, "*:event:*").await.is_empty(),
         "the record left with its last task"
     );
     assert!(keys_matching(&server, "*:task:*").await.is_empty());
+}
+
+/// An event's record in a shard is shared by every accept of that event
+/// there (layout 5: it is the event's index): a re-post naming another
+/// channel names the text the record holds, and another user's event under
+/// the same business ids (a different text) gets a text of its own; each
+/// task sees its own event, and a look-up by event finds all three.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn accepts_of_one_event_share_its_record_each_task_keeping_its_own_text() {
+    let server = RedisServer::start().await.unwrap();
+    // One shard: both users' keys land in the same record.
+    let permits = server
+        .permits(PermitConfig {
+            shards: 1,
+            ..permit_config()
+        })
+        .await
+        .unwrap();
+    let event_of = |user: &str| -> std::sync::Arc<str> {
+        format!(r#"{{"biz_type":"ORDER_SHIPPED","biz_id":"o-shared","user_id":"{user}","occurred_at_ms":1718000000000,"attributes":{{"carrier":"SF"}}}}"#).into()
+    };
+    let accept = |user: &str, channel: &str| AcceptRequest {
+        channel: channel.to_string(),
+        event_json: event_of(user),
+        biz_id: "o-shared".into(),
+        recipient: Some(user.to_string()),
+        ..accept_request(&format!(
+            "push:per-event@1:{channel}:ORDER_SHIPPED:o-shared:{user}"
+        ))
+    };
+    let sms = accepted(&permits.accept(&accept("u-1", "sms")).await.unwrap());
+    let push = accepted(&permits.accept(&accept("u-1", "push")).await.unwrap());
+    let other = accepted(&permits.accept(&accept("u-2", "sms")).await.unwrap());
+    let records = keys_matching(&server, "*:event:*").await;
+    assert_eq!(records.len(), 1, "one record for the event: {records:?}");
+    let mut conn = server.manager().await.unwrap();
+    let fields: Vec<String> = redis::cmd("HKEYS")
+        .arg(&records[0])
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let texts: Vec<&String> = fields
+        .iter()
+        .filter(|f| f.starts_with('e') && !f.starts_with('+'))
+        .collect();
+    assert_eq!(texts.len(), 2, "one text per distinct event: {fields:?}");
+    for (id, user) in [(&sms, "u-1"), (&push, "u-1"), (&other, "u-2")] {
+        let task = permits.task(id).await.unwrap().unwrap();
+        assert_eq!(task.event_json, &*event_of(user), "task {id}");
+        assert_eq!(task.biz_id, "o-shared");
+    }
+    let mut found = permits
+        .tasks_of_event("ORDER_SHIPPED", "o-shared")
+        .await
+        .unwrap();
+    found.sort();
+    let mut all = vec![sms.clone(), push.clone(), other.clone()];
+    all.sort();
+    assert_eq!(found, all);
+    // u-1's two tasks are cancelled and leave; u-2's still finds its own text.
+    for id in [&sms, &push] {
+        permits.cancel(id, "o-shared", false).await.unwrap();
+        let task = permits.task(id).await.unwrap().unwrap();
+        assert!(permits.forget(&task, "cancelled").await.unwrap());
+        assert_eq!(permits.task(id).await.unwrap(), None);
+    }
+    let task = permits.task(&other).await.unwrap().unwrap();
+    assert_eq!(task.event_json, &*event_of("u-2"));
+    assert_eq!(
+        pttl(&server, &records[0]).await,
+        -1,
+        "an open task keeps it"
+    );
+    assert_eq!(
+        permits
+            .tasks_of_event("ORDER_SHIPPED", "o-shared")
+            .await
+            .unwrap(),
+        vec![other.clone()]
+    );
 }
 
 /// A channel's payload in the event test: over 64 bytes for two of them.

@@ -84,7 +84,7 @@ async fn a_vanished_worker_that_never_claimed_the_key_is_resent_one_that_did_is_
     for (id, claims) in [(&never_claimed, false), (&claimed, true)] {
         let key = permits.task(id).await.unwrap().unwrap().key;
         let Begin::Begun(attempt) = permits
-            .begin_attempt(id, &key, Duration::from_secs(1))
+            .begin_attempt(id, Duration::from_secs(1))
             .await
             .unwrap()
         else {

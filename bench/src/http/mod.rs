@@ -167,6 +167,8 @@ struct Notes {
     /// embedded Redis's `hash-max-listpack-value` (1024), and with Redis's
     /// default (64), as an operator's own or a managed Redis has it.
     listpack: (f64, f64),
+    /// Where the bytes of the first of those runs go, by key kind.
+    anatomy: String,
     /// Per phase: host RSS once it serves (idle), after its runs, and its peak (MiB).
     rss: Vec<(Phase, f64, (f64, f64))>,
     /// The accept script's profile (Redis µs per call), with its error if it failed.
@@ -187,6 +189,7 @@ impl Default for Notes {
             per_permit_lean: f64::NAN,
             per_permit_four: f64::NAN,
             listpack: (f64::NAN, f64::NAN),
+            anatomy: String::new(),
             rss: Vec::new(),
             profile: Ok(Vec::new()),
             delivered: None,
@@ -265,7 +268,7 @@ async fn listpack_rows(
     permits: &Permits,
     n: usize,
     pc: usize,
-) -> anyhow::Result<(f64, f64)> {
+) -> anyhow::Result<((f64, f64), String)> {
     let setting = "hash-max-listpack-value";
     let (_, raised): (String, String) = redis::cmd("CONFIG")
         .arg("GET")
@@ -273,6 +276,7 @@ async fn listpack_rows(
         .query_async(&mut stack.conn)
         .await?;
     let mut found = Vec::new();
+    let mut anatomy = String::new();
     for value in [raised.clone(), "64".to_string()] {
         drop_everything(stack).await?;
         permits.prepare().await?;
@@ -283,10 +287,15 @@ async fn listpack_rows(
         config_set(&mut stack.conn, setting, &raised).await?;
         run?;
         found.push(after.saturating_sub(before) as f64 / n as f64);
+        if anatomy.is_empty() {
+            let kinds =
+                crate::anatomy::kinds(&mut stack.conn, permits.layout().namespace()).await?;
+            anatomy = crate::anatomy::line(&kinds, n as u64);
+        }
     }
     drop_everything(stack).await?;
     permits.prepare().await?;
-    Ok((found[0], found[1]))
+    Ok(((found[0], found[1]), anatomy))
 }
 
 /// `CONFIG SET name value`.
@@ -332,7 +341,7 @@ async fn permit_rows(
     permit::host_event_accepts(&permits, events, pc, 4, "q").await?;
     let after = permit::used_memory(&mut stack.conn).await?;
     notes.per_permit_four = after.saturating_sub(before) as f64 / (4 * events) as f64;
-    notes.listpack = listpack_rows(stack, &permits, n, pc).await?;
+    (notes.listpack, notes.anatomy) = listpack_rows(stack, &permits, n, pc).await?;
     let batched = permit::host_accepts(&permits, n, pc, 16, "b").await?;
     for (what, row, note) in [
         (
@@ -389,12 +398,16 @@ async fn run_phase(
         expected: stack.delivered(),
         delivered_memory: None,
         redis_per_message: None,
+        api_commands: Vec::new(),
     };
     let mut lines = runs.lines().await;
     let delivered = runs
         .delivered_memory
         .take()
         .map(|m| (m, runs.redis_per_message.take()));
+    for (what, per_event) in &runs.api_commands {
+        per_event.print(what);
+    }
     let rss_after = report::rss_of(host.pid());
     // A failure from here on is a line of its own: the phase's runs stay.
     let stop = host
@@ -477,6 +490,10 @@ async fn print_report(
         notes.listpack.1,
         redis_rss.parse::<f64>().unwrap_or(0.0) / 1048576.0
     );
+    println!(
+        "where an open permit's bytes go (1-channel events, hash-max-listpack-value 1024; MEMORY USAGE by key kind; a stream is one key per shard): {}",
+        notes.anatomy
+    );
     println!("warm derive-key cost: `pushonce-bench plugins` (the plugin layer alone)");
     if let Some((d, _)) = &notes.delivered {
         println!(
@@ -496,7 +513,7 @@ async fn print_report(
     cost::print_profile(&notes.profile);
     if let Some((_, Some(per_message))) = &notes.delivered {
         println!();
-        per_message.print();
+        per_message.print("delivered, 1-channel end-to-end run");
     }
     println!();
     targets::print(lines, notes, args.lean);

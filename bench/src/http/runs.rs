@@ -12,7 +12,7 @@ use super::stack::{BenchStack, FOUR, ONE};
 use super::{Args, Floors};
 use crate::load::Report;
 use crate::permit::memory_usage;
-use pushonce::permit::{Layout, PermitConfig, Permits, shard_of_task};
+use pushonce::permit::{Layout, PermitConfig};
 use pushonce_tests::stack::ServeProcess;
 
 /// One run of the load generator.
@@ -51,6 +51,9 @@ pub(super) struct PhaseRuns<'a> {
     pub delivered_memory: Option<DeliveredMemory>,
     /// Redis's commands per delivered message over that run.
     pub redis_per_message: Option<super::cost::PerMessage>,
+    /// Redis's commands per accepted event of each API-only run without
+    /// duplicates, by the run's name.
+    pub api_commands: Vec<(String, super::cost::PerMessage)>,
 }
 
 /// Redis memory a delivered message keeps once it ended (its delivery
@@ -111,20 +114,15 @@ impl DeliveredMemory {
             let bytes = memory_usage(conn, &task_key).await?;
             in_redis += usize::from(bytes > 0);
             task += bytes;
-            // Layout 4: an indexed task carries the flag `ix`; its index is
-            // named by the event's business ids.
-            let ix: Option<String> = redis::cmd("HGET")
+            // Layout 5: the task names its event's record (`ev`: `<n>:<name>`).
+            let ev: Option<String> = redis::cmd("HGET")
                 .arg(&task_key)
-                .arg("ix")
+                .arg("ev")
                 .query_async(conn)
                 .await?;
-            if ix.as_deref() == Some("1") {
-                let id = task_key.rsplit(':').next().unwrap_or_default();
-                let reader = Permits::new(conn.clone(), PermitConfig::default());
-                if let (Some(t), Some(shard)) = (reader.task(id).await?, shard_of_task(id)) {
-                    let ev = layout.event_index(shard, &t.biz_type, &t.biz_id);
-                    index += memory_usage(conn, &ev).await?;
-                }
+            let named = ev.as_deref().and_then(|ev| ev.split_once(':'));
+            if let (Some((_, name)), Some(tag)) = (named, task_key.split_once("}:")) {
+                index += memory_usage(conn, &format!("{}}}:event:{name}", tag.0)).await?;
             }
         }
         let n = permits.len().max(1) as f64;
@@ -259,9 +257,21 @@ impl PhaseRuns<'_> {
 
     /// One throughput run, then (dispatching) its backlog delivered.
     async fn throughput_run(&mut self, what: String, spec: &LoadSpec<'_>) -> anyhow::Result<Line> {
+        let mut conn = self.stack.conn.clone();
+        let profile = !self.dispatch && !spec.dup;
+        if profile {
+            super::cost::reset(&mut conn).await?;
+        }
         let mark = self.cpu().await;
         let r = self.load(spec).await?;
         let (redis_us, host_us) = mark.per_message(self.cpu().await, r.accepted);
+        if profile {
+            let stats = super::cost::command_stats(&mut conn).await?;
+            self.api_commands.push((
+                format!("{what}, c={}", spec.c),
+                super::cost::PerMessage::of(&stats, r.ok),
+            ));
+        }
         let events = if spec.dup { r.ok / 2 } else { r.ok };
         eprintln!(
             "{what} c={}: {:.0} req/s, {} accepted, {} duplicate, {} errors",

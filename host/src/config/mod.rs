@@ -126,12 +126,12 @@ pub struct HostConfig {
     pub delivered_retention: Option<Duration>,
     /// Keep an index of each event's tasks in Redis (the default), so
     /// `GET /v1/events/{biz_type}/{biz_id}` lists every task of an event,
-    /// also those that have not reached a send attempt. `false`: every
-    /// accept is cheaper in Redis (no index set per event: less CPU and
-    /// memory, measured in BENCHMARKS.md) and that look-up lists the tasks
-    /// the delivery ledger has, i.e. those that reached a send attempt, and
-    /// the event's tasks still in Redis are found through their ledger rows.
-    /// Needs the ledger (refused with `ledger_url = "off"`).
+    /// also those that have not reached a send attempt, from the event's
+    /// records in Redis (which are its index: key layout 5). `false`: that
+    /// look-up lists the tasks the delivery ledger has, i.e. those that
+    /// reached a send attempt, and cancelling is refused; since layout 5 it
+    /// saves no Redis memory or work (it did when the index was a key of its
+    /// own). Needs the ledger (refused with `ledger_url = "off"`).
     pub event_index: bool,
     /// Replicas that must confirm an API accept's writes (Redis `WAIT`)
     /// before the API answers it; 0 (the default): answered once the primary

@@ -248,7 +248,6 @@ fn entries_of(reply: Option<StreamReadReply>) -> Vec<Entry> {
             out.push(Entry {
                 shard,
                 task_id: field(id.map.get("task")),
-                key: field(id.map.get("key")),
                 id: id.id,
             });
         }

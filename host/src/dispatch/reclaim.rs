@@ -90,7 +90,6 @@ async fn claim(
             out.push(Entry {
                 shard,
                 task_id: text("task"),
-                key: text("key"),
                 id: id.id.clone(),
             });
         }

@@ -237,9 +237,9 @@ async fn begin_batch<'e>(
     shared: &DispatchContext,
     entries: &'e [Entry],
 ) -> Vec<(Attempt, &'e Entry)> {
-    let tasks: Vec<(&str, &str, &str)> = entries
+    let tasks: Vec<(&str, &str)> = entries
         .iter()
-        .map(|e| (e.task_id.as_str(), e.key.as_str(), e.id.as_str()))
+        .map(|e| (e.task_id.as_str(), e.id.as_str()))
         .collect();
     let answers = match shared
         .permits

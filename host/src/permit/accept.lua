@@ -6,29 +6,32 @@
 -- its caps and quiet hours are judged at send_at (t0 below), not now. In Bloom mode (a channel's nbits > 0) no permit is taken:
 -- the key's bits in the shard's Bloom filters answer duplicate, else they
 -- are set (see permit/bloom.rs).
--- The event is stored once, in the event record, with the payload of each
--- channel accepted; a task holds only its own small state and the record's
--- id (field `ev`). See lib.lua's follow_event for how long the record lives.
+-- The event is stored once, in the event's record in this shard, with the
+-- payload of each channel accepted; a task holds only its own small state
+-- and where its event is (field `ev`: `<n>:<biz_type>:<biz_id>`, the n-th
+-- event text of the record). The record is also the event's index: its
+-- `p:<task id>` fields are the event's tasks in this shard, its
+-- `x:<task id>` fields the digests the event joined (layout 5). See
+-- lib.lua's follow_event for how long the record lives.
 -- KEYS[1] ready    {ns:shard}:ready            (stream)
 -- KEYS[2] delayed  {ns:shard}:delayed          (zset, for quiet hours)
--- KEYS[3] event    {ns:shard}:ev:<record id>   (hash: event, meta, p:<task id>;
---                  a value over 64 bytes in pieces, lib.lua's rec_pairs)
--- KEYS[4] index    {ns:shard}:event:<biz_type>:<biz_id>   (hash: task id -> '';
---                  when ARGV[6] is '1')
+-- KEYS[3] record   {ns:shard}:event:<biz_type>:<biz_id>   (hash: n, e<n>, m<n>,
+--                  p:<task id>, x:<task id>, i:<digest id>:<seq>; a value over
+--                  64 bytes in pieces, lib.lua's rec_pairs)
 -- then per channel: its permit {ns:shard}:permit:<key>, its task
 --   {ns:shard}:task:<task-id>, its caps' zsets {ns:s}:cap:<name>:<subject>
 --   (scored by send time: t0), and in Bloom mode the shard's filters of even
 --   and odd window periods {ns:shard}:bloom:<name>:<window>:<m>:<k>:0|1,
 --   and with a digest the key's digest head {ns:shard}:digest:<key> (hash:
 --   task, gen) and the event's item mark {ns:shard}:digested:<key>:<item id>
--- ARGV[1] the event record's id, or '' for a dry run: the answers this accept
---         would get, nothing written (but a cap's expired entries, which any
---         accept drops)
--- ARGV[2] retention of ended tasks in ms (the index lives window + retention)
+-- ARGV[1] the record's name after `event:` (`<biz_type>:<biz_id>`), or ''
+--         for a dry run: the answers this accept would get, nothing written
+--         (but a cap's expired entries, which any accept drops)
+-- ARGV[2] retention of ended tasks in ms (a record holding only digests
+--         the event joined lives window + retention)
 -- ARGV[3] the event (JSON), ARGV[4] what the channels share (JSON: biz_type,
 --         biz_id, policy, policy_version), ARGV[5] n, the number of channels,
--- ARGV[6] '1' when KEYS[4] is the event index, else '0'
--- ARGV[7] the event's send_at (ms since the epoch), or '' to send now; one
+-- ARGV[6] the event's send_at (ms since the epoch), or '' to send now; one
 --         not later than now is now
 -- then per channel: task id ('' in a dry run), window ms, number of caps,
 --   quiet hours ('' or '<offset ms>,<from ms>,<to ms>', local time of day),
@@ -47,18 +50,13 @@
 -- {'duplicate', '', ''}), {'capped', cap name, next allowed ms} or
 -- {'digested', digest task id, scheduled_for} (added to the open digest).
 local DAY = 86400000
-local record_id = ARGV[1]
+local record = KEYS[3]
 local retention = tonumber(ARGV[2])
-local index = nil
 local k = 4
-if ARGV[6] == '1' then
-  index = KEYS[4]
-  k = 5
-end
 
 -- The channels' blocks of KEYS and ARGV, read into one table each.
 local channels = {}
-local a = 8
+local a = 7
 for i = 1, tonumber(ARGV[5]) do
   local c = {permit = KEYS[k], task = KEYS[k + 1], id = ARGV[a],
     window = tonumber(ARGV[a + 1]), ncaps = tonumber(ARGV[a + 2]),
@@ -255,14 +253,43 @@ local function capped(c, now, t0)
   return nil
 end
 
--- Ids of the tasks this call created (for the event index and the record),
--- and their payloads as the record's field/value pairs; the latest first
--- attempt scheduled (the event index lives a window and retention past it).
+-- Ids of the tasks this call created, and their payloads as the record's
+-- field/value pairs; the latest first attempt scheduled (a record holding
+-- only digests lives a window and retention past it).
 local created = {}
 local payloads = {}
 local latest_due = 0
--- Ids for the event index: the tasks created, and the digests this event joined.
-local indexed = {}
+-- Digests this event joined (the record lists them as `x:<id>`).
+local joined = {}
+
+-- Which event text of the record this accept's tasks name (`e<n>`), and
+-- whether it must be written: a new record's first (`n` set here, in the
+-- same command that finds the record new); else the record's latest when
+-- it is this very event (a re-post with another channel), else the next.
+-- Decided once, at the first task created.
+local text_n = nil
+local text_new = false
+local fresh = false
+local function event_n()
+  if text_n then
+    return text_n
+  end
+  if redis.call('HSETNX', record, 'n', '1') == 1 then
+    fresh = true
+    text_n = '1'
+    text_new = true
+    return text_n
+  end
+  local last = redis.call('HGET', record, 'n')
+  local v = redis.call('HMGET', record, 'e' .. last, 'm' .. last)
+  if rec_join(record, 'e' .. last, v[1]) == ARGV[3] and rec_join(record, 'm' .. last, v[2]) == ARGV[4] then
+    text_n = last
+    return text_n
+  end
+  text_n = n2s(tonumber(last) + 1)
+  text_new = true
+  return text_n
+end
 
 -- When channel c's first attempt is due, if not now: the end of the quiet
 -- hours t0 falls in, else t0 when it is later than now (send_at); else nil.
@@ -279,19 +306,17 @@ end
 -- it in the caps at t0; `permit` is false in Bloom mode.
 local function enqueue(c, now, t0, permit)
   local at = n2s(now)
-  -- No `updated_at` yet (a reader takes accepted_at), and the event index
-  -- as a flag (`ix`): its name is derived from the event (lib.lua's
-  -- index_of), so the hash keeps short values only.
-  redis.call('HSET', c.task, 'status', 'queued', 'accepted_at', at,
+  -- No `updated_at` yet (a reader takes accepted_at).
+  local fields = {'status', 'queued', 'accepted_at', at,
     'attempts', '0', 'window_ms', n2s(c.window), 'key', c.key,
     'retry_max_attempts', c.max_attempts, 'channel', c.channel, 'retry', c.retry,
-    'ev', record_id)
-  if index then
-    redis.call('HSET', c.task, 'ix', '1')
-  end
+    'ev', event_n() .. ':' .. ARGV[1]}
   if not permit then
-    redis.call('HSET', c.task, 'dedup', 'bloom')
+    fields[#fields + 1] = 'dedup'
+    fields[#fields + 1] = 'bloom'
   end
+  -- One HSET per task: a command per field group is Redis time per channel.
+  redis.call('HSET', c.task, unpack(fields))
   -- Its payload goes into the event record with the event, in one HSET below.
   rec_pairs(payloads, 'p:' .. c.id, c.payload)
   local due = due_of(c, now, t0)
@@ -306,13 +331,12 @@ local function enqueue(c, now, t0, permit)
       redis.call('PEXPIREAT', c.permit, n2s(due + c.window), 'GT')
     end
   else
-    redis.call('XADD', KEYS[1], '*', 'task', c.id, 'key', c.key)
+    redis.call('XADD', KEYS[1], '*', 'task', c.id)
   end
   for i = 1, c.ncaps do
     count_in(c, i, t0)
   end
   created[#created + 1] = c.id
-  indexed[#indexed + 1] = c.id
   return {'accepted', c.id, due and n2s(due) or ''}
 end
 
@@ -377,7 +401,7 @@ local function digest_append(c, open, otask, scheduled)
   end
   redis.call('SET', c.mark, open .. ' ' .. c.id, 'PX', math.max(redis.call('PTTL', c.head), 1))
   latest_due = math.max(latest_due, tonumber(scheduled) or 0)
-  indexed[#indexed + 1] = open
+  joined[#joined + 1] = open
   return {'digested', open, scheduled or ''}
 end
 
@@ -474,7 +498,7 @@ end
 
 local now = now_ms()
 -- When the event is sent: its send_at when later than now.
-local t0 = math.max(now, tonumber(ARGV[7]) or 0)
+local t0 = math.max(now, tonumber(ARGV[6]) or 0)
 local answers = {}
 local longest = 0
 for i, c in ipairs(channels) do
@@ -482,30 +506,42 @@ for i, c in ipairs(channels) do
   longest = math.max(longest, c.window)
 end
 if #created > 0 then
-  -- The event once, for every channel accepted; no expiry while one of its
-  -- tasks has none (lib.lua's follow_event).
+  -- The event once, for every channel accepted, and the tasks' payloads;
+  -- no expiry while one of its tasks has none (lib.lua's follow_event).
   -- Values longer than 64 bytes in pieces (lib.lua's rec_pairs), so the
   -- record stays a listpack.
-  local fields = rec_pairs(rec_pairs({}, 'event', ARGV[3]), 'meta', ARGV[4])
+  local fields = {}
+  if text_new then
+    fields = rec_pairs(rec_pairs({'n', text_n}, 'e' .. text_n, ARGV[3]), 'm' .. text_n, ARGV[4])
+  end
   for _, v in ipairs(payloads) do
     fields[#fields + 1] = v
   end
-  redis.call('HSET', KEYS[3], unpack(fields))
+  redis.call('HSET', record, unpack(fields))
+  if not fresh then
+    -- A record of earlier tasks may expire with them; it holds open ones now.
+    redis.call('PERSIST', record)
+  end
 end
-if index and #indexed > 0 then
-  -- A hash of task id -> '' (a listpack while small; a set of strings would
-  -- be a hash table on Redis 7.0).
-  local members = {}
-  for _, id in ipairs(indexed) do
-    members[#members + 1] = id
+if #joined > 0 then
+  -- The digests the event joined, listed for look-ups by event (`x:<id>`).
+  -- With no task of its own open, the record lives until `xt`: a window
+  -- and retention past the latest digest's send (never shortened; a record
+  -- with open tasks keeps no expiry, follow_event applies `xt` later).
+  local until_ms = math.max(now, latest_due) + longest + retention
+  until_ms = math.max(until_ms, tonumber(redis.call('HGET', record, 'xt') or '0'))
+  local members = {'xt', n2s(until_ms)}
+  for _, id in ipairs(joined) do
+    members[#members + 1] = 'x:' .. id
     members[#members + 1] = ''
   end
-  redis.call('HSET', index, unpack(members))
-  -- extend_or_set in two calls at most, one for a new index (no PTTL):
-  -- NX gives an expiry to an index without one; GT only pushes one later.
-  local until_ms = n2s(math.max(now, latest_due) + longest + retention)
-  if redis.call('PEXPIREAT', index, until_ms, 'NX') == 0 then
-    redis.call('PEXPIREAT', index, until_ms, 'GT')
+  local ttl = redis.call('PTTL', record)
+  -- `n` = 0 (no event text yet) unless set: a later accept's event_n then
+  -- sees a record that may have an expiry, and persists it.
+  redis.call('HSETNX', record, 'n', '0')
+  redis.call('HSET', record, unpack(members))
+  if ttl ~= -1 then
+    redis.call('PEXPIREAT', record, n2s(until_ms))
   end
 end
 return answers

@@ -160,19 +160,17 @@ struct AcceptArgs<'a> {
     ready: String,
     /// KEYS[2]: the shard's delayed set (quiet hours).
     delayed: String,
-    /// KEYS[3]: the event record.
+    /// KEYS[3]: the event's record in this shard.
     record: String,
-    /// KEYS[4], when on and the event has a business type: the event index.
-    event_index: Option<String>,
-    /// ARGV[1]: the event record's id; empty for a dry run.
-    record_id: String,
+    /// ARGV[1]: the record's name after `event:`; empty for a dry run.
+    record_name: String,
     /// ARGV[2]: how long an ended task is kept, ms.
     retention_ms: u64,
     /// ARGV[3]: the event as JSON text (borrowed, once for every channel).
     event: &'a str,
     /// ARGV[4]: what the channels share ([`meta_json`]).
     meta: String,
-    /// ARGV[7]: the event's send_at (ms), `None`: now.
+    /// ARGV[6]: the event's send_at (ms), `None`: now.
     send_at_ms: Option<u64>,
     /// The channels, in the order of their answers.
     channels: Vec<ChannelArgs<'a>>,
@@ -245,14 +243,15 @@ impl<'a> AcceptArgs<'a> {
                 layout.new_task_id(shard)
             }
         };
-        let record_id = new_id();
         AcceptArgs {
             ready: layout.ready(shard),
             delayed: layout.delayed(shard),
-            record: layout.event_record(shard, &record_id),
-            event_index: (config.event_index && !first.biz_type.is_empty())
-                .then(|| layout.event_index(shard, &first.biz_type, &first.biz_id)),
-            record_id,
+            record: layout.event_record(shard, &first.biz_type, &first.biz_id),
+            record_name: if dry {
+                String::new()
+            } else {
+                super::keys::record_name(&first.biz_type, &first.biz_id)
+            },
             retention_ms: millis(config.retention),
             event: &first.event_json,
             meta: meta_json(first),
@@ -273,13 +272,11 @@ impl Transition for AcceptArgs<'_> {
             .key(&*self.ready)
             .key(&*self.delayed)
             .key(&*self.record)
-            .keys(&self.event_index)
-            .arg(&*self.record_id)
+            .arg(&*self.record_name)
             .num(self.retention_ms)
             .arg(self.event)
             .arg(&*self.meta)
             .num(self.channels.len() as u64)
-            .flag(self.event_index.is_some())
             .arg(self.send_at_ms.map(|ms| ms.to_string()).unwrap_or_default());
         for c in &self.channels {
             let (hashes, bytes, positions) = match &c.bloom {
@@ -459,20 +456,20 @@ impl Permits {
         }
     }
 
-    /// The `KEYS` and `ARGV` of the accept script for `req` under `task_id`
-    /// (for tools that call the script themselves, such as the benchmark's floor).
+    /// The `KEYS` and `ARGV` of the accept script for `reqs` (one event's
+    /// channels, in the shard of the first) under `task_ids`, one per
+    /// request (for tools that call the script themselves, such as the
+    /// benchmark's floor).
     pub fn accept_keys_and_args(
         &self,
-        req: &AcceptRequest,
-        task_id: &str,
+        reqs: &[&AcceptRequest],
+        task_ids: &[String],
     ) -> (Vec<String>, Vec<String>) {
-        let shard = self.shard_of_request(req);
-        let mut args = AcceptArgs::new(&self.layout, &self.config, &[req], shard, false);
-        args.record = self.layout.event_record(shard, task_id);
-        args.record_id = task_id.to_string();
-        for c in &mut args.channels {
+        let shard = reqs.first().map_or(0, |req| self.shard_of_request(req));
+        let mut args = AcceptArgs::new(&self.layout, &self.config, reqs, shard, false);
+        for (c, task_id) in args.channels.iter_mut().zip(task_ids) {
             c.task = format!("{}{}", self.layout.task_prefix(shard), task_id);
-            c.task_id = task_id.to_string();
+            c.task_id = task_id.clone();
         }
         let call = args.call();
         (call.keys, call.args.iter().map(Arg::to_text).collect())

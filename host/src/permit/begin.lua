@@ -1,15 +1,17 @@
 -- begin: claim a lease on each of several tasks of one shard for one attempt each
 -- (a batch: one call for what would be one call per task; each task's answer is
 -- its own, decided as if it were alone).
--- Per task i (from 1), the KEYS and ARGV below at offsets 3*(i-1) and 6*(i-1):
--- KEYS[1] task, KEYS[2] permit, KEYS[3] the shard's ready stream
+-- Per task i (from 1), the KEYS and ARGV below at offsets 2*(i-1) and 6*(i-1):
+-- KEYS[1] task, KEYS[2] the shard's ready stream; the task's permit is
+-- named from its `key` field (`{ns:shard}:permit:<key>`, the task's hash tag:
+-- one slot), so a stream entry carries the task id alone
 -- ARGV[1] task id, ARGV[2] lease token, ARGV[3] lease ms, ARGV[4] permit grace ms,
 -- ARGV[5] retention ms (for a superseded task), ARGV[6] the stream entry the
 -- worker holds (empty: none, a caller outside the dispatcher)
 -- Returns one answer per task, in order, each {'begun', attempt, lease_until, reclaimed 0|1, {task fields}, {event record
 -- fields: event, meta, payload}} | {'busy', lease_until}
 --       | {'settled', status} | {'superseded', owner} | {'missing'} | {'gone'}
-local function begin_one(task, permit, stream, A, now)
+local function begin_one(task, stream, A, now)
   local id, token = A[1], A[2]
   local lease, grace = tonumber(A[3]), tonumber(A[4])
   -- An entry no longer in the stream was acked as its task was recorded (a
@@ -19,10 +21,12 @@ local function begin_one(task, permit, stream, A, now)
   if A[6] ~= '' and #redis.call('XRANGE', stream, A[6], A[6]) == 0 then
     return {'gone'}
   end
-  local status = redis.call('HGET', task, 'status')
+  local t = redis.call('HMGET', task, 'status', 'key')
+  local status = t[1]
   if not status then
     return {'missing'}
   end
+  local permit = string.sub(task, 1, #task - #id - #'task:') .. 'permit:' .. (t[2] or '')
   local stale = false
   if status == 'sending' then
     local lease_until = tonumber(redis.call('HGET', task, 'lease_until') or '0')
@@ -74,14 +78,14 @@ local function begin_one(task, permit, stream, A, now)
   return {'begun', n2s(attempt), n2s(lease_until), stale and '1' or '0', redis.call('HGETALL', task),
     event_fields(task, id)}
 end
-local n = #KEYS / 3
+local n = #KEYS / 2
 if n ~= math.floor(n) or #ARGV ~= 6 * n then
   return redis.error_reply('begin: KEYS and ARGV do not hold whole tasks')
 end
 local now = now_ms()
 local answers = {}
 for i = 1, n do
-  local k, a = 3 * (i - 1), 6 * (i - 1)
-  answers[i] = begin_one(KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], {unpack(ARGV, a + 1, a + 6)}, now)
+  local k, a = 2 * (i - 1), 6 * (i - 1)
+  answers[i] = begin_one(KEYS[k + 1], KEYS[k + 2], {unpack(ARGV, a + 1, a + 6)}, now)
 end
 return answers

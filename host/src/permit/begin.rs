@@ -53,8 +53,7 @@ pub enum Begin {
     Gone,
 }
 
-/// What both lease scripts (`begin.lua`, `extend.lua`) take first:
-/// `KEYS[1..2]` and `ARGV[1..4]`.
+/// What `extend.lua` takes first: `KEYS[1..2]` and `ARGV[1..4]`.
 pub(super) struct Lease<'a> {
     /// KEYS[1]: the task hash.
     pub(super) task: String,
@@ -83,12 +82,20 @@ impl Lease<'_> {
     }
 }
 
-/// `begin.lua`'s `KEYS` and `ARGV`.
+/// `begin.lua`'s `KEYS` and `ARGV` for one task.
 struct BeginArgs<'a> {
-    /// KEYS[1..2], ARGV[1..4]: the new lease.
-    lease: Lease<'a>,
-    /// KEYS[3]: the shard's ready stream.
+    /// KEYS[1]: the task hash (its permit is named from its `key` field, in the same slot).
+    task: String,
+    /// KEYS[2]: the shard's ready stream.
     ready: String,
+    /// ARGV[1]: the task id.
+    task_id: &'a str,
+    /// ARGV[2]: the lease's fencing token.
+    token: &'a str,
+    /// ARGV[3]: the lease from now, ms.
+    lease_ms: u64,
+    /// ARGV[4]: how far past the lease end the permit is kept, ms.
+    grace_ms: u64,
     /// ARGV[5]: how long a superseded task is kept, ms.
     retention_ms: u64,
     /// ARGV[6]: the stream entry the worker holds, or empty.
@@ -99,9 +106,13 @@ impl Transition for BeginArgs<'_> {
     const SCRIPT: &'static LazyLock<Script> = &SCRIPT;
 
     fn call(&self) -> Call<'_> {
-        self.lease
-            .call()
+        Call::default()
+            .key(&*self.task)
             .key(&*self.ready)
+            .arg(self.task_id)
+            .arg(self.token)
+            .num(self.lease_ms)
+            .num(self.grace_ms)
             .num(self.retention_ms)
             .arg(self.entry_id)
     }
@@ -110,25 +121,23 @@ impl Transition for BeginArgs<'_> {
 impl Permits {
     /// Claims a lease of `lease` on the task for one attempt, if it is
     /// `queued`, `retry_wait`, or `sending` under a lease that ran out. The
-    /// permit is extended past the lease end by the grace.
-    /// `key` is the task's idempotency key (stream entries carry it), which
-    /// names the permit without a read.
+    /// permit (named by the task's idempotency key, read in the script) is
+    /// extended past the lease end by the grace.
     /// Begun without a stream entry: a caller outside the dispatcher, whose
     /// attempt nothing re-claims should it vanish.
     pub async fn begin_attempt(
         &self,
         task_id: &str,
-        key: &str,
         lease: Duration,
     ) -> Result<Begin, PermitError> {
-        self.begin_attempts(&[(task_id, key, "")], lease)
+        self.begin_attempts(&[(task_id, "")], lease)
             .await?
             .pop()
             .unwrap_or_else(|| Err(unexpected("begin", &[])))
     }
 
     /// [`Permits::begin_attempt`] for several tasks of one shard in one
-    /// script call, each `(task id, key, stream entry id)`: each task's
+    /// script call, each `(task id, stream entry id)`: each task's
     /// answer is its own, in order (a malformed task id is its own error).
     /// A task whose entry (when given) is no longer in its shard's ready
     /// stream is [`Begin::Gone`] and unchanged: every attempt begun from an
@@ -136,7 +145,7 @@ impl Permits {
     /// The call fails as a whole only when Redis did not answer.
     pub async fn begin_attempts(
         &self,
-        tasks: &[(&str, &str, &str)],
+        tasks: &[(&str, &str)],
         lease: Duration,
     ) -> Result<Vec<Result<Begin, PermitError>>, PermitError> {
         let tokens: Vec<String> = tasks
@@ -146,25 +155,21 @@ impl Permits {
         let mut out: Vec<Option<Result<Begin, PermitError>>> = Vec::with_capacity(tasks.len());
         let mut args = Vec::with_capacity(tasks.len());
         let mut asked = Vec::with_capacity(tasks.len());
-        for (i, ((task_id, key, entry_id), token)) in tasks.iter().zip(&tokens).enumerate() {
-            let named = self.shard_of(task_id).and_then(|shard| {
-                let permit = self.layout.permit_in(shard, key);
-                Ok((self.task_key(task_id)?, permit, self.layout.ready(shard)))
-            });
+        for (i, ((task_id, entry_id), token)) in tasks.iter().zip(&tokens).enumerate() {
+            let named = self
+                .shard_of(task_id)
+                .and_then(|shard| Ok((self.task_key(task_id)?, self.layout.ready(shard))));
             match named {
-                Ok((task, permit, ready)) => {
+                Ok((task, ready)) => {
                     out.push(None);
                     asked.push(i);
                     args.push(BeginArgs {
-                        lease: Lease {
-                            task,
-                            permit,
-                            task_id,
-                            token,
-                            lease_ms: millis(lease).max(1),
-                            grace_ms: millis(self.config.grace),
-                        },
+                        task,
                         ready,
+                        task_id,
+                        token,
+                        lease_ms: millis(lease).max(1),
+                        grace_ms: millis(self.config.grace),
                         retention_ms: millis(self.config.retention).max(1),
                         entry_id,
                     });

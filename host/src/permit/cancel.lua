@@ -104,6 +104,5 @@ for _, entry in ipairs(entries) do
   end
 end
 redis.call('PEXPIRE', KEYS[1], retention)
-keep_index(KEYS[1], id, now, retention)
 event_follower(KEYS[1], id)()
 return {'cancelled', fate}

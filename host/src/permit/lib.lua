@@ -91,58 +91,39 @@ local function window_end(task, now)
   return math.max(start + tonumber(t[2] or '0'), now + 1)
 end
 
--- The event index task `task` (id `id`) is listed in
--- (`{ns:shard}:event:<biz_type>:<biz_id>`), or nil: a task the accept
--- indexed carries the flag `ix`, and the name is derived from what its
--- event record's channels share (`meta`: biz_type, biz_id), so the task
--- hash does not repeat it (layout 4).
-local function index_of(task, id)
-  local f = redis.call('HMGET', task, 'ix', 'ev')
-  if f[1] ~= '1' or not f[2] or f[2] == '' then
-    return nil
-  end
-  local prefix = string.sub(task, 1, #task - #id - #'task:')
-  local record = prefix .. 'ev:' .. f[2]
-  local meta = rec_join(record, 'meta', redis.call('HGET', record, 'meta'))
-  if not meta then
-    return nil
-  end
-  local m = cjson.decode(meta)
-  return prefix .. 'event:' .. m.biz_type .. ':' .. m.biz_id
-end
-
--- Gives an ended task's event index at least `retention` more life.
-local function keep_index(task, id, now, retention)
-  local ev = index_of(task, id)
-  if ev then
-    extend_or_set(ev, now + retention)
-  end
-end
-
--- The event record of task `task` (id `id`): `{ns:shard}:ev:<record id>`,
--- named by the task's field `ev`; nil for a task written before event
--- records (its event and payload are its own fields).
+-- The event record of task `task` (id `id`) and which of its event texts
+-- the task names: its field `ev` is `<n>:<biz_type>:<biz_id>`, the record
+-- `{ns:shard}:event:<biz_type>:<biz_id>` and the text `e<n>` (layout 5);
+-- nil for a task without one.
 local function event_of(task, id)
   local ev = redis.call('HGET', task, 'ev')
-  if not ev or ev == '' then
+  if not ev then
     return nil
   end
-  return string.sub(task, 1, #task - #id - #'task:') .. 'ev:' .. ev
+  local n, name = string.match(ev, '^(%d+):(.*)$')
+  if not n then
+    return nil
+  end
+  return string.sub(task, 1, #task - #id - #'task:') .. 'event:' .. name, n
 end
 
 -- Keeps event record `ev` (its tasks' keys start with `prefix`) alive as
 -- long as its tasks: without an expiry while one of them has none, else
--- until the last of them expires; deleted once none is left. Its tasks are
--- the ids of its `p:<task id>` fields; a gone task's payload is dropped,
--- and with it a gone digest's items (`i:<task id>:<seq>`), pieces and all.
+-- until the last of them expires; once none is left, until the digests the
+-- event joined are due and past (`xt`, set by accept.lua), else deleted.
+-- Its tasks are the ids of its `p:<task id>` fields; a gone task's payload
+-- is dropped, and with it a gone digest's items (`i:<task id>:<seq>`) and
+-- a gone digest's mark (`x:<task id>`), pieces and all.
 -- Derived from the tasks each time, so calling it again changes nothing.
 local function follow_event(ev, prefix)
   local latest = -1
   local persist = false
   local fields = redis.call('HKEYS', ev)
   local gone = {}
+  local xt = nil
   for _, field in ipairs(fields) do
-    if string.sub(field, 1, 2) == 'p:' then
+    local kind = string.sub(field, 1, 2)
+    if kind == 'p:' then
       local ttl = redis.call('PTTL', prefix .. string.sub(field, 3))
       if ttl == -1 then
         persist = true
@@ -151,20 +132,29 @@ local function follow_event(ev, prefix)
       elseif ttl > latest then
         latest = ttl
       end
+    elseif kind == 'x:' then
+      if redis.call('EXISTS', prefix .. string.sub(field, 3)) == 0 then
+        gone[string.sub(field, 3)] = true
+      end
+    elseif field == 'xt' then
+      xt = tonumber(redis.call('HGET', ev, 'xt'))
     end
+  end
+  if xt then
+    xt = xt - now_ms()
   end
   if persist then
     redis.call('PERSIST', ev)
-  elseif latest < 0 then
+  elseif latest < 0 and not (xt and xt > 0) then
     redis.call('DEL', ev)
     return
   else
-    redis.call('PEXPIRE', ev, latest)
+    redis.call('PEXPIRE', ev, math.max(latest, xt or 0))
   end
   local drop = {}
   for _, field in ipairs(fields) do
     local base = string.match(field, '^%+%d+:(.+)$') or field
-    local of = string.match(base, '^p:(.+)$') or string.match(base, '^i:(.+):%d+$')
+    local of = string.match(base, '^[px]:(.+)$') or string.match(base, '^i:(.+):%d+$')
     if of and gone[of] then
       drop[#drop + 1] = field
     end
@@ -227,13 +217,13 @@ end
 -- share (`meta`), its payload, and a digest's items (`digest_items`); none
 -- for a task without a record.
 local function event_fields(task, id)
-  local ev = event_of(task, id)
+  local ev, n = event_of(task, id)
   if not ev then
     return {}
   end
-  local v = redis.call('HMGET', ev, 'event', 'meta', 'p:' .. id)
-  local fields = {'event', rec_join(ev, 'event', v[1]) or '',
-    'meta', rec_join(ev, 'meta', v[2]) or '',
+  local v = redis.call('HMGET', ev, 'e' .. n, 'm' .. n, 'p:' .. id)
+  local fields = {'event', rec_join(ev, 'e' .. n, v[1]) or '',
+    'meta', rec_join(ev, 'm' .. n, v[2]) or '',
     'payload', rec_join(ev, 'p:' .. id, v[3]) or ''}
   if redis.call('HEXISTS', task, 'items') == 1 then
     fields[#fields + 1] = 'digest_items'
@@ -243,23 +233,17 @@ local function event_fields(task, id)
 end
 
 -- What becomes of task `task` (id `id`) once it ended: with `keep` > 0 it
--- expires after `keep` ms (its event index lives at least as long); with 0
--- it leaves Redis now, the delivery ledger holding its outcome: the hash is
--- deleted and the id taken out of its event index (HDEL deletes an emptied
--- hash). The permit is never touched here.
+-- expires after `keep` ms (its event record lives at least as long); with
+-- 0 it leaves Redis now, the delivery ledger holding its outcome: the hash
+-- is deleted, and with it its place in its event record (follow_event).
+-- The permit is never touched here.
 local function leave_or_keep(task, id, now, keep)
   local follow = event_follower(task, id)
   if keep > 0 then
     redis.call('PEXPIRE', task, keep)
-    keep_index(task, id, now, keep)
-    follow()
-    return
+  else
+    redis.call('DEL', task)
   end
-  local ev = index_of(task, id)
-  if ev then
-    redis.call('HDEL', ev, id)
-  end
-  redis.call('DEL', task)
   follow()
 end
 

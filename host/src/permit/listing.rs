@@ -108,8 +108,9 @@ impl Permits {
     }
 
     /// Ids of the tasks of one event, across every shard (one pipelined
-    /// `HKEYS` per shard: the index is a hash of task id -> ''); none when
-    /// the event index is off.
+    /// `HKEYS` of the event's record per shard: its `p:<task id>` fields
+    /// are its tasks, its `x:<task id>` fields the digests it joined); none
+    /// when the event index is off.
     pub async fn tasks_of_event(
         &self,
         biz_type: &str,
@@ -118,14 +119,22 @@ impl Permits {
         if !self.config.event_index {
             return Ok(Vec::new());
         }
-        let sets: Vec<Vec<String>> = self
+        let fields: Vec<Vec<String>> = self
             .per_shard(|shard| {
                 let mut cmd = redis::cmd("HKEYS");
-                cmd.arg(self.layout.event_index(shard, biz_type, biz_id));
+                cmd.arg(self.layout.event_record(shard, biz_type, biz_id));
                 cmd
             })
             .await?;
-        Ok(sets.into_iter().flatten().collect())
+        Ok(fields
+            .into_iter()
+            .flatten()
+            .filter_map(|f| {
+                f.strip_prefix("p:")
+                    .or_else(|| f.strip_prefix("x:"))
+                    .map(str::to_string)
+            })
+            .collect())
     }
 
     /// The most recently ended failed or dead tasks, newest first, across

@@ -124,7 +124,7 @@ pub enum PermitError {
 
 /// The key layout version this host writes and reads (docs/redis.md, "Key
 /// layout"); recorded in each namespace's marker ([`Layout::marker`]).
-pub const LAYOUT_VERSION: u32 = 4;
+pub const LAYOUT_VERSION: u32 = 5;
 
 /// Settings of the permit layer.
 #[derive(Debug, Clone)]
@@ -145,9 +145,10 @@ pub struct PermitConfig {
     /// leaves Redis then — only its permit stays, for the window; `Some(d)`
     /// (`keep_ended_tasks`, an opt-in), it stays `d` before it expires.
     pub keep_ended: Option<Duration>,
-    /// Whether each accept adds its task to the event's index (default
-    /// true); without it [`Permits::tasks_of_event`] finds nothing and event
-    /// look-ups come from the delivery ledger.
+    /// Whether look-ups by event read Redis (default true): the event's
+    /// record in each shard lists its open tasks (layout 5: the index costs
+    /// no key of its own); without it [`Permits::tasks_of_event`] finds
+    /// nothing and event look-ups come from the delivery ledger.
     pub event_index: bool,
     /// How far past a lease end or a retry's due time the permit is kept, so a
     /// late worker or retry scheduler still finds it (default 5 minutes).

@@ -7,9 +7,9 @@ local now = now_ms()
 local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', n2s(now), 'LIMIT', 0, tonumber(ARGV[1]))
 for _, id in ipairs(due) do
   -- Same hash tag as KEYS: same slot on a cluster.
-  local task = redis.call('HMGET', ARGV[2] .. id, 'status', 'key')
-  if task[1] == 'retry_wait' or task[1] == 'queued' then
-    redis.call('XADD', KEYS[2], '*', 'task', id, 'key', task[2])
+  local status = redis.call('HGET', ARGV[2] .. id, 'status')
+  if status == 'retry_wait' or status == 'queued' then
+    redis.call('XADD', KEYS[2], '*', 'task', id)
   end
   redis.call('ZREM', KEYS[1], id)
 end

@@ -24,6 +24,5 @@ redis.call('ZREM', KEYS[3], id)
 redis.call('ZREM', held_index(KEYS[3], 'awaiting'), id)
 local keep = tonumber(ARGV[3])
 redis.call('PEXPIRE', KEYS[1], keep)
-keep_index(KEYS[1], id, now, keep)
 event_follower(KEYS[1], id)()
 return {'recorded', ARGV[2]}

@@ -64,7 +64,6 @@ if action == 'sent' then
   -- Held without expiry while unknown: the window from accept again.
   end_permit(KEYS[1], KEYS[2], id, owner, n2s(window_end(KEYS[1], now)), true)
   redis.call('PEXPIRE', KEYS[1], retention)
-  keep_index(KEYS[1], id, now, retention)
   event_follower(KEYS[1], id)()
   await(KEYS[1], KEYS[3], id, now, after)
   redis.call('ZREM', held, id)
@@ -83,7 +82,7 @@ elseif action == 'requeue' then
   elseif not owner then
     redis.call('SET', KEYS[2], id, 'NX', 'PXAT', until_ms)
   end
-  redis.call('XADD', KEYS[4], '*', 'task', id, 'key', redis.call('HGET', KEYS[1], 'key'))
+  redis.call('XADD', KEYS[4], '*', 'task', id)
   redis.call('ZREM', KEYS[3], id)
   redis.call('ZREM', held, id)
 elseif action == 'dead' then
@@ -95,7 +94,6 @@ elseif action == 'dead' then
   -- It may have reached the provider: the permit keeps the window.
   end_permit(KEYS[1], KEYS[2], id, owner, n2s(window_end(KEYS[1], now)), false)
   redis.call('PEXPIRE', KEYS[1], retention)
-  keep_index(KEYS[1], id, now, retention)
   event_follower(KEYS[1], id)()
   redis.call('ZREM', KEYS[3], id)
   redis.call('ZADD', KEYS[5], at, id)

@@ -64,7 +64,6 @@ local function record_one(K, A, now)
       -- Awaiting its receipt (in flight): the record stays for the retention
       -- (the receipt settles it); the reconciler asks the provider if none comes.
       redis.call('PEXPIRE', K[1], retention)
-      keep_index(K[1], id, now, retention)
       await(K[1], K[5], id, now, tonumber(A[11]))
     else
       -- Nothing could confirm it later: sent is final, nothing to check; it
@@ -126,7 +125,6 @@ local function record_one(K, A, now)
       followed = true
     else
       redis.call('PEXPIRE', K[1], retention)
-      keep_index(K[1], id, now, retention)
       -- The operators' index of failed and dead tasks ({ns:shard}:dead, same hash
       -- tag as the delayed set), scored by when they ended; entries older than
       -- the retention (their task records are gone) are trimmed here.
@@ -143,7 +141,6 @@ local function record_one(K, A, now)
       'finished_at', n2s(now), 'lease_token', '', 'updated_at', n2s(now))
     fate = end_permit(K[1], K[2], id, owner, n2s(window_end(K[1], now)), false)
     redis.call('PEXPIRE', K[1], retention)
-    keep_index(K[1], id, now, retention)
   else
     return redis.error_reply('unknown outcome ' .. outcome)
   end

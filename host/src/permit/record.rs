@@ -108,8 +108,6 @@ pub struct Entry {
     pub id: String,
     /// The task the entry names.
     pub task_id: String,
-    /// The task's idempotency key (carried by the entry so the permit is named without a read).
-    pub key: String,
 }
 
 /// `record.lua`'s `KEYS` and `ARGV`, named (see the script's header).

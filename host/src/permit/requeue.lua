@@ -61,7 +61,7 @@ redis.call('HSET', KEYS[1], 'status', 'queued', 'retry_max_attempts', n2s(max),
 redis.call('HDEL', KEYS[1], 'resend_by')
 redis.call('PERSIST', KEYS[1])
 event_follower(KEYS[1], id)()
-redis.call('XADD', KEYS[3], '*', 'task', id, 'key', redis.call('HGET', KEYS[1], 'key'))
+redis.call('XADD', KEYS[3], '*', 'task', id)
 redis.call('ZREM', KEYS[4], id)
 redis.call('ZREM', KEYS[5], id)
 redis.call('ZREM', held_index(KEYS[5], 'awaiting'), id)
@@ -70,8 +70,4 @@ if ARGV[3] == '1' then
   action = 'requeue (forced)'
 end
 log_operator(KEYS[1], now, ARGV[4] or '', action, ARGV[5] or '')
-local ev = index_of(KEYS[1], id)
-if ev then
-  extend_or_set(ev, now + window + retention)
-end
 return {'requeued', n2s(attempts), n2s(max)}

@@ -47,6 +47,5 @@ redis.call('ZREM', KEYS[3], id)
 redis.call('ZREM', KEYS[4], id)
 redis.call('ZREM', held_index(KEYS[4], 'awaiting'), id)
 redis.call('PEXPIRE', KEYS[1], retention)
-keep_index(KEYS[1], id, now, retention)
 event_follower(KEYS[1], id)()
 return {'settled', new}

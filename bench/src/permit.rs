@@ -83,7 +83,7 @@ async fn measure_permits(args: Args) -> anyhow::Result<()> {
     );
     print_rows(&rows);
     println!(
-        "memory per open permit (permit + task hash + stream entry + event index): {:.0} bytes; floor key alone: {:.0} bytes (INFO used_memory delta / {n})",
+        "memory per open permit (permit + task hash + stream entry + event record): {:.0} bytes; floor key alone: {:.0} bytes (INFO used_memory delta / {n})",
         memory.per_permit, memory.floor_key
     );
     println!(
@@ -120,7 +120,7 @@ async fn measure_permits(args: Args) -> anyhow::Result<()> {
 
 /// Redis memory per key of the run, bytes (`INFO used_memory` deltas).
 struct Memory {
-    /// Per open permit (permit + task hash + stream entry + event index).
+    /// Per open permit (permit + task hash + stream entry + event record).
     per_permit: f64,
     /// Per key of the floor's bare `SET NX PX`.
     floor_key: f64,

@@ -167,6 +167,7 @@ pub(super) async fn accept_profile(
         permit::event_accept_command(permits, 4),
     ];
     commands.extend(MINIMAL.iter().map(|(_, body, k)| minimal_command(body, *k)));
+    commands.push(minimal_event_command(4));
     let mut runs: Vec<Vec<(f64, Stats)>> = vec![Vec::new(); commands.len()];
     for _ in 0..ROUNDS {
         for (command, row) in commands.iter().zip(runs.iter_mut()) {
@@ -196,6 +197,15 @@ pub(super) async fn accept_profile(
             usec: median(2 + i).0,
         });
     }
+    let one = median(1 + MINIMAL.len()).0;
+    let four = median(2 + MINIMAL.len()).0;
+    lines.push(ProfileLine {
+        what: format!(
+            "the same for one 4-channel event, one call ({:.2}× the 1-channel call)",
+            four / one
+        ),
+        usec: four,
+    });
     Ok(lines)
 }
 
@@ -262,6 +272,40 @@ fn minimal_command(body: &str, nkeys: usize) -> Vec<String> {
     command.extend(["3-0-__rand_int__".to_string(), "86400000".to_string()]);
     if nkeys == 3 {
         command.push("x".repeat(400));
+    }
+    command
+}
+
+/// The last [`MINIMAL`] script for one event on `channels` channels in one
+/// call: per channel a unique permit `SET NX PX`, a queue entry and a task
+/// record of three fields (the 1-channel call's 400-byte body split over
+/// them) — the writes per channel no layout can leave out. Its ratio to the
+/// 1-channel call is what those writes alone cost against one call's own
+/// overhead; more work per call (an event record) lowers it, more per
+/// channel raises it.
+fn minimal_event_command(channels: usize) -> Vec<String> {
+    let body = "for i = 0, #ARGV / 3 - 1 do \
+         redis.call('HSET', KEYS[3 * i + 3], 'status', 'queued', 'key', KEYS[3 * i + 1], 'body', ARGV[3 * i + 3]) \
+         redis.call('XADD', KEYS[3 * i + 2], '*', 'task', ARGV[3 * i + 1], 'key', KEYS[3 * i + 1]) \
+         redis.call('SET', KEYS[3 * i + 1], ARGV[3 * i + 1], 'NX', 'PX', ARGV[3 * i + 2]) end";
+    let mut command = vec![
+        "EVAL".to_string(),
+        body.to_string(),
+        (3 * channels).to_string(),
+    ];
+    for c in 0..channels {
+        command.extend([
+            format!("{{benchm:3}}:permit:push:per-event@1:c{c}:ORDER_SHIPPED:o-__rand_int__:u-1"),
+            "{benchm:3}:ready".to_string(),
+            format!("{{benchm:3}}:task:3-{c}-__rand_int__"),
+        ]);
+    }
+    for c in 0..channels {
+        command.extend([
+            format!("3-{c}-__rand_int__"),
+            "86400000".to_string(),
+            "x".repeat(400 / channels.max(1)),
+        ]);
     }
     command
 }

@@ -481,7 +481,7 @@ async fn print_report(
         );
     }
     println!(
-        "redis memory per open permit (permit + task hash + stream entry + its event record + event index): {:.0} bytes (used_memory delta / {}); with event_index = false {:.0} bytes; of 4-channel events (one record and index for four permits) {:.0} bytes; from an empty Redis, {:.0} bytes at the embedded Redis's hash-max-listpack-value 1024 and {:.0} at Redis's default 64; redis used_memory_rss now {:.1} MiB",
+        "redis memory per open permit (permit + task hash + stream entry + its event record, which is its index): {:.0} bytes (used_memory delta / {}); with event_index = false {:.0} bytes; of 4-channel events (one record and index for four permits) {:.0} bytes; from an empty Redis, {:.0} bytes at the embedded Redis's hash-max-listpack-value 1024 and {:.0} at Redis's default 64; redis used_memory_rss now {:.1} MiB",
         notes.per_permit,
         args.floor_requests,
         notes.per_permit_lean,
@@ -497,7 +497,7 @@ async fn print_report(
     println!("warm derive-key cost: `pushonce-bench plugins` (the plugin layer alone)");
     if let Some((d, _)) = &notes.delivered {
         println!(
-            "redis bytes kept per delivered message after it ended (1 channel, end-to-end run, its SMS receipts posted back): {:.0} bytes (MEMORY USAGE, mean of {}: permit {:.0}, task record {:.0}, event index {:.0}; {} of them still in Redis); used_memory delta over the run / messages: {:.0} bytes",
+            "redis bytes kept per delivered message after it ended (1 channel, end-to-end run, its SMS receipts posted back): {:.0} bytes (MEMORY USAGE, mean of {}: permit {:.0}, task record {:.0}, event record {:.0}; {} of them still in Redis); used_memory delta over the run / messages: {:.0} bytes",
             d.kept(),
             d.sampled,
             d.permit,

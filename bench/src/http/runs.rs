@@ -67,7 +67,7 @@ pub(super) struct DeliveredMemory {
     pub permit: f64,
     /// Mean `MEMORY USAGE` of its task record, bytes (0 once it left Redis).
     pub task: f64,
-    /// Mean `MEMORY USAGE` of its event index, bytes (0 once it left).
+    /// Mean `MEMORY USAGE` of its event record (the event index), bytes (0 once it left).
     pub index: f64,
     /// How many messages the means are over.
     pub sampled: usize,
@@ -94,7 +94,7 @@ impl DeliveredMemory {
     }
 
     /// Reads the permits of run `tag` (up to 100), and their task records
-    /// and event indexes while Redis still has them.
+    /// and event records while Redis still has them.
     async fn measure(
         conn: &mut pushonce::store::RedisConn,
         tag: &str,
@@ -142,7 +142,7 @@ impl DeliveredMemory {
     }
 
     /// What a message keeps in Redis after it ended, bytes: its permit, and
-    /// its task record and event index if they stayed.
+    /// its task record and event record if they stayed.
     pub fn kept(&self) -> f64 {
         self.permit + self.task + self.index
     }

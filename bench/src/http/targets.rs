@@ -217,7 +217,7 @@ fn delivered_bytes(notes: &Notes) -> Target {
         Some(d) => (
             d.kept(),
             format!(
-                "after it ended: permit {:.0} + task record {:.0} + event index {:.0} ({} of {} still in Redis); used_memory delta {:.0}/message",
+                "after it ended: permit {:.0} + task record {:.0} + event record {:.0} ({} of {} still in Redis); used_memory delta {:.0}/message",
                 d.permit, d.task, d.index, d.in_redis, d.sampled, d.per_message
             ),
         ),

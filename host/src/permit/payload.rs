@@ -19,8 +19,9 @@ pub struct Payload {
     /// keeps the plugin version it started with. `None` before channel plugins.
     #[serde(default)]
     pub plugin: Option<String>,
-    /// Where to send instead if this channel fails for good.
-    #[serde(default)]
+    /// Where to send instead if this channel fails for good (absent when
+    /// none: the payload is kept in Redis while the task is open).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fallback: Option<Box<Fallback>>,
     /// The recipient's one-click unsubscribe link, written at accept for a
     /// channel whose plugin takes extras (contract 2.2, e.g. email) when the

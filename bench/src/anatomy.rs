@@ -22,20 +22,11 @@ pub(crate) async fn kinds(
     conn: &mut RedisConn,
     ns: &str,
 ) -> anyhow::Result<BTreeMap<String, Kind>> {
-    let pattern = format!("{{{ns}:*");
+    let keys = crate::permit::scan_keys(conn, &format!("{{{ns}:*"), usize::MAX).await?;
     let mut found: BTreeMap<String, Kind> = BTreeMap::new();
-    let mut cursor: u64 = 0;
-    loop {
-        let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
-            .arg(cursor)
-            .arg("MATCH")
-            .arg(&pattern)
-            .arg("COUNT")
-            .arg(1000)
-            .query_async(conn)
-            .await?;
+    for chunk in keys.chunks(1000) {
         let mut pipe = redis::pipe();
-        for key in &keys {
+        for key in chunk {
             pipe.cmd("MEMORY")
                 .arg("USAGE")
                 .arg(key)
@@ -43,15 +34,11 @@ pub(crate) async fn kinds(
                 .arg(0);
         }
         let sizes: Vec<Option<u64>> = pipe.query_async(conn).await?;
-        for (key, size) in keys.iter().zip(sizes) {
+        for (key, size) in chunk.iter().zip(sizes) {
             let kind = found.entry(kind_of(key).to_string()).or_default();
             kind.keys += 1;
             kind.bytes += size.unwrap_or(0);
         }
-        if next == 0 {
-            break;
-        }
-        cursor = next;
     }
     Ok(found)
 }
@@ -82,16 +69,4 @@ pub(crate) fn line(kinds: &BTreeMap<String, Kind>, permits: u64) -> String {
         total as f64 / permits.max(1) as f64,
         parts.join(", ")
     )
-}
-
-#[cfg(test)]
-mod tests {
-    use super::kind_of;
-
-    #[test]
-    fn a_key_kind_is_the_segment_after_its_hash_tag() {
-        assert_eq!(kind_of("{po:3}:task:3-abc"), "task");
-        assert_eq!(kind_of("{po:3}:ready"), "ready");
-        assert_eq!(kind_of("{po:3}:permit:push:per-event@1:sms:X"), "permit");
-    }
 }

@@ -568,27 +568,39 @@ pub(super) async fn info_field(
 /// Deletes every key of this run (SCAN + UNLINK).
 async fn cleanup(conn: &mut RedisConn, ns: &str) -> anyhow::Result<()> {
     for pattern in [format!("{ns}:floor:*"), format!("{{{ns}:*")] {
-        let mut cursor: u64 = 0;
-        loop {
-            let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
-                .arg(cursor)
-                .arg("MATCH")
-                .arg(&pattern)
-                .arg("COUNT")
-                .arg(1000)
-                .query_async(conn)
+        let keys = scan_keys(conn, &pattern, usize::MAX).await?;
+        for chunk in keys.chunks(1000) {
+            redis::cmd("UNLINK")
+                .arg(chunk)
+                .query_async::<()>(conn)
                 .await?;
-            if !keys.is_empty() {
-                redis::cmd("UNLINK")
-                    .arg(&keys)
-                    .query_async::<()>(conn)
-                    .await?;
-            }
-            if next == 0 {
-                break;
-            }
-            cursor = next;
         }
     }
     Ok(())
+}
+
+/// Up to `most` keys matching `pattern` (`SCAN`).
+pub(crate) async fn scan_keys(
+    conn: &mut RedisConn,
+    pattern: &str,
+    most: usize,
+) -> anyhow::Result<Vec<String>> {
+    let mut found = Vec::new();
+    let mut cursor: u64 = 0;
+    loop {
+        let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
+            .arg(cursor)
+            .arg("MATCH")
+            .arg(pattern)
+            .arg("COUNT")
+            .arg(10_000)
+            .query_async(conn)
+            .await?;
+        found.extend(keys);
+        if next == 0 || found.len() >= most {
+            found.truncate(most);
+            return Ok(found);
+        }
+        cursor = next;
+    }
 }

@@ -16,6 +16,15 @@ pub fn permit_config() -> PermitConfig {
     }
 }
 
+/// [`permit_config`] with one shard: every key of a test meets in one
+/// hash tag (one record, one stream).
+pub fn one_shard_config() -> PermitConfig {
+    PermitConfig {
+        shards: 1,
+        ..permit_config()
+    }
+}
+
 /// An accept of `key` on `sms` for a 10-minute window: event `ORDER_SHIPPED`
 /// / `key`, policy `per-event@1.0.0`, the default retry policy.
 pub fn accept_request(key: &str) -> AcceptRequest {

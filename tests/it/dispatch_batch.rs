@@ -10,7 +10,7 @@ use pushonce::ledger::Ledger;
 use pushonce::permit::{AcceptRequest, Acceptance, PermitConfig, Permits, RetryPolicy, TaskStatus};
 use pushonce::send::Faults;
 use pushonce_tests::dispatcher::RunningDispatcher;
-use pushonce_tests::fixtures::{accept_request, permit_config};
+use pushonce_tests::fixtures::{accept_request, one_shard_config};
 use pushonce_tests::process::{PushonceProcess, read_ledger, sent_by_key};
 use pushonce_tests::redis::RedisServer;
 use pushonce_tests::wait_until;
@@ -61,13 +61,7 @@ async fn one_tasks_refusal_or_lost_answer_in_a_batch_touches_only_that_task() {
     let server = RedisServer::start().await.unwrap();
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("ledger.jsonl");
-    let permits = server
-        .permits(PermitConfig {
-            shards: 1,
-            ..permit_config()
-        })
-        .await
-        .unwrap();
+    let permits = server.permits(one_shard_config()).await.unwrap();
     let claims = Ledger::open(&format!(
         "sqlite:{}",
         dir.path().join("ledger.sqlite3").display()

@@ -9,7 +9,7 @@ use pushonce::permit::{
     PermitFate, Permits, RecordContext, Recorded, Requeue, RetryPolicy, TaskStatus, shard_of_task,
 };
 use pushonce_tests::cluster::RedisCluster;
-use pushonce_tests::fixtures::{accept_request, permit_config};
+use pushonce_tests::fixtures::{accept_request, one_shard_config, permit_config};
 use pushonce_tests::redis::RedisServer;
 use pushonce_tests::wait_until;
 
@@ -1447,13 +1447,7 @@ async fn an_event_is_stored_once_for_its_channels_and_leaves_with_its_last_task(
 async fn accepts_of_one_event_share_its_record_each_task_keeping_its_own_text() {
     let server = RedisServer::start().await.unwrap();
     // One shard: both users' keys land in the same record.
-    let permits = server
-        .permits(PermitConfig {
-            shards: 1,
-            ..permit_config()
-        })
-        .await
-        .unwrap();
+    let permits = server.permits(one_shard_config()).await.unwrap();
     let event_of = |user: &str| -> std::sync::Arc<str> {
         format!(r#"{{"biz_type":"ORDER_SHIPPED","biz_id":"o-shared","user_id":"{user}","occurred_at_ms":1718000000000,"attributes":{{"carrier":"SF"}}}}"#).into()
     };

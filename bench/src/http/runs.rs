@@ -83,7 +83,7 @@ impl DeliveredMemory {
     async fn tasks_left(conn: &mut pushonce::store::RedisConn, tag: &str) -> anyhow::Result<usize> {
         let layout = Layout::new(PermitConfig::default().namespace, 1);
         let mut left = 0;
-        for key in scan(conn, &format!("*:permit:*{tag}-*"), 100).await? {
+        for key in crate::permit::scan_keys(conn, &format!("*:permit:*{tag}-*"), 100).await? {
             let id: Option<String> = redis::cmd("GET").arg(&key).query_async(conn).await?;
             if let Some(task_key) = id.and_then(|id| layout.task(&id)) {
                 let n: i64 = redis::cmd("EXISTS").arg(task_key).query_async(conn).await?;
@@ -101,7 +101,7 @@ impl DeliveredMemory {
         grown: f64,
         messages: usize,
     ) -> anyhow::Result<DeliveredMemory> {
-        let permits = scan(conn, &format!("*:permit:*{tag}-*"), 100).await?;
+        let permits = crate::permit::scan_keys(conn, &format!("*:permit:*{tag}-*"), 100).await?;
         // The host's layout: the default namespace (the shard is read from a task id).
         let layout = Layout::new(PermitConfig::default().namespace, 1);
         let (mut permit, mut task, mut index, mut in_redis) = (0, 0, 0, 0);
@@ -128,7 +128,12 @@ impl DeliveredMemory {
         let n = permits.len().max(1) as f64;
         let mut others = Vec::new();
         for (kind, pattern) in [("pmid", "*:pmid:*"), ("unmatched", "*:unmatched:*")] {
-            others.push((kind, scan(conn, pattern, usize::MAX).await?.len()));
+            others.push((
+                kind,
+                crate::permit::scan_keys(conn, pattern, usize::MAX)
+                    .await?
+                    .len(),
+            ));
         }
         Ok(DeliveredMemory {
             per_message: grown / messages.max(1) as f64,
@@ -145,32 +150,6 @@ impl DeliveredMemory {
     /// its task record and event record if they stayed.
     pub fn kept(&self) -> f64 {
         self.permit + self.task + self.index
-    }
-}
-
-/// Up to `most` keys matching `pattern`.
-async fn scan(
-    conn: &mut pushonce::store::RedisConn,
-    pattern: &str,
-    most: usize,
-) -> anyhow::Result<Vec<String>> {
-    let mut found = Vec::new();
-    let mut cursor: u64 = 0;
-    loop {
-        let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
-            .arg(cursor)
-            .arg("MATCH")
-            .arg(pattern)
-            .arg("COUNT")
-            .arg(10_000)
-            .query_async(conn)
-            .await?;
-        found.extend(keys);
-        if next == 0 || found.len() >= most {
-            found.truncate(most);
-            return Ok(found);
-        }
-        cursor = next;
     }
 }
 

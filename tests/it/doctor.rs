@@ -375,3 +375,61 @@ async fn misconfigured_channels_plugins_and_tokens_fail_naming_the_fix() {
         .await;
     assert_fails_naming(&run, "plugins", "pushonce plugins list");
 }
+
+/// The `[channels.email]` section of a `ses-email` channel (the
+/// simulator's SES and SNS endpoints, as `cargo xtask run` would name them).
+const EMAIL_CHANNEL: &str = r#"[channels.email]
+plugin = "ses-email@^1"
+settings = { endpoint = "https://127.0.0.1:9090", sns_endpoint = "https://127.0.0.1:9090/sns", region = "us-east-1", access_key_id = "AKIDEXAMPLE", from = "noreply@example.com" }
+secrets_from_env = { secret_access_key = "PUSHONCE_AWS_SECRET" }
+allowed_hosts = ["127.0.0.1:9090"]
+ca_file = "target/sim/ca.pem"
+callback_token_env = "PUSHONCE_EMAIL_CALLBACK_TOKEN"
+"#;
+
+/// `[unsubscribe]` with the links on.
+const UNSUBSCRIBE: &str = r#"[unsubscribe]
+secret_env = "PUSHONCE_UNSUBSCRIBE_SECRET"
+base_url = "https://push.example.com"
+"#;
+
+/// An email channel on a host that writes no unsubscribe links is a
+/// warning naming `[unsubscribe] secret_env` (doctor still passes); with
+/// the links on, the same check is ok. Channels whose plugins write no such
+/// headers have no such check.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_email_channel_without_unsubscribe_links_is_a_warning_naming_the_setting() {
+    let dir = tempfile::tempdir().unwrap();
+    let redis = RedisServer::start().await.unwrap();
+    // Both sections go before `[reconcile]`, the file's next table.
+    let with = |sections: &str| {
+        Setup::new(
+            dir.path(),
+            &[("[reconcile]\n", &format!("{sections}\n[reconcile]\n"))],
+        )
+        .on(&redis)
+    };
+    let (passed, out) = with(EMAIL_CHANNEL).doctor().await;
+    let warned = line(&out, "channel.email.unsubscribe");
+    assert!(
+        passed
+            && warned.starts_with("warn")
+            && warned.contains("[unsubscribe] secret_env is not set")
+            && warned.contains("set [unsubscribe] secret_env"),
+        "expected a warning naming [unsubscribe] secret_env, doctor passing:\n{out}"
+    );
+    assert!(
+        !out.contains("channel.sms.unsubscribe"),
+        "an SMS plugin writes no unsubscribe headers:\n{out}"
+    );
+
+    let linked = with(&format!("{EMAIL_CHANNEL}\n{UNSUBSCRIBE}")).with(
+        "PUSHONCE_UNSUBSCRIBE_SECRET",
+        Some("a-test-secret-of-more-than-32-bytes-0123456789"),
+    );
+    let (passed, out) = linked.doctor().await;
+    assert!(
+        passed && line(&out, "channel.email.unsubscribe").starts_with("ok"),
+        "expected the unsubscribe check ok with the links on:\n{out}"
+    );
+}

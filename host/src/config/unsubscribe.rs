@@ -41,6 +41,11 @@ impl Default for UnsubscribeConfig {
 }
 
 impl UnsubscribeConfig {
+    /// Whether the host writes one-click unsubscribe links (`secret_env` set).
+    pub fn writes_links(&self) -> bool {
+        self.secret_env.is_some()
+    }
+
     /// A base URL with `secret_env`, an http(s) one, and a long enough `link_ttl`.
     pub(crate) fn check(&self) -> Result<(), ConfigError> {
         if self.link_ttl < MIN_LINK_TTL {

@@ -65,7 +65,8 @@ fn plugins(d: &Deployment<'_>) -> Check {
 }
 
 /// Three checks per channel: its plugin and capabilities, its credentials,
-/// its callback route.
+/// its callback route; a fourth for a plugin that writes unsubscribe
+/// headers: whether the host writes the links.
 async fn channels(d: &Deployment<'_>) -> Vec<Check> {
     let sender = match sender(d) {
         Ok(s) => s,
@@ -132,8 +133,28 @@ async fn channels(d: &Deployment<'_>) -> Vec<Check> {
         };
         checks.push(credentials(d, name, cfg));
         checks.push(callbacks(d, name, cfg, takes_callbacks));
+        if sender.as_ref().is_some_and(|s| s.takes_extras(name)) {
+            checks.push(unsubscribe(d, name));
+        }
     }
     checks
+}
+
+/// For a channel whose plugin writes one-click unsubscribe headers (it
+/// takes extras, e.g. email): whether the host writes the links they carry.
+fn unsubscribe(d: &Deployment<'_>, name: &str) -> Check {
+    let check = format!("channel.{name}.unsubscribe");
+    if d.config.unsubscribe.writes_links() {
+        return Check::ok(
+            check,
+            "its messages carry the host's one-click unsubscribe link (List-Unsubscribe)",
+        );
+    }
+    Check::warn(
+        check,
+        "the plugin writes one-click unsubscribe headers, but [unsubscribe] secret_env is not set: its messages carry no unsubscribe link, which Gmail and Yahoo ask of bulk senders",
+        "set [unsubscribe] secret_env = \"PUSHONCE_UNSUBSCRIBE_SECRET\" (that variable at least 32 random bytes, the same on every instance) and base_url = the host as mail systems reach it (docs/preferences.md)",
+    )
 }
 
 /// A sender for the capabilities calls only (`None` when the plugins were

@@ -323,14 +323,11 @@ async fn api_state(
 /// (`[unsubscribe] secret_env` unset): its messages go without
 /// `List-Unsubscribe`, which Gmail and Yahoo ask of bulk senders.
 fn warn_of_unlinked_channels(config: &HostConfig, plugins: &PluginSender) {
-    if config.unsubscribe.secret_env.is_some() {
+    if config.unsubscribe.writes_links() {
         return;
     }
     for name in plugins.channels() {
-        if plugins
-            .instance(name, None)
-            .is_ok_and(|i| i.plugin().takes_extras())
-        {
+        if plugins.takes_extras(name) {
             tracing::warn!(channel = %name, "the channel's plugin writes one-click unsubscribe headers, but [unsubscribe] secret_env is not set: its messages carry no unsubscribe link (docs/preferences.md)");
         }
     }

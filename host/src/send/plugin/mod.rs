@@ -188,6 +188,14 @@ impl PluginSender {
         self.channels.keys().map(String::as_str)
     }
 
+    /// Whether `channel`'s current plugin takes extras (contract 2.2: it
+    /// writes the one-click unsubscribe headers the host's link fills);
+    /// false when its plugin is not loaded.
+    pub fn takes_extras(&self, channel: &str) -> bool {
+        self.instance(channel, None)
+            .is_ok_and(|i| i.plugin().takes_extras())
+    }
+
     /// The plugin instance for `channel`: the exact `name@version` in
     /// `pinned` when it is still loaded, else the channel's requirement.
     pub fn instance(

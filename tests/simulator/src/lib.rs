@@ -447,6 +447,19 @@ impl SimState {
         self.lock().stats.clone()
     }
 
+    /// Registers SES stored template `name` as using `variables` (e.g.
+    /// `{{name}}`, or `user.name` for a nested attribute): a `SendEmail`
+    /// with it whose `TemplateData` lacks one is answered its `MessageId`
+    /// but never sent — a `Rendering Failure` event published when the send
+    /// named a configuration set ([`ses`]). Templates not registered render
+    /// whatever their data. Registering again replaces the variables.
+    pub fn ses_template(&self, name: &str, variables: &[&str]) {
+        self.lock().ses_templates.insert(
+            name.to_string(),
+            variables.iter().map(|v| v.to_string()).collect(),
+        );
+    }
+
     /// Every `SubscribeURL` the simulated SNS saw fetched (its subscription
     /// confirmations).
     pub fn sns_confirmations(&self) -> Vec<String> {

@@ -90,8 +90,8 @@ fn confirm(
 /// failed, and a permanent one opts each bounced address out; a complaint
 /// opts each complaining address out and settles nothing; a `Rendering
 /// Failure` or `Reject` event (SES never sent the email) settles failed —
-/// failed for good, so the host may take the task's fallback — and opts
-/// nobody out (the address did nothing wrong).
+/// the receipt the host treats as failed for good — and opts nobody out
+/// (the address did nothing wrong).
 fn notification(message: &str) -> Result<CallbackOutcome, CallbackError> {
     let notice = ses::notice(message).map_err(CallbackError::Malformed)?;
     let settle = |id: String, status, detail: Option<String>| Settlement { id, status, detail };

@@ -35,8 +35,8 @@
 //! both published only through a configuration set's event destination
 //! (<https://docs.aws.amazon.com/ses/latest/dg/event-publishing-retrieving-sns-contents.html>),
 //! never through the identity's notifications. Either settles the message
-//! `failed` (the host may take the task's fallback), with SES's reason in
-//! the detail, and opts nobody out. Without `configuration_set` naming a set
+//! `failed` (failed for good, SES's reason in the detail) and opts nobody
+//! out. Without `configuration_set` naming a set
 //! whose SNS destination includes them, such an email stays `sent` forever.
 
 mod bindings;

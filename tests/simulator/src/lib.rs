@@ -36,7 +36,11 @@
 //!   simulator's addresses; Delivery, Bounce and Complaint notifications
 //!   ([`ses_notify`]) published through a simulated SNS topic ([`sns`]):
 //!   its own key and certificate, messages signed as SNS signs them, a
-//!   subscription confirmed by its `SubscribeURL`.
+//!   subscription confirmed by its `SubscribeURL`; stored templates with
+//!   their variables ([`SimState::ses_template`], `POST
+//!   /_sim/ses/templates`): data lacking one is answered a `MessageId`,
+//!   never sent, and a `Rendering Failure` event published when the send
+//!   named a configuration set.
 //!
 //! TLS ([`tls`]): a CA generated at start ([`SimState::ca_pem`]) signs the
 //! server certificate (SANs `127.0.0.1`, `localhost` and the real provider

@@ -475,3 +475,32 @@ async fn a_template_missing_a_variable_is_answered_but_never_sent() {
     assert_eq!(sim.send(&other).await.0, 200);
     assert_eq!(sim.emails().len(), 2);
 }
+
+/// The control API registers a template as `SimState::ses_template` does.
+#[tokio::test]
+async fn templates_are_registered_through_the_control_api() {
+    let sim = start().await;
+    let r = sim
+        .http
+        .post(format!("{}/_sim/ses/templates", sim.base))
+        .json(&json!({"name": "welcome", "variables": ["name", "favoritecolor"]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+    let empty = sim
+        .http
+        .post(format!("{}/_sim/ses/templates", sim.base))
+        .json(&json!({"name": "", "variables": []}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(empty.status().as_u16(), 422);
+    let to = "success@simulator.amazonses.com";
+    let (status, _, answer) = sim
+        .send(&email_with(to, json!({"name": "Ana"}), None))
+        .await;
+    assert_eq!(status, 200, "{answer}");
+    assert!(sim.emails().is_empty());
+    assert_eq!(sim.state.stats()["ses-email.rendering_failure"], 1);
+}

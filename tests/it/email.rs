@@ -8,7 +8,11 @@
 //! Bounce notification that opts the address's user out of email (history
 //! route `email_bounce`) and settles the task failed; a Delivery settles it
 //! delivered; a forged or altered notification is refused 403 and opts
-//! nobody out. Conditions with deadlines, no sleeps.
+//! nobody out; an email whose template data lacks a variable of its SES
+//! template is answered a `MessageId` but never sent, and the `Rendering
+//! Failure` event SES publishes through the channel's configuration set
+//! settles the task failed, with nobody opted out. Conditions with
+//! deadlines, no sleeps.
 
 use std::path::Path;
 use std::time::{Duration, SystemTime};
@@ -53,6 +57,16 @@ category = "transactional"
 "#,
     ),
     (
+        "welcome.toml",
+        r#"
+biz_type = "WELCOME"
+key_policy = "per-event@^1"
+channels = ["email"]
+window = "1h"
+category = "transactional"
+"#,
+    ),
+    (
         "login-code.toml",
         r#"
 biz_type = "LOGIN_CODE"
@@ -67,13 +81,29 @@ category = "security"
 /// A host on `redis` (its ledger beside it) with the six channels and the
 /// email channel on the simulated SES.
 async fn serve(redis: &RedisServer, sim: &Sim, dir: &Path) -> ServeProcess {
+    serve_with_set(redis, sim, dir, None).await
+}
+
+/// [`serve`], the email channel's `configuration_set` set when given.
+async fn serve_with_set(
+    redis: &RedisServer,
+    sim: &Sim,
+    dir: &Path,
+    configuration_set: Option<&str>,
+) -> ServeProcess {
     let policies = dir.join("policies");
     std::fs::create_dir_all(&policies).unwrap();
     for (file, text) in POLICIES {
         std::fs::write(policies.join(file), text).unwrap();
     }
     let mut config = ServeConfig::new(&redis.url(), sim);
-    let email = [(providers::EMAIL.0.to_string(), sim.email_channel())];
+    let mut channel = sim.email_channel();
+    if let Some(set) = configuration_set {
+        channel
+            .settings
+            .insert("configuration_set".into(), set.into());
+    }
+    let email = [(providers::EMAIL.0.to_string(), channel)];
     config
         .channels
         .push_str(&Sim::toml_of(email.into_iter().collect()));
@@ -431,5 +461,133 @@ async fn a_delivery_settles_delivered_and_a_forged_notification_is_refused() {
             .0,
         "accepted",
         "email still goes to u-ok"
+    );
+}
+
+/// A template-data gap SES only reports as an event: the `WELCOME` SES
+/// template uses `name` and `favoritecolor`; an event without
+/// `favoritecolor` is answered a `MessageId` (the task is `sent`) and never
+/// sent, and the `Rendering Failure` event published through the channel's
+/// configuration set settles it `failed` — never `delivered` — and opts
+/// nobody out. The same template with complete data is delivered.
+///
+/// No fallback here: `ses-email` cannot query, so a `sent` email task
+/// leaves Redis once the delivery ledger holds it, and a later receipt
+/// only rewrites the ledger row (`Ledger::settle_late`: "a failure's
+/// fallback can no longer be taken").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rendering_failure_settles_the_email_failed() {
+    let redis = RedisServer::start().await.unwrap();
+    let sim = providers::sim().await;
+    sim.state
+        .ses_template("WELCOME", &["name", "favoritecolor"]);
+    let dir = tempfile::tempdir().unwrap();
+    let host = serve_with_set(&redis, &sim, dir.path(), Some("pushonce-events")).await;
+    sim.subscribe_email_notifications(host.base(), 1);
+    confirmed(&sim, &host).await;
+    let address = "success@simulator.amazonses.com";
+    let welcome = |biz_id: &str, user: &str, params: Value| {
+        json!({
+            "biz_type": "WELCOME", "biz_id": biz_id, "user_id": user,
+            "occurred_at": "2026-12-04T10:00:00Z",
+            "params": params,
+            "recipients": {"email": address},
+        })
+    };
+
+    // Complete data: sent and delivered, no fallback.
+    let (result, task) = post(
+        &host,
+        &welcome(
+            "w-ok",
+            "u-ok",
+            json!({"name": "Ada", "favoritecolor": "teal"}),
+        ),
+    )
+    .await;
+    assert_eq!(result, "accepted");
+    let task = task.expect("a task id");
+    wait_until(DEADLINE, || async {
+        task_status(&host, &task).await == "delivered"
+    })
+    .await
+    .unwrap_or_else(|e| {
+        panic!(
+            "the complete email is delivered: {e}; {:?}; log:\n{}",
+            sim.state.stats(),
+            host.log()
+        )
+    });
+    assert_eq!(emails_to(&sim, address).len(), 1);
+    assert_eq!(
+        emails_to(&sim, address)[0].params["ConfigurationSetName"],
+        "pushonce-events"
+    );
+
+    // `favoritecolor` missing: SES answers a MessageId, sends nothing, and
+    // publishes a Rendering Failure event.
+    let (result, task) = post(&host, &welcome("w-gap", "u-gap", json!({"name": "Bo"}))).await;
+    assert_eq!(result, "accepted");
+    let task = task.expect("a task id");
+    wait_until(DEADLINE, || async {
+        task_status(&host, &task).await == "failed"
+    })
+    .await
+    .unwrap_or_else(|e| {
+        panic!(
+            "the rendering failure settles the task failed: {e}; {:?}; log:\n{}",
+            sim.state.stats(),
+            host.log()
+        )
+    });
+    let stats = sim.state.stats();
+    assert_eq!(
+        stats.get("ses-email.rendering_failure"),
+        Some(&1),
+        "{stats:?}"
+    );
+    assert_eq!(
+        emails_to(&sim, address).len(),
+        1,
+        "the failed email never reached the SES ledger"
+    );
+    // What the event's history shows: the email failed, though it had been
+    // sent (SES gave it a MessageId).
+    let req = reqwest::Client::new()
+        .get(host.url("/v1/events/WELCOME/w-gap"))
+        .bearer_auth(API_TOKEN);
+    let (status, view) = send(req).await;
+    assert_eq!(status, 200, "{view}");
+    let tasks = view["tasks"].as_array().expect("tasks");
+    let email = tasks
+        .iter()
+        .find(|t| t["channel"] == "email")
+        .unwrap_or_else(|| panic!("{view}"));
+    assert_eq!(email["status"], "failed", "{view}");
+    assert!(
+        email["provider_message_id"]
+            .as_str()
+            .is_some_and(|m| !m.is_empty()),
+        "{view}"
+    );
+    assert_eq!(tasks.len(), 1, "{view}");
+    // Still failed, never delivered; and nobody is opted out of email.
+    assert_eq!(task_status(&host, &task).await, "failed");
+    let prefs = preferences(&host, "u-gap").await;
+    assert_eq!(prefs["channels_off"], json!([]), "{prefs}");
+    assert!(bounces(&prefs).is_empty(), "{prefs}");
+    assert_eq!(
+        post(
+            &host,
+            &welcome(
+                "w-next",
+                "u-gap",
+                json!({"name": "Bo", "favoritecolor": "red"})
+            )
+        )
+        .await
+        .0,
+        "accepted",
+        "email still goes to u-gap"
     );
 }

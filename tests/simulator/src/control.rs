@@ -1,5 +1,5 @@
 //! The control API (`/_sim/*`): faults, receipts, ledger, stats, token
-//! expiry, the CA and WeChat's URL check. Credentials are not served: tests
+//! expiry, the CA, WeChat's URL check and SES's stored templates. Credentials are not served: tests
 //! read them from [`crate::SimState::credentials`], the binary writes them
 //! to files (`--keys-dir`). Served on the TLS listener and, for
 //! clients without TLS, on a plain-HTTP loopback listener ([`crate::run_control`]).
@@ -30,6 +30,28 @@ pub fn routes() -> Router<SimState> {
         .route("/_sim/aliyun/sms-up", post(aliyun_sms_up))
         .route("/_sim/ses/sns", post(ses_sns).get(ses_sns_state))
         .route("/_sim/ses/notify", post(ses_notify))
+        .route("/_sim/ses/templates", post(ses_template))
+}
+
+/// An SES stored template and the variables it uses.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TemplateRequest {
+    /// `TemplateName`.
+    name: String,
+    /// The variables (`name`, or `user.name` for a nested attribute).
+    variables: Vec<String>,
+}
+
+/// `POST /_sim/ses/templates`: registers a stored template with the
+/// variables it uses ([`SimState::ses_template`]).
+async fn ses_template(State(state): State<SimState>, Json(req): Json<TemplateRequest>) -> Response {
+    if req.name.is_empty() {
+        return unprocessable("`name` must not be empty".into());
+    }
+    let variables: Vec<&str> = req.variables.iter().map(String::as_str).collect();
+    state.ses_template(&req.name, &variables);
+    Json(json!({ "name": req.name, "variables": req.variables })).into_response()
 }
 
 /// `POST /_sim/ses/sns`: subscribes an endpoint to the SES topic (SNS posts

@@ -148,6 +148,10 @@ pub struct Sim {
     pub rng: StdRng,
     /// Next numeric message id.
     next_id: u64,
+    /// SES stored templates registered with the variables each uses
+    /// ([`crate::SimState::ses_template`]); a template not here renders
+    /// whatever its data.
+    pub ses_templates: BTreeMap<String, Vec<String>>,
 }
 
 /// What the dice said for one send.
@@ -169,6 +173,21 @@ pub enum Verdict {
     DropBeforeAccept,
 }
 
+impl Verdict {
+    /// The stats outcome of the verdict (`accepted`, `5xx`, `429`...).
+    pub fn outcome(&self) -> &'static str {
+        match self {
+            Verdict::ServerError => "5xx",
+            Verdict::RateLimited => "429",
+            Verdict::Permanent(_) => "permanent",
+            Verdict::Accept { fail: true, .. } => "5xx_after_accept",
+            Verdict::Accept { drop: true, .. } => "dropped_after_accept",
+            Verdict::Accept { .. } => "accepted",
+            Verdict::DropBeforeAccept => "dropped_before_accept",
+        }
+    }
+}
+
 impl Sim {
     /// An empty simulator whose dice start from `seed`.
     pub fn new(seed: u64) -> Self {
@@ -188,6 +207,7 @@ impl Sim {
             sms_up_sequence: 0,
             rng: StdRng::seed_from_u64(seed),
             next_id: 1,
+            ses_templates: BTreeMap::new(),
         }
     }
 
@@ -199,8 +219,17 @@ impl Sim {
             .or_default() += 1;
     }
 
-    /// Rolls the fault dice for one send to `recipient`.
+    /// Rolls the fault dice for one send to `recipient`, counted by its
+    /// outcome ([`Verdict::outcome`]).
     pub fn roll(&mut self, provider: &'static str, recipient: &str) -> Verdict {
+        let verdict = self.draw(provider, recipient);
+        self.count(provider, verdict.outcome());
+        verdict
+    }
+
+    /// Rolls the fault dice for one send to `recipient`, uncounted (the
+    /// caller counts what the send came to).
+    pub fn draw(&mut self, provider: &'static str, recipient: &str) -> Verdict {
         let f = self.faults.get(provider).cloned().unwrap_or_default();
         let verdict = if let Some(code) = f.permanent.get(recipient) {
             Verdict::Permanent(code.clone())
@@ -220,7 +249,7 @@ impl Sim {
         } else {
             self.roll_rates(&f)
         };
-        let verdict = match verdict {
+        match verdict {
             Verdict::ServerError if self.rng.random::<f64>() < f.error_after_accept => {
                 Verdict::Accept {
                     drop: false,
@@ -228,18 +257,7 @@ impl Sim {
                 }
             }
             v => v,
-        };
-        let outcome = match &verdict {
-            Verdict::ServerError => "5xx",
-            Verdict::RateLimited => "429",
-            Verdict::Permanent(_) => "permanent",
-            Verdict::Accept { fail: true, .. } => "5xx_after_accept",
-            Verdict::Accept { drop: true, .. } => "dropped_after_accept",
-            Verdict::Accept { .. } => "accepted",
-            Verdict::DropBeforeAccept => "dropped_before_accept",
-        };
-        self.count(provider, outcome);
-        verdict
+        }
     }
 
     fn roll_rates(&mut self, f: &Faults) -> Verdict {

@@ -36,7 +36,11 @@
 //!   simulator's addresses; Delivery, Bounce and Complaint notifications
 //!   ([`ses_notify`]) published through a simulated SNS topic ([`sns`]):
 //!   its own key and certificate, messages signed as SNS signs them, a
-//!   subscription confirmed by its `SubscribeURL`.
+//!   subscription confirmed by its `SubscribeURL`; stored templates with
+//!   their variables ([`SimState::ses_template`], `POST
+//!   /_sim/ses/templates`): data lacking one is answered a `MessageId`,
+//!   never sent, and a `Rendering Failure` event published when the send
+//!   named a configuration set.
 //!
 //! TLS ([`tls`]): a CA generated at start ([`SimState::ca_pem`]) signs the
 //! server certificate (SANs `127.0.0.1`, `localhost` and the real provider
@@ -445,6 +449,19 @@ impl SimState {
     /// Requests seen per `provider.outcome`.
     pub fn stats(&self) -> BTreeMap<String, u64> {
         self.lock().stats.clone()
+    }
+
+    /// Registers SES stored template `name` as using `variables` (e.g.
+    /// `{{name}}`, or `user.name` for a nested attribute): a `SendEmail`
+    /// with it whose `TemplateData` lacks one is answered its `MessageId`
+    /// but never sent — a `Rendering Failure` event published when the send
+    /// named a configuration set ([`ses`]). Templates not registered render
+    /// whatever their data. Registering again replaces the variables.
+    pub fn ses_template(&self, name: &str, variables: &[&str]) {
+        self.lock().ses_templates.insert(
+            name.to_string(),
+            variables.iter().map(|v| v.to_string()).collect(),
+        );
     }
 
     /// Every `SubscribeURL` the simulated SNS saw fetched (its subscription

@@ -28,6 +28,16 @@
 //!   every delivered email, a Permanent bounce for `bounce@` (General) and
 //!   `suppressionlist@` (OnSuppressionList), a Delivery then a Complaint
 //!   for `complaint@`, published through [`crate::sns`].
+//! - Rendering: a template registered with its variables
+//!   ([`crate::SimState::ses_template`]) whose `TemplateData` lacks one is
+//!   still answered 200 with a `MessageId`, as SES answers it, but not
+//!   sent: no ledger entry, no Delivery, counted `rendering_failure` (not
+//!   `accepted`). When the send named a `ConfigurationSetName`, a
+//!   `Rendering Failure` event (event-publishing format) is published to the
+//!   SNS subscription; without one, nothing is published — SES sends that
+//!   event only through a configuration set's event destination
+//!   (<https://repost.aws/knowledge-center/ses-sendtemplatedemail-delivery-failure>).
+//!   Templates not registered render whatever their data.
 
 use crate::ledger::{Dedupe, Incoming, Verdict, cut_off, pause};
 use crate::{SimState, sigv4};
@@ -104,6 +114,8 @@ struct Email {
     to: Vec<String>,
     template: String,
     params: Value,
+    /// `ConfigurationSetName`, if named.
+    configuration_set: Option<String>,
 }
 
 /// Validates the body as `SendEmail` does, or answers its refusal.
@@ -206,6 +218,7 @@ fn validate(body: &[u8]) -> Result<Email, AwsError> {
         to,
         template,
         params,
+        configuration_set: s("/ConfigurationSetName"),
     })
 }
 
@@ -272,7 +285,17 @@ async fn send_email(
     };
     pause(&state, PROVIDER).await;
     let mut sim = state.lock();
-    let verdict = sim.roll(PROVIDER, &email.to[0]);
+    let verdict = sim.draw(PROVIDER, &email.to[0]);
+    // The variable the stored template uses and the data lacks, if any.
+    let unrendered = sim
+        .ses_templates
+        .get(&email.template)
+        .and_then(|vars| crate::ses_notify::missing_variable(vars, &email.params["TemplateData"]))
+        .map(str::to_string);
+    match (&verdict, &unrendered) {
+        (Verdict::Accept { .. }, Some(_)) => sim.count(PROVIDER, "rendering_failure"),
+        _ => sim.count(PROVIDER, verdict.outcome()),
+    }
     let server_error = || {
         error(
             StatusCode::INTERNAL_SERVER_ERROR,
@@ -299,6 +322,27 @@ async fn send_email(
                 crate::now_ms() << 8,
                 crate::ledger::uuid(sim.rng.random())
             );
+            if let Some(variable) = unrendered {
+                // Answered as sent; never sent: no ledger entry, no Delivery.
+                std::mem::drop(sim);
+                if let Some(set) = &email.configuration_set {
+                    state.sns_publish(&crate::ses_notify::rendering_failure(
+                        &message_id,
+                        &email.from,
+                        &email.to,
+                        set,
+                        &email.template,
+                        &variable,
+                    ));
+                }
+                if drop {
+                    return cut_off();
+                }
+                if fail {
+                    return server_error();
+                }
+                return Json(json!({ "MessageId": message_id })).into_response();
+            }
             for to in &email.to {
                 sim.accept(
                     PROVIDER,

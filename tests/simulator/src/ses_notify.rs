@@ -111,6 +111,46 @@ pub fn complaint(message_id: &str, from: &str, to: &str) -> Value {
     })
 }
 
+/// The first of `variables` that `data` (the `TemplateData` object) lacks:
+/// a name, or a dotted path into nested objects (`user.name`). A key whose
+/// value is `null` is present.
+pub fn missing_variable<'a>(variables: &'a [String], data: &Value) -> Option<&'a str> {
+    variables
+        .iter()
+        .find(|v| v.split('.').try_fold(data, |at, key| at.get(key)).is_none())
+        .map(String::as_str)
+}
+
+/// A `Rendering Failure` event in the event-publishing format ("Contents of
+/// event data that Amazon SES publishes to Amazon SNS",
+/// <https://docs.aws.amazon.com/ses/latest/dg/event-publishing-retrieving-sns-contents.html>:
+/// `eventType`, `mail`, and `failure` with `errorMessage` and
+/// `templateName`), for an email `message_id` whose template `template`
+/// uses `variable`, absent from its data; the error message as in AWS's
+/// knowledge-center example
+/// (<https://repost.aws/knowledge-center/ses-sendtemplatedemail-delivery-failure>).
+pub fn rendering_failure(
+    message_id: &str,
+    from: &str,
+    to: &[String],
+    configuration_set: &str,
+    template: &str,
+    variable: &str,
+) -> Value {
+    let mut mail = mail(message_id, from, "");
+    mail["destination"] = json!(to);
+    mail["headersTruncated"] = json!(false);
+    mail["tags"] = json!({ "ses:configuration-set": [configuration_set] });
+    json!({
+        "eventType": "Rendering Failure",
+        "mail": mail,
+        "failure": {
+            "errorMessage": format!("Attribute '{variable}' is not present in the rendering data."),
+            "templateName": template,
+        },
+    })
+}
+
 /// What SES publishes for an email `message_id` accepted for `to`.
 pub fn notifications(message_id: &str, from: &str, to: &str) -> Vec<Value> {
     match scenario(to).as_deref() {
@@ -153,5 +193,44 @@ mod tests {
         let b = &notifications("m", "a@b", "suppressionlist@simulator.amazonses.com")[0];
         assert_eq!(b["bounce"]["bounceSubType"], "OnSuppressionList");
         assert_eq!(b["mail"]["messageId"], "m");
+    }
+
+    #[test]
+    fn a_missing_variable_is_found_by_name_or_path() {
+        let vars: Vec<String> = ["name", "user.color"].map(String::from).to_vec();
+        let data = json!({"name": "Ada", "user": {"color": null}});
+        assert_eq!(missing_variable(&vars, &data), None);
+        let data = json!({"name": "Ada", "user": {}});
+        assert_eq!(missing_variable(&vars, &data), Some("user.color"));
+        assert_eq!(missing_variable(&vars, &json!({})), Some("name"));
+        assert_eq!(missing_variable(&[], &json!({})), None);
+    }
+
+    #[test]
+    fn a_rendering_failure_is_an_event_publishing_record() {
+        let to = vec!["u@example.com".to_string()];
+        let e = rendering_failure(
+            "m1",
+            "a@b",
+            &to,
+            "pushonce",
+            "ExampleTemplate",
+            "favoritecolor",
+        );
+        assert!(e.get("notificationType").is_none(), "{e}");
+        assert_eq!(e["eventType"], "Rendering Failure");
+        assert_eq!(e["mail"]["messageId"], "m1");
+        assert_eq!(e["mail"]["destination"], json!(["u@example.com"]));
+        assert_eq!(
+            e["mail"]["tags"]["ses:configuration-set"],
+            json!(["pushonce"])
+        );
+        assert_eq!(
+            e["failure"],
+            json!({
+                "errorMessage": "Attribute 'favoritecolor' is not present in the rendering data.",
+                "templateName": "ExampleTemplate",
+            })
+        );
     }
 }

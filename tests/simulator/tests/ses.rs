@@ -370,3 +370,137 @@ async fn notifications_wait_for_the_confirmation_then_come_signed() {
     );
     assert!(n["Signature"].as_str().is_some_and(|s| !s.is_empty()));
 }
+
+/// `email(to)` with `data` as its `TemplateData` and, when given, a
+/// `ConfigurationSetName`.
+fn email_with(to: &str, data: Value, configuration_set: Option<&str>) -> Value {
+    let mut body = email(to, json!([]));
+    body["Content"]["Template"]["TemplateData"] = json!(data.to_string());
+    if let Some(set) = configuration_set {
+        body["ConfigurationSetName"] = json!(set);
+    }
+    body
+}
+
+/// A registered template whose data lacks a variable: answered 200 with a
+/// `MessageId` as SES answers it, never sent (no ledger entry, no Delivery,
+/// not counted accepted); a `Rendering Failure` event is published, signed,
+/// only when the send named a configuration set.
+#[tokio::test]
+async fn a_template_missing_a_variable_is_answered_but_never_sent() {
+    let sim = start().await;
+    sim.state
+        .ses_template("welcome", &["name", "favoritecolor"]);
+    let (url, got) = endpoint().await;
+    let topic = sim.state.sns_subscribe(provider_sim::sns::SnsConfig {
+        url,
+        signature_version: 2,
+        topic_arn: None,
+    });
+    wait_for("the confirmation", || got.lock().unwrap().len() == 1).await;
+    let confirmation = got.lock().unwrap()[0].1.clone();
+    let subscribe = confirmation["SubscribeURL"].as_str().unwrap();
+    assert_eq!(sim.http.get(subscribe).send().await.unwrap().status(), 200);
+    let to = "success@simulator.amazonses.com";
+    let kinds = |got: &Received| -> Vec<String> {
+        got.lock().unwrap()[1..]
+            .iter()
+            .map(|(_, n)| {
+                let m: Value = serde_json::from_str(n["Message"].as_str().unwrap()).unwrap();
+                m["eventType"]
+                    .as_str()
+                    .or(m["notificationType"].as_str())
+                    .unwrap()
+                    .to_string()
+            })
+            .collect()
+    };
+
+    // No configuration set: the MessageId, and then nothing at all.
+    let (status, _, answer) = sim
+        .send(&email_with(to, json!({"name": "Ana"}), None))
+        .await;
+    assert_eq!(status, 200, "{answer}");
+    assert!(answer["MessageId"].as_str().is_some_and(|m| !m.is_empty()));
+    assert!(sim.emails().is_empty(), "not sent, so not in the ledger");
+    // A complete email after it is sent and delivered: its Delivery is the
+    // only notification there is.
+    let (status, _, good) = sim
+        .send(&email_with(
+            to,
+            json!({"name": "Ana", "favoritecolor": "teal"}),
+            Some("pushonce"),
+        ))
+        .await;
+    assert_eq!(status, 200);
+    wait_for("the delivery", || got.lock().unwrap().len() == 2).await;
+    assert_eq!(kinds(&got), ["Delivery"]);
+    assert_eq!(sim.emails().len(), 1);
+    assert_eq!(sim.emails()[0].id, good["MessageId"].as_str().unwrap());
+
+    // With a configuration set: the MessageId, then a signed Rendering
+    // Failure event for it, and still no Delivery.
+    let (status, _, failed) = sim
+        .send(&email_with(to, json!({"name": "Ana"}), Some("pushonce")))
+        .await;
+    assert_eq!(status, 200);
+    wait_for("the rendering failure", || got.lock().unwrap().len() == 3).await;
+    let (headers, n) = got.lock().unwrap()[2].clone();
+    assert_eq!(headers["x-amz-sns-message-type"], "Notification");
+    assert_eq!(headers["x-amz-sns-topic-arn"], topic.as_str());
+    assert_eq!(n["SignatureVersion"], "2");
+    assert!(n["Signature"].as_str().is_some_and(|s| !s.is_empty()));
+    let event: Value = serde_json::from_str(n["Message"].as_str().unwrap()).unwrap();
+    assert_eq!(event["eventType"], "Rendering Failure");
+    assert!(event.get("notificationType").is_none(), "{event}");
+    assert_eq!(event["mail"]["messageId"], failed["MessageId"]);
+    assert_eq!(
+        event["failure"]["errorMessage"],
+        "Attribute 'favoritecolor' is not present in the rendering data."
+    );
+    assert_eq!(event["failure"]["templateName"], "welcome");
+    assert_eq!(kinds(&got), ["Delivery", "Rendering Failure"]);
+    assert_eq!(
+        sim.emails().len(),
+        1,
+        "the failed email is not in the ledger"
+    );
+    let stats = sim.state.stats();
+    assert_eq!(stats["ses-email.accepted"], 1, "{stats:?}");
+    assert_eq!(stats["ses-email.rendering_failure"], 2, "{stats:?}");
+
+    // A template not registered renders whatever its data (today's way).
+    let mut other = email_with(to, json!({}), None);
+    other["Content"]["Template"]["TemplateName"] = json!("receipt");
+    assert_eq!(sim.send(&other).await.0, 200);
+    assert_eq!(sim.emails().len(), 2);
+}
+
+/// The control API registers a template as `SimState::ses_template` does.
+#[tokio::test]
+async fn templates_are_registered_through_the_control_api() {
+    let sim = start().await;
+    let r = sim
+        .http
+        .post(format!("{}/_sim/ses/templates", sim.base))
+        .json(&json!({"name": "welcome", "variables": ["name", "favoritecolor"]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+    let empty = sim
+        .http
+        .post(format!("{}/_sim/ses/templates", sim.base))
+        .json(&json!({"name": "", "variables": []}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(empty.status().as_u16(), 422);
+    let to = "success@simulator.amazonses.com";
+    let (status, _, answer) = sim
+        .send(&email_with(to, json!({"name": "Ana"}), None))
+        .await;
+    assert_eq!(status, 200, "{answer}");
+    assert!(sim.emails().is_empty());
+    assert_eq!(sim.state.stats()["ses-email.rendering_failure"], 1);
+}

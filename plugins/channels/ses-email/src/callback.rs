@@ -88,7 +88,10 @@ fn confirm(
 
 /// An SES notification: Delivery settles delivered; a bounce settles
 /// failed, and a permanent one opts each bounced address out; a complaint
-/// opts each complaining address out and settles nothing.
+/// opts each complaining address out and settles nothing; a `Rendering
+/// Failure` or `Reject` event (SES never sent the email) settles failed —
+/// the receipt the host treats as failed for good — and opts nobody out
+/// (the address did nothing wrong).
 fn notification(message: &str) -> Result<CallbackOutcome, CallbackError> {
     let notice = ses::notice(message).map_err(CallbackError::Malformed)?;
     let settle = |id: String, status, detail: Option<String>| Settlement { id, status, detail };
@@ -123,6 +126,17 @@ fn notification(message: &str) -> Result<CallbackOutcome, CallbackError> {
                 feedback_type.as_deref().unwrap_or("no feedback type")
             );
             (vec![], opt_outs(&recipients, &detail))
+        }
+        Notice::NotSent {
+            message_id,
+            kind,
+            reason,
+        } => {
+            let detail = format!("SES {} (not sent): {reason}", kind.as_str());
+            (
+                vec![settle(message_id, DeliveryStatus::Failed, Some(detail))],
+                vec![],
+            )
         }
     };
     Ok(outcome(settlements, opt_outs, ok()))

@@ -25,6 +25,19 @@
 //! - `callbacks = true`: SES notifications through an SNS HTTPS
 //!   subscription (<https://docs.aws.amazon.com/ses/latest/dg/notification-contents.html>),
 //!   each signed by SNS and verified here (`callback`).
+//!
+//! Not sent after a `MessageId` (1.1.0): SES answers `SendEmail` 200 even
+//! when the template data lacks a variable the template uses, then does not
+//! send the email; the only word of it is a `Rendering Failure` event
+//! (<https://repost.aws/knowledge-center/ses-sendtemplatedemail-delivery-failure>),
+//! and of a virus found, a `Reject` event
+//! (<https://docs.aws.amazon.com/ses/latest/APIReference-V2/API_EventDestination.html>),
+//! both published only through a configuration set's event destination
+//! (<https://docs.aws.amazon.com/ses/latest/dg/event-publishing-retrieving-sns-contents.html>),
+//! never through the identity's notifications. Either settles the message
+//! `failed` (failed for good, SES's reason in the detail) and opts nobody
+//! out. Without `configuration_set` naming a set
+//! whose SNS destination includes them, such an email stays `sent` forever.
 
 mod bindings;
 mod callback;

@@ -5,7 +5,13 @@
 //! - `access_key_id`, `secret_access_key` (required to send; the secret from
 //!   the environment variable `secrets_from_env` names).
 //! - `from` (required to send): `FromEmailAddress`, a verified identity.
-//! - `configuration_set` (optional): `ConfigurationSetName`.
+//! - `configuration_set` (optional, but needed to see rendering failures):
+//!   `ConfigurationSetName`. SES publishes `Rendering Failure` and `Reject`
+//!   events (an email it answered a `MessageId` for and never sent) only
+//!   through a configuration set's event destination: name a set whose SNS
+//!   event destination (the topic the channel's callback URL is subscribed
+//!   to) includes Rendering Failure, Reject, Delivery, Bounce and
+//!   Complaint. Without it such an email stays `sent` forever.
 //! - `endpoint` (default `https://email.<region>.amazonaws.com`).
 //! - `sns_endpoint` (default `https://sns.<region>.amazonaws.com`): a
 //!   `SigningCertURL` or `SubscribeURL` must be `https://` under it.

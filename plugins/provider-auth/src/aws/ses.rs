@@ -25,6 +25,22 @@
 //! `bounceSubType`, `bouncedRecipients[].emailAddress`), `complaint`
 //! (`complainedRecipients[].emailAddress`, `complaintFeedbackType`) or
 //! `delivery` (`recipients`). Unknown fields are ignored, as the page asks.
+//!
+//! Event publishing through a configuration set ("Contents of event data
+//! that Amazon SES publishes to Amazon SNS",
+//! <https://docs.aws.amazon.com/ses/latest/dg/event-publishing-retrieving-sns-contents.html>)
+//! writes `eventType` instead of `notificationType`, and adds event types
+//! the identity's notifications never carry; two of them say SES did not
+//! send the email at all, though `SendEmail` answered a `MessageId`:
+//! - `Rendering Failure` (object `failure`: `errorMessage`, `templateName`):
+//!   the template data lacks a variable the template uses
+//!   (<https://repost.aws/knowledge-center/ses-sendtemplatedemail-delivery-failure>,
+//!   e.g. "Attribute 'favoritecolor' is not present in the rendering data.");
+//! - `Reject` (object `reject`, its `reason`): "SES accepted the email, but
+//!   determined that it contained a virus and didn't attempt to deliver it"
+//!   (`REJECT`, <https://docs.aws.amazon.com/ses/latest/APIReference-V2/API_EventDestination.html>).
+//!
+//! Both are read as [`Notice::NotSent`].
 
 use serde_json::{Value, json};
 
@@ -177,6 +193,37 @@ pub enum Notice {
         /// `complaintFeedbackType`, when the report has one (`abuse`...).
         feedback_type: Option<String>,
     },
+    /// SES took the request (it answered a `MessageId`) but did not send
+    /// the email: a `Rendering Failure` or a `Reject` event.
+    NotSent {
+        /// `mail.messageId`.
+        message_id: String,
+        /// Which event said so.
+        kind: NotSentKind,
+        /// Why, in SES's words: `failure.errorMessage` (with
+        /// `failure.templateName`) or `reject.reason`.
+        reason: String,
+    },
+}
+
+/// Why SES did not send an email it had answered a `MessageId` for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NotSentKind {
+    /// `Rendering Failure`: the template could not be rendered with the
+    /// template data (e.g. a variable is missing).
+    RenderingFailure,
+    /// `Reject`: SES found a virus and did not attempt delivery.
+    Reject,
+}
+
+impl NotSentKind {
+    /// The event type as SES writes it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            NotSentKind::RenderingFailure => "Rendering Failure",
+            NotSentKind::Reject => "Reject",
+        }
+    }
 }
 
 /// A bounce's `bounceType`.
@@ -193,7 +240,8 @@ pub enum BounceKind {
 
 /// Reads an SES notification (an SNS `Message`), or says what is wrong.
 /// Configuration-set event publishing writes `eventType` instead of
-/// `notificationType` around the same objects: both are read.
+/// `notificationType` around the same objects: both are read, and so are
+/// its `Rendering Failure` and `Reject` events ([`Notice::NotSent`]).
 pub fn notice(message: &str) -> Result<Notice, String> {
     let v: Value =
         serde_json::from_str(message).map_err(|e| format!("not an SES notification: {e}"))?;
@@ -229,6 +277,24 @@ pub fn notice(message: &str) -> Result<Notice, String> {
             message_id,
             recipients: addresses("/complaint/complainedRecipients"),
             feedback_type: s(&v, "/complaint/complaintFeedbackType"),
+        }),
+        "Rendering Failure" => {
+            let message = s(&v, "/failure/errorMessage")
+                .unwrap_or_else(|| "no `failure.errorMessage`".to_string());
+            let reason = match s(&v, "/failure/templateName") {
+                Some(t) => format!("{message} (template {t})"),
+                None => message,
+            };
+            Ok(Notice::NotSent {
+                message_id,
+                kind: NotSentKind::RenderingFailure,
+                reason,
+            })
+        }
+        "Reject" => Ok(Notice::NotSent {
+            message_id,
+            kind: NotSentKind::Reject,
+            reason: s(&v, "/reject/reason").unwrap_or_else(|| "no `reject.reason`".to_string()),
         }),
         other => Err(format!("an SES notification of type {other:?}")),
     }

@@ -145,3 +145,44 @@ fn documented_notifications() {
     );
     assert!(notice("nope").is_err());
 }
+
+/// Event publishing's `Rendering Failure` (the AWS knowledge-center
+/// example, "ses-sendtemplatedemail-delivery-failure", whose `mail` is
+/// elided there: filled in here in the shape of the event-publishing
+/// examples' Bounce record) and `Reject` (event
+/// type and `reject` object per "Contents of event data that Amazon SES
+/// publishes to Amazon SNS"; the `reason` text here is illustrative):
+/// both say SES did not send the email.
+#[test]
+fn rendering_failure_and_reject_events_say_not_sent() {
+    let rendering = r#"{"eventType":"Rendering Failure","mail":{"timestamp":"2018-01-22T18:43:06.197Z","source":"sender@example.com","sourceArn":"arn:aws:ses:us-east-1:123456789012:identity/sender@example.com","sendingAccountId":"123456789012","messageId":"EXAMPLE7c191be45-e9aedb9a-02f9-4d12-a87d-dd0099a07f8a-000000","destination":["recipient@example.com"],"headersTruncated":false,"tags":{"ses:configuration-set":["ConfigSet"]}},"failure":{"errorMessage":"Attribute 'favoritecolor' is not present in the rendering data.","templateName":"ExampleTemplate"}}"#;
+    assert_eq!(
+        notice(rendering),
+        Ok(Notice::NotSent {
+            message_id: "EXAMPLE7c191be45-e9aedb9a-02f9-4d12-a87d-dd0099a07f8a-000000".into(),
+            kind: NotSentKind::RenderingFailure,
+            reason: "Attribute 'favoritecolor' is not present in the rendering data. (template ExampleTemplate)".into(),
+        })
+    );
+    let reject = r#"{"eventType":"Reject","mail":{"timestamp":"2016-10-14T17:38:15.211Z","source":"sender@example.com","sendingAccountId":"123456789012","messageId":"EXAMPLE7c191be45-e9aedb9a-02f9-4d12-a87d-dd0099a07f8a-000000","destination":["recipient@example.com"]},"reject":{"reason":"Bad content"}}"#;
+    assert_eq!(
+        notice(reject),
+        Ok(Notice::NotSent {
+            message_id: "EXAMPLE7c191be45-e9aedb9a-02f9-4d12-a87d-dd0099a07f8a-000000".into(),
+            kind: NotSentKind::Reject,
+            reason: "Bad content".into(),
+        })
+    );
+    // Without its object, the event still says "not sent", with no reason.
+    let bare = notice(r#"{"eventType":"Rendering Failure","mail":{"messageId":"m"}}"#).unwrap();
+    assert!(
+        matches!(&bare, Notice::NotSent { kind: NotSentKind::RenderingFailure, reason, .. } if reason.contains("errorMessage")),
+        "{bare:?}"
+    );
+    // The event types that say nothing about the outcome stay unread.
+    for other in ["Send", "Open", "Click", "DeliveryDelay", "Subscription"] {
+        let text = format!(r#"{{"eventType":"{other}","mail":{{"messageId":"m"}}}}"#);
+        assert!(notice(&text).is_err(), "{other}");
+    }
+    assert_eq!(NotSentKind::RenderingFailure.as_str(), "Rendering Failure");
+}

@@ -174,6 +174,16 @@ async fn task_status(host: &ServeProcess, task: &str) -> String {
 }
 
 /// `user`'s preferences view (`GET`, admin token).
+/// Waits until `task` is `status` (the task API), else fails saying `what`
+/// with the simulator's counts and the host's log.
+async fn settles(host: &ServeProcess, sim: &Sim, task: &str, status: &str, what: &str) {
+    wait_until(DEADLINE, || async {
+        task_status(host, task).await == status
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{what}: {e}; {:?}; log:\n{}", sim.state.stats(), host.log()));
+}
+
 async fn preferences(host: &ServeProcess, user: &str) -> Value {
     host.preferences(user, ADMIN_TOKEN).await
 }
@@ -359,17 +369,14 @@ async fn a_bounce_notification_opts_the_address_out_of_email() {
     let (result, task) = post(&host, &event("RECEIPT", "r-b1", "u-bounce", bounce)).await;
     assert_eq!(result, "accepted");
     let task = task.expect("a task id");
-    wait_until(DEADLINE, || async {
-        task_status(&host, &task).await == "failed"
-    })
-    .await
-    .unwrap_or_else(|e| {
-        panic!(
-            "the bounce settles the task failed: {e}; {:?}; log:\n{}",
-            sim.state.stats(),
-            host.log()
-        )
-    });
+    settles(
+        &host,
+        &sim,
+        &task,
+        "failed",
+        "the bounce settles the task failed",
+    )
+    .await;
     wait_until(DEADLINE, || async {
         preferences(&host, "u-bounce").await["channels_off"] == json!(["email"])
     })
@@ -425,17 +432,14 @@ async fn a_delivery_settles_delivered_and_a_forged_notification_is_refused() {
     let (result, task) = post(&host, &event("RECEIPT", "r-d1", "u-ok", address)).await;
     assert_eq!(result, "accepted");
     let task = task.expect("a task id");
-    wait_until(DEADLINE, || async {
-        task_status(&host, &task).await == "delivered"
-    })
-    .await
-    .unwrap_or_else(|e| {
-        panic!(
-            "the delivery settles the task: {e}; {:?}; log:\n{}",
-            sim.state.stats(),
-            host.log()
-        )
-    });
+    settles(
+        &host,
+        &sim,
+        &task,
+        "delivered",
+        "the delivery settles the task",
+    )
+    .await;
 
     // A bounce of that address, as an attacker would post it: with a
     // signature they cannot make, or a genuine one over another body.
@@ -507,17 +511,14 @@ async fn a_rendering_failure_settles_the_email_failed() {
     .await;
     assert_eq!(result, "accepted");
     let task = task.expect("a task id");
-    wait_until(DEADLINE, || async {
-        task_status(&host, &task).await == "delivered"
-    })
-    .await
-    .unwrap_or_else(|e| {
-        panic!(
-            "the complete email is delivered: {e}; {:?}; log:\n{}",
-            sim.state.stats(),
-            host.log()
-        )
-    });
+    settles(
+        &host,
+        &sim,
+        &task,
+        "delivered",
+        "the complete email is delivered",
+    )
+    .await;
     assert_eq!(emails_to(&sim, address).len(), 1);
     assert_eq!(
         emails_to(&sim, address)[0].params["ConfigurationSetName"],
@@ -529,17 +530,14 @@ async fn a_rendering_failure_settles_the_email_failed() {
     let (result, task) = post(&host, &welcome("w-gap", "u-gap", json!({"name": "Bo"}))).await;
     assert_eq!(result, "accepted");
     let task = task.expect("a task id");
-    wait_until(DEADLINE, || async {
-        task_status(&host, &task).await == "failed"
-    })
-    .await
-    .unwrap_or_else(|e| {
-        panic!(
-            "the rendering failure settles the task failed: {e}; {:?}; log:\n{}",
-            sim.state.stats(),
-            host.log()
-        )
-    });
+    settles(
+        &host,
+        &sim,
+        &task,
+        "failed",
+        "the rendering failure settles the task failed",
+    )
+    .await;
     let stats = sim.state.stats();
     assert_eq!(
         stats.get("ses-email.rendering_failure"),

@@ -309,9 +309,10 @@ async fn wait_for(what: &str, mut check: impl FnMut() -> bool) {
     }
 }
 
-#[tokio::test]
-async fn notifications_wait_for_the_confirmation_then_come_signed() {
-    let sim = start().await;
+/// A receiving endpoint subscribed to the simulated SNS topic (signature
+/// version 2), once its `SubscriptionConfirmation` came: the topic's ARN and
+/// what the endpoint received.
+async fn subscribed(sim: &Sim) -> (String, Received) {
     let (url, got) = endpoint().await;
     let topic = sim.state.sns_subscribe(provider_sim::sns::SnsConfig {
         url,
@@ -319,6 +320,13 @@ async fn notifications_wait_for_the_confirmation_then_come_signed() {
         topic_arn: None,
     });
     wait_for("the confirmation", || got.lock().unwrap().len() == 1).await;
+    (topic, got)
+}
+
+#[tokio::test]
+async fn notifications_wait_for_the_confirmation_then_come_signed() {
+    let sim = start().await;
+    let (topic, got) = subscribed(&sim).await;
     let (headers, confirmation) = got.lock().unwrap()[0].clone();
     assert_eq!(
         headers["x-amz-sns-message-type"],
@@ -391,13 +399,7 @@ async fn a_template_missing_a_variable_is_answered_but_never_sent() {
     let sim = start().await;
     sim.state
         .ses_template("welcome", &["name", "favoritecolor"]);
-    let (url, got) = endpoint().await;
-    let topic = sim.state.sns_subscribe(provider_sim::sns::SnsConfig {
-        url,
-        signature_version: 2,
-        topic_arn: None,
-    });
-    wait_for("the confirmation", || got.lock().unwrap().len() == 1).await;
+    let (topic, got) = subscribed(&sim).await;
     let confirmation = got.lock().unwrap()[0].1.clone();
     let subscribe = confirmation["SubscribeURL"].as_str().unwrap();
     assert_eq!(sim.http.get(subscribe).send().await.unwrap().status(), 200);

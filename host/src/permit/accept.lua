@@ -512,7 +512,9 @@ if #created > 0 then
   -- record stays a listpack.
   local fields = {}
   if text_new then
-    fields = rec_pairs(rec_pairs({'n', text_n}, 'e' .. text_n, ARGV[3]), 'm' .. text_n, ARGV[4])
+    -- A fresh record's `n` is set already (event_n's HSETNX).
+    local head = fresh and {} or {'n', text_n}
+    fields = rec_pairs(rec_pairs(head, 'e' .. text_n, ARGV[3]), 'm' .. text_n, ARGV[4])
   end
   for _, v in ipairs(payloads) do
     fields[#fields + 1] = v
@@ -540,8 +542,11 @@ if #joined > 0 then
   -- sees a record that may have an expiry, and persists it.
   redis.call('HSETNX', record, 'n', '0')
   redis.call('HSET', record, unpack(members))
-  if ttl ~= -1 then
+  if ttl == -2 then
     redis.call('PEXPIREAT', record, n2s(until_ms))
+  elseif ttl >= 0 then
+    -- Never shortened: the record outlives every task of it kept ended.
+    redis.call('PEXPIREAT', record, n2s(until_ms), 'GT')
   end
 end
 return answers

@@ -448,7 +448,18 @@ fn accept_command_of(permits: &Permits, reqs: &[AcceptRequest]) -> Vec<String> {
         .map(|i| format!("{shard}-{i}-__rand_int__"))
         .collect();
     let reqs: Vec<&AcceptRequest> = reqs.iter().collect();
-    let (keys, args) = permits.accept_keys_and_args(&reqs, &task_ids);
+    let (mut keys, args) = permits.accept_keys_and_args(&reqs, &task_ids);
+    // A permit is named by its key's digest, which hides the key's
+    // `__rand_int__`: the name gets it back in place of the digest's tail
+    // (same length), so each call still takes a permit of its own.
+    for req in &reqs {
+        let name = permits.layout().permit_in(shard, &req.key);
+        let digest = pushonce::permit::keys::permit_digest(&req.key);
+        if let Some(k) = keys.iter_mut().find(|k| **k == name) {
+            let tag = &name[..name.len() - digest.len()];
+            *k = format!("{tag}{}__rand_int__", &digest[..20]);
+        }
+    }
     let mut command = vec![
         "EVALSHA".to_string(),
         pushonce::permit::accept::SCRIPT.get_hash().to_string(),

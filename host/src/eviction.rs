@@ -101,7 +101,7 @@ pub async fn read_policies(conn: &RedisConn) -> Result<Vec<(String, String)>, Ev
     let mut infos = None;
     let mut policies = Vec::new();
     for (node, answer) in per_node(conn, &config_get).await? {
-        let policy = match answer.as_ref().ok().and_then(policy_from_config) {
+        let policy = match answer.as_ref().ok().and_then(config_value) {
             Some(policy) => policy,
             None => {
                 if infos.is_none() {
@@ -162,10 +162,10 @@ pub(crate) async fn per_node(
     }
 }
 
-/// The policy in a `CONFIG GET maxmemory-policy` answer: a flat
-/// `[name, value]` array (RESP2) or a map (RESP3); `None` when empty (the
-/// parameter hidden) or of another shape.
-pub fn policy_from_config(answer: &Value) -> Option<String> {
+/// The value in a `CONFIG GET <name>` answer for one parameter (here
+/// `maxmemory-policy`): a flat `[name, value]` array (RESP2) or a map
+/// (RESP3); `None` when empty (the parameter hidden) or of another shape.
+pub fn config_value(answer: &Value) -> Option<String> {
     let value = match answer {
         Value::Array(items) if items.len() == 2 => &items[1],
         Value::Map(pairs) if pairs.len() == 1 => &pairs[0].1,
@@ -206,11 +206,11 @@ mod tests {
     #[test]
     fn the_policy_is_read_from_a_config_get_answer() {
         let resp2 = Value::Array(vec![bulk("maxmemory-policy"), bulk("volatile-lru")]);
-        assert_eq!(policy_from_config(&resp2).as_deref(), Some("volatile-lru"));
+        assert_eq!(config_value(&resp2).as_deref(), Some("volatile-lru"));
         let resp3 = Value::Map(vec![(bulk("maxmemory-policy"), bulk("noeviction"))]);
-        assert_eq!(policy_from_config(&resp3).as_deref(), Some("noeviction"));
-        assert_eq!(policy_from_config(&Value::Array(vec![])), None);
-        assert_eq!(policy_from_config(&Value::Nil), None);
+        assert_eq!(config_value(&resp3).as_deref(), Some("noeviction"));
+        assert_eq!(config_value(&Value::Array(vec![])), None);
+        assert_eq!(config_value(&Value::Nil), None);
     }
 
     #[test]

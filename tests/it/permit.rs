@@ -253,7 +253,7 @@ async fn a_record_that_fails_midway_leaves_the_entry_for_a_reclaimer() {
     let task = permits.layout().task(&id).unwrap();
     let _: () = redis::cmd("HSET")
         .arg(&task)
-        .arg("accepted_at")
+        .arg("at")
         .arg("not a number")
         .query_async(&mut conn)
         .await
@@ -1556,4 +1556,153 @@ async fn a_namespace_of_another_layout_version_is_refused_by_name() {
         .await
         .unwrap();
     permits.prepare().await.unwrap();
+}
+
+/// An event's channels accepted together in one shard share one ready
+/// entry (one queue write per event, not per channel). The entry stays
+/// pending until none of its tasks needs it: a worker that recorded one
+/// channel and died sending the other leaves the entry to a reclaimer,
+/// which finds the unfinished task; the entry goes once both are recorded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_events_channels_share_one_ready_entry_kept_until_none_needs_it() {
+    let server = RedisServer::start().await.unwrap();
+    let permits = server.permits(one_shard_config()).await.unwrap();
+    let channel = |name: &str| AcceptRequest {
+        channel: name.into(),
+        recipient: Some("u-42".into()),
+        ..request(
+            &format!("push:per-event@1:{name}:ORDER_SHIPPED:o-1:u-42"),
+            Duration::from_secs(60),
+        )
+    };
+    let answers = permits
+        .accept_batch(&[channel("sms"), channel("wechat")])
+        .await
+        .unwrap();
+    let ids: Vec<String> = answers.iter().map(accepted).collect();
+    let stream = permits.layout().ready(0);
+    let mut conn = permits.connection();
+    let entries = |consumer: &'static str| {
+        let (permits, stream) = (permits.clone(), stream.clone());
+        async move {
+            let read: redis::streams::StreamReadReply = redis::cmd("XREADGROUP")
+                .arg("GROUP")
+                .arg(&permits.config().group)
+                .arg(consumer)
+                .arg("STREAMS")
+                .arg(&stream)
+                .arg(">")
+                .query_async(&mut permits.connection())
+                .await
+                .unwrap();
+            read.keys
+                .iter()
+                .flat_map(|k| &k.ids)
+                .flat_map(|e| {
+                    let tasks: String = e.get("task").unwrap_or_default();
+                    pushonce::permit::Entry::of_stream_entry(0, &e.id, &tasks)
+                })
+                .collect::<Vec<_>>()
+        }
+    };
+    let read = entries("worker-1").await;
+    assert_eq!(
+        read.iter().map(|e| e.task_id.clone()).collect::<Vec<_>>(),
+        ids,
+        "one entry names both tasks"
+    );
+    assert_eq!(read[0].id, read[1].id, "one entry: {read:?}");
+    let lease = Duration::from_millis(300);
+    let begun = permits
+        .begin_attempts(&[(&ids[0], &read[0].id), (&ids[1], &read[1].id)], lease)
+        .await
+        .unwrap();
+    let attempts: Vec<_> = begun
+        .into_iter()
+        .map(|b| match b {
+            Ok(Begin::Begun(a)) => a,
+            other => panic!("expected to begin, got {other:?}"),
+        })
+        .collect();
+    let sent = Outcome::Sent {
+        provider_message_id: "p-1".into(),
+        reference: None,
+    };
+    permits
+        .record(&attempts[0], &sent, Some(&read[0]))
+        .await
+        .unwrap();
+    assert_eq!(
+        pending_entries(&permits, &stream).await,
+        1,
+        "the entry waits for the other channel"
+    );
+    // worker-1 dies sending the second channel; a reclaimer takes the entry.
+    let _: redis::Value = redis::cmd("XAUTOCLAIM")
+        .arg(&stream)
+        .arg(&permits.config().group)
+        .arg("reclaimer")
+        .arg(0)
+        .arg("0-0")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(
+        permits.ack_entries(0, &[&read[0].id]).await.unwrap(),
+        0,
+        "not acked while a task of it is sending"
+    );
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    let again = loop {
+        let answers = permits
+            .begin_attempts(&[(&ids[0], &read[0].id), (&ids[1], &read[1].id)], lease)
+            .await
+            .unwrap();
+        match &answers[..] {
+            [Ok(Begin::Settled(_)), Ok(Begin::Begun(a))] => break a.clone(),
+            [Ok(Begin::Settled(_)), Ok(Begin::Busy { .. })]
+                if std::time::Instant::now() < deadline =>
+            {
+                tokio::time::sleep(Duration::from_millis(20)).await
+            }
+            other => panic!("expected the first settled and the second begun, got {other:?}"),
+        }
+    };
+    assert!(
+        again.reclaimed,
+        "the second channel is re-claimed: {again:?}"
+    );
+    permits.record(&again, &sent, Some(&read[1])).await.unwrap();
+    assert_eq!(
+        pending_entries(&permits, &stream).await,
+        0,
+        "acked once both are recorded"
+    );
+    let len: usize = redis::cmd("XLEN")
+        .arg(&stream)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(len, 0, "and deleted");
+    for id in &ids {
+        let task = permits.task(id).await.unwrap().unwrap();
+        assert_eq!(task.status, TaskStatus::Sent, "{task:?}");
+    }
+}
+
+/// How many entries of `stream` are read and not acked (`XPENDING`'s count).
+async fn pending_entries(permits: &Permits, stream: &str) -> i64 {
+    let summary: redis::Value = redis::cmd("XPENDING")
+        .arg(stream)
+        .arg(&permits.config().group)
+        .query_async(&mut permits.connection())
+        .await
+        .unwrap();
+    match summary {
+        redis::Value::Array(items) => match items.first() {
+            Some(redis::Value::Int(n)) => *n,
+            other => panic!("XPENDING answered {other:?}"),
+        },
+        other => panic!("XPENDING answered {other:?}"),
+    }
 }

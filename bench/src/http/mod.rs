@@ -279,8 +279,9 @@ async fn listpack_rows(
     let mut anatomy = String::new();
     for value in [raised.clone(), "64".to_string()] {
         drop_everything(stack).await?;
-        permits.prepare().await?;
         config_set(&mut stack.conn, setting, &value).await?;
+        // Read again: accept.lua writes pieces of the setting's length.
+        permits.prepare().await?;
         let before = permit::used_memory(&mut stack.conn).await?;
         let run = permit::host_accepts(permits, n, pc, 1, "d").await;
         let after = permit::used_memory(&mut stack.conn).await?;

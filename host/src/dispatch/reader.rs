@@ -120,8 +120,11 @@ async fn hand_out(
     running: &mut JoinSet<()>,
 ) -> bool {
     let mut first = Some(first);
+    // An entry may name several tasks (an event's channels), so a batch may
+    // hold more tasks than there are slots: it takes all of them then.
+    let all = shared.config.workers.max(1);
     for batch in by_shard(entries) {
-        let need = u32::try_from(batch.len()).unwrap_or(u32::MAX);
+        let need = u32::try_from(batch.len().min(all)).unwrap_or(u32::MAX);
         let slot = match first.take() {
             Some(mut held) => {
                 if need > 1 {
@@ -245,11 +248,11 @@ fn entries_of(reply: Option<StreamReadReply>) -> Vec<Entry> {
             continue;
         };
         for id in stream.ids {
-            out.push(Entry {
+            out.extend(Entry::of_stream_entry(
                 shard,
-                task_id: field(id.map.get("task")),
-                id: id.id,
-            });
+                &id.id,
+                &field(id.map.get("task")),
+            ));
         }
     }
     out
@@ -261,7 +264,7 @@ fn shard_of_stream(name: &str) -> Option<u16> {
     inner.rsplit_once(':')?.1.parse().ok()
 }
 
-fn field(v: Option<&Value>) -> String {
+pub(super) fn field(v: Option<&Value>) -> String {
     match v {
         Some(Value::BulkString(b)) => String::from_utf8_lossy(b).into_owned(),
         Some(Value::SimpleString(s)) => s.clone(),

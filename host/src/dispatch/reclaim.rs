@@ -82,16 +82,8 @@ async fn claim(
             .query_async(&mut conn)
             .await?;
         for id in reply.claimed {
-            let text = |k: &str| match id.map.get(k) {
-                Some(redis::Value::BulkString(b)) => String::from_utf8_lossy(b).into_owned(),
-                Some(redis::Value::SimpleString(s)) => s.clone(),
-                _ => String::new(),
-            };
-            out.push(Entry {
-                shard,
-                task_id: text("task"),
-                id: id.id.clone(),
-            });
+            let tasks = super::reader::field(id.map.get("task"));
+            out.extend(Entry::of_stream_entry(shard, &id.id, &tasks));
         }
         if reply.next_stream_id == "0-0" || out.len() >= 10 * CLAIM_BATCH {
             return Ok(out);

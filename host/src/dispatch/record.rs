@@ -110,27 +110,17 @@ pub(super) fn count(outcome: &Outcome, channel: &str) {
     metrics::counter!(name, "channel" => channel.to_string()).increment(1);
 }
 
-/// Acks and deletes entries whose tasks need nothing more (one round trip).
+/// Acks and deletes entries whose tasks need nothing more (one script
+/// call); an entry that also names a task still queued or sending stays
+/// pending for it (`Permits::ack_entries`).
 pub(super) async fn ack(shared: &DispatchContext, entries: &[&Entry]) {
     let Some(first) = entries.first() else {
         return;
     };
-    let mut conn = shared.permits.connection();
-    let stream = shared.permits.layout().ready(first.shard);
-    let ids: Vec<&str> = entries.iter().map(|e| e.id.as_str()).collect();
-    let res: redis::RedisResult<()> = redis::pipe()
-        .cmd("XACK")
-        .arg(&stream)
-        .arg(&shared.permits.config().group)
-        .arg(&ids)
-        .ignore()
-        .cmd("XDEL")
-        .arg(&stream)
-        .arg(&ids)
-        .ignore()
-        .query_async(&mut conn)
-        .await;
-    if let Err(e) = res {
+    let mut ids: Vec<&str> = entries.iter().map(|e| e.id.as_str()).collect();
+    ids.sort_unstable();
+    ids.dedup();
+    if let Err(e) = shared.permits.ack_entries(first.shard, &ids).await {
         tracing::warn!(entries = ?ids, error = %e, "ack failed");
     }
 }

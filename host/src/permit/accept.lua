@@ -17,8 +17,9 @@
 -- KEYS[2] delayed  {ns:shard}:delayed          (zset, for quiet hours)
 -- KEYS[3] record   {ns:shard}:event:<biz_type>:<biz_id>   (hash: n, e<n>, m<n>,
 --                  p:<task id>, x:<task id>, i:<digest id>:<seq>; a value over
---                  64 bytes in pieces, lib.lua's rec_pairs)
--- then per channel: its permit {ns:shard}:permit:<key>, its task
+--                  ARGV[7] bytes in pieces, lib.lua's rec_pairs)
+-- then per channel: its permit {ns:shard}:permit:<SHA-1 of the key, 32 hex
+--   digits> (lib.lua's permit_name), its task
 --   {ns:shard}:task:<task-id>, its caps' zsets {ns:s}:cap:<name>:<subject>
 --   (scored by send time: t0), and in Bloom mode the shard's filters of even
 --   and odd window periods {ns:shard}:bloom:<name>:<window>:<m>:<k>:0|1,
@@ -30,9 +31,11 @@
 -- ARGV[2] retention of ended tasks in ms (a record holding only digests
 --         the event joined lives window + retention)
 -- ARGV[3] the event (JSON), ARGV[4] what the channels share (JSON: biz_type,
---         biz_id, policy, policy_version), ARGV[5] n, the number of channels,
+--         policy, policy_version), ARGV[5] n, the number of channels,
 -- ARGV[6] the event's send_at (ms since the epoch), or '' to send now; one
 --         not later than now is now
+-- ARGV[7] the length of an event record's value pieces: Redis's
+--         `hash-max-listpack-value` as the host read it (lib.lua's PIECE)
 -- then per channel: task id ('' in a dry run), window ms, number of caps,
 --   quiet hours ('' or '<offset ms>,<from ms>,<to ms>', local time of day),
 --   k (the key's bit positions in Bloom mode; 0: permit mode), the filter's
@@ -53,10 +56,11 @@ local DAY = 86400000
 local record = KEYS[3]
 local retention = tonumber(ARGV[2])
 local k = 4
+PIECE = tonumber(ARGV[7])
 
 -- The channels' blocks of KEYS and ARGV, read into one table each.
 local channels = {}
-local a = 7
+local a = 8
 for i = 1, tonumber(ARGV[5]) do
   local c = {permit = KEYS[k], task = KEYS[k + 1], id = ARGV[a],
     window = tonumber(ARGV[a + 1]), ncaps = tonumber(ARGV[a + 2]),
@@ -257,6 +261,8 @@ end
 -- field/value pairs; the latest first attempt scheduled (a record holding
 -- only digests lives a window and retention past it).
 local created = {}
+-- Of those, the ones due now: one ready entry names them all (below).
+local ready = {}
 local payloads = {}
 local latest_due = 0
 -- Digests this event joined (the record lists them as `x:<id>`).
@@ -281,8 +287,10 @@ local function event_n()
     return text_n
   end
   local last = redis.call('HGET', record, 'n')
-  local v = redis.call('HMGET', record, 'e' .. last, 'm' .. last)
-  if rec_join(record, 'e' .. last, v[1]) == ARGV[3] and rec_join(record, 'm' .. last, v[2]) == ARGV[4] then
+  local names = rec_fields(rec_fields({}, 'e' .. last), 'm' .. last)
+  local v = redis.call('HMGET', record, unpack(names))
+  if rec_join(record, names[1], v[1], v[2]) == ARGV[3]
+    and rec_join(record, names[3], v[3], v[4]) == ARGV[4] then
     text_n = last
     return text_n
   end
@@ -307,9 +315,9 @@ end
 local function enqueue(c, now, t0, permit)
   local at = n2s(now)
   -- No `updated_at` yet (a reader takes accepted_at).
-  local fields = {'status', 'queued', 'accepted_at', at,
-    'attempts', '0', 'window_ms', n2s(c.window), 'key', c.key,
-    'retry_max_attempts', c.max_attempts, 'channel', c.channel, 'retry', c.retry,
+  local fields = {'status', 'queued', 'at', at,
+    'tries', '0', 'window', n2s(c.window), 'key', c.key,
+    'max', c.max_attempts, 'ch', c.channel, 'retry', c.retry,
     'ev', event_n() .. ':' .. ARGV[1]}
   if not permit then
     fields[#fields + 1] = 'dedup'
@@ -331,7 +339,7 @@ local function enqueue(c, now, t0, permit)
       redis.call('PEXPIREAT', c.permit, n2s(due + c.window), 'GT')
     end
   else
-    redis.call('XADD', KEYS[1], '*', 'task', c.id)
+    ready[#ready + 1] = c.id
   end
   for i = 1, c.ncaps do
     count_in(c, i, t0)
@@ -427,7 +435,7 @@ local function digest_accept(c, now, t0)
   local head = redis.call('HMGET', c.head, 'task', 'gen')
   local open, gen = head[1], tonumber(head[2] or '0')
   if open then
-    local t = redis.call('HMGET', prefix .. open, 'status', 'attempts', 'scheduled_for')
+    local t = redis.call('HMGET', prefix .. open, 'status', 'tries', 'scheduled_for')
     if t[1] == 'queued' and t[2] == '0' then
       if c.id == '' then
         return {'digested', open, t[3] or ''}
@@ -449,7 +457,7 @@ local function digest_accept(c, now, t0)
   gen = gen + 1
   if gen > 1 then
     c.key = c.key .. '#' .. gen
-    c.permit = c.permit .. '#' .. gen
+    c.permit = permit_name(string.sub(c.task, 1, #c.task - #c.id - #'task:'), c.key)
   end
   if not redis.call('SET', c.permit, c.id, 'NX', 'PX', c.window) then
     return held(c, redis.call('GET', c.permit))
@@ -508,7 +516,7 @@ end
 if #created > 0 then
   -- The event once, for every channel accepted, and the tasks' payloads;
   -- no expiry while one of its tasks has none (lib.lua's follow_event).
-  -- Values longer than 64 bytes in pieces (lib.lua's rec_pairs), so the
+  -- Values longer than PIECE bytes in pieces (lib.lua's rec_pairs), so the
   -- record stays a listpack.
   local fields = {}
   if text_new then
@@ -524,6 +532,12 @@ if #created > 0 then
     -- A record of earlier tasks may expire with them; it holds open ones now.
     redis.call('PERSIST', record)
   end
+end
+if #ready > 0 then
+  -- One queue entry for the event's tasks due now, not one per channel: a
+  -- worker begins each, and the entry is acked once none needs it
+  -- (lib.lua's ack_entry).
+  redis.call('XADD', KEYS[1], '*', 'task', table.concat(ready, ' '))
 end
 if #joined > 0 then
   -- The digests the event joined, listed for look-ups by event (`x:<id>`).

@@ -172,6 +172,8 @@ struct AcceptArgs<'a> {
     meta: String,
     /// ARGV[6]: the event's send_at (ms), `None`: now.
     send_at_ms: Option<u64>,
+    /// ARGV[7]: the length of the record's value pieces (`pieces.rs`).
+    piece: u64,
     /// The channels, in the order of their answers.
     channels: Vec<ChannelArgs<'a>>,
 }
@@ -234,6 +236,7 @@ impl<'a> AcceptArgs<'a> {
         reqs: &[&'a AcceptRequest],
         shard: u16,
         dry: bool,
+        piece: u64,
     ) -> AcceptArgs<'a> {
         let first = reqs[0];
         let new_id = || {
@@ -256,6 +259,7 @@ impl<'a> AcceptArgs<'a> {
             event: &first.event_json,
             meta: meta_json(first),
             send_at_ms: first.send_at_ms,
+            piece,
             channels: reqs
                 .iter()
                 .map(|req| ChannelArgs::new(layout, req, shard, new_id()))
@@ -277,7 +281,8 @@ impl Transition for AcceptArgs<'_> {
             .arg(self.event)
             .arg(&*self.meta)
             .num(self.channels.len() as u64)
-            .arg(self.send_at_ms.map(|ms| ms.to_string()).unwrap_or_default());
+            .arg(self.send_at_ms.map(|ms| ms.to_string()).unwrap_or_default())
+            .num(self.piece);
         for c in &self.channels {
             let (hashes, bytes, positions) = match &c.bloom {
                 Some((hashes, bytes, positions)) => (*hashes, *bytes, positions.as_slice()),
@@ -323,7 +328,14 @@ impl Permits {
     /// answer that would create one is empty).
     pub async fn would_accept(&self, req: &AcceptRequest) -> Result<Acceptance, PermitError> {
         let shard = self.shard_of_request(req);
-        let args = AcceptArgs::new(&self.layout, &self.config, &[req], shard, true);
+        let args = AcceptArgs::new(
+            &self.layout,
+            &self.config,
+            &[req],
+            shard,
+            true,
+            self.piece.get(),
+        );
         let mut answers = parse_answers(self.run(&args).await?, 1)?;
         answers.pop().ok_or_else(|| unexpected("accept", &[]))
     }
@@ -354,7 +366,14 @@ impl Permits {
         let mut batch = Batch::new();
         for (shard, members) in &groups {
             let reqs: Vec<&AcceptRequest> = members.iter().map(|(_, r)| *r).collect();
-            let args = AcceptArgs::new(&self.layout, &self.config, &reqs, *shard, false);
+            let args = AcceptArgs::new(
+                &self.layout,
+                &self.config,
+                &reqs,
+                *shard,
+                false,
+                self.piece.get(),
+            );
             // The event and payload texts are borrowed into the command:
             // no copy of them in between.
             batch.add(&args.ready, args.call().evalsha(&SCRIPT));
@@ -466,7 +485,14 @@ impl Permits {
         task_ids: &[String],
     ) -> (Vec<String>, Vec<String>) {
         let shard = reqs.first().map_or(0, |req| self.shard_of_request(req));
-        let mut args = AcceptArgs::new(&self.layout, &self.config, reqs, shard, false);
+        let mut args = AcceptArgs::new(
+            &self.layout,
+            &self.config,
+            reqs,
+            shard,
+            false,
+            self.piece.get(),
+        );
         for (c, task_id) in args.channels.iter_mut().zip(task_ids) {
             c.task = format!("{}{}", self.layout.task_prefix(shard), task_id);
             c.task_id = task_id.clone();
@@ -484,16 +510,16 @@ impl Permits {
 /// The event record's `meta` field: what the channels of one event share
 /// and no script reads, as one JSON object (names sorted). Serialized
 /// straight from the request (no `Value` tree: this runs for every accept).
+/// The business id is not in it: the record's name holds it after the
+/// business type (`Task::from_fields` takes it from the task's `ev`).
 fn meta_json(req: &AcceptRequest) -> String {
     #[derive(serde::Serialize)]
     struct Meta<'a> {
-        biz_id: &'a str,
         biz_type: &'a str,
         policy: &'a str,
         policy_version: &'a str,
     }
     serde_json::to_string(&Meta {
-        biz_id: &req.biz_id,
         biz_type: &req.biz_type,
         policy: &req.policy_name,
         policy_version: &req.policy_version,
@@ -569,7 +595,7 @@ mod retry_arg_tests {
         assert_eq!(retry_arg(&retry), "1500,2.5,60000,1");
         let fields = [
             ("status", "queued"),
-            ("retry_max_attempts", "5"),
+            ("max", "5"),
             ("retry", "1500,2.5,60000,1"),
         ]
         .into_iter()

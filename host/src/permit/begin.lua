@@ -3,7 +3,7 @@
 -- its own, decided as if it were alone).
 -- Per task i (from 1), the KEYS and ARGV below at offsets 2*(i-1) and 6*(i-1):
 -- KEYS[1] task, KEYS[2] the shard's ready stream; the task's permit is
--- named from its `key` field (`{ns:shard}:permit:<key>`, the task's hash tag:
+-- named from its `key` field (lib.lua's permit_name, the task's hash tag:
 -- one slot), so a stream entry carries the task id alone
 -- ARGV[1] task id, ARGV[2] lease token, ARGV[3] lease ms, ARGV[4] permit grace ms,
 -- ARGV[5] retention ms (for a superseded task), ARGV[6] the stream entry the
@@ -26,7 +26,7 @@ local function begin_one(task, stream, A, now)
   if not status then
     return {'missing'}
   end
-  local permit = string.sub(task, 1, #task - #id - #'task:') .. 'permit:' .. (t[2] or '')
+  local permit = permit_name(string.sub(task, 1, #task - #id - #'task:'), t[2] or '')
   local stale = false
   if status == 'sending' then
     local lease_until = tonumber(redis.call('HGET', task, 'lease_until') or '0')
@@ -57,7 +57,7 @@ local function begin_one(task, stream, A, now)
     event_follower(task, id)()
     return {'superseded', owner}
   end
-  local attempt = redis.call('HINCRBY', task, 'attempts', 1)
+  local attempt = redis.call('HINCRBY', task, 'tries', 1)
   local lease_until = now + lease
   redis.call('HSET', task, 'status', 'sending', 'lease_token', token,
     'lease_until', n2s(lease_until), 'attempt_started_at', n2s(now), 'updated_at', n2s(now))

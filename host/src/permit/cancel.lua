@@ -20,7 +20,7 @@ if not status then
 end
 -- A queued task with attempts counted was requeued (by an operator or the
 -- reconciler) after an attempt that may have reached the provider.
-if status ~= 'queued' or tonumber(redis.call('HGET', KEYS[1], 'attempts') or '0') > 0 then
+if status ~= 'queued' or tonumber(redis.call('HGET', KEYS[1], 'tries') or '0') > 0 then
   return {'too_late', status}
 end
 -- A digest task: the event's item mark ({ns:shard}:digested:<key>:<biz
@@ -92,14 +92,16 @@ redis.call('ZREM', held_index(KEYS[5], 'awaiting'), id)
 -- millisecond as `accepted_at` (looked for from a second before, among the
 -- next 200 entries); one not found here is acked by the worker that reads
 -- it (`begin.lua` answers `settled` or `missing`).
-local accepted = tonumber(redis.call('HGET', KEYS[1], 'accepted_at') or '0')
+local accepted = tonumber(redis.call('HGET', KEYS[1], 'at') or '0')
 local entries = redis.call('XRANGE', KEYS[4], n2s(math.max(accepted - 1000, 0)), '+', 'COUNT', 200)
+-- An entry that also names other tasks of the event stays while one of
+-- them needs it (lib.lua's ack_entry).
+local prefix = string.sub(KEYS[1], 1, #KEYS[1] - #id)
 for _, entry in ipairs(entries) do
-  local fields = entry[2]
-  for i = 1, #fields, 2 do
-    if fields[i] == 'task' and fields[i + 1] == id then
-      redis.call('XACK', KEYS[4], ARGV[4], entry[1])
-      redis.call('XDEL', KEYS[4], entry[1])
+  for _, named in ipairs(entry_tasks(entry[2])) do
+    if named == id then
+      ack_entry(KEYS[4], ARGV[4], entry[1], prefix)
+      break
     end
   end
 end

@@ -21,7 +21,7 @@ local function extend_one(K, A, now)
   if A[5] == '1' then
     redis.call('HSET', K[1], 'request_started_at', n2s(now))
     if A[6] ~= '' then
-      local step = (redis.call('HGET', K[1], 'attempts') or '0') .. ':' .. A[6]
+      local step = (redis.call('HGET', K[1], 'tries') or '0') .. ':' .. A[6]
       local log = redis.call('HGET', K[1], 'provider_log')
       if log and log ~= '' then
         step = log .. ' ' .. step

@@ -86,10 +86,11 @@ impl Layout {
         format!("{{{}:{}}}", self.namespace, shard)
     }
 
-    /// The permit of an idempotency key in `shard`: `{po:3}:permit:<key>`.
-    /// After the accept, the shard is the one its task id names.
+    /// The permit of an idempotency key in `shard`:
+    /// `{po:3}:permit:<`[`permit_digest`]` of the key>`, one length whatever
+    /// the key's. After the accept, the shard is the one its task id names.
     pub fn permit_in(&self, shard: u16, key: &str) -> String {
-        format!("{}:permit:{}", self.tag(shard), key)
+        format!("{}:permit:{}", self.tag(shard), permit_digest(key))
     }
 
     /// The permit of `key` accepted for `recipient` ([`Layout::shard_for`]).
@@ -255,9 +256,36 @@ pub fn shard_of_task(task_id: &str) -> Option<u16> {
     task_id.split_once('-')?.0.parse().ok()
 }
 
+/// What names a key's permit: the first 32 hex digits (128 bits) of the
+/// key's SHA-1, as `lib.lua`'s `permit_name` computes it with
+/// `redis.sha1hex`. A permit is the one key every accepted message keeps
+/// for its window, so its name does not grow with the key (business and
+/// user ids of any length); the task keeps the key itself.
+pub fn permit_digest(key: &str) -> String {
+    let mut hex = sha1_smol::Sha1::from(key).digest().to_string();
+    hex.truncate(32);
+    hex
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `printf %s 'push:per-event@1:sms:ORDER_SHIPPED:o-1:u-42' | sha1sum`
+    const SHA1_OF_KEY: &str = "dc6178330247c2b3c3994fe2c77d2eaa566b2b29";
+
+    #[test]
+    fn a_permit_is_named_by_the_keys_sha1_whatever_its_length() {
+        let key = "push:per-event@1:sms:ORDER_SHIPPED:o-1:u-42";
+        assert_eq!(permit_digest(key), SHA1_OF_KEY[..32]);
+        let layout = Layout::new("po", 16);
+        let long = format!("{key}:{}", "x".repeat(500));
+        assert_eq!(
+            layout.permit_in(3, &long).len(),
+            layout.permit_in(3, key).len()
+        );
+        assert_ne!(layout.permit_in(3, &long), layout.permit_in(3, key));
+    }
 
     #[test]
     fn keys_of_one_permit_share_a_tag() {

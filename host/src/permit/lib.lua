@@ -24,12 +24,21 @@ local function extend_or_set(key, at)
   end
 end
 
+-- The permit of idempotency key `key` in the shard whose keys start with
+-- `tag` (`{ns:shard}:`): named by the first 32 hex digits of the key's
+-- SHA-1, as permit/keys.rs's permit_digest names it, so a permit's name has
+-- one length whatever the key's.
+local function permit_name(tag, key)
+  return tag .. 'permit:' .. string.sub(redis.sha1hex(key), 1, 32)
+end
+
 -- An event record stays a listpack (Redis's compact encoding, kept while
--- every value is at most `hash-max-listpack-value`, 64 bytes by default):
--- a longer value is stored in 64-byte pieces, the first under its own
--- field name and the k-th after it under `+<k>:<name>` (layout 4). Only
--- the last piece of a value is shorter than 64 bytes, so a first piece
--- shorter than that has none after it.
+-- every value is at most `hash-max-listpack-value`): a longer value is
+-- stored in pieces of that length, the first under its own field name and
+-- the k-th after it under `+<k>:<name>` (layout 4). The writer (accept.lua)
+-- sets PIECE to the setting the host read from Redis (64, Redis's default,
+-- when it could not); readers follow `+<k>:` fields while they exist, so a
+-- record written under another setting reads the same.
 local PIECE = 64
 
 -- Appends to `out` the field/value pairs that store `value` under `name`
@@ -46,14 +55,23 @@ local function rec_pairs(out, name, value)
   return out
 end
 
+-- The fields to read of value `name` with one HMGET: its first piece and
+-- the name of its second (present only when the value is in pieces).
+local function rec_fields(out, name)
+  out[#out + 1] = name
+  out[#out + 1] = '+1:' .. name
+  return out
+end
+
 -- The whole value of field `name` of event record `ev`, given its first
--- piece `first` (nil when the field is missing: nil).
-local function rec_join(ev, name, first)
-  if not first or #first < PIECE then
+-- piece `first` and its second `second` as rec_fields read them (nil when
+-- the field is missing: nil).
+local function rec_join(ev, name, first, second)
+  if not first or not second then
     return first
   end
-  local parts = {first}
-  local k = 1
+  local parts = {first, second}
+  local k = 2
   while true do
     local v = redis.call('HGET', ev, '+' .. k .. ':' .. name)
     if not v then
@@ -67,26 +85,56 @@ end
 
 -- Takes field `name` and its pieces out of event record `ev`.
 local function rec_del(ev, name)
-  local first = redis.call('HGET', ev, name)
-  if not first then
-    return
-  end
   local fields = {name}
-  if #first >= PIECE then
-    local k = 1
-    while redis.call('HEXISTS', ev, '+' .. k .. ':' .. name) == 1 do
-      fields[#fields + 1] = '+' .. k .. ':' .. name
-      k = k + 1
-    end
+  local k = 1
+  while redis.call('HEXISTS', ev, '+' .. k .. ':' .. name) == 1 do
+    fields[#fields + 1] = '+' .. k .. ':' .. name
+    k = k + 1
   end
   redis.call('HDEL', ev, unpack(fields))
+end
+
+-- The task ids ready entry `fields` names: its `task` field holds one id,
+-- or the ids of one event's tasks accepted together, space-separated
+-- (accept.lua writes one entry per event and shard).
+local function entry_tasks(fields)
+  local ids = {}
+  for i = 1, #fields, 2 do
+    if fields[i] == 'task' then
+      for id in string.gmatch(fields[i + 1], '%S+') do
+        ids[#ids + 1] = id
+      end
+    end
+  end
+  return ids
+end
+
+-- Acks and deletes ready entry `entry` of `stream` (consumer group
+-- `group`) once none of its tasks (hashes `prefix .. id`) needs it: a task
+-- needs its entry while `queued` (not begun from it yet) or `sending` (if
+-- its worker dies, it is re-claimed from the entry). A task that moved on
+-- (retry_wait, held, ended) is queued again by an entry of its own.
+-- Returns whether the entry was acked.
+local function ack_entry(stream, group, entry, prefix)
+  local found = redis.call('XRANGE', stream, entry, entry)
+  if #found == 1 then
+    for _, id in ipairs(entry_tasks(found[1][2])) do
+      local status = redis.call('HGET', prefix .. id, 'status')
+      if status == 'queued' or status == 'sending' then
+        return false
+      end
+    end
+  end
+  redis.call('XACK', stream, group, entry)
+  redis.call('XDEL', stream, entry)
+  return true
 end
 
 -- When the permit of a task that ended keeps to: the whole window from
 -- accept, or from its scheduled first attempt (send_at, quiet hours) when
 -- later, and never a time already past (that would be a silent DEL).
 local function window_end(task, now)
-  local t = redis.call('HMGET', task, 'accepted_at', 'window_ms', 'scheduled_for')
+  local t = redis.call('HMGET', task, 'at', 'window', 'scheduled_for')
   local start = math.max(tonumber(t[1] or '0'), tonumber(t[3] or '0'))
   return math.max(start + tonumber(t[2] or '0'), now + 1)
 end
@@ -221,10 +269,11 @@ local function event_fields(task, id)
   if not ev then
     return {}
   end
-  local v = redis.call('HMGET', ev, 'e' .. n, 'm' .. n, 'p:' .. id)
-  local fields = {'event', rec_join(ev, 'e' .. n, v[1]) or '',
-    'meta', rec_join(ev, 'm' .. n, v[2]) or '',
-    'payload', rec_join(ev, 'p:' .. id, v[3]) or ''}
+  local names = rec_fields(rec_fields(rec_fields({}, 'e' .. n), 'm' .. n), 'p:' .. id)
+  local v = redis.call('HMGET', ev, unpack(names))
+  local fields = {'event', rec_join(ev, names[1], v[1], v[2]) or '',
+    'meta', rec_join(ev, names[3], v[3], v[4]) or '',
+    'payload', rec_join(ev, names[5], v[5], v[6]) or ''}
   if redis.call('HEXISTS', task, 'items') == 1 then
     fields[#fields + 1] = 'digest_items'
     fields[#fields + 1] = digest_items(ev, id)

@@ -22,6 +22,7 @@
 //! guards): the name is imported across the host, the tests and the bench.
 
 pub mod accept;
+mod ack;
 mod begin;
 pub mod bloom;
 mod cancel;
@@ -36,6 +37,7 @@ mod history;
 pub mod keys;
 mod listing;
 mod payload;
+mod pieces;
 mod promote;
 mod receipt;
 mod reconcile;
@@ -124,7 +126,7 @@ pub enum PermitError {
 
 /// The key layout version this host writes and reads (docs/redis.md, "Key
 /// layout"); recorded in each namespace's marker ([`Layout::marker`]).
-pub const LAYOUT_VERSION: u32 = 5;
+pub const LAYOUT_VERSION: u32 = 6;
 
 /// Settings of the permit layer.
 #[derive(Debug, Clone)]
@@ -195,6 +197,8 @@ pub struct Permits {
     layout: Layout,
     /// Settings.
     config: PermitConfig,
+    /// How long an event record's value pieces are (read at [`Permits::prepare`]).
+    piece: pieces::PieceLength,
 }
 
 impl std::fmt::Debug for Permits {
@@ -213,6 +217,7 @@ impl Permits {
             conn: conn.into(),
             layout: Layout::new(config.namespace.clone(), config.shards),
             config,
+            piece: pieces::PieceLength::default(),
         }
     }
 
@@ -231,11 +236,13 @@ impl Permits {
         self.conn.clone()
     }
 
-    /// Checks the namespace's layout marker (written if missing), loads
-    /// every script (`SCRIPT LOAD`) and creates each shard's consumer group
+    /// Checks the namespace's layout marker (written if missing), reads
+    /// the piece length of event records (`hash-max-listpack-value`,
+    /// `pieces.rs`), loads every script (`SCRIPT LOAD`) and creates each shard's consumer group
     /// (`XGROUP CREATE … MKSTREAM`, an existing group is fine).
     pub async fn prepare(&self) -> Result<(), PermitError> {
         self.check_layout().await?;
+        self.piece.read(&self.conn).await?;
         let mut conn = self.conn.clone();
         for script in all_scripts() {
             script.load_async(&mut conn).await?;
@@ -409,9 +416,10 @@ pub(crate) fn into_text(v: Value) -> String {
 }
 
 /// Every script, for loading them all up front.
-fn all_scripts() -> [&'static redis::Script; 15] {
+fn all_scripts() -> [&'static redis::Script; 16] {
     [
         &accept::SCRIPT,
+        &ack::SCRIPT,
         &begin::SCRIPT,
         &extend::SCRIPT,
         &record::SCRIPT,

@@ -69,10 +69,10 @@ if action == 'sent' then
   redis.call('ZREM', held, id)
 elseif action == 'requeue' then
   -- One more attempt at least, even if the unknown one was the last allowed.
-  local attempts = tonumber(redis.call('HGET', KEYS[1], 'attempts') or '0')
-  local max = tonumber(redis.call('HGET', KEYS[1], 'retry_max_attempts') or '1')
+  local attempts = tonumber(redis.call('HGET', KEYS[1], 'tries') or '0')
+  local max = tonumber(redis.call('HGET', KEYS[1], 'max') or '1')
   redis.call('HSET', KEYS[1], 'status', 'queued', 'maybe_sent', '1', 'last_error', ARGV[8],
-    'retry_max_attempts', n2s(math.max(max, attempts + 1)), 'updated_at', at,
+    'max', n2s(math.max(max, attempts + 1)), 'updated_at', at,
     'lease_token', '', 'check_token', '')
   redis.call('HINCRBY', KEYS[1], 'reconcile_requeues', 1)
   redis.call('HDEL', KEYS[1], 'resend_by')

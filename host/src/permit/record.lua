@@ -1,6 +1,7 @@
 -- record: the outcomes of attempts of one shard's tasks (a batch: one call for what
 -- would be one call per task; each fenced by its own lease token and decided as
--- if it were alone); acks each one's stream entry.
+-- if it were alone); acks each one's stream entry once no task it names
+-- needs it (lib.lua's ack_entry).
 -- Per task i (from 1), the KEYS and ARGV below at offsets 5*(i-1) and 16*(i-1):
 -- KEYS[1] task, KEYS[2] permit, KEYS[3] ready stream, KEYS[4] delayed zset,
 -- KEYS[5] awaiting zset (tasks the reconciler checks, scored by when the next check is due)
@@ -43,7 +44,7 @@ local function record_one(K, A, now)
     -- Nothing sent: the attempt is given back, uncounted; the stream entry
     -- stays pending (not acked) and is re-claimed after a lease.
     redis.call('HSET', K[1], 'status', 'queued', 'lease_token', '', 'updated_at', n2s(now))
-    redis.call('HINCRBY', K[1], 'attempts', -1)
+    redis.call('HINCRBY', K[1], 'tries', -1)
     return {'recorded', 'kept'}
   end
   local owner = redis.call('GET', K[2])
@@ -163,9 +164,9 @@ local function record_one(K, A, now)
   -- Acked last: a script that stops on an error before this line (its
   -- writes so far stay) leaves the entry pending, so the task, still
   -- `sending`, is re-claimed after its lease instead of stranded.
+  -- An entry naming other tasks of the event waits for them (ack_entry).
   if entry ~= '' then
-    redis.call('XACK', K[3], A[5], entry)
-    redis.call('XDEL', K[3], entry)
+    ack_entry(K[3], A[5], entry, string.sub(K[1], 1, #K[1] - #id))
   end
   return {'recorded', fate}
 end

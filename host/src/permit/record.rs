@@ -99,15 +99,32 @@ pub enum Recorded {
     },
 }
 
-/// A stream entry a worker is processing; the record script acks it.
+/// One task of a stream entry a worker is processing; the record script
+/// acks the entry once no task it names needs it (`lib.lua`'s `ack_entry`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Entry {
     /// Shard of the stream.
     pub shard: u16,
     /// Stream entry id.
     pub id: String,
-    /// The task the entry names.
+    /// The task (one of those the entry names).
     pub task_id: String,
+}
+
+impl Entry {
+    /// One per task that ready entry `id` of `shard` names in its `task`
+    /// field `tasks`: one id, or an event's tasks accepted together in one
+    /// shard, space-separated (`accept.lua`). None for an empty field.
+    pub fn of_stream_entry(shard: u16, id: &str, tasks: &str) -> Vec<Entry> {
+        tasks
+            .split_whitespace()
+            .map(|task| Entry {
+                shard,
+                id: id.to_string(),
+                task_id: task.to_string(),
+            })
+            .collect()
+    }
 }
 
 /// `record.lua`'s `KEYS` and `ARGV`, named (see the script's header).

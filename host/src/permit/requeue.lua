@@ -28,7 +28,7 @@ if ARGV[3] ~= '1' and redis.call('HGET', KEYS[1], 'maybe_sent') == '1'
   return {'maybe_sent'}
 end
 local now = now_ms()
-local window = tonumber(redis.call('HGET', KEYS[1], 'window_ms') or '0')
+local window = tonumber(redis.call('HGET', KEYS[1], 'window') or '0')
 local owner = redis.call('GET', KEYS[2])
 if owner and owner ~= id then
   return {'refused', owner}
@@ -47,15 +47,15 @@ else
 end
 -- A fresh attempt budget on top of the attempts made, so attempt numbers stay
 -- monotonic (the provider and the ledger see attempt n+1, not 1 again).
-local attempts = tonumber(redis.call('HGET', KEYS[1], 'attempts') or '0')
-local base = redis.call('HGET', KEYS[1], 'retry_max_attempts_base')
+local attempts = tonumber(redis.call('HGET', KEYS[1], 'tries') or '0')
+local base = redis.call('HGET', KEYS[1], 'max_base')
 if not base then
-  base = redis.call('HGET', KEYS[1], 'retry_max_attempts') or '1'
+  base = redis.call('HGET', KEYS[1], 'max') or '1'
 end
 local max = attempts + tonumber(base)
 local requeues = tonumber(redis.call('HGET', KEYS[1], 'requeues') or '0') + 1
-redis.call('HSET', KEYS[1], 'status', 'queued', 'retry_max_attempts', n2s(max),
-  'retry_max_attempts_base', base, 'requeues', n2s(requeues),
+redis.call('HSET', KEYS[1], 'status', 'queued', 'max', n2s(max),
+  'max_base', base, 'requeues', n2s(requeues),
   'requeued_at', n2s(now), 'updated_at', n2s(now), 'lease_token', '',
   'finished_at', '', 'check_token', '')
 redis.call('HDEL', KEYS[1], 'resend_by')

@@ -248,7 +248,7 @@ impl Task {
         let opt = |k: &str| fields.get(k).filter(|v| !v.is_empty()).cloned();
         let status = TaskStatus::parse(fields.get("status")?)?;
         let retry = RetryPolicy {
-            max_attempts: num("retry_max_attempts").unwrap_or(5) as u32,
+            max_attempts: num("max").unwrap_or(5) as u32,
             initial: Duration::from_millis(num("retry_initial_ms").unwrap_or(2000)),
             factor: field("retry_factor")
                 .and_then(|v| v.parse().ok())
@@ -259,18 +259,21 @@ impl Task {
         Some(Task {
             id: id.to_string(),
             key: get("key"),
-            channel: get("channel"),
+            // `channel` in tasks written before layout 6.
+            channel: field("ch").or_else(|| field("channel")).unwrap_or_default(),
             status,
             biz_type: get("biz_type"),
-            biz_id: get("biz_id"),
+            biz_id: field("biz_id")
+                .or_else(|| biz_id_of_ev(fields.get("ev")?, &field("biz_type")?))
+                .unwrap_or_default(),
             event_json: get("event"),
             payload: get("payload"),
             policy_name: get("policy"),
             policy_version: get("policy_version"),
             retry,
-            window_ms: num("window_ms").unwrap_or(0),
-            accepted_at_ms: num("accepted_at").unwrap_or(0),
-            attempts: num("attempts").unwrap_or(0) as u32,
+            window_ms: num("window").unwrap_or(0),
+            accepted_at_ms: num("at").unwrap_or(0),
+            attempts: num("tries").unwrap_or(0) as u32,
             lease_until_ms: num("lease_until"),
             next_due_ms: num("next_due"),
             last_error: opt("last_error"),
@@ -286,6 +289,15 @@ impl Task {
             parsed_payload: ParsedPayload::default(),
         })
     }
+}
+
+/// The business id in a task's `ev` (`<n>:<biz_type>:<biz_id>`, the name
+/// of its event record after the text's number), given the business type
+/// (which may hold `:` itself).
+fn biz_id_of_ev(ev: &str, biz_type: &str) -> Option<String> {
+    let (_, name) = ev.split_once(':')?;
+    let id = name.strip_prefix(biz_type)?.strip_prefix(':')?;
+    Some(id.to_string())
 }
 
 #[cfg(test)]
@@ -304,7 +316,7 @@ mod spec_tests {
         let packed = fields(&[
             ("status", "queued"),
             ("key", "k"),
-            ("retry_max_attempts", "7"),
+            ("max", "7"),
             (
                 "spec",
                 r#"{"channel":"sms","biz_type":"T","biz_id":"b","policy":"per-event","policy_version":"1.0.0","retry_initial_ms":1500,"retry_factor":1.5,"retry_max_delay_ms":60000,"retry_jitter":false}"#,
@@ -313,8 +325,8 @@ mod spec_tests {
         let separate = fields(&[
             ("status", "queued"),
             ("key", "k"),
-            ("retry_max_attempts", "7"),
-            ("channel", "sms"),
+            ("max", "7"),
+            ("ch", "sms"),
             ("biz_type", "T"),
             ("biz_id", "b"),
             ("policy", "per-event"),
@@ -342,5 +354,22 @@ mod spec_tests {
                 }
             );
         }
+    }
+
+    #[test]
+    fn the_business_id_comes_from_the_record_name_after_the_business_type() {
+        let t = Task::from_fields(
+            "3-1-x",
+            fields(&[
+                ("status", "queued"),
+                ("ev", "2:A:B:x:y"),
+                (
+                    "meta",
+                    r#"{"biz_type":"A:B","policy":"per-event","policy_version":"1.0.0"}"#,
+                ),
+            ]),
+        )
+        .unwrap();
+        assert_eq!((t.biz_type.as_str(), t.biz_id.as_str()), ("A:B", "x:y"));
     }
 }

@@ -79,11 +79,30 @@ pub(super) struct DeliveredMemory {
 }
 
 impl DeliveredMemory {
-    /// The task records of run `tag`'s permits (up to 100) still in Redis.
+    /// The permits of the first 100 events of 1-channel run `tag`: their
+    /// keys as the `per-event` policy derives them (`biz_id` `<tag>-<n>`,
+    /// user `u<n>`, the load generator's events), named in the host's
+    /// layout (permits are named by the key's digest, so a scan cannot
+    /// find them by the run's tag).
+    fn sample_permits(tag: &str) -> Vec<String> {
+        let layout = Layout::new(PermitConfig::default().namespace, super::stack::SHARDS);
+        (0..100)
+            .map(|n| {
+                let user = format!("u{n}");
+                let key = format!(
+                    "push:per-event@1:sms:{}:{tag}-{n}:{user}",
+                    super::stack::ONE.0
+                );
+                layout.permit(&key, Some(&user))
+            })
+            .collect()
+    }
+
+    /// The task records of run `tag`'s sampled permits still in Redis.
     async fn tasks_left(conn: &mut pushonce::store::RedisConn, tag: &str) -> anyhow::Result<usize> {
         let layout = Layout::new(PermitConfig::default().namespace, 1);
         let mut left = 0;
-        for key in crate::permit::scan_keys(conn, &format!("*:permit:*{tag}-*"), 100).await? {
+        for key in Self::sample_permits(tag) {
             let id: Option<String> = redis::cmd("GET").arg(&key).query_async(conn).await?;
             if let Some(task_key) = id.and_then(|id| layout.task(&id)) {
                 let n: i64 = redis::cmd("EXISTS").arg(task_key).query_async(conn).await?;
@@ -93,7 +112,7 @@ impl DeliveredMemory {
         Ok(left)
     }
 
-    /// Reads the permits of run `tag` (up to 100), and their task records
+    /// Reads the sampled permits of run `tag` still held, and their task records
     /// and event records while Redis still has them.
     async fn measure(
         conn: &mut pushonce::store::RedisConn,
@@ -101,7 +120,13 @@ impl DeliveredMemory {
         grown: f64,
         messages: usize,
     ) -> anyhow::Result<DeliveredMemory> {
-        let permits = crate::permit::scan_keys(conn, &format!("*:permit:*{tag}-*"), 100).await?;
+        let mut permits = Vec::new();
+        for key in Self::sample_permits(tag) {
+            let exists: bool = redis::cmd("EXISTS").arg(&key).query_async(conn).await?;
+            if exists {
+                permits.push(key);
+            }
+        }
         // The host's layout: the default namespace (the shard is read from a task id).
         let layout = Layout::new(PermitConfig::default().namespace, 1);
         let (mut permit, mut task, mut index, mut in_redis) = (0, 0, 0, 0);

@@ -13,6 +13,8 @@ use pushonce_tests::stack::{ServeConfig, ServeProcess};
 
 /// The bench's policies: one channel and four channels, per-event keys.
 pub(super) const ONE: (&str, &str) = ("BENCH_ONE", "sms");
+/// Shards of the bench host's key layout (the harness's own default).
+pub(super) const SHARDS: u16 = 4;
 pub(super) const FOUR: (&str, &str) = ("BENCH_FOUR", "inbox,sms,wechat,app-push");
 
 /// Redis, the simulator and the policy directory, for the whole run.
@@ -56,6 +58,7 @@ impl BenchStack {
     ) -> anyhow::Result<ServeProcess> {
         let mut config = ServeConfig::new(self.store.url(), &self.sim);
         config.workers = workers;
+        config.shards = SHARDS;
         // One ledger for every instance of the stack, as the host requires of
         // instances sharing a Redis.
         let ledger = self.tmp.join("ledger.sqlite3");

@@ -11,7 +11,8 @@
 //! nobody out; an email whose template data lacks a variable of its SES
 //! template is answered a `MessageId` but never sent, and the `Rendering
 //! Failure` event SES publishes through the channel's configuration set
-//! settles the task failed, with nobody opted out. Conditions with
+//! settles the task failed, with nobody opted out; a bounce after the send
+//! takes the email's fallback (an inbox message). Conditions with
 //! deadlines, no sleeps.
 
 use std::path::Path;
@@ -64,6 +65,19 @@ key_policy = "per-event@^1"
 channels = ["email"]
 window = "1h"
 category = "transactional"
+"#,
+    ),
+    (
+        "alert.toml",
+        r#"
+biz_type = "ALERT"
+key_policy = "per-event@^1"
+channels = ["email"]
+window = "1h"
+category = "transactional"
+
+[fallback]
+email = "inbox"
 "#,
     ),
     (
@@ -416,6 +430,67 @@ async fn a_bounce_notification_opts_the_address_out_of_email() {
     .expect("the complained-of email was delivered");
 }
 
+/// A bounce that comes after SES answered the send: `ses-email` cannot
+/// query, so a `sent` email is final unless a receipt says otherwise; with
+/// a fallback in its payload the task stays in Redis (it would otherwise
+/// leave once the ledger holds it, its payload and fallback with it), and
+/// the Bounce settles it failed and takes the fallback: the inbox provider
+/// takes the message.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bounce_after_the_send_takes_the_emails_fallback() {
+    let redis = RedisServer::start().await.unwrap();
+    let sim = providers::sim().await;
+    let dir = tempfile::tempdir().unwrap();
+    let host = serve(&redis, &sim, dir.path()).await;
+    sim.subscribe_email_notifications(host.base(), 1);
+    confirmed(&sim, &host).await;
+    let alert = json!({
+        "biz_type": "ALERT", "biz_id": "a-1", "user_id": "u-alert",
+        "occurred_at": "2026-12-04T10:00:00Z",
+        "params": {"name": "u-alert"},
+        "recipients": {"email": "bounce@simulator.amazonses.com", "inbox": "u-alert"},
+    });
+    let (result, task) = post(&host, &alert).await;
+    assert_eq!(result, "accepted");
+    let task = task.expect("a task id");
+    settles(
+        &host,
+        &sim,
+        &task,
+        "failed",
+        "the bounce settles the email failed",
+    )
+    .await;
+    let reached = wait_until(DEADLINE, || async {
+        inbox_now(&host)
+            .await
+            .is_some_and(|t| t["status"] == "sent" || t["status"] == "delivered")
+    })
+    .await;
+    if let Err(e) = reached {
+        panic!(
+            "the fallback reaches the inbox: {e}; inbox task {:?}; {:?}; log:\n{}",
+            inbox_now(&host).await,
+            sim.state.stats(),
+            host.log()
+        );
+    }
+}
+
+/// The inbox task of event `ALERT` / `a-1` as the API shows it now.
+async fn inbox_now(host: &ServeProcess) -> Option<Value> {
+    let req = reqwest::Client::new()
+        .get(host.url("/v1/events/ALERT/a-1"))
+        .bearer_auth(API_TOKEN);
+    let (_, view) = send(req).await;
+    view["tasks"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|t| t["channel"] == "inbox")
+        .cloned()
+}
+
 /// A Delivery notification (SignatureVersion 2) settles the task
 /// delivered; a notification whose signature or body was altered is
 /// refused 403 by the plugin, and opts nobody out.
@@ -475,10 +550,10 @@ async fn a_delivery_settles_delivered_and_a_forged_notification_is_refused() {
 /// configuration set settles it `failed` — never `delivered` — and opts
 /// nobody out. The same template with complete data is delivered.
 ///
-/// No fallback here: `ses-email` cannot query, so a `sent` email task
-/// leaves Redis once the delivery ledger holds it, and a later receipt
-/// only rewrites the ledger row (`Ledger::settle_late`: "a failure's
-/// fallback can no longer be taken").
+/// No fallback here, so the `sent` email task leaves Redis once the
+/// delivery ledger holds it (`ses-email` cannot query), and the later
+/// event only rewrites the ledger row (`Ledger::settle_late`); with a
+/// fallback it would stay (`a_bounce_after_the_send_takes_the_emails_fallback`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rendering_failure_settles_the_email_failed() {
     let redis = RedisServer::start().await.unwrap();

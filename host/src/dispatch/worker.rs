@@ -185,8 +185,12 @@ async fn send_and_note(
     msg: OutgoingMessage,
 ) -> (Outcome, RecordContext, Indexed) {
     let (outcome, msg) = send(shared, attempt, msg).await;
-    let checkable = !matches!(outcome, Outcome::Sent { .. }) || shared.sender.can_check(&msg).await;
-    let ends = ends_for_good(attempt, &outcome, checkable);
+    let sent = matches!(outcome, Outcome::Sent { .. });
+    let checkable = !sent || shared.sender.can_check(&msg).await;
+    // A sent message a receipt may still report failed keeps its task (and
+    // its payload's fallback) while the fallback could be needed.
+    let may_fail_later = sent && !checkable && shared.sender.takes_receipts(&msg).await;
+    let ends = ends_for_good(attempt, &outcome, checkable, may_fail_later);
     let ledger_holds_outcome = super::ledger::note_outcome(shared, attempt, &outcome, ends).await;
     let context = RecordContext {
         checkable,
@@ -206,18 +210,30 @@ async fn send_and_note(
 
 /// Whether `outcome` ends the task for good, so that it may leave Redis once
 /// the ledger holds it: `sent` on a channel that can confirm nothing later
-/// (`checkable` false), or `failed` with the payload's fallback taken (a
-/// permanent failure is recorded `failed` only after its fallback is accepted).
-/// A task marked a possible duplicate stays (with the retention), where its
-/// mark is shown: the ledger's row does not carry it.
-fn ends_for_good(attempt: &Attempt, outcome: &Outcome, checkable: bool) -> bool {
+/// (`checkable` false) — unless a receipt may still report it failed
+/// (`may_fail_later`) and its payload has a fallback, which must then still
+/// be there to take (`settle_from_provider`) — or `failed` with the
+/// payload's fallback taken (a permanent failure is recorded `failed` only
+/// after its fallback is accepted). A task marked a possible duplicate stays
+/// (with the retention), where its mark is shown: the ledger's row does not
+/// carry it.
+fn ends_for_good(
+    attempt: &Attempt,
+    outcome: &Outcome,
+    checkable: bool,
+    may_fail_later: bool,
+) -> bool {
     let marked = attempt.task.fields.get(super::duplicates::FIELD);
     if marked.is_some_and(|v| v == "1") {
         return false;
     }
+    let has_fallback = || attempt.task.sends().is_ok_and(|p| p.fallback.is_some());
     match outcome {
-        Outcome::Sent { .. } => !checkable,
-        Outcome::Failed { .. } => attempt.task.sends().is_ok_and(|p| p.fallback.is_some()),
+        Outcome::Sent { .. } => {
+            let may_need_fallback = may_fail_later && has_fallback();
+            !checkable && !may_need_fallback
+        }
+        Outcome::Failed { .. } => has_fallback(),
         _ => false,
     }
 }

@@ -247,8 +247,10 @@ impl Ledger {
     /// A receipt naming a task that already left Redis: its ledger row, if
     /// it is `channel`'s and still `sent` or `unknown` (the task ended sent
     /// for good, or the receipt raced its record), becomes `status`. Redis is
-    /// not touched (the task is not resurrected; a failure's fallback can no
-    /// longer be taken: the task's payload left with it). True when written.
+    /// not touched (the task is not resurrected). A task whose payload has a
+    /// fallback does not leave while a receipt may still fail it
+    /// (`dispatch/worker.rs`, `ends_for_good`), so no fallback is lost
+    /// here. True when written.
     pub(crate) async fn settle_late(&self, task_id: &str, channel: &str, status: &str) -> bool {
         let row = match self.by_task(task_id).await {
             Ok(Some(row)) => row,

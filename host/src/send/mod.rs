@@ -205,6 +205,14 @@ pub trait Sender: Send + Sync {
         Box::pin(async { true })
     }
 
+    /// Whether the provider of `msg`'s channel posts delivery receipts
+    /// (callbacks), so that a message it answered `sent` may still be
+    /// reported failed later (a bounce). The default posts none.
+    fn takes_receipts<'a>(&'a self, msg: &'a OutgoingMessage) -> BoxFuture<'a, bool> {
+        let _ = msg;
+        Box::pin(async { false })
+    }
+
     /// Whether the provider dedupes a resend of `msg` now (it honours the
     /// reference, inside its window). When it does not, a resend after an
     /// ambiguous answer is a possible duplicate. The default dedupes (the

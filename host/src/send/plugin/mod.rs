@@ -440,6 +440,17 @@ impl Sender for PluginSender {
         Box::pin(self.queryable(msg))
     }
 
+    fn takes_receipts<'a>(&'a self, msg: &'a OutgoingMessage) -> BoxFuture<'a, bool> {
+        Box::pin(async move {
+            match self.runtime_of(msg) {
+                Ok((rt, inst)) => rt.capabilities_of(&inst).await.callbacks,
+                // No plugin to ask: assume it may (a task kept longer costs
+                // less than a fallback never taken).
+                Err(_) => true,
+            }
+        })
+    }
+
     fn dedupes<'a>(&'a self, msg: &'a OutgoingMessage) -> BoxFuture<'a, bool> {
         Box::pin(async move {
             match self.runtime_of(msg) {

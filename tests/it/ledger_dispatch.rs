@@ -661,6 +661,7 @@ async fn readyz_names_a_ledger_that_is_down_while_accepts_continue() {
 /// The development ledger playing a provider that neither dedupes a resend
 /// nor answers a status query (as WeChat's template messages): an unknown
 /// outcome holds the task for an operator.
+/// A channel nothing can confirm later: no status query, no receipts.
 struct CannotTell(pushonce::send::LedgerFileSender);
 
 impl pushonce::send::Sender for CannotTell {
@@ -672,6 +673,13 @@ impl pushonce::send::Sender for CannotTell {
     }
 
     fn can_check<'a>(
+        &'a self,
+        _: &'a pushonce::send::OutgoingMessage,
+    ) -> std::pin::Pin<Box<dyn Future<Output = bool> + Send + 'a>> {
+        Box::pin(async { false })
+    }
+
+    fn takes_receipts<'a>(
         &'a self,
         _: &'a pushonce::send::OutgoingMessage,
     ) -> std::pin::Pin<Box<dyn Future<Output = bool> + Send + 'a>> {
@@ -938,4 +946,87 @@ async fn without_the_event_index_event_lookups_come_through_the_ledger() {
         none.body
     );
     host.shutdown().await.unwrap();
+}
+
+/// What a message keeps in Redis once it ended is its permit, and no
+/// provider-id index entry: an SMS sent through a provider instance of a
+/// channel with providers (`sms` → Aliyun, Tencent) is indexed under that
+/// instance, where its receipt looks it up, and the entry goes, under the
+/// same name, once the receipt settled it delivered (it was deleted under
+/// the channel's name, and stayed for the retention); an FCM message
+/// (`app-push`: no receipts, no status query) is not indexed at all (its
+/// entry stayed for the window, with nothing to look it up).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ended_messages_keep_their_permits_and_no_provider_id_entries() {
+    use pushonce_tests::providers;
+    use pushonce_tests::stack::{ServeConfig, ServeProcess};
+    let redis = RedisServer::start().await.unwrap();
+    let sim = providers::sim().await;
+    let dir = tempfile::tempdir().unwrap();
+    let policies = dir.path().join("policies");
+    std::fs::create_dir_all(&policies).unwrap();
+    std::fs::write(
+        policies.join("order-shipped.toml"),
+        "biz_type = \"ORDER_SHIPPED\"\nkey_policy = \"per-event@^1\"\nchannels = [\"sms\", \"app-push\"]\nwindow = \"1h\"\n",
+    )
+    .unwrap();
+    let mut config = ServeConfig::new(&redis.url(), &sim);
+    config.channels = sim.toml_with_sms_providers(5, "5s");
+    let host = ServeProcess::start(&config, dir.path(), &policies)
+        .await
+        .unwrap();
+    sim.send_sms_provider_receipts_to(host.base(), 0);
+    let event = serde_json::json!({
+        "biz_type": "ORDER_SHIPPED", "biz_id": "o-pmid", "user_id": "u-pmid",
+        "recipients": {"sms": "+8613800000042", "app-push": "device-token-pmid"},
+    });
+    let answer: serde_json::Value = reqwest::Client::new()
+        .post(host.url("/v1/events"))
+        .json(&event)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let task_of = |channel: &str| {
+        answer["results"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|r| r["channel"] == channel)
+            .and_then(|r| r["task_id"].as_str())
+            .unwrap_or_else(|| panic!("no {channel} task: {answer}"))
+            .to_string()
+    };
+    for (channel, ended) in [("sms", "delivered"), ("app-push", "sent")] {
+        let path = format!("/v1/tasks/{}", task_of(channel));
+        let view = || async {
+            reqwest::Client::new()
+                .get(host.url(&path))
+                .send()
+                .await
+                .unwrap()
+                .json::<serde_json::Value>()
+                .await
+                .unwrap()
+        };
+        let left = wait_until(Duration::from_secs(30), || async {
+            let v = view().await;
+            v["status"] == ended && v["from_ledger"] == true
+        })
+        .await;
+        assert!(
+            left.is_ok(),
+            "{channel}: {}; log:\n{}",
+            view().await,
+            host.log()
+        );
+    }
+    let gone = wait_until(Duration::from_secs(10), || async {
+        scan(&redis, "*:pmid:*").await.is_empty()
+    })
+    .await;
+    assert!(gone.is_ok(), "{:?}", scan(&redis, "*:pmid:*").await);
+    assert_eq!(scan(&redis, "*:permit:*").await.len(), 2);
 }

@@ -169,10 +169,12 @@ async fn may_send<'a>(
 
 /// Where and for how long a sent message's ids are indexed: under the
 /// channel or provider instance that sent it (its receipts come to that
-/// instance's route), for the time given.
+/// instance's route), for the time given; not at all when its provider
+/// posts no receipts (nothing would look them up).
 struct Indexed {
     under: String,
     keep: Duration,
+    for_receipts: bool,
 }
 
 /// Sends one message of a batch and writes its outcome to the ledger (the
@@ -187,9 +189,10 @@ async fn send_and_note(
     let (outcome, msg) = send(shared, attempt, msg).await;
     let sent = matches!(outcome, Outcome::Sent { .. });
     let checkable = !sent || shared.sender.can_check(&msg).await;
+    let for_receipts = sent && shared.sender.takes_receipts(&msg).await;
     // A sent message a receipt may still report failed keeps its task (and
     // its payload's fallback) while the fallback could be needed.
-    let may_fail_later = sent && !checkable && shared.sender.takes_receipts(&msg).await;
+    let may_fail_later = for_receipts && !checkable;
     let ends = ends_for_good(attempt, &outcome, checkable, may_fail_later);
     let ledger_holds_outcome = super::ledger::note_outcome(shared, attempt, &outcome, ends).await;
     let context = RecordContext {
@@ -205,7 +208,12 @@ async fn send_and_note(
         shared.permits.config().retention
     };
     let under = msg.provider.unwrap_or_else(|| attempt.task.channel.clone());
-    (outcome, context, Indexed { under, keep })
+    let indexed = Indexed {
+        under,
+        keep,
+        for_receipts,
+    };
+    (outcome, context, indexed)
 }
 
 /// Whether `outcome` ends the task for good, so that it may leave Redis once
@@ -319,7 +327,8 @@ async fn send(
 }
 
 /// Indexes the sent messages' provider ids and references (when not the
-/// key), so a receipt naming either finds the task: one round trip for the batch.
+/// key), so a receipt naming either finds the task: one round trip for the
+/// batch. A message whose provider posts no receipts is not indexed.
 async fn index_ids(shared: &DispatchContext, sent: &[(Pending<'_>, Indexed)]) {
     let mut ids = Vec::new();
     for (p, indexed) in sent {
@@ -330,6 +339,9 @@ async fn index_ids(shared: &DispatchContext, sent: &[(Pending<'_>, Indexed)]) {
         else {
             continue;
         };
+        if !indexed.for_receipts {
+            continue;
+        }
         let task = &p.attempt.task;
         ids.extend(
             [Some(provider_message_id.as_str()), reference.as_deref()]

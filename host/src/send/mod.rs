@@ -206,11 +206,12 @@ pub trait Sender: Send + Sync {
     }
 
     /// Whether the provider of `msg`'s channel posts delivery receipts
-    /// (callbacks), so that a message it answered `sent` may still be
-    /// reported failed later (a bounce). The default posts none.
+    /// (callbacks): a message it answered `sent` may still be reported
+    /// failed later (a bounce), and its ids are indexed for the receipts to
+    /// find it by. The default may (nothing is left unfound).
     fn takes_receipts<'a>(&'a self, msg: &'a OutgoingMessage) -> BoxFuture<'a, bool> {
         let _ = msg;
-        Box::pin(async { false })
+        Box::pin(async { true })
     }
 
     /// Whether the provider dedupes a resend of `msg` now (it honours the

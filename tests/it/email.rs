@@ -241,6 +241,30 @@ async fn confirmed(sim: &Sim, host: &ServeProcess) {
     });
 }
 
+/// A host on a Redis of its own and the simulator, its email channel's SNS
+/// subscription (signature version `version`) confirmed; `set` names the
+/// channel's configuration set. Fields drop in order: the host first.
+struct Subscribed {
+    host: ServeProcess,
+    sim: Sim,
+    _dir: tempfile::TempDir,
+    _redis: RedisServer,
+}
+
+async fn subscribed(sim: Sim, set: Option<&str>, version: u8) -> Subscribed {
+    let redis = RedisServer::start().await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let host = serve_with_set(&redis, &sim, dir.path(), set).await;
+    sim.subscribe_email_notifications(host.base(), version);
+    confirmed(&sim, &host).await;
+    Subscribed {
+        host,
+        sim,
+        _dir: dir,
+        _redis: redis,
+    }
+}
+
 /// A mail system's one-click POST of `token` (RFC 8058: no login, no cookie).
 async fn one_click(host: &ServeProcess, token: &str) -> (u16, Value) {
     send(
@@ -372,59 +396,55 @@ async fn an_email_carries_both_headers_and_its_one_click_link_opts_out_its_categ
 /// complaint (`complaint@`) opts its user out and leaves the task delivered.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_bounce_notification_opts_the_address_out_of_email() {
-    let redis = RedisServer::start().await.unwrap();
-    let sim = providers::sim().await;
-    let dir = tempfile::tempdir().unwrap();
-    let host = serve(&redis, &sim, dir.path()).await;
-    sim.subscribe_email_notifications(host.base(), 1);
-    confirmed(&sim, &host).await;
+    let s = subscribed(providers::sim().await, None, 1).await;
+    let (sim, host) = (&s.sim, &s.host);
     let bounce = "bounce@simulator.amazonses.com";
 
-    let (result, task) = post(&host, &event("RECEIPT", "r-b1", "u-bounce", bounce)).await;
+    let (result, task) = post(host, &event("RECEIPT", "r-b1", "u-bounce", bounce)).await;
     assert_eq!(result, "accepted");
     let task = task.expect("a task id");
     settles(
-        &host,
-        &sim,
+        host,
+        sim,
         &task,
         "failed",
         "the bounce settles the task failed",
     )
     .await;
     wait_until(DEADLINE, || async {
-        preferences(&host, "u-bounce").await["channels_off"] == json!(["email"])
+        preferences(host, "u-bounce").await["channels_off"] == json!(["email"])
     })
     .await
     .unwrap_or_else(|e| panic!("the bounce opts u-bounce out: {e}; log:\n{}", host.log()));
-    let view = preferences(&host, "u-bounce").await;
+    let view = preferences(host, "u-bounce").await;
     let changes = bounces(&view);
     assert_eq!(changes.len(), 1, "{view}");
     assert_eq!(changes[0]["action"], "switch_off", "{view}");
 
     assert_eq!(
-        post(&host, &event("RECEIPT", "r-b2", "u-bounce", bounce))
+        post(host, &event("RECEIPT", "r-b2", "u-bounce", bounce))
             .await
             .0,
         "opted_out"
     );
-    assert_eq!(emails_to(&sim, bounce).len(), 1, "nothing more reaches SES");
-    let other = preferences(&host, "u-other").await;
+    assert_eq!(emails_to(sim, bounce).len(), 1, "nothing more reaches SES");
+    let other = preferences(host, "u-other").await;
     assert_eq!(other["channels_off"], json!([]), "{other}");
 
     // `complaint@`: delivered, then reported as spam: the task stays
     // delivered and the complaining address's user is opted out too.
     let complaint = "complaint@simulator.amazonses.com";
-    let (result, task) = post(&host, &event("RECEIPT", "r-c1", "u-spam", complaint)).await;
+    let (result, task) = post(host, &event("RECEIPT", "r-c1", "u-spam", complaint)).await;
     assert_eq!(result, "accepted");
     let task = task.expect("a task id");
     wait_until(DEADLINE, || async {
-        preferences(&host, "u-spam").await["channels_off"] == json!(["email"])
+        preferences(host, "u-spam").await["channels_off"] == json!(["email"])
     })
     .await
     .unwrap_or_else(|e| panic!("the complaint opts u-spam out: {e}; log:\n{}", host.log()));
-    assert_eq!(bounces(&preferences(&host, "u-spam").await).len(), 1);
+    assert_eq!(bounces(&preferences(host, "u-spam").await).len(), 1);
     wait_until(DEADLINE, || async {
-        task_status(&host, &task).await == "delivered"
+        task_status(host, &task).await == "delivered"
     })
     .await
     .expect("the complained-of email was delivered");
@@ -438,31 +458,27 @@ async fn a_bounce_notification_opts_the_address_out_of_email() {
 /// takes the message.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_bounce_after_the_send_takes_the_emails_fallback() {
-    let redis = RedisServer::start().await.unwrap();
-    let sim = providers::sim().await;
-    let dir = tempfile::tempdir().unwrap();
-    let host = serve(&redis, &sim, dir.path()).await;
-    sim.subscribe_email_notifications(host.base(), 1);
-    confirmed(&sim, &host).await;
+    let s = subscribed(providers::sim().await, None, 1).await;
+    let (sim, host) = (&s.sim, &s.host);
     let alert = json!({
         "biz_type": "ALERT", "biz_id": "a-1", "user_id": "u-alert",
         "occurred_at": "2026-12-04T10:00:00Z",
         "params": {"name": "u-alert"},
         "recipients": {"email": "bounce@simulator.amazonses.com", "inbox": "u-alert"},
     });
-    let (result, task) = post(&host, &alert).await;
+    let (result, task) = post(host, &alert).await;
     assert_eq!(result, "accepted");
     let task = task.expect("a task id");
     settles(
-        &host,
-        &sim,
+        host,
+        sim,
         &task,
         "failed",
         "the bounce settles the email failed",
     )
     .await;
     let reached = wait_until(DEADLINE, || async {
-        inbox_now(&host)
+        inbox_now(host)
             .await
             .is_some_and(|t| t["status"] == "sent" || t["status"] == "delivered")
     })
@@ -470,7 +486,7 @@ async fn a_bounce_after_the_send_takes_the_emails_fallback() {
     if let Err(e) = reached {
         panic!(
             "the fallback reaches the inbox: {e}; inbox task {:?}; {:?}; log:\n{}",
-            inbox_now(&host).await,
+            inbox_now(host).await,
             sim.state.stats(),
             host.log()
         );
@@ -496,20 +512,16 @@ async fn inbox_now(host: &ServeProcess) -> Option<Value> {
 /// refused 403 by the plugin, and opts nobody out.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_delivery_settles_delivered_and_a_forged_notification_is_refused() {
-    let redis = RedisServer::start().await.unwrap();
-    let sim = providers::sim().await;
-    let dir = tempfile::tempdir().unwrap();
-    let host = serve(&redis, &sim, dir.path()).await;
-    sim.subscribe_email_notifications(host.base(), 2);
-    confirmed(&sim, &host).await;
+    let s = subscribed(providers::sim().await, None, 2).await;
+    let (sim, host) = (&s.sim, &s.host);
     let address = "success@simulator.amazonses.com";
 
-    let (result, task) = post(&host, &event("RECEIPT", "r-d1", "u-ok", address)).await;
+    let (result, task) = post(host, &event("RECEIPT", "r-d1", "u-ok", address)).await;
     assert_eq!(result, "accepted");
     let task = task.expect("a task id");
     settles(
-        &host,
-        &sim,
+        host,
+        sim,
         &task,
         "delivered",
         "the delivery settles the task",
@@ -518,7 +530,7 @@ async fn a_delivery_settles_delivered_and_a_forged_notification_is_refused() {
 
     // A bounce of that address, as an attacker would post it: with a
     // signature they cannot make, or a genuine one over another body.
-    let message_id = emails_to(&sim, address)[0].id.clone();
+    let message_id = emails_to(sim, address)[0].id.clone();
     let notice = provider_sim::ses_notify::bounce(
         &message_id,
         "noreply@mail.pushonce.test",
@@ -530,12 +542,12 @@ async fn a_delivery_settles_delivered_and_a_forged_notification_is_refused() {
         let status = sim.state.sns_push(None, &notice, 2, tamper).await.unwrap();
         assert_eq!(status, 403, "{tamper:?}");
     }
-    let view = preferences(&host, "u-ok").await;
+    let view = preferences(host, "u-ok").await;
     assert_eq!(view["channels_off"], json!([]), "{view}");
     assert!(bounces(&view).is_empty(), "{view}");
-    assert_eq!(task_status(&host, &task).await, "delivered");
+    assert_eq!(task_status(host, &task).await, "delivered");
     assert_eq!(
-        post(&host, &event("RECEIPT", "r-d2", "u-ok", address))
+        post(host, &event("RECEIPT", "r-d2", "u-ok", address))
             .await
             .0,
         "accepted",
@@ -556,14 +568,11 @@ async fn a_delivery_settles_delivered_and_a_forged_notification_is_refused() {
 /// fallback it would stay (`a_bounce_after_the_send_takes_the_emails_fallback`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rendering_failure_settles_the_email_failed() {
-    let redis = RedisServer::start().await.unwrap();
     let sim = providers::sim().await;
     sim.state
         .ses_template("WELCOME", &["name", "favoritecolor"]);
-    let dir = tempfile::tempdir().unwrap();
-    let host = serve_with_set(&redis, &sim, dir.path(), Some("pushonce-events")).await;
-    sim.subscribe_email_notifications(host.base(), 1);
-    confirmed(&sim, &host).await;
+    let s = subscribed(sim, Some("pushonce-events"), 1).await;
+    let (sim, host) = (&s.sim, &s.host);
     let address = "success@simulator.amazonses.com";
     let welcome = |biz_id: &str, user: &str, params: Value| {
         json!({
@@ -576,7 +585,7 @@ async fn a_rendering_failure_settles_the_email_failed() {
 
     // Complete data: sent and delivered, no fallback.
     let (result, task) = post(
-        &host,
+        host,
         &welcome(
             "w-ok",
             "u-ok",
@@ -587,27 +596,27 @@ async fn a_rendering_failure_settles_the_email_failed() {
     assert_eq!(result, "accepted");
     let task = task.expect("a task id");
     settles(
-        &host,
-        &sim,
+        host,
+        sim,
         &task,
         "delivered",
         "the complete email is delivered",
     )
     .await;
-    assert_eq!(emails_to(&sim, address).len(), 1);
+    assert_eq!(emails_to(sim, address).len(), 1);
     assert_eq!(
-        emails_to(&sim, address)[0].params["ConfigurationSetName"],
+        emails_to(sim, address)[0].params["ConfigurationSetName"],
         "pushonce-events"
     );
 
     // `favoritecolor` missing: SES answers a MessageId, sends nothing, and
     // publishes a Rendering Failure event.
-    let (result, task) = post(&host, &welcome("w-gap", "u-gap", json!({"name": "Bo"}))).await;
+    let (result, task) = post(host, &welcome("w-gap", "u-gap", json!({"name": "Bo"}))).await;
     assert_eq!(result, "accepted");
     let task = task.expect("a task id");
     settles(
-        &host,
-        &sim,
+        host,
+        sim,
         &task,
         "failed",
         "the rendering failure settles the task failed",
@@ -620,7 +629,7 @@ async fn a_rendering_failure_settles_the_email_failed() {
         "{stats:?}"
     );
     assert_eq!(
-        emails_to(&sim, address).len(),
+        emails_to(sim, address).len(),
         1,
         "the failed email never reached the SES ledger"
     );
@@ -645,13 +654,13 @@ async fn a_rendering_failure_settles_the_email_failed() {
     );
     assert_eq!(tasks.len(), 1, "{view}");
     // Still failed, never delivered; and nobody is opted out of email.
-    assert_eq!(task_status(&host, &task).await, "failed");
-    let prefs = preferences(&host, "u-gap").await;
+    assert_eq!(task_status(host, &task).await, "failed");
+    let prefs = preferences(host, "u-gap").await;
     assert_eq!(prefs["channels_off"], json!([]), "{prefs}");
     assert!(bounces(&prefs).is_empty(), "{prefs}");
     assert_eq!(
         post(
-            &host,
+            host,
             &welcome(
                 "w-next",
                 "u-gap",

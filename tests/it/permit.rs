@@ -214,15 +214,7 @@ async fn an_entry_acked_after_a_reclaimer_took_it_begins_nothing() {
         other => panic!("expected to begin, got {other:?}"),
     };
     // The reclaimer takes the entry while the worker still sends.
-    let claimed: redis::streams::StreamAutoClaimReply = redis::cmd("XAUTOCLAIM")
-        .arg(permits.layout().ready(entry.shard))
-        .arg(&permits.config().group)
-        .arg("reclaimer")
-        .arg(0)
-        .arg("0-0")
-        .query_async(&mut permits.connection())
-        .await
-        .unwrap();
+    let claimed = reclaim_all(&permits, &permits.layout().ready(entry.shard)).await;
     assert_eq!(claimed.claimed.len(), 1);
     let retry = Outcome::Retry {
         delay: Duration::from_secs(30),
@@ -264,15 +256,7 @@ async fn a_record_that_fails_midway_leaves_the_entry_for_a_reclaimer() {
     };
     let err = permits.record(&a, &sent, Some(&entry)).await;
     assert!(err.is_err(), "the script stopped: {err:?}");
-    let claimed: redis::streams::StreamAutoClaimReply = redis::cmd("XAUTOCLAIM")
-        .arg(&stream)
-        .arg(&permits.config().group)
-        .arg("reclaimer")
-        .arg(0)
-        .arg("0-0")
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    let claimed = reclaim_all(&permits, &stream).await;
     let ids: Vec<&str> = claimed.claimed.iter().map(|e| e.id.as_str()).collect();
     assert_eq!(
         ids,
@@ -1638,15 +1622,7 @@ async fn an_events_channels_share_one_ready_entry_kept_until_none_needs_it() {
         "the entry waits for the other channel"
     );
     // worker-1 dies sending the second channel; a reclaimer takes the entry.
-    let _: redis::Value = redis::cmd("XAUTOCLAIM")
-        .arg(&stream)
-        .arg(&permits.config().group)
-        .arg("reclaimer")
-        .arg(0)
-        .arg("0-0")
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    reclaim_all(&permits, &stream).await;
     assert_eq!(
         permits.ack_entries(0, &[&read[0].id]).await.unwrap(),
         0,
@@ -1705,4 +1681,18 @@ async fn pending_entries(permits: &Permits, stream: &str) -> i64 {
         },
         other => panic!("XPENDING answered {other:?}"),
     }
+}
+
+/// Every pending entry of `stream`, claimed by a consumer named "reclaimer"
+/// (`XAUTOCLAIM … 0 0-0`: as if their workers died).
+async fn reclaim_all(permits: &Permits, stream: &str) -> redis::streams::StreamAutoClaimReply {
+    redis::cmd("XAUTOCLAIM")
+        .arg(stream)
+        .arg(&permits.config().group)
+        .arg("reclaimer")
+        .arg(0)
+        .arg("0-0")
+        .query_async(&mut permits.connection())
+        .await
+        .unwrap()
 }

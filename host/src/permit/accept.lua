@@ -457,7 +457,7 @@ local function digest_accept(c, now, t0)
   gen = gen + 1
   if gen > 1 then
     c.key = c.key .. '#' .. gen
-    c.permit = permit_name(string.sub(c.task, 1, #c.task - #c.id - #'task:'), c.key)
+    c.permit = permit_name(c.task, c.id, c.key)
   end
   if not redis.call('SET', c.permit, c.id, 'NX', 'PX', c.window) then
     return held(c, redis.call('GET', c.permit))

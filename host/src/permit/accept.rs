@@ -316,6 +316,20 @@ impl Transition for AcceptArgs<'_> {
 }
 
 impl Permits {
+    /// The arguments of accepting `reqs` (one event's channels, all landing
+    /// in `shard`) with this layer's layout, settings and piece length; a
+    /// dry run when `dry`.
+    fn accept_args<'a>(&self, reqs: &[&'a AcceptRequest], shard: u16, dry: bool) -> AcceptArgs<'a> {
+        AcceptArgs::new(
+            &self.layout,
+            &self.config,
+            reqs,
+            shard,
+            dry,
+            self.piece.get(),
+        )
+    }
+
     /// Takes the permit of `req.key` and enqueues a new task, or names the
     /// task that holds it. One script, one round trip.
     pub async fn accept(&self, req: &AcceptRequest) -> Result<Acceptance, PermitError> {
@@ -328,14 +342,7 @@ impl Permits {
     /// answer that would create one is empty).
     pub async fn would_accept(&self, req: &AcceptRequest) -> Result<Acceptance, PermitError> {
         let shard = self.shard_of_request(req);
-        let args = AcceptArgs::new(
-            &self.layout,
-            &self.config,
-            &[req],
-            shard,
-            true,
-            self.piece.get(),
-        );
+        let args = self.accept_args(&[req], shard, true);
         let mut answers = parse_answers(self.run(&args).await?, 1)?;
         answers.pop().ok_or_else(|| unexpected("accept", &[]))
     }
@@ -366,14 +373,7 @@ impl Permits {
         let mut batch = Batch::new();
         for (shard, members) in &groups {
             let reqs: Vec<&AcceptRequest> = members.iter().map(|(_, r)| *r).collect();
-            let args = AcceptArgs::new(
-                &self.layout,
-                &self.config,
-                &reqs,
-                *shard,
-                false,
-                self.piece.get(),
-            );
+            let args = self.accept_args(&reqs, *shard, false);
             // The event and payload texts are borrowed into the command:
             // no copy of them in between.
             batch.add(&args.ready, args.call().evalsha(&SCRIPT));
@@ -485,14 +485,7 @@ impl Permits {
         task_ids: &[String],
     ) -> (Vec<String>, Vec<String>) {
         let shard = reqs.first().map_or(0, |req| self.shard_of_request(req));
-        let mut args = AcceptArgs::new(
-            &self.layout,
-            &self.config,
-            reqs,
-            shard,
-            false,
-            self.piece.get(),
-        );
+        let mut args = self.accept_args(reqs, shard, false);
         for (c, task_id) in args.channels.iter_mut().zip(task_ids) {
             c.task = format!("{}{}", self.layout.task_prefix(shard), task_id);
             c.task_id = task_id.clone();

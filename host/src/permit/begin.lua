@@ -26,7 +26,7 @@ local function begin_one(task, stream, A, now)
   if not status then
     return {'missing'}
   end
-  local permit = permit_name(string.sub(task, 1, #task - #id - #'task:'), t[2] or '')
+  local permit = permit_name(task, id, t[2] or '')
   local stale = false
   if status == 'sending' then
     local lease_until = tonumber(redis.call('HGET', task, 'lease_until') or '0')

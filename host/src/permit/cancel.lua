@@ -30,7 +30,7 @@ end
 -- retried cancel of either answers as the first did and changes nothing.
 local mark = nil
 if redis.call('HEXISTS', KEYS[1], 'items') == 1 then
-  local tag = string.sub(KEYS[1], 1, #KEYS[1] - #id - #'task:')
+  local tag = shard_tag(KEYS[1], id)
   local base = (string.gsub(redis.call('HGET', KEYS[1], 'key') or '', '#%d+$', ''))
   local m = tag .. 'digested:' .. base .. ':' .. ARGV[5]
   local v = redis.call('GET', m) or ''

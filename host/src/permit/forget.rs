@@ -68,10 +68,7 @@ impl Permits {
                 task.provider_message_id.as_deref(),
                 task.reference.as_deref(),
             ];
-            // Indexed under the provider instance the message went through
-            // on a channel with providers (where its receipts look), else
-            // under the channel.
-            let under = task.fields.get("provider").unwrap_or(&task.channel);
+            let under = task.sent_through();
             for id in ids.into_iter().flatten().filter(|id| !id.is_empty()) {
                 let _: () = redis::cmd("DEL")
                     .arg(self.provider_id_key(under, id))

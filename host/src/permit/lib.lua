@@ -24,12 +24,18 @@ local function extend_or_set(key, at)
   end
 end
 
--- The permit of idempotency key `key` in the shard whose keys start with
--- `tag` (`{ns:shard}:`): named by the first 32 hex digits of the key's
--- SHA-1, as permit/keys.rs's permit_digest names it, so a permit's name has
--- one length whatever the key's.
-local function permit_name(tag, key)
-  return tag .. 'permit:' .. string.sub(redis.sha1hex(key), 1, 32)
+-- The start of every key of the shard of task hash `task` (id `id`):
+-- `{ns:shard}:`, its hash tag (one slot on a cluster).
+local function shard_tag(task, id)
+  return string.sub(task, 1, #task - #id - #'task:')
+end
+
+-- The permit of idempotency key `key` in the shard of task hash `task`
+-- (id `id`): named by the first 32 hex digits of the key's SHA-1, as
+-- permit/keys.rs's permit_digest names it, so a permit's name has one
+-- length whatever the key's.
+local function permit_name(task, id, key)
+  return shard_tag(task, id) .. 'permit:' .. string.sub(redis.sha1hex(key), 1, 32)
 end
 
 -- An event record stays a listpack (Redis's compact encoding, kept while
@@ -152,7 +158,7 @@ local function event_of(task, id)
   if not n then
     return nil
   end
-  return string.sub(task, 1, #task - #id - #'task:') .. 'event:' .. name, n
+  return shard_tag(task, id) .. 'event:' .. name, n
 end
 
 -- Keeps event record `ev` (its tasks' keys start with `prefix`) alive as

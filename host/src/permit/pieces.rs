@@ -45,8 +45,8 @@ impl PieceLength {
 
     /// Reads `hash-max-listpack-value` from every Redis behind `conn` and
     /// keeps the smallest (a cluster's nodes may differ); Redis's default
-    /// when a node does not tell it. Returns the length now in use.
-    pub(crate) async fn read(&self, conn: &RedisConn) -> Result<u64, redis::RedisError> {
+    /// when a node does not tell it.
+    pub(crate) async fn read(&self, conn: &RedisConn) -> Result<(), redis::RedisError> {
         let mut cmd = redis::cmd("CONFIG");
         cmd.arg("GET").arg("hash-max-listpack-value");
         let answers = per_node(conn, &cmd).await?;
@@ -56,7 +56,7 @@ impl PieceLength {
             .min()
             .unwrap_or(REDIS_DEFAULT);
         self.0.store(length, Ordering::Relaxed);
-        Ok(length)
+        Ok(())
     }
 }
 

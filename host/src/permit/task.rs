@@ -197,6 +197,13 @@ impl Task {
             .unwrap_or_default()
     }
 
+    /// The channel its message last went through, or on a channel with
+    /// providers the provider instance (`provider`): where its receipts
+    /// come, and the name its provider ids are indexed under.
+    pub(crate) fn sent_through(&self) -> &str {
+        self.fields.get("provider").unwrap_or(&self.channel)
+    }
+
     /// What operators did to it, oldest first (`operator_log`).
     pub(crate) fn operator_log(&self) -> Vec<OperatorStep> {
         self.fields

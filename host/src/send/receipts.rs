@@ -209,8 +209,7 @@ async fn apply_one(
     };
     // On a channel with providers, the callback route is the provider
     // instance's: only the provider the task's request went to settles it.
-    let sent_through = task.fields.get("provider").unwrap_or(&task.channel);
-    if sent_through != channel {
+    if task.sent_through() != channel {
         return Ok(Applied::Ignored);
     }
     match task.status {

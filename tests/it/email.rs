@@ -178,6 +178,13 @@ async fn post(host: &ServeProcess, event: &Value) -> (String, Option<String>) {
     )
 }
 
+/// Posts an event the email channel accepts: its task id.
+async fn accepted(host: &ServeProcess, event: &Value) -> String {
+    let (result, task) = post(host, event).await;
+    assert_eq!(result, "accepted");
+    task.expect("a task id")
+}
+
 /// A task's status (`sent`, `delivered`, `failed`...).
 async fn task_status(host: &ServeProcess, task: &str) -> String {
     let req = reqwest::Client::new()
@@ -400,9 +407,7 @@ async fn a_bounce_notification_opts_the_address_out_of_email() {
     let (sim, host) = (&s.sim, &s.host);
     let bounce = "bounce@simulator.amazonses.com";
 
-    let (result, task) = post(host, &event("RECEIPT", "r-b1", "u-bounce", bounce)).await;
-    assert_eq!(result, "accepted");
-    let task = task.expect("a task id");
+    let task = accepted(host, &event("RECEIPT", "r-b1", "u-bounce", bounce)).await;
     settles(
         host,
         sim,
@@ -434,9 +439,7 @@ async fn a_bounce_notification_opts_the_address_out_of_email() {
     // `complaint@`: delivered, then reported as spam: the task stays
     // delivered and the complaining address's user is opted out too.
     let complaint = "complaint@simulator.amazonses.com";
-    let (result, task) = post(host, &event("RECEIPT", "r-c1", "u-spam", complaint)).await;
-    assert_eq!(result, "accepted");
-    let task = task.expect("a task id");
+    let task = accepted(host, &event("RECEIPT", "r-c1", "u-spam", complaint)).await;
     wait_until(DEADLINE, || async {
         preferences(host, "u-spam").await["channels_off"] == json!(["email"])
     })
@@ -466,9 +469,7 @@ async fn a_bounce_after_the_send_takes_the_emails_fallback() {
         "params": {"name": "u-alert"},
         "recipients": {"email": "bounce@simulator.amazonses.com", "inbox": "u-alert"},
     });
-    let (result, task) = post(host, &alert).await;
-    assert_eq!(result, "accepted");
-    let task = task.expect("a task id");
+    let task = accepted(host, &alert).await;
     settles(
         host,
         sim,
@@ -516,9 +517,7 @@ async fn a_delivery_settles_delivered_and_a_forged_notification_is_refused() {
     let (sim, host) = (&s.sim, &s.host);
     let address = "success@simulator.amazonses.com";
 
-    let (result, task) = post(host, &event("RECEIPT", "r-d1", "u-ok", address)).await;
-    assert_eq!(result, "accepted");
-    let task = task.expect("a task id");
+    let task = accepted(host, &event("RECEIPT", "r-d1", "u-ok", address)).await;
     settles(
         host,
         sim,
@@ -584,7 +583,7 @@ async fn a_rendering_failure_settles_the_email_failed() {
     };
 
     // Complete data: sent and delivered, no fallback.
-    let (result, task) = post(
+    let task = accepted(
         host,
         &welcome(
             "w-ok",
@@ -593,8 +592,6 @@ async fn a_rendering_failure_settles_the_email_failed() {
         ),
     )
     .await;
-    assert_eq!(result, "accepted");
-    let task = task.expect("a task id");
     settles(
         host,
         sim,
@@ -611,9 +608,7 @@ async fn a_rendering_failure_settles_the_email_failed() {
 
     // `favoritecolor` missing: SES answers a MessageId, sends nothing, and
     // publishes a Rendering Failure event.
-    let (result, task) = post(host, &welcome("w-gap", "u-gap", json!({"name": "Bo"}))).await;
-    assert_eq!(result, "accepted");
-    let task = task.expect("a task id");
+    let task = accepted(host, &welcome("w-gap", "u-gap", json!({"name": "Bo"}))).await;
     settles(
         host,
         sim,

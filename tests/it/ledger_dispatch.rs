@@ -959,7 +959,7 @@ async fn without_the_event_index_event_lookups_come_through_the_ledger() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ended_messages_keep_their_permits_and_no_provider_id_entries() {
     use pushonce_tests::providers;
-    use pushonce_tests::stack::{ServeConfig, ServeProcess};
+    use pushonce_tests::stack::{ServeConfig, ServeProcess, get_json, post_json};
     let redis = RedisServer::start().await.unwrap();
     let sim = providers::sim().await;
     let dir = tempfile::tempdir().unwrap();
@@ -980,15 +980,8 @@ async fn ended_messages_keep_their_permits_and_no_provider_id_entries() {
         "biz_type": "ORDER_SHIPPED", "biz_id": "o-pmid", "user_id": "u-pmid",
         "recipients": {"sms": "+8613800000042", "app-push": "device-token-pmid"},
     });
-    let answer: serde_json::Value = reqwest::Client::new()
-        .post(host.url("/v1/events"))
-        .json(&event)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let client = reqwest::Client::new();
+    let answer = post_json(&client, host.base(), &event).await;
     let task_of = |channel: &str| {
         answer["results"]
             .as_array()
@@ -1000,26 +993,17 @@ async fn ended_messages_keep_their_permits_and_no_provider_id_entries() {
             .to_string()
     };
     for (channel, ended) in [("sms", "delivered"), ("app-push", "sent")] {
-        let path = format!("/v1/tasks/{}", task_of(channel));
-        let view = || async {
-            reqwest::Client::new()
-                .get(host.url(&path))
-                .send()
-                .await
-                .unwrap()
-                .json::<serde_json::Value>()
-                .await
-                .unwrap()
-        };
+        let url = host.url(&format!("/v1/tasks/{}", task_of(channel)));
         let left = wait_until(Duration::from_secs(30), || async {
-            let v = view().await;
-            v["status"] == ended && v["from_ledger"] == true
+            get_json(&client, &url)
+                .await
+                .is_some_and(|v| v["status"] == ended && v["from_ledger"] == true)
         })
         .await;
         assert!(
             left.is_ok(),
-            "{channel}: {}; log:\n{}",
-            view().await,
+            "{channel}: {:?}; log:\n{}",
+            get_json(&client, &url).await,
             host.log()
         );
     }

@@ -30,8 +30,10 @@
 --         (but a cap's expired entries, which any accept drops)
 -- ARGV[2] retention of ended tasks in ms (a record holding only digests
 --         the event joined lives window + retention)
--- ARGV[3] the event (JSON), ARGV[4] what the channels share (JSON: biz_type,
---         policy, policy_version), ARGV[5] n, the number of channels,
+-- ARGV[3] the event (JSON, without the business ids the record's name
+--         holds: permit/stored.rs), ARGV[4] what the channels share
+--         ('<policy> <policy_version> <biz_type>'), ARGV[5] n, the number of
+--         channels,
 -- ARGV[6] the event's send_at (ms since the epoch), or '' to send now; one
 --         not later than now is now
 -- ARGV[7] the length of an event record's value pieces: Redis's

@@ -5,6 +5,7 @@
 //! permit. The event is stored once, in an event record; each task keeps
 //! only its own small state (see `docs/redis.md`, "Event records").
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::{Arc, LazyLock};
 use std::time::Duration;
@@ -12,6 +13,7 @@ use std::time::Duration;
 use redis::{Script, Value};
 
 use super::scripts::{Arg, Call, Transition, script};
+use super::stored;
 use super::{
     DigestCheck, Gate, Layout, PermitConfig, PermitError, Permits, QuietCheck, RetryPolicy,
     TaskStatus, array, millis, text, unexpected,
@@ -166,9 +168,10 @@ struct AcceptArgs<'a> {
     record_name: String,
     /// ARGV[2]: how long an ended task is kept, ms.
     retention_ms: u64,
-    /// ARGV[3]: the event as JSON text (borrowed, once for every channel).
-    event: &'a str,
-    /// ARGV[4]: what the channels share ([`meta_json`]).
+    /// ARGV[3]: the event as JSON text, once for every channel, without the
+    /// business ids the record's name holds ([`stored::event_text`]).
+    event: Cow<'a, str>,
+    /// ARGV[4]: what the channels share ([`stored::meta_text`]).
     meta: String,
     /// ARGV[6]: the event's send_at (ms), `None`: now.
     send_at_ms: Option<u64>,
@@ -256,8 +259,8 @@ impl<'a> AcceptArgs<'a> {
                 super::keys::record_name(&first.biz_type, &first.biz_id)
             },
             retention_ms: millis(config.retention),
-            event: &first.event_json,
-            meta: meta_json(first),
+            event: stored::event_text(&first.event_json, &first.biz_type, &first.biz_id),
+            meta: stored::meta_text(&first.policy_name, &first.policy_version, &first.biz_type),
             send_at_ms: first.send_at_ms,
             piece,
             channels: reqs
@@ -278,7 +281,7 @@ impl Transition for AcceptArgs<'_> {
             .key(&*self.record)
             .arg(&*self.record_name)
             .num(self.retention_ms)
-            .arg(self.event)
+            .arg(&*self.event)
             .arg(&*self.meta)
             .num(self.channels.len() as u64)
             .arg(self.send_at_ms.map(|ms| ms.to_string()).unwrap_or_default())
@@ -498,26 +501,6 @@ impl Permits {
     fn shard_of_request(&self, req: &AcceptRequest) -> u16 {
         self.layout.shard_for(&req.key, req.recipient.as_deref())
     }
-}
-
-/// The event record's `meta` field: what the channels of one event share
-/// and no script reads, as one JSON object (names sorted). Serialized
-/// straight from the request (no `Value` tree: this runs for every accept).
-/// The business id is not in it: the record's name holds it after the
-/// business type (`Task::from_fields` takes it from the task's `ev`).
-fn meta_json(req: &AcceptRequest) -> String {
-    #[derive(serde::Serialize)]
-    struct Meta<'a> {
-        biz_type: &'a str,
-        policy: &'a str,
-        policy_version: &'a str,
-    }
-    serde_json::to_string(&Meta {
-        biz_type: &req.biz_type,
-        policy: &req.policy_name,
-        policy_version: &req.policy_version,
-    })
-    .expect("plain fields always serialize")
 }
 
 /// A task's `retry` field: the retry schedule but `retry_max_attempts` (which

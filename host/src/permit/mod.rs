@@ -15,7 +15,8 @@
 //! holds the read-only look-ups; `history` what the delivery ledger is
 //! told of a transition, and the task leaving Redis once the ledger holds
 //! how it ended; `fallback` the fallback a failure for good triggers;
-//! `payload` what a task's channel sends.
+//! `payload` what a task's channel sends; `stored` the event record's texts
+//! as stored (the event without the business ids its name holds).
 //! See `docs/redis.md`.
 //!
 //! The module keeps the name `permit` (the permit is what the lifecycle
@@ -45,6 +46,7 @@ mod record;
 mod requeue;
 pub mod scripts;
 mod settle;
+mod stored;
 pub mod task;
 
 use std::time::Duration;
@@ -126,7 +128,7 @@ pub enum PermitError {
 
 /// The key layout version this host writes and reads (docs/redis.md, "Key
 /// layout"); recorded in each namespace's marker ([`Layout::marker`]).
-pub const LAYOUT_VERSION: u32 = 6;
+pub const LAYOUT_VERSION: u32 = 7;
 
 /// Settings of the permit layer.
 #[derive(Debug, Clone)]

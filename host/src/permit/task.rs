@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use super::held::{HeldCause, OperatorStep, ReconcileStep, parse_log, parse_operator_log};
 use super::payload::{DigestItems, InvalidPayload, ParsedPayload, Payload};
+use super::stored;
 
 /// Where a task is in its life. `queued → sending → sent → delivered`, with
 /// `retry_wait`, `unknown`, `failed`, `dead`, `superseded` and `cancelled` on the side.
@@ -217,9 +218,21 @@ impl Task {
     /// Builds a task from its hash fields; `None` if the hash is empty or malformed.
     pub(crate) fn from_fields(id: &str, fields: HashMap<String, String>) -> Option<Task> {
         // Fields no script reads: what the channels of the event share comes
-        // from its event record (`meta`, JSON); tasks written before event
-        // records pack them in `spec` (JSON), older ones carry them one by one.
+        // from its event record (`meta`: layout 7 as text, `stored::meta_text`;
+        // layout 5 and 6 as JSON); tasks written before event records pack
+        // them in `spec` (JSON), older ones carry them one by one.
         let mut spec: serde_json::Map<String, serde_json::Value> = serde_json::Map::new();
+        if let Some((policy, version, biz_type)) =
+            fields.get("meta").and_then(|m| stored::parse_meta(m))
+        {
+            for (name, value) in [
+                ("policy", policy),
+                ("policy_version", version),
+                ("biz_type", biz_type),
+            ] {
+                spec.insert(name.into(), serde_json::Value::String(value.into()));
+            }
+        }
         for packed in ["spec", "meta"] {
             if let Some(serde_json::Value::Object(m)) = fields
                 .get(packed)
@@ -263,17 +276,19 @@ impl Task {
             max_delay: Duration::from_millis(num("retry_max_delay_ms").unwrap_or(300_000)),
             jitter: get("retry_jitter") != "0",
         };
+        let biz_type = get("biz_type");
+        let biz_id = field("biz_id")
+            .or_else(|| biz_id_of_ev(fields.get("ev")?, &biz_type))
+            .unwrap_or_default();
         Some(Task {
             id: id.to_string(),
             key: get("key"),
             // `channel` in tasks written before layout 6.
             channel: field("ch").or_else(|| field("channel")).unwrap_or_default(),
             status,
-            biz_type: get("biz_type"),
-            biz_id: field("biz_id")
-                .or_else(|| biz_id_of_ev(fields.get("ev")?, &field("biz_type")?))
-                .unwrap_or_default(),
-            event_json: get("event"),
+            event_json: stored::full_event(get("event"), &biz_type, &biz_id),
+            biz_type,
+            biz_id,
             payload: get("payload"),
             policy_name: get("policy"),
             policy_version: get("policy_version"),
@@ -365,18 +380,34 @@ mod spec_tests {
 
     #[test]
     fn the_business_id_comes_from_the_record_name_after_the_business_type() {
-        let t = Task::from_fields(
-            "3-1-x",
-            fields(&[
-                ("status", "queued"),
-                ("ev", "2:A:B:x:y"),
-                (
-                    "meta",
-                    r#"{"biz_type":"A:B","policy":"per-event","policy_version":"1.0.0"}"#,
-                ),
-            ]),
-        )
-        .unwrap();
-        assert_eq!((t.biz_type.as_str(), t.biz_id.as_str()), ("A:B", "x:y"));
+        // Layout 7's `meta` text, and the JSON of layouts 5 and 6 (a held
+        // task outlives a drain).
+        for meta in [
+            "per-event 1.0.0 A:B",
+            r#"{"biz_type":"A:B","policy":"per-event","policy_version":"1.0.0"}"#,
+        ] {
+            let t = Task::from_fields(
+                "3-1-x",
+                fields(&[
+                    ("status", "queued"),
+                    ("ev", "2:A:B:x:y"),
+                    ("meta", meta),
+                    (
+                        "event",
+                        r#"{"attributes":{},"occurred_at":1,"user_id":"u"}"#,
+                    ),
+                ]),
+            )
+            .unwrap();
+            assert_eq!((t.biz_type.as_str(), t.biz_id.as_str()), ("A:B", "x:y"));
+            assert_eq!(
+                (t.policy_name.as_str(), t.policy_version.as_str()),
+                ("per-event", "1.0.0")
+            );
+            assert_eq!(
+                t.event_json,
+                r#"{"attributes":{},"biz_id":"x:y","biz_type":"A:B","occurred_at":1,"user_id":"u"}"#
+            );
+        }
     }
 }

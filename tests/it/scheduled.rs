@@ -525,3 +525,73 @@ async fn send_at_outside_its_bounds_or_not_a_time_is_refused_naming_it() {
         .await;
     assert_eq!(near["result"], "accepted", "{near}");
 }
+
+/// What an accept over HTTP leaves in Redis for an open message, on a Redis
+/// whose `hash-max-listpack-value` holds a payload whole (1024, as the
+/// embedded Redis runs): the event's record stores every value whole and
+/// stays a listpack (the API's own permit layer used to write 64-byte
+/// pieces, never having read the setting); its event text leaves out the
+/// business ids the record's name holds, and a look-up shows the event
+/// whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_open_messages_event_record_keeps_its_values_whole() {
+    let redis = RedisServer::start().await.unwrap();
+    let mut conn = redis.manager().await.unwrap();
+    redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("hash-max-listpack-value")
+        .arg("1024")
+        .query_async::<()>(&mut conn)
+        .await
+        .unwrap();
+    let sim = providers::sim().await;
+    let dir = tempfile::tempdir().unwrap();
+    let host = serve(&redis, &sim, dir.path(), "").await;
+    let note = "a note longer than a 64-byte piece ".repeat(3);
+    let body = event(
+        "REMINDER",
+        "r-whole",
+        json!({"send_at": rfc3339(now_ms() + HOUR), "params": {"note": note},
+               "attributes": {"note": note}}),
+    );
+    let r = host.post_event(&body).await;
+    assert_eq!(r["result"], "accepted", "{r}");
+    let records = redis
+        .keys_matching("*:event:REMINDER:r-whole")
+        .await
+        .unwrap();
+    assert_eq!(records.len(), 1, "{records:?}");
+    let fields: Vec<String> = redis::cmd("HKEYS")
+        .arg(&records[0])
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert!(
+        fields.iter().all(|f| !f.starts_with('+')),
+        "values in pieces: {fields:?}"
+    );
+    let encoding: String = redis::cmd("OBJECT")
+        .arg("ENCODING")
+        .arg(&records[0])
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(encoding, "listpack");
+    let text: String = redis::cmd("HGET")
+        .arg(&records[0])
+        .arg("e1")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert!(
+        !text.contains("r-whole") && !text.contains("REMINDER"),
+        "{text}"
+    );
+    let id = r["task_id"].as_str().unwrap();
+    let view = host.get(&format!("/v1/tasks/{id}")).await.unwrap();
+    let shown = &view.body["event"];
+    assert_eq!(shown["biz_type"], "REMINDER", "{}", view.body);
+    assert_eq!(shown["biz_id"], "r-whole", "{}", view.body);
+    assert_eq!(shown["user_id"], "u-7", "{}", view.body);
+    assert_eq!(shown["attributes"]["note"], note.as_str(), "{}", view.body);
+}

@@ -223,6 +223,16 @@ impl Permits {
         }
     }
 
+    /// This layer on another connection to the same Redis, sharing what
+    /// [`Permits::prepare`] read (the piece length of event records), so
+    /// a clone on its own socket writes what the prepared layer would.
+    pub fn on(&self, conn: impl Into<RedisConn>) -> Permits {
+        Permits {
+            conn: conn.into(),
+            ..self.clone()
+        }
+    }
+
     /// The key layout.
     pub fn layout(&self) -> &Layout {
         &self.layout
@@ -245,6 +255,10 @@ impl Permits {
     pub async fn prepare(&self) -> Result<(), PermitError> {
         self.check_layout().await?;
         self.piece.read(&self.conn).await?;
+        tracing::info!(
+            length = self.piece.get(),
+            "event record values are stored in pieces of this length (Redis's hash-max-listpack-value)"
+        );
         let mut conn = self.conn.clone();
         for script in all_scripts() {
             script.load_async(&mut conn).await?;

@@ -287,7 +287,7 @@ async fn api_state(
     parts: &Parts,
     reload: crate::route::watch::Reloader,
 ) -> Result<AppState, ServiceError> {
-    let api_permits = Permits::new(parts.store.manager().await?, parts.permits.config().clone());
+    let api_permits = parts.permits.on(parts.store.manager().await?);
     let env = &options.env;
     let metrics = api::metrics::prometheus_handle();
     let recent = Arc::new(api::overview::Recent::default());

@@ -509,6 +509,7 @@ async fn print_report(
         );
         let others: Vec<String> = d.others.iter().map(|(k, n)| format!("{k} {n}")).collect();
         println!("  other keys in Redis after it: {}", others.join(", "));
+        println!("  the growth over the run, per message: {}", d.growth);
     }
     println!();
     cost::print_profile(&notes.profile);

@@ -76,6 +76,8 @@ pub(super) struct DeliveredMemory {
     /// Keys of other kinds in Redis after the run (all runs so far): provider-id
     /// index entries and receipts that came before their send was recorded.
     pub others: Vec<(&'static str, usize)>,
+    /// How `used_memory` grew over the run, split (`INFO memory`, keys by kind).
+    pub growth: String,
 }
 
 impl DeliveredMemory {
@@ -168,6 +170,7 @@ impl DeliveredMemory {
             sampled: permits.len(),
             in_redis,
             others,
+            growth: String::new(),
         })
     }
 
@@ -263,12 +266,23 @@ impl PhaseRuns<'_> {
     async fn throughput_run(&mut self, what: String, spec: &LoadSpec<'_>) -> anyhow::Result<Line> {
         let mut conn = self.stack.conn.clone();
         let profile = !self.dispatch && !spec.dup;
+        let mut memory = None;
         if profile {
             super::cost::reset(&mut conn).await?;
+            memory = Some(crate::permit::used_memory(&mut conn).await?);
         }
         let mark = self.cpu().await;
         let r = self.load(spec).await?;
         let (redis_us, host_us) = mark.per_message(self.cpu().await, r.accepted);
+        // API only, every message stays open: what one open message costs
+        // when it came over HTTP (the host's own permit layer wrote it).
+        let open_bytes = match memory {
+            Some(before) => {
+                let after = crate::permit::used_memory(&mut conn).await?;
+                Some((after as f64 - before as f64) / r.accepted.max(1) as f64)
+            }
+            None => None,
+        };
         if profile {
             let stats = super::cost::command_stats(&mut conn).await?;
             self.api_commands.push((
@@ -282,6 +296,11 @@ impl PhaseRuns<'_> {
             spec.c, r.rps, r.accepted, r.duplicates, r.errors
         );
         let mut note = format!("{:.0} req/s, {} errors", r.rps, r.errors);
+        if let Some(bytes) = open_bytes {
+            note.push_str(&format!(
+                ", Redis {bytes:.0} bytes per open message (used_memory delta / accepted)"
+            ));
+        }
         if spec.dup {
             note.push_str(&format!(", {} dup answers", r.duplicates));
         }
@@ -389,6 +408,11 @@ impl PhaseRuns<'_> {
         super::cost::fresh_aof(&mut conn).await?;
         super::cost::reset(&mut conn).await?;
         let memory = super::super::permit::used_memory(&mut conn).await?;
+        let before = if per == 1 {
+            Some(crate::anatomy::Snapshot::take(&mut conn).await?)
+        } else {
+            None
+        };
         if per == 1 {
             // The SMS channel awaits a delivery receipt: the simulator posts
             // one per message, so the run's messages end delivered.
@@ -400,9 +424,13 @@ impl PhaseRuns<'_> {
         let (redis_us, host_us) = mark.per_message(self.cpu().await, r.accepted);
         if per == 1 {
             let ended = self.wait_ended(&mut conn, &spec.tag).await;
+            // The growth is read once every message of the run ended, not
+            // only the sampled ones: no more task records than before it.
+            let tasks = before.as_ref().map_or(0, |b| b.keys_of("task"));
+            let all_ended = ended && self.wait_tasks_at_most(&mut conn, tasks).await;
             self.stack.receipts_to(None);
-            if !ended {
-                eprintln!("  not every sampled message of the run ended (receipt) in time");
+            if !all_ended {
+                eprintln!("  not every message of the run ended (receipt) in time");
             }
         }
         let memory = super::super::permit::used_memory(&mut conn).await? as f64 - memory as f64;
@@ -410,8 +438,13 @@ impl PhaseRuns<'_> {
         if per == 1 {
             let stats = super::cost::command_stats(&mut conn).await?;
             self.redis_per_message = Some(super::cost::PerMessage::of(&stats, lat.len()));
-            self.delivered_memory =
-                Some(DeliveredMemory::measure(&mut conn, &spec.tag, memory, lat.len()).await?);
+            let mut delivered =
+                DeliveredMemory::measure(&mut conn, &spec.tag, memory, lat.len()).await?;
+            let after = crate::anatomy::Snapshot::take(&mut conn).await?;
+            if let Some(before) = &before {
+                delivered.growth = after.growth_since(before, lat.len());
+            }
+            self.delivered_memory = Some(delivered);
         }
         lat.sort_unstable();
         let pct = |q: f64| crate::percentile(&lat, q).map_or(f64::NAN, |ms| ms as f64);
@@ -446,6 +479,21 @@ impl PhaseRuns<'_> {
                 _ => return false,
             }
             tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    /// Waits until Redis holds at most `tasks` task records (false on the
+    /// drain timeout).
+    async fn wait_tasks_at_most(&self, conn: &mut pushonce::store::RedisConn, tasks: u64) -> bool {
+        let deadline = std::time::Instant::now() + self.args.drain_timeout;
+        loop {
+            let now = crate::permit::scan_keys(conn, "{*}:task:*", usize::MAX).await;
+            match now {
+                Ok(keys) if keys.len() as u64 <= tasks => return true,
+                Ok(_) if std::time::Instant::now() < deadline => {}
+                _ => return false,
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
         }
     }
 

@@ -350,9 +350,14 @@ pub(super) fn request(tag: &str, i: usize) -> AcceptRequest {
         window: Duration::from_secs(24 * 3600),
         biz_type: "ORDER_SHIPPED".into(),
         biz_id: biz_id.clone(),
-        event_json: format!(
-            r#"{{"biz_type":"ORDER_SHIPPED","biz_id":"{biz_id}","user_id":"{user}","occurred_at_ms":1718000000000,"attributes":{{"carrier":"SF"}}}}"#
-        )
+        // The text the host writes for a posted event (`event::event_json`).
+        event_json: pushonce::event::event_json(&pushonce::event::Event {
+            biz_type: "ORDER_SHIPPED".into(),
+            biz_id: biz_id.clone(),
+            user_id: user.clone(),
+            occurred_at_ms: 1_718_000_000_000,
+            attributes: vec![("carrier".into(), "SF".into())],
+        })
         .into(),
         payload: format!(
             r#"{{"template":"order_shipped","params":{{"order":"{biz_id}","carrier":"SF"}}}}"#

@@ -32,7 +32,7 @@
 --         the event joined lives window + retention)
 -- ARGV[3] the event (JSON, without the business ids the record's name
 --         holds: permit/stored.rs), ARGV[4] what the channels share
---         ('<policy> <policy_version> <biz_type>'), ARGV[5] n, the number of
+--         ('<policy> <policy_version>[ <biz_type>]'), ARGV[5] n, the number of
 --         channels,
 -- ARGV[6] the event's send_at (ms since the epoch), or '' to send now; one
 --         not later than now is now

@@ -55,17 +55,29 @@ pub(crate) fn full_event(stored: String, biz_type: &str, biz_id: &str) -> String
 }
 
 /// What the channels of one event share, as the record's `meta` stores it:
-/// `<policy> <policy version> <biz_type>`. Policy names are `[a-z0-9-]`
-/// and versions semver, so neither holds a space; the business type, last,
-/// may.
+/// `<policy> <policy version>`, and ` <biz_type>` after them only when the
+/// business type holds a `:` (else the record's name, `<biz_type>:<biz_id>`,
+/// tells it: [`biz_type_of_ev`]). Policy names are `[a-z0-9-]` and versions
+/// semver, so neither holds a space; the business type, last, may.
 pub(crate) fn meta_text(policy: &str, policy_version: &str, biz_type: &str) -> String {
-    format!("{policy} {policy_version} {biz_type}")
+    if biz_type.contains(':') {
+        format!("{policy} {policy_version} {biz_type}")
+    } else {
+        format!("{policy} {policy_version}")
+    }
 }
 
-/// What [`meta_text`] wrote: (policy, policy version, business type).
-pub(crate) fn parse_meta(meta: &str) -> Option<(&str, &str, &str)> {
+/// What [`meta_text`] wrote: (policy, policy version, the business type
+/// when it wrote one).
+pub(crate) fn parse_meta(meta: &str) -> Option<(&str, &str, Option<&str>)> {
     let mut parts = meta.splitn(3, ' ');
-    Some((parts.next()?, parts.next()?, parts.next()?))
+    Some((parts.next()?, parts.next()?, parts.next()))
+}
+
+/// The business type a task's `ev` (`<n>:<biz_type>:<biz_id>`) names when
+/// it holds no `:` (the first segment of the record's name).
+pub(crate) fn biz_type_of_ev(ev: &str) -> Option<&str> {
+    ev.split(':').nth(1)
 }
 
 #[cfg(test)]
@@ -116,12 +128,13 @@ mod tests {
     }
 
     #[test]
-    fn meta_reads_back_with_spaces_in_the_business_type() {
+    fn meta_names_the_business_type_only_when_the_record_name_cannot() {
         let m = meta_text("per-event", "1.0.0-rc.1+b", "ORDER SHIPPED");
-        assert_eq!(
-            parse_meta(&m),
-            Some(("per-event", "1.0.0-rc.1+b", "ORDER SHIPPED"))
-        );
-        assert_eq!(parse_meta("per-event 1.0.0"), None);
+        assert_eq!(m, "per-event 1.0.0-rc.1+b");
+        assert_eq!(parse_meta(&m), Some(("per-event", "1.0.0-rc.1+b", None)));
+        assert_eq!(biz_type_of_ev("2:ORDER SHIPPED:o:1"), Some("ORDER SHIPPED"));
+        let m = meta_text("per-event", "1.0.0", "A:B C");
+        assert_eq!(parse_meta(&m), Some(("per-event", "1.0.0", Some("A:B C"))));
+        assert_eq!(parse_meta("per-event"), None);
     }
 }

@@ -225,12 +225,15 @@ impl Task {
         if let Some((policy, version, biz_type)) =
             fields.get("meta").and_then(|m| stored::parse_meta(m))
         {
+            let biz_type = biz_type.or_else(|| stored::biz_type_of_ev(fields.get("ev")?));
             for (name, value) in [
-                ("policy", policy),
-                ("policy_version", version),
+                ("policy", Some(policy)),
+                ("policy_version", Some(version)),
                 ("biz_type", biz_type),
             ] {
-                spec.insert(name.into(), serde_json::Value::String(value.into()));
+                if let Some(value) = value {
+                    spec.insert(name.into(), serde_json::Value::String(value.into()));
+                }
             }
         }
         for packed in ["spec", "meta"] {
@@ -376,6 +379,24 @@ mod spec_tests {
                 }
             );
         }
+    }
+
+    #[test]
+    fn a_business_type_without_a_colon_comes_from_the_record_name() {
+        let t = Task::from_fields(
+            "3-1-x",
+            fields(&[
+                ("status", "queued"),
+                ("ev", "2:ORDER_SHIPPED:o:1"),
+                ("meta", "per-event 1.0.0"),
+            ]),
+        )
+        .unwrap();
+        assert_eq!(
+            (t.biz_type.as_str(), t.biz_id.as_str()),
+            ("ORDER_SHIPPED", "o:1")
+        );
+        assert_eq!(t.policy_version, "1.0.0");
     }
 
     #[test]

@@ -18,7 +18,7 @@
 -- KEYS[3] record   {ns:shard}:event:<biz_type>:<biz_id>   (hash: n, e<n>, m<n>,
 --                  p:<task id>, x:<task id>, i:<digest id>:<seq>; a value over
 --                  ARGV[7] bytes in pieces, lib.lua's rec_pairs)
--- then per channel: its permit {ns:shard}:permit:<SHA-1 of the key, 32 hex
+-- then per channel: its permit {ns:shard}:permit:<SHA-1 of the key, 29 hex
 --   digits> (lib.lua's permit_name), its task
 --   {ns:shard}:task:<task-id>, its caps' zsets {ns:s}:cap:<name>:<subject>
 --   (scored by send time: t0), and in Bloom mode the shard's filters of even

@@ -31,11 +31,12 @@ local function shard_tag(task, id)
 end
 
 -- The permit of idempotency key `key` in the shard of task hash `task`
--- (id `id`): named by the first 32 hex digits of the key's SHA-1, as
--- permit/keys.rs's permit_digest names it, so a permit's name has one
--- length whatever the key's.
+-- (id `id`): named by the first PERMIT_DIGITS hex digits of the key's
+-- SHA-1, as permit/keys.rs's permit_digest names it (its PERMIT_DIGITS
+-- says why 29), so a permit's name has one length whatever the key's.
+local PERMIT_DIGITS = 29
 local function permit_name(task, id, key)
-  return shard_tag(task, id) .. 'permit:' .. string.sub(redis.sha1hex(key), 1, 32)
+  return shard_tag(task, id) .. 'permit:' .. string.sub(redis.sha1hex(key), 1, PERMIT_DIGITS)
 end
 
 -- An event record stays a listpack (Redis's compact encoding, kept while

@@ -140,9 +140,8 @@ impl Snapshot {
         let fields = MEMORY_FIELDS
             .iter()
             .map(|name| {
-                info.lines()
-                    .find_map(|l| l.strip_prefix(&format!("{name}:")))
-                    .and_then(|v| v.trim().parse().ok())
+                crate::permit::field_of(&info, name)
+                    .and_then(|v| v.parse().ok())
                     .unwrap_or(0)
             })
             .collect();

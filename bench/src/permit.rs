@@ -575,10 +575,16 @@ pub(super) async fn info_field(
     name: &str,
 ) -> anyhow::Result<String> {
     let info: String = redis::cmd("INFO").arg(section).query_async(conn).await?;
-    info.lines()
-        .find_map(|l| l.strip_prefix(&format!("{name}:")))
-        .map(|v| v.trim().to_string())
+    field_of(&info, name)
+        .map(str::to_string)
         .with_context(|| format!("INFO {section} has no {name}"))
+}
+
+/// The value of field `name` in an `INFO` answer (`name:value` lines).
+pub(super) fn field_of<'a>(info: &'a str, name: &str) -> Option<&'a str> {
+    info.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
+        .map(str::trim)
 }
 
 /// Deletes every key of this run (SCAN + UNLINK).

@@ -430,11 +430,23 @@ impl PhaseRuns<'_> {
         let all = self.deliver_backlog(&r).await;
         let (redis_us, host_us) = mark.per_message(self.cpu().await, r.accepted);
         if per == 1 {
-            let ended = self.wait_ended(&mut conn, &spec.tag).await;
+            // The sampled messages ended and left Redis.
+            let ended = self
+                .wait_for(Duration::from_millis(200), async || {
+                    Ok(DeliveredMemory::tasks_left(&mut conn, &spec.tag).await? == 0)
+                })
+                .await;
             // The growth is read once every message of the run ended, not
             // only the sampled ones: no more task records than before it.
             let tasks = before.as_ref().map_or(0, |b| b.keys_of("task"));
-            let all_ended = ended && self.wait_tasks_at_most(&mut conn, tasks).await;
+            let all_ended = ended
+                && self
+                    .wait_for(Duration::from_millis(500), async || {
+                        let keys =
+                            crate::permit::scan_keys(&mut conn, "{*}:task:*", usize::MAX).await?;
+                        Ok(keys.len() as u64 <= tasks)
+                    })
+                    .await;
             self.stack.receipts_to(None);
             if !all_ended {
                 eprintln!("  not every message of the run ended (receipt) in time");
@@ -475,32 +487,21 @@ impl PhaseRuns<'_> {
         })
     }
 
-    /// Waits (up to the drain timeout) until the sampled messages of run
-    /// `tag` ended and left Redis; false when some are still there.
-    async fn wait_ended(&self, conn: &mut pushonce::store::RedisConn, tag: &str) -> bool {
+    /// Polls `done` every `every` until it answers true (true) or the drain
+    /// timeout passes or it fails (false).
+    async fn wait_for(
+        &self,
+        every: Duration,
+        mut done: impl AsyncFnMut() -> anyhow::Result<bool>,
+    ) -> bool {
         let deadline = std::time::Instant::now() + self.args.drain_timeout;
         loop {
-            match DeliveredMemory::tasks_left(conn, tag).await {
-                Ok(0) => return true,
-                Ok(_) if std::time::Instant::now() < deadline => {}
+            match done().await {
+                Ok(true) => return true,
+                Ok(false) if std::time::Instant::now() < deadline => {}
                 _ => return false,
             }
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
-    }
-
-    /// Waits until Redis holds at most `tasks` task records (false on the
-    /// drain timeout).
-    async fn wait_tasks_at_most(&self, conn: &mut pushonce::store::RedisConn, tasks: u64) -> bool {
-        let deadline = std::time::Instant::now() + self.args.drain_timeout;
-        loop {
-            let now = crate::permit::scan_keys(conn, "{*}:task:*", usize::MAX).await;
-            match now {
-                Ok(keys) if keys.len() as u64 <= tasks => return true,
-                Ok(_) if std::time::Instant::now() < deadline => {}
-                _ => return false,
-            }
-            tokio::time::sleep(Duration::from_millis(500)).await;
+            tokio::time::sleep(every).await;
         }
     }
 

@@ -168,6 +168,8 @@ pub(super) async fn accept_profile(
     ];
     commands.extend(MINIMAL.iter().map(|(_, body, k)| minimal_command(body, *k)));
     commands.push(minimal_event_command(4));
+    commands.push(permits_command(1));
+    commands.push(permits_command(4));
     let mut runs: Vec<Vec<(f64, Stats)>> = vec![Vec::new(); commands.len()];
     for _ in 0..ROUNDS {
         for (command, row) in commands.iter().zip(runs.iter_mut()) {
@@ -202,6 +204,15 @@ pub(super) async fn accept_profile(
     lines.push(ProfileLine {
         what: format!(
             "the same for one 4-channel event, one call ({:.2}× the 1-channel call)",
+            four / one
+        ),
+        usec: four,
+    });
+    let one = median(3 + MINIMAL.len()).0;
+    let four = median(4 + MINIMAL.len()).0;
+    lines.push(ProfileLine {
+        what: format!(
+            "the permits alone (SET NX PX each), one call: 4 of them {:.2}× 1 ({one:.2} µs for 1)",
             four / one
         ),
         usec: four,
@@ -310,6 +321,24 @@ fn minimal_event_command(channels: usize) -> Vec<String> {
             "x".repeat(400 / channels.max(1)),
         ]);
     }
+    command
+}
+
+/// One call that takes `channels` unique permits and nothing else: what
+/// target 3's ratio is bounded by while each channel's key has a permit
+/// of its own (a key names one permit, and an event's channels name
+/// different keys). Its ratio to the 1-permit call is a floor no layout
+/// goes below; only more fixed work per call (the 1-channel event's
+/// record, its queue entry) brings a whole accept's ratio under it.
+fn permits_command(channels: usize) -> Vec<String> {
+    let body = "for i = 1, #KEYS do \
+         redis.call('SET', KEYS[i], ARGV[1], 'NX', 'PX', ARGV[2]) end \
+         return #KEYS";
+    let mut command = vec!["EVAL".to_string(), body.to_string(), channels.to_string()];
+    command.extend((0..channels).map(|c| {
+        format!("{{benchm:3}}:permit:push:per-event@1:c{c}:ORDER_SHIPPED:o-__rand_int__:u-1")
+    }));
+    command.extend(["3-0-__rand_int__".to_string(), "86400000".to_string()]);
     command
 }
 

@@ -199,10 +199,21 @@ impl Sim {
     /// `SubscriptionConfirmation` at once, and notifications once the
     /// plugin fetched its `SubscribeURL` ([`SimState::sns_confirmations`]).
     pub fn subscribe_email_notifications(&self, host_base: &str, signature_version: u8) -> String {
+        self.subscribe_email_topic(host_base, signature_version, None)
+    }
+
+    /// [`Sim::subscribe_email_notifications`] from topic `topic_arn`
+    /// (default: the one the email channel's `topic_arns` names).
+    pub fn subscribe_email_topic(
+        &self,
+        host_base: &str,
+        signature_version: u8,
+        topic_arn: Option<String>,
+    ) -> String {
         self.state.sns_subscribe(provider_sim::sns::SnsConfig {
             url: self.callback_url(host_base, EMAIL.0),
             signature_version,
-            topic_arn: None,
+            topic_arn,
         })
     }
 
@@ -286,6 +297,10 @@ impl Sim {
                     ("endpoint", base.clone()),
                     ("sns_endpoint", format!("{base}/sns")),
                     ("region", "us-east-1".into()),
+                    (
+                        "topic_arns",
+                        provider_sim::sns::default_topic_arn("us-east-1"),
+                    ),
                     ("access_key_id", c.aws_access_key_id.clone()),
                     (
                         "from",

@@ -380,7 +380,7 @@ async fn misconfigured_channels_plugins_and_tokens_fail_naming_the_fix() {
 /// simulator's SES and SNS endpoints, as `cargo xtask run` would name them).
 const EMAIL_CHANNEL: &str = r#"[channels.email]
 plugin = "ses-email@^1"
-settings = { endpoint = "https://127.0.0.1:9090", sns_endpoint = "https://127.0.0.1:9090/sns", region = "us-east-1", access_key_id = "AKIDEXAMPLE", from = "noreply@example.com" }
+settings = { endpoint = "https://127.0.0.1:9090", sns_endpoint = "https://127.0.0.1:9090/sns", region = "us-east-1", access_key_id = "AKIDEXAMPLE", from = "noreply@example.com", topic_arns = "arn:aws:sns:us-east-1:123456789012:ses-notifications" }
 secrets_from_env = { secret_access_key = "PUSHONCE_AWS_SECRET" }
 allowed_hosts = ["127.0.0.1:9090"]
 ca_file = "target/sim/ca.pem"

@@ -95,15 +95,16 @@ category = "security"
 /// A host on `redis` (its ledger beside it) with the six channels and the
 /// email channel on the simulated SES.
 async fn serve(redis: &RedisServer, sim: &Sim, dir: &Path) -> ServeProcess {
-    serve_with_set(redis, sim, dir, None).await
+    serve_with(redis, sim, dir, &[]).await
 }
 
-/// [`serve`], the email channel's `configuration_set` set when given.
-async fn serve_with_set(
+/// [`serve`], the email channel's settings changed: each named one set
+/// to its value, or removed (`None`).
+async fn serve_with(
     redis: &RedisServer,
     sim: &Sim,
     dir: &Path,
-    configuration_set: Option<&str>,
+    settings: &[(&str, Option<&str>)],
 ) -> ServeProcess {
     let policies = dir.join("policies");
     std::fs::create_dir_all(&policies).unwrap();
@@ -112,10 +113,11 @@ async fn serve_with_set(
     }
     let mut config = ServeConfig::new(&redis.url(), sim);
     let mut channel = sim.email_channel();
-    if let Some(set) = configuration_set {
-        channel
-            .settings
-            .insert("configuration_set".into(), set.into());
+    for (name, value) in settings {
+        match value {
+            Some(v) => channel.settings.insert(name.to_string(), v.to_string()),
+            None => channel.settings.remove(*name),
+        };
     }
     let email = [(providers::EMAIL.0.to_string(), channel)];
     config
@@ -261,7 +263,7 @@ struct Subscribed {
 async fn subscribed(sim: Sim, set: Option<&str>, version: u8) -> Subscribed {
     let redis = RedisServer::start().await.unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let host = serve_with_set(&redis, &sim, dir.path(), set).await;
+    let host = serve_with(&redis, &sim, dir.path(), &[("configuration_set", set)]).await;
     sim.subscribe_email_notifications(host.base(), version);
     confirmed(&sim, &host).await;
     Subscribed {
@@ -551,6 +553,90 @@ async fn a_delivery_settles_delivered_and_a_forged_notification_is_refused() {
             .0,
         "accepted",
         "email still goes to u-ok"
+    );
+}
+
+/// SNS signs every topic's messages with the same certificates, so the
+/// plugin takes only the topics its `topic_arns` names: another account's
+/// topic subscribing the callback URL is never confirmed, and a bounce it
+/// posts, signed as SNS signs it, is refused 403 and opts nobody out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_topic_not_in_topic_arns_is_refused_though_sns_signed_it() {
+    let s = subscribed(providers::sim().await, None, 2).await;
+    let (sim, host) = (&s.sim, &s.host);
+    let address = "success@simulator.amazonses.com";
+    let task = accepted(host, &event("RECEIPT", "r-t1", "u-ok", address)).await;
+    settles(host, sim, &task, "delivered", "the delivery settles it").await;
+    let message_id = emails_to(sim, address)[0].id.clone();
+
+    let theirs = "arn:aws:sns:us-east-1:999999999999:not-ours".to_string();
+    sim.subscribe_email_topic(host.base(), 2, Some(theirs));
+    // SNS posts the confirmation again after each refusal, then gives up.
+    wait_until(DEADLINE, || async {
+        sim.state.stats().get("ses-email.sns_failed").copied() >= Some(1)
+    })
+    .await
+    .unwrap_or_else(|e| {
+        panic!(
+            "SNS never gave up the confirmation: {e}; {:?}",
+            sim.state.stats()
+        )
+    });
+    assert_eq!(
+        sim.state.sns_confirmations().len(),
+        1,
+        "only the channel's own topic is confirmed"
+    );
+    assert!(
+        host.log().contains("not in the channel's topic_arns"),
+        "the refusal names the setting; log:\n{}",
+        host.log()
+    );
+
+    let notice = provider_sim::ses_notify::bounce(
+        &message_id,
+        "noreply@mail.pushonce.test",
+        address,
+        "Permanent",
+        "General",
+    );
+    let status = sim
+        .state
+        .sns_push(None, &notice, 2, Tamper::None)
+        .await
+        .unwrap();
+    assert_eq!(status, 403, "a signed bounce from another topic");
+    let view = preferences(host, "u-ok").await;
+    assert_eq!(view["channels_off"], json!([]), "{view}");
+    assert!(bounces(&view).is_empty(), "{view}");
+    assert_eq!(task_status(host, &task).await, "delivered");
+}
+
+/// Without `topic_arns` the plugin takes no topic's messages: the
+/// subscription is never confirmed, and the host's log names the setting.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_email_channel_without_topic_arns_confirms_no_subscription() {
+    let sim = providers::sim().await;
+    let redis = RedisServer::start().await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let host = serve_with(&redis, &sim, dir.path(), &[("topic_arns", None)]).await;
+    sim.subscribe_email_notifications(host.base(), 2);
+    wait_until(DEADLINE, || async {
+        sim.state.stats().get("ses-email.sns_failed").copied() >= Some(1)
+    })
+    .await
+    .unwrap_or_else(|e| {
+        panic!(
+            "SNS never gave up the confirmation: {e}; {:?}",
+            sim.state.stats()
+        )
+    });
+    assert!(sim.state.sns_confirmations().is_empty());
+    assert!(
+        host.log()
+            .contains("channel setting `topic_arns` is not configured"),
+        "the refusal names the setting; log:\n{}",
+        host.log()
     );
 }
 

@@ -218,10 +218,31 @@ async fn serve(
         headers: header_pairs(&req.headers),
         body: body.to_vec(),
     };
-    handler
-        .handle(channel, request)
-        .await
-        .map_err(refusal_error)
+    handler.handle(channel, request).await.map_err(|refusal| {
+        log_refusal(channel, &refusal);
+        refusal_error(refusal)
+    })
+}
+
+/// A refused callback in the log, with the plugin's reason: the provider
+/// sees only the status, and an operator's misconfigured setting (a topic,
+/// a token) shows up here first.
+fn log_refusal(channel: &str, refusal: &ReceiptRefusal) {
+    match refusal {
+        ReceiptRefusal::Forbidden(why) => {
+            tracing::warn!(channel, why = %why, "callback refused (403)");
+        }
+        ReceiptRefusal::Malformed(why) => {
+            tracing::warn!(channel, why = %why, "callback refused as malformed (400)");
+        }
+        ReceiptRefusal::Failed(why) => {
+            tracing::warn!(channel, why = %why, "callback failed in its plugin (500)");
+        }
+        // Redis or the ledger: logged where they failed, and the provider retries.
+        ReceiptRefusal::Unavailable(_)
+        | ReceiptRefusal::NotYet(_)
+        | ReceiptRefusal::OptOutsUnstored(_) => {}
+    }
 }
 
 /// The path after the channel's gate: anything for an open channel, the

@@ -36,6 +36,12 @@ use std::sync::{Mutex, OnceLock};
 
 const PROVIDER: &str = "ses-email";
 
+/// The topic a subscription gets when it names none: SES's notifications
+/// in region `region` of the simulator's account.
+pub fn default_topic_arn(region: &str) -> String {
+    format!("arn:aws:sns:{region}:123456789012:ses-notifications")
+}
+
 /// The SNS key and certificate, the base URL and the subscription.
 #[derive(Default)]
 pub struct Sns {

@@ -43,7 +43,7 @@ pub fn handle(req: CallbackRequest) -> Result<CallbackOutcome, CallbackError> {
         &settings.sns_endpoint,
     )
     .map_err(|e| Forbidden(e.to_string()))?;
-    if !settings.topic_arns.is_empty() && !settings.topic_arns.contains(&msg.topic_arn) {
+    if !settings.topic_arns.contains(&msg.topic_arn) {
         return Err(Forbidden(format!(
             "topic {} is not in the channel's topic_arns",
             msg.topic_arn

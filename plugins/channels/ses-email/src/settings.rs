@@ -15,8 +15,13 @@
 //! - `endpoint` (default `https://email.<region>.amazonaws.com`).
 //! - `sns_endpoint` (default `https://sns.<region>.amazonaws.com`): a
 //!   `SigningCertURL` or `SubscribeURL` must be `https://` under it.
-//! - `topic_arns` (optional, comma separated): the only topics whose
-//!   messages are taken; any topic when unset.
+//! - `topic_arns` (required for callbacks, comma separated): the only
+//!   topics whose messages are taken. SNS signs every topic's messages with
+//!   the same certificates, so a valid signature says only that SNS sent
+//!   the message, not from whose topic: without this setting any AWS
+//!   account could subscribe the callback URL to a topic of its own and
+//!   post forged bounces and complaints. A callback is refused until it is
+//!   set (1.2.0; before, any topic was taken).
 
 use channel_sdk::provider::setting_or;
 use channel_sdk::{SendError, require, setting};
@@ -53,11 +58,16 @@ impl SendSettings {
     }
 }
 
+/// Why a callback is refused while `topic_arns` is unset.
+const NO_TOPICS: &str = "channel setting `topic_arns` is not configured: name the SNS topic(s) \
+     of the configuration set's event destination (comma separated); SNS signs every topic's \
+     messages alike, so without it any AWS account's topic could post notifications here";
+
 /// What verifying a callback needs.
 pub struct CallbackSettings {
     /// `sns_endpoint`, without a trailing `/`.
     pub sns_endpoint: String,
-    /// `topic_arns`; empty: any topic.
+    /// `topic_arns`, never empty.
     pub topic_arns: Vec<String>,
 }
 
@@ -73,12 +83,15 @@ impl CallbackSettings {
                 format!("https://sns.{region}.amazonaws.com")
             }
         };
-        let topic_arns = setting("topic_arns")
+        let topic_arns: Vec<String> = setting("topic_arns")
             .unwrap_or_default()
             .split(',')
             .map(|t| t.trim().to_string())
             .filter(|t| !t.is_empty())
             .collect();
+        if topic_arns.is_empty() {
+            return Err(NO_TOPICS.into());
+        }
         Ok(CallbackSettings {
             sns_endpoint: endpoint.trim_end_matches('/').to_string(),
             topic_arns,

@@ -15,7 +15,7 @@ impl SimState {
         let topic_arn = config
             .topic_arn
             .clone()
-            .unwrap_or_else(|| format!("arn:aws:sns:{region}:123456789012:ses-notifications"));
+            .unwrap_or_else(|| super::default_topic_arn(region));
         let token = hex::encode(rand::rng().random::<[u8; 32]>());
         let sub = Subscription {
             config: config.clone(),
@@ -100,12 +100,7 @@ impl SimState {
         let topic = sub
             .as_ref()
             .map(|s| s.topic_arn.clone())
-            .unwrap_or_else(|| {
-                format!(
-                    "arn:aws:sns:{}:123456789012:ses-notifications",
-                    self.config.ses_region
-                )
-            });
+            .unwrap_or_else(|| super::default_topic_arn(&self.config.ses_region));
         let url = url
             .or_else(|| sub.map(|s| s.config.url))
             .ok_or("no `url` and no subscription")?;

@@ -234,20 +234,42 @@ fn header(email: &provider_sim::Accepted, name: &str) -> Option<String> {
         .map(str::to_string)
 }
 
+/// Waits until SNS gave up posting its subscription's confirmation: it
+/// posts again after each refusal, then counts `sns_failed`.
+async fn refused_to_the_end(sim: &Sim, host: &ServeProcess) {
+    sns_until(sim, host, "SNS gave up the confirmation", |sim| {
+        sim.state.stats().get("ses-email.sns_failed").copied() >= Some(1)
+    })
+    .await;
+}
+
+/// The host's log says `what` (a refusal names its reason there).
+fn assert_logged(host: &ServeProcess, what: &str) {
+    let log = host.log();
+    assert!(log.contains(what), "the log does not say {what:?}:\n{log}");
+}
+
 /// Waits until the plugin confirmed the SNS subscription (fetched its
 /// `SubscribeURL`).
 async fn confirmed(sim: &Sim, host: &ServeProcess) {
-    wait_until(DEADLINE, || async {
+    sns_until(sim, host, "the SNS subscription is confirmed", |sim| {
         !sim.state.sns_confirmations().is_empty()
     })
-    .await
-    .unwrap_or_else(|e| {
-        panic!(
-            "the SNS subscription is not confirmed: {e}; {:?}; log:\n{}",
-            sim.state.stats(),
-            host.log()
-        )
-    });
+    .await;
+}
+
+/// Waits until `done` holds of the simulator; else fails saying `what`
+/// did not happen, with the simulator's counts and the host's log.
+async fn sns_until(sim: &Sim, host: &ServeProcess, what: &str, done: impl Fn(&Sim) -> bool) {
+    wait_until(DEADLINE, || async { done(sim) })
+        .await
+        .unwrap_or_else(|e| {
+            panic!(
+                "not so: {what}: {e}; {:?}; log:\n{}",
+                sim.state.stats(),
+                host.log()
+            )
+        });
 }
 
 /// A host on a Redis of its own and the simulator, its email channel's SNS
@@ -512,7 +534,10 @@ async fn inbox_now(host: &ServeProcess) -> Option<Value> {
 
 /// A Delivery notification (SignatureVersion 2) settles the task
 /// delivered; a notification whose signature or body was altered is
-/// refused 403 by the plugin, and opts nobody out.
+/// refused 403 by the plugin, and opts nobody out. So is one from a topic
+/// the channel's `topic_arns` does not name, though SNS signed it (SNS
+/// signs every topic's messages with the same certificates), and that
+/// topic's subscription is never confirmed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_delivery_settles_delivered_and_a_forged_notification_is_refused() {
     let s = subscribed(providers::sim().await, None, 2).await;
@@ -543,6 +568,19 @@ async fn a_delivery_settles_delivered_and_a_forged_notification_is_refused() {
         let status = sim.state.sns_push(None, &notice, 2, tamper).await.unwrap();
         assert_eq!(status, 403, "{tamper:?}");
     }
+    // Another account's topic, subscribing the callback URL and posting
+    // the same bounce signed as SNS signs it.
+    let theirs = "arn:aws:sns:us-east-1:999999999999:not-ours".to_string();
+    sim.subscribe_email_topic(host.base(), 2, Some(theirs));
+    refused_to_the_end(sim, host).await;
+    assert_eq!(
+        sim.state.sns_confirmations().len(),
+        1,
+        "only the channel's own topic is confirmed"
+    );
+    assert_logged(host, "not in the channel's topic_arns");
+    let status = sim.state.sns_push(None, &notice, 2, Tamper::None).await;
+    assert_eq!(status, Ok(403), "a signed bounce from another topic");
     let view = preferences(host, "u-ok").await;
     assert_eq!(view["channels_off"], json!([]), "{view}");
     assert!(bounces(&view).is_empty(), "{view}");
@@ -556,62 +594,6 @@ async fn a_delivery_settles_delivered_and_a_forged_notification_is_refused() {
     );
 }
 
-/// SNS signs every topic's messages with the same certificates, so the
-/// plugin takes only the topics its `topic_arns` names: another account's
-/// topic subscribing the callback URL is never confirmed, and a bounce it
-/// posts, signed as SNS signs it, is refused 403 and opts nobody out.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_topic_not_in_topic_arns_is_refused_though_sns_signed_it() {
-    let s = subscribed(providers::sim().await, None, 2).await;
-    let (sim, host) = (&s.sim, &s.host);
-    let address = "success@simulator.amazonses.com";
-    let task = accepted(host, &event("RECEIPT", "r-t1", "u-ok", address)).await;
-    settles(host, sim, &task, "delivered", "the delivery settles it").await;
-    let message_id = emails_to(sim, address)[0].id.clone();
-
-    let theirs = "arn:aws:sns:us-east-1:999999999999:not-ours".to_string();
-    sim.subscribe_email_topic(host.base(), 2, Some(theirs));
-    // SNS posts the confirmation again after each refusal, then gives up.
-    wait_until(DEADLINE, || async {
-        sim.state.stats().get("ses-email.sns_failed").copied() >= Some(1)
-    })
-    .await
-    .unwrap_or_else(|e| {
-        panic!(
-            "SNS never gave up the confirmation: {e}; {:?}",
-            sim.state.stats()
-        )
-    });
-    assert_eq!(
-        sim.state.sns_confirmations().len(),
-        1,
-        "only the channel's own topic is confirmed"
-    );
-    assert!(
-        host.log().contains("not in the channel's topic_arns"),
-        "the refusal names the setting; log:\n{}",
-        host.log()
-    );
-
-    let notice = provider_sim::ses_notify::bounce(
-        &message_id,
-        "noreply@mail.pushonce.test",
-        address,
-        "Permanent",
-        "General",
-    );
-    let status = sim
-        .state
-        .sns_push(None, &notice, 2, Tamper::None)
-        .await
-        .unwrap();
-    assert_eq!(status, 403, "a signed bounce from another topic");
-    let view = preferences(host, "u-ok").await;
-    assert_eq!(view["channels_off"], json!([]), "{view}");
-    assert!(bounces(&view).is_empty(), "{view}");
-    assert_eq!(task_status(host, &task).await, "delivered");
-}
-
 /// Without `topic_arns` the plugin takes no topic's messages: the
 /// subscription is never confirmed, and the host's log names the setting.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -621,23 +603,9 @@ async fn an_email_channel_without_topic_arns_confirms_no_subscription() {
     let dir = tempfile::tempdir().unwrap();
     let host = serve_with(&redis, &sim, dir.path(), &[("topic_arns", None)]).await;
     sim.subscribe_email_notifications(host.base(), 2);
-    wait_until(DEADLINE, || async {
-        sim.state.stats().get("ses-email.sns_failed").copied() >= Some(1)
-    })
-    .await
-    .unwrap_or_else(|e| {
-        panic!(
-            "SNS never gave up the confirmation: {e}; {:?}",
-            sim.state.stats()
-        )
-    });
+    refused_to_the_end(&sim, &host).await;
     assert!(sim.state.sns_confirmations().is_empty());
-    assert!(
-        host.log()
-            .contains("channel setting `topic_arns` is not configured"),
-        "the refusal names the setting; log:\n{}",
-        host.log()
-    );
+    assert_logged(&host, "channel setting `topic_arns` is not configured");
 }
 
 /// A template-data gap SES only reports as an event: the `WELCOME` SES

@@ -199,24 +199,25 @@ pub(super) async fn accept_profile(
             usec: median(2 + i).0,
         });
     }
-    let one = median(1 + MINIMAL.len()).0;
-    let four = median(2 + MINIMAL.len()).0;
-    lines.push(ProfileLine {
-        what: format!(
+    let ratio = |first: usize, what: &dyn Fn(f64, f64) -> String| {
+        let (one, four) = (median(first).0, median(first + 1).0);
+        ProfileLine {
+            what: what(one, four),
+            usec: four,
+        }
+    };
+    lines.push(ratio(1 + MINIMAL.len(), &|one, four| {
+        format!(
             "the same for one 4-channel event, one call ({:.2}× the 1-channel call)",
             four / one
-        ),
-        usec: four,
-    });
-    let one = median(3 + MINIMAL.len()).0;
-    let four = median(4 + MINIMAL.len()).0;
-    lines.push(ProfileLine {
-        what: format!(
+        )
+    }));
+    lines.push(ratio(3 + MINIMAL.len(), &|one, four| {
+        format!(
             "the permits alone (SET NX PX each), one call: 4 of them {:.2}× 1 ({one:.2} µs for 1)",
             four / one
-        ),
-        usec: four,
-    });
+        )
+    }));
     Ok(lines)
 }
 

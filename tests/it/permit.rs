@@ -163,14 +163,14 @@ async fn a_batch_accepts_in_one_pipeline_and_sees_duplicates_within_it() {
 /// A redis-server, its permits, and one task accepted under `key` (a
 /// 60 s window).
 async fn one_task(key: &str) -> (RedisServer, Permits, String) {
+    one_task_in(key, Duration::from_secs(60)).await
+}
+
+/// [`one_task`] with a window of `window`.
+async fn one_task_in(key: &str, window: Duration) -> (RedisServer, Permits, String) {
     let server = RedisServer::start().await.unwrap();
     let permits = server.permits(permit_config()).await.unwrap();
-    let id = accepted(
-        &permits
-            .accept(&request(key, Duration::from_secs(60)))
-            .await
-            .unwrap(),
-    );
+    let id = accepted(&permits.accept(&request(key, window)).await.unwrap());
     (server, permits, id)
 }
 
@@ -277,15 +277,8 @@ async fn a_record_that_fails_midway_leaves_the_entry_for_a_reclaimer() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_whose_lease_was_lost_cannot_overwrite() {
-    let server = RedisServer::start().await.unwrap();
-    let permits = server.permits(permit_config()).await.unwrap();
     let key = "fence-key";
-    let id = accepted(
-        &permits
-            .accept(&request(key, Duration::from_secs(60)))
-            .await
-            .unwrap(),
-    );
+    let (_server, permits, id) = one_task_in(key, Duration::from_secs(60)).await;
     let lease = Duration::from_millis(300);
     let a = begin(&permits, &id, lease).await;
     assert_eq!(a.number, 1);
@@ -340,15 +333,8 @@ async fn a_worker_whose_lease_was_lost_cannot_overwrite() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_permanent_failure_with_nothing_sent_releases_the_permit() {
-    let server = RedisServer::start().await.unwrap();
-    let permits = server.permits(permit_config()).await.unwrap();
     let key = "perm-key";
-    let id = accepted(
-        &permits
-            .accept(&request(key, Duration::from_secs(60)))
-            .await
-            .unwrap(),
-    );
+    let (_server, permits, id) = one_task_in(key, Duration::from_secs(60)).await;
     let a = begin(&permits, &id, Duration::from_secs(5)).await;
     let rec = permits
         .record(
@@ -399,11 +385,9 @@ async fn a_permanent_failure_with_nothing_sent_releases_the_permit() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ended_tasks_get_retention_and_sent_permits_keep_the_window() {
-    let server = RedisServer::start().await.unwrap();
-    let permits = server.permits(permit_config()).await.unwrap();
     let key = "ret-key";
     let window = Duration::from_secs(600);
-    let id = accepted(&permits.accept(&request(key, window)).await.unwrap());
+    let (server, permits, id) = one_task_in(key, window).await;
     let ttl = task_ttl(&server, &permits, &id).await;
     assert_eq!(ttl, -1, "a live task never expires");
     let a = begin(&permits, &id, Duration::from_secs(5)).await;
@@ -628,11 +612,9 @@ async fn keeping_ended_tasks_is_an_opt_in_that_keeps_them_its_time() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_permit_outlives_a_retry_schedule_longer_than_its_window() {
-    let server = RedisServer::start().await.unwrap();
-    let permits = server.permits(permit_config()).await.unwrap();
     let key = "short-window";
     let window = Duration::from_millis(200);
-    let id = accepted(&permits.accept(&request(key, window)).await.unwrap());
+    let (_server, permits, id) = one_task_in(key, window).await;
     let a = begin(&permits, &id, Duration::from_millis(500)).await;
     permits
         .record(
@@ -671,11 +653,9 @@ async fn a_permit_outlives_a_retry_schedule_longer_than_its_window() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_task_whose_permit_lapsed_and_was_retaken_is_superseded() {
-    let server = RedisServer::start().await.unwrap();
-    let permits = server.permits(permit_config()).await.unwrap();
     let key = "lapsed";
     let window = Duration::from_millis(100);
-    let old = accepted(&permits.accept(&request(key, window)).await.unwrap());
+    let (_server, permits, old) = one_task_in(key, window).await;
     // Queued longer than its window (no worker ran): the permit lapses.
     wait_until(Duration::from_secs(5), || {
         let permits = permits.clone();
@@ -702,15 +682,8 @@ async fn a_task_whose_permit_lapsed_and_was_retaken_is_superseded() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unknown_outcome_holds_the_permit_until_a_receipt() {
-    let server = RedisServer::start().await.unwrap();
-    let permits = server.permits(permit_config()).await.unwrap();
     let key = "unknown-key";
-    let id = accepted(
-        &permits
-            .accept(&request(key, Duration::from_secs(30)))
-            .await
-            .unwrap(),
-    );
+    let (_server, permits, id) = one_task_in(key, Duration::from_secs(30)).await;
     let a = begin(&permits, &id, Duration::from_secs(5)).await;
     permits
         .record(

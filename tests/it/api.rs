@@ -90,7 +90,8 @@ async fn accept_then_duplicate_then_lookups_and_delivery() {
     assert_eq!(task.body["window_ms"], 24 * 3600 * 1000);
     let payload = &task.body["payload"];
     assert_eq!(payload["recipient"], "+8613800000000");
-    assert_eq!(payload["template"], "SHIPPED_V1");
+    // The policy names SMS's own template; the fallback takes the event's.
+    assert_eq!(payload["template"], "SMS_465910001");
     assert_eq!(payload["params"], json!([["order", "o-1"]]));
     assert_eq!(payload["fallback"]["channel"], "app-push");
     assert_eq!(
@@ -98,6 +99,7 @@ async fn accept_then_duplicate_then_lookups_and_delivery() {
         "push:per-event@1:app-push:ORDER_SHIPPED:o-1:u-42"
     );
     assert_eq!(payload["fallback"]["payload"]["recipient"], "token-42");
+    assert_eq!(payload["fallback"]["payload"]["template"], "SHIPPED_V1");
     assert_eq!(task.body["event"]["occurred_at"], 1_796_054_399_000u64);
 
     let event = host

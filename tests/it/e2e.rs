@@ -121,9 +121,11 @@ async fn one_event_reaches_each_provider_once_and_an_edited_policy_is_used() {
         list[0].clone()
     };
     let (sms, wechat, push) = (one("sms"), one("wechat"), one("app-push"));
+    // The policy gives SMS its own template (`[overrides.sms]`); the
+    // others take the event's.
     assert_eq!(
         (sms.recipient.as_str(), sms.template.as_str()),
-        ("13800000042", "order_shipped")
+        ("13800000042", "SMS_465910001")
     );
     assert_eq!(
         (wechat.recipient.as_str(), wechat.template.as_str()),

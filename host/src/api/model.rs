@@ -66,6 +66,8 @@ pub(crate) struct EventRequest {
     #[schema(min_items = 1, max_items = 16)]
     pub channels: Option<Vec<String>>,
     /// Template code or id the providers render; the `biz_type` when absent.
+    /// A channel whose policy names its own template
+    /// (`[overrides.<channel>] template`) renders that one instead.
     #[serde(default)]
     #[schema(
         min_length = 1,

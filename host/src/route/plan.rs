@@ -473,6 +473,7 @@ impl ChannelPlanner<'_> {
                 .digest
                 .as_ref()
                 .and_then(|d| d.template.as_deref())
+                .or(self.policy.spec.template_for(channel))
                 .or(self.req.template)
                 .unwrap_or(&self.event.biz_type)
                 .to_string(),

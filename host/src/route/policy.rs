@@ -60,7 +60,8 @@ pub struct PolicyFile {
     /// nothing takes its place).
     #[serde(default)]
     pub fallback_when_opted_out: bool,
-    /// Per-channel overrides of the window or the retry schedule.
+    /// Per-channel overrides of the window, the retry schedule, the quiet
+    /// hours or the template, for a channel or a fallback channel.
     #[serde(default)]
     pub(crate) overrides: BTreeMap<String, ChannelOverride>,
     /// This policy's own frequency caps by name (`[caps.daily]`): at most
@@ -139,6 +140,13 @@ pub(crate) struct ChannelOverride {
     /// This channel's own quiet hours (instead of the policy's).
     #[serde(default)]
     pub quiet: Option<QuietSpec>,
+    /// The template (code or id) this channel's provider renders for the
+    /// policy's events, e.g. an Aliyun `SMS_465910001` or a WeChat template
+    /// id: providers name their templates each their own way, so one
+    /// event's `template` cannot fit them all. It wins over the event's
+    /// `template`; a digest's own `[digest] template` wins over it.
+    #[serde(default)]
+    pub template: Option<String>,
 }
 
 /// Why a policy file was refused. Every variant names the file.
@@ -181,6 +189,11 @@ impl PolicyFile {
             .unwrap_or(self.window)
     }
 
+    /// The template `channel`'s override names, if any.
+    pub fn template_for(&self, channel: &str) -> Option<&str> {
+        self.overrides.get(channel)?.template.as_deref()
+    }
+
     /// Checks that need nothing but the file itself.
     fn check(&self, file: &Path) -> Result<(), PolicyError> {
         let invalid = |field: &str, reason: String| PolicyError::Invalid {
@@ -214,11 +227,17 @@ impl PolicyFile {
             .check()
             .map_err(|(f, r)| invalid(&format!("retry.{f}"), r))?;
         for (channel, o) in &self.overrides {
-            if !self.channels.contains(channel) {
+            if !self.channels.contains(channel) && !self.fallback.values().any(|to| to == channel) {
                 return Err(invalid(
                     &format!("overrides.{channel}"),
-                    format!("`{channel}` is not one of this policy's channels"),
+                    format!(
+                        "`{channel}` is not one of this policy's channels or fallback channels"
+                    ),
                 ));
+            }
+            if let Some(t) = &o.template {
+                check_template(t)
+                    .map_err(|r| invalid(&format!("overrides.{channel}.template"), r))?;
             }
             if let Some(w) = &o.window {
                 check_window(w).map_err(|r| invalid(&format!("overrides.{channel}.window"), r))?;
@@ -352,6 +371,22 @@ impl PolicyFile {
     }
 }
 
+/// A template name: not blank, at most as long as the API allows an
+/// event's `template`, no control characters.
+fn check_template(t: &str) -> Result<(), String> {
+    let (chars, max) = (t.chars().count(), crate::event::MAX_ID);
+    if t.trim().is_empty() {
+        return Err("must not be empty".into());
+    }
+    if chars > max {
+        return Err(format!("is {chars} characters long; at most {max}"));
+    }
+    if t.chars().any(char::is_control) {
+        return Err("must not contain control characters".into());
+    }
+    Ok(())
+}
+
 /// A window between a second and [`MAX_WINDOW`].
 fn check_window(w: &Duration) -> Result<(), String> {
     if *w < Duration::from_secs(1) {
@@ -418,6 +453,39 @@ mod tests {
             (
                 format!("{BASE}[fallback]\nsms = \"app-push\"\n[digest]\nwindow = \"1h\"\n"),
                 "digest: cannot be used with `[fallback]`",
+            ),
+        ] {
+            let err = parse(&text).unwrap_err().to_string();
+            assert!(err.contains(field), "{field}: {err}");
+        }
+    }
+
+    #[test]
+    fn a_channel_or_fallback_channel_names_its_own_template() {
+        let p = parse(&format!(
+            "{BASE}[fallback]\nsms = \"email\"\n\
+             [overrides.sms]\ntemplate = \"SMS_465910001\"\n\
+             [overrides.email]\ntemplate = \"order-shipped\"\n"
+        ))
+        .unwrap();
+        assert_eq!(p.template_for("sms"), Some("SMS_465910001"));
+        assert_eq!(p.template_for("email"), Some("order-shipped"));
+        assert_eq!(p.template_for("app-push"), None);
+        for (text, field) in [
+            (
+                format!("{BASE}[overrides.sms]\ntemplate = \" \"\n"),
+                "overrides.sms.template: must not be empty",
+            ),
+            (
+                format!(
+                    "{BASE}[overrides.sms]\ntemplate = \"{}\"\n",
+                    "t".repeat(129)
+                ),
+                "overrides.sms.template: is 129 characters long; at most 128",
+            ),
+            (
+                format!("{BASE}[overrides.wechat]\ntemplate = \"x\"\n"),
+                "overrides.wechat: `wechat` is not one of this policy's channels or fallback channels",
             ),
         ] {
             let err = parse(&text).unwrap_err().to_string();

@@ -88,6 +88,9 @@ pub(crate) struct OverrideView {
     /// Its own retry schedule.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub retry: Option<RetryView>,
+    /// The template its provider renders, instead of the event's.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub template: Option<String>,
 }
 
 /// One policy in force.
@@ -248,6 +251,7 @@ pub(crate) async fn policies(State(state): State<AppState>) -> Json<PoliciesView
                             OverrideView {
                                 window_ms: o.window.map(millis),
                                 retry: o.retry.as_ref().map(retry_view),
+                                template: o.template.clone(),
                             },
                         )
                     })

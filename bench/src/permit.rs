@@ -542,17 +542,6 @@ pub(super) fn run_redis_benchmark(
     })
 }
 
-/// The same permit layer with `event_index = false` (the lean accept).
-pub(super) fn without_index(permits: &Permits) -> Permits {
-    Permits::new(
-        permits.connection(),
-        PermitConfig {
-            event_index: false,
-            ..permits.config().clone()
-        },
-    )
-}
-
 /// `MEMORY USAGE key SAMPLES 0`, bytes (0 for a missing key).
 pub(super) async fn memory_usage(conn: &mut RedisConn, key: &str) -> anyhow::Result<u64> {
     let bytes: Option<u64> = redis::cmd("MEMORY")

@@ -159,8 +159,6 @@ impl Floors {
 struct Notes {
     /// Redis memory per open permit, bytes.
     per_permit: f64,
-    /// The same with `event_index = false`.
-    per_permit_lean: f64,
     /// Per open permit of 4-channel events (the event stored once for four permits).
     per_permit_four: f64,
     /// Per open permit of 1-channel events from an empty Redis: with the
@@ -186,7 +184,6 @@ impl Default for Notes {
     fn default() -> Notes {
         Notes {
             per_permit: f64::NAN,
-            per_permit_lean: f64::NAN,
             per_permit_four: f64::NAN,
             listpack: (f64::NAN, f64::NAN),
             anatomy: String::new(),
@@ -332,11 +329,6 @@ async fn permit_rows(
     let single = permit::host_accepts(&permits, n, pc, 1, "s").await?;
     let after = permit::used_memory(&mut stack.conn).await?;
     notes.per_permit = after.saturating_sub(before) as f64 / n as f64;
-    let lean = permit::without_index(&permits);
-    let before = permit::used_memory(&mut stack.conn).await?;
-    permit::host_accepts(&lean, n, pc, 1, "l").await?;
-    let after = permit::used_memory(&mut stack.conn).await?;
-    notes.per_permit_lean = after.saturating_sub(before) as f64 / n as f64;
     let events = (n / 4).max(1);
     let before = permit::used_memory(&mut stack.conn).await?;
     permit::host_event_accepts(&permits, events, pc, 4, "q").await?;
@@ -482,10 +474,9 @@ async fn print_report(
         );
     }
     println!(
-        "redis memory per open permit (permit + task hash + stream entry + its event record, which is its index): {:.0} bytes (used_memory delta / {}); with event_index = false {:.0} bytes; of 4-channel events (one record and index for four permits) {:.0} bytes; from an empty Redis, {:.0} bytes at the embedded Redis's hash-max-listpack-value 1024 and {:.0} at Redis's default 64; redis used_memory_rss now {:.1} MiB",
+        "redis memory per open permit (permit + task hash + stream entry + its event record, which is its index): {:.0} bytes (used_memory delta / {}); of 4-channel events (one record and index for four permits) {:.0} bytes; from an empty Redis, {:.0} bytes at the embedded Redis's hash-max-listpack-value 1024 and {:.0} at Redis's default 64; redis used_memory_rss now {:.1} MiB",
         notes.per_permit,
         args.floor_requests,
-        notes.per_permit_lean,
         notes.per_permit_four,
         notes.listpack.0,
         notes.listpack.1,

@@ -60,7 +60,7 @@ pub(super) fn print(lines: &[Line], notes: &Notes, lean: bool) {
         redis_time(lines, notes, lean),
         four_vs_one(lines),
         delivered_bytes(notes),
-        open_bytes(notes, lean),
+        open_bytes(notes),
         open_bytes_four(notes),
         end_to_end(
             lines,
@@ -231,22 +231,13 @@ fn delivered_bytes(notes: &Notes) -> Target {
     }
 }
 
-fn open_bytes(notes: &Notes, lean: bool) -> Target {
-    let (value, other, other_name) = if lean {
-        (notes.per_permit_lean, notes.per_permit, "as shipped")
-    } else {
-        (
-            notes.per_permit,
-            notes.per_permit_lean,
-            "with event_index = false",
-        )
-    };
+fn open_bytes(notes: &Notes) -> Target {
     Target {
         name: "4b. Redis bytes per open permit, 1-channel events",
         asked: Bound::AtMost(700.0),
-        value,
+        value: notes.per_permit,
         how: format!(
-            "used_memory delta over Permits::accept direct / accepts; {other:.0} {other_name}; from an empty Redis {:.0} at hash-max-listpack-value 1024, {:.0} at Redis's default 64",
+            "used_memory delta over Permits::accept direct / accepts; from an empty Redis {:.0} at hash-max-listpack-value 1024, {:.0} at Redis's default 64",
             notes.listpack.0, notes.listpack.1
         ),
     }

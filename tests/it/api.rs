@@ -630,41 +630,71 @@ window = "1h"
 max_attempts = 1
 "#;
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_dead_task_is_listed_and_requeued_under_its_key() {
-    let redis = RedisServer::start().await.unwrap();
-    let ledger_dir = tempfile::tempdir().unwrap();
-    let ledger = ledger_dir.path().join("ledger.jsonl");
-    let sender = LedgerFileSender::open(
-        &ledger,
-        Faults {
-            fail_first: 1,
-            ..Faults::default()
-        },
-    )
-    .unwrap();
-    let host = TestHost::start_with(
-        &redis,
-        Setup {
-            sender: Some(Arc::new(sender)),
-            policies: Some(vec![("order.toml".into(), ONE_ATTEMPT_POLICY.into())]),
-            ..Setup::default()
-        },
-    )
-    .await
-    .unwrap();
-    let a = host
-        .post("/v1/events", &order_shipped("o-dead"), None)
+/// A host whose policy allows one attempt, sending through a development
+/// ledger with `faults`, and the SMS task of `order_shipped(biz_id)` once it
+/// reached `status`. Fields drop in order: the host first.
+struct OneAttempt {
+    host: TestHost,
+    task: String,
+    dir: tempfile::TempDir,
+    _redis: RedisServer,
+}
+
+impl OneAttempt {
+    async fn reach(faults: Faults, biz_id: &str, status: &str) -> OneAttempt {
+        let redis = RedisServer::start().await.unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let sender = LedgerFileSender::open(&dir.path().join("ledger.jsonl"), faults).unwrap();
+        let host = TestHost::start_with(
+            &redis,
+            Setup {
+                sender: Some(Arc::new(sender)),
+                policies: Some(vec![("order.toml".into(), ONE_ATTEMPT_POLICY.into())]),
+                ..Setup::default()
+            },
+        )
         .await
         .unwrap();
-    assert_eq!(a.status, StatusCode::ACCEPTED, "{}", a.body);
-    let task = results(&a.body)[0].2.clone();
-    let (h, t) = (&host, task.as_str());
-    wait_until(Duration::from_secs(20), || async move {
-        task_status(h, t).await == "dead"
-    })
-    .await
-    .unwrap();
+        let a = host
+            .post("/v1/events", &order_shipped(biz_id), None)
+            .await
+            .unwrap();
+        assert_eq!(a.status, StatusCode::ACCEPTED, "{}", a.body);
+        let task = results(&a.body)[0].2.clone();
+        let (h, t) = (&host, task.as_str());
+        wait_until(Duration::from_secs(20), || async move {
+            task_status(h, t).await == status
+        })
+        .await
+        .unwrap_or_else(|e| panic!("task {task} never {status}: {e}"));
+        OneAttempt {
+            host,
+            task,
+            dir,
+            _redis: redis,
+        }
+    }
+
+    /// Stops the host, then the rest.
+    async fn shutdown(self) {
+        self.host.shutdown().await.unwrap();
+    }
+
+    /// The development ledger's file.
+    fn ledger(&self) -> std::path::PathBuf {
+        self.dir.path().join("ledger.jsonl")
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_task_is_listed_and_requeued_under_its_key() {
+    let faults = Faults {
+        fail_first: 1,
+        ..Faults::default()
+    };
+    let one = OneAttempt::reach(faults, "o-dead", "dead").await;
+    let (host, task, ledger) = (&one.host, &one.task, one.ledger());
+    let (h, t) = (host, task.as_str());
 
     let dead = host.get("/admin/tasks/dead", None).await.unwrap();
     assert_eq!(dead.status, StatusCode::OK, "{}", dead.body);
@@ -700,7 +730,7 @@ async fn a_dead_task_is_listed_and_requeued_under_its_key() {
         .collect();
     assert_eq!(outcomes, [(1, "retryable"), (2, "sent")]);
     assert!(
-        lines.iter().all(|l| l.task_id == task),
+        lines.iter().all(|l| l.task_id == *task),
         "same task, same key"
     );
     let dead = host.get("/admin/tasks/dead", None).await.unwrap();
@@ -717,43 +747,17 @@ async fn a_dead_task_is_listed_and_requeued_under_its_key() {
         .await
         .unwrap();
     assert_problem(&none, 404, None);
-    host.shutdown().await.unwrap();
+    one.shutdown().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_held_task_is_listed_with_its_cause() {
-    let redis = RedisServer::start().await.unwrap();
-    let ledger_dir = tempfile::tempdir().unwrap();
-    let sender = LedgerFileSender::open(
-        &ledger_dir.path().join("ledger.jsonl"),
-        Faults {
-            unknown_match: Some("o-held".into()),
-            ..Faults::default()
-        },
-    )
-    .unwrap();
-    let host = TestHost::start_with(
-        &redis,
-        Setup {
-            sender: Some(Arc::new(sender)),
-            policies: Some(vec![("order.toml".into(), ONE_ATTEMPT_POLICY.into())]),
-            ..Setup::default()
-        },
-    )
-    .await
-    .unwrap();
-    let a = host
-        .post("/v1/events", &order_shipped("o-held"), None)
-        .await
-        .unwrap();
-    assert_eq!(a.status, StatusCode::ACCEPTED, "{}", a.body);
-    let task = results(&a.body)[0].2.clone();
-    let (h, t) = (&host, task.as_str());
-    wait_until(Duration::from_secs(20), || async move {
-        task_status(h, t).await == "unknown"
-    })
-    .await
-    .unwrap();
+    let faults = Faults {
+        unknown_match: Some("o-held".into()),
+        ..Faults::default()
+    };
+    let one = OneAttempt::reach(faults, "o-held", "unknown").await;
+    let (host, task) = (&one.host, &one.task);
 
     // Both the held list and its older name list unknown tasks.
     for path in ["/admin/tasks/held", "/admin/tasks/dead"] {
@@ -783,9 +787,9 @@ async fn a_held_task_is_listed_with_its_cause() {
         "{}",
         view.body
     );
-    mark_delivered_by_hand(&host, &task).await;
-    give_up_by_hand(&host).await;
-    host.shutdown().await.unwrap();
+    mark_delivered_by_hand(host, task).await;
+    give_up_by_hand(host).await;
+    one.shutdown().await;
 }
 
 /// The operator log of task `id` as (by, action, why).

@@ -62,6 +62,21 @@ fn write_policies(dir: &Path) {
     std::fs::write(policies.join("cancel-quiet.toml"), quiet).unwrap();
 }
 
+/// One host, `workers` workers, in `dir` (its data under `host/`), with
+/// this file's policies written under `policies/`.
+async fn serve_one(redis: &RedisServer, sim: &Sim, dir: &Path, workers: usize) -> ServeProcess {
+    write_policies(dir);
+    serve(
+        redis,
+        sim,
+        &dir.join("host"),
+        &dir.join("policies"),
+        workers,
+        "",
+    )
+    .await
+}
+
 /// Starts `pushonce serve` in `dir` (policies in `policies`) on `redis`,
 /// sharing the server's ledger, with `workers` workers and `extra` config.
 async fn serve(
@@ -354,16 +369,7 @@ async fn a_task_waiting_for_quiet_hours_to_end_is_cancelled_in_the_delayed_set()
     let redis = RedisServer::start().await.unwrap();
     let sim = providers::sim().await;
     let dir = tempfile::tempdir().unwrap();
-    write_policies(dir.path());
-    let host = serve(
-        &redis,
-        &sim,
-        &dir.path().join("host"),
-        &dir.path().join("policies"),
-        4,
-        "",
-    )
-    .await;
+    let host = serve_one(&redis, &sim, dir.path(), 4).await;
     let (base, client) = (host.base().to_string(), reqwest::Client::new());
 
     let posted = post_json(&client, &base, &event("CANCEL_QUIET", "q-1", 7)).await;
@@ -418,16 +424,7 @@ async fn a_cancel_racing_the_workers_has_exactly_one_winner_per_task() {
         },
     );
     let dir = tempfile::tempdir().unwrap();
-    write_policies(dir.path());
-    let host = serve(
-        &redis,
-        &sim,
-        &dir.path().join("host"),
-        &dir.path().join("policies"),
-        1,
-        "",
-    )
-    .await;
+    let host = serve_one(&redis, &sim, dir.path(), 1).await;
     let (base, client) = (host.base().to_string(), reqwest::Client::new());
 
     for n in 0..EVENTS {

@@ -35,16 +35,31 @@ fn request(key: &str, window: Duration, retry: RetryPolicy) -> AcceptRequest {
     }
 }
 
-async fn start(server: &RedisServer, ledger: &Path, faults: Faults) -> RunningDispatcher {
+/// A dispatcher on `server` sending through the development ledger at
+/// `ledger` with `faults`, and a permit layer of its own to accept with.
+async fn start(
+    server: &RedisServer,
+    ledger: &Path,
+    faults: Faults,
+) -> (RunningDispatcher, Permits) {
     let permits = server.permits(permit_config()).await.unwrap();
-    RunningDispatcher::start(
+    let run = RunningDispatcher::start(
         server.client(),
-        permits,
+        permits.clone(),
         ledger,
         faults,
         4,
         Duration::from_secs(1),
-    )
+    );
+    (run, permits)
+}
+
+/// Faults that fail the first `n` sends, retryably.
+fn failing_first(n: u32) -> Faults {
+    Faults {
+        fail_first: n,
+        ..Faults::default()
+    }
 }
 
 async fn wait_status(permits: &Permits, id: &str, status: TaskStatus, within: Duration) {
@@ -78,16 +93,7 @@ async fn two_retryable_failures_then_one_send_with_backoff_between() {
     let server = RedisServer::start().await.unwrap();
     let dir = tempfile::tempdir().unwrap();
     let ledger = ledger_path(&dir);
-    let run = start(
-        &server,
-        &ledger,
-        Faults {
-            fail_first: 2,
-            ..Faults::default()
-        },
-    )
-    .await;
-    let permits = server.permits(permit_config()).await.unwrap();
+    let (run, permits) = start(&server, &ledger, failing_first(2)).await;
     let retry = fast_retry();
     let id = accepted(
         permits
@@ -137,8 +143,7 @@ async fn a_permanent_failure_fails_the_task_and_releases_the_permit() {
         permanent_match: Some("invalid-number".into()),
         ..Faults::default()
     };
-    let run = start(&server, &ledger, faults).await;
-    let permits = server.permits(permit_config()).await.unwrap();
+    let (run, permits) = start(&server, &ledger, faults).await;
     let key = "sms:invalid-number:u-1";
     let id = accepted(
         permits
@@ -175,16 +180,7 @@ async fn exhausted_attempts_make_the_task_dead_and_release_the_permit() {
     let server = RedisServer::start().await.unwrap();
     let dir = tempfile::tempdir().unwrap();
     let ledger = ledger_path(&dir);
-    let run = start(
-        &server,
-        &ledger,
-        Faults {
-            fail_first: 100,
-            ..Faults::default()
-        },
-    )
-    .await;
-    let permits = server.permits(permit_config()).await.unwrap();
+    let (run, permits) = start(&server, &ledger, failing_first(100)).await;
     let retry = RetryPolicy {
         max_attempts: 3,
         initial: Duration::from_millis(50),
@@ -210,16 +206,7 @@ async fn the_permit_outlives_retries_longer_than_its_window() {
     let server = RedisServer::start().await.unwrap();
     let dir = tempfile::tempdir().unwrap();
     let ledger = ledger_path(&dir);
-    let run = start(
-        &server,
-        &ledger,
-        Faults {
-            fail_first: 2,
-            ..Faults::default()
-        },
-    )
-    .await;
-    let permits = server.permits(permit_config()).await.unwrap();
+    let (run, permits) = start(&server, &ledger, failing_first(2)).await;
     let window = Duration::from_millis(100);
     let retry = RetryPolicy {
         initial: Duration::from_millis(400),
@@ -261,8 +248,7 @@ async fn accepted_tasks_survive_a_redis_restart_and_get_sent_once() {
         ids.push(accepted(a));
     }
     server.restart().await.unwrap();
-    let run = start(&server, &ledger, Faults::default()).await;
-    let permits = server.permits(permit_config()).await.unwrap();
+    let (run, permits) = start(&server, &ledger, Faults::default()).await;
     for id in &ids {
         wait_status(&permits, id, TaskStatus::Sent, Duration::from_secs(15)).await;
     }
@@ -298,8 +284,7 @@ async fn shutdown_finishes_and_records_the_send_in_flight() {
         send_delay: Duration::from_millis(500),
         ..Faults::default()
     };
-    let run = start(&server, &ledger, faults).await;
-    let permits = server.permits(permit_config()).await.unwrap();
+    let (run, permits) = start(&server, &ledger, faults).await;
     let id = accepted(
         permits
             .accept(&request("inflight", Duration::from_secs(60), fast_retry()))

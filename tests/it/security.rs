@@ -174,21 +174,29 @@ const ADMIN_TOKEN: &str = "admin-Zr8Qw3Lx6Vn1Kp4T";
 /// `[auth]` with an admin token (read from `ADMIN_T`).
 const WITH_ADMIN_TOKEN: &str = "\n[auth]\nadmin_token_env = \"ADMIN_T\"\n";
 
+/// A `pushonce serve` process on `redis` whose admin token is [`ADMIN_TOKEN`].
+async fn process_with_admin_token(
+    dir: &std::path::Path,
+    redis: &RedisServer,
+) -> (String, PushonceProcess) {
+    serve_with_known_tokens(dir, redis, WITH_ADMIN_TOKEN, &[("ADMIN_T", ADMIN_TOKEN)]).await
+}
+
+/// A client that shows redirects instead of following them (a sign-in
+/// answers one).
+fn no_redirects() -> reqwest::Client {
+    reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sign_in_name_with_a_newline_cannot_forge_a_log_line() {
     let redis = RedisServer::start().await.unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let (base, host) = serve_with_known_tokens(
-        dir.path(),
-        &redis,
-        WITH_ADMIN_TOKEN,
-        &[("ADMIN_T", ADMIN_TOKEN)],
-    )
-    .await;
-    let client = reqwest::Client::builder()
-        .redirect(reqwest::redirect::Policy::none())
-        .build()
-        .unwrap();
+    let (base, host) = process_with_admin_token(dir.path(), &redis).await;
+    let client = no_redirects();
     let name = "ana\n2026-12-03T07:00:00Z  INFO pushonce: forged\r\u{1b}[2K";
     let answer = client
         .post(format!("{base}/console/login"))
@@ -272,17 +280,8 @@ async fn without_tokens_only_loopback_hosts_and_same_origin_posts_are_served() {
 async fn failed_sign_ins_and_wrong_tokens_are_limited_per_client_address() {
     let redis = RedisServer::start().await.unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let (base, host) = serve_with_known_tokens(
-        dir.path(),
-        &redis,
-        WITH_ADMIN_TOKEN,
-        &[("ADMIN_T", ADMIN_TOKEN)],
-    )
-    .await;
-    let client = reqwest::Client::builder()
-        .redirect(reqwest::redirect::Policy::none())
-        .build()
-        .unwrap();
+    let (base, host) = process_with_admin_token(dir.path(), &redis).await;
+    let client = no_redirects();
     let admin = |client: &reqwest::Client, token: &str| {
         client
             .get(format!("{base}/admin/plugins"))
@@ -358,10 +357,7 @@ async fn console_pages_resist_framing_sniffing_caching_and_a_signed_out_cookie()
     use sha2::Digest;
     let redis = RedisServer::start().await.unwrap();
     let host = host_with_admin_token(&redis).await;
-    let client = reqwest::Client::builder()
-        .redirect(reqwest::redirect::Policy::none())
-        .build()
-        .unwrap();
+    let client = no_redirects();
     let header = |r: &reqwest::Response, name: &str| {
         r.headers()
             .get(name)

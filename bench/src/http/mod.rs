@@ -489,9 +489,10 @@ async fn print_report(
     println!("warm derive-key cost: `pushonce-bench plugins` (the plugin layer alone)");
     if let Some((d, _)) = &notes.delivered {
         println!(
-            "redis bytes kept per delivered message after it ended (1 channel, end-to-end run, its SMS receipts posted back): {:.0} bytes (MEMORY USAGE, mean of {}: permit {:.0}, task record {:.0}, event record {:.0}; {} of them still in Redis); used_memory delta over the run / messages: {:.0} bytes",
+            "redis bytes kept per delivered message after it ended (1 channel, end-to-end run, its SMS receipts posted back): {:.0} bytes (mean of {}: permit {:.0} in used_memory per copy, {:.0} by MEMORY USAGE; task record {:.0}, event record {:.0} by MEMORY USAGE; {} of them still in Redis); used_memory delta over the run / messages: {:.0} bytes",
             d.kept(),
             d.sampled,
+            d.permit_cost,
             d.permit,
             d.task,
             d.index,

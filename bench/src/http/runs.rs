@@ -65,6 +65,10 @@ pub(super) struct DeliveredMemory {
     pub per_message: f64,
     /// Mean `MEMORY USAGE` of one delivered message's permit, bytes.
     pub permit: f64,
+    /// What one such permit costs Redis in `used_memory`, bytes: the
+    /// expiry dictionary's entry and both dictionaries' slots, which
+    /// `MEMORY USAGE` leaves out, included ([`permit_cost`]).
+    pub permit_cost: f64,
     /// Mean `MEMORY USAGE` of its task record, bytes (0 once it left Redis).
     pub task: f64,
     /// Mean `MEMORY USAGE` of its event record (the event index), bytes (0 once it left).
@@ -118,6 +122,7 @@ impl DeliveredMemory {
     /// and event records while Redis still has them.
     async fn measure(
         conn: &mut pushonce::store::RedisConn,
+        url: &str,
         tag: &str,
         grown: f64,
         messages: usize,
@@ -153,6 +158,10 @@ impl DeliveredMemory {
             }
         }
         let n = permits.len().max(1) as f64;
+        let permit_cost = match permits.first() {
+            Some(key) => permit_cost(conn, url, key).await?,
+            None => 0.0,
+        };
         let mut others = Vec::new();
         for (kind, pattern) in [("pmid", "*:pmid:*"), ("unmatched", "*:unmatched:*")] {
             others.push((
@@ -165,6 +174,7 @@ impl DeliveredMemory {
         Ok(DeliveredMemory {
             per_message: grown / messages.max(1) as f64,
             permit: permit as f64 / n,
+            permit_cost,
             task: task as f64 / n,
             index: index as f64 / n,
             sampled: permits.len(),
@@ -174,11 +184,59 @@ impl DeliveredMemory {
         })
     }
 
-    /// What a message keeps in Redis after it ended, bytes: its permit, and
-    /// its task record and event record if they stayed.
+    /// What a message keeps in Redis after it ended, bytes: its permit (in
+    /// `used_memory`), and its task record and event record if they stayed.
     pub fn kept(&self) -> f64 {
-        self.permit + self.task + self.index
+        self.permit_cost + self.task + self.index
     }
+}
+
+/// How many copies [`permit_cost`] writes.
+const COPIES: usize = 20_000;
+
+/// `used_memory` per permit shaped like `sample` (its value and expiry, a
+/// name of the same length), over [`COPIES`] copies written into database
+/// 1 of the Redis at `url` (empty, so its dictionaries grow as a fresh
+/// Redis's would) and then deleted: what each permit a delivered message
+/// keeps costs Redis, which `MEMORY USAGE` understates.
+async fn permit_cost(
+    conn: &mut pushonce::store::RedisConn,
+    url: &str,
+    sample: &str,
+) -> anyhow::Result<f64> {
+    use redis::IntoConnectionInfo;
+    let value: Option<String> = redis::cmd("GET").arg(sample).query_async(conn).await?;
+    let ttl: i64 = redis::cmd("PTTL").arg(sample).query_async(conn).await?;
+    let (Some(value), true) = (value, ttl > 0) else {
+        return Ok(0.0);
+    };
+    // The name's tail is its digest: copies keep its length with another
+    // hex tail (`c` and a counter, padded).
+    let head = sample.rfind(':').map_or(sample, |i| &sample[..=i]);
+    let digits = sample.len() - head.len();
+    let names: Vec<String> = (0..COPIES)
+        .map(|i| format!("{head}c{i:0>width$x}", width = digits.saturating_sub(1)))
+        .collect();
+    let info = url.into_connection_info()?;
+    let settings = info.redis_settings().clone().set_db(1);
+    let client = redis::Client::open(info.set_redis_settings(settings))?;
+    let mut db1 = client.get_multiplexed_async_connection().await?;
+    let before = crate::permit::used_memory(conn).await?;
+    for chunk in names.chunks(1000) {
+        let mut pipe = redis::pipe();
+        for name in chunk {
+            pipe.cmd("SET")
+                .arg(name)
+                .arg(&value)
+                .arg("PX")
+                .arg(ttl)
+                .ignore();
+        }
+        pipe.query_async::<()>(&mut db1).await?;
+    }
+    let after = crate::permit::used_memory(conn).await?;
+    redis::cmd("FLUSHDB").query_async::<()>(&mut db1).await?;
+    Ok(after.saturating_sub(before) as f64 / COPIES as f64)
 }
 
 /// CPU time Redis and the host process had used at one moment, s.
@@ -457,8 +515,14 @@ impl PhaseRuns<'_> {
         if per == 1 {
             let stats = super::cost::command_stats(&mut conn).await?;
             self.redis_per_message = Some(super::cost::PerMessage::of(&stats, lat.len()));
-            let mut delivered =
-                DeliveredMemory::measure(&mut conn, &spec.tag, memory, lat.len()).await?;
+            let mut delivered = DeliveredMemory::measure(
+                &mut conn,
+                self.stack.store.url(),
+                &spec.tag,
+                memory,
+                lat.len(),
+            )
+            .await?;
             let after = crate::anatomy::Snapshot::take(&mut conn).await?;
             if let Some(before) = &before {
                 delivered.growth = after.growth_since(before, lat.len());

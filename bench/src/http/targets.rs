@@ -217,8 +217,8 @@ fn delivered_bytes(notes: &Notes) -> Target {
         Some(d) => (
             d.kept(),
             format!(
-                "after it ended: permit {:.0} + task record {:.0} + event record {:.0} ({} of {} still in Redis); used_memory delta {:.0}/message",
-                d.permit, d.task, d.index, d.in_redis, d.sampled, d.per_message
+                "after it ended: permit {:.0} (used_memory per copy; MEMORY USAGE {:.0}) + task record {:.0} + event record {:.0} ({} of {} still in Redis); used_memory delta {:.0}/message",
+                d.permit_cost, d.permit, d.task, d.index, d.in_redis, d.sampled, d.per_message
             ),
         ),
         None => (f64::NAN, "no end-to-end 1-channel run".into()),

@@ -112,7 +112,7 @@ async fn one_event_reaches_each_provider_once_and_an_edited_policy_is_used() {
         .unwrap();
     assert_eq!(sms_task["channel"], "sms", "{sms_task}");
     assert_eq!(
-        sms_task["payload"]["plugin"], "aliyun-sms@2.1.0",
+        sms_task["payload"]["plugin"], "aliyun-sms@2.2.0",
         "{sms_task}"
     );
     let one = |channel: &str| {

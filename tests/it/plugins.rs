@@ -41,7 +41,7 @@ fn the_real_plugins_load_and_describe_themselves() {
     assert_eq!(
         ids,
         [
-            "aliyun-sms@2.1.0",
+            "aliyun-sms@2.2.0",
             "apns@2.0.0",
             "fcm@2.0.0",
             "inbox@2.0.0",
@@ -49,9 +49,9 @@ fn the_real_plugins_load_and_describe_themselves() {
             "per-user-per-day@1.0.0",
             "per-user-per-job@1.0.0",
             "ses-email@1.2.0",
-            "tencent-sms@1.0.0",
+            "tencent-sms@1.1.0",
             "webhook@2.0.0",
-            "wechat@2.0.0"
+            "wechat@2.1.0"
         ]
     );
     for p in registry.plugins() {
@@ -442,7 +442,7 @@ fn a_channel_of_contract_1_is_refused_naming_the_change_and_key_policies_still_l
     assert_eq!(k, "push:per-event@1:sms:ORDER_SHIPPED:o-1:u");
     assert_eq!(
         registry.resolve_channel("aliyun-sms@^2").unwrap().id(),
-        "aliyun-sms@2.1.0"
+        "aliyun-sms@2.2.0"
     );
 }
 

@@ -137,6 +137,60 @@ async fn aliyun_arrears_hand_the_sms_to_tencent_and_a_refused_number_fails_at_al
     env.stop().await;
 }
 
+/// Two providers name one message by their own template ids: each
+/// instance maps the message's template (`template.<name>` settings), so
+/// the SMS Aliyun sends carries Aliyun's code and the one handed over to
+/// Tencent carries Tencent's id.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_provider_renders_its_own_template_id_for_the_message() {
+    let env = env(
+        |_, c| {
+            for (channel, id) in [("sms", "SMS_465910001"), (TENCENT.0, "2084672")] {
+                let settings = &mut c.get_mut(channel).unwrap().settings;
+                settings.insert("template.order_shipped".into(), id.into());
+            }
+        },
+        EnvOptions::default(),
+    )
+    .await;
+    let mut faults = Faults::default();
+    faults
+        .permanent
+        .insert("+8613800000041".into(), "isv.AMOUNT_NOT_ENOUGH".into());
+    env.sim.set_faults("sms", faults);
+    let at_aliyun = env
+        .accept(
+            CHAIN,
+            "fo-tpl-1",
+            &payload("+8613800000042", "order_shipped"),
+        )
+        .await;
+    wait_sent(&env, &at_aliyun).await;
+    let handed = env
+        .accept(
+            CHAIN,
+            "fo-tpl-2",
+            &payload("+8613800000041", "order_shipped"),
+        )
+        .await;
+    wait_sent(&env, &handed).await;
+    let sent = |channel: &str| -> Vec<(String, String)> {
+        env.ledger(channel)
+            .into_iter()
+            .map(|m| (m.recipient, m.template))
+            .collect()
+    };
+    assert_eq!(
+        sent("sms"),
+        [("+8613800000042".to_string(), "SMS_465910001".to_string())]
+    );
+    assert_eq!(
+        sent(TENCENT.0),
+        [("+8613800000041".to_string(), "2084672".to_string())]
+    );
+    env.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_ambiguous_answer_after_aliyun_took_the_sms_is_settled_at_aliyun_and_tencent_never_sends_it()
  {

@@ -158,6 +158,16 @@ pub fn setting_or(name: &str, default: &str) -> String {
         .unwrap_or_else(|| default.to_string())
 }
 
+/// The template this provider renders for a message's `template`: the
+/// setting `template.<template>` when the channel instance maps it, else
+/// `template` itself. Two providers of one channel (docs/channels.md,
+/// "Providers within a channel") name the same message each by their own
+/// id, e.g. `template.order_shipped = "SMS_465910001"` for Aliyun and
+/// `"2084672"` for Tencent.
+pub fn provider_template(template: &str) -> String {
+    setting_or(&format!("template.{template}"), template)
+}
+
 /// The setting `name` as a whole number, or `default`; a value that is not a
 /// number is a permanent error naming the setting.
 pub fn number_setting(name: &str, default: u64) -> Result<u64, SendError> {

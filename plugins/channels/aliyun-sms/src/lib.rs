@@ -3,7 +3,8 @@
 //! `provider_auth::aliyun`).
 //!
 //! Send: `SendSms` (<https://help.aliyun.com/zh/sms/developer-reference/api-dysmsapi-2017-05-25-sendsms>)
-//! with `PhoneNumbers`, `SignName`, `TemplateCode`, `TemplateParam` (a string
+//! with `PhoneNumbers`, `SignName`, `TemplateCode` (the message's template,
+//! or the setting `template.<it>` when set: 2.2.0), `TemplateParam` (a string
 //! holding JSON) and `OutId` = 32 hex digits of the idempotency key's SHA-256,
 //! every parameter in the query of `POST /`, empty body. `Code` `OK` is sent
 //! (provider id = `BizId`); other codes follow the error table in
@@ -56,7 +57,9 @@
 use channel_sdk::callback::{self, answer};
 use channel_sdk::provider::auth::aliyun::{self, Status};
 use channel_sdk::provider::auth::{Refusal, sha256_hex, time};
-use channel_sdk::provider::{authority, nonce, number_setting, refused_by, setting_or};
+use channel_sdk::provider::{
+    authority, nonce, number_setting, provider_template, refused_by, setting_or,
+};
 use channel_sdk::serde_json::{Value, json};
 use channel_sdk::{
     CallbackAnswer, CallbackError, CallbackOutcome, CallbackRequest, Channel, DeliveryStatus,
@@ -100,7 +103,7 @@ impl Channel for AliyunSms {
         let params = [
             ("PhoneNumbers", msg.recipient.clone()),
             ("SignName", require("sign_name")?),
-            ("TemplateCode", msg.template.clone()),
+            ("TemplateCode", provider_template(&msg.template)),
             ("TemplateParam", params_json(&msg.params).to_string()),
             ("OutId", out_id.clone()),
         ];

@@ -4,7 +4,7 @@
 
 use channel_sdk::provider::auth::aws::{ses, sigv4};
 use channel_sdk::provider::auth::sha256_hex;
-use channel_sdk::provider::{authority, refused_by};
+use channel_sdk::provider::{authority, provider_template, refused_by};
 use channel_sdk::{Message, Receipt, SendError, http, now_ms, params_json};
 
 use crate::settings::SendSettings;
@@ -36,10 +36,11 @@ pub fn send(msg: &Message, headers: &[(String, String)]) -> Result<Receipt, Send
     }
     let s = SendSettings::read()?;
     let data = params_json(&msg.params);
+    let template = provider_template(&msg.template);
     let body = ses::send_email_body(&ses::SendEmail {
         from: &s.from,
         to,
-        template: &msg.template,
+        template: &template,
         data: &data,
         headers,
         configuration_set: s.configuration_set.as_deref(),

@@ -13,6 +13,8 @@
 //!   to) includes Rendering Failure, Reject, Delivery, Bounce and
 //!   Complaint. Without it such an email stays `sent` forever.
 //! - `endpoint` (default `https://email.<region>.amazonaws.com`).
+//! - `template.<name>` (optional): the SES `TemplateName` for messages
+//!   naming template `<name>` (1.2.0); a template not mapped goes as it is.
 //! - `sns_endpoint` (default `https://sns.<region>.amazonaws.com`): a
 //!   `SigningCertURL` or `SubscribeURL` must be `https://` under it.
 //! - `topic_arns` (required for callbacks, comma separated): the only

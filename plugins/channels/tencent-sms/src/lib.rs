@@ -5,7 +5,8 @@
 //!
 //! Send: `SendSms` (<https://cloud.tencent.com/document/api/382/55981>) with
 //! one number in `PhoneNumberSet`, `SmsSdkAppId` (setting `sdk_app_id`),
-//! `TemplateId` (the message's template), `SignName` (setting `sign_name`,
+//! `TemplateId` (the message's template, or the setting `template.<it>`
+//! when set: 1.1.0), `SignName` (setting `sign_name`,
 //! required for mainland numbers), `TemplateParamSet` (the parameters'
 //! values, in order: Tencent's templates are positional) and
 //! `SessionContext` = 32 hex digits of the idempotency key's SHA-256 (only
@@ -47,7 +48,7 @@
 use channel_sdk::callback::{self, answer};
 use channel_sdk::provider::auth::Refusal;
 use channel_sdk::provider::auth::tencent::{self, Report};
-use channel_sdk::provider::{authority, refused_by, setting_or};
+use channel_sdk::provider::{authority, provider_template, refused_by, setting_or};
 use channel_sdk::serde_json::{Value, json};
 use channel_sdk::{
     CallbackAnswer, CallbackError, CallbackRequest, Channel, DeliveryStatus, Message,
@@ -88,7 +89,7 @@ impl Channel for TencentSms {
         let mut body = json!({
             "PhoneNumberSet": [msg.recipient],
             "SmsSdkAppId": require("sdk_app_id")?,
-            "TemplateId": msg.template,
+            "TemplateId": provider_template(&msg.template),
             "TemplateParamSet": msg.params.iter().map(|(_, v)| v.clone()).collect::<Vec<_>>(),
             "SessionContext": context,
         });

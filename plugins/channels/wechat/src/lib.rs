@@ -11,6 +11,8 @@
 //! Send: `POST /cgi-bin/message/template/send?access_token=` with
 //! `{"touser","template_id","client_msg_id","data":{k:{"value":v}}}`
 //! ("发送模板消息", <https://developers.weixin.qq.com/doc/offiaccount/Message_Management/Template_Message_Interface.html>);
+//! `template_id` is the message's template, or the setting `template.<it>`
+//! when set (2.1.0);
 //! errcode 0 sent (provider id = `msgid`); the errcode table is
 //! `provider_auth::wechat::classify` (that page and "全局返回码"); `-1`
 //! ("系统繁忙"), 45066 and a 5xx unknown (nothing says the message was not
@@ -71,7 +73,9 @@
 
 use channel_sdk::callback::{self, answer};
 use channel_sdk::provider::auth::{Class, Refusal, wechat};
-use channel_sdk::provider::{Attempt, post_json, refused_by, setting_or, token_answer, with_token};
+use channel_sdk::provider::{
+    Attempt, post_json, provider_template, refused_by, setting_or, token_answer, with_token,
+};
 use channel_sdk::serde_json::{Map, Value, json};
 use channel_sdk::{
     CallbackAnswer, CallbackError, CallbackRequest, Channel, DeliveryStatus, Message,
@@ -106,7 +110,7 @@ impl Channel for Wechat {
             .collect();
         let body = json!({
             "touser": msg.recipient,
-            "template_id": msg.template,
+            "template_id": provider_template(&msg.template),
             "client_msg_id": client_msg_id,
             "data": data,
         });

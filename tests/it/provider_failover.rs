@@ -47,6 +47,15 @@ async fn accept(env: &Env, key: &str, phone: &str) -> String {
     env.accept(CHAIN, key, &payload(phone, "SMS_1001")).await
 }
 
+/// Aliyun refuses each number of `refusals` for good with its code.
+fn aliyun_refuses(env: &Env, refusals: &[(&str, &str)]) {
+    let mut faults = Faults::default();
+    for (phone, code) in refusals {
+        faults.permanent.insert(phone.to_string(), code.to_string());
+    }
+    env.sim.set_faults("sms", faults);
+}
+
 async fn task(env: &Env, id: &str) -> Task {
     env.permits
         .task(id)
@@ -113,14 +122,13 @@ async fn aliyun_refusing_the_credentials_hands_the_sms_to_tencent_which_sends_it
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn aliyun_arrears_hand_the_sms_to_tencent_and_a_refused_number_fails_at_aliyun() {
     let env = env(|_, _| {}, EnvOptions::default()).await;
-    let mut faults = Faults::default();
-    faults
-        .permanent
-        .insert("+8613800000011".into(), "isv.AMOUNT_NOT_ENOUGH".into());
-    faults
-        .permanent
-        .insert("+8613800000012".into(), "isv.MOBILE_NUMBER_ILLEGAL".into());
-    env.sim.set_faults("sms", faults);
+    aliyun_refuses(
+        &env,
+        &[
+            ("+8613800000011", "isv.AMOUNT_NOT_ENOUGH"),
+            ("+8613800000012", "isv.MOBILE_NUMBER_ILLEGAL"),
+        ],
+    );
     let bad = accept(&env, "fo-number", "+8613800000012").await;
     env.wait_status(&bad, TaskStatus::Failed).await;
     let task = task(&env, &bad).await;
@@ -153,27 +161,16 @@ async fn each_provider_renders_its_own_template_id_for_the_message() {
         EnvOptions::default(),
     )
     .await;
-    let mut faults = Faults::default();
-    faults
-        .permanent
-        .insert("+8613800000041".into(), "isv.AMOUNT_NOT_ENOUGH".into());
-    env.sim.set_faults("sms", faults);
-    let at_aliyun = env
-        .accept(
-            CHAIN,
-            "fo-tpl-1",
-            &payload("+8613800000042", "order_shipped"),
-        )
-        .await;
-    wait_sent(&env, &at_aliyun).await;
-    let handed = env
-        .accept(
-            CHAIN,
-            "fo-tpl-2",
-            &payload("+8613800000041", "order_shipped"),
-        )
-        .await;
-    wait_sent(&env, &handed).await;
+    aliyun_refuses(&env, &[("+8613800000041", "isv.AMOUNT_NOT_ENOUGH")]);
+    for (key, phone) in [
+        ("fo-tpl-1", "+8613800000042"),
+        ("fo-tpl-2", "+8613800000041"),
+    ] {
+        let t = env
+            .accept(CHAIN, key, &payload(phone, "order_shipped"))
+            .await;
+        wait_sent(&env, &t).await;
+    }
     let sent = |channel: &str| -> Vec<(String, String)> {
         env.ledger(channel)
             .into_iter()
@@ -244,11 +241,7 @@ async fn a_per_number_limit_at_aliyun_keeps_the_task_at_aliyun() {
         },
     )
     .await;
-    let mut faults = Faults::default();
-    faults
-        .permanent
-        .insert("+8613800000031".into(), "isv.BUSINESS_LIMIT_CONTROL".into());
-    env.sim.set_faults("sms", faults);
+    aliyun_refuses(&env, &[("+8613800000031", "isv.BUSINESS_LIMIT_CONTROL")]);
     let t = accept(&env, "fo-limit", "+8613800000031").await;
     env.wait_status(&t, TaskStatus::Dead).await;
     let task = task(&env, &t).await;
@@ -311,11 +304,7 @@ async fn one_budget_per_user_whichever_provider_sent_or_holds_the_message() {
         },
     )
     .await;
-    let mut faults = Faults::default();
-    faults
-        .permanent
-        .insert("+8613800000041".into(), "isv.SMS_TEMPLATE_ILLEGAL".into());
-    env.sim.set_faults("sms", faults);
+    aliyun_refuses(&env, &[("+8613800000041", "isv.SMS_TEMPLATE_ILLEGAL")]);
     let moved = accept_capped(&env, "fo-cap-1", "+8613800000041").await;
     let Acceptance::Accepted { task_id: moved } = moved else {
         panic!("the first message is accepted: {moved:?}");

@@ -11,6 +11,23 @@ use serde::Deserialize;
 /// API checks requests against it; an opt-out naming a longer user is refused).
 pub(crate) const MAX_ID: usize = 128;
 
+/// What is wrong with a text field, if anything: empty, more than `max`
+/// characters, or holding control characters (the API's event fields and a
+/// policy's template names are held to the same rule).
+pub(crate) fn check_text(value: &str, max: usize) -> Result<(), String> {
+    if value.is_empty() {
+        return Err("must not be empty".into());
+    }
+    let chars = value.chars().count();
+    if chars > max {
+        return Err(format!("is {chars} characters long; at most {max}"));
+    }
+    if value.chars().any(char::is_control) {
+        return Err("must not contain control characters".into());
+    }
+    Ok(())
+}
+
 /// A business event, as the host checked it: what key policies see and
 /// what payloads are built from.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -269,25 +269,10 @@ fn now_ms() -> u64 {
         .unwrap_or(0)
 }
 
-/// Checks a text field: non-empty, at most `max` bytes, no control characters.
+/// Checks a text field: non-empty, at most `max` characters, no control
+/// characters (`event::check_text`), naming the field.
 fn check_text(field: &str, value: &str, max: usize) -> Result<(), ApiError> {
-    if value.is_empty() {
-        return Err(ApiError::invalid(field, "must not be empty"));
-    }
-    let chars = value.chars().count();
-    if chars > max {
-        return Err(ApiError::invalid(
-            field,
-            format!("is {chars} characters long; at most {max}"),
-        ));
-    }
-    if value.chars().any(char::is_control) {
-        return Err(ApiError::invalid(
-            field,
-            "must not contain control characters",
-        ));
-    }
-    Ok(())
+    crate::event::check_text(value, max).map_err(|why| ApiError::invalid(field, why))
 }
 
 /// Checks the request's fields against the limits.

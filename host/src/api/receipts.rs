@@ -228,21 +228,16 @@ async fn serve(
 /// sees only the status, and an operator's misconfigured setting (a topic,
 /// a token) shows up here first.
 fn log_refusal(channel: &str, refusal: &ReceiptRefusal) {
-    match refusal {
-        ReceiptRefusal::Forbidden(why) => {
-            tracing::warn!(channel, why = %why, "callback refused (403)");
-        }
-        ReceiptRefusal::Malformed(why) => {
-            tracing::warn!(channel, why = %why, "callback refused as malformed (400)");
-        }
-        ReceiptRefusal::Failed(why) => {
-            tracing::warn!(channel, why = %why, "callback failed in its plugin (500)");
-        }
+    let (what, why) = match refusal {
+        ReceiptRefusal::Forbidden(why) => ("refused (403)", why),
+        ReceiptRefusal::Malformed(why) => ("refused as malformed (400)", why),
+        ReceiptRefusal::Failed(why) => ("failed in its plugin (500)", why),
         // Redis or the ledger: logged where they failed, and the provider retries.
         ReceiptRefusal::Unavailable(_)
         | ReceiptRefusal::NotYet(_)
-        | ReceiptRefusal::OptOutsUnstored(_) => {}
-    }
+        | ReceiptRefusal::OptOutsUnstored(_) => return,
+    };
+    tracing::warn!(channel, why = %why, "callback {what}");
 }
 
 /// The path after the channel's gate: anything for an open channel, the

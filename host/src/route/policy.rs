@@ -371,20 +371,13 @@ impl PolicyFile {
     }
 }
 
-/// A template name: not blank, at most as long as the API allows an
-/// event's `template`, no control characters.
+/// A template name: not blank, and held to the API's rule for an event's
+/// `template` (`event::check_text`).
 fn check_template(t: &str) -> Result<(), String> {
-    let (chars, max) = (t.chars().count(), crate::event::MAX_ID);
     if t.trim().is_empty() {
         return Err("must not be empty".into());
     }
-    if chars > max {
-        return Err(format!("is {chars} characters long; at most {max}"));
-    }
-    if t.chars().any(char::is_control) {
-        return Err("must not contain control characters".into());
-    }
-    Ok(())
+    crate::event::check_text(t, crate::event::MAX_ID)
 }
 
 /// A window between a second and [`MAX_WINDOW`].

@@ -1024,6 +1024,62 @@ async fn only_completed_checks_count_and_each_is_logged_beside_the_cause() {
     assert!(held.iter().any(|(t, _)| *t == id), "{held:?}");
 }
 
+/// A re-claimed attempt its worker gives back before it decided on the
+/// vanished worker's send (its ledger claim stopped, or marking the request
+/// failed) is re-claimed again by the next worker: the provider may still
+/// have the first message, so the next attempt is never sent unchecked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reclaimed_attempt_given_back_is_reclaimed_again() {
+    let server = RedisServer::start().await.unwrap();
+    let permits = server.permits(permit_config()).await.unwrap();
+    let lease = Duration::from_millis(100);
+    let id = accepted(
+        &permits
+            .accept(&request("reclaim-given-back", Duration::from_secs(30)))
+            .await
+            .unwrap(),
+    );
+    let first = begin(&permits, &id, lease).await;
+    assert!(
+        permits
+            .mark_request_started(&first, lease)
+            .await
+            .unwrap()
+            .is_some()
+    );
+    // The first worker vanishes mid-send; the second re-claims and gives back.
+    let second = begin_when_free(&permits, &id, Duration::from_secs(5)).await;
+    assert!(second.reclaimed);
+    permits
+        .record(&second, &Outcome::Release, None)
+        .await
+        .unwrap();
+    let task = permits.task(&id).await.unwrap().unwrap();
+    assert_eq!(task.status, TaskStatus::Queued, "{task:?}");
+
+    let third = begin(&permits, &id, lease).await;
+    assert!(third.reclaimed, "given back, still a re-claim: {third:?}");
+    assert_eq!(third.number, 2, "the given-back attempt is not counted");
+    assert_eq!(
+        third
+            .task
+            .fields
+            .get("vanished_request_started")
+            .map(String::as_str),
+        Some("1"),
+        "what the first re-claim found stays"
+    );
+    // Once an outcome is recorded the question is answered: a later
+    // attempt is no re-claim.
+    let retry = Outcome::Retry {
+        delay: Duration::ZERO,
+        reason: "provider busy".into(),
+    };
+    permits.record(&third, &retry, None).await.unwrap();
+    let fourth = begin(&permits, &id, lease).await;
+    assert!(!fourth.reclaimed, "{fourth:?}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reclaimed_attempt_says_whether_the_vanished_worker_had_started_its_send() {
     let server = RedisServer::start().await.unwrap();

@@ -38,6 +38,10 @@ local function begin_one(task, stream, A, now)
   elseif status ~= 'queued' and status ~= 'retry_wait' then
     return {'settled', status}
   end
+  -- A re-claimed attempt its worker gave back before deciding on the
+  -- vanished worker's send (record.lua's release keeps `reclaim_open`): the
+  -- provider may still have that message, so this attempt is a re-claim too.
+  local again = not stale and redis.call('HGET', task, 'reclaim_open') == '1'
   local owner = redis.call('GET', permit)
   if not owner then
     -- The permit lapsed while the task waited (queued longer than its window,
@@ -65,7 +69,7 @@ local function begin_one(task, stream, A, now)
   -- status query's lag are counted from (`attempt_started_at` is the last).
   redis.call('HSETNX', task, 'first_attempt_at', n2s(now))
   if stale then
-    redis.call('HSET', task, 'maybe_sent', '1')
+    redis.call('HSET', task, 'maybe_sent', '1', 'reclaim_open', '1')
     redis.call('HINCRBY', task, 'reclaims', 1)
     -- Whether the vanished worker had handed the message to its channel
     -- (extend.lua marks it just before the send): evidence for the operator.
@@ -75,7 +79,7 @@ local function begin_one(task, stream, A, now)
   -- This attempt has not started its send yet.
   redis.call('HDEL', task, 'request_started_at')
   redis.call('PEXPIREAT', permit, n2s(lease_until + grace), 'GT')
-  return {'begun', n2s(attempt), n2s(lease_until), stale and '1' or '0', redis.call('HGETALL', task),
+  return {'begun', n2s(attempt), n2s(lease_until), (stale or again) and '1' or '0', redis.call('HGETALL', task),
     event_fields(task, id)}
 end
 local n = #KEYS / 2

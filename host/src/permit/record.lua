@@ -42,7 +42,8 @@ local function record_one(K, A, now)
   end
   if outcome == 'release' then
     -- Nothing sent: the attempt is given back, uncounted; the stream entry
-    -- stays pending (not acked) and is re-claimed after a lease.
+    -- stays pending (not acked) and is re-claimed after a lease. A re-claim
+    -- given back keeps `reclaim_open`: the next begin re-claims it again.
     redis.call('HSET', K[1], 'status', 'queued', 'lease_token', '', 'updated_at', n2s(now))
     redis.call('HINCRBY', K[1], 'tries', -1)
     return {'recorded', 'kept'}
@@ -155,6 +156,8 @@ local function record_one(K, A, now)
   if outcome ~= 'retry' and outcome ~= 'resend' and outcome ~= 'resend_by_reference' then
     redis.call('HDEL', K[1], 'resend_by')
   end
+  -- An outcome was decided: a re-claim's question is answered.
+  redis.call('HDEL', K[1], 'reclaim_open')
   if outcome ~= 'retry' and outcome ~= 'resend' and outcome ~= 'resend_by_reference'
       and outcome ~= 'unknown' and not followed then
     -- The task's expiry changed: its event record follows (leave_or_keep

@@ -28,6 +28,12 @@ pub(crate) fn check_text(value: &str, max: usize) -> Result<(), String> {
     Ok(())
 }
 
+/// Whether `value` is longer than `max` characters: the measure
+/// [`check_text`] accepts by, so a look-up refuses only what no accept took.
+pub(crate) fn longer_than(value: &str, max: usize) -> bool {
+    value.chars().nth(max).is_some()
+}
+
 /// A business event, as the host checked it: what key policies see and
 /// what payloads are built from.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -238,7 +244,11 @@ pub fn occurred_at_within(at: OccurredAt<'_>, years: YearRange) -> Result<u64, S
             .ok_or_else(|| not_millis(ms))?,
         OccurredAt::Text(s) => parse_rfc3339(s)?,
     };
-    let year = at.to_offset(time::UtcOffset::UTC).year();
+    // `checked_`: an offset can carry 9999-12-31 past the last year `time` holds.
+    let Some(utc) = at.checked_to_offset(time::UtcOffset::UTC) else {
+        return Err("is after the year 9999 in UTC".to_string());
+    };
+    let year = utc.year();
     if !(years.from..=years.to).contains(&year) {
         return Err(format!(
             "year {year} is outside the accepted years {}..={} (`occurred_at_years` in pushonce.toml)",
@@ -396,6 +406,14 @@ mod tests {
         );
         assert!(at((-1i64).into(), d).is_err());
         assert!(at(1.5.into(), d).is_err());
+        // An offset that carries the last day past year 9999 in UTC: an error, not a panic.
+        for years in [d, YearRange::ANY] {
+            assert!(
+                at("9999-12-31T23:59:59-01:00".into(), years)
+                    .unwrap_err()
+                    .contains("after the year 9999")
+            );
+        }
     }
 
     #[test]

@@ -303,6 +303,25 @@ async fn queued_tasks_cancelled_before_any_worker_never_reach_the_providers() {
         );
     }
 
+    // Ids within the accepted 128 characters but longer in bytes (three
+    // each here) are looked up and cancelled like any other.
+    let (biz_id, user) = ("订".repeat(100), "用".repeat(120));
+    let mut wide = event("CANCEL_TEST", &biz_id, 9);
+    wide["user_id"] = json!(user);
+    let wide_ids = post_event(&client, &base, &wide).await;
+    assert_eq!(wide_ids.len(), 2);
+    let found = get_json(&client, &format!("{base}/v1/events/CANCEL_TEST/{biz_id}"))
+        .await
+        .unwrap();
+    assert_eq!(found["tasks"].as_array().map(Vec::len), Some(2), "{found}");
+    let body = json!({"user_id": user});
+    let (status, answer, _) = cancel(&client, &base, "CANCEL_TEST", &biz_id, Some(body)).await;
+    assert_eq!(status, 200, "{answer}");
+    assert!(
+        items(&answer).iter().all(|i| i.1 == "cancelled"),
+        "{answer}"
+    );
+
     // A dispatching host drains the ready streams: c-2 and c-3's re-posted
     // SMS and its inbox are sent, c-1 and c-3's first SMS never.
     let worker = serve(&redis, &sim, &dir.path().join("worker"), &policies, 4, "").await;

@@ -13,8 +13,9 @@ use utoipa::ToSchema;
 use super::AppState;
 use super::body::{check_json_media_type, parse_json};
 use super::history;
-use super::model::{MAX_ID, MAX_NAME, MAX_RECIPIENT, Problem, TaskView};
+use super::model::{MAX_ID, MAX_NAME, Problem, TaskView};
 use super::problem::ApiError;
+use crate::event::longer_than;
 use crate::metric_names as names;
 use crate::permit::{Cancel, PermitFate, Task, TaskStatus};
 
@@ -96,10 +97,10 @@ pub(crate) async fn cancel_event(
             "unknown_event: no task of event {biz_type}/{biz_id}{what}"
         ))
     };
-    if biz_type.len() > MAX_ID || biz_id.len() > MAX_ID {
+    if longer_than(&biz_type, MAX_ID) || longer_than(&biz_id, MAX_ID) {
         return Err(unknown(""));
     }
-    check_filter("user_id", req.user_id.as_deref(), MAX_RECIPIENT)?;
+    check_filter("user_id", req.user_id.as_deref(), MAX_ID)?;
     check_filter("channel", req.channel.as_deref(), MAX_NAME)?;
     if !state.permits.config().event_index {
         return Err(ApiError::Conflict(
@@ -225,15 +226,13 @@ fn permit_name(fate: PermitFate) -> &'static str {
     }
 }
 
-/// A filter of the body: when given, non-empty and at most `max` bytes.
+/// A filter of the body: when given, held to the accept's text rule
+/// (`event::check_text`: non-empty, at most `max` characters).
 fn check_filter(field: &str, value: Option<&str>, max: usize) -> Result<(), ApiError> {
     match value {
         Some("") => Err(ApiError::invalid(field, "must not be empty when given")),
-        Some(v) if v.len() > max => Err(ApiError::invalid(
-            field,
-            format!("at most {max} bytes (got {})", v.len()),
-        )),
-        _ => Ok(()),
+        Some(v) => crate::event::check_text(v, max).map_err(|why| ApiError::invalid(field, why)),
+        None => Ok(()),
     }
 }
 

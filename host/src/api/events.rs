@@ -22,7 +22,9 @@ use super::log::escaped;
 use super::model::Problem;
 use super::model::*;
 use super::problem::ApiError;
-use crate::event::{Event, OccurredAt as At, YearRange, occurred_at_within, send_at_within};
+use crate::event::{
+    Event, OccurredAt as At, YearRange, longer_than, occurred_at_within, send_at_within,
+};
 use crate::permit::{AcceptRequest, Acceptance};
 use crate::route::Snapshot;
 use crate::route::plan::{PlanRequest, PlannedEvent};
@@ -211,7 +213,7 @@ pub(crate) async fn get_event(
     query: Result<Query<EventQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Json<EventTasks>, ApiError> {
     let Query(query) = query.map_err(|e| ApiError::invalid("query", e.body_text()))?;
-    if biz_type.len() > MAX_ID || biz_id.len() > MAX_ID {
+    if longer_than(&biz_type, MAX_ID) || longer_than(&biz_id, MAX_ID) {
         return Err(ApiError::NotFound(format!(
             "no task of event {biz_type}/{biz_id}"
         )));

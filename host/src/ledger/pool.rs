@@ -224,7 +224,8 @@ impl LedgerPool {
                 .await?;
             return Ok(LedgerPool::Sqlite(pool));
         }
-        Err(LedgerError::BadUrl(url.to_string()))
+        // No password in the error: it is logged and printed at start.
+        Err(LedgerError::BadUrl(crate::store::redact(url)))
     }
 
     /// A pool for reads that must not wait behind the claims and the
@@ -316,5 +317,21 @@ impl LedgerPool {
             sqlx::query("SELECT 1").execute(p).await?;
         });
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_mistyped_ledger_url_is_named_without_its_password() {
+        let err = LedgerPool::connect("postgress://u:s3cret@db.example/x")
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("ledger_url"), "{err}");
+        assert!(err.contains("db.example/x"), "{err}");
+        assert!(!err.contains("s3cret"), "{err}");
     }
 }

@@ -293,7 +293,7 @@ pub async fn single_server_manager(
 }
 
 /// Removes a password from a URL before it goes into an error message.
-fn redact(url: &str) -> String {
+pub(crate) fn redact(url: &str) -> String {
     match (url.find("://"), url.rfind('@')) {
         (Some(scheme), Some(at)) if at > scheme => {
             format!("{}://***{}", &url[..scheme], &url[at..])

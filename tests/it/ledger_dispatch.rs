@@ -141,6 +141,56 @@ async fn a_task_whose_key_the_ledger_holds_for_another_is_not_sent() {
     assert_eq!(row.status, "sent");
 }
 
+/// A task refused for good with nothing sent releases its permit so a
+/// corrected re-post is accepted; the ledger lets the key go with it, so
+/// that re-post is sent (not stopped as a duplicate by the old row).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_refused_with_nothing_sent_frees_its_key_for_the_corrected_repost() {
+    let redis = RedisServer::start().await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("sent.jsonl");
+    let ledger = Ledger::open(&Ledger::sqlite_url(dir.path())).await.unwrap();
+    let permits = redis.permits(permit_config()).await.unwrap();
+    let key = "order-7:sms";
+    let first = accept(&permits, key).await;
+    // The provider refuses it for good (a bad template, say).
+    let refusing = RunningDispatcher::start_claiming(
+        redis.client(),
+        permits.clone(),
+        &file,
+        Faults {
+            permanent_match: Some("order-7".into()),
+            ..Faults::default()
+        },
+        4,
+        Duration::from_secs(1),
+        Some(ledger.clone()),
+    );
+    wait_status(&permits, &first, TaskStatus::Failed).await;
+    refusing.stop().await;
+    assert_eq!(permits.permit_owner(key).await.unwrap(), None, "released");
+
+    // Corrected, the event is posted again: accepted, and sent.
+    let again = accept(&permits, key).await;
+    let running = dispatcher(&redis, &permits, &file, &ledger);
+    wait_until(Duration::from_secs(20), || {
+        let (permits, again) = (permits.clone(), again.clone());
+        async move {
+            let status = permits.task(&again).await.unwrap().map(|t| t.status);
+            status.is_some_and(|s| s != TaskStatus::Queued && s != TaskStatus::Sending)
+        }
+    })
+    .await
+    .unwrap();
+    running.stop().await;
+    let task = permits.task(&again).await.unwrap().unwrap();
+    assert_eq!(task.status, TaskStatus::Sent, "{task:?}");
+    assert_eq!(sent_by_key(&read_ledger(&file))[key].len(), 1);
+    // The first task's history stays in Redis for the retention.
+    let failed = permits.task(&first).await.unwrap().unwrap();
+    assert_eq!(failed.status, TaskStatus::Failed);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn while_the_ledger_is_down_nothing_is_sent_and_all_is_sent_once_after() {
     let redis = RedisServer::start().await.unwrap();

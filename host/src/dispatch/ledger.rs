@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use super::{DispatchContext, pause};
 use crate::ledger::{Claim, ClaimAnswer, now_ms, recipient_digest};
-use crate::permit::{Attempt, Outcome};
+use crate::permit::{Attempt, Noted, Outcome};
 
 /// One attempt's answer of [`claim_batch`].
 pub(crate) enum Claimed {
@@ -83,17 +83,16 @@ pub(crate) async fn claim_batch(shared: &DispatchContext, attempts: &[&Attempt])
 }
 
 /// Writes the outcome of an attempt to the ledger, when there is one
-/// ([`crate::permit::note_outcome`]); an outcome that ends the task for good
-/// is waited for at most a third of a lease. True when the ledger confirmed
-/// it, and the task may leave Redis as it is recorded.
+/// ([`crate::permit::note_outcome`]); an outcome that ends the task for good,
+/// or releases its permit, is waited for at most a third of a lease.
 pub(crate) async fn note_outcome(
     shared: &DispatchContext,
     attempt: &Attempt,
     outcome: &Outcome,
     ends: bool,
-) -> bool {
+) -> Noted {
     let Some(ledger) = &shared.ledger else {
-        return false;
+        return Noted::default();
     };
     let within = (shared.config.lease / 3).max(Duration::from_millis(10));
     crate::permit::note_outcome(ledger, attempt, outcome, ends, within, now_ms()).await

@@ -194,11 +194,13 @@ async fn send_and_note(
     // its payload's fallback) while the fallback could be needed.
     let may_fail_later = for_receipts && !checkable;
     let ends = ends_for_good(attempt, &outcome, checkable, may_fail_later);
-    let ledger_holds_outcome = super::ledger::note_outcome(shared, attempt, &outcome, ends).await;
+    let noted = super::ledger::note_outcome(shared, attempt, &outcome, ends).await;
+    let ledger_holds_outcome = noted.holds_outcome;
     let context = RecordContext {
         checkable,
         held: None,
         ledger_holds_outcome,
+        ledger_keeps_key: noted.keeps_key,
     };
     // Awaiting a receipt: kept like the task; gone already: for the key's
     // window, so a late receipt still finds the ledger row.

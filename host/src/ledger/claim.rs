@@ -223,9 +223,9 @@ const CANCELLED_SQL: &str = "INSERT INTO deliveries \
     ON CONFLICT (key) DO UPDATE SET status = 'cancelled', updated_at = excluded.updated_at \
     WHERE deliveries.task_id = excluded.task_id";
 
-/// A cancelled task whose permit was released: no row may stop the key's
-/// next task (a re-post), so the row of the task's own claim, if an attempt
-/// claimed and gave it back unsent, goes.
+/// A task whose permit is released with nothing sent (cancelled, or failed
+/// or dead before anything reached the provider): no row may stop the key's
+/// next task (a re-post), so the row of the task's own claim goes.
 const RELEASED_SQL: &str = "DELETE FROM deliveries WHERE key = $1 AND task_id = $2";
 
 impl super::Ledger {
@@ -235,15 +235,11 @@ impl super::Ledger {
     /// when written. A failure is logged.
     pub(crate) async fn write_cancelled(&self, c: &Claim, released: bool) -> bool {
         let done: Result<(), LedgerError> = async {
+            if released {
+                return self.delete_own_row(&c.key, &c.task_id).await;
+            }
             on_pool!(self.pool(), p => {
-                if released {
-                    sqlx::query(RELEASED_SQL)
-                        .bind(&c.key)
-                        .bind(&c.task_id)
-                        .execute(p)
-                        .await?;
-                } else {
-                    sqlx::query(CANCELLED_SQL)
+                sqlx::query(CANCELLED_SQL)
                         .bind(&c.key)
                         .bind(&c.task_id)
                         .bind(&c.channel)
@@ -256,7 +252,6 @@ impl super::Ledger {
                         .bind(c.accepted_ms)
                         .execute(p)
                         .await?;
-                }
             });
             Ok(())
         }
@@ -268,5 +263,42 @@ impl super::Ledger {
                 false
             }
         }
+    }
+
+    /// Takes out task `task_id`'s own row of `key` within `within`, before
+    /// its permit is released with nothing sent (failed or dead before
+    /// anything reached the provider), so the key's next task can claim it.
+    /// True when done; false (logged) when the ledger did not confirm it:
+    /// the permit must then stay, or a re-post would be accepted by Redis
+    /// and refused by the claim.
+    pub(crate) async fn release_confirmed(
+        &self,
+        key: &str,
+        task_id: &str,
+        within: std::time::Duration,
+    ) -> bool {
+        match tokio::time::timeout(within, self.delete_own_row(key, task_id)).await {
+            Ok(Ok(())) => true,
+            Ok(Err(e)) => {
+                tracing::warn!(task = %task_id, error = %e, "could not take the task's row out of the ledger; its permit is kept for the window");
+                false
+            }
+            Err(_) => {
+                tracing::warn!(task = %task_id, ?within, "the ledger did not take the task's row out in time; its permit is kept for the window");
+                false
+            }
+        }
+    }
+
+    /// [`RELEASED_SQL`]: task `task_id`'s own row of `key`, if any, goes.
+    async fn delete_own_row(&self, key: &str, task_id: &str) -> Result<(), LedgerError> {
+        on_pool!(self.pool(), p => {
+            sqlx::query(RELEASED_SQL)
+                .bind(key)
+                .bind(task_id)
+                .execute(p)
+                .await?;
+        });
+        Ok(())
     }
 }

@@ -151,6 +151,12 @@ pub struct RecordContext {
     /// leaves Redis in the same script (its permit stays). False (the
     /// default): it keeps the retention.
     pub ledger_holds_outcome: bool,
+    /// The delivery ledger may still hold the task's row of its key (its
+    /// removal was not confirmed): a `failed` or `dead` outcome keeps the
+    /// permit for the window even when nothing was sent, since a re-post
+    /// would be accepted by Redis and refused by the ledger's claim. False
+    /// (the default): such an outcome releases the permit.
+    pub ledger_keeps_key: bool,
 }
 
 impl Default for RecordContext {
@@ -159,6 +165,7 @@ impl Default for RecordContext {
             checkable: true,
             held: None,
             ledger_holds_outcome: false,
+            ledger_keeps_key: false,
         }
     }
 }

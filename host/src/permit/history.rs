@@ -49,13 +49,38 @@ fn outcome_update(attempt: &Attempt, outcome: &Outcome, at_ms: i64) -> Option<Up
     })
 }
 
+/// What the ledger holds once an attempt's outcome was noted
+/// ([`note_outcome`]); without a ledger, nothing (the default).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Noted {
+    /// The ledger confirmed an outcome that ends the task for good: the
+    /// task may leave Redis as it is recorded
+    /// ([`RecordContext::ledger_holds_outcome`](super::RecordContext)).
+    pub(crate) holds_outcome: bool,
+    /// The ledger may still hold the task's row of its key: its permit
+    /// stays, whatever was sent ([`RecordContext::ledger_keeps_key`](super::RecordContext)).
+    pub(crate) keeps_key: bool,
+}
+
+/// Whether recording `outcome` releases the task's permit (`record.lua`):
+/// it ends failed or dead and nothing of it may have reached the provider
+/// (a Bloom mode task's filter bits guard its key instead).
+fn frees_key(attempt: &Attempt, outcome: &Outcome) -> bool {
+    let task = &attempt.task;
+    matches!(outcome, Outcome::Failed { .. } | Outcome::Dead { .. })
+        && !task.ever_sent
+        && !task.maybe_sent
+        && !task.fields.get("dedup").is_some_and(|d| d == "bloom")
+}
+
 /// Writes the outcome of an attempt to `ledger`, before Redis records it
 /// (so a look-up never shows less than before). An outcome that ends the
 /// task for good (`ends`: sent with nothing to await, failed with its
-/// fallback taken) is waited for, at most `within`: true when the ledger
-/// confirmed it, and the task may leave Redis as it is recorded
-/// ([`RecordContext::ledger_holds_outcome`](super::RecordContext)). Other
-/// outcomes are only queued for the batched writer (false).
+/// fallback taken) is waited for, at most `within`. One that releases the
+/// permit with nothing sent takes the task's row out instead, at most
+/// `within` (the task keeps Redis's retention, its history): a corrected
+/// re-post is accepted by Redis and must not be refused by the claim.
+/// Other outcomes are only queued for the batched writer.
 pub(crate) async fn note_outcome(
     ledger: &Ledger,
     attempt: &Attempt,
@@ -63,17 +88,33 @@ pub(crate) async fn note_outcome(
     ends: bool,
     within: Duration,
     at_ms: i64,
-) -> bool {
+) -> Noted {
+    let kept = Noted {
+        holds_outcome: false,
+        keeps_key: true,
+    };
+    if frees_key(attempt, outcome) {
+        let freed = ledger
+            .release_confirmed(&attempt.task.key, &attempt.task_id, within)
+            .await;
+        return Noted {
+            keeps_key: !freed,
+            ..kept
+        };
+    }
     let Some(update) = outcome_update(attempt, outcome, at_ms) else {
-        return false;
+        return kept;
     };
     if ends {
-        return ledger.update_confirmed(update, within).await;
+        return Noted {
+            holds_outcome: ledger.update_confirmed(update, within).await,
+            ..kept
+        };
     }
     if let Err(e) = ledger.update(update).await {
         tracing::warn!(task = %attempt.task_id, error = %e, "could not queue the ledger update");
     }
-    false
+    kept
 }
 
 impl Permits {

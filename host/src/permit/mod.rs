@@ -66,7 +66,7 @@ pub use fallback::ProviderSettled;
 pub use gate::{CapCheck, CapPeriod, DigestCheck, DigestDue, Gate, QuietCheck};
 pub use held::{HeldCause, RecordContext};
 pub(crate) use held::{OperatorNote, OperatorStep, ReconcileStep, parse_operator_log};
-pub(crate) use history::{note_outcome, operator_log};
+pub(crate) use history::{Noted, note_outcome, operator_log};
 pub use keys::{Layout, shard_of_task};
 pub use payload::{DIGEST_COUNT, DIGEST_ITEMS, Fallback, InvalidPayload, Payload, UnsubscribeLink};
 pub use reconcile::{CheckAction, CheckNote};

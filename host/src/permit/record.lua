@@ -2,7 +2,7 @@
 -- would be one call per task; each fenced by its own lease token and decided as
 -- if it were alone); acks each one's stream entry once no task it names
 -- needs it (lib.lua's ack_entry).
--- Per task i (from 1), the KEYS and ARGV below at offsets 5*(i-1) and 16*(i-1):
+-- Per task i (from 1), the KEYS and ARGV below at offsets 5*(i-1) and 17*(i-1):
 -- KEYS[1] task, KEYS[2] permit, KEYS[3] ready stream, KEYS[4] delayed zset,
 -- KEYS[5] awaiting zset (tasks the reconciler checks, scored by when the next check is due)
 -- ARGV[1] task id, ARGV[2] lease token, ARGV[3] outcome
@@ -24,6 +24,9 @@
 --           its outcome: ms to expire after, '0' = it leaves Redis now (hash and
 --           event-index entry; the permit stays); '' = the ledger does not hold
 --           it (off, or not confirmed): ARGV[6], the retention
+-- ARGV[17] '1': a failed or dead task keeps its permit for the window even
+--           with nothing sent (the delivery ledger may still hold its row of
+--           the key, which would refuse a re-post's claim); '0': released
 -- A sent task enters the awaiting index only when ARGV[11] is not '-1' (its
 -- channel can confirm it later: a status query or receipts); else sent is final.
 -- An unknown task is listed in the shard's held index ({ns:shard}:held)
@@ -110,8 +113,9 @@ local function record_one(K, A, now)
     if owner == id then
       local sent = redis.call('HGET', K[1], 'ever_sent') == '1'
       local maybe = redis.call('HGET', K[1], 'maybe_sent') == '1'
-      if (sent or maybe) and not bloom then
-        -- Something may have reached the provider: keep the window.
+      if (sent or maybe or A[17] == '1') and not bloom then
+        -- Something may have reached the provider (or the ledger may
+        -- still hold the key for this task): keep the window.
         redis.call('PEXPIREAT', K[2], n2s(window_end(K[1], now)))
         fate = 'kept'
       else
@@ -174,14 +178,14 @@ local function record_one(K, A, now)
   return {'recorded', fate}
 end
 local n = #KEYS / 5
-if n ~= math.floor(n) or #ARGV ~= 16 * n then
+if n ~= math.floor(n) or #ARGV ~= 17 * n then
   return redis.error_reply('record: KEYS and ARGV do not hold whole tasks')
 end
 local now = now_ms()
 local answers = {}
 for i = 1, n do
-  local k, a = 5 * (i - 1), 16 * (i - 1)
+  local k, a = 5 * (i - 1), 17 * (i - 1)
   answers[i] = record_one({KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], KEYS[k + 4], KEYS[k + 5]},
-    {unpack(ARGV, a + 1, a + 16)}, now)
+    {unpack(ARGV, a + 1, a + 17)}, now)
 end
 return answers

@@ -167,6 +167,9 @@ struct RecordArgs<'a> {
     /// holds its outcome, ms (0: it leaves); `None` (empty): the ledger
     /// does not hold it, it keeps the retention.
     ended_keep_ms: Option<u64>,
+    /// ARGV[17]: `1` when a `failed` or `dead` task keeps its permit even
+    /// with nothing sent (the ledger may still hold its row of the key).
+    keep_permit: bool,
 }
 
 impl Transition for RecordArgs<'_> {
@@ -195,6 +198,7 @@ impl Transition for RecordArgs<'_> {
             .arg(&*self.held_cause)
             .arg(self.provider_answer)
             .num_or(self.ended_keep_ms, "")
+            .arg(if self.keep_permit { "1" } else { "0" })
     }
 }
 
@@ -277,6 +281,7 @@ impl Permits {
                     held_cause: held_cause.clone(),
                     provider_answer,
                     ended_keep_ms: r.context.ledger_holds_outcome.then(|| self.ended_keep_ms()),
+                    keep_permit: r.context.ledger_keeps_key,
                 })
             })
             .collect::<Result<Vec<_>, PermitError>>()?;
@@ -399,7 +404,8 @@ mod tests {
 
     /// The named fields land where `record.lua`'s header says: ARGV[11]
     /// `-1` for a sent task nobody can check, ARGV[13] the reference,
-    /// ARGV[16] empty when the ledger does not hold the outcome.
+    /// ARGV[16] empty when the ledger does not hold the outcome, ARGV[17]
+    /// `1` when the permit is kept.
     #[test]
     fn record_args_follow_the_scripts_positions() {
         let outcome = Outcome::Sent {
@@ -424,6 +430,7 @@ mod tests {
             held_cause: String::new(),
             provider_answer: "",
             ended_keep_ms: None,
+            keep_permit: true,
         };
         let call = args.call();
         assert_eq!(call.keys, ["T", "P", "R", "D", "A"]);
@@ -432,7 +439,7 @@ mod tests {
             argv,
             [
                 "t-1", "tok", "sent", "1-0", "g", "6", "7", "0", "pm-1", "", "-1", "12", "ref-1",
-                "", "", ""
+                "", "", "", "1"
             ]
         );
     }

@@ -321,6 +321,33 @@ async fn a_cancelled_view_leaves_its_digest() {
     assert_eq!(v.body["status"], "cancelled", "{}", v.body);
 }
 
+/// With `after_begin = "duplicate"`, events after a digest began are
+/// duplicates of it; a digest cancelled before it began is not such a
+/// digest: the cancelled view posted again (its permit released) and a new
+/// view open and join the next digest, which is sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancelled_digest_does_not_swallow_the_views_after_it() {
+    let redis = RedisServer::start().await.unwrap();
+    let sim = providers::sim().await;
+    let dir = tempfile::tempdir().unwrap();
+    let policy = format!("{}after_begin = \"duplicate\"\n", policy("2s", 10));
+    let host = serve(&redis, &sim, dir.path(), &policy).await;
+    let opened = host.post_event(&view("d-1")).await;
+    assert_eq!(opened["result"], "accepted", "{opened}");
+    host.cancel_event("RESUME_VIEWED", "d-1", &json!({"release_permit": true}))
+        .await;
+
+    let again = host.post_event(&view("d-1")).await;
+    assert_eq!(again["result"], "accepted", "a new digest: {again}");
+    let joined = host.post_event(&view("d-2")).await;
+    assert_eq!(joined["result"], "digested", "{joined}");
+    assert_eq!(joined["task_id"], again["task_id"], "{joined}");
+    wait_for_items(&sim, &host, 2).await;
+    let sent = sim.ledger("inbox");
+    assert_eq!(sent.len(), 1, "{sent:?}");
+    assert_eq!(digest_of(&sent[0]), (2, vec!["d-1".into(), "d-2".into()]));
+}
+
 /// The console shows a digest task's events and cancels it before it is
 /// sent: an operator signs in, opens the digest from the look-up of one of
 /// its later events, sees the three views in the order they joined, and

@@ -444,7 +444,8 @@ local function digest_accept(c, now, t0)
       end
       return digest_append(c, open, prefix .. open, t[3])
     end
-    if c.dafter == 'd' then
+    -- A cancelled digest never began: it swallows no later event.
+    if c.dafter == 'd' and t[1] ~= 'cancelled' then
       return {'duplicate', open, t[1] or ''}
     end
   end

@@ -45,7 +45,7 @@ impl PluginSender {
                 Ok(DeliveryStatus::Pending) => Check::Accepted,
                 Ok(DeliveryStatus::Failed) => Check::Failed,
                 Ok(DeliveryStatus::Unknown) => {
-                    absent_unless_lagging(msg, &caps, rt.settings.call_timeout)
+                    absent_unless_lagging(msg, &caps, rt.settings.call_timeout, now_ms())
                 }
                 Err(e) => {
                     let why = rt.redact(&format!("status query failed: {}", error_text(&e)));
@@ -126,23 +126,25 @@ impl PluginSender {
 /// `unknown` from the provider: absent, unless asked inside the not-found
 /// horizon (then it cannot tell yet). The horizon runs from the moment the
 /// last attempt's request could last have reached the provider — when its
-/// send call returned, if known, else its start plus the channel's
-/// `call_timeout`, past which the host drops the request — and lasts the
-/// plugin's declared `query_lag_secs`.
+/// send call returned, if known, else the attempt's start plus the
+/// channel's `call_timeout`, past which the host drops the request — and
+/// lasts the plugin's declared `query_lag_secs`.
 fn absent_unless_lagging(
     msg: &OutgoingMessage,
     caps: &Capabilities,
     call_timeout: Duration,
+    now: u64,
 ) -> Check {
-    let dropped_by = msg
-        .last_attempt_ms
-        .saturating_add(u64::try_from(call_timeout.as_millis()).unwrap_or(u64::MAX));
+    // When the call's return is known it is the bound: the request went
+    // out after the attempt began, maybe much later (a ledger claim that
+    // waited), so the start plus `call_timeout` is no bound then.
     let written_by = match msg.last_attempt_ended_ms {
-        0 => dropped_by,
-        ended => ended.min(dropped_by),
+        0 => msg
+            .last_attempt_ms
+            .saturating_add(u64::try_from(call_timeout.as_millis()).unwrap_or(u64::MAX)),
+        ended => ended,
     };
     let horizon_ends = written_by.saturating_add(u64::from(caps.query_lag_secs) * 1000);
-    let now = now_ms();
     if now < horizon_ends {
         Check::CannotTell(format!(
             "the provider's query may not show a message yet: `unknown` is believed {} s after the request could last have reached it (query_lag), {} ms to go",
@@ -178,5 +180,67 @@ fn error_text(e: &SendError) -> String {
         SendError::Retryable(r) => format!("retryable: {}", r.reason),
         SendError::Permanent(r) => format!("permanent: {r}"),
         SendError::Unknown(r) => format!("unknown: {r}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A provider whose query may not show a message for `lag` seconds.
+    fn lagging(lag: u32) -> Capabilities {
+        Capabilities {
+            honours_reference: false,
+            reference_window_secs: None,
+            can_query: true,
+            query_lag_secs: lag,
+            callbacks: false,
+        }
+    }
+
+    fn attempt(started: u64, ended: u64) -> OutgoingMessage {
+        OutgoingMessage {
+            task_id: "t".into(),
+            idempotency_key: "k".into(),
+            channel: "sms".into(),
+            attempt: 1,
+            payload: Err(crate::permit::InvalidPayload("unused".into())),
+            reference: None,
+            provider_message_id: None,
+            first_attempt_ms: started,
+            last_attempt_ms: started,
+            last_attempt_ended_ms: ended,
+            provider: None,
+        }
+    }
+
+    #[test]
+    fn the_query_lag_runs_from_when_the_request_could_last_have_arrived() {
+        let now = 1_000_000;
+        let timeout = Duration::from_secs(10);
+        // Begun a minute ago, its request held back (a ledger claim that
+        // waited) and timed out just now: a 5 s lag has not passed.
+        let late_request = attempt(now - 60_000, now - 1_000);
+        assert!(matches!(
+            absent_unless_lagging(&late_request, &lagging(5), timeout, now),
+            Check::CannotTell(_)
+        ));
+        // Past the lag from the call's return: absent.
+        let old = attempt(now - 60_000, now - 6_000);
+        assert_eq!(
+            absent_unless_lagging(&old, &lagging(5), timeout, now),
+            Check::Absent
+        );
+        // The return not known: the start plus the call timeout bounds it.
+        let vanished = attempt(now - 12_000, 0);
+        assert!(matches!(
+            absent_unless_lagging(&vanished, &lagging(5), timeout, now),
+            Check::CannotTell(_)
+        ));
+        let long_gone = attempt(now - 16_000, 0);
+        assert_eq!(
+            absent_unless_lagging(&long_gone, &lagging(5), timeout, now),
+            Check::Absent
+        );
     }
 }

@@ -600,6 +600,69 @@ async fn a_sent_task_no_longer_checked_leaves_redis_once_the_ledger_holds_it() {
     host.shutdown().await.unwrap();
 }
 
+/// Sent with a fallback, its status query saying "waiting" until the
+/// reconciler stops checking it (`max_checks`): a receipt may still report
+/// it failed, so it stays in Redis, and when the provider's report comes
+/// (failed) the fallback is taken: the inbox gets the message.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sent_task_no_longer_checked_keeps_its_fallback_for_a_late_failed_receipt() {
+    use pushonce_tests::providers;
+    use pushonce_tests::stack::{ServeConfig, ServeProcess, get_json, post_json};
+    let redis = RedisServer::start().await.unwrap();
+    let sim = providers::sim().await;
+    let dir = tempfile::tempdir().unwrap();
+    let policies = dir.path().join("policies");
+    std::fs::create_dir_all(&policies).unwrap();
+    std::fs::write(
+        policies.join("order-shipped.toml"),
+        "biz_type = \"ORDER_SHIPPED\"\nkey_policy = \"per-event@^1\"\nchannels = [\"sms\"]\n\
+         window = \"1h\"\n[fallback]\nsms = \"inbox\"\n",
+    )
+    .unwrap();
+    let mut config = ServeConfig::new(&redis.url(), &sim);
+    config.ledger_url = Some(redis.ledger_url());
+    config.extra = "[reconcile]\nevery = \"100ms\"\nsent_age = \"100ms\"\nmax_checks = 1\n".into();
+    let host = ServeProcess::start(&config, dir.path(), &policies)
+        .await
+        .unwrap();
+    let phone = "+8613800000077";
+    sim.send_receipts_to(host.base(), 0, &[phone]);
+    let event = serde_json::json!({
+        "biz_type": "ORDER_SHIPPED", "biz_id": "o-late", "user_id": "u-late",
+        "recipients": {"sms": phone, "inbox": "u-late"},
+    });
+    let client = reqwest::Client::new();
+    post_json(&client, host.base(), &event).await;
+    let url = host.url("/v1/events/ORDER_SHIPPED/o-late");
+    let fell_back = wait_until(Duration::from_secs(30), || async {
+        let Some(view) = get_json(&client, &url).await else {
+            return false;
+        };
+        let status = |channel: &str| {
+            view["tasks"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .find(|t| t["channel"] == channel)
+                .map(|t| t["status"].as_str().unwrap_or("").to_string())
+        };
+        status("sms").as_deref() == Some("failed")
+            && status("inbox").is_some_and(|s| s == "sent" || s == "delivered")
+    })
+    .await;
+    assert!(
+        fell_back.is_ok(),
+        "{:?}; log:\n{}",
+        get_json(&client, &url).await,
+        host.log()
+    );
+    assert_eq!(sim.ledger("inbox").len(), 1);
+    assert!(
+        host.log().contains("no longer checked"),
+        "the reconciler gave up before the report came"
+    );
+}
+
 /// The development ledger playing a provider whose status query never
 /// settles a message (it says "pending" for good) and that sends no receipt.
 struct Pending(pushonce::send::LedgerFileSender);
@@ -618,6 +681,13 @@ impl pushonce::send::Sender for Pending {
         _: Option<&'a str>,
     ) -> std::pin::Pin<Box<dyn Future<Output = pushonce::send::Check> + Send + 'a>> {
         Box::pin(async { pushonce::send::Check::CannotTell("pending at the provider".into()) })
+    }
+
+    fn takes_receipts<'a>(
+        &'a self,
+        _: &'a pushonce::send::OutgoingMessage,
+    ) -> std::pin::Pin<Box<dyn Future<Output = bool> + Send + 'a>> {
+        Box::pin(async { false })
     }
 }
 

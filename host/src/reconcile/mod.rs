@@ -259,10 +259,16 @@ impl ReconcileContext {
             gave_up(&task, claimed, &reason);
             match action {
                 CheckAction::Dead => self.note(&task, "dead", false).await,
-                // Sent, and nothing will settle it any more: it ended, and
+                // Sent, and no check will settle it any more: it ended, and
                 // leaves Redis once the ledger holds it (a late receipt
-                // still reaches its ledger row).
-                _ => self.note(&task, "sent", true).await,
+                // still reaches its ledger row) — unless a receipt may still
+                // report it failed and its payload has a fallback, which
+                // must then still be there to take.
+                _ => {
+                    let has_fallback = task.sends().is_ok_and(|p| p.fallback.is_some());
+                    let leaves = !(has_fallback && self.sender.takes_receipts(&msg).await);
+                    self.note(&task, "sent", leaves).await
+                }
             }
         }
         Ok(done && !matches!(action, CheckAction::Later(_) | CheckAction::Untrack))

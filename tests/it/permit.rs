@@ -680,6 +680,43 @@ async fn a_task_whose_permit_lapsed_and_was_retaken_is_superseded() {
     begin(&permits, &new, Duration::from_secs(5)).await;
 }
 
+/// A message that goes out after its window (a backlog held it queued)
+/// keeps its key a whole window from the send, as the ledger counts its
+/// row's window from the claim: a re-post right after it is a duplicate,
+/// not a second message.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_send_keeps_its_key_a_window_from_the_send() {
+    let key = "late-send";
+    let window = Duration::from_millis(300);
+    let (_server, permits, id) = one_task_in(key, window).await;
+    wait_until(Duration::from_secs(5), || {
+        let permits = permits.clone();
+        async move { permits.permit_owner(key).await.unwrap().is_none() }
+    })
+    .await
+    .unwrap();
+    // The worker comes at last: it takes the permit back and sends.
+    let a = begin(&permits, &id, Duration::from_secs(5)).await;
+    let sent = Outcome::Sent {
+        provider_message_id: "p".into(),
+        reference: None,
+    };
+    permits.record(&a, &sent, None).await.unwrap();
+    let ttl = permits.permit_ttl(key).await.unwrap().flatten();
+    assert!(
+        ttl.is_some_and(|ms| ms > 200),
+        "a window from the send: {ttl:?}"
+    );
+    let again = permits.accept(&request(key, window)).await.unwrap();
+    assert_eq!(
+        again,
+        Acceptance::Duplicate {
+            task_id: id.clone(),
+            status: Some(TaskStatus::Sent)
+        }
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unknown_outcome_holds_the_permit_until_a_receipt() {
     let key = "unknown-key";

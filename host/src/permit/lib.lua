@@ -137,12 +137,16 @@ local function ack_entry(stream, group, entry, prefix)
   return true
 end
 
--- When the permit of a task that ended keeps to: the whole window from
--- accept, or from its scheduled first attempt (send_at, quiet hours) when
--- later, and never a time already past (that would be a silent DEL).
+-- When the permit of a task that ended keeps to: the whole window from the
+-- latest of now, its accept and its scheduled first attempt (send_at, quiet
+-- hours), as the ledger counts its row's (`Task::claim`: from the claim).
+-- A message that went out (or was settled) late — after retries, a backlog
+-- or an operator's requeue — keeps its key a whole window from then: the
+-- permit never ends before the ledger's row, which would refuse a re-post
+-- Redis accepted (a miss), and never right after a late send (a duplicate).
 local function window_end(task, now)
   local t = redis.call('HMGET', task, 'at', 'window', 'scheduled_for')
-  local start = math.max(tonumber(t[1] or '0'), tonumber(t[3] or '0'))
+  local start = math.max(now, tonumber(t[1] or '0'), tonumber(t[3] or '0'))
   return math.max(start + tonumber(t[2] or '0'), now + 1)
 end
 
@@ -399,8 +403,8 @@ local function bloom_task(task)
 end
 
 -- The permit `permit` of task `task` (id `id`) once the task ended and its
--- message may be at the provider: it lasts the window from accept (until
--- `until_ms`; re-taken if it lapsed and `retake`), except in Bloom mode,
+-- message may be at the provider: it lasts a window from then (until
+-- `until_ms`, `window_end`; re-taken if it lapsed and `retake`), except in Bloom mode,
 -- where the filter's bits guard re-posts and the permit goes. Another
 -- task's permit is left alone. Returns its fate: kept, retaken, released
 -- or not_owner.

@@ -61,7 +61,7 @@ if action == 'sent' then
   if ARGV[9] ~= '' then
     redis.call('HSET', KEYS[1], 'provider_message_id', ARGV[9])
   end
-  -- Held without expiry while unknown: the window from accept again.
+  -- Held without expiry while unknown: a window again (window_end).
   end_permit(KEYS[1], KEYS[2], id, owner, n2s(window_end(KEYS[1], now)), true)
   redis.call('PEXPIRE', KEYS[1], retention)
   event_follower(KEYS[1], id)()

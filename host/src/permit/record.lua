@@ -63,7 +63,7 @@ local function record_one(K, A, now)
     if A[13] ~= '' then
       redis.call('HSET', K[1], 'reference', A[13])
     end
-    -- Sent: the permit now lasts exactly the window from accept.
+    -- Sent: the permit now lasts a window from the send (window_end).
     fate = end_permit(K[1], K[2], id, owner, n2s(window_end(K[1], now)), true)
     if A[11] ~= '-1' then
       -- Awaiting its receipt (in flight): the record stays for the retention

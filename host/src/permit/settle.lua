@@ -1,7 +1,7 @@
 -- settle: an operator settles a task without a send, owner- and state-checked:
 -- `delivered` (the operator confirmed with the user or the provider that the
 -- message arrived) or `given_up` (nobody will send it; it leaves the
--- operators' lists). Both keep the permit for the window from accept (the
+-- operators' lists). Both keep the permit for a window from now (the
 -- message may be at the provider; in Bloom mode the filter's bits do, and
 -- the permit goes) and are recorded in `operator_log`.
 -- KEYS[1] task, KEYS[2] permit, KEYS[3] dead zset, KEYS[4] awaiting zset
@@ -32,7 +32,7 @@ end
 local now = now_ms()
 local at = n2s(now)
 local until_ms = n2s(window_end(KEYS[1], now))
--- Held without expiry while unknown: the window from accept again.
+-- Held without expiry while unknown: a window again (window_end).
 end_permit(KEYS[1], KEYS[2], id, owner, until_ms, true)
 local new = 'failed'
 if action == 'delivered' then

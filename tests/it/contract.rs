@@ -366,39 +366,56 @@ async fn a_reference_is_resent_only_inside_its_window() {
 /// A resend decided inside the reference window but due after it (the retry
 /// delay is longer than what is left of the window) is decided again when
 /// its turn comes: past the window it would be a new message, so it is held
-/// (`on_unknown = hold`), and the provider has one message.
+/// (`on_unknown = hold`), and the provider has one message. So is one on a
+/// channel that also has a status query, when the resend leaned on the
+/// reference because the query could not tell yet (its lag).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_resend_due_after_the_reference_window_is_held_not_sent() {
     let redis = RedisServer::start().await.unwrap();
     let (addr, provider) = provider().await;
-    let slow = probe(
+    let reference = [
+        ("honours_reference", "true"),
+        ("reference_window_secs", "2"),
+    ];
+    let slow = probe(&addr, &reference);
+    let querying = probe(
         &addr,
         &[
-            ("honours_reference", "true"),
-            ("reference_window_secs", "2"),
+            reference[0],
+            reference[1],
+            ("can_query", "true"),
+            ("query_answer", "unknown"),
+            ("query_lag_secs", "600"),
         ],
     );
-    let host = host_retrying(&redis, vec![("slow", slow)], &[], "4s", |_| {})
-        .await
-        .unwrap();
-    let tasks = post(&host, "late-1", "unknown", &["slow"]).await;
-    let id = &tasks[0].1;
-    // The first answer is ambiguous; the resend is decided at once, inside
-    // the window, and is due 4 s later, past it.
-    wait_until(DEADLINE, || async {
-        task(&host, id).await["last_error"]
-            .as_str()
-            .is_some_and(|e| e.contains("past the provider's reference window"))
-    })
+    let host = host_retrying(
+        &redis,
+        vec![("slow", slow), ("querying", querying)],
+        &[],
+        "4s",
+        |_| {},
+    )
     .await
-    .expect("the late resend is looked at again and held");
-    let t = task(&host, id).await;
-    assert_eq!(t["status"], "unknown", "{t}");
-    assert_eq!(
-        provider.sends_of(":slow:PROBE:late-1").len(),
-        1,
-        "one message"
-    );
+    .unwrap();
+    let tasks = post(&host, "late-1", "unknown", &["slow", "querying"]).await;
+    for (channel, id) in &tasks {
+        // The first answer is ambiguous; the resend is decided at once,
+        // inside the window, and is due 4 s later, past it.
+        wait_until(DEADLINE, || async {
+            task(&host, id).await["last_error"]
+                .as_str()
+                .is_some_and(|e| e.contains("past the provider's reference window"))
+        })
+        .await
+        .unwrap_or_else(|e| panic!("{channel}: the late resend is held: {e}"));
+        let t = task(&host, id).await;
+        assert_eq!(t["status"], "unknown", "{channel}: {t}");
+        assert_eq!(
+            provider.sends_of(&format!(":{channel}:PROBE:late-1")).len(),
+            1,
+            "{channel}: one message"
+        );
+    }
     host.shutdown().await.unwrap();
 }
 

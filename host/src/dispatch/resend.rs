@@ -64,10 +64,10 @@ pub(crate) const STALE_RESEND_REASON: &str = "an earlier attempt's answer was am
 /// again as its turn comes. One that leaned on the provider's dedupe (its
 /// reference) may have been carried past the reference window by the retry
 /// delay, and a resend past it is a new message: then it is decided anew,
-/// as for an unknown outcome now (held, by default). One already counted as
-/// a possible duplicate, still inside the window, or on a channel with a
-/// status query (its resends follow the query), goes ahead. True when
-/// it may be sent; otherwise its outcome is recorded here.
+/// as for an unknown outcome now (held, by default; a channel with a status
+/// query asks it again). One already counted as a possible duplicate, or
+/// still inside the window, goes ahead. True when it may be sent; otherwise
+/// its outcome is recorded here.
 pub(super) async fn resend_still_safe(
     shared: &DispatchContext,
     attempt: &Attempt,
@@ -79,10 +79,10 @@ pub(super) async fn resend_still_safe(
         .fields
         .get(super::duplicates::FIELD)
         .is_some_and(|v| v == "1");
-    // A channel with a status query resends only on what its query said
-    // (the reconciler's re-queue, or the verdict just made): nothing to
-    // look at again.
-    if marked || shared.sender.dedupes(msg).await || shared.sender.can_check(msg).await {
+    // Only a resend that leaned on the reference is marked so; past the
+    // window the reference protects nothing, so a channel with a status
+    // query is looked at again too, whatever its query said before.
+    if marked || shared.sender.dedupes(msg).await {
         return true;
     }
     let verdict = with_lease(shared, attempt, shared.sender.settle_unknown(msg)).await;

@@ -267,6 +267,52 @@ async fn a_retry_after_is_waited_for_within_the_schedule() {
     host.shutdown().await.unwrap();
 }
 
+/// A reload that would leave a configured channel without its plugin (the
+/// file deleted) is refused by name, and the generation in force keeps
+/// delivering through the plugin it loaded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_that_loses_a_channels_plugin_is_refused_and_delivery_goes_on() {
+    let redis = RedisServer::start().await.unwrap();
+    let (addr, provider) = provider().await;
+    let host = host(&redis, vec![("probe", probe(&addr, &[]))], &[], |_| {})
+        .await
+        .unwrap();
+    std::fs::remove_file(host.plugin_dir().join("contract_probe.wasm")).unwrap();
+
+    let a = host.post("/admin/reload", &json!({}), None).await.unwrap();
+    assert_eq!(a.status.as_u16(), 422, "{}", a.body);
+    let errors = a.body["errors"].to_string();
+    assert!(
+        errors.contains("channels.probe.plugin") && errors.contains("contract-probe@^2"),
+        "the refusal names the channel and its requirement: {errors}"
+    );
+    let policies = host.get("/admin/policies", None).await.unwrap();
+    assert_eq!(policies.body["generation"], 1, "{}", policies.body);
+
+    let (_, id) = post(&host, "lost-1", "plain", &["probe"]).await.remove(0);
+    wait_status(&host, &id, "sent").await;
+    assert_eq!(provider.sends_of("lost-1").len(), 1);
+    host.shutdown().await.unwrap();
+}
+
+/// A host whose configured channel names a plugin that is not there does
+/// not start, and says which channel.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_host_whose_channel_plugin_does_not_resolve_does_not_start() {
+    let redis = RedisServer::start().await.unwrap();
+    let (addr, _provider) = provider().await;
+    let mut c = probe(&addr, &[]);
+    c.plugin = "contract-probe@^3".into();
+    let err = match host(&redis, vec![("probe", c)], &[], |_| {}).await {
+        Ok(_) => panic!("the host started without its channel's plugin"),
+        Err(e) => format!("{e:#}"),
+    };
+    assert!(
+        err.contains("channels.probe.plugin") && err.contains("contract-probe@^3"),
+        "{err}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unknown_answer_inside_the_query_lag_never_resends() {
     let redis = RedisServer::start().await.unwrap();

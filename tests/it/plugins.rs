@@ -446,6 +446,47 @@ fn a_channel_of_contract_1_is_refused_naming_the_change_and_key_policies_still_l
     );
 }
 
+/// A channel plugin whose `describe` waits forever on the monotonic clock
+/// (no fuel burns while it waits) is refused once the load timeout passes,
+/// naming its file; the plugins beside it load and work.
+#[test]
+fn a_describe_that_waits_is_refused_after_the_load_timeout_and_the_rest_loads() {
+    let waits = std::fs::read(fixture("describe_waits")).unwrap();
+    let inbox = std::fs::read(real("inbox")).unwrap();
+    let per_event = std::fs::read(real("per_event")).unwrap();
+    let dir = dir_with(&[
+        ("describe_waits.wasm", &waits),
+        ("inbox.wasm", &inbox),
+        ("per_event.wasm", &per_event),
+    ]);
+    let limits = pushonce::plugin::Limits {
+        load_timeout: Duration::from_millis(500),
+        ..limits()
+    };
+    // Loaded on a thread of its own, so a load that never ends fails this
+    // test instead of hanging it.
+    let path = dir.path().to_path_buf();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(PluginRegistry::load_dir(&path, &limits, None));
+    });
+    let (registry, refused) = rx
+        .recv_timeout(Duration::from_secs(60))
+        .expect("loading the directory never finished")
+        .unwrap();
+    assert_eq!(refused.len(), 1, "{refused:#?}");
+    let err = refusal_of(&refused, "describe_waits.wasm");
+    assert!(matches!(err, LoadError::Describe { .. }), "{err:?}");
+    let text = err.to_string();
+    assert!(
+        text.contains("describe_waits.wasm") && text.contains("did not answer within 500 ms"),
+        "{text}"
+    );
+    assert!(registry.resolve_channel("inbox@^2").is_ok());
+    let k = key(&registry, "per-event@1", &event("u", 0, &[]), "sms", &[]).unwrap();
+    assert_eq!(k, "push:per-event@1:sms:ORDER_SHIPPED:o-1:u");
+}
+
 #[test]
 fn a_missing_plugin_directory_is_an_error() {
     let err = PluginRegistry::load_dir(

@@ -468,16 +468,61 @@ impl ChannelInstance {
     }
 }
 
-/// Polls a future to completion on this thread without a runtime. For calls
-/// that do no I/O (a channel plugin's `describe` at load time), so loading
-/// works from sync code and from inside a tokio runtime alike.
-pub(crate) fn block_on<F: Future>(fut: F) -> F::Output {
+/// A load-time call that ran past its bound ([`super::Limits::load_timeout`]).
+#[derive(Debug, thiserror::Error)]
+#[error("did not answer within {} ms", .0.as_millis())]
+pub(crate) struct LoadTimedOut(pub(crate) Duration);
+
+/// Polls a future to completion on this thread, for calls at load time (a
+/// channel plugin's instantiation and `describe`), so loading works from sync
+/// code and from inside a tokio runtime alike; gives up with [`LoadTimedOut`]
+/// after `limit`, dropping the future (and with it the call). A plugin may
+/// wait on a clock there: the thread parks until woken or for a short while,
+/// and a tokio context is entered (a spare one when none is current) so the
+/// wait is registered instead of panicking.
+pub(crate) fn block_on_within<F, T>(fut: F, limit: Duration) -> wasmtime::Result<T>
+where
+    F: Future<Output = wasmtime::Result<T>>,
+{
+    use std::task::{Context, Poll, Wake, Waker};
+    use std::time::Instant;
+
+    /// Wakes the loading thread.
+    struct Unpark(std::thread::Thread);
+    impl Wake for Unpark {
+        fn wake(self: Arc<Self>) {
+            self.0.unpark();
+        }
+    }
+    /// The context entered when none is current.
+    static SPARE: std::sync::OnceLock<Option<tokio::runtime::Runtime>> = std::sync::OnceLock::new();
+
+    let _context = match tokio::runtime::Handle::try_current() {
+        Ok(_) => None,
+        Err(_) => SPARE
+            .get_or_init(|| {
+                tokio::runtime::Builder::new_current_thread()
+                    .enable_time()
+                    .build()
+                    .ok()
+            })
+            .as_ref()
+            .map(tokio::runtime::Runtime::enter),
+    };
+    let deadline = Instant::now() + limit;
+    let waker = Waker::from(Arc::new(Unpark(std::thread::current())));
+    let mut cx = Context::from_waker(&waker);
     let mut fut = std::pin::pin!(fut);
-    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
     loop {
-        if let std::task::Poll::Ready(v) = fut.as_mut().poll(&mut cx) {
+        if let Poll::Ready(v) = fut.as_mut().poll(&mut cx) {
             return v;
         }
-        std::thread::yield_now();
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(wasmtime::Error::new(LoadTimedOut(limit)));
+        }
+        // Not every waiting future is woken (a timer on a spare runtime
+        // nobody drives): look again soon.
+        std::thread::park_timeout(left.min(Duration::from_millis(10)));
     }
 }

@@ -602,6 +602,60 @@ async fn a_receipt_for_an_unknown_message_is_answered_503_only_for_the_grace() {
     host.shutdown().await.unwrap();
 }
 
+/// What a channel plugin returns is bounded: a 4 MiB error is stored cut
+/// to a few KiB with a marker, and cut after its secrets are redacted (one
+/// quoted across the cut leaves nothing of itself); a provider id too long
+/// to index is a malformed answer, a failed call naming the field.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn oversized_plugin_answers_are_cut_or_refused() {
+    const SECRET: &str = "s3cr3t/key+42=";
+    let redis = RedisServer::start().await.unwrap();
+    let (addr, _provider) = provider().await;
+    let mut c = probe(&addr, &[]);
+    c.secrets_from_env
+        .insert("api_secret".into(), "PROBE_API_SECRET".into());
+    let host = host(
+        &redis,
+        vec![("probe", c)],
+        &[("PROBE_API_SECRET", SECRET)],
+        |_| {},
+    )
+    .await
+    .unwrap();
+
+    let (_, id) = post(&host, "huge-1", "huge-error", &["probe"])
+        .await
+        .remove(0);
+    let t = wait_status(&host, &id, "failed").await;
+    let text = t.to_string();
+    assert!(
+        text.len() < 16 << 10,
+        "a task record of {} bytes",
+        text.len()
+    );
+    let error = t["last_error"].as_str().unwrap();
+    assert!(error.contains("provider says: xxx"), "{error:.200}");
+    assert!(
+        error.ends_with("more bytes cut]"),
+        "{}",
+        &error[error.len() - 60..]
+    );
+    assert!(!text.contains("s3cr3t"), "{}", &error[4000..]);
+
+    let (_, id) = post(&host, "long-id-1", "long-id", &["probe"])
+        .await
+        .remove(0);
+    let t = wait_status(&host, &id, "dead").await;
+    let error = t["last_error"].as_str().unwrap();
+    assert!(
+        error.contains(
+            "returned a malformed answer: provider_message_id is 300 bytes (at most 256)"
+        ),
+        "{t}"
+    );
+    host.shutdown().await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn secrets_a_plugin_echoes_never_reach_the_api() {
     const SECRET: &str = "s3cr3t/key+42=";

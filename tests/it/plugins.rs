@@ -584,6 +584,29 @@ fn misbehaving_calls_fail_clearly_and_the_next_calls_work() {
     assert_eq!(good.stats().failures, 0);
 }
 
+/// A key policy's refusal of any length reaches the host cut to a few KiB,
+/// with a marker saying how much was cut.
+#[test]
+fn an_oversized_refusal_is_cut_with_a_marker() {
+    use pushonce::plugin::bounds::MAX_TEXT;
+    let registry = registry_of(&[fixture("misbehave")], None);
+    let bad = registry.resolve_key_policy("misbehave@1").unwrap();
+    let err = bad
+        .derive_key(&event("u-1", 0, &[]), "long-error", &[])
+        .unwrap_err();
+    let CallError::Refused { message, .. } = &err else {
+        panic!("expected a refusal, got {err:?}");
+    };
+    let returned = "refused: ".len() + (8 << 20);
+    assert!(message.starts_with("refused: xxx"), "{}", &message[..40]);
+    assert!(
+        message.ends_with(&format!("… [{} more bytes cut]", returned - MAX_TEXT)),
+        "{}",
+        &message[message.len() - 60..]
+    );
+    assert!(message.len() < MAX_TEXT + 64, "{} bytes", message.len());
+}
+
 #[test]
 fn a_smaller_budget_and_cap_are_honoured() {
     let limits = pushonce::plugin::Limits {

@@ -23,6 +23,7 @@ use super::bindings::{
     Capabilities, ChannelWorld, DeliveryStatus, ExtrasExport, ExtrasIndices, Message,
     MessageExtras, Receipt, SendError, SentMessage,
 };
+use super::bounds;
 use super::cache_import::SharedCache;
 use super::call::classify;
 use super::error::CallError;
@@ -275,15 +276,23 @@ impl ChannelInstance {
         msg: Message,
         extras: MessageExtras,
     ) -> Result<Answer<Result<Receipt, SendError>>, ChannelCallError> {
-        self.call_with(move |e, s| {
-            Box::pin(async move {
-                match &e.extras {
-                    Some(x) => x.call_send(s, &msg, &extras).await,
-                    None => e.world.pushonce_channel_channel().call_send(s, &msg).await,
-                }
+        let answer = self
+            .call_with(move |e, s| {
+                Box::pin(async move {
+                    match &e.extras {
+                        Some(x) => x.call_send(s, &msg, &extras).await,
+                        None => e.world.pushonce_channel_channel().call_send(s, &msg).await,
+                    }
+                })
             })
+            .await?;
+        self.bounded(answer, |value| match value {
+            Ok(receipt) => match bounds::receipt_fault(&receipt) {
+                Some(fault) => Err(fault),
+                None => Ok(Ok(receipt)),
+            },
+            Err(e) => Ok(Err(e)),
         })
-        .await
     }
 
     /// Asks the provider about a message that was sent, or may have been.
@@ -305,24 +314,51 @@ impl ChannelInstance {
         &self,
         req: CallbackRequest,
     ) -> Result<Answer<Result<CallbackOutcome, CallbackError>>, ChannelCallError> {
-        self.call_with(move |e, s| {
-            Box::pin(async move {
-                if let Some(c) = &e.callbacks {
-                    return c.call_handle_callback(s, &req).await;
-                }
-                let answer = e
-                    .world
-                    .pushonce_channel_channel()
-                    .call_handle_callback(s, &req)
-                    .await?;
-                Ok(answer.map(|a| CallbackOutcome {
-                    settlements: a.settlements,
-                    opt_outs: Vec::new(),
-                    reply: a.reply,
-                }))
+        let answer = self
+            .call_with(move |e, s| {
+                Box::pin(async move {
+                    if let Some(c) = &e.callbacks {
+                        return c.call_handle_callback(s, &req).await;
+                    }
+                    let answer = e
+                        .world
+                        .pushonce_channel_channel()
+                        .call_handle_callback(s, &req)
+                        .await?;
+                    Ok(answer.map(|a| CallbackOutcome {
+                        settlements: a.settlements,
+                        opt_outs: Vec::new(),
+                        reply: a.reply,
+                    }))
+                })
             })
+            .await?;
+        self.bounded(answer, |value| match value {
+            Ok(outcome) => bounds::callback_outcome(outcome).map(Ok),
+            Err(e) => Ok(Err(e)),
         })
-        .await
+    }
+
+    /// `answer` as `check` leaves it where it enters the host
+    /// ([`super::bounds`]); an answer `check` refuses is a failed call,
+    /// [`CallError::Malformed`], with the call's log (a request may have
+    /// gone out).
+    fn bounded<T>(
+        &self,
+        answer: Answer<T>,
+        check: impl FnOnce(T) -> Result<T, String>,
+    ) -> Result<Answer<T>, ChannelCallError> {
+        let Answer { value, log } = answer;
+        match check(value) {
+            Ok(value) => Ok(Answer { value, log }),
+            Err(what) => Err(ChannelCallError {
+                error: CallError::Malformed {
+                    plugin: self.plugin.id().to_string(),
+                    what,
+                },
+                log,
+            }),
+        }
     }
 
     fn new_store(&self, log: &Arc<Mutex<OutboundLog>>) -> Store<HostState> {

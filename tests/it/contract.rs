@@ -602,26 +602,34 @@ async fn a_receipt_for_an_unknown_message_is_answered_503_only_for_the_grace() {
     host.shutdown().await.unwrap();
 }
 
+/// The `api_secret` the probe channel of [`host_with_secret`] is given.
+const SECRET: &str = "s3cr3t/key+42=";
+
+/// A host with one probe channel against the provider at `addr`, whose
+/// `api_secret` is [`SECRET`] (from the environment, as secrets are).
+async fn host_with_secret(redis: &RedisServer, addr: &str) -> TestHost {
+    let mut c = probe(addr, &[]);
+    c.secrets_from_env
+        .insert("api_secret".into(), "PROBE_API_SECRET".into());
+    host(
+        redis,
+        vec![("probe", c)],
+        &[("PROBE_API_SECRET", SECRET)],
+        |_| {},
+    )
+    .await
+    .unwrap()
+}
+
 /// What a channel plugin returns is bounded: a 4 MiB error is stored cut
 /// to a few KiB with a marker, and cut after its secrets are redacted (one
 /// quoted across the cut leaves nothing of itself); a provider id too long
 /// to index is a malformed answer, a failed call naming the field.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn oversized_plugin_answers_are_cut_or_refused() {
-    const SECRET: &str = "s3cr3t/key+42=";
     let redis = RedisServer::start().await.unwrap();
     let (addr, _provider) = provider().await;
-    let mut c = probe(&addr, &[]);
-    c.secrets_from_env
-        .insert("api_secret".into(), "PROBE_API_SECRET".into());
-    let host = host(
-        &redis,
-        vec![("probe", c)],
-        &[("PROBE_API_SECRET", SECRET)],
-        |_| {},
-    )
-    .await
-    .unwrap();
+    let host = host_with_secret(&redis, &addr).await;
 
     let (_, id) = post(&host, "huge-1", "huge-error", &["probe"])
         .await
@@ -658,20 +666,9 @@ async fn oversized_plugin_answers_are_cut_or_refused() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn secrets_a_plugin_echoes_never_reach_the_api() {
-    const SECRET: &str = "s3cr3t/key+42=";
     let redis = RedisServer::start().await.unwrap();
     let (addr, _provider) = provider().await;
-    let mut c = probe(&addr, &[]);
-    c.secrets_from_env
-        .insert("api_secret".into(), "PROBE_API_SECRET".into());
-    let host = host(
-        &redis,
-        vec![("probe", c)],
-        &[("PROBE_API_SECRET", SECRET)],
-        |_| {},
-    )
-    .await
-    .unwrap();
+    let host = host_with_secret(&redis, &addr).await;
     let (_, id) = post(&host, "sec-1", "echo-secret", &["probe"])
         .await
         .remove(0);

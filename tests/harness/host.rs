@@ -315,6 +315,13 @@ impl TestHost {
         self.dir.path().join("policies")
     }
 
+    /// The host's plugin directory (its own copy when the setup names
+    /// `extra_plugins`; else the shared build output, not to be changed).
+    pub fn plugin_dir(&self) -> PathBuf {
+        let running = self.running.as_ref().expect("the host runs");
+        running.live().config().plugin_dir.clone()
+    }
+
     /// The development ledger of the default sender.
     pub fn ledger(&self) -> PathBuf {
         self.dir.path().join("data").join("ledger.jsonl")

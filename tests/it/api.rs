@@ -535,6 +535,78 @@ channels = ["inbox"]
 window = "1h"
 "#;
 
+/// A channel plugin whose `describe` never answers holds neither the start
+/// nor a reload: its file is refused by name after the load timeout, the
+/// rest loads, and the next reload is free to run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plugin_whose_describe_never_answers_is_refused_and_reloads_go_on() {
+    let redis = RedisServer::start().await.unwrap();
+    let setup = Setup {
+        extra_plugins: vec![pushonce_tests::plugins::fixture("describe_waits")],
+        ..Setup::default()
+    };
+    let host = tokio::time::timeout(Duration::from_secs(60), TestHost::start_with(&redis, setup))
+        .await
+        .expect("the host never started")
+        .unwrap();
+    let refused_file = |plugins: &Value| {
+        plugins["refused"].as_array().unwrap().iter().any(|r| {
+            let r = r.as_str().unwrap();
+            r.contains("describe_waits.wasm") && r.contains("did not answer within")
+        })
+    };
+    let plugins = host.get("/admin/plugins", None).await.unwrap();
+    assert!(refused_file(&plugins.body), "{}", plugins.body);
+    let mut generation = 1;
+    for _ in 0..2 {
+        let a = host.post("/admin/reload", &json!({}), None).await.unwrap();
+        assert_eq!(a.status, StatusCode::OK, "{}", a.body);
+        let now = a.body["generation"].as_u64().unwrap();
+        assert!(now > generation, "{}", a.body);
+        generation = now;
+    }
+    let plugins = host.get("/admin/plugins", None).await.unwrap();
+    assert!(refused_file(&plugins.body), "{}", plugins.body);
+    let a = host
+        .post("/v1/events", &order_shipped("o-waits"), None)
+        .await
+        .unwrap();
+    assert_eq!(a.status, StatusCode::ACCEPTED, "{}", a.body);
+    host.shutdown().await.unwrap();
+}
+
+/// A key policy that refuses with 8 MiB of text costs the poster a problem
+/// of a few KiB, its detail cut with a marker.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_oversized_key_policy_refusal_is_answered_cut() {
+    let redis = RedisServer::start().await.unwrap();
+    let policy = "biz_type = \"LONG\"\nkey_policy = \"misbehave@^1\"\nchannels = [\"long-error\"]\nwindow = \"1h\"\n";
+    let setup = Setup {
+        extra_plugins: vec![pushonce_tests::plugins::fixture("misbehave")],
+        policies: Some(vec![("long.toml".into(), policy.into())]),
+        // A channel the misbehave policy refuses on (the inbox, renamed).
+        configure: Some(Box::new(|config: &mut pushonce::config::HostConfig| {
+            let inbox = config.channels["inbox"].clone();
+            config.channels.insert("long-error".into(), inbox);
+        })),
+        ..Setup::default()
+    };
+    let host = TestHost::start_with(&redis, setup).await.unwrap();
+    let event = json!({"biz_type": "LONG", "biz_id": "l-1", "user_id": "u-1", "occurred_at": 1796054399000u64});
+    let a = host.post("/v1/events", &event, None).await.unwrap();
+    assert_eq!(a.status, StatusCode::UNPROCESSABLE_ENTITY, "{}", a.body);
+    let body = a.body.to_string();
+    assert!(body.len() < 16 << 10, "a problem of {} bytes", body.len());
+    let detail = a.body["detail"].as_str().unwrap();
+    assert!(detail.contains("refused: xxx"), "{detail:.200}");
+    assert!(
+        detail.ends_with("more bytes cut]"),
+        "{}",
+        &detail[detail.len() - 60..]
+    );
+    host.shutdown().await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn admin_reload_takes_a_new_policy_and_refuses_a_bad_one() {
     let redis = RedisServer::start().await.unwrap();

@@ -267,6 +267,52 @@ async fn a_retry_after_is_waited_for_within_the_schedule() {
     host.shutdown().await.unwrap();
 }
 
+/// A reload that would leave a configured channel without its plugin (the
+/// file deleted) is refused by name, and the generation in force keeps
+/// delivering through the plugin it loaded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_that_loses_a_channels_plugin_is_refused_and_delivery_goes_on() {
+    let redis = RedisServer::start().await.unwrap();
+    let (addr, provider) = provider().await;
+    let host = host(&redis, vec![("probe", probe(&addr, &[]))], &[], |_| {})
+        .await
+        .unwrap();
+    std::fs::remove_file(host.plugin_dir().join("contract_probe.wasm")).unwrap();
+
+    let a = host.post("/admin/reload", &json!({}), None).await.unwrap();
+    assert_eq!(a.status.as_u16(), 422, "{}", a.body);
+    let errors = a.body["errors"].to_string();
+    assert!(
+        errors.contains("channels.probe.plugin") && errors.contains("contract-probe@^2"),
+        "the refusal names the channel and its requirement: {errors}"
+    );
+    let policies = host.get("/admin/policies", None).await.unwrap();
+    assert_eq!(policies.body["generation"], 1, "{}", policies.body);
+
+    let (_, id) = post(&host, "lost-1", "plain", &["probe"]).await.remove(0);
+    wait_status(&host, &id, "sent").await;
+    assert_eq!(provider.sends_of("lost-1").len(), 1);
+    host.shutdown().await.unwrap();
+}
+
+/// A host whose configured channel names a plugin that is not there does
+/// not start, and says which channel.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_host_whose_channel_plugin_does_not_resolve_does_not_start() {
+    let redis = RedisServer::start().await.unwrap();
+    let (addr, _provider) = provider().await;
+    let mut c = probe(&addr, &[]);
+    c.plugin = "contract-probe@^3".into();
+    let err = match host(&redis, vec![("probe", c)], &[], |_| {}).await {
+        Ok(_) => panic!("the host started without its channel's plugin"),
+        Err(e) => format!("{e:#}"),
+    };
+    assert!(
+        err.contains("channels.probe.plugin") && err.contains("contract-probe@^3"),
+        "{err}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unknown_answer_inside_the_query_lag_never_resends() {
     let redis = RedisServer::start().await.unwrap();
@@ -573,22 +619,73 @@ async fn a_receipt_for_an_unknown_message_is_answered_503_only_for_the_grace() {
     host.shutdown().await.unwrap();
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn secrets_a_plugin_echoes_never_reach_the_api() {
-    const SECRET: &str = "s3cr3t/key+42=";
-    let redis = RedisServer::start().await.unwrap();
-    let (addr, _provider) = provider().await;
-    let mut c = probe(&addr, &[]);
+/// The `api_secret` the probe channel of [`host_with_secret`] is given.
+const SECRET: &str = "s3cr3t/key+42=";
+
+/// A host with one probe channel against the provider at `addr`, whose
+/// `api_secret` is [`SECRET`] (from the environment, as secrets are).
+async fn host_with_secret(redis: &RedisServer, addr: &str) -> TestHost {
+    let mut c = probe(addr, &[]);
     c.secrets_from_env
         .insert("api_secret".into(), "PROBE_API_SECRET".into());
-    let host = host(
-        &redis,
+    host(
+        redis,
         vec![("probe", c)],
         &[("PROBE_API_SECRET", SECRET)],
         |_| {},
     )
     .await
-    .unwrap();
+    .unwrap()
+}
+
+/// What a channel plugin returns is bounded: a 4 MiB error is stored cut
+/// to a few KiB with a marker, and cut after its secrets are redacted (one
+/// quoted across the cut leaves nothing of itself); a provider id too long
+/// to index is a malformed answer, a failed call naming the field.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn oversized_plugin_answers_are_cut_or_refused() {
+    let redis = RedisServer::start().await.unwrap();
+    let (addr, _provider) = provider().await;
+    let host = host_with_secret(&redis, &addr).await;
+
+    let (_, id) = post(&host, "huge-1", "huge-error", &["probe"])
+        .await
+        .remove(0);
+    let t = wait_status(&host, &id, "failed").await;
+    let text = t.to_string();
+    assert!(
+        text.len() < 16 << 10,
+        "a task record of {} bytes",
+        text.len()
+    );
+    let error = t["last_error"].as_str().unwrap();
+    assert!(error.contains("provider says: xxx"), "{error:.200}");
+    assert!(
+        error.ends_with("more bytes cut]"),
+        "{}",
+        &error[error.len() - 60..]
+    );
+    assert!(!text.contains("s3cr3t"), "{}", &error[4000..]);
+
+    let (_, id) = post(&host, "long-id-1", "long-id", &["probe"])
+        .await
+        .remove(0);
+    let t = wait_status(&host, &id, "dead").await;
+    let error = t["last_error"].as_str().unwrap();
+    assert!(
+        error.contains(
+            "returned a malformed answer: provider_message_id is 300 bytes (at most 256)"
+        ),
+        "{t}"
+    );
+    host.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn secrets_a_plugin_echoes_never_reach_the_api() {
+    let redis = RedisServer::start().await.unwrap();
+    let (addr, _provider) = provider().await;
+    let host = host_with_secret(&redis, &addr).await;
     let (_, id) = post(&host, "sec-1", "echo-secret", &["probe"])
         .await
         .remove(0);

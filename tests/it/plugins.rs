@@ -446,6 +446,47 @@ fn a_channel_of_contract_1_is_refused_naming_the_change_and_key_policies_still_l
     );
 }
 
+/// A channel plugin whose `describe` waits forever on the monotonic clock
+/// (no fuel burns while it waits) is refused once the load timeout passes,
+/// naming its file; the plugins beside it load and work.
+#[test]
+fn a_describe_that_waits_is_refused_after_the_load_timeout_and_the_rest_loads() {
+    let waits = std::fs::read(fixture("describe_waits")).unwrap();
+    let inbox = std::fs::read(real("inbox")).unwrap();
+    let per_event = std::fs::read(real("per_event")).unwrap();
+    let dir = dir_with(&[
+        ("describe_waits.wasm", &waits),
+        ("inbox.wasm", &inbox),
+        ("per_event.wasm", &per_event),
+    ]);
+    let limits = pushonce::plugin::Limits {
+        load_timeout: Duration::from_millis(500),
+        ..limits()
+    };
+    // Loaded on a thread of its own, so a load that never ends fails this
+    // test instead of hanging it.
+    let path = dir.path().to_path_buf();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(PluginRegistry::load_dir(&path, &limits, None));
+    });
+    let (registry, refused) = rx
+        .recv_timeout(Duration::from_secs(60))
+        .expect("loading the directory never finished")
+        .unwrap();
+    assert_eq!(refused.len(), 1, "{refused:#?}");
+    let err = refusal_of(&refused, "describe_waits.wasm");
+    assert!(matches!(err, LoadError::Describe { .. }), "{err:?}");
+    let text = err.to_string();
+    assert!(
+        text.contains("describe_waits.wasm") && text.contains("did not answer within 500 ms"),
+        "{text}"
+    );
+    assert!(registry.resolve_channel("inbox@^2").is_ok());
+    let k = key(&registry, "per-event@1", &event("u", 0, &[]), "sms", &[]).unwrap();
+    assert_eq!(k, "push:per-event@1:sms:ORDER_SHIPPED:o-1:u");
+}
+
 #[test]
 fn a_missing_plugin_directory_is_an_error() {
     let err = PluginRegistry::load_dir(
@@ -541,6 +582,29 @@ fn misbehaving_calls_fail_clearly_and_the_next_calls_work() {
     // Each failed call dropped its instance: the first call plus four replacements.
     assert_eq!(stats.instantiations, 5, "{stats:?}");
     assert_eq!(good.stats().failures, 0);
+}
+
+/// A key policy's refusal of any length reaches the host cut to a few KiB,
+/// with a marker saying how much was cut.
+#[test]
+fn an_oversized_refusal_is_cut_with_a_marker() {
+    use pushonce::plugin::bounds::MAX_TEXT;
+    let registry = registry_of(&[fixture("misbehave")], None);
+    let bad = registry.resolve_key_policy("misbehave@1").unwrap();
+    let err = bad
+        .derive_key(&event("u-1", 0, &[]), "long-error", &[])
+        .unwrap_err();
+    let CallError::Refused { message, .. } = &err else {
+        panic!("expected a refusal, got {err:?}");
+    };
+    let returned = "refused: ".len() + (8 << 20);
+    assert!(message.starts_with("refused: xxx"), "{}", &message[..40]);
+    assert!(
+        message.ends_with(&format!("… [{} more bytes cut]", returned - MAX_TEXT)),
+        "{}",
+        &message[message.len() - 60..]
+    );
+    assert!(message.len() < MAX_TEXT + 64, "{} bytes", message.len());
 }
 
 #[test]

@@ -22,12 +22,16 @@ const CHANNELS: &str = r#"
 [channels.inbox]
 plugin = "inbox@^2"
 [channels.sms]
-plugin = "sms@^2"
+plugin = "aliyun-sms@^2"
 [channels.wechat]
 plugin = "wechat@^2"
 [channels.app-push]
-plugin = "app-push@^2"
+plugin = "fcm@^2"
 "#;
+
+/// The real plugins of [`CHANNELS`]: a host whose configured channels do
+/// not all resolve does not start, so every plugin directory has them.
+const CHANNEL_PLUGINS: [&str; 4] = ["inbox", "aliyun_sms", "wechat", "fcm"];
 
 /// A host configuration with the four channels and the given directories.
 fn config(plugin_dir: &Path, policy_dir: &Path, data_dir: &Path) -> HostConfig {
@@ -199,8 +203,8 @@ fn policy(key_policy: &str, channels: &str) -> String {
 
 async fn running(plugins: &[PathBuf], policy_text: &str) -> Running {
     let (plugin_dir, policy_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-    for p in plugins {
-        copy_plugin(p.clone(), plugin_dir.path());
+    for p in plugins.iter().cloned().chain(CHANNEL_PLUGINS.map(real)) {
+        copy_plugin(p, plugin_dir.path());
     }
     write(&policy_dir.path().join("resume.toml"), policy_text);
     let config = config(plugin_dir.path(), policy_dir.path(), &shared_data());

@@ -23,6 +23,7 @@ use super::bindings::{
     Capabilities, ChannelWorld, DeliveryStatus, ExtrasExport, ExtrasIndices, Message,
     MessageExtras, Receipt, SendError, SentMessage,
 };
+use super::bounds;
 use super::cache_import::SharedCache;
 use super::call::classify;
 use super::error::CallError;
@@ -275,15 +276,23 @@ impl ChannelInstance {
         msg: Message,
         extras: MessageExtras,
     ) -> Result<Answer<Result<Receipt, SendError>>, ChannelCallError> {
-        self.call_with(move |e, s| {
-            Box::pin(async move {
-                match &e.extras {
-                    Some(x) => x.call_send(s, &msg, &extras).await,
-                    None => e.world.pushonce_channel_channel().call_send(s, &msg).await,
-                }
+        let answer = self
+            .call_with(move |e, s| {
+                Box::pin(async move {
+                    match &e.extras {
+                        Some(x) => x.call_send(s, &msg, &extras).await,
+                        None => e.world.pushonce_channel_channel().call_send(s, &msg).await,
+                    }
+                })
             })
+            .await?;
+        self.bounded(answer, |value| match value {
+            Ok(receipt) => match bounds::receipt_fault(&receipt) {
+                Some(fault) => Err(fault),
+                None => Ok(Ok(receipt)),
+            },
+            Err(e) => Ok(Err(e)),
         })
-        .await
     }
 
     /// Asks the provider about a message that was sent, or may have been.
@@ -305,24 +314,51 @@ impl ChannelInstance {
         &self,
         req: CallbackRequest,
     ) -> Result<Answer<Result<CallbackOutcome, CallbackError>>, ChannelCallError> {
-        self.call_with(move |e, s| {
-            Box::pin(async move {
-                if let Some(c) = &e.callbacks {
-                    return c.call_handle_callback(s, &req).await;
-                }
-                let answer = e
-                    .world
-                    .pushonce_channel_channel()
-                    .call_handle_callback(s, &req)
-                    .await?;
-                Ok(answer.map(|a| CallbackOutcome {
-                    settlements: a.settlements,
-                    opt_outs: Vec::new(),
-                    reply: a.reply,
-                }))
+        let answer = self
+            .call_with(move |e, s| {
+                Box::pin(async move {
+                    if let Some(c) = &e.callbacks {
+                        return c.call_handle_callback(s, &req).await;
+                    }
+                    let answer = e
+                        .world
+                        .pushonce_channel_channel()
+                        .call_handle_callback(s, &req)
+                        .await?;
+                    Ok(answer.map(|a| CallbackOutcome {
+                        settlements: a.settlements,
+                        opt_outs: Vec::new(),
+                        reply: a.reply,
+                    }))
+                })
             })
+            .await?;
+        self.bounded(answer, |value| match value {
+            Ok(outcome) => bounds::callback_outcome(outcome).map(Ok),
+            Err(e) => Ok(Err(e)),
         })
-        .await
+    }
+
+    /// `answer` as `check` leaves it where it enters the host
+    /// ([`super::bounds`]); an answer `check` refuses is a failed call,
+    /// [`CallError::Malformed`], with the call's log (a request may have
+    /// gone out).
+    fn bounded<T>(
+        &self,
+        answer: Answer<T>,
+        check: impl FnOnce(T) -> Result<T, String>,
+    ) -> Result<Answer<T>, ChannelCallError> {
+        let Answer { value, log } = answer;
+        match check(value) {
+            Ok(value) => Ok(Answer { value, log }),
+            Err(what) => Err(ChannelCallError {
+                error: CallError::Malformed {
+                    plugin: self.plugin.id().to_string(),
+                    what,
+                },
+                log,
+            }),
+        }
     }
 
     fn new_store(&self, log: &Arc<Mutex<OutboundLog>>) -> Store<HostState> {
@@ -468,16 +504,61 @@ impl ChannelInstance {
     }
 }
 
-/// Polls a future to completion on this thread without a runtime. For calls
-/// that do no I/O (a channel plugin's `describe` at load time), so loading
-/// works from sync code and from inside a tokio runtime alike.
-pub(crate) fn block_on<F: Future>(fut: F) -> F::Output {
+/// A load-time call that ran past its bound ([`super::Limits::load_timeout`]).
+#[derive(Debug, thiserror::Error)]
+#[error("did not answer within {} ms", .0.as_millis())]
+pub(crate) struct LoadTimedOut(pub(crate) Duration);
+
+/// Polls a future to completion on this thread, for calls at load time (a
+/// channel plugin's instantiation and `describe`), so loading works from sync
+/// code and from inside a tokio runtime alike; gives up with [`LoadTimedOut`]
+/// after `limit`, dropping the future (and with it the call). A plugin may
+/// wait on a clock there: the thread parks until woken or for a short while,
+/// and a tokio context is entered (a spare one when none is current) so the
+/// wait is registered instead of panicking.
+pub(crate) fn block_on_within<F, T>(fut: F, limit: Duration) -> wasmtime::Result<T>
+where
+    F: Future<Output = wasmtime::Result<T>>,
+{
+    use std::task::{Context, Poll, Wake, Waker};
+    use std::time::Instant;
+
+    /// Wakes the loading thread.
+    struct Unpark(std::thread::Thread);
+    impl Wake for Unpark {
+        fn wake(self: Arc<Self>) {
+            self.0.unpark();
+        }
+    }
+    /// The context entered when none is current.
+    static SPARE: std::sync::OnceLock<Option<tokio::runtime::Runtime>> = std::sync::OnceLock::new();
+
+    let _context = match tokio::runtime::Handle::try_current() {
+        Ok(_) => None,
+        Err(_) => SPARE
+            .get_or_init(|| {
+                tokio::runtime::Builder::new_current_thread()
+                    .enable_time()
+                    .build()
+                    .ok()
+            })
+            .as_ref()
+            .map(tokio::runtime::Runtime::enter),
+    };
+    let deadline = Instant::now() + limit;
+    let waker = Waker::from(Arc::new(Unpark(std::thread::current())));
+    let mut cx = Context::from_waker(&waker);
     let mut fut = std::pin::pin!(fut);
-    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
     loop {
-        if let std::task::Poll::Ready(v) = fut.as_mut().poll(&mut cx) {
+        if let Poll::Ready(v) = fut.as_mut().poll(&mut cx) {
             return v;
         }
-        std::thread::yield_now();
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(wasmtime::Error::new(LoadTimedOut(limit)));
+        }
+        // Not every waiting future is woken (a timer on a spare runtime
+        // nobody drives): look again soon.
+        std::thread::park_timeout(left.min(Duration::from_millis(10)));
     }
 }

@@ -243,6 +243,15 @@ pub enum CallError {
         /// wasmtime's explanation (the limit reached).
         reason: String,
     },
+    /// The plugin answered with something the host does not keep (an
+    /// identifier longer than its bound: `plugin::bounds`).
+    #[error("plugin {plugin} returned a malformed answer: {what}")]
+    Malformed {
+        /// `name@version`.
+        plugin: String,
+        /// What is wrong with the answer.
+        what: String,
+    },
     /// A new instance could not be created.
     #[error("plugin {plugin} could not be instantiated: {reason}")]
     Instantiate {
@@ -264,6 +273,7 @@ impl CallError {
             | CallError::Forbidden { plugin, .. }
             | CallError::TimedOut { plugin, .. }
             | CallError::Busy { plugin, .. }
+            | CallError::Malformed { plugin, .. }
             | CallError::Instantiate { plugin, .. } => plugin,
         }
     }

@@ -108,7 +108,7 @@ impl KeyPolicyPlugin {
                 }
                 answer.map_err(|message| CallError::Refused {
                     plugin: self.meta.id.clone(),
-                    message,
+                    message: super::bounds::cut(message),
                 })
             }
             Err(e) => {
@@ -135,7 +135,7 @@ impl KeyPolicyPlugin {
             self.refusals.fetch_add(1, Ordering::Relaxed);
             CallError::Refused {
                 plugin: self.meta.id.clone(),
-                message,
+                message: super::bounds::cut(message),
             }
         })
     }

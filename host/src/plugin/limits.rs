@@ -1,6 +1,8 @@
 //! The limits every plugin call runs under, and the engine options that go
 //! with them. One `Limits` value configures a whole `PluginRuntime`.
 
+use std::time::Duration;
+
 /// Budgets and caps for plugin calls; `Limits::default()` suits key policies.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Limits {
@@ -26,6 +28,11 @@ pub struct Limits {
     /// Largest plugin file read, in bytes; larger (or not a regular file)
     /// is refused by name.
     pub max_file_bytes: u64,
+    /// Wall-clock bound of a load-time call (a channel plugin's instantiation
+    /// and `describe`). Fuel stops a plugin that computes, not one that
+    /// waits (a channel plugin may read clocks and poll); past this bound the
+    /// file is refused by name and the rest of the directory loads.
+    pub load_timeout: Duration,
 }
 
 impl Default for Limits {
@@ -39,6 +46,7 @@ impl Default for Limits {
             pool_slots: 256,
             stderr_bytes: 4096,
             max_file_bytes: 64 << 20,
+            load_timeout: Duration::from_secs(5),
         }
     }
 }

@@ -17,6 +17,7 @@
 //! - `limits` / `error`: configuration and error types.
 
 pub mod bindings;
+pub mod bounds;
 pub mod cache;
 pub mod cache_import;
 mod call;

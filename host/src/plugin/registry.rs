@@ -186,21 +186,27 @@ impl PluginRegistry {
             .instantiate_pre(component)
             .and_then(bindings::channel::ChannelPluginPre::new)
             .map_err(|e| mismatch(format!("{e:#}")))?;
-        // Channel exports are async; `describe` does no I/O, so it
-        // completes by polling alone (no runtime needed, none nested).
+        // Channel exports are async; `describe` is polled on this thread
+        // (no runtime needed, none nested), within the load timeout: a
+        // plugin may wait on a clock there, and fuel does not run out while
+        // it waits.
         let plugin = ChannelPlugin::new(meta.clone(), self.runtime.clone(), pre)
             .map_err(|e| mismatch(format!("{e:#}")))?;
+        let load_timeout = self.runtime.limits().load_timeout;
         let info = self.describe(file, |store| {
-            super::channel::block_on(async {
-                // Instantiating type-checks the optional exports too.
-                let exports = plugin.instantiate(&mut *store).await?;
-                let info = exports.describe(&mut *store).await?;
-                Ok(PluginInfo {
-                    name: info.name,
-                    version: info.version,
-                    description: info.description,
-                })
-            })
+            super::channel::block_on_within(
+                async {
+                    // Instantiating type-checks the optional exports too.
+                    let exports = plugin.instantiate(&mut *store).await?;
+                    let info = exports.describe(&mut *store).await?;
+                    Ok(PluginInfo {
+                        name: info.name,
+                        version: info.version,
+                        description: info.description,
+                    })
+                },
+                load_timeout,
+            )
         })?;
         self.fill_meta(&mut meta, info)?;
         meta.load_time = started.elapsed();
@@ -224,9 +230,14 @@ impl PluginRegistry {
             .and_then(|()| call(&mut store));
         result.map_err(|e| LoadError::Describe {
             file: file.to_path_buf(),
-            reason: super::call::classify("(describe)", e, store.data(), limits.fuel_per_call)
-                .to_string()
-                .replacen("plugin (describe) ", "", 1),
+            reason: match e.downcast_ref::<super::channel::LoadTimedOut>() {
+                Some(timed_out) => format!(
+                    "{timed_out} (it waits at load; a plugin must describe itself without waiting)"
+                ),
+                None => super::call::classify("(describe)", e, store.data(), limits.fuel_per_call)
+                    .to_string()
+                    .replacen("plugin (describe) ", "", 1),
+            },
         })
     }
 

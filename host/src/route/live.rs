@@ -2,8 +2,9 @@
 //!
 //! A `Snapshot` is one consistent pair of plugin registry and policy set. A
 //! reload builds a new snapshot off to the side from the plugin and policy
-//! directories, validates it (every policy resolves, every channel exists,
-//! minor/patch upgrades of key policies keep their keys) and only then swaps it
+//! directories, validates it (every configured channel's plugin resolves,
+//! every policy resolves, every channel exists, minor/patch upgrades of key
+//! policies keep their keys) and only then swaps it
 //! in. A refused reload leaves the running snapshot in force and is kept as
 //! `last_refused` for the admin API and the metrics.
 
@@ -44,6 +45,15 @@ pub enum LiveError {
     /// The plugin directory or the engine failed.
     #[error("plugins: {0}")]
     Plugins(String),
+    /// Configured channels whose plugin requirement does not resolve: one
+    /// line per channel, then the plugin files refused (often the reason).
+    #[error("{} channel{} without a plugin:\n  {}", .unresolved.len(), if .unresolved.len() == 1 { "" } else { "s" }, channel_lines(.unresolved, .refused_files).join("\n  "))]
+    Channels {
+        /// `channels.<name>.plugin: ...`, one per channel.
+        unresolved: Vec<String>,
+        /// The plugin files refused at this load, each naming its file.
+        refused_files: Vec<String>,
+    },
     /// Policy files were refused.
     #[error("{} polic{} refused:\n  {}", .0.len(), if .0.len() == 1 { "y" } else { "ies" }, .0.join("\n  "))]
     Policies(Vec<String>),
@@ -54,9 +64,27 @@ impl LiveError {
     pub fn lines(&self) -> Vec<String> {
         match self {
             LiveError::Plugins(e) => vec![format!("plugins: {e}")],
+            LiveError::Channels {
+                unresolved,
+                refused_files,
+            } => channel_lines(unresolved, refused_files),
             LiveError::Policies(v) => v.clone(),
         }
     }
+}
+
+/// The lines of [`LiveError::Channels`]: each unresolved channel, then each
+/// refused plugin file.
+fn channel_lines(unresolved: &[String], refused_files: &[String]) -> Vec<String> {
+    unresolved
+        .iter()
+        .cloned()
+        .chain(
+            refused_files
+                .iter()
+                .map(|r| format!("plugin file refused: {r}")),
+        )
+        .collect()
 }
 
 /// The plugins and policies in force, and the means to replace them.
@@ -114,8 +142,29 @@ pub fn limits_of(config: &HostConfig) -> Limits {
     }
 }
 
+/// Every configured channel instance whose `plugin` requirement does not
+/// resolve in `registry`, as `channels.<name>.plugin: why` (a channel that
+/// names `providers` has no plugin of its own: its providers are channels
+/// and checked as such). A snapshot with such a channel would accept events
+/// for it that no send can deliver.
+fn unresolved_channels(config: &HostConfig, registry: &PluginRegistry) -> Vec<String> {
+    config
+        .channels
+        .iter()
+        .filter(|(_, c)| c.providers.is_empty())
+        .filter_map(|(name, c)| {
+            let e = registry.resolve_channel(&c.plugin).err()?;
+            Some(format!(
+                "channels.{name}.plugin: `{}` does not resolve: {e}",
+                c.plugin
+            ))
+        })
+        .collect()
+}
+
 /// Builds a snapshot from the configured directories (no swap, no checks
-/// against a previous snapshot).
+/// against a previous snapshot); refused when a configured channel's plugin
+/// does not resolve or a policy file is refused.
 pub fn build(config: &HostConfig, limits: &Limits, generation: u64) -> Result<Snapshot, LiveError> {
     let cache = config.cache_dir();
     let (registry, refused) = PluginRegistry::load_dir(&config.plugin_dir, limits, Some(&cache))
@@ -123,6 +172,13 @@ pub fn build(config: &HostConfig, limits: &Limits, generation: u64) -> Result<Sn
     let plugin_refusals: Vec<String> = refused.iter().map(|e| e.to_string()).collect();
     for r in &plugin_refusals {
         tracing::warn!(refusal = %r, "plugin file refused");
+    }
+    let unresolved = unresolved_channels(config, &registry);
+    if !unresolved.is_empty() {
+        return Err(LiveError::Channels {
+            unresolved,
+            refused_files: plugin_refusals,
+        });
     }
     let catalog = RegistryCatalog {
         registry: &registry,

@@ -540,6 +540,64 @@ mod tests {
     }
 
     #[test]
+    fn reserved_ipv4_ranges_are_internal() {
+        for ip in [
+            "198.18.0.1",
+            "198.19.255.254",
+            "240.0.0.1",
+            "255.255.255.254",
+            "192.0.0.1",
+            "192.0.0.170",
+        ] {
+            assert!(is_internal(ip.parse().unwrap()), "{ip}");
+        }
+        // The neighbours of each range stay public.
+        for ip in [
+            "198.17.255.255",
+            "198.20.0.0",
+            "192.0.1.1",
+            "191.255.255.255",
+        ] {
+            assert!(!is_internal(ip.parse().unwrap()), "{ip}");
+        }
+    }
+
+    #[test]
+    fn ipv6_forms_carrying_an_ipv4_address_are_judged_by_it() {
+        // (form, carrying an internal IPv4, carrying a public one)
+        for (form, internal, public) in [
+            ("mapped", "::ffff:10.0.0.1", "::ffff:8.8.8.8"),
+            ("translated", "::ffff:0:127.0.0.1", "::ffff:0:8.8.8.8"),
+            ("compatible", "::169.254.169.254", "::8.8.8.8"),
+            ("NAT64", "64:ff9b::192.168.1.1", "64:ff9b::8.8.8.8"),
+            ("NAT64", "64:ff9b::7f00:1", "64:ff9b::808:808"),
+            ("6to4", "2002:a00:1::1", "2002:808:808::1"),
+            ("6to4", "2002:7f00:1:1::", "2002:808:808:1::"),
+            ("6to4", "2002:c612:1::", "2002:c614:1::"),
+        ] {
+            assert!(is_internal(internal.parse().unwrap()), "{form} {internal}");
+            assert!(!is_internal(public.parse().unwrap()), "{form} {public}");
+        }
+    }
+
+    #[test]
+    fn internal_ipv6_prefixes() {
+        for ip in [
+            "fec0::1",
+            "feff::1",
+            "64:ff9b:1::808:808",
+            "64:ff9b:1:ffff::1",
+            "::",
+            "::1",
+        ] {
+            assert!(is_internal(ip.parse().unwrap()), "{ip}");
+        }
+        for ip in ["2606:4700::1111", "64:ff9b:2::1", "fe00::1"] {
+            assert!(!is_internal(ip.parse().unwrap()), "{ip}");
+        }
+    }
+
+    #[test]
     fn timeouts_are_clamped() {
         let max = Duration::from_secs(5);
         assert_eq!(clamp(None, max), max);

@@ -2,7 +2,7 @@
 //! ([`AllowedHost`]), the rest of its [`OutboundPolicy`], and the check of
 //! the addresses a name resolves to ([`resolve`], [`is_internal`]).
 
-use std::net::{IpAddr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -166,7 +166,16 @@ pub(super) async fn resolve(
 }
 
 /// Loopback, private, link-local, unspecified, shared (CGNAT), multicast,
-/// broadcast, unique-local: addresses a name on the allowlist must not reach.
+/// broadcast, reserved (240/4), benchmarking (198.18/15), IETF protocol
+/// assignments (192.0.0/24), unique-local and site-local: addresses a name on
+/// the allowlist must not reach.
+///
+/// An IPv6 address that carries an IPv4 address (mapped `::ffff:a.b.c.d`,
+/// translated `::ffff:0:a.b.c.d`, compatible `::a.b.c.d`, NAT64
+/// `64:ff9b::a.b.c.d`, 6to4 `2002:AABB:CCDD::`) is judged by that IPv4
+/// address, because a gateway or the host's own stack delivers it there; the
+/// local-use NAT64 prefix `64:ff9b:1::/48` is internal as a whole (where it
+/// puts the IPv4 address is the local network's choice).
 pub(super) fn is_internal(ip: IpAddr) -> bool {
     match ip {
         IpAddr::V4(v4) => {
@@ -179,9 +188,12 @@ pub(super) fn is_internal(ip: IpAddr) -> bool {
                 || v4.is_multicast()
                 || o[0] == 0
                 || (o[0] == 100 && (o[1] & 0xc0) == 64)
+                || (o[0] == 198 && (o[1] & 0xfe) == 18)
+                || o[0] >= 240
+                || (o[0] == 192 && o[1] == 0 && o[2] == 0)
         }
         IpAddr::V6(v6) => {
-            if let Some(v4) = v6.to_ipv4_mapped() {
+            if let Some(v4) = embedded_ipv4(v6) {
                 return is_internal(IpAddr::V4(v4));
             }
             let s = v6.segments();
@@ -190,6 +202,27 @@ pub(super) fn is_internal(ip: IpAddr) -> bool {
                 || v6.is_multicast()
                 || (s[0] & 0xfe00) == 0xfc00
                 || (s[0] & 0xffc0) == 0xfe80
+                || (s[0] & 0xffc0) == 0xfec0
+                || (s[0] == 0x64 && s[1] == 0xff9b && s[2] == 1)
         }
+    }
+}
+
+/// The IPv4 address an IPv6 address carries in one of the forms that reach
+/// it: mapped (`::ffff:0:0/96`), translated (`::ffff:0:0:0/96`), compatible
+/// (`::/96`, besides `::` and `::1`, which are judged as IPv6), NAT64's
+/// well-known prefix (`64:ff9b::/96`) and 6to4 (`2002::/16`, bits 16..48).
+fn embedded_ipv4(v6: Ipv6Addr) -> Option<Ipv4Addr> {
+    let s = v6.segments();
+    let v4 = |hi: u16, lo: u16| Ipv4Addr::new((hi >> 8) as u8, hi as u8, (lo >> 8) as u8, lo as u8);
+    match s {
+        [0, 0, 0, 0, 0, 0xffff, hi, lo]
+        | [0, 0, 0, 0, 0xffff, 0, hi, lo]
+        | [0x64, 0xff9b, 0, 0, 0, 0, hi, lo] => Some(v4(hi, lo)),
+        [0, 0, 0, 0, 0, 0, hi, lo] if v6 != Ipv6Addr::UNSPECIFIED && v6 != Ipv6Addr::LOCALHOST => {
+            Some(v4(hi, lo))
+        }
+        [0x2002, hi, lo, ..] => Some(v4(hi, lo)),
+        _ => None,
     }
 }

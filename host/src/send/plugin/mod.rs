@@ -165,11 +165,12 @@ impl PluginSender {
         self
     }
 
-    /// `channel`'s secrets redacted from `text` (unknown channel: unchanged).
+    /// `channel`'s secrets redacted from `text`, cut to
+    /// `plugin::bounds::MAX_TEXT` (unknown channel: only cut).
     pub(crate) fn redact(&self, channel: &str, text: &str) -> String {
         match self.channels.get(channel) {
             Some(rt) => rt.redact(text),
-            None => text.to_string(),
+            None => crate::plugin::bounds::cut(text.to_string()),
         }
     }
 

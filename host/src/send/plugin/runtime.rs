@@ -162,9 +162,11 @@ fn rate_limit(per_second: f64) -> Option<RateLimit> {
 }
 
 impl ChannelRuntime {
-    /// `text` with this channel's secrets replaced by `[redacted]`.
+    /// `text` with this channel's secrets replaced by `[redacted]`, then cut
+    /// to `plugin::bounds::MAX_TEXT` (after the redaction, so no part of a
+    /// secret is left at the cut).
     pub(super) fn redact(&self, text: &str) -> String {
-        self.redactor.redact(text)
+        crate::plugin::bounds::cut(self.redactor.redact(text))
     }
 
     pub(super) fn instance(

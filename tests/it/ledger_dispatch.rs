@@ -606,25 +606,18 @@ async fn a_sent_task_no_longer_checked_leaves_redis_once_the_ledger_holds_it() {
 /// (failed) the fallback is taken: the inbox gets the message.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sent_task_no_longer_checked_keeps_its_fallback_for_a_late_failed_receipt() {
-    use pushonce_tests::providers;
-    use pushonce_tests::stack::{ServeConfig, ServeProcess, get_json, post_json};
+    use pushonce_tests::stack::{get_json, post_json};
     let redis = RedisServer::start().await.unwrap();
-    let sim = providers::sim().await;
+    let sim = pushonce_tests::providers::sim().await;
     let dir = tempfile::tempdir().unwrap();
-    let policies = dir.path().join("policies");
-    std::fs::create_dir_all(&policies).unwrap();
-    std::fs::write(
-        policies.join("order-shipped.toml"),
-        "biz_type = \"ORDER_SHIPPED\"\nkey_policy = \"per-event@^1\"\nchannels = [\"sms\"]\n\
-         window = \"1h\"\n[fallback]\nsms = \"inbox\"\n",
-    )
-    .unwrap();
-    let mut config = ServeConfig::new(&redis.url(), &sim);
-    config.ledger_url = Some(redis.ledger_url());
-    config.extra = "[reconcile]\nevery = \"100ms\"\nsent_age = \"100ms\"\nmax_checks = 1\n".into();
-    let host = ServeProcess::start(&config, dir.path(), &policies)
-        .await
-        .unwrap();
+    let policy = "biz_type = \"ORDER_SHIPPED\"\nkey_policy = \"per-event@^1\"\nchannels = [\"sms\"]\n\
+                  window = \"1h\"\n[fallback]\nsms = \"inbox\"\n";
+    let host = serve_order_shipped(&redis, &sim, dir.path(), policy, |config| {
+        config.ledger_url = Some(redis.ledger_url());
+        config.extra =
+            "[reconcile]\nevery = \"100ms\"\nsent_age = \"100ms\"\nmax_checks = 1\n".into();
+    })
+    .await;
     let phone = "+8613800000077";
     sim.send_receipts_to(host.base(), 0, &[phone]);
     let event = serde_json::json!({
@@ -661,6 +654,25 @@ async fn a_sent_task_no_longer_checked_keeps_its_fallback_for_a_late_failed_rece
         host.log().contains("no longer checked"),
         "the reconciler gave up before the report came"
     );
+}
+
+/// `pushonce serve` on `redis` and `sim` in `dir`, with `policy` as its one
+/// policy file; `tweak` adjusts its config first.
+async fn serve_order_shipped(
+    redis: &RedisServer,
+    sim: &pushonce_tests::providers::Sim,
+    dir: &std::path::Path,
+    policy: &str,
+    tweak: impl FnOnce(&mut pushonce_tests::stack::ServeConfig),
+) -> pushonce_tests::stack::ServeProcess {
+    let policies = dir.join("policies");
+    std::fs::create_dir_all(&policies).unwrap();
+    std::fs::write(policies.join("order-shipped.toml"), policy).unwrap();
+    let mut config = pushonce_tests::stack::ServeConfig::new(&redis.url(), sim);
+    tweak(&mut config);
+    pushonce_tests::stack::ServeProcess::start(&config, dir, &policies)
+        .await
+        .unwrap()
 }
 
 /// The development ledger playing a provider whose status query never
@@ -1078,23 +1090,15 @@ async fn without_the_event_index_event_lookups_come_through_the_ledger() {
 /// entry stayed for the window, with nothing to look it up).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ended_messages_keep_their_permits_and_no_provider_id_entries() {
-    use pushonce_tests::providers;
-    use pushonce_tests::stack::{ServeConfig, ServeProcess, get_json, post_json};
+    use pushonce_tests::stack::{get_json, post_json};
     let redis = RedisServer::start().await.unwrap();
-    let sim = providers::sim().await;
+    let sim = pushonce_tests::providers::sim().await;
     let dir = tempfile::tempdir().unwrap();
-    let policies = dir.path().join("policies");
-    std::fs::create_dir_all(&policies).unwrap();
-    std::fs::write(
-        policies.join("order-shipped.toml"),
-        "biz_type = \"ORDER_SHIPPED\"\nkey_policy = \"per-event@^1\"\nchannels = [\"sms\", \"app-push\"]\nwindow = \"1h\"\n",
-    )
-    .unwrap();
-    let mut config = ServeConfig::new(&redis.url(), &sim);
-    config.channels = sim.toml_with_sms_providers(5, "5s");
-    let host = ServeProcess::start(&config, dir.path(), &policies)
-        .await
-        .unwrap();
+    let policy = "biz_type = \"ORDER_SHIPPED\"\nkey_policy = \"per-event@^1\"\nchannels = [\"sms\", \"app-push\"]\nwindow = \"1h\"\n";
+    let host = serve_order_shipped(&redis, &sim, dir.path(), policy, |config| {
+        config.channels = sim.toml_with_sms_providers(5, "5s");
+    })
+    .await;
     sim.send_sms_provider_receipts_to(host.base(), 0);
     let event = serde_json::json!({
         "biz_type": "ORDER_SHIPPED", "biz_id": "o-pmid", "user_id": "u-pmid",

@@ -651,18 +651,23 @@ async fn a_permit_outlives_a_retry_schedule_longer_than_its_window() {
     assert_eq!(b.number, 2);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_task_whose_permit_lapsed_and_was_retaken_is_superseded() {
-    let key = "lapsed";
-    let window = Duration::from_millis(100);
-    let (_server, permits, old) = one_task_in(key, window).await;
-    // Queued longer than its window (no worker ran): the permit lapses.
+/// Waits until the permit of `key` has lapsed (no owner).
+async fn wait_lapsed(permits: &Permits, key: &str) {
     wait_until(Duration::from_secs(5), || {
         let permits = permits.clone();
         async move { permits.permit_owner(key).await.unwrap().is_none() }
     })
     .await
     .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_whose_permit_lapsed_and_was_retaken_is_superseded() {
+    let key = "lapsed";
+    let window = Duration::from_millis(100);
+    let (_server, permits, old) = one_task_in(key, window).await;
+    // Queued longer than its window (no worker ran): the permit lapses.
+    wait_lapsed(&permits, key).await;
     let new = accepted(&permits.accept(&request(key, window)).await.unwrap());
     // The old task must not send: the newer one owns the key now.
     match permits
@@ -689,12 +694,7 @@ async fn a_late_send_keeps_its_key_a_window_from_the_send() {
     let key = "late-send";
     let window = Duration::from_millis(300);
     let (_server, permits, id) = one_task_in(key, window).await;
-    wait_until(Duration::from_secs(5), || {
-        let permits = permits.clone();
-        async move { permits.permit_owner(key).await.unwrap().is_none() }
-    })
-    .await
-    .unwrap();
+    wait_lapsed(&permits, key).await;
     // The worker comes at last: it takes the permit back and sends.
     let a = begin(&permits, &id, Duration::from_secs(5)).await;
     let sent = Outcome::Sent {
@@ -1061,6 +1061,36 @@ async fn only_completed_checks_count_and_each_is_logged_beside_the_cause() {
     assert!(held.iter().any(|(t, _)| *t == id), "{held:?}");
 }
 
+/// A task of `key` whose first attempt's worker vanished (after marking its
+/// request started, if `started`), re-claimed by the next begin once the
+/// lease ran out: its id and that attempt.
+async fn reclaimed_after_vanishing(
+    permits: &Permits,
+    key: &str,
+    started: bool,
+    lease: Duration,
+) -> (String, Box<pushonce::permit::Attempt>) {
+    let id = accepted(
+        &permits
+            .accept(&request(key, Duration::from_secs(30)))
+            .await
+            .unwrap(),
+    );
+    let first = begin(permits, &id, lease).await;
+    if started {
+        assert!(
+            permits
+                .mark_request_started(&first, lease)
+                .await
+                .unwrap()
+                .is_some()
+        );
+    }
+    let second = begin_when_free(permits, &id, Duration::from_secs(5)).await;
+    assert!(second.reclaimed);
+    (id, second)
+}
+
 /// A re-claimed attempt its worker gives back before it decided on the
 /// vanished worker's send (its ledger claim stopped, or marking the request
 /// failed) is re-claimed again by the next worker: the provider may still
@@ -1070,23 +1100,8 @@ async fn a_reclaimed_attempt_given_back_is_reclaimed_again() {
     let server = RedisServer::start().await.unwrap();
     let permits = server.permits(permit_config()).await.unwrap();
     let lease = Duration::from_millis(100);
-    let id = accepted(
-        &permits
-            .accept(&request("reclaim-given-back", Duration::from_secs(30)))
-            .await
-            .unwrap(),
-    );
-    let first = begin(&permits, &id, lease).await;
-    assert!(
-        permits
-            .mark_request_started(&first, lease)
-            .await
-            .unwrap()
-            .is_some()
-    );
     // The first worker vanishes mid-send; the second re-claims and gives back.
-    let second = begin_when_free(&permits, &id, Duration::from_secs(5)).await;
-    assert!(second.reclaimed);
+    let (id, second) = reclaimed_after_vanishing(&permits, "reclaim-given-back", true, lease).await;
     permits
         .record(&second, &Outcome::Release, None)
         .await
@@ -1123,25 +1138,8 @@ async fn a_reclaimed_attempt_says_whether_the_vanished_worker_had_started_its_se
     let permits = server.permits(permit_config()).await.unwrap();
     let lease = Duration::from_millis(100);
     for (key, started) in [("vanished-before", false), ("vanished-after", true)] {
-        let id = accepted(
-            &permits
-                .accept(&request(key, Duration::from_secs(30)))
-                .await
-                .unwrap(),
-        );
-        let first = begin(&permits, &id, lease).await;
-        if started {
-            assert!(
-                permits
-                    .mark_request_started(&first, lease)
-                    .await
-                    .unwrap()
-                    .is_some()
-            );
-        }
         // The worker vanishes; another takes the task after its lease.
-        let second = begin_when_free(&permits, &id, Duration::from_secs(5)).await;
-        assert!(second.reclaimed);
+        let (id, second) = reclaimed_after_vanishing(&permits, key, started, lease).await;
         assert_eq!(
             second
                 .task

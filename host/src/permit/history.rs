@@ -70,7 +70,7 @@ fn frees_key(attempt: &Attempt, outcome: &Outcome) -> bool {
     matches!(outcome, Outcome::Failed { .. } | Outcome::Dead { .. })
         && !task.ever_sent
         && !task.maybe_sent
-        && !task.fields.get("dedup").is_some_and(|d| d == "bloom")
+        && task.fields.get("dedup").is_none_or(|d| d != "bloom")
 }
 
 /// Writes the outcome of an attempt to `ledger`, before Redis records it

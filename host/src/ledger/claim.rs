@@ -240,18 +240,18 @@ impl super::Ledger {
             }
             on_pool!(self.pool(), p => {
                 sqlx::query(CANCELLED_SQL)
-                        .bind(&c.key)
-                        .bind(&c.task_id)
-                        .bind(&c.channel)
-                        .bind(&c.policy)
-                        .bind(&c.recipient_digest)
-                        .bind(&c.biz_type)
-                        .bind(&c.biz_id)
-                        .bind(c.now_ms)
-                        .bind(c.window_ends_ms)
-                        .bind(c.accepted_ms)
-                        .execute(p)
-                        .await?;
+                    .bind(&c.key)
+                    .bind(&c.task_id)
+                    .bind(&c.channel)
+                    .bind(&c.policy)
+                    .bind(&c.recipient_digest)
+                    .bind(&c.biz_type)
+                    .bind(&c.biz_id)
+                    .bind(c.now_ms)
+                    .bind(c.window_ends_ms)
+                    .bind(c.accepted_ms)
+                    .execute(p)
+                    .await?;
             });
             Ok(())
         }
@@ -277,17 +277,14 @@ impl super::Ledger {
         task_id: &str,
         within: std::time::Duration,
     ) -> bool {
-        match tokio::time::timeout(within, self.delete_own_row(key, task_id)).await {
-            Ok(Ok(())) => true,
-            Ok(Err(e)) => {
-                tracing::warn!(task = %task_id, error = %e, "could not take the task's row out of the ledger; its permit is kept for the window");
-                false
-            }
-            Err(_) => {
-                tracing::warn!(task = %task_id, ?within, "the ledger did not take the task's row out in time; its permit is kept for the window");
-                false
-            }
-        }
+        let otherwise = "the task's row stays, and its permit is kept for the window";
+        super::confirmed_within(
+            task_id,
+            within,
+            otherwise,
+            self.delete_own_row(key, task_id),
+        )
+        .await
     }
 
     /// [`RELEASED_SQL`]: task `task_id`'s own row of `key`, if any, goes.

@@ -272,22 +272,11 @@ impl Ledger {
     /// and the writer keeps retrying it.
     pub async fn update_confirmed(&self, update: Update, within: Duration) -> bool {
         let task = update.task_id.clone();
-        let done = tokio::time::timeout(within, async {
+        let work = async {
             self.update(update).await?;
             self.flush().await
-        })
-        .await;
-        match done {
-            Ok(Ok(())) => true,
-            Ok(Err(e)) => {
-                tracing::warn!(task = %task, error = %e, "could not write the ledger update");
-                false
-            }
-            Err(_) => {
-                tracing::warn!(task = %task, ?within, "the ledger did not confirm the update in time; the task keeps Redis's retention");
-                false
-            }
-        }
+        };
+        confirmed_within(&task, within, "the task keeps Redis's retention", work).await
     }
 
     /// Waits until every update queued so far is written (tests, shutdown).
@@ -310,6 +299,31 @@ impl Ledger {
     fn observe(&self, error: Option<&LedgerError>) {
         if let Ok(mut h) = self.health.lock() {
             *h = error.map(|e| e.to_string());
+        }
+    }
+}
+
+/// `work` done within `within`: true. An error or a timeout is logged for
+/// `task` with what it means (`otherwise`), and is false.
+pub(crate) async fn confirmed_within(
+    task: &str,
+    within: Duration,
+    otherwise: &str,
+    work: impl std::future::Future<Output = Result<(), LedgerError>>,
+) -> bool {
+    match tokio::time::timeout(within, work).await {
+        Ok(Ok(())) => true,
+        Ok(Err(e)) => {
+            tracing::warn!(task, error = %e, "the ledger write failed; {otherwise}");
+            false
+        }
+        Err(_) => {
+            tracing::warn!(
+                task,
+                ?within,
+                "the ledger did not confirm the write in time; {otherwise}"
+            );
+            false
         }
     }
 }

@@ -21,7 +21,7 @@ local function begin_one(task, stream, A, now)
   if A[6] ~= '' and #redis.call('XRANGE', stream, A[6], A[6]) == 0 then
     return {'gone'}
   end
-  local t = redis.call('HMGET', task, 'status', 'key')
+  local t = redis.call('HMGET', task, 'status', 'key', 'reclaim_open')
   local status = t[1]
   if not status then
     return {'missing'}
@@ -41,7 +41,7 @@ local function begin_one(task, stream, A, now)
   -- A re-claimed attempt its worker gave back before deciding on the
   -- vanished worker's send (record.lua's release keeps `reclaim_open`): the
   -- provider may still have that message, so this attempt is a re-claim too.
-  local again = not stale and redis.call('HGET', task, 'reclaim_open') == '1'
+  local again = not stale and t[3] == '1'
   local owner = redis.call('GET', permit)
   if not owner then
     -- The permit lapsed while the task waited (queued longer than its window,

@@ -157,11 +157,13 @@ local function record_one(K, A, now)
   if outcome ~= 'unknown' then
     redis.call('ZREM', held, id)
   end
+  -- An outcome was decided: a re-claim's question is answered (one HDEL
+  -- with `resend_by`, which only a resend keeps).
   if outcome ~= 'retry' and outcome ~= 'resend' and outcome ~= 'resend_by_reference' then
-    redis.call('HDEL', K[1], 'resend_by')
+    redis.call('HDEL', K[1], 'resend_by', 'reclaim_open')
+  else
+    redis.call('HDEL', K[1], 'reclaim_open')
   end
-  -- An outcome was decided: a re-claim's question is answered.
-  redis.call('HDEL', K[1], 'reclaim_open')
   if outcome ~= 'retry' and outcome ~= 'resend' and outcome ~= 'resend_by_reference'
       and outcome ~= 'unknown' and not followed then
     -- The task's expiry changed: its event record follows (leave_or_keep

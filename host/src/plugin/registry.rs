@@ -63,7 +63,18 @@ impl PluginRegistry {
         limits: &Limits,
         cache_dir: Option<&Path>,
     ) -> Result<(Self, Vec<LoadError>), LoadError> {
-        let mut registry = Self::new(limits, cache_dir)?;
+        Self::load_dir_with(PluginRuntime::new(limits)?, dir, cache_dir)
+    }
+
+    /// [`PluginRegistry::load_dir`] on `runtime`: its engine and instance
+    /// pool serve this registry beside any other built on it (a reload
+    /// reuses the running host's, so no engine is reserved per reload).
+    pub fn load_dir_with(
+        runtime: Arc<PluginRuntime>,
+        dir: &Path,
+        cache_dir: Option<&Path>,
+    ) -> Result<(Self, Vec<LoadError>), LoadError> {
+        let mut registry = Self::with_runtime(runtime, cache_dir);
         let refused = registry.add_dir(dir)?;
         Ok((registry, refused))
     }

@@ -10,7 +10,7 @@
 
 use super::{Catalog, PolicyError, PolicySet};
 use crate::config::HostConfig;
-use crate::plugin::{Limits, PluginRegistry};
+use crate::plugin::{Limits, PluginRegistry, PluginRuntime};
 use arc_swap::ArcSwap;
 use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
@@ -91,8 +91,10 @@ fn channel_lines(unresolved: &[String], refused_files: &[String]) -> Vec<String>
 pub struct Live {
     /// The host configuration (directories, limits, channels).
     config: Arc<HostConfig>,
-    /// Limits of every plugin call.
-    limits: Limits,
+    /// The one engine and instance pool every snapshot's plugins run on:
+    /// its limits are the configuration's, fixed for the process, and an
+    /// engine per reload would reserve a pool's address space each time.
+    runtime: Arc<PluginRuntime>,
     /// The snapshot in force.
     current: ArcSwap<Snapshot>,
     /// The last refused reload, if any since start.
@@ -163,12 +165,27 @@ fn unresolved_channels(config: &HostConfig, registry: &PluginRegistry) -> Vec<St
 }
 
 /// Builds a snapshot from the configured directories (no swap, no checks
-/// against a previous snapshot); refused when a configured channel's plugin
-/// does not resolve or a policy file is refused.
+/// against a previous snapshot) on a new runtime for `limits`; refused when
+/// a configured channel's plugin does not resolve or a policy file is refused.
 pub fn build(config: &HostConfig, limits: &Limits, generation: u64) -> Result<Snapshot, LiveError> {
+    build_on(&new_runtime(limits)?, config, generation)
+}
+
+/// A runtime (engine, linkers, instance pool) for `limits`.
+fn new_runtime(limits: &Limits) -> Result<Arc<PluginRuntime>, LiveError> {
+    PluginRuntime::new(limits).map_err(|e| LiveError::Plugins(e.to_string()))
+}
+
+/// [`build`] with the plugins on `runtime`.
+fn build_on(
+    runtime: &Arc<PluginRuntime>,
+    config: &HostConfig,
+    generation: u64,
+) -> Result<Snapshot, LiveError> {
     let cache = config.cache_dir();
-    let (registry, refused) = PluginRegistry::load_dir(&config.plugin_dir, limits, Some(&cache))
-        .map_err(|e| LiveError::Plugins(e.to_string()))?;
+    let (registry, refused) =
+        PluginRegistry::load_dir_with(runtime.clone(), &config.plugin_dir, Some(&cache))
+            .map_err(|e| LiveError::Plugins(e.to_string()))?;
     let plugin_refusals: Vec<String> = refused.iter().map(|e| e.to_string()).collect();
     for r in &plugin_refusals {
         tracing::warn!(refusal = %r, "plugin file refused");
@@ -199,11 +216,11 @@ pub fn build(config: &HostConfig, limits: &Limits, generation: u64) -> Result<Sn
 impl Live {
     /// Builds the first snapshot; an error here stops the host from starting.
     pub fn load(config: Arc<HostConfig>) -> Result<Live, LiveError> {
-        let limits = limits_of(&config);
-        let first = build(&config, &limits, 1)?;
+        let runtime = new_runtime(&limits_of(&config))?;
+        let first = build_on(&runtime, &config, 1)?;
         Ok(Live {
             config,
-            limits,
+            runtime,
             current: ArcSwap::from_pointee(first),
             last_refused: Mutex::new(None),
             reloading: Mutex::new(()),
@@ -239,7 +256,7 @@ impl Live {
     ) -> Result<u64, Refusal> {
         let _one_at_a_time = self.reloading.lock().unwrap_or_else(|e| e.into_inner());
         let old = self.current();
-        let result = build(&self.config, &self.limits, old.generation + 1)
+        let result = build_on(&self.runtime, &self.config, old.generation + 1)
             .map_err(|e| e.lines())
             .and_then(|new| check(&old, &new).map(|()| new));
         match result {

@@ -335,6 +335,15 @@ impl PluginRegistry {
         self.stats
     }
 
+    /// Whether `meta`'s channel plugin is loaded here: the same
+    /// `name@version` from a file with the same SHA-256.
+    pub(crate) fn holds_channel(&self, meta: &PluginMeta) -> bool {
+        self.channels
+            .get(&meta.name)
+            .and_then(|versions| versions.get(&meta.version))
+            .is_some_and(|p| p.meta().sha256 == meta.sha256)
+    }
+
     /// The shared runtime.
     pub fn runtime(&self) -> &Arc<PluginRuntime> {
         &self.runtime

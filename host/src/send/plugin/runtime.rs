@@ -10,9 +10,9 @@ use tokio::sync::Semaphore;
 use super::{InstanceError, SenderSetupError};
 use crate::config::{ChannelConfig, OnUnknown};
 use crate::plugin::HttpClient;
-use crate::plugin::PluginRegistry;
 use crate::plugin::bindings::Capabilities;
 use crate::plugin::channel::{ChannelInstance, ChannelSettings};
+use crate::plugin::{PluginMeta, PluginRegistry};
 use crate::send::redact::Redactor;
 
 /// A rate limit: one send every `1/qps`, spaced (no bursts).
@@ -50,7 +50,8 @@ pub(super) struct ChannelRuntime {
     pub(super) slots: Arc<Semaphore>,
     /// Sends per second, if limited.
     pub(super) rate: Option<RateLimit>,
-    /// Plugin instances bound to this channel, by `name@version` and file hash.
+    /// Plugin instances bound to this channel, by `name@version` and file
+    /// hash; only of plugin files loaded in the registry last asked.
     pub(super) instances: Mutex<HashMap<String, Arc<ChannelInstance>>>,
     /// Capabilities answered per plugin instance key.
     pub(super) capabilities: Mutex<HashMap<String, Capabilities>>,
@@ -153,6 +154,11 @@ fn callback_token(
     Ok(Some(token))
 }
 
+/// The key of a plugin file's instance and capabilities: `name@version#sha256`.
+fn instance_key(meta: &PluginMeta) -> String {
+    format!("{}#{}", meta.id, meta.sha256)
+}
+
 /// The pacing of a channel's sends at `per_second` (none when 0).
 fn rate_limit(per_second: f64) -> Option<RateLimit> {
     (per_second > 0.0).then(|| RateLimit {
@@ -188,20 +194,33 @@ impl ChannelRuntime {
                     }
                 })?,
             };
-        let key = format!("{}#{}", plugin.meta().id, plugin.meta().sha256);
+        let key = instance_key(plugin.meta());
         let mut instances = self.instances.lock().unwrap_or_else(|e| e.into_inner());
+        self.forget_unloaded(&mut instances, registry);
         Ok(instances
             .entry(key)
             .or_insert_with(|| Arc::new(ChannelInstance::new(plugin, self.settings.clone())))
             .clone())
     }
 
+    /// Drops the instances, and the capabilities, of plugin files that
+    /// `registry` no longer loads (a reload replaced or removed them), so
+    /// their compiled code and pool slots are freed once the calls still
+    /// holding one end.
+    fn forget_unloaded(
+        &self,
+        instances: &mut HashMap<String, Arc<ChannelInstance>>,
+        registry: &PluginRegistry,
+    ) {
+        instances.retain(|_, i| registry.holds_channel(i.plugin().meta()));
+        self.capabilities
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .retain(|key, _| instances.contains_key(key));
+    }
+
     pub(super) async fn capabilities_of(&self, inst: &ChannelInstance) -> Capabilities {
-        let key = format!(
-            "{}#{}",
-            inst.plugin().meta().id,
-            inst.plugin().meta().sha256
-        );
+        let key = instance_key(inst.plugin().meta());
         if let Some(c) = self
             .capabilities
             .lock()

@@ -39,8 +39,18 @@ pub fn registry() -> Arc<PluginRegistry> {
 /// A sender over `channels` with the real plugins, the secrets from `sim`'s environment.
 pub fn sender(sim: &Sim, channels: &BTreeMap<String, ChannelConfig>) -> PluginSender {
     let registry = registry();
+    sender_over(sim, channels, move || registry.clone())
+}
+
+/// [`sender`] resolving plugins in whatever `registry()` answers at each
+/// send (as a host's sender follows its reloads).
+pub fn sender_over(
+    sim: &Sim,
+    channels: &BTreeMap<String, ChannelConfig>,
+    registry: impl Fn() -> Arc<PluginRegistry> + Send + Sync + 'static,
+) -> PluginSender {
     let env = sim.env();
-    PluginSender::new(channels, Arc::new(move || registry.clone()), move |var| {
+    PluginSender::new(channels, Arc::new(registry), move |var| {
         env.iter().find(|(k, _)| k == var).map(|(_, v)| v.clone())
     })
     .unwrap()

@@ -82,6 +82,35 @@ pub fn refusal_of<'a>(refused: &'a [LoadError], name: &str) -> &'a LoadError {
         .unwrap_or_else(|| panic!("no refusal for {name}: {refused:?}"))
 }
 
+/// Plugin file `bytes` with a custom section naming `build` appended: the
+/// same plugin, behaving the same, from a file with another SHA-256 (as
+/// each new build of a plugin has).
+pub fn another_build(bytes: &[u8], build: u32) -> Vec<u8> {
+    let name = "pushonce-test-build";
+    let mut content = leb128(name.len());
+    content.extend_from_slice(name.as_bytes());
+    content.extend_from_slice(&build.to_le_bytes());
+    let mut out = bytes.to_vec();
+    out.push(0); // the custom section's id
+    out.extend(leb128(content.len()));
+    out.extend(content);
+    out
+}
+
+/// `n` as unsigned LEB128 (how WebAssembly writes sizes).
+fn leb128(mut n: usize) -> Vec<u8> {
+    let mut out = Vec::new();
+    loop {
+        let byte = (n & 0x7f) as u8;
+        n >>= 7;
+        if n == 0 {
+            out.push(byte);
+            return out;
+        }
+        out.push(byte | 0x80);
+    }
+}
+
 /// An event with the given user and time (ms since the epoch), biz_type
 /// `ORDER_SHIPPED`, biz_id `o-1` and `attributes`.
 pub fn event(user: &str, occurred_at_ms: u64, attributes: &[(&str, &str)]) -> Event {

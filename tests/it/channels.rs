@@ -11,9 +11,13 @@ use provider_sim::Faults;
 use pushonce::config::{ChannelConfig, OnUnknown};
 use pushonce::permit::TaskStatus;
 use pushonce::plugin::bindings::{Message, SendError};
+use pushonce::plugin::{Limits, PluginRegistry, PluginRuntime};
 use pushonce::send::Fallback;
-use pushonce_tests::channels::{DEADLINE, Env, Sim, payload, sender, sim};
+use pushonce_tests::channels::{DEADLINE, Env, Sim, payload, sender, sender_over, sim};
+use pushonce_tests::plugins::{another_build, limits, real};
 use pushonce_tests::wait_until;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_message_per_channel_reaches_the_provider_once() {
@@ -261,4 +265,47 @@ async fn the_outbound_policy_refuses_hosts_off_the_allowlist() {
         1,
         "the refused calls sent nothing"
     );
+}
+
+/// A registry on `runtime` holding build `build` of the inbox plugin
+/// (its file written into `dir`), as a reload on that runtime loads it.
+fn inbox_build(runtime: &Arc<PluginRuntime>, dir: &Path, build: u32) -> Arc<PluginRegistry> {
+    let original = std::fs::read(real("inbox")).unwrap();
+    let file = dir.join(format!("inbox-{build}.wasm"));
+    std::fs::write(&file, another_build(&original, build)).unwrap();
+    let mut registry = PluginRegistry::with_runtime(runtime.clone(), None);
+    if let Err(e) = registry.load_file(&file) {
+        panic!("build {build} is refused: {e}");
+    }
+    Arc::new(registry)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_channel_plugin_replaced_more_times_than_the_pool_has_slots_still_sends() {
+    let sim = sim().await;
+    let dir = tempfile::tempdir().unwrap();
+    // One engine for every build, as a host keeps it across its reloads,
+    // with 4 instance slots: an instance kept for a replaced build would
+    // hold one of them for good.
+    let small_pool = Limits {
+        pool_slots: 4,
+        ..limits()
+    };
+    let runtime = PluginRuntime::new(&small_pool).unwrap();
+    let current = Arc::new(Mutex::new(inbox_build(&runtime, dir.path(), 0)));
+    let in_force = current.clone();
+    let sender = sender_over(&sim, &sim.channels(), move || {
+        in_force.lock().unwrap().clone()
+    });
+    let builds = 8;
+    for build in 1..=builds {
+        *current.lock().unwrap() = inbox_build(&runtime, dir.path(), build);
+        let inst = sender.instance("inbox", None).unwrap();
+        let answer = inst.send(message(&format!("k-{build}"))).await;
+        assert!(
+            matches!(&answer, Ok(a) if a.value.is_ok()),
+            "build {build}: {answer:?}"
+        );
+    }
+    assert_eq!(sim.state.ledger()["inbox"].len(), builds as usize);
 }

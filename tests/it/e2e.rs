@@ -2,9 +2,12 @@
 //! plugins, and the provider simulator as the providers. What a user checks
 //! is what the providers received: the simulator's ledger; the providers'
 //! receipts come back through the API and settle the tasks. Also: an edited
-//! policy file is picked up by the running process and the next event uses it.
+//! policy file is picked up by the running process and the next event uses
+//! it, and a channel plugin deployed again and again keeps delivering
+//! without the process's address space growing per deploy.
 
 use provider_sim::Faults;
+use pushonce_tests::plugins::another_build;
 use pushonce_tests::providers::{self, Sim, WEBHOOK_ENDPOINT};
 use pushonce_tests::redis::RedisServer;
 use pushonce_tests::stack::{
@@ -403,13 +406,31 @@ max_attempts = 12
 backoff = { initial = "50ms", factor = 2.0, max = "400ms", jitter = true }
 "#;
 
-#[tokio::test]
-async fn a_standard_webhook_arrives_once_per_key_under_5xx_and_cut_off_answers() {
+/// A Redis, the simulator, and a directory whose `policies/` holds
+/// [`WEBHOOK_POLICY`].
+async fn webhook_setup() -> (RedisServer, Sim, tempfile::TempDir) {
     let redis = RedisServer::start().await.unwrap();
     let sim = providers::sim().await;
     let dir = tempfile::tempdir().unwrap();
     std::fs::create_dir_all(dir.path().join("policies")).unwrap();
     std::fs::write(dir.path().join("policies/order-paid.toml"), WEBHOOK_POLICY).unwrap();
+    (redis, sim, dir)
+}
+
+/// An `ORDER_PAID` event for order `order` of `user`, sent to the webhook
+/// endpoint.
+fn webhook_event(order: &str, user: &str) -> serde_json::Value {
+    json!({
+        "biz_type": "ORDER_PAID", "biz_id": order, "user_id": user,
+        "occurred_at": "2026-11-30T08:00:00Z", "template": "order.paid",
+        "params": {"order": order},
+        "recipients": {"webhook": WEBHOOK_ENDPOINT}
+    })
+}
+
+#[tokio::test]
+async fn a_standard_webhook_arrives_once_per_key_under_5xx_and_cut_off_answers() {
+    let (redis, sim, dir) = webhook_setup().await;
     let (host, base, client) = serve(&redis, dir.path(), &sim).await;
     // The receiver verifies every signature and dedupes by `webhook-id`;
     // 20 % of requests get a 5xx, 10 % are taken and the answer cut off.
@@ -423,12 +444,7 @@ async fn a_standard_webhook_arrives_once_per_key_under_5xx_and_cut_off_answers()
     let events = 20;
     let mut task_ids = Vec::new();
     for i in 0..events {
-        let body = json!({
-            "biz_type": "ORDER_PAID", "biz_id": format!("p-{i}"), "user_id": format!("u-{i}"),
-            "occurred_at": "2026-11-30T08:00:00Z", "template": "order.paid",
-            "params": {"order": format!("p-{i}")},
-            "recipients": {"webhook": WEBHOOK_ENDPOINT}
-        });
+        let body = webhook_event(&format!("p-{i}"), &format!("u-{i}"));
         task_ids.extend(post_event(&client, &base, &body).await);
     }
     assert_eq!(task_ids.len(), events);
@@ -627,4 +643,104 @@ async fn a_5xx_after_the_provider_took_the_message_is_unknown_and_only_a_resend_
     };
     assert!(line("app-push").ends_with(" 1"), "{}", line("app-push"));
     assert!(line("webhook").ends_with(" 0"), "{}", line("webhook"));
+}
+
+/// Replaces `file` the way an operator deploys a plugin build (written
+/// beside the directory, then renamed over it) with `original` plus a custom
+/// section naming `build`; returns the new file's SHA-256.
+fn deploy_build(file: &Path, original: &[u8], build: u32) -> String {
+    let bytes = another_build(original, build);
+    let staged = file.parent().unwrap().with_extension("staged");
+    std::fs::write(&staged, &bytes).unwrap();
+    std::fs::rename(&staged, file).unwrap();
+    pushonce::plugin::cache::sha256_hex(&bytes)
+}
+
+/// Waits until the host's `/admin/plugins` lists plugin `name` with `sha256`.
+async fn wait_plugin_sha(host: &ServeProcess, name: &str, sha256: &str) {
+    let url = host.url("/admin/plugins");
+    let client = reqwest::Client::new();
+    let loaded = wait_until(Duration::from_secs(30), || {
+        let (client, url) = (client.clone(), url.clone());
+        async move {
+            get_json(&client, &url).await.is_some_and(|v| {
+                v["plugins"].as_array().is_some_and(|ps| {
+                    ps.iter()
+                        .any(|p| p["name"] == name && p["sha256"] == sha256)
+                })
+            })
+        }
+    })
+    .await;
+    assert!(
+        loaded.is_ok(),
+        "{name} {sha256} not loaded; host log:\n{}",
+        host.log()
+    );
+}
+
+/// Posts one `ORDER_PAID` event for order `order` and waits until the
+/// webhook receiver holds it.
+async fn deliver_webhook(host: &ServeProcess, sim: &Sim, order: &str) {
+    let client = reqwest::Client::new();
+    let ids = post_event(&client, host.base(), &webhook_event(order, "u-swap")).await;
+    let sent = wait_tasks(&client, host.base(), &ids, 30, |t| t["status"] == "sent").await;
+    assert!(sent, "{order} not sent; host log:\n{}", host.log());
+    let received = sim
+        .ledger("webhook")
+        .iter()
+        .any(|m| m.params["order"] == order);
+    assert!(
+        received,
+        "{order} not received: {:?}",
+        sim.ledger("webhook")
+    );
+}
+
+/// `VmSize` of process `pid` (its address space), in KiB.
+fn vm_size_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmSize:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap()
+}
+
+/// The address space one plugin engine reserves with the default
+/// `[plugin_limits]`, in KiB: its pool's 256 memory slots of at least
+/// 4 GiB each (wasmtime's 64-bit memory reservation).
+const ONE_ENGINE_KIB: u64 = 256 * 4 * 1024 * 1024;
+
+#[tokio::test]
+async fn a_channel_plugin_deployed_again_and_again_keeps_the_address_space_and_delivers() {
+    let (redis, sim, dir) = webhook_setup().await;
+    let plugins = dir.path().join("plugins");
+    copy_dir(&pushonce_tests::plugins::real_dir(), &plugins).unwrap();
+    let mut config = ServeConfig::new(&redis.url(), &sim);
+    let plugin_dir = plugins.display().to_string();
+    config.env.push(("PUSHONCE_PLUGIN_DIR".into(), plugin_dir));
+    let host = ServeProcess::start(&config, dir.path(), &dir.path().join("policies"))
+        .await
+        .unwrap();
+    let pid = host.pid().unwrap();
+    deliver_webhook(&host, &sim, "p-0").await;
+
+    // Each build has its own file hash; a send after each swap runs it.
+    let file = plugins.join("webhook.wasm");
+    let original = std::fs::read(&file).unwrap();
+    let mut sizes = Vec::new();
+    for build in 1..=6 {
+        let sha256 = deploy_build(&file, &original, build);
+        wait_plugin_sha(&host, "webhook", &sha256).await;
+        deliver_webhook(&host, &sim, &format!("p-{build}")).await;
+        sizes.push(vm_size_kib(pid));
+    }
+    eprintln!("VmSize after each swap, KiB: {sizes:?}");
+    let (first, last) = (sizes[0], sizes[sizes.len() - 1]);
+    assert!(
+        last < first + ONE_ENGINE_KIB / 4,
+        "the address space grew by {} KiB over 5 swaps (one engine reserves {ONE_ENGINE_KIB} KiB): {sizes:?}",
+        last.saturating_sub(first)
+    );
 }

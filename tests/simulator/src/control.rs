@@ -48,14 +48,34 @@ async fn set_sms_approvals(
     State(state): State<SimState>,
     Json(req): Json<BTreeMap<String, SmsApprovals>>,
 ) -> Response {
-    if let Some(bad) = req.keys().find(|p| !SMS_PROVIDERS.contains(&p.as_str())) {
-        return unprocessable(format!(
-            "`{bad}` is not an SMS provider; those that approve templates and sign names: {}",
-            SMS_PROVIDERS.join(", ")
-        ));
+    set_each(
+        req,
+        |p, _| {
+            (!SMS_PROVIDERS.contains(&p)).then(|| {
+                format!(
+                    "`{p}` is not an SMS provider; those that approve templates and sign names: {}",
+                    SMS_PROVIDERS.join(", ")
+                )
+            })
+        },
+        |p, approvals| {
+            state.set_sms_approvals(p, approvals);
+        },
+    )
+}
+
+/// Sets each provider's entry of `req` with `set`, or none of them when
+/// `refuse` finds one wrong (its reason answered 422).
+fn set_each<T>(
+    req: BTreeMap<String, T>,
+    refuse: impl Fn(&str, &T) -> Option<String>,
+    mut set: impl FnMut(&str, T),
+) -> Response {
+    if let Some(reason) = req.iter().find_map(|(p, v)| refuse(p, v)) {
+        return unprocessable(reason);
     }
-    for (provider, approvals) in req {
-        state.set_sms_approvals(&provider, approvals);
+    for (provider, value) in req {
+        set(&provider, value);
     }
     Json(json!({"ok": true})).into_response()
 }
@@ -182,16 +202,17 @@ async fn set_faults(
     State(state): State<SimState>,
     Json(req): Json<BTreeMap<String, Faults>>,
 ) -> Response {
-    if let Some(bad) = req.keys().find(|p| provider_name(p).is_none()) {
-        return unprocessable(format!(
-            "unknown provider `{bad}`; known: {}",
-            PROVIDERS.join(", ")
-        ));
-    }
-    for (provider, faults) in req {
-        state.set_faults(&provider, faults);
-    }
-    Json(json!({"ok": true})).into_response()
+    set_each(
+        req,
+        |p, _| {
+            provider_name(p)
+                .is_none()
+                .then(|| format!("unknown provider `{p}`; known: {}", PROVIDERS.join(", ")))
+        },
+        |p, faults| {
+            state.set_faults(p, faults);
+        },
+    )
 }
 
 async fn get_faults(State(state): State<SimState>) -> Response {

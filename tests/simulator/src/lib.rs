@@ -176,9 +176,9 @@ pub const TEST_SIGN_NAME: &str = "pushonce";
 
 /// The templates the repository's tests, chaos run, benchmarks, policies and
 /// dev configuration send to an SMS channel, as if approved in the
-/// simulated console (a template sent as it is when a channel does not map
-/// it, `template.<name>`, is approved under that name).
-pub const TEST_TEMPLATES: [&str; 26] = [
+/// simulated console: a template sent as it is when a channel does not map
+/// it (`template.<name>`) is approved under that name.
+pub const TEST_TEMPLATES: &[&str] = &[
     "SMS_1",
     "SMS_1001",
     "SMS_465910001",
@@ -186,7 +186,6 @@ pub const TEST_TEMPLATES: [&str; 26] = [
     "2084672",
     "order_shipped",
     "order-shipped",
-    "ORDER_SHIPPED",
     "SHIPPED_V1",
     "shipped",
     "shipped-sms",
@@ -202,16 +201,64 @@ pub const TEST_TEMPLATES: [&str; 26] = [
     "BENCH_T",
     "TPL",
     "TPL-SHIPPED",
-    "T",
     "t",
     "Your order shipped",
 ];
 
+/// The event types the repository's tests, chaos run, benchmarks and
+/// policies send, as if approved templates: an event without a `template`
+/// is rendered by the template named like its `biz_type`.
+pub const TEST_BIZ_TYPES: &[&str] = &[
+    "A",
+    "ALERT",
+    "BENCH",
+    "BROADCAST",
+    "BROKEN",
+    "CANCEL_QUIET",
+    "CANCEL_RACE",
+    "CANCEL_TEST",
+    "DAILY_TIP",
+    "DIGEST",
+    "HOURLY_TIP",
+    "INTERVIEW_REMINDER",
+    "JOB_RECOMMENDATION",
+    "LOGIN_CODE",
+    "LONG",
+    "NEWSLETTER",
+    "NOPE",
+    "NOTICE",
+    "NO_SUCH_TYPE",
+    "OLD",
+    "ORDER",
+    "ORDER_PAID",
+    "ORDER_RETURNED",
+    "ORDER_SHIPPED",
+    "PASSWORD_CHANGED",
+    "PROBE",
+    "PROFILE_LIKED",
+    "PROMO",
+    "PROMO_A",
+    "PROMO_B",
+    "RECEIPT",
+    "REMINDER",
+    "RESUME_VIEWED",
+    "SYSTEM_BROADCAST",
+    "T",
+    "UNNAMED",
+    "WEEKLY_DIGEST",
+    "WELCOME",
+    "X",
+];
+
 impl Default for SmsApprovals {
-    /// [`TEST_TEMPLATES`] and [`TEST_SIGN_NAME`].
+    /// [`TEST_TEMPLATES`], [`TEST_BIZ_TYPES`] and [`TEST_SIGN_NAME`].
     fn default() -> Self {
         SmsApprovals {
-            templates: TEST_TEMPLATES.iter().map(|t| t.to_string()).collect(),
+            templates: TEST_TEMPLATES
+                .iter()
+                .chain(TEST_BIZ_TYPES)
+                .map(|t| t.to_string())
+                .collect(),
             sign_names: BTreeSet::from([TEST_SIGN_NAME.to_string()]),
         }
     }

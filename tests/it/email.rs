@@ -16,7 +16,7 @@
 //! deadlines, no sleeps.
 
 use std::path::Path;
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use provider_sim::sns::Tamper;
 use pushonce_tests::providers::{self, Sim};
@@ -305,6 +305,48 @@ async fn one_click(host: &ServeProcess, token: &str) -> (u16, Value) {
             .body("List-Unsubscribe=One-Click"),
     )
     .await
+}
+
+/// The expiry a link's token carries (`<user>.<kind>.<name>.<expires>.<mac>`),
+/// seconds since the epoch.
+fn link_expiry(token: &str) -> u64 {
+    token
+        .split('.')
+        .nth(3)
+        .and_then(|t| t.parse().ok())
+        .unwrap_or_else(|| panic!("no expiry in {token}"))
+}
+
+/// An email scheduled ahead carries a link good for `link_ttl` from its
+/// send, not from its accept: a message sent weeks after it was posted does
+/// not arrive with a link about to expire.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_scheduled_emails_link_is_good_for_its_whole_ttl_from_the_send() {
+    let redis = RedisServer::start().await.unwrap();
+    let sim = providers::sim().await;
+    let dir = tempfile::tempdir().unwrap();
+    let host = serve(&redis, &sim, dir.path()).await;
+    let address = "later@example.com";
+    let send_at = SystemTime::now() + Duration::from_secs(4);
+    let mut scheduled = event("NEWSLETTER", "n-later", "u-later", address);
+    scheduled["send_at"] = humantime::format_rfc3339_millis(send_at).to_string().into();
+    assert_eq!(post(&host, &scheduled).await.0, "accepted");
+    wait_until(DEADLINE, || async { emails_to(&sim, address).len() == 1 })
+        .await
+        .unwrap_or_else(|e| panic!("the email reaches SES: {e}; log:\n{}", host.log()));
+    let link = header(&emails_to(&sim, address)[0], "List-Unsubscribe").expect("a link");
+    let token = link
+        .trim_end_matches('>')
+        .rsplit('/')
+        .next()
+        .unwrap()
+        .to_string();
+    let send_secs = send_at.duration_since(UNIX_EPOCH).unwrap().as_secs();
+    assert!(
+        link_expiry(&token) >= send_secs + (60 * DAY).as_secs(),
+        "expires {} < send {send_secs} + 60 days",
+        link_expiry(&token)
+    );
 }
 
 /// The done-when: an email is sent with both headers, a one-click

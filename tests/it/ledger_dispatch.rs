@@ -191,6 +191,97 @@ async fn a_task_refused_with_nothing_sent_frees_its_key_for_the_corrected_repost
     assert_eq!(failed.status, TaskStatus::Failed);
 }
 
+/// A task claimed its key in the ledger, failed with nothing sent, and waited
+/// for its retry past its permit (window and grace: a backlog, a stopped
+/// dispatcher); the business service's re-post was then accepted by Redis as
+/// a new task. The ledger refuses the re-post's claim, so the first task must
+/// be the one to send: the message goes out once, not zero times. With
+/// `first_begins_first`, the first task's retry comes before the re-post's
+/// attempt and finds the re-post holding the permit (it is superseded, then
+/// queued again when the re-post is refused).
+async fn lapsed_claim_then_repost(first_begins_first: bool) {
+    let redis = RedisServer::start().await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("sent.jsonl");
+    let ledger = Ledger::open(&Ledger::sqlite_url(dir.path())).await.unwrap();
+    let permits = redis
+        .permits(PermitConfig {
+            grace: Duration::from_millis(100),
+            ..permit_config()
+        })
+        .await
+        .unwrap();
+    let key = "order-9:sms";
+    let short = |key: &str| AcceptRequest {
+        window: Duration::from_millis(300),
+        retry: pushonce::permit::RetryPolicy {
+            initial: Duration::from_millis(200),
+            jitter: false,
+            ..Default::default()
+        },
+        ..request(key)
+    };
+    let first = match permits.accept(&short(key)).await.unwrap() {
+        Acceptance::Accepted { task_id } => task_id,
+        other => panic!("not accepted: {other:?}"),
+    };
+    // Its first attempt claims the key and fails with nothing sent.
+    let failing = RunningDispatcher::start_claiming(
+        redis.client(),
+        permits.clone(),
+        &file,
+        Faults {
+            fail_first: 1,
+            ..Faults::default()
+        },
+        4,
+        Duration::from_secs(1),
+        Some(ledger.clone()),
+    );
+    wait_status(&permits, &first, TaskStatus::RetryWait).await;
+    failing.stop().await;
+    wait_until(Duration::from_secs(10), || {
+        let permits = permits.clone();
+        async move { permits.permit_owner(key).await.unwrap().is_none() }
+    })
+    .await
+    .expect("the permit lapses");
+    let second = match permits.accept(&short(key)).await.unwrap() {
+        Acceptance::Accepted { task_id } => task_id,
+        other => panic!("the re-post was not accepted: {other:?}"),
+    };
+    if first_begins_first {
+        let begun = permits
+            .begin_attempt(&first, Duration::from_secs(5))
+            .await
+            .unwrap();
+        assert!(
+            matches!(begun, pushonce::permit::Begin::Superseded { .. }),
+            "{begun:?}"
+        );
+    }
+    let running = dispatcher(&redis, &permits, &file, &ledger);
+    wait_status(&permits, &second, TaskStatus::DuplicatePrevented).await;
+    wait_status(&permits, &first, TaskStatus::Sent).await;
+    running.stop().await;
+    let sent = sent_by_key(&read_ledger(&file));
+    assert_eq!(sent.get(key).map(Vec::len), Some(1), "sent once: {sent:?}");
+    assert_eq!(
+        sent[key][0].task_id, first,
+        "by the task that holds the key"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claimed_task_whose_permit_lapsed_sends_once_when_the_repost_is_refused() {
+    lapsed_claim_then_repost(false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claimed_task_superseded_by_a_refused_repost_is_queued_again_and_sends_once() {
+    lapsed_claim_then_repost(true).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn while_the_ledger_is_down_nothing_is_sent_and_all_is_sent_once_after() {
     let redis = RedisServer::start().await.unwrap();

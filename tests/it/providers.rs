@@ -21,9 +21,9 @@ use axum::response::{IntoResponse, Response};
 use provider_sim::Faults;
 use pushonce::permit::{Permits, RetryPolicy, Task, TaskStatus};
 use pushonce::plugin::bindings::{CallbackRequest, Message, Receipt, SendError};
-use pushonce::send::Fallback;
 use pushonce::send::plugin::{CallbackAccess, PluginSender};
 use pushonce::send::receipts::{ReceiptError, handle_callback};
+use pushonce::send::{Fallback, Payload};
 use pushonce_tests::channels::{
     DEADLINE, Env, EnvOptions, cached_sender, fast_retry, one_attempt_then_reconcile, payload, sim,
 };
@@ -946,6 +946,85 @@ async fn aliyun_credential_errors_fail_at_once_and_name_the_setting_to_fix() {
         "one refusal each"
     );
     assert!(env.ledger("sms").is_empty(), "no SMS with bad credentials");
+    env.stop().await;
+}
+
+// ------------------------------------- templates and signs not approved
+
+/// A message to `phone` with `template`, falling back to
+/// one app push under key `fb_key`.
+fn with_push_fallback(phone: &str, template: &str, fb_key: &str) -> Payload {
+    let mut p = payload(phone, template);
+    p.fallback = Some(Box::new(Fallback {
+        channel: "app-push".into(),
+        key: fb_key.into(),
+        window_ms: 3_600_000,
+        payload: payload(&recipient("app-push", 3), "order-shipped"),
+    }));
+    p
+}
+
+/// Waits for `failed`, checks it was tried once and its `last_error`
+/// names `code` and `fix`, and that its fallback push was sent.
+async fn fails_naming_and_falls_back(env: &Env, t: &str, code: &str, fix: &str, fb_key: &str) {
+    env.wait_status(t, TaskStatus::Failed).await;
+    let task = task(&env.permits, t).await;
+    let why = task.last_error.clone().unwrap_or_default();
+    assert!(why.contains(code), "names the provider's code: {why}");
+    assert!(why.contains(fix), "says what to fix: {why}");
+    assert_eq!(task.attempts, 1, "not retried: {task:?}");
+    let fb = env.permits.permit_owner(fb_key).await.unwrap();
+    env.wait_status(&fb.expect("fallback accepted"), TaskStatus::Sent)
+        .await;
+}
+
+/// An Aliyun SMS whose template the account has not approved is refused
+/// (`isv.SMS_TEMPLATE_ILLEGAL`), never sent: the task fails at once with the
+/// code in `last_error`, and its fallback channel is taken.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_aliyun_sms_with_an_unapproved_template_fails_unsent_and_falls_back() {
+    let env = Env::start(|_| {}).await;
+    let fb_key = "push:per-event@1:app-push:unapproved-1";
+    let p = with_push_fallback(&recipient("sms", 5), "SMS_404404", fb_key);
+    let t = env.accept("sms", "unapproved-1", &p).await;
+    fails_naming_and_falls_back(&env, &t, "isv.SMS_TEMPLATE_ILLEGAL", "template", fb_key).await;
+    assert!(env.ledger("sms").is_empty(), "no SMS sent");
+    assert_eq!(stat(&env.sim, "aliyun-sms.unapproved"), 1, "asked once");
+    assert_eq!(env.ledger("app-push").len(), 1, "one fallback push");
+    env.stop().await;
+}
+
+/// A Tencent SMS signed with a sign name the account has not approved is
+/// refused per number (`FailedOperation.SignatureIncorrectOrUnapproved`),
+/// never sent: the task fails at once naming the code and `sign_name`, and
+/// its fallback channel is taken.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tencent_sms_with_an_unapproved_sign_name_fails_unsent_and_falls_back() {
+    let env = Env::start_with_sim(
+        |sim, c| {
+            let mut tencent = sim.tencent_channel();
+            tencent
+                .settings
+                .insert("sign_name".into(), "NotOurSign".into());
+            c.insert(TENCENT.0.into(), tencent);
+        },
+        EnvOptions::default(),
+    )
+    .await;
+    let fb_key = "push:per-event@1:app-push:unapproved-2";
+    let p = with_push_fallback("+8613800000006", "1110", fb_key);
+    let t = env.accept(TENCENT.0, "unapproved-2", &p).await;
+    fails_naming_and_falls_back(
+        &env,
+        &t,
+        "FailedOperation.SignatureIncorrectOrUnapproved",
+        "sign_name",
+        fb_key,
+    )
+    .await;
+    assert!(env.ledger(TENCENT.0).is_empty(), "no SMS sent");
+    assert_eq!(stat(&env.sim, "tencent-sms.unapproved"), 1, "asked once");
+    assert_eq!(env.ledger("app-push").len(), 1, "one fallback push");
     env.stop().await;
 }
 

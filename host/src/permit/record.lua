@@ -35,6 +35,42 @@
 -- A task accepted in Bloom mode (field dedup = bloom) keeps its permit only
 -- while it is open: when it ends the permit is deleted (owner-checked),
 -- never kept or retaken for the window (its filter bits block re-posts).
+-- The task the ledger holds the key for (`owner`, named by a claim this
+-- task `id` was refused) takes the key's permit back from this task, when
+-- it lives in this shard and either is open (queued, waiting for a retry,
+-- sending) or was superseded by this very task with nothing ever sent. Its
+-- permit lapsed after its claim (it waited past its window and grace), and
+-- this task, a re-post Redis then accepted, can never claim the key: unless
+-- the owner sends, the message would not go out at all (a miss). A
+-- superseded owner is queued again (a ready entry of its own). `task` and
+-- `permit` are this task's hash and permit, `stream` the shard's ready
+-- stream. Returns whether the permit was handed back.
+local function hand_back(task, permit, stream, id, owner, now)
+  local shard = string.match(id, '^(%d+)%-')
+  if not shard or string.match(owner, '^(%d+)%-') ~= shard
+    or redis.call('GET', permit) ~= id then
+    return false
+  end
+  local other = string.sub(task, 1, #task - #id) .. owner
+  local t = redis.call('HMGET', other, 'status', 'superseded_by', 'ever_sent', 'maybe_sent')
+  local open = t[1] == 'queued' or t[1] == 'retry_wait' or t[1] == 'sending'
+  local revive = t[1] == 'superseded' and t[2] == id and not t[3] and not t[4]
+  if not (open or revive) then
+    return false
+  end
+  redis.call('SET', permit, owner, 'KEEPTTL')
+  if revive then
+    redis.call('HSET', other, 'status', 'queued', 'updated_at', n2s(now),
+      'last_error', 'queued again: the delivery ledger refused task ' .. id ..
+      ' (the re-post that superseded it), as it holds the key for this task')
+    redis.call('HDEL', other, 'superseded_by', 'finished_at')
+    redis.call('PERSIST', other)
+    redis.call('XADD', stream, '*', 'task', owner)
+    event_follower(other, owner)()
+  end
+  return true
+end
+
 local function record_one(K, A, now)
   local id, token, outcome, entry = A[1], A[2], A[3], A[4]
   local retention, grace = tonumber(A[6]), tonumber(A[7])
@@ -141,12 +177,16 @@ local function record_one(K, A, now)
   elseif outcome == 'duplicate_prevented' then
     -- The ledger holds the key for another task (Redis lost its permit): this
     -- task ends without sending. Its permit is kept for the window, so later
-    -- re-posts of the event are answered duplicate by Redis again.
+    -- re-posts of the event are answered duplicate by Redis again; the
+    -- owner takes it back if it may still send (hand_back).
     redis.call('HSET', K[1], 'status', 'duplicate_prevented', 'duplicate_of', A[10],
       'last_error', 'the delivery ledger holds this key for task ' .. A[10],
       'finished_at', n2s(now), 'lease_token', '', 'updated_at', n2s(now))
     fate = end_permit(K[1], K[2], id, owner, n2s(window_end(K[1], now)), false)
     redis.call('PEXPIRE', K[1], retention)
+    if hand_back(K[1], K[2], K[3], id, A[10], now) then
+      fate = 'not_owner'
+    end
   else
     return redis.error_reply('unknown outcome ' .. outcome)
   end

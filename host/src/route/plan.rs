@@ -398,9 +398,15 @@ impl ChannelPlanner<'_> {
             Some(c) => Target::Category(c.clone()),
             None => Target::Channel(channel.to_string()),
         };
-        let now = UNIX_EPOCH + Duration::from_millis(self.req.now_ms);
+        // Good for `link_ttl` from the send, not the accept: a message
+        // scheduled weeks ahead must not arrive with a link near its end.
+        let sent_ms = self
+            .req
+            .send_at_ms
+            .map_or(self.req.now_ms, |at| at.max(self.req.now_ms));
+        let sent = UNIX_EPOCH + Duration::from_millis(sent_ms);
         Some(UnsubscribeLink {
-            url: writer.links.link(&self.event.user_id, &target, now),
+            url: writer.links.link(&self.event.user_id, &target, sent),
             category,
         })
     }

@@ -7,9 +7,12 @@
 //! twice sends twice; `OutId` is only echoed in receipts and queries): every
 //! accepted request is a new ledger entry per phone number.
 //! `QuerySendDetails` shows a message only after [`crate::Config::query_lag`].
+//! A `TemplateCode` or `SignName` the account has not approved
+//! ([`crate::SmsApprovals`]) is refused `isv.SMS_TEMPLATE_ILLEGAL` /
+//! `isv.SMS_SIGNATURE_ILLEGAL` in an HTTP 200, and nothing is sent.
 
 use crate::ledger::{Dedupe, Incoming, Verdict, cut_off, pause, with_retry_after};
-use crate::{SimState, now_secs};
+use crate::{SimState, Unapproved, now_secs};
 use axum::{
     Json,
     body::Bytes,
@@ -486,6 +489,26 @@ async fn send(
             "isv.MOBILE_NUMBER_ILLEGAL",
             "非法手机号",
         ));
+    }
+    // A template or sign name the account has not approved: refused in a
+    // 200, nothing sent (docs/providers.md, "Aliyun SMS").
+    let refusal = state.lock().unapproved(PROVIDER, template, Some(sign));
+    match refusal {
+        Some(Unapproved::SignName) => {
+            return Ok(ok_body(
+                request_id,
+                "isv.SMS_SIGNATURE_ILLEGAL",
+                "签名不合法(不存在或被拉黑)",
+            ));
+        }
+        Some(Unapproved::Template) => {
+            return Ok(ok_body(
+                request_id,
+                "isv.SMS_TEMPLATE_ILLEGAL",
+                "模板不合法(不存在或被拉黑)",
+            ));
+        }
+        None => {}
     }
     pause(state, PROVIDER).await;
     let mut sim = state.lock();

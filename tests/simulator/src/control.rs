@@ -1,10 +1,14 @@
 //! The control API (`/_sim/*`): faults, receipts, ledger, stats, token
-//! expiry, the CA, WeChat's URL check and SES's stored templates. Credentials are not served: tests
+//! expiry, the CA, WeChat's URL check, SES's stored templates and the SMS
+//! accounts' approved templates and sign names. Credentials are not served: tests
 //! read them from [`crate::SimState::credentials`], the binary writes them
 //! to files (`--keys-dir`). Served on the TLS listener and, for
 //! clients without TLS, on a plain-HTTP loopback listener ([`crate::run_control`]).
 
-use crate::{Faults, PROVIDERS, ReceiptConfig, SimState, provider_name, receipts};
+use crate::{
+    Faults, PROVIDERS, ReceiptConfig, SMS_PROVIDERS, SimState, SmsApprovals, provider_name,
+    receipts,
+};
 use axum::{
     Json, Router,
     extract::State,
@@ -31,6 +35,54 @@ pub fn routes() -> Router<SimState> {
         .route("/_sim/ses/sns", post(ses_sns).get(ses_sns_state))
         .route("/_sim/ses/notify", post(ses_notify))
         .route("/_sim/ses/templates", post(ses_template))
+        .route(
+            "/_sim/sms-approvals",
+            post(set_sms_approvals).get(get_sms_approvals),
+        )
+}
+
+/// `POST /_sim/sms-approvals`: `{"aliyun-sms": {"templates": [..],
+/// "sign_names": [..]}, ...}` replaces what each named SMS account has
+/// approved ([`SimState::set_sms_approvals`]).
+async fn set_sms_approvals(
+    State(state): State<SimState>,
+    Json(req): Json<BTreeMap<String, SmsApprovals>>,
+) -> Response {
+    set_each(
+        req,
+        |p, _| {
+            (!SMS_PROVIDERS.contains(&p)).then(|| {
+                format!(
+                    "`{p}` is not an SMS provider; those that approve templates and sign names: {}",
+                    SMS_PROVIDERS.join(", ")
+                )
+            })
+        },
+        |p, approvals| {
+            state.set_sms_approvals(p, approvals);
+        },
+    )
+}
+
+/// Sets each provider's entry of `req` with `set`, or none of them when
+/// `refuse` finds one wrong (its reason answered 422).
+fn set_each<T>(
+    req: BTreeMap<String, T>,
+    refuse: impl Fn(&str, &T) -> Option<String>,
+    mut set: impl FnMut(&str, T),
+) -> Response {
+    if let Some(reason) = req.iter().find_map(|(p, v)| refuse(p, v)) {
+        return unprocessable(reason);
+    }
+    for (provider, value) in req {
+        set(&provider, value);
+    }
+    Json(json!({"ok": true})).into_response()
+}
+
+/// `GET /_sim/sms-approvals`: what each SMS account has approved.
+async fn get_sms_approvals(State(state): State<SimState>) -> Response {
+    Json(state.sms_approvals()).into_response()
 }
 
 /// An SES stored template and the variables it uses.
@@ -150,16 +202,17 @@ async fn set_faults(
     State(state): State<SimState>,
     Json(req): Json<BTreeMap<String, Faults>>,
 ) -> Response {
-    if let Some(bad) = req.keys().find(|p| provider_name(p).is_none()) {
-        return unprocessable(format!(
-            "unknown provider `{bad}`; known: {}",
-            PROVIDERS.join(", ")
-        ));
-    }
-    for (provider, faults) in req {
-        state.set_faults(&provider, faults);
-    }
-    Json(json!({"ok": true})).into_response()
+    set_each(
+        req,
+        |p, _| {
+            provider_name(p)
+                .is_none()
+                .then(|| format!("unknown provider `{p}`; known: {}", PROVIDERS.join(", ")))
+        },
+        |p, faults| {
+            state.set_faults(p, faults);
+        },
+    )
 }
 
 async fn get_faults(State(state): State<SimState>) -> Response {

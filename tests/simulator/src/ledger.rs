@@ -152,6 +152,8 @@ pub struct Sim {
     /// ([`crate::SimState::ses_template`]); a template not here renders
     /// whatever its data.
     pub ses_templates: BTreeMap<String, Vec<String>>,
+    /// What each SMS account has approved ([`crate::SmsApprovals`]).
+    pub sms_approvals: BTreeMap<&'static str, crate::SmsApprovals>,
 }
 
 /// What the dice said for one send.
@@ -208,7 +210,27 @@ impl Sim {
             rng: StdRng::seed_from_u64(seed),
             next_id: 1,
             ses_templates: BTreeMap::new(),
+            sms_approvals: BTreeMap::new(),
         }
+    }
+
+    /// Why `provider`'s account refuses `template` signed `sign`, counted
+    /// `provider.unapproved` (see [`crate::SmsApprovals::refusal`]); `None`
+    /// if it approved both (or approves nothing for `provider`, not an SMS one).
+    pub fn unapproved(
+        &mut self,
+        provider: &str,
+        template: &str,
+        sign: Option<&str>,
+    ) -> Option<crate::Unapproved> {
+        let refusal = self
+            .sms_approvals
+            .get(provider)
+            .and_then(|a| a.refusal(template, sign));
+        if refusal.is_some() {
+            self.count(provider, "unapproved");
+        }
+        refusal
     }
 
     /// Counts one `provider.outcome`.

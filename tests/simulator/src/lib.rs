@@ -140,6 +140,145 @@ pub struct Faults {
     pub permanent: BTreeMap<String, String>,
 }
 
+/// The SMS providers whose accounts approve templates and sign names
+/// ([`SmsApprovals`]).
+pub const SMS_PROVIDERS: [&str; 2] = ["aliyun-sms", "tencent-sms"];
+
+/// What one simulated SMS account (Aliyun or Tencent) has approved in its
+/// console: a send naming any other template or sign name is refused, as the
+/// providers refuse it, and nothing is sent. Aliyun answers
+/// `isv.SMS_TEMPLATE_ILLEGAL` / `isv.SMS_SIGNATURE_ILLEGAL` in an HTTP 200;
+/// Tencent `FailedOperation.TemplateIncorrectOrUnapproved` /
+/// `FailedOperation.SignatureIncorrectOrUnapproved` as each number's
+/// `SendStatusSet` code (docs/providers.md). Set at start
+/// ([`Config::sms_approvals`]) or through `POST /_sim/sms-approvals`
+/// ([`SimState::set_sms_approvals`]).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct SmsApprovals {
+    /// Approved template codes (Aliyun `TemplateCode`, Tencent `TemplateId`).
+    pub templates: BTreeSet<String>,
+    /// Approved sign names (`SignName`).
+    pub sign_names: BTreeSet<String>,
+}
+
+/// What an SMS account refuses a send for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Unapproved {
+    /// The sign name is not approved on the account.
+    SignName,
+    /// The template is not approved on the account.
+    Template,
+}
+
+/// The sign name the repository's channel configurations use.
+pub const TEST_SIGN_NAME: &str = "pushonce";
+
+/// The templates the repository's tests, chaos run, benchmarks, policies and
+/// dev configuration send to an SMS channel, as if approved in the
+/// simulated console: a template sent as it is when a channel does not map
+/// it (`template.<name>`) is approved under that name.
+pub const TEST_TEMPLATES: &[&str] = &[
+    "SMS_1",
+    "SMS_1001",
+    "SMS_465910001",
+    "1110",
+    "2084672",
+    "order_shipped",
+    "order-shipped",
+    "SHIPPED_V1",
+    "shipped",
+    "shipped-sms",
+    "profile_liked",
+    "profile_liked_digest",
+    "resume_viewed",
+    "RESUME_VIEWED_DIGEST",
+    "interview_reminder",
+    "order.paid",
+    "order.returned",
+    "cancel_test",
+    "token",
+    "BENCH_T",
+    "TPL",
+    "TPL-SHIPPED",
+    "t",
+    "Your order shipped",
+];
+
+/// The event types the repository's tests, chaos run, benchmarks and
+/// policies send, as if approved templates: an event without a `template`
+/// is rendered by the template named like its `biz_type`.
+pub const TEST_BIZ_TYPES: &[&str] = &[
+    "A",
+    "ALERT",
+    "BENCH",
+    "BROADCAST",
+    "BROKEN",
+    "CANCEL_QUIET",
+    "CANCEL_RACE",
+    "CANCEL_TEST",
+    "DAILY_TIP",
+    "DIGEST",
+    "HOURLY_TIP",
+    "INTERVIEW_REMINDER",
+    "JOB_RECOMMENDATION",
+    "LOGIN_CODE",
+    "LONG",
+    "NEWSLETTER",
+    "NOPE",
+    "NOTICE",
+    "NO_SUCH_TYPE",
+    "OLD",
+    "ORDER",
+    "ORDER_PAID",
+    "ORDER_RETURNED",
+    "ORDER_SHIPPED",
+    "PASSWORD_CHANGED",
+    "PROBE",
+    "PROFILE_LIKED",
+    "PROMO",
+    "PROMO_A",
+    "PROMO_B",
+    "RECEIPT",
+    "REMINDER",
+    "RESUME_VIEWED",
+    "SYSTEM_BROADCAST",
+    "T",
+    "UNNAMED",
+    "WEEKLY_DIGEST",
+    "WELCOME",
+    "X",
+];
+
+impl Default for SmsApprovals {
+    /// [`TEST_TEMPLATES`], [`TEST_BIZ_TYPES`] and [`TEST_SIGN_NAME`].
+    fn default() -> Self {
+        SmsApprovals {
+            templates: TEST_TEMPLATES
+                .iter()
+                .chain(TEST_BIZ_TYPES)
+                .map(|t| t.to_string())
+                .collect(),
+            sign_names: BTreeSet::from([TEST_SIGN_NAME.to_string()]),
+        }
+    }
+}
+
+impl SmsApprovals {
+    /// Why the account refuses a send of `template` signed `sign` (`None`:
+    /// no sign given, which Tencent allows outside mainland China), the sign
+    /// checked first; `None` if both are approved.
+    pub fn refusal(&self, template: &str, sign: Option<&str>) -> Option<Unapproved> {
+        if sign.is_some_and(|s| !self.sign_names.contains(s)) {
+            Some(Unapproved::SignName)
+        } else if !self.templates.contains(template) {
+            Some(Unapproved::Template)
+        } else {
+            None
+        }
+    }
+}
+
 /// Delivery receipts of one provider, set through `POST /_sim/receipts`.
 /// Only `aliyun-sms`, `tencent-sms`, `wechat` and `inbox` send receipts (FCM and APNs have
 /// no delivery callbacks; the webhook receiver is the end of the line).
@@ -240,6 +379,8 @@ pub struct Config {
     /// SNS's pause between delivery attempts to an HTTP(S) endpoint (its
     /// default policy: 20 s; tests scale it down).
     pub sns_retry_delay: Duration,
+    /// What each SMS account ([`SMS_PROVIDERS`]) has approved at start.
+    pub sms_approvals: SmsApprovals,
 }
 
 impl Default for Config {
@@ -263,6 +404,7 @@ impl Default for Config {
             credentials: None,
             ses_region: "us-east-1".into(),
             sns_retry_delay: Duration::from_secs(20),
+            sms_approvals: SmsApprovals::default(),
         }
     }
 }
@@ -381,8 +523,13 @@ impl SimState {
     pub fn try_new(config: Config) -> Result<Self, SimError> {
         let keys = tls::Keys::generate(config.credentials.clone())?;
         let http = receipts::client(&keys.ca_pem);
+        let mut sim = Sim::new(config.seed);
+        for provider in SMS_PROVIDERS {
+            sim.sms_approvals
+                .insert(provider, config.sms_approvals.clone());
+        }
         Ok(SimState {
-            sim: Arc::new(Mutex::new(Sim::new(config.seed))),
+            sim: Arc::new(Mutex::new(sim)),
             keys: Arc::new(keys),
             http,
             config: Arc::new(config),
@@ -438,6 +585,25 @@ impl SimState {
         };
         self.lock().faults.insert(p, faults);
         true
+    }
+
+    /// Replaces what the account of SMS provider `provider` (one of
+    /// [`SMS_PROVIDERS`]) has approved; false if it is not one.
+    pub fn set_sms_approvals(&self, provider: &str, approvals: SmsApprovals) -> bool {
+        let Some(p) = SMS_PROVIDERS.iter().find(|p| **p == provider) else {
+            return false;
+        };
+        self.lock().sms_approvals.insert(p, approvals);
+        true
+    }
+
+    /// What each SMS account has approved.
+    pub fn sms_approvals(&self) -> BTreeMap<String, SmsApprovals> {
+        self.lock()
+            .sms_approvals
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.clone()))
+            .collect()
     }
 
     /// Expires every WeChat access token and every FCM OAuth token issued so

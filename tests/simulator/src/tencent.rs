@@ -9,7 +9,10 @@
 //!   only echoed): every accepted request is a new ledger entry per number,
 //!   its id a `SerialNo`. Each number's result is a `SendStatusSet` entry of
 //!   the HTTP 200: `Ok`, or its error code (`InvalidParameterValue.IncorrectPhoneNumber`,
-//!   or a code from [`crate::Faults::permanent`]). Server faults answer
+//!   or a code from [`crate::Faults::permanent`]). A `TemplateId` or
+//!   `SignName` the account has not approved ([`crate::SmsApprovals`]) is
+//!   every number's `FailedOperation.TemplateIncorrectOrUnapproved` /
+//!   `FailedOperation.SignatureIncorrectOrUnapproved`, nothing sent. Server faults answer
 //!   `InternalError.Timeout` (before or, with `error_after_accept`, after the
 //!   message was taken), or with [`crate::Faults::gateway_errors`] the
 //!   gateway's HTTP 502; rate limits `RequestLimitExceeded`.
@@ -22,7 +25,7 @@
 //! - Receipts are the status push ([`crate::receipts`]): a JSON array, no signature.
 
 use crate::ledger::{Dedupe, Incoming, Verdict, cut_off, pause};
-use crate::{SimState, now_ms, now_secs};
+use crate::{SimState, Unapproved, now_ms, now_secs};
 use axum::{
     Json,
     body::Bytes,
@@ -356,6 +359,32 @@ async fn send(
         .and_then(Value::as_str)
         .unwrap_or("")
         .to_string();
+    let refusal = state
+        .lock()
+        .unapproved(PROVIDER, template, Some(sign).filter(|s| !s.is_empty()));
+    if let Some(refusal) = refusal {
+        // A template or sign name the account has not approved: each
+        // number's result says so inside the HTTP 200, nothing is sent
+        // (docs/providers.md, "Tencent Cloud SMS").
+        let (code, message) = match refusal {
+            Unapproved::SignName => (
+                "FailedOperation.SignatureIncorrectOrUnapproved",
+                "签名未审批或格式错误。",
+            ),
+            Unapproved::Template => (
+                "FailedOperation.TemplateIncorrectOrUnapproved",
+                "模板未审批或内容不匹配。",
+            ),
+        };
+        let statuses: Vec<Value> = numbers
+            .iter()
+            .map(|n| send_status(n, &context, code, message, ""))
+            .collect();
+        return Ok(ok_response(
+            request_id,
+            json!({ "SendStatusSet": statuses }),
+        ));
+    }
     pause(state, PROVIDER).await;
     let mut sim = state.lock();
     let valid: Vec<&String> = numbers.iter().filter(|n| e164(n).is_some()).collect();
@@ -407,9 +436,7 @@ async fn send(
     let mut accepted = Vec::new();
     for number in &numbers {
         let status = |code: &str, message: &str, serial: &str| {
-            json!({"SerialNo": serial, "PhoneNumber": e164(number).unwrap_or_else(|| number.clone()),
-                   "Fee": if serial.is_empty() { 0 } else { 1 }, "SessionContext": context,
-                   "Code": code, "Message": message, "IsoCode": "CN"})
+            send_status(number, &context, code, message, serial)
         };
         if e164(number).is_none() {
             statuses.push(status(
@@ -455,6 +482,14 @@ async fn send(
         request_id,
         json!({ "SendStatusSet": statuses }),
     ))
+}
+
+/// One number's `SendStatusSet` entry: `Fee` 1 when it was sent (a
+/// `serial`), 0 when refused.
+fn send_status(number: &str, context: &str, code: &str, message: &str, serial: &str) -> Value {
+    json!({"SerialNo": serial, "PhoneNumber": e164(number).unwrap_or_else(|| number.to_string()),
+           "Fee": if serial.is_empty() { 0 } else { 1 }, "SessionContext": context,
+           "Code": code, "Message": message, "IsoCode": "CN"})
 }
 
 fn pull(state: &SimState, params: &Value, request_id: &str) -> Result<Response, TencentError> {

@@ -226,12 +226,104 @@ fn send_sms<'a>(sim: &Sim, phone: &'a str, out_id: &'a str) -> AliyunCall<'a> {
         "SendSms",
         &[
             ("PhoneNumbers", phone),
-            ("SignName", "Shop"),
+            ("SignName", "pushonce"),
             ("TemplateCode", "SMS_1"),
             ("TemplateParam", r#"{"order":"o-1"}"#),
             ("OutId", out_id),
         ],
     )
+}
+
+/// A SendSms with `sign` and `template`.
+fn send_sms_signed<'a>(
+    sim: &Sim,
+    phone: &'a str,
+    sign: &'a str,
+    template: &'a str,
+) -> AliyunCall<'a> {
+    AliyunCall::new(
+        sim,
+        "SendSms",
+        &[
+            ("PhoneNumbers", phone),
+            ("SignName", sign),
+            ("TemplateCode", template),
+            ("TemplateParam", r#"{"order":"o-1"}"#),
+        ],
+    )
+}
+
+/// Aliyun refuses a template or sign name the account has not approved
+/// (`isv.SMS_TEMPLATE_ILLEGAL`, `isv.SMS_SIGNATURE_ILLEGAL`: "该账号下找不到对应模板/签名"),
+/// its business code in an HTTP 200 without a `BizId`, and sends nothing.
+#[tokio::test]
+async fn aliyun_refuses_an_unapproved_template_or_sign_name_and_sends_nothing() {
+    let sim = start().await;
+    let cases = [
+        ("pushonce", "SMS_404404", "isv.SMS_TEMPLATE_ILLEGAL"),
+        ("NotOurSign", "SMS_1", "isv.SMS_SIGNATURE_ILLEGAL"),
+    ];
+    for (sign, template, code) in cases {
+        let (status, body) = send_sms_signed(&sim, "13800000001", sign, template)
+            .send(&sim)
+            .await;
+        assert_eq!((status, body["Code"].as_str()), (200, Some(code)), "{body}");
+        assert!(body.get("BizId").is_none(), "no message id: {body}");
+    }
+    assert_eq!(sim.count("aliyun-sms"), 0, "no SMS reaches the phone");
+    let (_, ok) = send_sms_signed(&sim, "13800000001", "pushonce", "SMS_1")
+        .send(&sim)
+        .await;
+    assert_eq!(ok["Code"], "OK", "the approved pair is sent: {ok}");
+    assert_eq!(sim.count("aliyun-sms"), 1);
+}
+
+/// `POST /_sim/sms-approvals` replaces what an SMS account approved: a
+/// template approved there is sent, one no longer approved is refused.
+#[tokio::test]
+async fn the_sms_approvals_are_set_through_the_control_api() {
+    let sim = start().await;
+    let plain = reqwest::Client::builder().no_proxy().build().unwrap();
+    let set = |body: Value| {
+        plain
+            .post(format!("{}/_sim/sms-approvals", sim.control))
+            .json(&body)
+            .send()
+    };
+    let r = set(json!({"wechat": {"templates": [], "sign_names": []}}))
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 422, "WeChat approves no SMS templates");
+    let r = set(json!({"aliyun-sms": {"templates": ["SMS_777"], "sign_names": ["Shop"]}}))
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let (_, ok) = send_sms_signed(&sim, "13800000001", "Shop", "SMS_777")
+        .send(&sim)
+        .await;
+    assert_eq!(ok["Code"], "OK", "{ok}");
+    let (_, refused) = send_sms_signed(&sim, "13800000001", "Shop", "SMS_1")
+        .send(&sim)
+        .await;
+    assert_eq!(refused["Code"], "isv.SMS_TEMPLATE_ILLEGAL", "{refused}");
+    let (_, approvals) = json_of(
+        plain
+            .get(format!("{}/_sim/sms-approvals", sim.control))
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(approvals["aliyun-sms"]["templates"], json!(["SMS_777"]));
+    assert!(
+        approvals["tencent-sms"]["sign_names"]
+            .as_array()
+            .unwrap()
+            .contains(&json!("pushonce")),
+        "Tencent's account unchanged: {approvals}"
+    );
+    assert_eq!(sim.count("aliyun-sms"), 1);
+    assert_eq!(sim.stat("aliyun-sms.unapproved"), 1);
 }
 
 #[tokio::test]
@@ -309,7 +401,7 @@ async fn aliyun_accepts_a_v2_signed_request() {
         ("Format", "JSON"),
         ("OutId", "v2-1"),
         ("PhoneNumbers", "13800000001"),
-        ("SignName", "Shop"),
+        ("SignName", "pushonce"),
         ("SignatureMethod", "HMAC-SHA1"),
         ("SignatureNonce", nonce.as_str()),
         ("SignatureVersion", "1.0"),
@@ -1729,6 +1821,46 @@ async fn start_tencent(echo: bool) -> Sim {
         ..Config::default()
     })
     .await
+}
+
+/// Tencent refuses a `TemplateId` or `SignName` the account has not
+/// approved: each number's `SendStatusSet` entry says
+/// `FailedOperation.TemplateIncorrectOrUnapproved` /
+/// `FailedOperation.SignatureIncorrectOrUnapproved` inside the HTTP 200,
+/// without a `SerialNo` or a fee, and nothing is sent.
+#[tokio::test]
+async fn tencent_refuses_an_unapproved_template_or_sign_name_per_number_and_sends_nothing() {
+    let sim = start_tencent(false).await;
+    let cases = [
+        (
+            "TemplateId",
+            "404404",
+            "FailedOperation.TemplateIncorrectOrUnapproved",
+        ),
+        (
+            "SignName",
+            "NotOurSign",
+            "FailedOperation.SignatureIncorrectOrUnapproved",
+        ),
+    ];
+    for (field, value, code) in cases {
+        let mut call = tencent_send(&sim, &["+8613800000001", "+8613800000002"], "ctx-u");
+        call.body[field] = json!(value);
+        let (status, v) = json_of(call.send(&sim).await).await;
+        assert_eq!(status, 200, "{v}");
+        assert!(
+            v["Response"]["Error"].is_null(),
+            "not a call-level error: {v}"
+        );
+        let set = v["Response"]["SendStatusSet"].as_array().unwrap();
+        assert_eq!(set.len(), 2, "{v}");
+        for entry in set {
+            assert_eq!(entry["Code"], code, "{v}");
+            assert_eq!(entry["SerialNo"], "", "{v}");
+            assert_eq!(entry["Fee"], 0, "{v}");
+        }
+    }
+    assert_eq!(sim.count("tencent-sms"), 0, "no SMS reaches a phone");
 }
 
 #[tokio::test]

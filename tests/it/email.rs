@@ -518,6 +518,67 @@ async fn a_bounce_after_the_send_takes_the_emails_fallback() {
     }
 }
 
+/// The scenario of an opt-out between the accept and the failure:
+/// an alert by email (its fallback the inbox) is accepted for a few seconds
+/// ahead; its user then switches the inbox off; the email bounces. The
+/// bounce fails the email and takes no fallback (the recipient's
+/// preferences are read again when the fallback would be accepted), and
+/// the email's task says why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fallback_switched_off_after_the_accept_is_not_taken() {
+    let s = subscribed(providers::sim().await, None, 1).await;
+    let (sim, host) = (&s.sim, &s.host);
+    let send_at = SystemTime::now() + Duration::from_secs(4);
+    let alert = json!({
+        "biz_type": "ALERT", "biz_id": "a-2", "user_id": "u-late",
+        "occurred_at": "2026-12-04T10:00:00Z",
+        "send_at": humantime::format_rfc3339_millis(send_at).to_string(),
+        "params": {"name": "u-late"},
+        "recipients": {"email": "bounce@simulator.amazonses.com", "inbox": "u-late"},
+    });
+    let task = accepted(host, &alert).await;
+    let prefs = json!({"channels_off": ["inbox"]});
+    host.set_preferences("u-late", ADMIN_TOKEN, &prefs).await;
+    assert_eq!(
+        task_status(host, &task).await,
+        "queued",
+        "switched off before the send"
+    );
+
+    settles(
+        host,
+        sim,
+        &task,
+        "failed",
+        "the bounce settles the email failed",
+    )
+    .await;
+    let req = reqwest::Client::new()
+        .get(host.url("/v1/events/ALERT/a-2"))
+        .bearer_auth(API_TOKEN);
+    let (_, event) = send(req).await;
+    let channels: Vec<&Value> = event["tasks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| &t["channel"])
+        .collect();
+    assert_eq!(channels, [&json!("email")], "no inbox task: {event}");
+    let req = reqwest::Client::new()
+        .get(host.url(&format!("/v1/tasks/{task}")))
+        .bearer_auth(API_TOKEN);
+    let (_, view) = send(req).await;
+    let why = view["last_error"].as_str().unwrap_or_default();
+    assert!(
+        why.contains("fallback to inbox not taken") && why.contains("switched inbox off"),
+        "{view}"
+    );
+    assert!(
+        sim.ledger("inbox").iter().all(|m| m.recipient != "u-late"),
+        "nothing reached the inbox"
+    );
+}
+
 /// The inbox task of event `ALERT` / `a-1` as the API shows it now.
 async fn inbox_now(host: &ServeProcess) -> Option<Value> {
     let req = reqwest::Client::new()

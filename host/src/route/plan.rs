@@ -503,6 +503,7 @@ impl ChannelPlanner<'_> {
             key: derived.key.clone(),
             window_ms: crate::permit::millis(self.window(to, &derived)),
             payload: self.payload(to, Some(channel), depth + 1)?,
+            category: self.policy.spec.category.clone(),
         })))
     }
 }

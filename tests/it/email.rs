@@ -106,6 +106,17 @@ async fn serve_with(
     dir: &Path,
     settings: &[(&str, Option<&str>)],
 ) -> ServeProcess {
+    let (config, policies) = config_with(redis, sim, dir, settings);
+    ServeProcess::start(&config, dir, &policies).await.unwrap()
+}
+
+/// [`serve_with`]'s configuration and policy directory, not started.
+fn config_with(
+    redis: &RedisServer,
+    sim: &Sim,
+    dir: &Path,
+    settings: &[(&str, Option<&str>)],
+) -> (ServeConfig, std::path::PathBuf) {
     let policies = dir.join("policies");
     std::fs::create_dir_all(&policies).unwrap();
     for (file, text) in POLICIES {
@@ -145,7 +156,7 @@ base_url = "{LINK_BASE}"
     ] {
         config.env.push((k.into(), v.into()));
     }
-    ServeProcess::start(&config, dir, &policies).await.unwrap()
+    (config, policies)
 }
 
 /// An answer: status and JSON body (a string when not JSON).
@@ -416,6 +427,75 @@ async fn an_email_carries_both_headers_and_its_one_click_link_opts_out_its_categ
         None,
         "{}",
         code.params
+    );
+}
+
+/// A channel that fails over between two provider instances of
+/// `ses-email` (`providers = [...]`, no `plugin` of its own): its message
+/// carries the one-click link as a channel with the plugin does; the
+/// payload an operator sees holds it, and the request SES gets carries
+/// both headers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_email_channel_with_providers_carries_the_unsubscribe_headers() {
+    let redis = RedisServer::start().await.unwrap();
+    let sim = providers::sim().await;
+    let dir = tempfile::tempdir().unwrap();
+    let (mut config, policies) = config_with(&redis, &sim, dir.path(), &[]);
+    let instances = ["ses-a", "ses-b"].map(|name| (name.to_string(), sim.email_channel()));
+    config
+        .channels
+        .push_str(&Sim::toml_of(instances.into_iter().collect()));
+    config
+        .channels
+        .push_str("[channels.mail]\nproviders = [\"ses-a\", \"ses-b\"]\n");
+    let bulletin = "biz_type = \"BULLETIN\"\nkey_policy = \"per-event@^1\"\nchannels = [\"mail\"]\nwindow = \"1h\"\ncategory = \"marketing\"\n";
+    std::fs::write(policies.join("bulletin.toml"), bulletin).unwrap();
+    let host = ServeProcess::start(&config, dir.path(), &policies)
+        .await
+        .unwrap();
+    let address = "chain@example.com";
+
+    let req = reqwest::Client::new()
+        .post(host.url("/v1/events"))
+        .bearer_auth(API_TOKEN)
+        .json(&json!({
+            "biz_type": "BULLETIN", "biz_id": "b-1", "user_id": "u-chain",
+            "occurred_at": "2026-12-04T10:00:00Z",
+            "recipients": {"mail": address},
+        }));
+    let (status, answer) = send(req).await;
+    assert_eq!(status, 202, "{answer}");
+    assert_eq!(answer["results"][0]["result"], "accepted", "{answer}");
+    let key = answer["results"][0]["key"].as_str().unwrap();
+    let req = reqwest::Client::new()
+        .get(host.url("/admin/tasks"))
+        .query(&[("key", key)])
+        .bearer_auth(ADMIN_TOKEN);
+    let (status, found) = send(req).await;
+    assert_eq!(status, 200, "{found}");
+    let link = found["task"]["payload"]["unsubscribe"]["url"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no unsubscribe link in the payload: {found}"));
+    assert!(
+        link.starts_with(&format!("{LINK_BASE}/v1/unsubscribe/")),
+        "{link}"
+    );
+
+    wait_until(DEADLINE, || async { emails_to(&sim, address).len() == 1 })
+        .await
+        .unwrap_or_else(|e| panic!("the email reaches SES: {e}; log:\n{}", host.log()));
+    let email = &emails_to(&sim, address)[0];
+    assert_eq!(
+        header(email, "List-Unsubscribe"),
+        Some(format!("<{link}>")),
+        "{}",
+        email.params
+    );
+    assert_eq!(
+        header(email, "List-Unsubscribe-Post").as_deref(),
+        Some("List-Unsubscribe=One-Click"),
+        "{}",
+        email.params
     );
 }
 

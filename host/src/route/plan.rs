@@ -378,10 +378,23 @@ impl ChannelPlanner<'_> {
         self.snapshot.registry.resolve_channel(&config.plugin).ok()
     }
 
+    /// Whether a plugin `channel`'s messages are sent through takes extras
+    /// (writes the unsubscribe headers): its own, or on a channel with
+    /// providers any of its provider instances'.
+    fn takes_extras(&self, channel: &str) -> bool {
+        let Some(config) = self.channels.get(channel) else {
+            return false;
+        };
+        config
+            .sent_through(channel)
+            .into_iter()
+            .any(|name| self.resolve_plugin(name).is_some_and(|p| p.takes_extras()))
+    }
+
     /// The one-click unsubscribe link of `channel`'s message: written when
-    /// the host writes links, the channel's plugin takes extras and the
-    /// policy's category is not mandatory. It switches the category off, or
-    /// the channel when the policy names none.
+    /// the host writes links, a plugin the channel sends through takes
+    /// extras and the policy's category is not mandatory. It switches the
+    /// category off, or the channel when the policy names none.
     fn unsubscribe(&self, channel: &str) -> Option<UnsubscribeLink> {
         let writer = self.req.unsubscribe?;
         let category = self.policy.spec.category.clone();
@@ -391,7 +404,7 @@ impl ChannelPlanner<'_> {
         {
             return None;
         }
-        if !self.resolve_plugin(channel)?.takes_extras() {
+        if !self.takes_extras(channel) {
             return None;
         }
         let target = match &category {

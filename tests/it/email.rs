@@ -318,6 +318,33 @@ async fn one_click(host: &ServeProcess, token: &str) -> (u16, Value) {
     .await
 }
 
+/// The API token's look-ups of event `biz_type` / `biz_id` and of its
+/// tasks show no unsubscribe link: it would let the token's holder opt the
+/// user out, which `api_token_writes = false` forbids.
+async fn no_link_to_the_api_token(host: &ServeProcess, biz_type: &str, biz_id: &str) {
+    let look_up = |path: String| async move {
+        let req = reqwest::Client::new()
+            .get(host.url(&path))
+            .bearer_auth(API_TOKEN);
+        pushonce_tests::host::Answer::of(req).await.unwrap()
+    };
+    let event = look_up(format!("/v1/events/{biz_type}/{biz_id}")).await;
+    assert_eq!(event.status, 200, "{}", event.body);
+    let mut bodies = vec![event.body.to_string()];
+    for task in event.body["tasks"].as_array().unwrap() {
+        let id = task["id"].as_str().unwrap();
+        let view = look_up(format!("/v1/tasks/{id}")).await;
+        assert_eq!(view.status, 200, "{}", view.body);
+        bodies.push(view.body.to_string());
+    }
+    for body in bodies {
+        assert!(
+            !body.contains("/v1/unsubscribe/"),
+            "a link shown to the API token: {body}"
+        );
+    }
+}
+
 /// The done-when: an email is sent with both headers, a one-click
 /// POST to its link opts its user out of the category (the next newsletter
 /// by email is answered `opted_out`, a receipt still sends), and a forged
@@ -342,6 +369,12 @@ async fn an_email_carries_both_headers_and_its_one_click_link_opts_out_its_categ
         .unwrap_or_else(|e| panic!("the email reaches SES: {e}; log:\n{}", host.log()));
     let email = &emails_to(&sim, address)[0];
     assert_eq!(email.template, "NEWSLETTER");
+    // A newsletter for tomorrow waits in Redis with its link in its payload.
+    let tomorrow = humantime::format_rfc3339_millis(SystemTime::now() + DAY).to_string();
+    let mut later = event("NEWSLETTER", "n-later", "u-mail", address);
+    later["send_at"] = json!(tomorrow);
+    assert_eq!(post(&host, &later).await.0, "accepted");
+    no_link_to_the_api_token(&host, "NEWSLETTER", "n-later").await;
     assert_eq!(email.params["TemplateData"], json!({"name": "u-mail"}));
     let unsubscribe = header(email, "List-Unsubscribe")
         .unwrap_or_else(|| panic!("no List-Unsubscribe header: {}", email.params));

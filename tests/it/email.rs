@@ -573,6 +573,17 @@ async fn a_bounce_notification_opts_the_address_out_of_email() {
     let other = preferences(host, "u-other").await;
     assert_eq!(other["channels_off"], json!([]), "{other}");
 
+    // The address posted with a space after it: SES is sent it trimmed,
+    // and its bounce finds the user all the same.
+    let spaced = format!("{bounce} ");
+    let task = accepted(host, &event("RECEIPT", "r-s1", "u-spaced", &spaced)).await;
+    settles(host, sim, &task, "failed", "the bounce settles it failed").await;
+    wait_until(DEADLINE, || async {
+        preferences(host, "u-spaced").await["channels_off"] == json!(["email"])
+    })
+    .await
+    .unwrap_or_else(|e| panic!("the bounce opts u-spaced out: {e}; log:\n{}", host.log()));
+
     // `complaint@`: delivered, then reported as spam: the task stays
     // delivered and the complaining address's user is opted out too.
     let complaint = "complaint@simulator.amazonses.com";

@@ -458,7 +458,9 @@ impl ChannelPlanner<'_> {
 
     fn recipient(&self, channel: &str, fallback_of: Option<&str>) -> Result<String, PlanError> {
         if let Some(r) = self.req.recipients.get(channel) {
-            return Ok(r.clone());
+            // Sent, digested in the ledger and matched by a bounce or a
+            // reply in the one form, trimmed as providers trim it.
+            return Ok(r.trim().to_string());
         }
         if channel == "inbox" {
             return Ok(self.event.user_id.clone());

@@ -611,21 +611,8 @@ async fn a_bounce_notification_opts_the_address_out_of_email() {
 async fn a_bounce_after_the_send_takes_the_emails_fallback() {
     let s = subscribed(providers::sim().await, None, 1).await;
     let (sim, host) = (&s.sim, &s.host);
-    let alert = json!({
-        "biz_type": "ALERT", "biz_id": "a-1", "user_id": "u-alert",
-        "occurred_at": "2026-12-04T10:00:00Z",
-        "params": {"name": "u-alert"},
-        "recipients": {"email": "bounce@simulator.amazonses.com", "inbox": "u-alert"},
-    });
-    let task = accepted(host, &alert).await;
-    settles(
-        host,
-        sim,
-        &task,
-        "failed",
-        "the bounce settles the email failed",
-    )
-    .await;
+    let task = accepted(host, &alert("a-1", "u-alert")).await;
+    email_bounced(host, sim, &task).await;
     let reached = wait_until(DEADLINE, || async {
         inbox_now(host)
             .await
@@ -653,13 +640,8 @@ async fn a_fallback_switched_off_after_the_accept_is_not_taken() {
     let s = subscribed(providers::sim().await, None, 1).await;
     let (sim, host) = (&s.sim, &s.host);
     let send_at = SystemTime::now() + Duration::from_secs(4);
-    let alert = json!({
-        "biz_type": "ALERT", "biz_id": "a-2", "user_id": "u-late",
-        "occurred_at": "2026-12-04T10:00:00Z",
-        "send_at": humantime::format_rfc3339_millis(send_at).to_string(),
-        "params": {"name": "u-late"},
-        "recipients": {"email": "bounce@simulator.amazonses.com", "inbox": "u-late"},
-    });
+    let mut alert = alert("a-2", "u-late");
+    alert["send_at"] = json!(humantime::format_rfc3339_millis(send_at).to_string());
     let task = accepted(host, &alert).await;
     let prefs = json!({"channels_off": ["inbox"]});
     host.set_preferences("u-late", ADMIN_TOKEN, &prefs).await;
@@ -669,14 +651,7 @@ async fn a_fallback_switched_off_after_the_accept_is_not_taken() {
         "switched off before the send"
     );
 
-    settles(
-        host,
-        sim,
-        &task,
-        "failed",
-        "the bounce settles the email failed",
-    )
-    .await;
+    email_bounced(host, sim, &task).await;
     let req = reqwest::Client::new()
         .get(host.url("/v1/events/ALERT/a-2"))
         .bearer_auth(API_TOKEN);
@@ -701,6 +676,29 @@ async fn a_fallback_switched_off_after_the_accept_is_not_taken() {
         sim.ledger("inbox").iter().all(|m| m.recipient != "u-late"),
         "nothing reached the inbox"
     );
+}
+
+/// An alert `biz_id` for `user` by email to SES's `bounce@` address, its
+/// fallback the user's inbox.
+fn alert(biz_id: &str, user: &str) -> Value {
+    json!({
+        "biz_type": "ALERT", "biz_id": biz_id, "user_id": user,
+        "occurred_at": "2026-12-04T10:00:00Z",
+        "params": {"name": user},
+        "recipients": {"email": "bounce@simulator.amazonses.com", "inbox": user},
+    })
+}
+
+/// Waits until the bounce of email `task` settled it failed.
+async fn email_bounced(host: &ServeProcess, sim: &Sim, task: &str) {
+    settles(
+        host,
+        sim,
+        task,
+        "failed",
+        "the bounce settles the email failed",
+    )
+    .await;
 }
 
 /// The inbox task of event `ALERT` / `a-1` as the API shows it now.

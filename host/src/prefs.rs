@@ -364,6 +364,33 @@ impl PreferenceCache {
     }
 }
 
+/// The fallback's accept reads a recipient's preferences as an event's
+/// accept does: within `cache_ttl` of a change, and not at all (an error,
+/// the fallback tried again later) when the ledger's database cannot be read.
+impl crate::permit::OptOuts for PreferenceCache {
+    fn switched_off<'a>(
+        &'a self,
+        user: &'a str,
+        channel: &'a str,
+        category: Option<&'a str>,
+    ) -> futures_util::future::BoxFuture<'a, Result<Option<String>, crate::permit::OptOutsError>>
+    {
+        Box::pin(async move {
+            let read = self.of_users(&[user]).await?;
+            let Some(preferences) = read.get(user) else {
+                return Ok(None);
+            };
+            if !self.verdict(preferences).blocks(channel, category) {
+                return Ok(None);
+            }
+            Ok(Some(match category {
+                Some(c) if !preferences.channels_off.contains(channel) => format!("category {c}"),
+                _ => channel.to_string(),
+            }))
+        })
+    }
+}
+
 /// The background writer of `opted_out` answers: batches of what is
 /// queued, each tried three times; hourly, the removal of answers older
 /// than `keep`.

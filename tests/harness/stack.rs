@@ -187,6 +187,19 @@ impl ServeProcess {
         answer.body
     }
 
+    /// Replaces `user`'s preferences with `body` (`PUT
+    /// /v1/users/{user}/preferences` with the bearer `token`), asserting 200.
+    pub async fn set_preferences(&self, user: &str, token: &str, body: &Value) {
+        let path = format!("/v1/users/{user}/preferences");
+        let req = self
+            .client
+            .put(self.url(&path))
+            .bearer_auth(token)
+            .json(body);
+        let answer = Answer::of(req).await.unwrap();
+        assert_eq!(answer.status.as_u16(), 200, "{}", answer.body);
+    }
+
     /// `POST path` with a JSON body (the stack's API is open: no token).
     pub async fn post(&self, path: &str, body: &serde_json::Value) -> anyhow::Result<Answer> {
         Answer::of(self.client.post(self.url(path)).json(body)).await

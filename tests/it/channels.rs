@@ -129,6 +129,7 @@ async fn sms_arrears_falls_back_to_one_app_push() {
         key: "push:per-event@1:app-push:o-9:u-9".into(),
         window_ms: 3_600_000,
         payload: payload("device-9", "Your order shipped"),
+        category: None,
     }));
     let sms_key = "push:per-event@1:sms:o-9:u-9";
     let t = env.accept("sms", "o-9:u-9", &p).await;

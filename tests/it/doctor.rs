@@ -395,8 +395,9 @@ base_url = "https://push.example.com"
 
 /// An email channel on a host that writes no unsubscribe links is a
 /// warning naming `[unsubscribe] secret_env` (doctor still passes); with
-/// the links on, the same check is ok. Channels whose plugins write no such
-/// headers have no such check.
+/// the links on, the same check is ok, and so is that of a channel whose
+/// provider instance is the email one (its messages carry the link too).
+/// Channels whose plugins write no such headers have no such check.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_email_channel_without_unsubscribe_links_is_a_warning_naming_the_setting() {
     let dir = tempfile::tempdir().unwrap();
@@ -423,13 +424,16 @@ async fn an_email_channel_without_unsubscribe_links_is_a_warning_naming_the_sett
         "an SMS plugin writes no unsubscribe headers:\n{out}"
     );
 
-    let linked = with(&format!("{EMAIL_CHANNEL}\n{UNSUBSCRIBE}")).with(
+    let chain = "[channels.mail]\nproviders = [\"email\"]\n";
+    let linked = with(&format!("{EMAIL_CHANNEL}\n{chain}\n{UNSUBSCRIBE}")).with(
         "PUSHONCE_UNSUBSCRIBE_SECRET",
         Some("a-test-secret-of-more-than-32-bytes-0123456789"),
     );
     let (passed, out) = linked.doctor().await;
     assert!(
-        passed && line(&out, "channel.email.unsubscribe").starts_with("ok"),
-        "expected the unsubscribe check ok with the links on:\n{out}"
+        passed
+            && line(&out, "channel.email.unsubscribe").starts_with("ok")
+            && line(&out, "channel.mail.unsubscribe").starts_with("ok"),
+        "expected the unsubscribe checks ok with the links on:\n{out}"
     );
 }

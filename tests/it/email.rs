@@ -106,6 +106,17 @@ async fn serve_with(
     dir: &Path,
     settings: &[(&str, Option<&str>)],
 ) -> ServeProcess {
+    let (config, policies) = config_with(redis, sim, dir, settings);
+    ServeProcess::start(&config, dir, &policies).await.unwrap()
+}
+
+/// [`serve_with`]'s configuration and policy directory, not started.
+fn config_with(
+    redis: &RedisServer,
+    sim: &Sim,
+    dir: &Path,
+    settings: &[(&str, Option<&str>)],
+) -> (ServeConfig, std::path::PathBuf) {
     let policies = dir.join("policies");
     std::fs::create_dir_all(&policies).unwrap();
     for (file, text) in POLICIES {
@@ -145,7 +156,7 @@ base_url = "{LINK_BASE}"
     ] {
         config.env.push((k.into(), v.into()));
     }
-    ServeProcess::start(&config, dir, &policies).await.unwrap()
+    (config, policies)
 }
 
 /// An answer: status and JSON body (a string when not JSON).
@@ -349,6 +360,33 @@ async fn a_scheduled_emails_link_is_good_for_its_whole_ttl_from_the_send() {
     );
 }
 
+/// The API token's look-ups of event `biz_type` / `biz_id` and of its
+/// tasks show no unsubscribe link: it would let the token's holder opt the
+/// user out, which `api_token_writes = false` forbids.
+async fn no_link_to_the_api_token(host: &ServeProcess, biz_type: &str, biz_id: &str) {
+    let look_up = |path: String| async move {
+        let req = reqwest::Client::new()
+            .get(host.url(&path))
+            .bearer_auth(API_TOKEN);
+        pushonce_tests::host::Answer::of(req).await.unwrap()
+    };
+    let event = look_up(format!("/v1/events/{biz_type}/{biz_id}")).await;
+    assert_eq!(event.status, 200, "{}", event.body);
+    let mut bodies = vec![event.body.to_string()];
+    for task in event.body["tasks"].as_array().unwrap() {
+        let id = task["id"].as_str().unwrap();
+        let view = look_up(format!("/v1/tasks/{id}")).await;
+        assert_eq!(view.status, 200, "{}", view.body);
+        bodies.push(view.body.to_string());
+    }
+    for body in bodies {
+        assert!(
+            !body.contains("/v1/unsubscribe/"),
+            "a link shown to the API token: {body}"
+        );
+    }
+}
+
 /// The done-when: an email is sent with both headers, a one-click
 /// POST to its link opts its user out of the category (the next newsletter
 /// by email is answered `opted_out`, a receipt still sends), and a forged
@@ -373,6 +411,12 @@ async fn an_email_carries_both_headers_and_its_one_click_link_opts_out_its_categ
         .unwrap_or_else(|e| panic!("the email reaches SES: {e}; log:\n{}", host.log()));
     let email = &emails_to(&sim, address)[0];
     assert_eq!(email.template, "NEWSLETTER");
+    // A newsletter for tomorrow waits in Redis with its link in its payload.
+    let tomorrow = humantime::format_rfc3339_millis(SystemTime::now() + DAY).to_string();
+    let mut later = event("NEWSLETTER", "n-later", "u-mail", address);
+    later["send_at"] = json!(tomorrow);
+    assert_eq!(post(&host, &later).await.0, "accepted");
+    no_link_to_the_api_token(&host, "NEWSLETTER", "n-later").await;
     assert_eq!(email.params["TemplateData"], json!({"name": "u-mail"}));
     let unsubscribe = header(email, "List-Unsubscribe")
         .unwrap_or_else(|| panic!("no List-Unsubscribe header: {}", email.params));
@@ -461,6 +505,75 @@ async fn an_email_carries_both_headers_and_its_one_click_link_opts_out_its_categ
     );
 }
 
+/// A channel that fails over between two provider instances of
+/// `ses-email` (`providers = [...]`, no `plugin` of its own): its message
+/// carries the one-click link as a channel with the plugin does; the
+/// payload an operator sees holds it, and the request SES gets carries
+/// both headers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_email_channel_with_providers_carries_the_unsubscribe_headers() {
+    let redis = RedisServer::start().await.unwrap();
+    let sim = providers::sim().await;
+    let dir = tempfile::tempdir().unwrap();
+    let (mut config, policies) = config_with(&redis, &sim, dir.path(), &[]);
+    let instances = ["ses-a", "ses-b"].map(|name| (name.to_string(), sim.email_channel()));
+    config
+        .channels
+        .push_str(&Sim::toml_of(instances.into_iter().collect()));
+    config
+        .channels
+        .push_str("[channels.mail]\nproviders = [\"ses-a\", \"ses-b\"]\n");
+    let bulletin = "biz_type = \"BULLETIN\"\nkey_policy = \"per-event@^1\"\nchannels = [\"mail\"]\nwindow = \"1h\"\ncategory = \"marketing\"\n";
+    std::fs::write(policies.join("bulletin.toml"), bulletin).unwrap();
+    let host = ServeProcess::start(&config, dir.path(), &policies)
+        .await
+        .unwrap();
+    let address = "chain@example.com";
+
+    let req = reqwest::Client::new()
+        .post(host.url("/v1/events"))
+        .bearer_auth(API_TOKEN)
+        .json(&json!({
+            "biz_type": "BULLETIN", "biz_id": "b-1", "user_id": "u-chain",
+            "occurred_at": "2026-12-04T10:00:00Z",
+            "recipients": {"mail": address},
+        }));
+    let (status, answer) = send(req).await;
+    assert_eq!(status, 202, "{answer}");
+    assert_eq!(answer["results"][0]["result"], "accepted", "{answer}");
+    let key = answer["results"][0]["key"].as_str().unwrap();
+    let req = reqwest::Client::new()
+        .get(host.url("/admin/tasks"))
+        .query(&[("key", key)])
+        .bearer_auth(ADMIN_TOKEN);
+    let (status, found) = send(req).await;
+    assert_eq!(status, 200, "{found}");
+    let link = found["task"]["payload"]["unsubscribe"]["url"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no unsubscribe link in the payload: {found}"));
+    assert!(
+        link.starts_with(&format!("{LINK_BASE}/v1/unsubscribe/")),
+        "{link}"
+    );
+
+    wait_until(DEADLINE, || async { emails_to(&sim, address).len() == 1 })
+        .await
+        .unwrap_or_else(|e| panic!("the email reaches SES: {e}; log:\n{}", host.log()));
+    let email = &emails_to(&sim, address)[0];
+    assert_eq!(
+        header(email, "List-Unsubscribe"),
+        Some(format!("<{link}>")),
+        "{}",
+        email.params
+    );
+    assert_eq!(
+        header(email, "List-Unsubscribe-Post").as_deref(),
+        Some("List-Unsubscribe=One-Click"),
+        "{}",
+        email.params
+    );
+}
+
 /// An email to the mailbox simulator's `bounce@` address: SES answers it
 /// sent, then SNS posts a signed (SignatureVersion 1) Bounce, Permanent;
 /// the plugin verifies it, the task is settled failed and the address's
@@ -502,6 +615,17 @@ async fn a_bounce_notification_opts_the_address_out_of_email() {
     let other = preferences(host, "u-other").await;
     assert_eq!(other["channels_off"], json!([]), "{other}");
 
+    // The address posted with a space after it: SES is sent it trimmed,
+    // and its bounce finds the user all the same.
+    let spaced = format!("{bounce} ");
+    let task = accepted(host, &event("RECEIPT", "r-s1", "u-spaced", &spaced)).await;
+    settles(host, sim, &task, "failed", "the bounce settles it failed").await;
+    wait_until(DEADLINE, || async {
+        preferences(host, "u-spaced").await["channels_off"] == json!(["email"])
+    })
+    .await
+    .unwrap_or_else(|e| panic!("the bounce opts u-spaced out: {e}; log:\n{}", host.log()));
+
     // `complaint@`: delivered, then reported as spam: the task stays
     // delivered and the complaining address's user is opted out too.
     let complaint = "complaint@simulator.amazonses.com";
@@ -529,21 +653,8 @@ async fn a_bounce_notification_opts_the_address_out_of_email() {
 async fn a_bounce_after_the_send_takes_the_emails_fallback() {
     let s = subscribed(providers::sim().await, None, 1).await;
     let (sim, host) = (&s.sim, &s.host);
-    let alert = json!({
-        "biz_type": "ALERT", "biz_id": "a-1", "user_id": "u-alert",
-        "occurred_at": "2026-12-04T10:00:00Z",
-        "params": {"name": "u-alert"},
-        "recipients": {"email": "bounce@simulator.amazonses.com", "inbox": "u-alert"},
-    });
-    let task = accepted(host, &alert).await;
-    settles(
-        host,
-        sim,
-        &task,
-        "failed",
-        "the bounce settles the email failed",
-    )
-    .await;
+    let task = accepted(host, &alert("a-1", "u-alert")).await;
+    email_bounced(host, sim, &task).await;
     let reached = wait_until(DEADLINE, || async {
         inbox_now(host)
             .await
@@ -558,6 +669,78 @@ async fn a_bounce_after_the_send_takes_the_emails_fallback() {
             host.log()
         );
     }
+}
+
+/// The scenario of an opt-out between the accept and the failure:
+/// an alert by email (its fallback the inbox) is accepted for a few seconds
+/// ahead; its user then switches the inbox off; the email bounces. The
+/// bounce fails the email and takes no fallback (the recipient's
+/// preferences are read again when the fallback would be accepted), and
+/// the email's task says why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fallback_switched_off_after_the_accept_is_not_taken() {
+    let s = subscribed(providers::sim().await, None, 1).await;
+    let (sim, host) = (&s.sim, &s.host);
+    let send_at = SystemTime::now() + Duration::from_secs(4);
+    let mut alert = alert("a-2", "u-late");
+    alert["send_at"] = json!(humantime::format_rfc3339_millis(send_at).to_string());
+    let task = accepted(host, &alert).await;
+    let prefs = json!({"channels_off": ["inbox"]});
+    host.set_preferences("u-late", ADMIN_TOKEN, &prefs).await;
+    assert_eq!(
+        task_status(host, &task).await,
+        "queued",
+        "switched off before the send"
+    );
+
+    email_bounced(host, sim, &task).await;
+    let req = reqwest::Client::new()
+        .get(host.url("/v1/events/ALERT/a-2"))
+        .bearer_auth(API_TOKEN);
+    let (_, event) = send(req).await;
+    let channels: Vec<&Value> = event["tasks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| &t["channel"])
+        .collect();
+    assert_eq!(channels, [&json!("email")], "no inbox task: {event}");
+    let req = reqwest::Client::new()
+        .get(host.url(&format!("/v1/tasks/{task}")))
+        .bearer_auth(API_TOKEN);
+    let (_, view) = send(req).await;
+    let why = view["last_error"].as_str().unwrap_or_default();
+    assert!(
+        why.contains("fallback to inbox not taken") && why.contains("switched inbox off"),
+        "{view}"
+    );
+    assert!(
+        sim.ledger("inbox").iter().all(|m| m.recipient != "u-late"),
+        "nothing reached the inbox"
+    );
+}
+
+/// An alert `biz_id` for `user` by email to SES's `bounce@` address, its
+/// fallback the user's inbox.
+fn alert(biz_id: &str, user: &str) -> Value {
+    json!({
+        "biz_type": "ALERT", "biz_id": biz_id, "user_id": user,
+        "occurred_at": "2026-12-04T10:00:00Z",
+        "params": {"name": user},
+        "recipients": {"email": "bounce@simulator.amazonses.com", "inbox": user},
+    })
+}
+
+/// Waits until the bounce of email `task` settled it failed.
+async fn email_bounced(host: &ServeProcess, sim: &Sim, task: &str) {
+    settles(
+        host,
+        sim,
+        task,
+        "failed",
+        "the bounce settles the email failed",
+    )
+    .await;
 }
 
 /// The inbox task of event `ALERT` / `a-1` as the API shows it now.

@@ -355,6 +355,7 @@ async fn a_permanent_refusal_fails_the_task_and_sends_its_fallback_once() {
             key: fb_key.clone(),
             window_ms: 3_600_000,
             payload: payload(&recipient(fb_channel, 8), template(fb_channel)),
+            category: None,
         }));
         let t = env.accept(channel, "perm-1", &p).await;
         tasks.push((channel, code, t, fb_key));
@@ -635,6 +636,7 @@ async fn an_inbox_replay_while_the_first_request_is_in_flight_is_retried_and_no_
         key: fb_key.into(),
         window_ms: 3_600_000,
         payload: payload(&recipient("sms", 8), template("sms")),
+        category: None,
     }));
     let t = env.accept("inbox", "inflight-1", &p).await;
     assert_eq!(first.await.unwrap().unwrap().status(), 201);
@@ -1047,6 +1049,7 @@ async fn receipts_in_each_providers_format_settle_tasks_and_a_failed_sms_falls_b
         key: fb_key.into(),
         window_ms: 3_600_000,
         payload: payload(&recipient("app-push", 2), "order-shipped"),
+        category: None,
     }));
     let failed = env.accept("sms", "rx-2", &p).await;
 

@@ -175,6 +175,16 @@ fn prefix_field(e: ApiError, index: usize) -> ApiError {
     security(("api_token" = []))
 )]
 pub(crate) async fn get_task(
+    state: State<AppState>,
+    id: Path<String>,
+) -> Result<Json<TaskView>, ApiError> {
+    let Json(view) = task(state, id).await?;
+    Ok(Json(view.without_unsubscribe_links()))
+}
+
+/// One task as an operator sees it (the console): [`get_task`] with its
+/// payload's unsubscribe links.
+pub(crate) async fn task(
     State(state): State<AppState>,
     Path(id): Path<String>,
 ) -> Result<Json<TaskView>, ApiError> {
@@ -208,6 +218,22 @@ pub(crate) async fn get_task(
     security(("api_token" = []))
 )]
 pub(crate) async fn get_event(
+    state: State<AppState>,
+    path: Path<(String, String)>,
+    query: Result<Query<EventQuery>, axum::extract::rejection::QueryRejection>,
+) -> Result<Json<EventTasks>, ApiError> {
+    let Json(mut event) = event(state, path, query).await?;
+    event.tasks = event
+        .tasks
+        .into_iter()
+        .map(TaskView::without_unsubscribe_links)
+        .collect();
+    Ok(Json(event))
+}
+
+/// The tasks of one event as an operator sees them (the console):
+/// [`get_event`] with their payloads' unsubscribe links.
+pub(crate) async fn event(
     State(state): State<AppState>,
     Path((biz_type, biz_id)): Path<(String, String)>,
     query: Result<Query<EventQuery>, axum::extract::rejection::QueryRejection>,

@@ -326,9 +326,25 @@ pub(crate) struct TaskView {
     /// The event, as accepted.
     #[schema(value_type = Object)]
     pub event: serde_json::Value,
-    /// What the channel sends (recipient, template, params, fallback).
+    /// What the channel sends (recipient, template, params, fallback); the
+    /// one-click unsubscribe link only to an operator (`/admin`, the console).
     #[schema(value_type = Object)]
     pub payload: serde_json::Value,
+}
+
+impl TaskView {
+    /// This view as the API token sees it (`/v1`): without its payload's
+    /// one-click unsubscribe link, nor that of any fallback down its chain.
+    /// A link opts its user out to whoever holds it, which the API token
+    /// may not do (`[preferences] api_token_writes`).
+    pub(crate) fn without_unsubscribe_links(mut self) -> TaskView {
+        let mut payload = Some(&mut self.payload);
+        while let Some(p) = payload.and_then(serde_json::Value::as_object_mut) {
+            p.remove("unsubscribe");
+            payload = p.get_mut("fallback").and_then(|f| f.get_mut("payload"));
+        }
+        self
+    }
 }
 
 impl From<&Task> for TaskView {

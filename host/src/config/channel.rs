@@ -166,6 +166,16 @@ impl ChannelConfig {
         }
     }
 
+    /// The channel instances a message of this channel (`name`) is sent
+    /// through: its provider instances, or itself when it names none.
+    pub fn sent_through<'a>(&'a self, name: &'a str) -> Vec<&'a str> {
+        if self.providers.is_empty() {
+            vec![name]
+        } else {
+            self.providers.iter().map(String::as_str).collect()
+        }
+    }
+
     /// The outbound HTTP policy of this channel instance.
     pub fn outbound_policy(&self) -> Result<crate::plugin::OutboundPolicy, OutboundConfigError> {
         Ok(crate::plugin::OutboundPolicy {

@@ -55,8 +55,10 @@ pub(super) async fn outcome_of(
     }
 }
 
-/// A permanent refusal: accept the payload's fallback task first (idempotent),
-/// then the task is recorded `failed` (its permit released if nothing was sent).
+/// A permanent refusal: accept the payload's fallback task first (idempotent;
+/// one the recipient switched off since the accept is passed over, and the
+/// error says so), then the task is recorded `failed` (its permit released
+/// if nothing was sent).
 pub(super) async fn permanent(
     shared: &DispatchContext,
     attempt: &Attempt,
@@ -65,11 +67,13 @@ pub(super) async fn permanent(
     let fallback = attempt.task.sends().ok().and_then(|p| p.fallback.clone());
     if let Some(fb) = fallback {
         match shared.permits.accept_fallback(&attempt.task, &fb).await {
-            Ok(_) => {
-                metrics::counter!(names::FALLBACK, "channel" => attempt.task.channel.clone())
-                    .increment(1);
+            Ok(taken) => {
+                if taken.accepted.is_some() {
+                    metrics::counter!(names::FALLBACK, "channel" => attempt.task.channel.clone())
+                        .increment(1);
+                }
                 return Outcome::Failed {
-                    reason: format!("{reason}; fallback to {}", fb.channel),
+                    reason: format!("{reason}; {}", taken.note()),
                 };
             }
             Err(e) => {

@@ -66,7 +66,8 @@ fn plugins(d: &Deployment<'_>) -> Check {
 
 /// Three checks per channel: its plugin and capabilities, its credentials,
 /// its callback route; a fourth for a plugin that writes unsubscribe
-/// headers: whether the host writes the links.
+/// headers (on a channel with providers, a provider instance's plugin):
+/// whether the host writes the links.
 async fn channels(d: &Deployment<'_>) -> Vec<Check> {
     let sender = match sender(d) {
         Ok(s) => s,
@@ -82,6 +83,11 @@ async fn channels(d: &Deployment<'_>) -> Vec<Check> {
                     cfg.providers.join(", ")
                 ),
             ));
+            // Its messages carry the link when a provider instance's plugin
+            // writes the headers (the plan writes one for such a channel).
+            if sender.as_ref().is_some_and(|s| s.takes_extras(name)) {
+                checks.push(unsubscribe(d, name));
+            }
             continue;
         }
         let takes_callbacks = match &sender {

@@ -62,7 +62,7 @@ pub use cancel::Cancel;
 pub use claim::ClaimPass;
 pub(crate) use claim::Claimed;
 pub use duplicate::POSSIBLE_DUPLICATE;
-pub use fallback::ProviderSettled;
+pub use fallback::{OptOuts, OptOutsError, ProviderSettled};
 pub use gate::{CapCheck, CapPeriod, DigestCheck, DigestDue, Gate, QuietCheck};
 pub use held::{HeldCause, RecordContext};
 pub(crate) use held::{OperatorNote, OperatorStep, ReconcileStep, parse_operator_log};
@@ -116,6 +116,10 @@ pub enum PermitError {
         /// The version it names.
         found: String,
     },
+    /// The recipient's preferences could not be read before a fallback's
+    /// accept: nothing is accepted (the caller tries again).
+    #[error("the recipient's preferences cannot be read: {0}")]
+    Preferences(#[source] OptOutsError),
     /// A script answered something this code does not understand (a bug, or scripts from another version).
     #[error("unexpected answer from {script}: {answer}")]
     Unexpected {
@@ -201,6 +205,9 @@ pub struct Permits {
     config: PermitConfig,
     /// How long an event record's value pieces are (read at [`Permits::prepare`]).
     piece: pieces::PieceLength,
+    /// The recipients' preferences a fallback's accept reads again
+    /// (`None`: every fallback is accepted).
+    opt_outs: Option<std::sync::Arc<dyn OptOuts>>,
 }
 
 impl std::fmt::Debug for Permits {
@@ -220,6 +227,7 @@ impl Permits {
             layout: Layout::new(config.namespace.clone(), config.shards),
             config,
             piece: pieces::PieceLength::default(),
+            opt_outs: None,
         }
     }
 

@@ -55,6 +55,10 @@ pub struct Fallback {
     pub window_ms: u64,
     /// What it sends.
     pub payload: Payload,
+    /// The category of the event's policy (`None`: none): a recipient who
+    /// switched it (or the channel) off since the accept gets no fallback.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub category: Option<String>,
 }
 
 /// A task's `payload` that does not parse: the task cannot be sent (its

@@ -29,6 +29,8 @@ struct ReceiptArgs<'a> {
     retention_ms: u64,
     /// ARGV[4]: the provider's message id, or empty.
     provider_message_id: &'a str,
+    /// ARGV[5]: the task's error to write, or empty (none).
+    error: &'a str,
 }
 
 impl Transition for ReceiptArgs<'_> {
@@ -48,6 +50,7 @@ impl Transition for ReceiptArgs<'_> {
             .arg(status)
             .num(self.retention_ms)
             .arg(self.provider_message_id)
+            .arg(self.error)
     }
 }
 
@@ -60,6 +63,19 @@ impl Permits {
         task_id: &str,
         delivered: bool,
         provider_message_id: Option<&str>,
+    ) -> Result<bool, PermitError> {
+        self.record_receipt_noting(task_id, delivered, provider_message_id, None)
+            .await
+    }
+
+    /// [`Permits::record_receipt`], writing `error` as the task's last
+    /// error when given (why its fallback was not taken).
+    pub(crate) async fn record_receipt_noting(
+        &self,
+        task_id: &str,
+        delivered: bool,
+        provider_message_id: Option<&str>,
+        error: Option<&str>,
     ) -> Result<bool, PermitError> {
         let task_key = self.task_key(task_id)?;
         let Some(key) = self.task_idempotency_key(&task_key).await? else {
@@ -75,6 +91,7 @@ impl Permits {
                 delivered,
                 retention_ms: millis(self.config.retention).max(1),
                 provider_message_id: provider_message_id.unwrap_or(""),
+                error: error.unwrap_or(""),
             })
             .await?;
         let items = array(answer, "receipt")?;

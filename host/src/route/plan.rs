@@ -378,10 +378,23 @@ impl ChannelPlanner<'_> {
         self.snapshot.registry.resolve_channel(&config.plugin).ok()
     }
 
+    /// Whether a plugin `channel`'s messages are sent through takes extras
+    /// (writes the unsubscribe headers): its own, or on a channel with
+    /// providers any of its provider instances'.
+    fn takes_extras(&self, channel: &str) -> bool {
+        let Some(config) = self.channels.get(channel) else {
+            return false;
+        };
+        config
+            .sent_through(channel)
+            .into_iter()
+            .any(|name| self.resolve_plugin(name).is_some_and(|p| p.takes_extras()))
+    }
+
     /// The one-click unsubscribe link of `channel`'s message: written when
-    /// the host writes links, the channel's plugin takes extras and the
-    /// policy's category is not mandatory. It switches the category off, or
-    /// the channel when the policy names none.
+    /// the host writes links, a plugin the channel sends through takes
+    /// extras and the policy's category is not mandatory. It switches the
+    /// category off, or the channel when the policy names none.
     fn unsubscribe(&self, channel: &str) -> Option<UnsubscribeLink> {
         let writer = self.req.unsubscribe?;
         let category = self.policy.spec.category.clone();
@@ -391,7 +404,7 @@ impl ChannelPlanner<'_> {
         {
             return None;
         }
-        if !self.resolve_plugin(channel)?.takes_extras() {
+        if !self.takes_extras(channel) {
             return None;
         }
         let target = match &category {
@@ -451,7 +464,9 @@ impl ChannelPlanner<'_> {
 
     fn recipient(&self, channel: &str, fallback_of: Option<&str>) -> Result<String, PlanError> {
         if let Some(r) = self.req.recipients.get(channel) {
-            return Ok(r.clone());
+            // Sent, digested in the ledger and matched by a bounce or a
+            // reply in the one form, trimmed as providers trim it.
+            return Ok(r.trim().to_string());
         }
         if channel == "inbox" {
             return Ok(self.event.user_id.clone());
@@ -509,6 +524,7 @@ impl ChannelPlanner<'_> {
             key: derived.key.clone(),
             window_ms: crate::permit::millis(self.window(to, &derived)),
             payload: self.payload(to, Some(channel), depth + 1)?,
+            category: self.policy.spec.category.clone(),
         })))
     }
 }

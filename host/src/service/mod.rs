@@ -260,6 +260,8 @@ async fn open_parts(
         )
         .recording_answers(config.ledger_history),
     );
+    // A fallback's accept reads the recipient's preferences again.
+    let permits = permits.with_opt_outs(preferences.clone());
     let receipts = receipts_handler(config, options, &permits, &plugins, &ledger, &preferences);
     let callbacks = callback_gates(config, &plugins).await?;
     warn_of_unlinked_channels(config, &plugins);

@@ -117,7 +117,7 @@ async fn search_event(state: &AppState, find: &Find) -> Option<Result<Found, Api
     }
     let path = Path((find.biz_type.trim().into(), find.biz_id.trim().into()));
     let user_id = Some(find.user_id.trim().to_string()).filter(|u| !u.is_empty());
-    let event = events::get_event(
+    let event = events::event(
         State(state.clone()),
         path,
         Ok(Query(EventQuery { user_id })),
@@ -130,13 +130,13 @@ async fn search_event(state: &AppState, find: &Find) -> Option<Result<Found, Api
 async fn find_tasks(state: &AppState, find: &Find) -> Option<Result<Vec<TaskView>, ApiError>> {
     let state = State(state.clone());
     if !find.task.trim().is_empty() {
-        let task = events::get_task(state, Path(find.task.trim().to_string())).await;
+        let task = events::task(state, Path(find.task.trim().to_string())).await;
         return Some(task.map(|t| vec![t.0]));
     }
     if !find.biz_type.trim().is_empty() && !find.biz_id.trim().is_empty() {
         let path = Path((find.biz_type.trim().into(), find.biz_id.trim().into()));
         let user_id = Some(find.user_id.trim().to_string()).filter(|u| !u.is_empty());
-        let event = events::get_event(state, path, Ok(Query(EventQuery { user_id }))).await;
+        let event = events::event(state, path, Ok(Query(EventQuery { user_id }))).await;
         return Some(event.map(|e| e.0.tasks));
     }
     if !find.key.trim().is_empty() {

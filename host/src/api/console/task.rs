@@ -42,7 +42,7 @@ pub(crate) async fn page(
     Path(id): Path<String>,
     Query(done): Query<Done>,
 ) -> Response {
-    let task = match events::get_task(State(state), Path(id)).await {
+    let task = match events::task(State(state), Path(id)).await {
         Ok(task) => task.0,
         Err(e) => return error_page(&session, e),
     };

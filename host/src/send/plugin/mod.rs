@@ -190,11 +190,16 @@ impl PluginSender {
     }
 
     /// Whether `channel`'s current plugin takes extras (contract 2.2: it
-    /// writes the one-click unsubscribe headers the host's link fills);
-    /// false when its plugin is not loaded.
+    /// writes the one-click unsubscribe headers the host's link fills), or
+    /// on a channel with providers any of its provider instances' plugins;
+    /// false when none is loaded.
     pub fn takes_extras(&self, channel: &str) -> bool {
-        self.instance(channel, None)
-            .is_ok_and(|i| i.plugin().takes_extras())
+        let itself = [channel.to_string()];
+        let through = self.chains.get(channel).map_or(&itself[..], Vec::as_slice);
+        through.iter().any(|name| {
+            self.instance(name, None)
+                .is_ok_and(|i| i.plugin().takes_extras())
+        })
     }
 
     /// The plugin instance for `channel`: the exact `name@version` in

@@ -962,6 +962,7 @@ fn with_push_fallback(phone: &str, template: &str, fb_key: &str) -> Payload {
         key: fb_key.into(),
         window_ms: 3_600_000,
         payload: payload(&recipient("app-push", 3), "order-shipped"),
+        category: None,
     }));
     p
 }

@@ -77,6 +77,7 @@ pub fn provider_wide(plugin: &str) -> &'static [&'static str] {
             // Sign and template approval are per account.
             "FailedOperation.SignatureIncorrectOrUnapproved",
             "FailedOperation.TemplateIncorrectOrUnapproved",
+            "FailedOperation.TemplateUnapprovedOrNotExist",
             // The API's own request rate (per account), not the number's.
             "RequestLimitExceeded*",
         ],
@@ -164,6 +165,22 @@ mod tests {
                 .into(),
         );
         assert_eq!(handover("tencent-sms", &blocked, true), Handover::Stays);
+        for code in [
+            "FailedOperation.SignatureIncorrectOrUnapproved",
+            "FailedOperation.TemplateIncorrectOrUnapproved",
+            "FailedOperation.TemplateUnapprovedOrNotExist",
+        ] {
+            let unapproved = SendOutcome::Permanent(format!(
+                "Tencent Cloud (SendSms) refused the message: {code}"
+            ));
+            assert!(
+                matches!(
+                    handover("tencent-sms", &unapproved, true),
+                    Handover::NotTaken(_)
+                ),
+                "{code}: approval is per account, the next provider may have it"
+            );
+        }
         let throttled = SendOutcome::retryable(
             "Tencent Cloud (SendSms) refused the message: RequestLimitExceeded",
         );

@@ -152,6 +152,8 @@ pub fn classify(code: &str) -> Refusal {
         "FailedOperation.TemplateIncorrectOrUnapproved" => {
             r(Permanent).because("the template id is not approved or its parameters do not match")
         }
+        "FailedOperation.TemplateUnapprovedOrNotExist" => r(Permanent)
+            .because("the template id is not approved or does not exist on this account"),
         "UnauthorizedOperation.SmsSdkAppIdVerifyFail"
         | "UnauthorizedOperation.SdkAppIdIsDisabled"
         | "InvalidParameterValue.SdkAppIdNotExist" => {
@@ -316,6 +318,7 @@ mod tests {
             ("InvalidParameterValue.IncorrectPhoneNumber", Permanent),
             ("FailedOperation.PhoneNumberInBlacklist", Permanent),
             ("FailedOperation.TemplateIncorrectOrUnapproved", Permanent),
+            ("FailedOperation.TemplateUnapprovedOrNotExist", Permanent),
             ("AuthFailure.SignatureFailure", Permanent),
             ("AuthFailure.SecretIdNotFound", Permanent),
             (
@@ -327,6 +330,12 @@ mod tests {
         for (code, class) in table {
             assert_eq!(classify(code).class, class, "{code}");
         }
+        assert!(
+            classify("FailedOperation.TemplateUnapprovedOrNotExist")
+                .cause
+                .unwrap()
+                .contains("does not exist")
+        );
         assert!(
             classify("AuthFailure.SignatureFailure")
                 .cause

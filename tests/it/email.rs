@@ -643,6 +643,36 @@ async fn a_bounce_notification_opts_the_address_out_of_email() {
     .expect("the complained-of email was delivered");
 }
 
+/// A bounce naming a message the host has not recorded (yet) is answered
+/// 503 so SNS posts it again, but its address is opted out at once: SNS may
+/// stop re-posting before the host's wait for the send is over.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bounce_the_host_must_wait_for_still_opts_its_address_out() {
+    let s = subscribed(providers::sim().await, None, 1).await;
+    let (sim, host) = (&s.sim, &s.host);
+    let address = "success@simulator.amazonses.com";
+    let task = accepted(host, &event("RECEIPT", "r-w1", "u-wait", address)).await;
+    settles(
+        host,
+        sim,
+        &task,
+        "delivered",
+        "the first email is delivered",
+    )
+    .await;
+    let notice = provider_sim::ses_notify::bounce(
+        "0000-a-message-this-host-has-not-recorded",
+        "noreply@mail.pushonce.test",
+        address,
+        "Permanent",
+        "General",
+    );
+    let status = sim.state.sns_push(None, &notice, 1, Tamper::None).await;
+    assert_eq!(status, Ok(503), "the unknown message is waited for");
+    let view = preferences(host, "u-wait").await;
+    assert_eq!(view["channels_off"], json!(["email"]), "{view}");
+}
+
 /// A bounce that comes after SES answered the send: `ses-email` cannot
 /// query, so a `sent` email is final unless a receipt says otherwise; with
 /// a fallback in its payload the task stays in Redis (it would otherwise

@@ -92,18 +92,21 @@ impl ReceiptHandler for PluginReceipts {
             };
             let (permits, grace) = (&self.permits, self.unmatched_grace);
             match handle_callback(permits, &self.sender, channel, req, grace).await {
-                Ok(done) if !done.report.not_yet.is_empty() => {
-                    Err(ReceiptRefusal::NotYet(format!(
-                        "{} settlement(s) name sends not recorded yet ({}); send the callback again",
-                        done.report.not_yet.len(),
-                        done.report.not_yet.join(", ")
-                    )))
-                }
                 Ok(done) => {
+                    // Opt-outs first, even when some settlement must wait:
+                    // storing one again changes nothing, and a provider
+                    // may stop re-sending before the wait is over.
                     if !done.opt_outs.is_empty() {
                         self.store_opt_outs(channel, done.opt_outs)
                             .await
                             .map_err(ReceiptRefusal::OptOutsUnstored)?;
+                    }
+                    if !done.report.not_yet.is_empty() {
+                        return Err(ReceiptRefusal::NotYet(format!(
+                            "{} settlement(s) name sends not recorded yet ({}); send the callback again",
+                            done.report.not_yet.len(),
+                            done.report.not_yet.join(", ")
+                        )));
                     }
                     if let Some(ledger) = &self.ledger {
                         let report = &done.report;

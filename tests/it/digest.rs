@@ -348,6 +348,41 @@ async fn a_cancelled_digest_does_not_swallow_the_views_after_it() {
     assert_eq!(digest_of(&sent[0]), (2, vec!["d-1".into(), "d-2".into()]));
 }
 
+/// The same digest cancelled whole the default way (no body: its permit
+/// kept, the ledger holds the cancel and the task leaves Redis): the
+/// cancelled view posted again stays a duplicate, the next views open and
+/// join the next digest, which is sent; once that one began, a later view
+/// is a duplicate of it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_digest_cancelled_keeping_its_permit_does_not_swallow_the_views_after_it() {
+    let redis = RedisServer::start().await.unwrap();
+    let sim = providers::sim().await;
+    let dir = tempfile::tempdir().unwrap();
+    let policy = format!("{}after_begin = \"duplicate\"\n", policy("2s", 10));
+    let host = serve(&redis, &sim, dir.path(), &policy).await;
+    let opened = host.post_event(&view("d-1")).await;
+    assert_eq!(opened["result"], "accepted", "{opened}");
+    let cancelled = host.cancel_event("RESUME_VIEWED", "d-1", &json!({})).await;
+    assert_eq!(cancelled["channels"][0]["permit"], "kept", "{cancelled}");
+
+    let again = host.post_event(&view("d-1")).await;
+    assert_eq!(again["result"], "duplicate", "its permit kept: {again}");
+    let next = host.post_event(&view("d-2")).await;
+    assert_eq!(next["result"], "accepted", "a new digest: {next}");
+    assert_ne!(next["task_id"], opened["task_id"], "{next}");
+    let joined = host.post_event(&view("d-3")).await;
+    assert_eq!(joined["result"], "digested", "{joined}");
+    assert_eq!(joined["task_id"], next["task_id"], "{joined}");
+    wait_for_items(&sim, &host, 2).await;
+    let sent = sim.ledger("inbox");
+    assert_eq!(sent.len(), 1, "{sent:?}");
+    assert_eq!(digest_of(&sent[0]), (2, vec!["d-2".into(), "d-3".into()]));
+
+    let after = host.post_event(&view("d-4")).await;
+    assert_eq!(after["result"], "duplicate", "the digest began: {after}");
+    assert_eq!(after["task_id"], next["task_id"], "{after}");
+}
+
 /// The console shows a digest task's events and cancels it before it is
 /// sent: an operator signs in, opens the digest from the look-up of one of
 /// its later events, sees the three views in the order they joined, and

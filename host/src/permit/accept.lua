@@ -444,7 +444,9 @@ local function digest_accept(c, now, t0)
       end
       return digest_append(c, open, prefix .. open, t[3])
     end
-    -- A cancelled digest never began: it swallows no later event.
+    -- A cancelled digest never began: it swallows no later event
+    -- (cancel.lua takes it out of the head; a head written before that
+    -- still names it).
     if c.dafter == 'd' and t[1] ~= 'cancelled' then
       return {'duplicate', open, t[1] or ''}
     end

@@ -76,6 +76,8 @@ impl Permits {
     /// no attempt counted): it ends `cancelled`, leaves the delayed set and
     /// the ready stream, and its permit stays for the window unless
     /// `release` (then deleted, owner-checked, so a re-post is accepted).
+    /// A digest cancelled whole leaves its key's digest head (the next
+    /// event opens the next digest).
     /// The task keeps the retention; [`Permits::note_cancelled`] writes the
     /// ledger and lets it leave. A digest task holding other events than
     /// event `biz_id` only loses that event ([`Cancel::Removed`]).

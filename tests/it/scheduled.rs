@@ -242,6 +242,50 @@ async fn a_scheduled_send_cancelled_before_send_at_is_never_sent() {
     assert_eq!(recipients, ["u-8"], "only the event not cancelled was sent");
 }
 
+/// A cancelled send is never sent, so it takes no room in a cap: with a
+/// cap of 1 a day, an event scheduled for tomorrow noon and cancelled with
+/// `release_permit` is accepted when posted again; that one cancelled
+/// keeping its permit stays a duplicate, and another event for tomorrow is
+/// accepted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancelled_send_gives_its_room_in_a_cap_back() {
+    let redis = RedisServer::start().await.unwrap();
+    let sim = providers::sim().await;
+    let dir = tempfile::tempdir().unwrap();
+    let host = serve(&redis, &sim, dir.path(), "").await;
+    let tomorrow = now_ms().div_euclid(DAY_MS) * DAY_MS + DAY_MS;
+    let noon = json!({"send_at": rfc3339(tomorrow + 12 * HOUR)});
+    let first = host
+        .post_event(&event("DAILY_TIP", "c-1", noon.clone()))
+        .await;
+    assert_eq!(first["result"], "accepted", "{first}");
+    let released = host
+        .cancel_event("DAILY_TIP", "c-1", &json!({"release_permit": true}))
+        .await;
+    assert_eq!(released["channels"][0]["permit"], "released", "{released}");
+
+    let again = host
+        .post_event(&event("DAILY_TIP", "c-1", noon.clone()))
+        .await;
+    assert_eq!(again["result"], "accepted", "{again}");
+    assert_ne!(again["task_id"], first["task_id"], "{again}");
+    host.cancel_event("DAILY_TIP", "c-1", &json!({})).await;
+    let repost = host
+        .post_event(&event("DAILY_TIP", "c-1", noon.clone()))
+        .await;
+    assert_eq!(repost["result"], "duplicate", "its permit kept: {repost}");
+    let other = host.post_event(&event("DAILY_TIP", "c-2", noon)).await;
+    assert_eq!(other["result"], "accepted", "{other}");
+    let capped = host
+        .post_event(&event(
+            "DAILY_TIP",
+            "c-3",
+            json!({"send_at": rfc3339(tomorrow + 13 * HOUR)}),
+        ))
+        .await;
+    assert_eq!(capped["result"], "capped", "c-2 takes tomorrow: {capped}");
+}
+
 /// Quiet hours 22:00–08:00 are judged at `send_at`: a `send_at` at 23:00
 /// local (accepted at 20:00, outside them) is scheduled for the next 08:00;
 /// one at 09:00 local, accepted at 07:00 inside them, is scheduled for the

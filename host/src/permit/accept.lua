@@ -21,8 +21,9 @@
 -- then per channel: its permit {ns:shard}:permit:<SHA-1 of the key, 29 hex
 --   digits> (lib.lua's permit_name), its task
 --   {ns:shard}:task:<task-id>, its caps' zsets {ns:s}:cap:<name>:<subject>
---   (scored by send time: t0), and in Bloom mode the shard's filters of even
---   and odd window periods {ns:shard}:bloom:<name>:<window>:<m>:<k>:0|1,
+--   (scored by send time: t0; a task's `caps` field names them for a
+--   cancel), and in Bloom mode the shard's filters of even and odd window
+--   periods {ns:shard}:bloom:<name>:<window>:<m>:<k>:0|1,
 --   and with a digest the key's digest head {ns:shard}:digest:<key> (hash:
 --   task, gen) and the event's item mark {ns:shard}:digested:<key>:<item id>
 -- ARGV[1] the record's name after `event:` (`<biz_type>:<biz_id>`), or ''
@@ -324,6 +325,11 @@ local function enqueue(c, now, t0, permit)
   if not permit then
     fields[#fields + 1] = 'dedup'
     fields[#fields + 1] = 'bloom'
+  end
+  if c.ncaps > 0 then
+    -- The cap sets counting it, one a line: a cancel takes it out of them.
+    fields[#fields + 1] = 'caps'
+    fields[#fields + 1] = table.concat({unpack(KEYS, c.capkeys, c.capkeys + c.ncaps - 1)}, '\n')
   end
   -- One HSET per task: a command per field group is Redis time per channel.
   redis.call('HSET', c.task, unpack(fields))

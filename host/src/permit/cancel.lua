@@ -5,7 +5,9 @@
 -- so whichever runs first wins (a begun task is `sending` or later here; a
 -- cancelled one is `settled` there).
 -- KEYS[1] task, KEYS[2] permit, KEYS[3] delayed zset, KEYS[4] ready stream,
--- KEYS[5] awaiting zset (the shard's held index is named after it)
+-- KEYS[5] awaiting zset (the shard's held index is named after it),
+-- KEYS[6..] the cap sets counting the task (its `caps` field; the
+-- recipient's shard, the task's own on a cluster: docs/caps.md)
 -- ARGV[1] task id, ARGV[2] '1' to release the permit (owner-checked), else
 -- it stays for the window, ARGV[3] retention ms, ARGV[4] consumer group,
 -- ARGV[5] the business id of the event cancelled (for a digest task: its
@@ -88,6 +90,10 @@ redis.call('HSET', KEYS[1], 'status', 'cancelled', 'cancelled_at', at,
   fate == 'released' and '1' or '0')
 redis.call('ZREM', KEYS[3], id)
 redis.call('ZREM', KEYS[5], id)
+-- Never sent, it takes no room in its caps (their sets are KEYS[6] on).
+for i = 6, #KEYS do
+  redis.call('ZREM', KEYS[i], id)
+end
 -- A digest cancelled whole never began: its key's head forgets it, keeping
 -- its generation, so the next event opens the next digest (accept.lua),
 -- also once this task has left Redis (a head naming a task that is gone

@@ -59,6 +59,19 @@ max = 1
 window = "1h"
 "#;
 
+const NIGHT_TIP: &str = r#"
+biz_type = "NIGHT_TIP"
+key_policy = "per-event@^1"
+channels = ["inbox"]
+window = "1h"
+tz_attribute = "tz"
+quiet = { from = "22:00", to = "08:00" }
+
+[caps.six-hourly]
+max = 1
+window = "6h"
+"#;
+
 const BROADCAST: &str = r#"
 biz_type = "BROADCAST"
 key_policy = "per-event@^1"
@@ -94,6 +107,7 @@ async fn serve(redis: &RedisServer, sim: &Sim, dir: &Path, extra: &str) -> Serve
         ("daily.toml", DAILY),
         ("hourly.toml", HOURLY),
         ("broadcast.toml", BROADCAST),
+        ("night-tip.toml", NIGHT_TIP),
     ] {
         std::fs::write(policies.join(name), text).unwrap();
     }
@@ -458,6 +472,59 @@ async fn caps_are_judged_at_send_at() {
         ))
         .await;
     assert_eq!(after["result"], "accepted", "{after}");
+}
+
+/// A cap counts a message when it is sent, and quiet hours send at their
+/// end: with 1 per 6 h and quiet hours 22:00–08:00, an event at 23:00
+/// local waits for 08:00; another one for 07:00 local (`send_at`, inside
+/// the quiet hours too) would go out at 08:00 with it, so it is capped
+/// until 14:00; one for 14:00 is accepted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn caps_count_a_message_held_by_quiet_hours_at_their_end() {
+    let redis = RedisServer::start().await.unwrap();
+    let sim = providers::sim().await;
+    let dir = tempfile::tempdir().unwrap();
+    let host = serve(&redis, &sim, dir.path(), "").await;
+
+    let now = now_ms();
+    let (tz, offset) = zone_putting(now, 23 * HOUR);
+    let eight = next_eight(now, offset);
+    let night = host
+        .post_event(&event(
+            "NIGHT_TIP",
+            "n-1",
+            json!({"attributes": {"tz": tz}}),
+        ))
+        .await;
+    assert_eq!(night["result"], "accepted", "{night}");
+    assert_eq!(
+        night["scheduled_for"].as_i64(),
+        Some(eight),
+        "tz {tz}: {night}"
+    );
+    let morning = host
+        .post_event(&event(
+            "NIGHT_TIP",
+            "n-2",
+            json!({"attributes": {"tz": tz}, "send_at": rfc3339(eight - HOUR)}),
+        ))
+        .await;
+    assert_eq!(morning["result"], "capped", "tz {tz}: {morning}");
+    assert_eq!(morning["cap"], "NIGHT_TIP/six-hourly");
+    assert_eq!(
+        morning["next_allowed_at"].as_i64(),
+        Some(eight + 6 * HOUR),
+        "{morning}"
+    );
+    let afternoon = host
+        .post_event(&event(
+            "NIGHT_TIP",
+            "n-3",
+            json!({"attributes": {"tz": tz}, "send_at": rfc3339(eight + 6 * HOUR)}),
+        ))
+        .await;
+    assert_eq!(afternoon["result"], "accepted", "{afternoon}");
+    assert_eq!(afternoon["scheduled_for"].as_i64(), Some(eight + 6 * HOUR));
 }
 
 /// With `send_at = { grace = "1m", horizon = "2d" }`: a `send_at` two

@@ -321,6 +321,23 @@ async fn a_cancelled_view_leaves_its_digest() {
     assert_eq!(v.body["status"], "cancelled", "{}", v.body);
 }
 
+/// A host whose policy has `after_begin = "duplicate"` and a 2 s window,
+/// where view d-1 opened a digest that was then cancelled with `body`:
+/// the host, the answer to d-1 and the cancel's answer.
+async fn cancelled_digest(
+    redis: &RedisServer,
+    sim: &Sim,
+    dir: &Path,
+    body: Value,
+) -> (ServeProcess, Value, Value) {
+    let policy = format!("{}after_begin = \"duplicate\"\n", policy("2s", 10));
+    let host = serve(redis, sim, dir, &policy).await;
+    let opened = host.post_event(&view("d-1")).await;
+    assert_eq!(opened["result"], "accepted", "{opened}");
+    let cancelled = host.cancel_event("RESUME_VIEWED", "d-1", &body).await;
+    (host, opened, cancelled)
+}
+
 /// With `after_begin = "duplicate"`, events after a digest began are
 /// duplicates of it; a digest cancelled before it began is not such a
 /// digest: the cancelled view posted again (its permit released) and a new
@@ -330,12 +347,8 @@ async fn a_cancelled_digest_does_not_swallow_the_views_after_it() {
     let redis = RedisServer::start().await.unwrap();
     let sim = providers::sim().await;
     let dir = tempfile::tempdir().unwrap();
-    let policy = format!("{}after_begin = \"duplicate\"\n", policy("2s", 10));
-    let host = serve(&redis, &sim, dir.path(), &policy).await;
-    let opened = host.post_event(&view("d-1")).await;
-    assert_eq!(opened["result"], "accepted", "{opened}");
-    host.cancel_event("RESUME_VIEWED", "d-1", &json!({"release_permit": true}))
-        .await;
+    let (host, _, _) =
+        cancelled_digest(&redis, &sim, dir.path(), json!({"release_permit": true})).await;
 
     let again = host.post_event(&view("d-1")).await;
     assert_eq!(again["result"], "accepted", "a new digest: {again}");
@@ -358,11 +371,7 @@ async fn a_digest_cancelled_keeping_its_permit_does_not_swallow_the_views_after_
     let redis = RedisServer::start().await.unwrap();
     let sim = providers::sim().await;
     let dir = tempfile::tempdir().unwrap();
-    let policy = format!("{}after_begin = \"duplicate\"\n", policy("2s", 10));
-    let host = serve(&redis, &sim, dir.path(), &policy).await;
-    let opened = host.post_event(&view("d-1")).await;
-    assert_eq!(opened["result"], "accepted", "{opened}");
-    let cancelled = host.cancel_event("RESUME_VIEWED", "d-1", &json!({})).await;
+    let (host, opened, cancelled) = cancelled_digest(&redis, &sim, dir.path(), json!({})).await;
     assert_eq!(cancelled["channels"][0]["permit"], "kept", "{cancelled}");
 
     let again = host.post_event(&view("d-1")).await;

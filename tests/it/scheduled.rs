@@ -128,6 +128,11 @@ fn event(biz_type: &str, biz_id: &str, more: Value) -> Value {
     e
 }
 
+/// An event of `biz_type` for user `u-7` with `send_at` at `ms`.
+fn event_at(biz_type: &str, biz_id: &str, ms: i64) -> Value {
+    event(biz_type, biz_id, json!({"send_at": rfc3339(ms)}))
+}
+
 /// A fixed UTC offset, whole minutes in -12h..+12h, as `±HH:MM`, that puts
 /// the local time of `at` at `local` (ms after midnight) or up to a minute later;
 /// with the offset in ms.
@@ -164,7 +169,7 @@ async fn an_event_with_send_at_is_sent_once_and_not_before() {
     let dir = tempfile::tempdir().unwrap();
     let host = serve(&redis, &sim, dir.path(), "").await;
     let send_at = now_ms() + 4000;
-    let body = event("REMINDER", "r-1", json!({"send_at": rfc3339(send_at)}));
+    let body = event_at("REMINDER", "r-1", send_at);
     let r = host.post_event(&body).await;
     assert_eq!(r["result"], "accepted", "{r}");
     assert_eq!(r["scheduled_for"].as_i64(), Some(send_at), "{r}");
@@ -268,34 +273,24 @@ async fn a_cancelled_send_gives_its_room_in_a_cap_back() {
     let dir = tempfile::tempdir().unwrap();
     let host = serve(&redis, &sim, dir.path(), "").await;
     let tomorrow = now_ms().div_euclid(DAY_MS) * DAY_MS + DAY_MS;
-    let noon = json!({"send_at": rfc3339(tomorrow + 12 * HOUR)});
-    let first = host
-        .post_event(&event("DAILY_TIP", "c-1", noon.clone()))
-        .await;
+    let noon = tomorrow + 12 * HOUR;
+    let first = host.post_event(&event_at("DAILY_TIP", "c-1", noon)).await;
     assert_eq!(first["result"], "accepted", "{first}");
     let released = host
         .cancel_event("DAILY_TIP", "c-1", &json!({"release_permit": true}))
         .await;
     assert_eq!(released["channels"][0]["permit"], "released", "{released}");
 
-    let again = host
-        .post_event(&event("DAILY_TIP", "c-1", noon.clone()))
-        .await;
+    let again = host.post_event(&event_at("DAILY_TIP", "c-1", noon)).await;
     assert_eq!(again["result"], "accepted", "{again}");
     assert_ne!(again["task_id"], first["task_id"], "{again}");
     host.cancel_event("DAILY_TIP", "c-1", &json!({})).await;
-    let repost = host
-        .post_event(&event("DAILY_TIP", "c-1", noon.clone()))
-        .await;
+    let repost = host.post_event(&event_at("DAILY_TIP", "c-1", noon)).await;
     assert_eq!(repost["result"], "duplicate", "its permit kept: {repost}");
-    let other = host.post_event(&event("DAILY_TIP", "c-2", noon)).await;
+    let other = host.post_event(&event_at("DAILY_TIP", "c-2", noon)).await;
     assert_eq!(other["result"], "accepted", "{other}");
     let capped = host
-        .post_event(&event(
-            "DAILY_TIP",
-            "c-3",
-            json!({"send_at": rfc3339(tomorrow + 13 * HOUR)}),
-        ))
+        .post_event(&event_at("DAILY_TIP", "c-3", tomorrow + 13 * HOUR))
         .await;
     assert_eq!(capped["result"], "capped", "c-2 takes tomorrow: {capped}");
 }
@@ -407,11 +402,7 @@ async fn caps_are_judged_at_send_at() {
     assert_eq!(first["result"], "accepted", "{first}");
     assert_eq!(first["scheduled_for"].as_i64(), Some(tomorrow + 12 * HOUR));
     let second = host
-        .post_event(&event(
-            "DAILY_TIP",
-            "d-3",
-            json!({"send_at": rfc3339(tomorrow + 13 * HOUR)}),
-        ))
+        .post_event(&event_at("DAILY_TIP", "d-3", tomorrow + 13 * HOUR))
         .await;
     assert_eq!(second["result"], "capped", "{second}");
     assert_eq!(second["cap"], "DAILY_TIP/daily");
@@ -441,11 +432,7 @@ async fn caps_are_judged_at_send_at() {
     let now_at = view.body["accepted_at"].as_i64().unwrap();
     let in_two = now_at + 2 * HOUR;
     let later = host
-        .post_event(&event(
-            "HOURLY_TIP",
-            "h-2",
-            json!({"send_at": rfc3339(in_two)}),
-        ))
+        .post_event(&event_at("HOURLY_TIP", "h-2", in_two))
         .await;
     assert_eq!(later["result"], "accepted", "{later}");
     for (biz_id, at, until) in [
@@ -453,23 +440,13 @@ async fn caps_are_judged_at_send_at() {
         ("h-4", now_at + 30 * MINUTE, now_at + HOUR),
         ("h-5", now_at + 90 * MINUTE, in_two + HOUR),
     ] {
-        let r = host
-            .post_event(&event(
-                "HOURLY_TIP",
-                biz_id,
-                json!({"send_at": rfc3339(at)}),
-            ))
-            .await;
+        let r = host.post_event(&event_at("HOURLY_TIP", biz_id, at)).await;
         assert_eq!(r["result"], "capped", "{biz_id}: {r}");
         assert_eq!(r["cap"], "HOURLY_TIP/hourly");
         assert_eq!(r["next_allowed_at"].as_i64(), Some(until), "{biz_id}: {r}");
     }
     let after = host
-        .post_event(&event(
-            "HOURLY_TIP",
-            "h-6",
-            json!({"send_at": rfc3339(in_two + HOUR)}),
-        ))
+        .post_event(&event_at("HOURLY_TIP", "h-6", in_two + HOUR))
         .await;
     assert_eq!(after["result"], "accepted", "{after}");
 }
@@ -567,11 +544,7 @@ async fn send_at_outside_its_bounds_or_not_a_time_is_refused_naming_it() {
         assert!(detail.contains(says), "{send_at}: {detail}");
     }
     let late = host
-        .post_event(&event(
-            "REMINDER",
-            "b-2",
-            json!({"send_at": rfc3339(now - 30_000)}),
-        ))
+        .post_event(&event_at("REMINDER", "b-2", now - 30_000))
         .await;
     assert_eq!(late["result"], "accepted", "{late}");
     assert!(late.get("scheduled_for").is_none(), "sent at once: {late}");
@@ -583,7 +556,7 @@ async fn send_at_outside_its_bounds_or_not_a_time_is_refused_naming_it() {
 
     let at = now_ms() + HOUR;
     let batch = json!({"events": [
-        event("REMINDER", "b-3", json!({"send_at": rfc3339(at)})),
+        event_at("REMINDER", "b-3", at),
         event("REMINDER", "b-4", json!({"send_at": "soon"})),
         event("REMINDER", "b-5", json!({})),
     ]});
@@ -609,11 +582,7 @@ async fn send_at_outside_its_bounds_or_not_a_time_is_refused_naming_it() {
     let far = host
         .post(
             "/v1/events",
-            &event(
-                "BROADCAST",
-                "b-6",
-                json!({"send_at": rfc3339(now_ms() + 2 * HOUR)}),
-            ),
+            &event_at("BROADCAST", "b-6", now_ms() + 2 * HOUR),
         )
         .await
         .unwrap();
@@ -628,11 +597,7 @@ async fn send_at_outside_its_bounds_or_not_a_time_is_refused_naming_it() {
         far.body
     );
     let near = host
-        .post_event(&event(
-            "BROADCAST",
-            "b-7",
-            json!({"send_at": rfc3339(now_ms() + 30 * MINUTE)}),
-        ))
+        .post_event(&event_at("BROADCAST", "b-7", now_ms() + 30 * MINUTE))
         .await;
     assert_eq!(near["result"], "accepted", "{near}");
 }

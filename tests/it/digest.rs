@@ -55,19 +55,22 @@ fn view(biz_id: &str) -> Value {
     })
 }
 
+/// A message's parameter `name`, `null` when it has none.
+fn param_of(message: &provider_sim::Accepted, name: &str) -> Value {
+    match &message.params {
+        Value::Object(m) => m.get(name).cloned().unwrap_or(Value::Null),
+        Value::Array(pairs) => pairs
+            .iter()
+            .find(|p| p[0] == name)
+            .map(|p| p[1].clone())
+            .unwrap_or(Value::Null),
+        _ => Value::Null,
+    }
+}
+
 /// A message's digest: its count and the business ids of its items, in order.
 fn digest_of(message: &provider_sim::Accepted) -> (u64, Vec<String>) {
-    let param = |name: &str| -> Value {
-        match &message.params {
-            Value::Object(m) => m.get(name).cloned().unwrap_or(Value::Null),
-            Value::Array(pairs) => pairs
-                .iter()
-                .find(|p| p[0] == name)
-                .map(|p| p[1].clone())
-                .unwrap_or(Value::Null),
-            _ => Value::Null,
-        }
-    };
+    let param = |name: &str| param_of(message, name);
     let text = |v: Value| v.as_str().map(str::to_string).unwrap_or_default();
     let count = text(param("digest_count")).parse().unwrap_or_else(|_| {
         panic!("no digest_count in {:?}", message.params);
@@ -319,6 +322,26 @@ async fn a_cancelled_view_leaves_its_digest() {
     let id = opened["task_id"].as_str().unwrap();
     let v = host.get(&format!("/v1/tasks/{id}")).await.unwrap();
     assert_eq!(v.body["status"], "cancelled", "{}", v.body);
+}
+
+/// A digest whose opening view was cancelled out of it carries the next
+/// view's parameters as its own, not the cancelled one's: the message's
+/// `viewer` is that of the first view it still holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_digest_whose_opening_view_was_cancelled_carries_the_next_views_parameters() {
+    let redis = RedisServer::start().await.unwrap();
+    let sim = providers::sim().await;
+    let dir = tempfile::tempdir().unwrap();
+    let host = serve(&redis, &sim, dir.path(), &policy("3s", 10)).await;
+    for i in 1..=3 {
+        host.post_event(&view(&format!("o-{i}"))).await;
+    }
+    host.cancel_event("RESUME_VIEWED", "o-1", &json!({})).await;
+    wait_for_items(&sim, &host, 2).await;
+    let sent = sim.ledger("inbox");
+    assert_eq!(sent.len(), 1, "{sent:?}");
+    assert_eq!(digest_of(&sent[0]), (2, vec!["o-2".into(), "o-3".into()]));
+    assert_eq!(param_of(&sent[0], "viewer"), "recruiter of o-2", "{sent:?}");
 }
 
 /// A host whose policy has `after_begin = "duplicate"` and a 2 s window,

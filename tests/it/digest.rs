@@ -55,19 +55,22 @@ fn view(biz_id: &str) -> Value {
     })
 }
 
+/// A message's parameter `name`, `null` when it has none.
+fn param_of(message: &provider_sim::Accepted, name: &str) -> Value {
+    match &message.params {
+        Value::Object(m) => m.get(name).cloned().unwrap_or(Value::Null),
+        Value::Array(pairs) => pairs
+            .iter()
+            .find(|p| p[0] == name)
+            .map(|p| p[1].clone())
+            .unwrap_or(Value::Null),
+        _ => Value::Null,
+    }
+}
+
 /// A message's digest: its count and the business ids of its items, in order.
 fn digest_of(message: &provider_sim::Accepted) -> (u64, Vec<String>) {
-    let param = |name: &str| -> Value {
-        match &message.params {
-            Value::Object(m) => m.get(name).cloned().unwrap_or(Value::Null),
-            Value::Array(pairs) => pairs
-                .iter()
-                .find(|p| p[0] == name)
-                .map(|p| p[1].clone())
-                .unwrap_or(Value::Null),
-            _ => Value::Null,
-        }
-    };
+    let param = |name: &str| param_of(message, name);
     let text = |v: Value| v.as_str().map(str::to_string).unwrap_or_default();
     let count = text(param("digest_count")).parse().unwrap_or_else(|_| {
         panic!("no digest_count in {:?}", message.params);
@@ -321,6 +324,43 @@ async fn a_cancelled_view_leaves_its_digest() {
     assert_eq!(v.body["status"], "cancelled", "{}", v.body);
 }
 
+/// A digest whose opening view was cancelled out of it carries the next
+/// view's parameters as its own, not the cancelled one's: the message's
+/// `viewer` is that of the first view it still holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_digest_whose_opening_view_was_cancelled_carries_the_next_views_parameters() {
+    let redis = RedisServer::start().await.unwrap();
+    let sim = providers::sim().await;
+    let dir = tempfile::tempdir().unwrap();
+    let host = serve(&redis, &sim, dir.path(), &policy("3s", 10)).await;
+    for i in 1..=3 {
+        host.post_event(&view(&format!("o-{i}"))).await;
+    }
+    host.cancel_event("RESUME_VIEWED", "o-1", &json!({})).await;
+    wait_for_items(&sim, &host, 2).await;
+    let sent = sim.ledger("inbox");
+    assert_eq!(sent.len(), 1, "{sent:?}");
+    assert_eq!(digest_of(&sent[0]), (2, vec!["o-2".into(), "o-3".into()]));
+    assert_eq!(param_of(&sent[0], "viewer"), "recruiter of o-2", "{sent:?}");
+}
+
+/// A host whose policy has `after_begin = "duplicate"` and a 2 s window,
+/// where view d-1 opened a digest that was then cancelled with `body`:
+/// the host, the answer to d-1 and the cancel's answer.
+async fn cancelled_digest(
+    redis: &RedisServer,
+    sim: &Sim,
+    dir: &Path,
+    body: Value,
+) -> (ServeProcess, Value, Value) {
+    let policy = format!("{}after_begin = \"duplicate\"\n", policy("2s", 10));
+    let host = serve(redis, sim, dir, &policy).await;
+    let opened = host.post_event(&view("d-1")).await;
+    assert_eq!(opened["result"], "accepted", "{opened}");
+    let cancelled = host.cancel_event("RESUME_VIEWED", "d-1", &body).await;
+    (host, opened, cancelled)
+}
+
 /// With `after_begin = "duplicate"`, events after a digest began are
 /// duplicates of it; a digest cancelled before it began is not such a
 /// digest: the cancelled view posted again (its permit released) and a new
@@ -330,12 +370,8 @@ async fn a_cancelled_digest_does_not_swallow_the_views_after_it() {
     let redis = RedisServer::start().await.unwrap();
     let sim = providers::sim().await;
     let dir = tempfile::tempdir().unwrap();
-    let policy = format!("{}after_begin = \"duplicate\"\n", policy("2s", 10));
-    let host = serve(&redis, &sim, dir.path(), &policy).await;
-    let opened = host.post_event(&view("d-1")).await;
-    assert_eq!(opened["result"], "accepted", "{opened}");
-    host.cancel_event("RESUME_VIEWED", "d-1", &json!({"release_permit": true}))
-        .await;
+    let (host, _, _) =
+        cancelled_digest(&redis, &sim, dir.path(), json!({"release_permit": true})).await;
 
     let again = host.post_event(&view("d-1")).await;
     assert_eq!(again["result"], "accepted", "a new digest: {again}");
@@ -346,6 +382,37 @@ async fn a_cancelled_digest_does_not_swallow_the_views_after_it() {
     let sent = sim.ledger("inbox");
     assert_eq!(sent.len(), 1, "{sent:?}");
     assert_eq!(digest_of(&sent[0]), (2, vec!["d-1".into(), "d-2".into()]));
+}
+
+/// The same digest cancelled whole the default way (no body: its permit
+/// kept, the ledger holds the cancel and the task leaves Redis): the
+/// cancelled view posted again stays a duplicate, the next views open and
+/// join the next digest, which is sent; once that one began, a later view
+/// is a duplicate of it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_digest_cancelled_keeping_its_permit_does_not_swallow_the_views_after_it() {
+    let redis = RedisServer::start().await.unwrap();
+    let sim = providers::sim().await;
+    let dir = tempfile::tempdir().unwrap();
+    let (host, opened, cancelled) = cancelled_digest(&redis, &sim, dir.path(), json!({})).await;
+    assert_eq!(cancelled["channels"][0]["permit"], "kept", "{cancelled}");
+
+    let again = host.post_event(&view("d-1")).await;
+    assert_eq!(again["result"], "duplicate", "its permit kept: {again}");
+    let next = host.post_event(&view("d-2")).await;
+    assert_eq!(next["result"], "accepted", "a new digest: {next}");
+    assert_ne!(next["task_id"], opened["task_id"], "{next}");
+    let joined = host.post_event(&view("d-3")).await;
+    assert_eq!(joined["result"], "digested", "{joined}");
+    assert_eq!(joined["task_id"], next["task_id"], "{joined}");
+    wait_for_items(&sim, &host, 2).await;
+    let sent = sim.ledger("inbox");
+    assert_eq!(sent.len(), 1, "{sent:?}");
+    assert_eq!(digest_of(&sent[0]), (2, vec!["d-2".into(), "d-3".into()]));
+
+    let after = host.post_event(&view("d-4")).await;
+    assert_eq!(after["result"], "duplicate", "the digest began: {after}");
+    assert_eq!(after["task_id"], next["task_id"], "{after}");
 }
 
 /// The console shows a digest task's events and cancels it before it is

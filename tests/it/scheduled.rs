@@ -59,6 +59,19 @@ max = 1
 window = "1h"
 "#;
 
+const NIGHT_TIP: &str = r#"
+biz_type = "NIGHT_TIP"
+key_policy = "per-event@^1"
+channels = ["inbox"]
+window = "1h"
+tz_attribute = "tz"
+quiet = { from = "22:00", to = "08:00" }
+
+[caps.six-hourly]
+max = 1
+window = "6h"
+"#;
+
 const BROADCAST: &str = r#"
 biz_type = "BROADCAST"
 key_policy = "per-event@^1"
@@ -94,6 +107,7 @@ async fn serve(redis: &RedisServer, sim: &Sim, dir: &Path, extra: &str) -> Serve
         ("daily.toml", DAILY),
         ("hourly.toml", HOURLY),
         ("broadcast.toml", BROADCAST),
+        ("night-tip.toml", NIGHT_TIP),
     ] {
         std::fs::write(policies.join(name), text).unwrap();
     }
@@ -112,6 +126,11 @@ fn event(biz_type: &str, biz_id: &str, more: Value) -> Value {
         e[k] = v.clone();
     }
     e
+}
+
+/// An event of `biz_type` for user `u-7` with `send_at` at `ms`.
+fn event_at(biz_type: &str, biz_id: &str, ms: i64) -> Value {
+    event(biz_type, biz_id, json!({"send_at": rfc3339(ms)}))
 }
 
 /// A fixed UTC offset, whole minutes in -12h..+12h, as `±HH:MM`, that puts
@@ -150,7 +169,7 @@ async fn an_event_with_send_at_is_sent_once_and_not_before() {
     let dir = tempfile::tempdir().unwrap();
     let host = serve(&redis, &sim, dir.path(), "").await;
     let send_at = now_ms() + 4000;
-    let body = event("REMINDER", "r-1", json!({"send_at": rfc3339(send_at)}));
+    let body = event_at("REMINDER", "r-1", send_at);
     let r = host.post_event(&body).await;
     assert_eq!(r["result"], "accepted", "{r}");
     assert_eq!(r["scheduled_for"].as_i64(), Some(send_at), "{r}");
@@ -240,6 +259,40 @@ async fn a_scheduled_send_cancelled_before_send_at_is_never_sent() {
         .map(|m| m.recipient.clone())
         .collect();
     assert_eq!(recipients, ["u-8"], "only the event not cancelled was sent");
+}
+
+/// A cancelled send is never sent, so it takes no room in a cap: with a
+/// cap of 1 a day, an event scheduled for tomorrow noon and cancelled with
+/// `release_permit` is accepted when posted again; that one cancelled
+/// keeping its permit stays a duplicate, and another event for tomorrow is
+/// accepted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancelled_send_gives_its_room_in_a_cap_back() {
+    let redis = RedisServer::start().await.unwrap();
+    let sim = providers::sim().await;
+    let dir = tempfile::tempdir().unwrap();
+    let host = serve(&redis, &sim, dir.path(), "").await;
+    let tomorrow = now_ms().div_euclid(DAY_MS) * DAY_MS + DAY_MS;
+    let noon = tomorrow + 12 * HOUR;
+    let first = host.post_event(&event_at("DAILY_TIP", "c-1", noon)).await;
+    assert_eq!(first["result"], "accepted", "{first}");
+    let released = host
+        .cancel_event("DAILY_TIP", "c-1", &json!({"release_permit": true}))
+        .await;
+    assert_eq!(released["channels"][0]["permit"], "released", "{released}");
+
+    let again = host.post_event(&event_at("DAILY_TIP", "c-1", noon)).await;
+    assert_eq!(again["result"], "accepted", "{again}");
+    assert_ne!(again["task_id"], first["task_id"], "{again}");
+    host.cancel_event("DAILY_TIP", "c-1", &json!({})).await;
+    let repost = host.post_event(&event_at("DAILY_TIP", "c-1", noon)).await;
+    assert_eq!(repost["result"], "duplicate", "its permit kept: {repost}");
+    let other = host.post_event(&event_at("DAILY_TIP", "c-2", noon)).await;
+    assert_eq!(other["result"], "accepted", "{other}");
+    let capped = host
+        .post_event(&event_at("DAILY_TIP", "c-3", tomorrow + 13 * HOUR))
+        .await;
+    assert_eq!(capped["result"], "capped", "c-2 takes tomorrow: {capped}");
 }
 
 /// Quiet hours 22:00–08:00 are judged at `send_at`: a `send_at` at 23:00
@@ -349,11 +402,7 @@ async fn caps_are_judged_at_send_at() {
     assert_eq!(first["result"], "accepted", "{first}");
     assert_eq!(first["scheduled_for"].as_i64(), Some(tomorrow + 12 * HOUR));
     let second = host
-        .post_event(&event(
-            "DAILY_TIP",
-            "d-3",
-            json!({"send_at": rfc3339(tomorrow + 13 * HOUR)}),
-        ))
+        .post_event(&event_at("DAILY_TIP", "d-3", tomorrow + 13 * HOUR))
         .await;
     assert_eq!(second["result"], "capped", "{second}");
     assert_eq!(second["cap"], "DAILY_TIP/daily");
@@ -383,11 +432,7 @@ async fn caps_are_judged_at_send_at() {
     let now_at = view.body["accepted_at"].as_i64().unwrap();
     let in_two = now_at + 2 * HOUR;
     let later = host
-        .post_event(&event(
-            "HOURLY_TIP",
-            "h-2",
-            json!({"send_at": rfc3339(in_two)}),
-        ))
+        .post_event(&event_at("HOURLY_TIP", "h-2", in_two))
         .await;
     assert_eq!(later["result"], "accepted", "{later}");
     for (biz_id, at, until) in [
@@ -395,25 +440,68 @@ async fn caps_are_judged_at_send_at() {
         ("h-4", now_at + 30 * MINUTE, now_at + HOUR),
         ("h-5", now_at + 90 * MINUTE, in_two + HOUR),
     ] {
-        let r = host
-            .post_event(&event(
-                "HOURLY_TIP",
-                biz_id,
-                json!({"send_at": rfc3339(at)}),
-            ))
-            .await;
+        let r = host.post_event(&event_at("HOURLY_TIP", biz_id, at)).await;
         assert_eq!(r["result"], "capped", "{biz_id}: {r}");
         assert_eq!(r["cap"], "HOURLY_TIP/hourly");
         assert_eq!(r["next_allowed_at"].as_i64(), Some(until), "{biz_id}: {r}");
     }
     let after = host
-        .post_event(&event(
-            "HOURLY_TIP",
-            "h-6",
-            json!({"send_at": rfc3339(in_two + HOUR)}),
-        ))
+        .post_event(&event_at("HOURLY_TIP", "h-6", in_two + HOUR))
         .await;
     assert_eq!(after["result"], "accepted", "{after}");
+}
+
+/// A cap counts a message when it is sent, and quiet hours send at their
+/// end: with 1 per 6 h and quiet hours 22:00–08:00, an event at 23:00
+/// local waits for 08:00; another one for 07:00 local (`send_at`, inside
+/// the quiet hours too) would go out at 08:00 with it, so it is capped
+/// until 14:00; one for 14:00 is accepted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn caps_count_a_message_held_by_quiet_hours_at_their_end() {
+    let redis = RedisServer::start().await.unwrap();
+    let sim = providers::sim().await;
+    let dir = tempfile::tempdir().unwrap();
+    let host = serve(&redis, &sim, dir.path(), "").await;
+
+    let now = now_ms();
+    let (tz, offset) = zone_putting(now, 23 * HOUR);
+    let eight = next_eight(now, offset);
+    let night = host
+        .post_event(&event(
+            "NIGHT_TIP",
+            "n-1",
+            json!({"attributes": {"tz": tz}}),
+        ))
+        .await;
+    assert_eq!(night["result"], "accepted", "{night}");
+    assert_eq!(
+        night["scheduled_for"].as_i64(),
+        Some(eight),
+        "tz {tz}: {night}"
+    );
+    let morning = host
+        .post_event(&event(
+            "NIGHT_TIP",
+            "n-2",
+            json!({"attributes": {"tz": tz}, "send_at": rfc3339(eight - HOUR)}),
+        ))
+        .await;
+    assert_eq!(morning["result"], "capped", "tz {tz}: {morning}");
+    assert_eq!(morning["cap"], "NIGHT_TIP/six-hourly");
+    assert_eq!(
+        morning["next_allowed_at"].as_i64(),
+        Some(eight + 6 * HOUR),
+        "{morning}"
+    );
+    let afternoon = host
+        .post_event(&event(
+            "NIGHT_TIP",
+            "n-3",
+            json!({"attributes": {"tz": tz}, "send_at": rfc3339(eight + 6 * HOUR)}),
+        ))
+        .await;
+    assert_eq!(afternoon["result"], "accepted", "{afternoon}");
+    assert_eq!(afternoon["scheduled_for"].as_i64(), Some(eight + 6 * HOUR));
 }
 
 /// With `send_at = { grace = "1m", horizon = "2d" }`: a `send_at` two
@@ -456,11 +544,7 @@ async fn send_at_outside_its_bounds_or_not_a_time_is_refused_naming_it() {
         assert!(detail.contains(says), "{send_at}: {detail}");
     }
     let late = host
-        .post_event(&event(
-            "REMINDER",
-            "b-2",
-            json!({"send_at": rfc3339(now - 30_000)}),
-        ))
+        .post_event(&event_at("REMINDER", "b-2", now - 30_000))
         .await;
     assert_eq!(late["result"], "accepted", "{late}");
     assert!(late.get("scheduled_for").is_none(), "sent at once: {late}");
@@ -472,7 +556,7 @@ async fn send_at_outside_its_bounds_or_not_a_time_is_refused_naming_it() {
 
     let at = now_ms() + HOUR;
     let batch = json!({"events": [
-        event("REMINDER", "b-3", json!({"send_at": rfc3339(at)})),
+        event_at("REMINDER", "b-3", at),
         event("REMINDER", "b-4", json!({"send_at": "soon"})),
         event("REMINDER", "b-5", json!({})),
     ]});
@@ -498,11 +582,7 @@ async fn send_at_outside_its_bounds_or_not_a_time_is_refused_naming_it() {
     let far = host
         .post(
             "/v1/events",
-            &event(
-                "BROADCAST",
-                "b-6",
-                json!({"send_at": rfc3339(now_ms() + 2 * HOUR)}),
-            ),
+            &event_at("BROADCAST", "b-6", now_ms() + 2 * HOUR),
         )
         .await
         .unwrap();
@@ -517,11 +597,7 @@ async fn send_at_outside_its_bounds_or_not_a_time_is_refused_naming_it() {
         far.body
     );
     let near = host
-        .post_event(&event(
-            "BROADCAST",
-            "b-7",
-            json!({"send_at": rfc3339(now_ms() + 30 * MINUTE)}),
-        ))
+        .post_event(&event_at("BROADCAST", "b-7", now_ms() + 30 * MINUTE))
         .await;
     assert_eq!(near["result"], "accepted", "{near}");
 }

@@ -3,7 +3,9 @@
 -- task, atomically, after the channel's frequency caps (if any) had room;
 -- quiet hours (if any) schedule the first attempt for their end instead of
 -- enqueueing it. An event with a later send_at is scheduled for then, and
--- its caps and quiet hours are judged at send_at (t0 below), not now. In Bloom mode (a channel's nbits > 0) no permit is taken:
+-- its caps and quiet hours are judged at send_at (t0 below), not now; a
+-- cap judges and counts a message when it is sent: t0, or the end of the
+-- quiet hours t0 is in. In Bloom mode (a channel's nbits > 0) no permit is taken:
 -- the key's bits in the shard's Bloom filters answer duplicate, else they
 -- are set (see permit/bloom.rs).
 -- The event is stored once, in the event's record in this shard, with the
@@ -21,8 +23,10 @@
 -- then per channel: its permit {ns:shard}:permit:<SHA-1 of the key, 29 hex
 --   digits> (lib.lua's permit_name), its task
 --   {ns:shard}:task:<task-id>, its caps' zsets {ns:s}:cap:<name>:<subject>
---   (scored by send time: t0), and in Bloom mode the shard's filters of even
---   and odd window periods {ns:shard}:bloom:<name>:<window>:<m>:<k>:0|1,
+--   (scored by send time: t0, or the end of the quiet hours it is in;
+--   a task's `caps` field names them for a cancel), and in Bloom mode the
+--   shard's filters of even and odd window periods
+--   {ns:shard}:bloom:<name>:<window>:<m>:<k>:0|1,
 --   and with a digest the key's digest head {ns:shard}:digest:<key> (hash:
 --   task, gen) and the event's item mark {ns:shard}:digested:<key>:<item id>
 -- ARGV[1] the record's name after `event:` (`<biz_type>:<biz_id>`), or ''
@@ -191,8 +195,9 @@ end
 
 -- Drops what cap i of channel c counts for no send from now on; returns
 -- {name, next allowed} when it has no room for a message sent at t0
--- (now, or a later send_at). A calendar cap counts the recipient's day
--- holding t0; a rolling cap every window of its length holding t0.
+-- (now, a later send_at, or the end of the quiet hours holding it back).
+-- A calendar cap counts the recipient's day holding t0; a rolling cap
+-- every window of its length holding t0.
 local function full(c, i, now, t0)
   local key, name, kind, max, param = cap(c, i)
   if kind == 'r' then
@@ -214,9 +219,9 @@ local function full(c, i, now, t0)
   return {name, day}
 end
 
--- Counts channel c's message, sent at t0, in its cap i; the set lives as
--- long as its latest message counts (never shortened: a scheduled message
--- may be counted after a later one).
+-- Counts channel c's message, sent at t0 (`capped`'s time), in its cap i;
+-- the set lives as long as its latest message counts (never shortened: a
+-- scheduled message may be counted after a later one).
 local function count_in(c, i, t0)
   local key, _, kind, _, param = cap(c, i)
   redis.call('ZADD', key, n2s(t0), c.id)
@@ -247,11 +252,24 @@ local function quiet_end(c, now)
   return now + (to - t) % DAY
 end
 
--- The first cap of channel c with no room at t0, as the answer: {'capped',
--- name, next allowed}.
+-- When channel c's first attempt is due, if not now: the end of the quiet
+-- hours t0 falls in, else t0 when it is later than now (send_at); else nil.
+local function due_of(c, now, t0)
+  local due = quiet_end(c, t0)
+  if not due and t0 > now then
+    due = t0
+  end
+  return due
+end
+
+-- The first cap of channel c with no room for its message, as the answer:
+-- {'capped', name, next allowed}. A cap counts a message at its send time:
+-- its first attempt's due time (the end of the quiet hours t0 falls in,
+-- or t0), so messages held back together are judged together.
 local function capped(c, now, t0)
+  local at = due_of(c, now, t0) or t0
   for i = 1, c.ncaps do
-    local f = full(c, i, now, t0)
+    local f = full(c, i, now, at)
     if f then
       return {'capped', f[1], n2s(f[2])}
     end
@@ -301,19 +319,10 @@ local function event_n()
   return text_n
 end
 
--- When channel c's first attempt is due, if not now: the end of the quiet
--- hours t0 falls in, else t0 when it is later than now (send_at); else nil.
-local function due_of(c, now, t0)
-  local due = quiet_end(c, t0)
-  if not due and t0 > now then
-    due = t0
-  end
-  return due
-end
-
 -- Writes channel c's task and enqueues it (or schedules it for send_at or
 -- after the quiet hours), puts its payload in the event record and counts
--- it in the caps at t0; `permit` is false in Bloom mode.
+-- it in the caps at its send time (as `capped` judged them); `permit` is
+-- false in Bloom mode.
 local function enqueue(c, now, t0, permit)
   local at = n2s(now)
   -- No `updated_at` yet (a reader takes accepted_at).
@@ -324,6 +333,11 @@ local function enqueue(c, now, t0, permit)
   if not permit then
     fields[#fields + 1] = 'dedup'
     fields[#fields + 1] = 'bloom'
+  end
+  if c.ncaps > 0 then
+    -- The cap sets counting it, one a line: a cancel takes it out of them.
+    fields[#fields + 1] = 'caps'
+    fields[#fields + 1] = table.concat({unpack(KEYS, c.capkeys, c.capkeys + c.ncaps - 1)}, '\n')
   end
   -- One HSET per task: a command per field group is Redis time per channel.
   redis.call('HSET', c.task, unpack(fields))
@@ -344,7 +358,7 @@ local function enqueue(c, now, t0, permit)
     ready[#ready + 1] = c.id
   end
   for i = 1, c.ncaps do
-    count_in(c, i, t0)
+    count_in(c, i, due or t0)
   end
   created[#created + 1] = c.id
   return {'accepted', c.id, due and n2s(due) or ''}
@@ -444,7 +458,9 @@ local function digest_accept(c, now, t0)
       end
       return digest_append(c, open, prefix .. open, t[3])
     end
-    -- A cancelled digest never began: it swallows no later event.
+    -- A cancelled digest never began: it swallows no later event
+    -- (cancel.lua takes it out of the head; a head written before that
+    -- still names it).
     if c.dafter == 'd' and t[1] ~= 'cancelled' then
       return {'duplicate', open, t[1] or ''}
     end

@@ -5,7 +5,9 @@
 -- so whichever runs first wins (a begun task is `sending` or later here; a
 -- cancelled one is `settled` there).
 -- KEYS[1] task, KEYS[2] permit, KEYS[3] delayed zset, KEYS[4] ready stream,
--- KEYS[5] awaiting zset (the shard's held index is named after it)
+-- KEYS[5] awaiting zset (the shard's held index is named after it),
+-- KEYS[6..] the cap sets counting the task (its `caps` field; the
+-- recipient's shard, the task's own on a cluster: docs/caps.md)
 -- ARGV[1] task id, ARGV[2] '1' to release the permit (owner-checked), else
 -- it stays for the window, ARGV[3] retention ms, ARGV[4] consumer group,
 -- ARGV[5] the business id of the event cancelled (for a digest task: its
@@ -29,9 +31,10 @@ end
 -- kept); an event whose mark is gone (released) is not in the digest: a
 -- retried cancel of either answers as the first did and changes nothing.
 local mark = nil
-if redis.call('HEXISTS', KEYS[1], 'items') == 1 then
-  local tag = shard_tag(KEYS[1], id)
-  local base = (string.gsub(redis.call('HGET', KEYS[1], 'key') or '', '#%d+$', ''))
+local digest = redis.call('HEXISTS', KEYS[1], 'items') == 1
+local tag = shard_tag(KEYS[1], id)
+local base = (string.gsub(redis.call('HGET', KEYS[1], 'key') or '', '#%d+$', ''))
+if digest then
   local m = tag .. 'digested:' .. base .. ':' .. ARGV[5]
   local v = redis.call('GET', m) or ''
   if string.match(v, '^%S+') == id then
@@ -87,6 +90,20 @@ redis.call('HSET', KEYS[1], 'status', 'cancelled', 'cancelled_at', at,
   fate == 'released' and '1' or '0')
 redis.call('ZREM', KEYS[3], id)
 redis.call('ZREM', KEYS[5], id)
+-- Never sent, it takes no room in its caps (their sets are KEYS[6] on).
+for i = 6, #KEYS do
+  redis.call('ZREM', KEYS[i], id)
+end
+-- A digest cancelled whole never began: its key's head forgets it, keeping
+-- its generation, so the next event opens the next digest (accept.lua),
+-- also once this task has left Redis (a head naming a task that is gone
+-- is a digest that began and was sent).
+if digest then
+  local head = tag .. 'digest:' .. base
+  if redis.call('HGET', head, 'task') == id then
+    redis.call('HDEL', head, 'task')
+  end
+end
 redis.call('ZREM', held_index(KEYS[5], 'awaiting'), id)
 -- Its ready entry, when it still has one: written by the accept in the same
 -- millisecond as `accepted_at` (looked for from a second before, among the

@@ -41,6 +41,8 @@ struct CancelArgs<'a> {
     ready: String,
     /// KEYS[5]: the shard's awaiting index (the held index is named after it).
     awaiting: String,
+    /// KEYS[6..]: the cap sets counting the task (its `caps` field).
+    caps: Vec<String>,
     /// ARGV[1]: the task id.
     task_id: &'a str,
     /// ARGV[2]: release the permit (owner-checked) instead of keeping it for the window.
@@ -63,6 +65,7 @@ impl Transition for CancelArgs<'_> {
             .key(&*self.delayed)
             .key(&*self.ready)
             .key(&*self.awaiting)
+            .keys(self.caps.iter().cloned())
             .arg(self.task_id)
             .flag(self.release)
             .num(self.retention_ms)
@@ -76,6 +79,9 @@ impl Permits {
     /// no attempt counted): it ends `cancelled`, leaves the delayed set and
     /// the ready stream, and its permit stays for the window unless
     /// `release` (then deleted, owner-checked, so a re-post is accepted).
+    /// Never sent, it leaves the cap sets that counted it; a digest
+    /// cancelled whole leaves its key's digest head (the next event opens
+    /// the next digest).
     /// The task keeps the retention; [`Permits::note_cancelled`] writes the
     /// ledger and lets it leave. A digest task holding other events than
     /// event `biz_id` only loses that event ([`Cancel::Removed`]).
@@ -87,7 +93,15 @@ impl Permits {
     ) -> Result<Cancel, PermitError> {
         let task_key = self.task_key(task_id)?;
         let shard = self.shard_of(task_id)?;
-        let Some(key) = self.task_idempotency_key(&task_key).await? else {
+        // The key names the permit; `caps` the sets counting the task
+        // (accept.lua writes both once, at accept).
+        let (key, caps): (Option<String>, Option<String>) = redis::cmd("HMGET")
+            .arg(&task_key)
+            .arg("key")
+            .arg("caps")
+            .query_async(&mut self.conn.clone())
+            .await?;
+        let Some(key) = key else {
             return Ok(Cancel::Missing);
         };
         let answer: Value = self
@@ -97,6 +111,10 @@ impl Permits {
                 delayed: self.layout.delayed(shard),
                 ready: self.layout.ready(shard),
                 awaiting: self.layout.awaiting(shard),
+                caps: caps
+                    .as_deref()
+                    .map(|c| c.split('\n').map(str::to_string).collect())
+                    .unwrap_or_default(),
                 task_id,
                 release,
                 retention_ms: millis(self.config.retention).max(1),

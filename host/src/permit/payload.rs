@@ -83,6 +83,8 @@ pub(crate) struct DigestItems<'a> {
     pub(crate) count: &'a str,
     /// The items kept, as JSON array text.
     pub(crate) items: &'a str,
+    /// The business id of the event that opened the digest.
+    pub(crate) opener: &'a str,
 }
 
 /// The parameter naming how many events a digest gathered.
@@ -93,14 +95,34 @@ pub const DIGEST_ITEMS: &str = "digest_items";
 impl Payload {
     /// This payload as a digest's message: its own parameters (those of the
     /// event that opened the digest, so a channel that knows nothing of
-    /// digests sends the first item) followed by `digest_count` and
-    /// `digest_items`.
+    /// digests sends the first item; once that event was cancelled out of
+    /// the digest, those of the first item it still carries) followed by
+    /// `digest_count` and `digest_items`.
     fn with_digest(mut self, digest: DigestItems<'_>) -> Payload {
+        if let Some(params) = digest.first_params() {
+            self.params = params;
+        }
         self.params
             .push((DIGEST_COUNT.to_string(), digest.count.to_string()));
         self.params
             .push((DIGEST_ITEMS.to_string(), digest.items.to_string()));
         self
+    }
+}
+
+impl DigestItems<'_> {
+    /// The parameters of the first item kept, when it is not the opening
+    /// event (that one was taken out: `cancel.lua`), in the order a
+    /// payload holds an event's parameters (by name).
+    fn first_params(&self) -> Option<Vec<(String, String)>> {
+        #[derive(serde::Deserialize)]
+        struct Item {
+            biz_id: String,
+            params: std::collections::BTreeMap<String, String>,
+        }
+        let items: Vec<Item> = serde_json::from_str(self.items).ok()?;
+        let first = items.into_iter().next()?;
+        (first.biz_id != self.opener).then(|| first.params.into_iter().collect())
     }
 }
 

@@ -180,6 +180,7 @@ impl Task {
         let digest = self.fields.get("items").map(|count| DigestItems {
             count,
             items: self.fields.get("digest_items").map_or("[]", String::as_str),
+            opener: &self.biz_id,
         });
         self.parsed_payload.get(&self.payload, digest)
     }

@@ -25,7 +25,9 @@ enum Command {
     Keys(cli::keys::Args),
     /// Validate policy files, or compare the keys of two policy sets.
     Policies(cli::policies::Args),
-    /// Run dispatcher workers against a Redis.
+    /// Development and test only: dispatcher workers whose sender sends
+    /// nothing (it records each message in a file and marks it sent);
+    /// refused without --dev-sender.
     Worker(cli::worker::Args),
     /// Run the whole host: HTTP API, dispatcher workers, embedded Redis if no URL.
     Serve(cli::serve::Args),

@@ -1,5 +1,5 @@
 //! Real `pushonce` processes for tests: find the binary next to the test
-//! executable, run `pushonce worker` with arguments, kill it with SIGKILL or
+//! executable, run `pushonce worker --dev-sender` with arguments, kill it with SIGKILL or
 //! stop it with SIGTERM, and read the ledger its development sender writes.
 
 use std::collections::HashMap;
@@ -41,13 +41,13 @@ pub struct PushonceProcess {
 }
 
 impl PushonceProcess {
-    /// Starts `pushonce worker --redis <url> --ledger <ledger> <extra…>`;
+    /// Starts `pushonce worker --dev-sender --redis <url> --ledger <ledger> <extra…>`;
     /// its stderr goes to `<ledger>.<n>.log`.
     pub fn spawn(url: &str, ledger: &Path, extra: &[&str]) -> anyhow::Result<PushonceProcess> {
         Self::worker(["--redis", url], ledger, extra)
     }
 
-    /// Starts `pushonce worker --redis-cluster <urls> --ledger <ledger> <extra…>`
+    /// Starts `pushonce worker --dev-sender --redis-cluster <urls> --ledger <ledger> <extra…>`
     /// (`urls` separated by commas, e.g. `RedisCluster::urls_env`).
     pub fn spawn_cluster(
         urls: &str,
@@ -60,7 +60,7 @@ impl PushonceProcess {
     fn worker(redis: [&str; 2], ledger: &Path, extra: &[&str]) -> anyhow::Result<PushonceProcess> {
         let log = ledger.with_extension(format!("{}.log", rand_suffix()));
         let mut cmd = Command::new(pushonce_bin()?);
-        cmd.arg("worker")
+        cmd.args(["worker", "--dev-sender"])
             .args(redis)
             .arg("--ledger")
             .arg(ledger)

@@ -77,7 +77,7 @@ async fn a_data_dir_too_deep_for_a_socket_falls_back_to_a_loopback_port() {
 fn without_redis_server_the_error_says_how_to_install_it() {
     let dir = tempfile::tempdir().unwrap();
     let out = Command::new(pushonce_bin().unwrap())
-        .args(["worker", "--data-dir"])
+        .args(["worker", "--dev-sender", "--data-dir"])
         .arg(dir.path().join("redis"))
         .arg("--ledger")
         .arg(dir.path().join("ledger.jsonl"))

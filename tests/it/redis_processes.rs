@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use pushonce::permit::{AcceptRequest, Acceptance, PermitConfig, Permits, RetryPolicy, TaskStatus};
 use pushonce_tests::fixtures::accept_request;
-use pushonce_tests::process::{PushonceProcess, read_ledger, sent_by_key};
+use pushonce_tests::process::{PushonceProcess, pushonce_bin, read_ledger, sent_by_key};
 use pushonce_tests::redis::RedisServer;
 use pushonce_tests::wait_until;
 
@@ -200,5 +200,60 @@ async fn sigterm_stops_a_worker_after_its_send_in_flight() {
     assert_eq!(
         permits.task(&id).await.unwrap().unwrap().status,
         TaskStatus::Sent
+    );
+}
+
+/// `pushonce worker` sends nothing (its sender only records each message in
+/// a file and marks it sent), so an operator who sourced the production
+/// environment and ran it to add capacity must not take real tasks: without
+/// `--dev-sender` it exits non-zero saying what it is and what to run
+/// instead, and the queued task stays queued, recorded nowhere.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_without_dev_sender_refuses_and_leaves_the_task_queued() {
+    let server = RedisServer::start().await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let permits = server.permits(PermitConfig::default()).await.unwrap();
+    let ids = accept_all(&permits, &["push:production:1".to_string()]).await;
+    let id = ids.values().next().unwrap().clone();
+
+    let log = dir.path().join("worker.log");
+    let mut child = std::process::Command::new(pushonce_bin().unwrap())
+        .arg("worker")
+        .current_dir(dir.path())
+        .env("PUSHONCE_REDIS_URL", server.url())
+        .env("PUSHONCE_LEDGER_URL", server.ledger_url())
+        .env("RUST_LOG", "info")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let mut status = None;
+    let exited = wait_until(Duration::from_secs(10), || {
+        status = child.try_wait().unwrap();
+        std::future::ready(status.is_some())
+    })
+    .await;
+    if exited.is_err() {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+    let task = permits.task(&id).await.unwrap().unwrap();
+    let stderr = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        status.is_some_and(|s| !s.success()),
+        "expected a refusal, got {status:?} (task {:?}); log:\n{stderr}",
+        task.status
+    );
+    assert!(
+        stderr.contains("pushonce worker sends nothing")
+            && stderr.contains("pass --dev-sender")
+            && stderr.contains("pushonce serve"),
+        "{stderr}"
+    );
+    assert_eq!(task.status, TaskStatus::Queued);
+    assert!(
+        !dir.path().join("data/ledger.jsonl").exists(),
+        "nothing recorded"
     );
 }

@@ -1,5 +1,11 @@
-//! `pushonce worker`: run dispatcher workers against a Redis, sending through
-//! the development ledger sender until channel plugins land.
+//! `pushonce worker --dev-sender`: dispatcher workers for development and
+//! tests. They send nothing: the development sender only appends each
+//! message to a file (`--ledger`) and answers as the faults on the command
+//! line say, so a task it takes is recorded sent without any provider ever
+//! seeing it. Without `--dev-sender` it refuses to start, and it reads no
+//! `PUSHONCE_*` variable, so an operator who sourced a production
+//! environment cannot take real tasks with it by accident. More delivery
+//! capacity is another `pushonce serve` (with `dispatch = true`).
 //!
 //! Stops on SIGTERM or Ctrl-C: no new entries are read, the attempts in flight
 //! finish and are recorded. `kill -9` is survived by the other instances.
@@ -27,21 +33,21 @@ pub struct Args {
 /// The options of `pushonce worker`.
 #[derive(Debug, clap::Args)]
 struct Options {
-    /// Redis URL (`redis://`, `redis+unix://`); without it an embedded redis-server is started.
-    #[arg(long, env = "PUSHONCE_REDIS_URL")]
+    /// Required: run with the development sender, which sends nothing (it
+    /// records each message in --ledger and marks its task sent).
+    #[arg(long)]
+    dev_sender: bool,
+    /// Redis URL (`redis://`, `redis+unix://`); without it an embedded
+    /// redis-server is started. Never read from `PUSHONCE_REDIS_URL`.
+    #[arg(long)]
     redis: Option<String>,
     /// A Redis Cluster instead: node URLs (`redis://host:port`), separated by commas.
-    #[arg(
-        long,
-        env = "PUSHONCE_REDIS_CLUSTER",
-        value_delimiter = ',',
-        conflicts_with = "redis"
-    )]
+    #[arg(long, value_delimiter = ',', conflicts_with = "redis")]
     redis_cluster: Vec<String>,
     /// The delivery ledger every send is claimed in (`sqlite:<path>` or
     /// `postgres://…`, the same for every instance); without it none (as
     /// `ledger_url = "off"`: unsafe against a Redis failover that loses permits).
-    #[arg(long, env = "PUSHONCE_LEDGER_URL")]
+    #[arg(long)]
     ledger_url: Option<String>,
     /// Data directory of the embedded redis-server.
     #[arg(long, default_value = "data/redis")]
@@ -93,8 +99,14 @@ struct Options {
     hold_after_send: Duration,
 }
 
+/// Why `pushonce worker` refuses to start without `--dev-sender`.
+const NEEDS_DEV_SENDER: &str = "pushonce worker sends nothing: it is a development and test worker whose sender only appends each message to a file (--ledger) and marks its task sent, so a real task it takes is never delivered. To add delivery capacity, run another `pushonce serve` (dispatch = true) instead; to run this worker for development or tests, pass --dev-sender";
+
 /// Run `pushonce worker`.
 pub fn run(args: Args) -> anyhow::Result<()> {
+    if !args.options.dev_sender {
+        anyhow::bail!(NEEDS_DEV_SENDER);
+    }
     crate::files::private_files();
     tokio::runtime::Builder::new_multi_thread()
         .enable_all()

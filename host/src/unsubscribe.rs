@@ -77,6 +77,22 @@ pub enum LinkError {
     },
 }
 
+/// `[unsubscribe] secret_env` names a variable that is unset or shorter
+/// than [`MIN_SECRET_BYTES`]: `serve` refuses to start, doctor fails its
+/// `unsubscribe.secret` check.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[error(
+    "unsubscribe.secret_env: the variable {variable} is {found}: set it to a random secret of at least {min} bytes (the same on every instance), or remove `secret_env` to write no unsubscribe links"
+)]
+pub struct SecretError {
+    /// The variable `secret_env` names.
+    pub variable: String,
+    /// What it holds instead (`unset or empty`, `12 bytes long`).
+    pub found: String,
+    /// The shortest secret accepted.
+    pub min: usize,
+}
+
 /// Writes and checks unsubscribe links with one secret.
 #[derive(Clone)]
 pub struct UnsubscribeLinks {
@@ -95,6 +111,37 @@ impl std::fmt::Debug for UnsubscribeLinks {
 }
 
 impl UnsubscribeLinks {
+    /// The links `[unsubscribe]` configures, their secret read through
+    /// `env` from the variable `secret_env` names: `None` when `secret_env`
+    /// is unset (no links written); that variable unset, empty or shorter
+    /// than [`MIN_SECRET_BYTES`] is refused.
+    pub fn from_config(
+        settings: &crate::config::UnsubscribeConfig,
+        env: &dyn Fn(&str) -> Option<String>,
+    ) -> Result<Option<UnsubscribeLinks>, SecretError> {
+        let Some(variable) = &settings.secret_env else {
+            return Ok(None);
+        };
+        let secret = env(variable).unwrap_or_default();
+        if secret.len() < MIN_SECRET_BYTES {
+            return Err(SecretError {
+                variable: variable.clone(),
+                found: if secret.is_empty() {
+                    "unset or empty".into()
+                } else {
+                    format!("{} bytes long", secret.len())
+                },
+                min: MIN_SECRET_BYTES,
+            });
+        }
+        let base_url = settings.base_url.as_deref().unwrap_or_default();
+        Ok(Some(UnsubscribeLinks::new(
+            secret.as_bytes(),
+            base_url,
+            settings.link_ttl,
+        )))
+    }
+
     /// Links signed with `secret` (at least [`MIN_SECRET_BYTES`]), under
     /// `base_url` (the host as the recipients' mail systems reach it, e.g.
     /// `https://push.example.com`), each good for `ttl`.

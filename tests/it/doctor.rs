@@ -437,3 +437,43 @@ async fn an_email_channel_without_unsubscribe_links_is_a_warning_naming_the_sett
         "expected the unsubscribe checks ok with the links on:\n{out}"
     );
 }
+
+/// `[unsubscribe] secret_env` naming a variable that is unset, or holds
+/// fewer than 32 bytes, stops `serve` at start: doctor fails the same way,
+/// naming the variable, and exits non-zero; a long enough secret is ok.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unset_or_short_unsubscribe_secret_fails_as_serve_would_refuse_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let redis = RedisServer::start().await.unwrap();
+    let setup = Setup::new(
+        dir.path(),
+        &[("[reconcile]\n", &format!("{UNSUBSCRIBE}\n[reconcile]\n"))],
+    )
+    .on(&redis);
+    let var = "PUSHONCE_UNSUBSCRIBE_SECRET";
+
+    let unset = setup.with(var, None).doctor().await;
+    assert_fails_naming(&unset, "unsubscribe.secret", var);
+    assert!(
+        line(&unset.1, "unsubscribe.secret").contains("unset or empty"),
+        "{}",
+        unset.1
+    );
+
+    let short = setup.with(var, Some("twelve-bytes")).doctor().await;
+    assert_fails_naming(&short, "unsubscribe.secret", var);
+    assert!(
+        line(&short.1, "unsubscribe.secret").contains("12 bytes long"),
+        "{}",
+        short.1
+    );
+
+    let (passed, out) = setup
+        .with(var, Some("a-test-secret-of-more-than-32-bytes-0123456789"))
+        .doctor()
+        .await;
+    assert!(
+        passed && line(&out, "unsubscribe.secret").starts_with("ok"),
+        "{out}"
+    );
+}

@@ -1,6 +1,8 @@
 //! What the deployment itself brings: the plugins and policies loaded, and
 //! for each channel instance its plugin's capabilities, its credentials and
-//! its callback route; and the API and admin tokens when the host listens
+//! its callback route; the unsubscribe secret when `[unsubscribe]
+//! secret_env` is set (`UnsubscribeLinks::from_config`, the check `serve`
+//! makes at start); and the API and admin tokens when the host listens
 //! beyond loopback (`HostConfig::check_exposure`, the check `serve` makes
 //! before binding).
 
@@ -10,13 +12,43 @@ use super::{Check, Deployment, Status};
 use crate::config::ChannelConfig;
 use crate::plugin::Plugin;
 use crate::send::plugin::{PluginSender, SenderSetupError};
+use crate::unsubscribe::{MIN_SECRET_BYTES, UnsubscribeLinks};
 
 /// The deployment checks.
 pub(super) async fn checks(d: &Deployment<'_>) -> Vec<Check> {
     let mut checks = vec![plugins(d)];
     checks.extend(channels(d).await);
+    checks.extend(unsubscribe_secret(d));
     checks.push(exposure(d));
     checks
+}
+
+/// The secret that signs unsubscribe links, judged as `serve` judges it at
+/// start (`None`: `[unsubscribe] secret_env` is unset, no links are written).
+fn unsubscribe_secret(d: &Deployment<'_>) -> Option<Check> {
+    let settings = &d.config.unsubscribe;
+    let variable = settings.secret_env.as_deref()?;
+    let name = "unsubscribe.secret";
+    Some(match UnsubscribeLinks::from_config(settings, d.env) {
+        Ok(_) => Check::ok(
+            name,
+            format!(
+                "{variable} holds a secret of at least {MIN_SECRET_BYTES} bytes; links point at {}",
+                settings.base_url.as_deref().unwrap_or_default()
+            ),
+        ),
+        Err(e) => Check::fail(
+            name,
+            format!(
+                "[unsubscribe] secret_env names {}, which is {}: the host will not start",
+                e.variable, e.found
+            ),
+            format!(
+                "set {} to a random secret of at least {} bytes (e.g. `openssl rand -hex 32`), the same on every instance, or remove [unsubscribe] secret_env to write no unsubscribe links",
+                e.variable, e.min
+            ),
+        ),
+    })
 }
 
 fn plugins(d: &Deployment<'_>) -> Check {

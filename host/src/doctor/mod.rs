@@ -14,7 +14,8 @@
 //!   instance on the Redis uses (a SQLite ledger with more than one
 //!   instance seen fails, naming a PostgreSQL URL as the fix).
 //! - The deployment ([`deploy`]): plugins loaded and each channel's
-//!   capabilities, credentials and callback route; the API and admin tokens
+//!   capabilities, credentials and callback route; the unsubscribe secret
+//!   (as `serve` refuses an unset or short one); the API and admin tokens
 //!   when listening beyond loopback.
 
 pub mod deploy;

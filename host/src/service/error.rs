@@ -62,17 +62,8 @@ pub enum ServiceError {
     #[error(transparent)]
     Config(#[from] crate::config::ConfigError),
     /// `[unsubscribe] secret_env` names a variable that is unset or too short.
-    #[error(
-        "unsubscribe.secret_env: the variable {variable} is {found}: set it to a random secret of at least {min} bytes (the same on every instance), or remove `secret_env` to write no unsubscribe links"
-    )]
-    UnsubscribeSecret {
-        /// The variable.
-        variable: String,
-        /// What it holds instead (`unset`, `12 bytes long`).
-        found: String,
-        /// The shortest secret accepted.
-        min: usize,
-    },
+    #[error(transparent)]
+    UnsubscribeSecret(#[from] crate::unsubscribe::SecretError),
     /// A task of the host panicked.
     #[error("host task failed: {0}")]
     Join(#[from] tokio::task::JoinError),

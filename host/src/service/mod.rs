@@ -341,29 +341,10 @@ fn unsubscribe_links(
     config: &HostConfig,
     env: &EnvLookup,
 ) -> Result<Option<crate::unsubscribe::UnsubscribeLinks>, ServiceError> {
-    let settings = &config.unsubscribe;
-    let Some(variable) = &settings.secret_env else {
-        return Ok(None);
-    };
-    let min = crate::unsubscribe::MIN_SECRET_BYTES;
-    let secret = env(variable).unwrap_or_default();
-    if secret.len() < min {
-        return Err(ServiceError::UnsubscribeSecret {
-            variable: variable.clone(),
-            found: if secret.is_empty() {
-                "unset or empty".into()
-            } else {
-                format!("{} bytes long", secret.len())
-            },
-            min,
-        });
-    }
-    let base_url = settings.base_url.as_deref().unwrap_or_default();
-    Ok(Some(crate::unsubscribe::UnsubscribeLinks::new(
-        secret.as_bytes(),
-        base_url,
-        settings.link_ttl,
-    )))
+    Ok(crate::unsubscribe::UnsubscribeLinks::from_config(
+        &config.unsubscribe,
+        &**env,
+    )?)
 }
 
 /// What runs beside the API and stops after it.

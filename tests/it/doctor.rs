@@ -10,6 +10,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use pushonce::config::HostConfig;
+use pushonce_tests::cluster::RedisCluster;
 use pushonce_tests::host::{TestHost, repo_root, repository_inputs};
 use pushonce_tests::process::{PushonceProcess, pushonce_bin};
 use pushonce_tests::redis::RedisServer;
@@ -476,4 +477,61 @@ async fn an_unset_or_short_unsubscribe_secret_fails_as_serve_would_refuse_it() {
         passed && line(&out, "unsubscribe.secret").starts_with("ok"),
         "{out}"
     );
+}
+
+/// A Redis Cluster of three masters where one has AOF off and no replica
+/// (the other two: AOF on and a replica each): `redis.durability` fails
+/// naming that master, every time (the masters answer each `INFO` in no
+/// fixed order, so the check is run several times).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_master_without_aof_or_replica_fails_durability_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let cluster = RedisCluster::start(3).await.unwrap();
+    let master = |i: usize| redis::Client::open(cluster.urls()[i].clone()).unwrap();
+    let mut first = master(0).get_multiplexed_async_connection().await.unwrap();
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("appendonly")
+        .arg("no")
+        .query_async(&mut first)
+        .await
+        .unwrap();
+    let mut replicas = Vec::new();
+    for i in [1, 2] {
+        let replica = RedisServer::start().await.unwrap();
+        let mut conn = replica.client().get_multiplexed_async_connection().await.unwrap();
+        let _: () = redis::cmd("REPLICAOF")
+            .arg("127.0.0.1")
+            .arg(cluster.port(i))
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        let conn = master(i).get_multiplexed_async_connection().await.unwrap();
+        wait_until(Duration::from_secs(20), || {
+            let mut conn = conn.clone();
+            async move {
+                let info: String = redis::cmd("INFO")
+                    .arg("replication")
+                    .query_async(&mut conn)
+                    .await
+                    .unwrap_or_default();
+                info.contains("connected_slaves:1")
+            }
+        })
+        .await
+        .unwrap_or_else(|e| panic!("master {i} never saw its replica: {e}\n{}", replica.log()));
+        replicas.push(replica);
+    }
+    let setup = Setup::new(dir.path(), &[]).with("PUSHONCE_REDIS_CLUSTER", Some(&cluster.urls_env()));
+    let named = format!("Redis at 127.0.0.1:{} has neither AOF nor a replica", cluster.port(0));
+    for _ in 0..5 {
+        let run = setup.doctor().await;
+        assert_fails_naming(&run, "redis.durability", "CONFIG SET appendonly yes");
+        let line = line(&run.1, "redis.durability");
+        assert!(line.contains(&named), "expected {named:?}:\n{}", run.1);
+        for i in [1, 2] {
+            let other = format!("127.0.0.1:{} has neither", cluster.port(i));
+            assert!(!line.contains(&other), "{}", run.1);
+        }
+    }
 }

@@ -175,7 +175,19 @@ async fn durability(d: &Deployment<'_>, conn: &RedisConn) -> Check {
     let wanted = d.config.wait_replicas;
     let mut found = Vec::new();
     let mut no_aof = Vec::new();
-    for ((node, p), (_, r)) in persistence.iter().zip(&replication) {
+    // A cluster's masters answer each INFO in no fixed order: join by node.
+    let replication: std::collections::HashMap<&str, &str> = replication
+        .iter()
+        .map(|(node, text)| (node.as_str(), text.as_str()))
+        .collect();
+    for (node, p) in &persistence {
+        let Some(r) = replication.get(node.as_str()) else {
+            return Check::fail(
+                name,
+                format!("Redis{node} answered INFO persistence but not INFO replication"),
+                "run doctor again once the cluster's topology is stable (CLUSTER NODES)",
+            );
+        };
         let aof = info_field(p, "aof_enabled") == Some("1");
         let replicas: u32 = info_field(r, "connected_slaves")
             .and_then(|n| n.trim().parse().ok())
@@ -200,10 +212,19 @@ async fn durability(d: &Deployment<'_>, conn: &RedisConn) -> Check {
         }
     }
     if !no_aof.is_empty() {
+        let which = if no_aof.iter().all(String::is_empty) {
+            "Redis has".to_string()
+        } else {
+            format!(
+                "Redis{} {}",
+                no_aof.join(","),
+                if no_aof.len() == 1 { "has" } else { "have" }
+            )
+        };
         return Check::fail(
             name,
             format!(
-                "{}: neither AOF nor a replica, so a Redis restart loses every permit and every queued task",
+                "{which} neither AOF nor a replica, so a restart of it loses every permit and every queued task it holds ({})",
                 found.join(", ")
             ),
             "CONFIG SET appendonly yes (and appendonly yes in redis.conf), or run replicas and set wait_replicas = 1",

@@ -535,3 +535,120 @@ async fn a_cluster_master_without_aof_or_replica_fails_durability_naming_it() {
         }
     }
 }
+
+/// `field` of `INFO server` (e.g. `run_id`) of the Redis at `url`, on a
+/// new connection.
+async fn server_info(url: &str, field: &str) -> Option<String> {
+    let client = redis::Client::open(url).ok()?;
+    let mut conn = client.get_multiplexed_async_connection().await.ok()?;
+    let info: String = redis::cmd("INFO")
+        .arg("server")
+        .query_async(&mut conn)
+        .await
+        .ok()?;
+    info.lines()
+        .find_map(|l| l.trim().strip_prefix(field)?.strip_prefix(':'))
+        .map(String::from)
+}
+
+/// A running host whose embedded Redis answers only errors for a while
+/// (`-BUSY` here, a long script; `-LOADING` of a large AOF is the same to
+/// doctor): doctor uses that server (and reports what it answers) instead
+/// of starting a second `redis-server` on the same data directory, and the
+/// host's socket still reaches the host's server afterwards.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn doctor_beside_a_busy_host_uses_its_redis_and_starts_no_second_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let setup = Setup::new(dir.path(), &[]);
+    let addr = listen();
+    let mut host = setup.serve(&addr);
+    let base = format!("http://{addr}");
+    host.wait_ready(&base, Duration::from_secs(60))
+        .await
+        .unwrap();
+    let socket = dir.path().join("data/redis/redis.sock");
+    let url = format!("redis+unix://{}", socket.display());
+    let before = server_info(&url, "run_id")
+        .await
+        .expect("the host's Redis answers");
+    let pid = server_info(&url, "process_id").await.unwrap();
+
+    // A script that never ends: after 100 ms every other command is -BUSY.
+    let client = redis::Client::open(url.as_str()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("busy-reply-threshold")
+        .arg("100")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let mut looping = client.get_multiplexed_async_connection().await.unwrap();
+    // Answers only when killed: the client gives up after its response timeout.
+    let _ = redis::cmd("EVAL")
+        .arg("while true do end")
+        .arg(0)
+        .query_async::<redis::Value>(&mut looping)
+        .await;
+    let busy = wait_until(Duration::from_secs(10), || {
+        let client = client.clone();
+        async move {
+            let Ok(mut conn) = client.get_multiplexed_async_connection().await else {
+                return false;
+            };
+            redis::cmd("PING")
+                .query_async::<String>(&mut conn)
+                .await
+                .is_err_and(|e| e.code() == Some("BUSY"))
+        }
+    })
+    .await;
+
+    let (_, out) = setup.doctor().await;
+    // End the script whatever happened (retried: it may not have started).
+    let ended = wait_until(Duration::from_secs(10), || {
+        let client = client.clone();
+        async move {
+            let Ok(mut conn) = client.get_multiplexed_async_connection().await else {
+                return false;
+            };
+            let _ = redis::cmd("SCRIPT")
+                .arg("KILL")
+                .query_async::<()>(&mut conn)
+                .await;
+            redis::cmd("PING")
+                .query_async::<String>(&mut conn)
+                .await
+                .is_ok()
+        }
+    })
+    .await;
+    if ended.is_err() {
+        // Unreachable through its socket, still looping: stop it here.
+        let _ = std::process::Command::new("kill")
+            .args(["-KILL", &pid])
+            .status();
+    }
+    busy.expect("the host's Redis never answered -BUSY");
+    assert!(
+        line(&out, "redis.embedded").contains("the running host's") && !out.contains("started the embedded Redis"),
+        "doctor did not use the host's busy Redis:\n{out}"
+    );
+    ended.expect("the host's Redis answers again once the script is killed");
+    assert_eq!(
+        server_info(&url, "run_id").await.as_deref(),
+        Some(before.as_str()),
+        "the host's socket reaches another server now:\n{out}"
+    );
+    host.wait_ready(&base, Duration::from_secs(30))
+        .await
+        .unwrap();
+    assert!(
+        host.terminate(Duration::from_secs(20))
+            .await
+            .unwrap()
+            .success(),
+        "log:\n{}",
+        host.log()
+    );
+}

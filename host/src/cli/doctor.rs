@@ -5,8 +5,13 @@
 //! failed. A running host answers the same at `GET /admin/doctor`.
 //!
 //! With the embedded Redis (no `redis_url`), doctor talks to the one the
-//! running host started (its socket in `<data_dir>/redis`); when none runs
-//! it starts it as `serve` would, and stops it afterwards.
+//! running host started (its socket in `<data_dir>/redis`): whatever
+//! accepts a connection there is that server, even when it answers only
+//! errors (`-LOADING` while it reads a large AOF, `-BUSY`), which the checks
+//! then report. When nothing listens there, it starts the server as `serve`
+//! would, and stops it afterwards; that start takes the data directory's
+//! lock (`store::embedded`), so it is refused while a host owns the
+//! directory (e.g. one still starting, before its socket exists).
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -130,20 +135,20 @@ async fn open_redis(config: &HostConfig) -> (Result<Store, String>, Option<Check
     }
 }
 
-/// The embedded Redis answering on `socket`, if one does.
+/// The embedded Redis listening on `socket`, if one does: a server that
+/// accepts the connection runs there, whatever it then answers (a stale
+/// socket file of a stopped server refuses it).
 async fn running(socket: &Path) -> Option<Store> {
-    if !socket.exists() {
+    let listening = tokio::time::timeout(
+        std::time::Duration::from_secs(2),
+        tokio::net::UnixStream::connect(socket),
+    )
+    .await;
+    if !matches!(listening, Ok(Ok(_))) {
         return None;
     }
     let url = format!("redis+unix://{}", socket.display());
-    let store = Store::open(&RedisTarget::Url(url)).await.ok()?;
-    let mut conn = store.manager().await.ok()?;
-    let pong = tokio::time::timeout(
-        std::time::Duration::from_secs(2),
-        redis::cmd("PING").query_async::<String>(&mut conn),
-    )
-    .await;
-    matches!(pong, Ok(Ok(_))).then_some(store)
+    Store::open(&RedisTarget::Url(url)).await.ok()
 }
 
 /// The ledger's pool, connected without migrating (a SQLite file is

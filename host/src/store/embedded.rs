@@ -1,6 +1,16 @@
 //! The embedded `redis-server`: a child process the host starts with its
 //! data in `data_dir`, durable and never evicting, and stops.
+//!
+//! One server per data directory: the process that starts it takes an
+//! exclusive lock (`flock`) on `<data_dir>/redis.lock` first, and the
+//! `redis-server` child inherits it, so the lock is held for as long as
+//! either runs (a server left behind by a killed host still holds it). A
+//! second start on a held directory is refused before it touches the
+//! socket: two servers appending to one AOF would corrupt it.
 
+use std::fs::{File, OpenOptions, TryLockError};
+use std::os::fd::AsRawFd;
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -21,6 +31,49 @@ fn data_dir_made(data_dir: &Path) -> Result<PathBuf, StoreError> {
     };
     std::fs::create_dir_all(data_dir).map_err(failed)?;
     data_dir.canonicalize().map_err(failed)
+}
+
+/// The lock file in the data directory (see the module's documentation).
+const LOCK_FILE: &str = "redis.lock";
+
+/// Takes the exclusive lock on `dir`'s [`LOCK_FILE`], or says who may hold it.
+fn lock_data_dir(dir: &Path) -> Result<File, StoreError> {
+    let path = dir.join(LOCK_FILE);
+    let failed = |source| StoreError::DataDir {
+        dir: dir.to_path_buf(),
+        source,
+    };
+    let file = OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .map_err(failed)?;
+    match file.try_lock() {
+        Ok(()) => Ok(file),
+        Err(TryLockError::WouldBlock) => Err(StoreError::DataDirInUse {
+            dir: dir.to_path_buf(),
+            lock: path,
+        }),
+        Err(TryLockError::Error(source)) => Err(failed(source)),
+    }
+}
+
+/// Lets the child started by `cmd` inherit `lock` (cleared close-on-exec
+/// in the child only), so the lock outlives this process while it runs.
+fn inherit_lock(cmd: &mut Command, lock: &File) {
+    let fd = lock.as_raw_fd();
+    // SAFETY: between fork and exec the closure only calls fcntl, which is
+    // async-signal-safe, on a descriptor the parent keeps open until the
+    // child has been spawned.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::fcntl(fd, libc::F_SETFD, 0) == -1 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
 }
 
 /// Makes `cmd` listen on a unix socket in `dir`, or on a free loopback port
@@ -75,14 +128,20 @@ pub(crate) struct EmbeddedRedis {
     pub(super) url: String,
     /// The server's log file.
     log: PathBuf,
+    /// The data directory's lock, held until the server has stopped (the
+    /// child holds it too); declared last, so dropped after the child is killed.
+    _lock: File,
 }
 
 impl EmbeddedRedis {
     /// Starts `redis-server` with its data in `data_dir` and waits for `PING`.
     pub(super) async fn start(data_dir: &Path) -> Result<EmbeddedRedis, StoreError> {
         let dir = data_dir_made(data_dir)?;
+        // Before anything in the directory is touched (the socket).
+        let lock = lock_data_dir(&dir)?;
         let log = dir.join("redis.log");
         let mut cmd = Command::new("redis-server");
+        inherit_lock(&mut cmd, &lock);
         let url = listen_on(&mut cmd, &dir)?;
         durable_and_compact(&mut cmd)
             .args(["--daemonize", "no", "--dir"])
@@ -103,6 +162,7 @@ impl EmbeddedRedis {
             child: Some(child),
             url,
             log,
+            _lock: lock,
         };
         server.wait_ready().await?;
         tracing::info!(url = %server.url, "embedded redis-server ready");

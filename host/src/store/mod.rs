@@ -62,6 +62,18 @@ pub enum StoreError {
         /// The I/O error.
         source: std::io::Error,
     },
+    /// Another process holds the data directory's lock: a running host (or
+    /// worker, or doctor) owns the embedded Redis there, or a `redis-server`
+    /// one of them left behind still runs.
+    #[error(
+        "embedded Redis data directory {dir} is in use: another process holds its lock {lock} (a running `pushonce serve`, or the redis-server a killed one left behind; `fuser -v {lock}` names it). Stop it before starting another here, or use its Redis: redis_url = \"redis+unix://{dir}/redis.sock\""
+    )]
+    DataDirInUse {
+        /// The data directory (canonical).
+        dir: PathBuf,
+        /// Its lock file.
+        lock: PathBuf,
+    },
     /// `redis-server` could not be started.
     #[error("could not start redis-server: {0}")]
     Spawn(std::io::Error),

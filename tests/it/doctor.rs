@@ -499,7 +499,11 @@ async fn a_cluster_master_without_aof_or_replica_fails_durability_naming_it() {
     let mut replicas = Vec::new();
     for i in [1, 2] {
         let replica = RedisServer::start().await.unwrap();
-        let mut conn = replica.client().get_multiplexed_async_connection().await.unwrap();
+        let mut conn = replica
+            .client()
+            .get_multiplexed_async_connection()
+            .await
+            .unwrap();
         let _: () = redis::cmd("REPLICAOF")
             .arg("127.0.0.1")
             .arg(cluster.port(i))
@@ -522,8 +526,12 @@ async fn a_cluster_master_without_aof_or_replica_fails_durability_naming_it() {
         .unwrap_or_else(|e| panic!("master {i} never saw its replica: {e}\n{}", replica.log()));
         replicas.push(replica);
     }
-    let setup = Setup::new(dir.path(), &[]).with("PUSHONCE_REDIS_CLUSTER", Some(&cluster.urls_env()));
-    let named = format!("Redis at 127.0.0.1:{} has neither AOF nor a replica", cluster.port(0));
+    let setup =
+        Setup::new(dir.path(), &[]).with("PUSHONCE_REDIS_CLUSTER", Some(&cluster.urls_env()));
+    let named = format!(
+        "Redis at 127.0.0.1:{} has neither AOF nor a replica",
+        cluster.port(0)
+    );
     for _ in 0..5 {
         let run = setup.doctor().await;
         assert_fails_naming(&run, "redis.durability", "CONFIG SET appendonly yes");
@@ -631,7 +639,8 @@ async fn doctor_beside_a_busy_host_uses_its_redis_and_starts_no_second_one() {
     }
     busy.expect("the host's Redis never answered -BUSY");
     assert!(
-        line(&out, "redis.embedded").contains("the running host's") && !out.contains("started the embedded Redis"),
+        line(&out, "redis.embedded").contains("the running host's")
+            && !out.contains("started the embedded Redis"),
         "doctor did not use the host's busy Redis:\n{out}"
     );
     ended.expect("the host's Redis answers again once the script is killed");

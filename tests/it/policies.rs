@@ -659,3 +659,24 @@ async fn a_refused_apply_puts_the_policy_directory_back() {
         "a new file is removed again"
     );
 }
+
+#[tokio::test]
+async fn an_apply_that_cannot_write_the_file_says_why() {
+    let r = running(&[real("per_event")], &policy("per-event@^1", "[\"inbox\"]")).await;
+    // Where the pasted file is staged before its rename is taken by a directory.
+    std::fs::create_dir(r.policies.path().join(".resume.toml.pasting")).unwrap();
+    let edit = policy("per-event@^1", "[\"inbox\", \"sms\"]");
+    let refused = candidate::apply(&r.live, &admin_reload(&r), &edit).await;
+    let Err(e @ ApplyError::Write { .. }) = refused else {
+        panic!("not written: {refused:?}");
+    };
+    let text = e.to_string();
+    assert!(
+        text.contains("cannot write") && text.contains("resume.toml: Is a directory"),
+        "names the file and the cause: {text}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(r.policies.path().join("resume.toml")).unwrap(),
+        policy("per-event@^1", "[\"inbox\"]")
+    );
+}

@@ -45,7 +45,7 @@ pub enum ApplyError {
     #[error("the policy does not check:\n  {}", .0.join("\n  "))]
     Invalid(Vec<String>),
     /// Writing the file failed; nothing changed.
-    #[error("cannot write {}", .file.display())]
+    #[error("cannot write {}: {source}", .file.display())]
     Write {
         /// The file.
         file: PathBuf,

@@ -819,6 +819,22 @@ async fn a_dead_task_is_listed_and_requeued_under_its_key() {
         .await
         .unwrap();
     assert_problem(&none, 404, None);
+    // A bad query parameter is named, whichever it is.
+    for (query, field) in [
+        ("force=yes", "force"),
+        ("by=alice&bogus=1", "bogus"),
+        ("by=alice&by=bob", "by"),
+    ] {
+        let bad = host
+            .post(
+                &format!("/admin/tasks/{task}/requeue?{query}"),
+                &json!({}),
+                None,
+            )
+            .await
+            .unwrap();
+        assert_problem(&bad, 422, Some(field));
+    }
     one.shutdown().await;
 }
 

@@ -577,6 +577,79 @@ async fn callback_routes_are_closed_by_default() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_refuses_unreachable_callbacks_and_names_config_edits_it_cannot_apply() {
+    let redis = RedisServer::start().await.unwrap();
+    let policy = "biz_type = \"LATE\"\nkey_policy = \"per-event@^1\"\nchannels = [\"late\"]\nwindow = \"1h\"\n";
+    // The configuration file the host was started from.
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("pushonce.toml");
+    let text = "[channels.late]\nplugin = \"late-callbacks@^1\"\n";
+    std::fs::write(&file, text).unwrap();
+    let source = (file.clone(), text.parse::<toml::Table>().unwrap());
+    // 1.0.0 takes no callbacks: the channel needs no callback route, the host starts.
+    let host = TestHost::start_with(
+        &redis,
+        Setup {
+            policies: Some(vec![("late.toml".into(), policy.into())]),
+            plugin_sender: true,
+            extra_plugins: vec![fixture("late_callbacks_1_0_0")],
+            configure: Some(Box::new(move |config: &mut HostConfig| {
+                config.channels.clear();
+                config
+                    .channels
+                    .insert("late".into(), ChannelConfig::new("late-callbacks@^1"));
+                config.source = Some(source);
+            })),
+            ..Setup::default()
+        },
+    )
+    .await
+    .unwrap();
+    // An edit of pushonce.toml is not applied by a reload: its answer says
+    // which settings wait for a restart.
+    std::fs::write(&file, format!("{text}rate_limit = 5.0\n")).unwrap();
+    let a = host.post("/admin/reload", &json!({}), None).await.unwrap();
+    assert_eq!(a.status, StatusCode::OK, "{}", a.body);
+    let notes = a.body["notes"].to_string();
+    assert!(
+        notes.contains("was edited since start; restart needed: channels.late"),
+        "{notes}"
+    );
+    let overview = host.get("/admin/overview", None).await.unwrap();
+    assert!(
+        overview.body["reload"]["notes"]
+            .to_string()
+            .contains("restart needed: channels.late"),
+        "{}",
+        overview.body
+    );
+
+    // 1.1.0 takes callbacks; with no `callback_token_env` (nor
+    // `open_callbacks`) the start would be refused, and so is the reload
+    // that would swap it in. Copied in whole (temporary name, then renamed).
+    let staged = host.plugin_dir().join("late_callbacks_1_1_0.partial");
+    std::fs::copy(fixture("late_callbacks_1_1_0"), &staged).unwrap();
+    std::fs::rename(&staged, host.plugin_dir().join("late_callbacks_1_1_0.wasm")).unwrap();
+    let a = host.post("/admin/reload", &json!({}), None).await.unwrap();
+    assert_eq!(a.status, StatusCode::UNPROCESSABLE_ENTITY, "{}", a.body);
+    let detail = a.body["detail"].as_str().unwrap_or_default();
+    for part in [
+        "channels.late.callback_token_env",
+        "late-callbacks@1.1.0",
+        "open_callbacks = true",
+    ] {
+        assert!(detail.contains(part), "{detail}");
+    }
+    let plugins = host.get("/admin/plugins", None).await.unwrap();
+    assert!(
+        !plugins.body.to_string().contains("late-callbacks@1.1.0"),
+        "1.0.0 keeps serving: {}",
+        plugins.body
+    );
+    host.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_receipt_for_an_unknown_message_is_answered_503_only_for_the_grace() {
     let redis = RedisServer::start().await.unwrap();
     let (addr, _provider) = provider().await;

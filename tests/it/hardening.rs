@@ -177,6 +177,47 @@ fn plugins_list_exits_non_zero_and_names_refused_files() {
     assert_names(&stdout, "pipe.wasm", "FIFO");
 }
 
+#[test]
+fn plugins_check_and_list_load_under_the_configured_plugin_limits() {
+    let dir = tempfile::tempdir().unwrap();
+    let plugin = pushonce_tests::plugins::real("per_event");
+    std::fs::copy(&plugin, dir.path().join("per_event.wasm")).unwrap();
+    let config = dir.path().join("pushonce.toml");
+    std::fs::write(&config, "[plugin_limits]\nmax_file_size = \"16 KiB\"\n").unwrap();
+    // A working directory without a pushonce.toml of its own.
+    let cwd = dir.path().join("cwd");
+    std::fs::create_dir(&cwd).unwrap();
+    let run = |args: &[&str], with_config: bool| {
+        let mut cmd = Command::new(pushonce_bin().unwrap());
+        cmd.args(args)
+            .current_dir(&cwd)
+            .env("PUSHONCE_DATA_DIR", dir.path().join("data"));
+        if with_config {
+            cmd.arg("--config").arg(&config);
+        }
+        let out = cmd.output().unwrap();
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        (out.status.success(), text)
+    };
+    let file = dir.path().join("per_event.wasm");
+    let file = file.to_str().unwrap();
+    let listed = dir.path().to_str().unwrap();
+    // The default limits load it; the configuration's 16 KiB cap refuses it,
+    // as the host with that configuration would.
+    let (ok, text) = run(&["plugins", "check", file], false);
+    assert!(ok, "{text}");
+    let (ok, text) = run(&["plugins", "check", file], true);
+    assert!(!ok, "{text}");
+    assert!(text.contains("larger than the 16"), "{text}");
+    let (ok, text) = run(&["plugins", "list", "--dir", listed], true);
+    assert!(!ok, "{text}");
+    assert_names(&text, "per_event.wasm", "larger than the 16");
+}
+
 /// `output` names `file` and says it is `what`.
 fn assert_names(output: &str, file: &str, what: &str) {
     assert!(

@@ -216,7 +216,7 @@ async fn running(plugins: &[PathBuf], policy_text: &str) -> Running {
     corpus_event.biz_id = "r-42".into();
     let reload = reloader(live.clone(), move || {
         let events = vec![corpus_event.clone()];
-        async move { events }
+        async move { Ok(events) }
     });
     tokio::spawn(reload_loop(reload, rx));
     Running {
@@ -251,6 +251,26 @@ impl Running {
         })
         .await
         .unwrap_or_else(|e| panic!("{what}: {e}"));
+        self.live.last_refused().unwrap().errors
+    }
+
+    /// Waits for a refused reload one of whose reasons contains `text`.
+    async fn wait_refused_naming(&self, text: &str) -> Vec<String> {
+        let live = self.live.clone();
+        wait_until(Duration::from_secs(10), || {
+            let live = live.clone();
+            async move {
+                live.last_refused()
+                    .is_some_and(|r| r.errors.iter().any(|e| e.contains(text)))
+            }
+        })
+        .await
+        .unwrap_or_else(|e| {
+            panic!(
+                "no refusal naming `{text}` ({:?}): {e}",
+                self.live.last_refused()
+            )
+        });
         self.live.last_refused().unwrap().errors
     }
 
@@ -394,6 +414,105 @@ async fn a_new_major_version_or_policy_name_starts_a_new_key_space() {
     );
 }
 
+/// A `per-user-per-day` policy for `biz_type` with `params.tz = tz`.
+fn daily(biz_type: &str, tz: &str) -> String {
+    format!(
+        "biz_type = \"{biz_type}\"\nkey_policy = \"per-user-per-day@^1\"\nchannels = [\"inbox\"]\nwindow = \"1h\"\nparams = {{ tz = \"{tz}\" }}\n"
+    )
+}
+
+#[tokio::test]
+async fn a_params_edit_that_changes_keys_or_breaks_the_key_policy_is_refused() {
+    let r = running(
+        &[real("per_user_per_day")],
+        &daily("RESUME_VIEWED", "+08:00"),
+    )
+    .await;
+    let file = r.policies.path().join("resume.toml");
+    // Same plugin, new `tz`: the corpus event (16:00 UTC) falls on another
+    // day, so a re-post within the window would be sent again.
+    write(&file, &daily("RESUME_VIEWED", "+00:00"));
+    let errors = r.wait_refused_naming("params").await;
+    let line = &errors[0];
+    assert!(
+        line.contains(&format!(
+            "{}: params: {{tz = \"+08:00\"}} -> {{tz = \"+00:00\"}} (key policy per-user-per-day@1.0.0) changes keys within major version 1",
+            file.display()
+        )),
+        "{line}"
+    );
+    assert!(line.contains("biz_id=r-42 user_id=u-7"), "{line}");
+    assert!(
+        line.contains("`push:per-user-per-day@1:inbox:u-7:2025-11-25` would become `push:per-user-per-day@1:inbox:u-7:2025-11-24`"),
+        "{line}"
+    );
+    assert_eq!(r.generation(), 1, "the running set stays in force");
+
+    // A typo the key policy refuses on every event: refused at load, naming
+    // the file and the field, whatever the corpus holds.
+    write(&file, &daily("RESUME_VIEWED", "+8"));
+    let errors = r.wait_refused_naming("params.tz").await;
+    assert!(
+        errors[0].starts_with(&format!(
+            "{}: params.tz: \"+8\" makes key policy per-user-per-day@1.0.0 refuse every event",
+            file.display()
+        )),
+        "{errors:?}"
+    );
+    assert!(errors[0].contains("not a fixed UTC offset"), "{errors:?}");
+    assert_eq!(r.generation(), 1);
+    let snap = r.live.current();
+    let params = &snap.policies.get("RESUME_VIEWED").unwrap().spec.params;
+    assert_eq!(params.get("tz").map(String::as_str), Some("+08:00"));
+}
+
+#[tokio::test]
+async fn a_key_change_with_no_event_to_check_on_is_swapped_in_with_a_note() {
+    let (plugin_dir, policy_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    for p in [real("per_user_per_day")]
+        .into_iter()
+        .chain(CHANNEL_PLUGINS.map(real))
+    {
+        copy_plugin(p, plugin_dir.path());
+    }
+    let file = policy_dir.path().join("job.toml");
+    write(&file, &daily("JOB_POSTED", "+08:00"));
+    let config = config(plugin_dir.path(), policy_dir.path(), &shared_data());
+    let live = Arc::new(Live::load(Arc::new(config)).unwrap_or_else(|e| panic!("{e}")));
+    // A fresh deployment: the corpus holds no event of the type.
+    write(&file, &daily("JOB_POSTED", "+00:00"));
+    let reload = reloader(live.clone(), || async { Ok(vec![resume_event()]) });
+    let done = reload().await.unwrap_or_else(|r| panic!("{:?}", r.errors));
+    assert_eq!(done.generation, 2);
+    assert_eq!(done.notes.len(), 1, "{:?}", done.notes);
+    assert!(
+        done.notes[0].contains("params: {tz = \"+08:00\"} -> {tz = \"+00:00\"}")
+            && done.notes[0]
+                .contains("keys not checked: the corpus holds no recent `JOB_POSTED` event"),
+        "{:?}",
+        done.notes
+    );
+    assert_eq!(
+        live.current().notes,
+        done.notes,
+        "the set in force says so too"
+    );
+    // Redis did not answer: said too.
+    write(&file, &daily("JOB_POSTED", "+05:30"));
+    let reload = reloader(live.clone(), || async {
+        Err("connection refused".to_string())
+    });
+    let done = reload().await.unwrap_or_else(|r| panic!("{:?}", r.errors));
+    assert_eq!(
+        done.notes[0], "the event corpus could not be read: connection refused",
+        "{:?}",
+        done.notes
+    );
+    // Nothing changed: nothing to note.
+    let done = reload().await.unwrap();
+    assert!(done.notes.is_empty(), "{:?}", done.notes);
+}
+
 #[test]
 fn policies_diff_counts_changed_keys_with_examples() {
     let (old, new) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
@@ -442,7 +561,7 @@ fn resume_event() -> pushonce::event::Event {
 
 /// The checked reload of [`running`]'s host, as `POST /admin/reload` runs it.
 fn admin_reload(r: &Running) -> pushonce::route::watch::Reloader {
-    reloader(r.live.clone(), || async { vec![resume_event()] })
+    reloader(r.live.clone(), || async { Ok(vec![resume_event()]) })
 }
 
 #[tokio::test]
@@ -538,5 +657,26 @@ async fn a_refused_apply_puts_the_policy_directory_back() {
     assert!(
         !r.policies.path().join("job-posted.toml").exists(),
         "a new file is removed again"
+    );
+}
+
+#[tokio::test]
+async fn an_apply_that_cannot_write_the_file_says_why() {
+    let r = running(&[real("per_event")], &policy("per-event@^1", "[\"inbox\"]")).await;
+    // Where the pasted file is staged before its rename is taken by a directory.
+    std::fs::create_dir(r.policies.path().join(".resume.toml.pasting")).unwrap();
+    let edit = policy("per-event@^1", "[\"inbox\", \"sms\"]");
+    let refused = candidate::apply(&r.live, &admin_reload(&r), &edit).await;
+    let Err(e @ ApplyError::Write { .. }) = refused else {
+        panic!("not written: {refused:?}");
+    };
+    let text = e.to_string();
+    assert!(
+        text.contains("cannot write") && text.contains("resume.toml: Is a directory"),
+        "names the file and the cause: {text}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(r.policies.path().join("resume.toml")).unwrap(),
+        policy("per-event@^1", "[\"inbox\"]")
     );
 }

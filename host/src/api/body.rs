@@ -116,14 +116,36 @@ pub(crate) fn from_value<T: DeserializeOwned>(value: serde_json::Value) -> Resul
         Err(e) => {
             let path = e.path().to_string();
             let message = strip_position(&e.into_inner().to_string());
-            Err(ApiError::invalid(field_of(&path, &message), message))
+            Err(ApiError::invalid(
+                field_of(&path, &message, "body"),
+                message,
+            ))
+        }
+    }
+}
+
+/// Parses a raw query string (without `?`) into `T`: a malformed one is
+/// 422 naming the parameter at fault (a bad value, an unknown or repeated
+/// parameter), else `query`.
+pub(crate) fn parse_query<T: DeserializeOwned>(query: Option<&str>) -> Result<T, ApiError> {
+    let pairs = form_urlencoded::parse(query.unwrap_or_default().as_bytes());
+    match serde_path_to_error::deserialize(serde_urlencoded::Deserializer::new(pairs)) {
+        Ok(v) => Ok(v),
+        Err(e) => {
+            let path = e.path().to_string();
+            let message = e.into_inner().to_string();
+            Err(ApiError::invalid(
+                field_of(&path, &message, "query"),
+                message,
+            ))
         }
     }
 }
 
 /// The field an error is about: its path, or for errors at the top level
-/// (missing or unknown field) the name in backquotes in the message.
-fn field_of(path: &str, message: &str) -> String {
+/// (missing or unknown field) the name in backquotes in the message, else
+/// `whole`.
+fn field_of(path: &str, message: &str, whole: &str) -> String {
     if path != "." && !path.is_empty() {
         // A path into the unknown field already ends with it.
         return path.to_string();
@@ -132,7 +154,7 @@ fn field_of(path: &str, message: &str) -> String {
         .split('`')
         .nth(1)
         .map(str::to_string)
-        .unwrap_or_else(|| "body".to_string())
+        .unwrap_or_else(|| whole.to_string())
 }
 
 /// serde_json appends " at line 1 column 42"; the field names the place better.

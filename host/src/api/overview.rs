@@ -67,6 +67,11 @@ pub(crate) struct ReloadState {
     /// Why it was refused, one reason a line.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub refused: Vec<String>,
+    /// What the checks of the reload that put the set in force could not
+    /// verify or it does not apply, one line each (e.g. a key policy change
+    /// with no recent event to check on, `restart needed: ...`).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub notes: Vec<String>,
 }
 
 /// What an operator looks at first.
@@ -137,6 +142,7 @@ fn reload_state(state: &AppState) -> ReloadState {
         policies: snapshot.policies.by_biz_type.len(),
         refused_at_ms: refusal.as_ref().map(|r| epoch_ms(r.at)),
         refused: refusal.map(|r| r.errors).unwrap_or_default(),
+        notes: snapshot.notes.clone(),
     }
 }
 

@@ -7,13 +7,20 @@ use anyhow::bail;
 
 use super::inputs::{default_cache_dir, default_plugin_dir, parse_param, sample_event};
 use super::output::{human_size, print_table, window};
+use crate::config::HostConfig;
 use crate::plugin::{Limits, Plugin, PluginRegistry};
+use crate::route::live::limits_of;
 
 /// Arguments of `pushonce plugins`.
 #[derive(Debug, clap::Args)]
 pub struct Args {
     #[command(subcommand)]
     what: What,
+    /// Host configuration file whose `[plugin_limits]` plugins are loaded
+    /// and run under, as the host does [default: ./pushonce.toml when
+    /// present, else the default limits].
+    #[arg(long, global = true)]
+    config: Option<PathBuf>,
 }
 
 #[derive(Debug, clap::Subcommand)]
@@ -72,11 +79,15 @@ enum What {
 
 /// Run `pushonce plugins`.
 pub fn run(args: Args) -> anyhow::Result<()> {
+    let limits = || -> anyhow::Result<Limits> {
+        let config = HostConfig::load(args.config.as_deref())?;
+        Ok(limits_of(&config))
+    };
     match args.what {
-        What::List { dir } => list(&dir.unwrap_or_else(default_plugin_dir)),
-        What::Check { file, params } => check(&file, &params),
-        What::Test { file, cases } => test(&file, &cases),
-        What::Build { dir, out } => build(&dir, out),
+        What::List { dir } => list(&dir.unwrap_or_else(default_plugin_dir), &limits()?),
+        What::Check { file, params } => check(&file, &params, &limits()?),
+        What::Test { file, cases } => test(&file, &cases, &limits()?),
+        What::Build { dir, out } => build(&dir, out, &limits()?),
         What::New {
             kind,
             name,
@@ -91,9 +102,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     }
 }
 
-fn list(dir: &Path) -> anyhow::Result<()> {
+fn list(dir: &Path, limits: &Limits) -> anyhow::Result<()> {
     let cache = default_cache_dir();
-    let (registry, refused) = PluginRegistry::load_dir(dir, &Limits::default(), Some(&cache))?;
+    let (registry, refused) = PluginRegistry::load_dir(dir, limits, Some(&cache))?;
     let rows: Vec<[String; 5]> = registry
         .plugins()
         .iter()
@@ -123,9 +134,9 @@ fn list(dir: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn check(file: &Path, params: &[(String, String)]) -> anyhow::Result<()> {
+fn check(file: &Path, params: &[(String, String)], limits: &Limits) -> anyhow::Result<()> {
     let cache = default_cache_dir();
-    let mut registry = PluginRegistry::new(&Limits::default(), Some(&cache))?;
+    let mut registry = PluginRegistry::new(limits, Some(&cache))?;
     let plugin = match registry.load_file(file) {
         Ok(p) => p,
         Err(e) => bail!("refused: {e}"),
@@ -166,8 +177,8 @@ fn check(file: &Path, params: &[(String, String)]) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn test(file: &Path, cases: &Path) -> anyhow::Result<()> {
-    let mut registry = PluginRegistry::new(&Limits::default(), Some(&default_cache_dir()))?;
+fn test(file: &Path, cases: &Path, limits: &Limits) -> anyhow::Result<()> {
+    let mut registry = PluginRegistry::new(limits, Some(&default_cache_dir()))?;
     match registry.load_file(file) {
         Ok(Plugin::KeyPolicy(p)) => test_key_policy(&p, cases),
         Ok(Plugin::Channel(p)) => test_channel(registry, &p, cases),
@@ -240,13 +251,13 @@ fn summary(id: &str, total: usize, failed: usize) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn build(dir: &Path, out: Option<PathBuf>) -> anyhow::Result<()> {
+fn build(dir: &Path, out: Option<PathBuf>, limits: &Limits) -> anyhow::Result<()> {
     let out = out
         .or_else(|| std::env::var_os("PUSHONCE_PLUGIN_DIR").map(PathBuf::from))
         .unwrap_or_else(|| dir.to_path_buf());
     let file = super::plugin_build::build(dir, &out)?;
     println!("built {}", file.display());
-    check(&file, &[])
+    check(&file, &[], limits)
 }
 
 fn new(

@@ -176,6 +176,12 @@ pub struct HostConfig {
     /// One-click unsubscribe links: their secret, URL and lifetime
     /// (`docs/preferences.md`).
     pub unsubscribe: UnsubscribeConfig,
+    /// Not a setting: the file this configuration was read from and its
+    /// settings then (none when built in code). A reload applies plugins
+    /// and policies only; it compares the file with these to say which
+    /// edits wait for a restart ([`HostConfig::edited_since_start`]).
+    #[serde(skip)]
+    pub source: Option<(PathBuf, toml::Table)>,
 }
 impl Default for HostConfig {
     fn default() -> Self {
@@ -213,6 +219,7 @@ impl Default for HostConfig {
             caps: BTreeMap::new(),
             preferences: PreferencesConfig::default(),
             unsubscribe: UnsubscribeConfig::default(),
+            source: None,
         }
     }
 }
@@ -266,6 +273,23 @@ pub enum ConfigError {
     },
 }
 
+/// The keys of `then` and `now` whose values differ, prefixed by `prefix`;
+/// top-level tables are compared entry by entry.
+fn edited(then: &toml::Table, now: &toml::Table, prefix: &str) -> Vec<String> {
+    let keys: std::collections::BTreeSet<&String> = then.keys().chain(now.keys()).collect();
+    let mut out = Vec::new();
+    for key in keys {
+        match (then.get(key), now.get(key)) {
+            (a, b) if a == b => {}
+            (Some(toml::Value::Table(a)), Some(toml::Value::Table(b))) if prefix.is_empty() => {
+                out.extend(edited(a, b, &format!("{key}.")));
+            }
+            _ => out.push(format!("{prefix}{key}")),
+        }
+    }
+    out
+}
+
 /// 1-based line of a byte offset in `text`.
 pub(crate) fn line_of(text: &str, offset: usize) -> usize {
     text[..offset.min(text.len())].matches('\n').count() + 1
@@ -283,12 +307,33 @@ impl HostConfig {
         let default_file = Path::new("pushonce.toml");
         let file = file.or(default_file.exists().then_some(default_file));
         let mut config = match file {
-            Some(file) => Self::parse(file, &read_file(file)?)?,
+            Some(file) => {
+                let text = read_file(file)?;
+                let mut config = Self::parse(file, &text)?;
+                config.source = text.parse().ok().map(|t| (file.to_path_buf(), t));
+                config
+            }
             None => HostConfig::default(),
         };
         config.apply_env(|name| std::env::var(name).ok())?;
         config.check()?;
         Ok(config)
+    }
+
+    /// The settings of the file this configuration was read from that were
+    /// edited since (a table's entries one level down, e.g. `channels.sms`,
+    /// `plugin_limits.fuel`), in order: only a restart applies them. Empty when
+    /// it was not read from a file or is unchanged; an error when the file
+    /// cannot be read or parsed now (a restart would fail too).
+    pub fn edited_since_start(&self) -> Result<Vec<String>, String> {
+        let Some((file, then)) = &self.source else {
+            return Ok(Vec::new());
+        };
+        let text = read_file(file).map_err(|e| e.to_string())?;
+        let now: toml::Table = text
+            .parse()
+            .map_err(|e: toml::de::Error| format!("{}: {}", file.display(), e.message()))?;
+        Ok(edited(then, &now, ""))
     }
 
     /// Applies the `PUSHONCE_*` overrides found by `get`.

@@ -45,7 +45,7 @@ pub enum ApplyError {
     #[error("the policy does not check:\n  {}", .0.join("\n  "))]
     Invalid(Vec<String>),
     /// Writing the file failed; nothing changed.
-    #[error("cannot write {}", .file.display())]
+    #[error("cannot write {}: {source}", .file.display())]
     Write {
         /// The file.
         file: PathBuf,
@@ -78,6 +78,8 @@ pub struct Applied {
     pub target: PathBuf,
     /// The generation now in force.
     pub generation: u64,
+    /// What the reload's checks could not verify.
+    pub notes: Vec<String>,
 }
 
 /// Checks `text` as a policy file of the directory of `config` against
@@ -98,6 +100,7 @@ pub fn plan(
         policies: candidate_set(current, config, &target, text)?,
         plugin_refusals: current.plugin_refusals.clone(),
         loaded_at: SystemTime::now(),
+        notes: Vec::new(),
     };
     let key_policy = candidate
         .policies
@@ -201,9 +204,14 @@ pub async fn apply(live: &Live, reload: &Reloader, text: &str) -> Result<Applied
     let target = planned.target;
     let previous = write(&target, text)?;
     match reload().await {
-        Ok(generation) => {
+        Ok(reloaded) => {
+            let generation = reloaded.generation;
             tracing::info!(file = %target.display(), generation, "policy applied from the console");
-            Ok(Applied { target, generation })
+            Ok(Applied {
+                target,
+                generation,
+                notes: reloaded.notes,
+            })
         }
         Err(refusal) => {
             let restored = restore(&target, previous.as_deref());

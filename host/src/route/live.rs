@@ -28,6 +28,20 @@ pub struct Snapshot {
     pub plugin_refusals: Vec<String>,
     /// When this snapshot was built.
     pub loaded_at: SystemTime,
+    /// What the checks of the reload that swapped it in could not verify
+    /// or that reload does not apply, one line each (e.g. a key policy
+    /// change the event corpus had no event to check on, `pushonce.toml`
+    /// edits waiting for a restart); empty for the first snapshot.
+    pub notes: Vec<String>,
+}
+
+/// A reload that was swapped in.
+#[derive(Debug, Clone)]
+pub struct Reloaded {
+    /// The generation now in force.
+    pub generation: u64,
+    /// What its checks could not verify (see [`Snapshot::notes`]).
+    pub notes: Vec<String>,
 }
 
 /// A reload that was refused, and why.
@@ -130,6 +144,19 @@ impl Catalog for RegistryCatalog<'_> {
     fn is_cluster(&self) -> bool {
         !self.config.redis_cluster.is_empty()
     }
+
+    fn probe_params(
+        &self,
+        requirement: &str,
+        biz_type: &str,
+        channel: &str,
+        params: &[(String, String)],
+    ) -> Result<(), (String, String)> {
+        match self.registry.resolve_key_policy(requirement) {
+            Ok(plugin) => super::stability::probe_params(&plugin, biz_type, channel, params),
+            Err(_) => Ok(()),
+        }
+    }
 }
 
 /// The plugin limits a host configuration asks for.
@@ -210,6 +237,7 @@ fn build_on(
         policies,
         plugin_refusals,
         loaded_at: SystemTime::now(),
+        notes: Vec::new(),
     })
 }
 
@@ -247,24 +275,37 @@ impl Live {
     }
 
     /// Rebuilds from the directories, checks the result against the running
-    /// snapshot with `check` (e.g. key stability over a corpus of events), and
-    /// swaps it in. On refusal the running snapshot stays and the refusal is
-    /// recorded. Returns the generation in force afterwards.
+    /// snapshot with `check` (e.g. key stability over a corpus of events:
+    /// refusal lines, or notes of what it could not verify), and swaps it
+    /// in. On refusal the running snapshot stays and the refusal is
+    /// recorded. Returns the generation in force afterwards and the notes.
     pub(crate) fn reload_with(
         &self,
-        check: impl FnOnce(&Snapshot, &Snapshot) -> Result<(), Vec<String>>,
-    ) -> Result<u64, Refusal> {
+        check: impl FnOnce(&Snapshot, &Snapshot) -> Result<Vec<String>, Vec<String>>,
+    ) -> Result<Reloaded, Refusal> {
         let _one_at_a_time = self.reloading.lock().unwrap_or_else(|e| e.into_inner());
         let old = self.current();
         let result = build_on(&self.runtime, &self.config, old.generation + 1)
             .map_err(|e| e.lines())
-            .and_then(|new| check(&old, &new).map(|()| new));
+            .and_then(|mut new| {
+                new.notes = check(&old, &new)?;
+                Ok(new)
+            });
         match result {
             Ok(new) => {
-                let generation = new.generation;
+                let reloaded = Reloaded {
+                    generation: new.generation,
+                    notes: new.notes.clone(),
+                };
                 self.current.store(Arc::new(new));
-                tracing::info!(generation, "policies and plugins reloaded");
-                Ok(generation)
+                tracing::info!(
+                    generation = reloaded.generation,
+                    "policies and plugins reloaded"
+                );
+                for note in &reloaded.notes {
+                    tracing::warn!(note = %note, "reloaded without a check");
+                }
+                Ok(reloaded)
             }
             Err(errors) => {
                 metrics::counter!(crate::metric_names::RELOAD_REFUSED).increment(1);
@@ -283,7 +324,7 @@ impl Live {
     }
 
     /// `reload_with` without extra checks.
-    pub fn reload(&self) -> Result<u64, Refusal> {
-        self.reload_with(|_, _| Ok(()))
+    pub fn reload(&self) -> Result<Reloaded, Refusal> {
+        self.reload_with(|_, _| Ok(Vec::new()))
     }
 }

@@ -38,6 +38,19 @@ pub trait Catalog {
     fn is_cluster(&self) -> bool {
         false
     }
+    /// Runs the key policy `requirement` resolves to with a policy's
+    /// `params` on a probe event of `biz_type` for `channel`, and says which
+    /// parameter alone makes it refuse every event, as `(field, reason)`
+    /// (see [`stability::probe_params`]). Without plugins: nothing to run.
+    fn probe_params(
+        &self,
+        _requirement: &str,
+        _biz_type: &str,
+        _channel: &str,
+        _params: &[(String, String)],
+    ) -> Result<(), (String, String)> {
+        Ok(())
+    }
 }
 
 /// A frequency cap in force for a policy.
@@ -154,6 +167,16 @@ impl PolicySet {
                     format!("channel `{channel}` is not configured on this host"),
                 ));
             }
+        }
+        if let Some(channel) = spec.channels.first() {
+            let params: Vec<(String, String)> = spec
+                .params
+                .iter()
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect();
+            catalog
+                .probe_params(&spec.key_policy, &spec.biz_type, channel, &params)
+                .map_err(|(f, r)| invalid(f, r))?;
         }
         let caps = resolve_caps(&spec, catalog).map_err(|(f, r)| invalid(f, r))?;
         let caps_need_recipient_key = !caps.is_empty() && catalog.is_cluster();

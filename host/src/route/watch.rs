@@ -7,8 +7,9 @@
 //! would make each reload trigger the next.
 
 use super::Live;
-use super::live::Refusal;
+use super::live::{Refusal, Reloaded};
 use crate::event::Event;
+use crate::plugin::PluginRegistry;
 use crate::send::BoxFuture;
 use notify::event::ModifyKind;
 use notify::{EventKind, RecommendedWatcher, RecursiveMode, Watcher};
@@ -72,14 +73,59 @@ pub fn watch_dirs(
 }
 
 /// Runs one checked reload: what every trigger (file change, SIGHUP, admin
-/// API) ends up calling. Returns the generation in force or the refusal.
-pub type Reloader = Arc<dyn Fn() -> BoxFuture<'static, Result<u64, Refusal>> + Send + Sync>;
+/// API) ends up calling. Returns the generation in force and what its
+/// checks could not verify, or the refusal.
+pub type Reloader = Arc<dyn Fn() -> BoxFuture<'static, Result<Reloaded, Refusal>> + Send + Sync>;
+
+/// A check that a reload runs besides key stability, given the new
+/// snapshot's plugins, e.g. the host's: every channel whose plugin takes
+/// callbacks can be reached, and which `pushonce.toml` edits wait for a
+/// restart. Refusal lines, or notes of what the reload does not apply.
+pub type HostCheck = Arc<
+    dyn Fn(Arc<PluginRegistry>) -> BoxFuture<'static, Result<Vec<String>, Vec<String>>>
+        + Send
+        + Sync,
+>;
+
+/// The recent events a reload checks key stability on, or why they could
+/// not be read.
+pub type Corpus = Result<Vec<Event>, String>;
 
 /// Rebuilds `live` off the async threads and swaps it in only if the key
-/// policies keep their keys over `corpus` (recent real events).
-pub(crate) async fn reload_checked(live: Arc<Live>, corpus: Vec<Event>) -> Result<u64, Refusal> {
+/// policies keep their keys over `corpus` (recent real events) and `host`
+/// refuses nothing.
+pub(crate) async fn reload_checked(
+    live: Arc<Live>,
+    corpus: Corpus,
+    host: Option<HostCheck>,
+) -> Result<Reloaded, Refusal> {
+    let runtime = tokio::runtime::Handle::current();
     tokio::task::spawn_blocking(move || {
-        live.reload_with(|old, new| super::stability::check(old, new, &corpus))
+        live.reload_with(|old, new| {
+            let (events, unread) = match &corpus {
+                Ok(events) => (&events[..], None),
+                Err(why) => (&[][..], Some(why)),
+            };
+            let stable = super::stability::check(old, new, events);
+            let host = match &host {
+                Some(check) => runtime.block_on(check(new.registry.clone())),
+                None => Ok(Vec::new()),
+            };
+            match (stable, host) {
+                (Err(mut errors), Err(more)) => {
+                    errors.extend(more);
+                    Err(errors)
+                }
+                (Err(errors), Ok(_)) | (Ok(_), Err(errors)) => Err(errors),
+                (Ok(mut notes), Ok(more)) => {
+                    if let Some(why) = unread.filter(|_| !notes.is_empty()) {
+                        notes.insert(0, format!("the event corpus could not be read: {why}"));
+                    }
+                    notes.extend(more);
+                    Ok(notes)
+                }
+            }
+        })
     })
     .await
     .unwrap_or_else(|e| {
@@ -94,12 +140,21 @@ pub(crate) async fn reload_checked(live: Arc<Live>, corpus: Vec<Event>) -> Resul
 pub fn reloader<F, Fut>(live: Arc<Live>, corpus: F) -> Reloader
 where
     F: Fn() -> Fut + Send + Sync + 'static,
-    Fut: Future<Output = Vec<Event>> + Send + 'static,
+    Fut: Future<Output = Corpus> + Send + 'static,
+{
+    reloader_checking(live, corpus, None)
+}
+
+/// [`reloader`] that also runs `host` on each new snapshot's plugins.
+pub fn reloader_checking<F, Fut>(live: Arc<Live>, corpus: F, host: Option<HostCheck>) -> Reloader
+where
+    F: Fn() -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Corpus> + Send + 'static,
 {
     let corpus = Arc::new(corpus);
     Arc::new(move || {
-        let (live, corpus) = (live.clone(), corpus.clone());
-        Box::pin(async move { reload_checked(live, corpus().await).await })
+        let (live, corpus, host) = (live.clone(), corpus.clone(), host.clone());
+        Box::pin(async move { reload_checked(live, corpus().await, host).await })
     })
 }
 
@@ -112,7 +167,12 @@ pub async fn reload_loop(reload: Reloader, mut triggers: mpsc::Receiver<Trigger>
         }
         while triggers.try_recv().is_ok() {}
         match reload().await {
-            Ok(generation) => tracing::info!(?trigger, generation, "reloaded"),
+            Ok(r) => tracing::info!(
+                ?trigger,
+                generation = r.generation,
+                notes = r.notes.len(),
+                "reloaded"
+            ),
             Err(refusal) => {
                 tracing::warn!(?trigger, errors = refusal.errors.len(), "reload refused")
             }

@@ -21,11 +21,11 @@ use tokio::task::JoinHandle;
 use crate::api::receipts::CallbackGates;
 use crate::api::{self, ApiLimits, AppState, SharedReceiptHandler, SharedState, Token};
 use crate::config::HostConfig;
-use crate::corpus::{CORPUS_CHECK_LEN, CorpusSampler, recent_events};
+use crate::corpus::CorpusSampler;
 use crate::ledger::Ledger;
 use crate::permit::{PermitConfig, Permits};
 use crate::route::Live;
-use crate::route::watch::{Trigger, reload_loop, reloader, watch_dirs};
+use crate::route::watch::{Trigger, reload_loop, watch_dirs};
 use crate::send::Sender;
 use crate::send::plugin::PluginSender;
 use crate::store::{RedisConn, Store};
@@ -33,10 +33,12 @@ use crate::store::{RedisConn, Store};
 mod delivery;
 mod error;
 mod receipts;
+mod reload;
 
 use delivery::{Delivery, spawn_delivery};
 pub use error::ServiceError;
 use receipts::{PluginReceipts, callback_gates};
+use reload::checked_reloader;
 
 /// Reads an environment variable by name (tests give their own).
 pub type EnvLookup = Arc<dyn Fn(&str) -> Option<String> + Send + Sync>;
@@ -147,7 +149,7 @@ pub async fn start(
     let addr = listener.local_addr().map_err(ServiceError::Serve)?;
     config.check_exposure(addr, |v| (options.env)(v))?;
     let parts = open_parts(&config, &options).await?;
-    let reload = corpus_checked_reloader(&parts.live, &parts.permits);
+    let reload = checked_reloader(config.clone(), &parts.live, &parts.permits, &parts.plugins);
     let (triggers, trigger_rx) = mpsc::channel(4);
     let watching = watch_dirs(&[&config.plugin_dir, &config.policy_dir], triggers.clone())
         .map_err(ServiceError::Watch)?;
@@ -216,6 +218,8 @@ struct Parts {
     live: Arc<Live>,
     /// What sends a task (the channel plugins, unless a test gave its own).
     sender: Arc<dyn Sender>,
+    /// The channel plugins' sender (a reload checks their callbacks).
+    plugins: Arc<PluginSender>,
     /// What settles provider callbacks.
     receipts: SharedReceiptHandler,
     /// Which channels take callbacks, and how they are gated.
@@ -273,6 +277,7 @@ async fn open_parts(
         ledger_guard,
         live,
         sender,
+        plugins,
         receipts,
         callbacks,
         provider_health,
@@ -468,24 +473,6 @@ fn receipts_handler(
             chain_of,
         }),
     }
-}
-
-/// The one checked reload that watched directories, SIGHUP and the admin
-/// API share: key stability is checked over the corpus of recent events.
-fn corpus_checked_reloader(live: &Arc<Live>, permits: &Permits) -> crate::route::watch::Reloader {
-    let conn = permits.connection();
-    let namespace = permits.layout().namespace().to_string();
-    reloader(live.clone(), move || {
-        let (mut conn, namespace) = (conn.clone(), namespace.clone());
-        async move {
-            recent_events(&mut conn, &namespace, CORPUS_CHECK_LEN)
-                .await
-                .unwrap_or_else(|e| {
-                    tracing::warn!(error = %e, "could not read the event corpus; checking keys on none");
-                    Vec::new()
-                })
-        }
-    })
 }
 
 /// Opens the delivery ledger the configuration names (`None` when it is

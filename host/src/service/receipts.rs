@@ -17,6 +17,7 @@ use crate::config::HostConfig;
 use crate::ledger::Ledger;
 use crate::ledger::preferences::ChangeRoute;
 use crate::permit::Permits;
+use crate::plugin::PluginRegistry;
 use crate::plugin::bindings::{CallbackRequest, OptOut, OptOutRoute, OptOutSubject};
 use crate::prefs::{OptOutRequest, OptOutSubject as Subject, PreferenceCache};
 use crate::send::BoxFuture;
@@ -136,7 +137,9 @@ impl ReceiptHandler for PluginReceipts {
 /// Which channels' callbacks are served, and how: closed by default. A
 /// channel whose plugin takes callbacks with neither a path token nor
 /// `open_callbacks = true` is refused (the host does not start), naming the
-/// channel and the setting; an open one is served with a warning.
+/// channel and the setting; an open one is served with a warning. Every
+/// reload checks the same rule on the plugins it would swap in
+/// ([`unreachable_callbacks`]): the gates are not rebuilt.
 pub(super) async fn callback_gates(
     config: &HostConfig,
     sender: &PluginSender,
@@ -171,4 +174,42 @@ pub(super) async fn callback_gates(
         }
     }
     Ok(Arc::new(gates))
+}
+
+/// The rule of [`callback_gates`] on a reload's new plugins: every channel
+/// with no callback route (no path token, not opened) whose plugin in
+/// `registry` takes callbacks, as `channels.<name>.callback_token_env: why`.
+/// A reload with one is refused, as a start is: its receipts would never
+/// arrive, so a message that fails after the provider accepted it would
+/// never be settled nor handed to its fallback.
+pub(super) async fn unreachable_callbacks(
+    config: &HostConfig,
+    sender: &PluginSender,
+    registry: &PluginRegistry,
+) -> Vec<String> {
+    let mut lines = Vec::new();
+    for (name, cfg) in &config.channels {
+        let closed = matches!(
+            sender.callback_access(name),
+            Some(CallbackAccess::Closed) | None
+        );
+        if !cfg.providers.is_empty() || !closed {
+            continue;
+        }
+        match sender.capabilities_in(name, registry).await {
+            Ok((plugin, c)) if c.callbacks => {
+                let why = ServiceError::CallbacksUnreachable {
+                    channel: name.clone(),
+                };
+                lines.push(format!(
+                    "channels.{name}.callback_token_env: plugin {plugin} would be swapped in: {why}"
+                ));
+            }
+            Ok(_) => {}
+            Err(e) => {
+                tracing::warn!(channel = %name, error = %e, "cannot tell whether the channel's new plugin takes callbacks");
+            }
+        }
+    }
+    lines
 }

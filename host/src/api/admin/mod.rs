@@ -146,6 +146,11 @@ pub(crate) struct PoliciesView {
 pub(crate) struct ReloadView {
     /// The generation now in force.
     pub generation: u64,
+    /// What the reload's checks could not verify or the reload does not
+    /// apply, one line each: a key policy or `params` change the corpus of
+    /// recent events held no event to check on, `pushonce.toml` settings
+    /// edited since start (`restart needed: ...`); empty otherwise.
+    pub notes: Vec<String>,
 }
 
 fn epoch_ms(t: SystemTime) -> u64 {
@@ -283,7 +288,10 @@ pub(crate) async fn reload(State(state): State<AppState>) -> Result<Json<ReloadV
     // The same checked reload as file changes and SIGHUP: a key policy
     // upgrade that would change keys of recent events is refused.
     match (state.reload)().await {
-        Ok(generation) => Ok(Json(ReloadView { generation })),
+        Ok(r) => Ok(Json(ReloadView {
+            generation: r.generation,
+            notes: r.notes,
+        })),
         Err(refusal) => Err(ApiError::ReloadRefused(refusal.errors)),
     }
 }

@@ -3,11 +3,12 @@
 //! the task holding an idempotency key's permit.
 
 use axum::Json;
-use axum::extract::{Path, Query, State};
+use axum::extract::{Path, Query, RawQuery, State};
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 
 use crate::api::AppState;
+use crate::api::body::parse_query;
 use crate::api::log::escaped;
 use crate::api::model::{Problem, TaskView};
 use crate::api::problem::ApiError;
@@ -185,9 +186,9 @@ async fn list_held(
 pub(crate) async fn requeue(
     State(state): State<AppState>,
     Path(id): Path<String>,
-    query: Result<Query<RequeueQuery>, axum::extract::rejection::QueryRejection>,
+    RawQuery(query): RawQuery,
 ) -> Result<Json<RequeueView>, ApiError> {
-    let Query(query) = query.map_err(|e| ApiError::invalid("force", e.body_text()))?;
+    let query: RequeueQuery = parse_query(query.as_deref())?;
     let note = operator_note(query.by, query.why.unwrap_or_default())?;
     requeue_task(&state, &id, query.force.unwrap_or(false), &note)
         .await
@@ -278,7 +279,7 @@ pub(crate) fn operator_note(by: Option<String>, why: String) -> Result<OperatorN
 pub(crate) async fn mark_delivered(
     State(state): State<AppState>,
     Path(id): Path<String>,
-    query: Result<Query<SettleQuery>, axum::extract::rejection::QueryRejection>,
+    RawQuery(query): RawQuery,
 ) -> Result<Json<SettleView>, ApiError> {
     settle_from_query(&state, &id, Settle::Delivered, query).await
 }
@@ -299,7 +300,7 @@ pub(crate) async fn mark_delivered(
 pub(crate) async fn give_up(
     State(state): State<AppState>,
     Path(id): Path<String>,
-    query: Result<Query<SettleQuery>, axum::extract::rejection::QueryRejection>,
+    RawQuery(query): RawQuery,
 ) -> Result<Json<SettleView>, ApiError> {
     settle_from_query(&state, &id, Settle::GivenUp, query).await
 }
@@ -309,9 +310,9 @@ async fn settle_from_query(
     state: &AppState,
     id: &str,
     how: Settle,
-    query: Result<Query<SettleQuery>, axum::extract::rejection::QueryRejection>,
+    query: Option<String>,
 ) -> Result<Json<SettleView>, ApiError> {
-    let Query(query) = query.map_err(|e| ApiError::invalid("why", e.body_text()))?;
+    let query: SettleQuery = parse_query(query.as_deref())?;
     let note = operator_note(query.by, query.why)?;
     settle_task(state, id, how, &note)
         .await

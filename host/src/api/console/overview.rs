@@ -40,6 +40,10 @@ pub(crate) async fn page(State(state): State<AppState>, Operator(session): Opera
                     }
                     ul { @for reason in &reload.refused { li { (reason) } } }
                 }
+                @if !reload.notes.is_empty() {
+                    p class="warn" { "The set in force was swapped in without these checks:" }
+                    ul { @for note in &reload.notes { li { (note) } } }
+                }
             }
         }
         (counts_table(&recent_caption(view.recent.seconds), "recent", &view.recent.channels))

@@ -230,6 +230,31 @@ impl PluginSender {
         Ok(rt.capabilities_of(&inst).await)
     }
 
+    /// What the plugin `registry` resolves `channel`'s requirement to
+    /// offers, with its `name@version`: a reload's check of the plugins it
+    /// would swap in (bound to the channel's settings off to the side: the
+    /// instances in use are left alone).
+    pub async fn capabilities_in(
+        &self,
+        channel: &str,
+        registry: &PluginRegistry,
+    ) -> Result<(String, Capabilities), InstanceError> {
+        let rt = self
+            .channels
+            .get(channel)
+            .ok_or_else(|| InstanceError::UnknownChannel(channel.to_string()))?;
+        let plugin =
+            registry
+                .resolve_channel(&rt.requirement)
+                .map_err(|e| InstanceError::Plugin {
+                    channel: channel.to_string(),
+                    reason: e.to_string(),
+                })?;
+        let id = plugin.meta().id.clone();
+        let inst = ChannelInstance::new(plugin, rt.settings.clone());
+        Ok((id, rt.capabilities_of(&inst).await))
+    }
+
     /// The channel instance `msg` is sent through: its channel's, or on a
     /// channel with providers the task's provider (the first when it has none).
     fn instance_name<'a>(&'a self, msg: &'a OutgoingMessage) -> &'a str {

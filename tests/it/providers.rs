@@ -11,6 +11,7 @@
 //! handed whole to `handle_callback`, the plugin's reply returned), posted by
 //! the simulator in each provider's own format.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -19,6 +20,7 @@ use axum::extract::{Path, RawQuery, State};
 use axum::http::{HeaderMap, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use provider_sim::Faults;
+use pushonce::config::ChannelConfig;
 use pushonce::permit::{Permits, RetryPolicy, Task, TaskStatus};
 use pushonce::plugin::bindings::{CallbackRequest, Message, Receipt, SendError};
 use pushonce::send::plugin::{CallbackAccess, PluginSender};
@@ -587,6 +589,150 @@ async fn a_5xx_after_accept_on_a_push_without_reference_is_held_not_retried() {
         let ledger = env.ledger(channel);
         assert_eq!(ledger.len(), 1, "{channel}: one message: {ledger:?}");
     }
+    env.stop().await;
+}
+
+// ------------------------------------ WeChat answers that say nothing for sure
+
+/// A WeChat task whose fallback goes to the inbox, under `fb_key`.
+fn wechat_with_inbox_fallback(fb_key: &str) -> Payload {
+    let mut p = payload(&recipient("wechat", 1), template("wechat"));
+    p.fallback = Some(Box::new(Fallback {
+        channel: "inbox".into(),
+        key: fb_key.into(),
+        window_ms: 3_600_000,
+        payload: payload(&recipient("inbox", 8), template("inbox")),
+        category: None,
+    }));
+    p
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wechat_200_without_errcode_is_resent_under_its_client_msg_id_not_taken_as_sent() {
+    // A proxy answering 200 `{}`: only errcode 0 says WeChat took the
+    // message. Unknown, the task is resent under the same client_msg_id,
+    // which WeChat dedupes: one message, and the id WeChat gave it.
+    let env = Env::start(|_| {}).await;
+    env.sim.set_faults(
+        "wechat",
+        Faults {
+            empty_200_next: 1,
+            ..Faults::default()
+        },
+    );
+    let t = accept(&env, "wechat", "empty-200", 1).await;
+    wait_settled(&env, &t).await;
+    let ledger = env.ledger("wechat");
+    assert_eq!(ledger.len(), 1, "one message: {ledger:?}");
+    let task = task(&env.permits, &t).await;
+    assert_eq!(
+        ledger[0].replays, 1,
+        "resent under the same client_msg_id, deduplicated: {ledger:?} {task:?}"
+    );
+    assert_eq!(task.attempts, 2, "{task:?}");
+    assert_eq!(
+        task.provider_message_id.as_deref(),
+        Some(ledger[0].id.as_str()),
+        "the msgid WeChat answered the resend with: {task:?}"
+    );
+    env.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unlisted_wechat_errcode_to_a_replay_sends_no_fallback_and_the_user_gets_one() {
+    // The first send is taken and its answer cut off; WeChat answers the
+    // resend under the same client_msg_id with a code the plugin does not
+    // know (what it answers there is undocumented). That is no refusal:
+    // the first message arrived, so a fallback would be a second one.
+    let env = Env::start(|_| {}).await;
+    env.sim.set_faults(
+        "wechat",
+        Faults {
+            drop_next: 1,
+            replay_errcode: Some(99999),
+            ..Faults::default()
+        },
+    );
+    let fb_key = "push:per-event@1:inbox:fb-replay-code";
+    let t = env
+        .accept("wechat", "replay-code", &wechat_with_inbox_fallback(fb_key))
+        .await;
+    let replayed = wait_until(DEADLINE, || async {
+        env.ledger("wechat").first().is_some_and(|m| m.replays >= 1)
+    })
+    .await;
+    assert!(replayed.is_ok(), "{:?}", env.ledger("wechat"));
+    // Answered 99999 to that replay; the next answers carry the msgid.
+    env.sim.set_faults("wechat", Faults::default());
+    wait_settled(&env, &t).await;
+    let task = task(&env.permits, &t).await;
+    assert!(task.attempts >= 3, "resent past the unknown code: {task:?}");
+    let ledger = env.ledger("wechat");
+    assert_eq!(ledger.len(), 1, "one message: {ledger:?}");
+    assert_eq!(
+        env.permits.permit_owner(fb_key).await.unwrap(),
+        None,
+        "no fallback: {task:?}"
+    );
+    assert!(env.ledger("inbox").is_empty(), "{:?}", env.ledger("inbox"));
+    env.stop().await;
+}
+
+// ------------------------------------ a timeout after the provider took it
+
+/// The channel gives up on an answer after 300 ms.
+fn short_response_timeout(
+    channel: &'static str,
+) -> impl FnOnce(&mut BTreeMap<String, ChannelConfig>) {
+    move |chans| {
+        let c = chans.get_mut(channel).expect("the channel is configured");
+        c.response_timeout = Duration::from_millis(300);
+    }
+}
+
+/// The provider takes the message, then answers after 1.5 s.
+fn answer_late() -> Faults {
+    Faults {
+        slow_after_accept_ms: 1500,
+        ..Faults::default()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_fcm_push_that_timed_out_after_fcm_took_it_is_held_not_resent() {
+    // FCM has no reference and no query: a timeout may mean "sent", so the
+    // task is held (`on_unknown = "hold"`), never resent blindly.
+    let env = Env::start(short_response_timeout("app-push")).await;
+    env.sim.set_faults("app-push", answer_late());
+    let t = accept(&env, "app-push", "late-1", 1).await;
+    env.wait_status(&t, TaskStatus::Unknown).await;
+    let task = task(&env.permits, &t).await;
+    assert_eq!(task.attempts, 1, "not resent: {task:?}");
+    let ledger = env.ledger("app-push");
+    assert_eq!(ledger.len(), 1, "FCM took it, once: {ledger:?}");
+    env.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wechat_send_that_timed_out_after_wechat_took_it_is_resent_and_deduplicated() {
+    // The first answer comes after the channel gave up; the resend under
+    // the same client_msg_id is answered at once, and WeChat dedupes it.
+    let env = Env::start(short_response_timeout("wechat")).await;
+    env.sim.set_faults("wechat", answer_late());
+    let t = accept(&env, "wechat", "late-2", 1).await;
+    let taken = wait_until(DEADLINE, || async { !env.ledger("wechat").is_empty() }).await;
+    assert!(taken.is_ok(), "WeChat took the first send");
+    // That answer is already delayed; the resend's is not.
+    env.sim.set_faults("wechat", Faults::default());
+    wait_settled(&env, &t).await;
+    let task = task(&env.permits, &t).await;
+    assert!(task.attempts >= 2, "resent after the timeout: {task:?}");
+    let ledger = env.ledger("wechat");
+    assert_eq!(ledger.len(), 1, "one message: {ledger:?}");
+    assert!(
+        ledger[0].replays >= 1,
+        "the resend was deduplicated: {ledger:?}"
+    );
     env.stop().await;
 }
 

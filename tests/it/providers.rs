@@ -250,7 +250,10 @@ const DOCUMENTED: [Documented; 6] = [
         callbacks: false,
         source: "https://developer.apple.com/documentation/usernotifications/sending-notification-requests-to-apns",
     },
-    // Receivers dedupe on webhook-id ("save the IDs in redis for 5 minutes").
+    // The spec advises receivers to dedupe on webhook-id ("save the IDs in
+    // redis for 5 minutes"); declared only when the operator sets
+    // `dedupe_window`, as the harness does for the simulated receiver
+    // (without it: `a_webhook_receiver_not_declared_to_dedupe_…`).
     Documented {
         channel: "webhook",
         honours_reference: true,
@@ -802,6 +805,30 @@ async fn an_inbox_replay_while_the_first_request_is_in_flight_is_retried_and_no_
         "no fallback"
     );
     assert!(env.ledger("sms").is_empty());
+    env.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_webhook_receiver_not_declared_to_dedupe_is_not_resent_after_a_cut_off() {
+    // The receiver is the customer's server; the spec only advises it to
+    // dedupe on webhook-id. Without the operator's `dedupe_window`, the
+    // plugin declares no reference: a cut-off answer is held
+    // (`on_unknown = "hold"`), not resent under the id.
+    let env = Env::start(|chans| {
+        let webhook = chans.get_mut("webhook").unwrap();
+        webhook.settings.remove("dedupe_window");
+    })
+    .await;
+    let caps = env.sender.capabilities("webhook", None).await.unwrap();
+    assert!(!caps.honours_reference, "{caps:?}");
+    env.sim.set_faults("webhook", cut_after_accept());
+    let t = accept(&env, "webhook", "undeclared-1", 1).await;
+    env.wait_status(&t, TaskStatus::Unknown).await;
+    let task = task(&env.permits, &t).await;
+    assert_eq!(task.attempts, 1, "not resent: {task:?}");
+    let ledger = env.ledger("webhook");
+    assert_eq!(ledger.len(), 1, "{ledger:?}");
+    assert_eq!(ledger[0].replays, 0, "no resend reached it: {ledger:?}");
     env.stop().await;
 }
 

@@ -53,26 +53,24 @@ use channel_sdk::{
     setting,
 };
 
-/// The spec's example retention of ids (5 minutes) less a minute for
-/// transit: taken for a `dedupe_window` that is not a number.
-const SPEC_EXAMPLE_WINDOW_SECS: u32 = 240;
-
 /// The plugin.
 struct Webhook;
 
 impl Channel for Webhook {
     fn capabilities() -> ProviderCapabilities {
         match dedupe_window() {
-            Some(window) => ProviderCapabilities {
+            Ok(Some(window)) => ProviderCapabilities {
                 honours_reference: true,
                 reference_window_secs: window,
                 ..ProviderCapabilities::NONE
             },
-            None => ProviderCapabilities::NONE,
+            // Not declared, or not readable: the receiver is not known to dedupe.
+            Ok(None) | Err(_) => ProviderCapabilities::NONE,
         }
     }
 
     fn send(msg: Message) -> Result<Receipt, SendError> {
+        dedupe_window().map_err(SendError::Permanent)?;
         let url = endpoint(&msg.recipient)?;
         let secret = require("secret")?;
         let id = webhooks::message_id(&msg.idempotency_key);
@@ -131,12 +129,18 @@ fn accepted_ms(task_id: &str) -> Option<u64> {
 /// How long the receiver dedupes on `webhook-id`, as the operator declares
 /// it (setting `dedupe_window`: seconds, or `forever` for `Some(None)`);
 /// `None` when not declared: the receiver is not known to dedupe. A value
-/// that is not a number of seconds counts as the spec's example, 240 s.
-fn dedupe_window() -> Option<Option<u32>> {
+/// that is neither is an error naming the setting: the channel declares no
+/// reference and refuses each send, so the mistake shows at the first one.
+fn dedupe_window() -> Result<Option<Option<u32>>, String> {
     match setting("dedupe_window").as_deref().map(str::trim) {
-        None | Some("") => None,
-        Some("forever") => Some(None),
-        Some(secs) => Some(Some(secs.parse().unwrap_or(SPEC_EXAMPLE_WINDOW_SECS))),
+        None | Some("") => Ok(None),
+        Some("forever") => Ok(Some(None)),
+        Some(secs) => secs.parse().map(|s| Some(Some(s))).map_err(|_| {
+            format!(
+                "channel setting `dedupe_window` is `{secs}`: \
+                 a number of seconds or `forever` was expected"
+            )
+        }),
     }
 }
 

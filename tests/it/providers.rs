@@ -833,6 +833,31 @@ async fn a_webhook_receiver_not_declared_to_dedupe_is_not_resent_after_a_cut_off
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_webhook_dedupe_window_that_is_not_seconds_fails_the_send_naming_it() {
+    // A mistyped declaration is not read as some window: the channel
+    // declares no reference and says what is wrong at the first send.
+    let env = Env::start(|chans| {
+        let webhook = chans.get_mut("webhook").unwrap();
+        webhook
+            .settings
+            .insert("dedupe_window".to_string(), "5m".to_string());
+    })
+    .await;
+    let caps = env.sender.capabilities("webhook", None).await.unwrap();
+    assert!(!caps.honours_reference, "{caps:?}");
+    let t = accept(&env, "webhook", "bad-window-1", 1).await;
+    env.wait_status(&t, TaskStatus::Failed).await;
+    let task = task(&env.permits, &t).await;
+    let why = task.last_error.unwrap_or_default();
+    assert!(
+        why.contains("dedupe_window") && why.contains("5m"),
+        "names it: {why}"
+    );
+    assert!(env.ledger("webhook").is_empty(), "nothing was sent");
+    env.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_webhook_endpoint_answering_404_is_retried_and_only_410_stops() {
     // Issue 31, item 4: Standard Webhooks stops only on 410 Gone; 401, 404
     // and other 4xx are failures retried over the schedule.
@@ -1600,6 +1625,13 @@ async fn a_tencent_sms_is_sent_once_and_its_status_push_settles_it_delivered() {
         Some(ledger[0].id.as_str()),
         "the SerialNo the push names"
     );
+    // The simulator counts its push once the host has answered it, which
+    // may be after the host settled the task.
+    let counted = wait_until(DEADLINE, || async {
+        stat(&env.sim, "tencent-sms.receipt_posted") >= 1
+    })
+    .await;
+    assert!(counted.is_ok(), "the push was answered");
     assert_eq!(stat(&env.sim, "tencent-sms.receipt_posted"), 1);
     env.stop().await;
 }

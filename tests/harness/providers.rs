@@ -285,11 +285,16 @@ impl Sim {
                 ]),
                 s(&[("private_key", "TEST_APNS_KEY".into())]),
             ),
+            // The simulated receiver keeps ids 5 minutes, as the spec's
+            // example; the operator's declaration says so.
             "webhook" => (
-                s(&[(
-                    &format!("endpoint.{WEBHOOK_ENDPOINT}"),
-                    format!("{base}/webhook/{WEBHOOK_ENDPOINT}"),
-                )]),
+                s(&[
+                    (
+                        &format!("endpoint.{WEBHOOK_ENDPOINT}"),
+                        format!("{base}/webhook/{WEBHOOK_ENDPOINT}"),
+                    ),
+                    ("dedupe_window", "240".into()),
+                ]),
                 s(&[("secret", "TEST_WEBHOOK_SECRET".into())]),
             ),
             "email" => (

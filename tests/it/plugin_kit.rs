@@ -576,7 +576,7 @@ fn the_kit_runs_the_webhook_plugin_with_its_settings_and_headers() {
         "{stdout}"
     );
     assert!(
-        stdout.contains("webhook@2.0.0: 4 passed, 1 failed"),
+        stdout.contains("webhook@2.1.0: 4 passed, 1 failed"),
         "{stdout}"
     );
     assert!(stderr.contains("1 of 5 case(s) failed"), "{stderr}");

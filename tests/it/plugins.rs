@@ -50,8 +50,8 @@ fn the_real_plugins_load_and_describe_themselves() {
             "per-user-per-job@1.0.0",
             "ses-email@1.2.0",
             "tencent-sms@1.1.0",
-            "webhook@2.0.0",
-            "wechat@2.1.0"
+            "webhook@2.1.0",
+            "wechat@2.2.0"
         ]
     );
     for p in registry.plugins() {

@@ -11,6 +11,7 @@
 //! handed whole to `handle_callback`, the plugin's reply returned), posted by
 //! the simulator in each provider's own format.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -19,6 +20,7 @@ use axum::extract::{Path, RawQuery, State};
 use axum::http::{HeaderMap, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use provider_sim::Faults;
+use pushonce::config::ChannelConfig;
 use pushonce::permit::{Permits, RetryPolicy, Task, TaskStatus};
 use pushonce::plugin::bindings::{CallbackRequest, Message, Receipt, SendError};
 use pushonce::send::plugin::{CallbackAccess, PluginSender};
@@ -248,7 +250,10 @@ const DOCUMENTED: [Documented; 6] = [
         callbacks: false,
         source: "https://developer.apple.com/documentation/usernotifications/sending-notification-requests-to-apns",
     },
-    // Receivers dedupe on webhook-id ("save the IDs in redis for 5 minutes").
+    // The spec advises receivers to dedupe on webhook-id ("save the IDs in
+    // redis for 5 minutes"); declared only when the operator sets
+    // `dedupe_window`, as the harness does for the simulated receiver
+    // (without it: `a_webhook_receiver_not_declared_to_dedupe_…`).
     Documented {
         channel: "webhook",
         honours_reference: true,
@@ -590,6 +595,150 @@ async fn a_5xx_after_accept_on_a_push_without_reference_is_held_not_retried() {
     env.stop().await;
 }
 
+// ------------------------------------ WeChat answers that say nothing for sure
+
+/// A WeChat task whose fallback goes to the inbox, under `fb_key`.
+fn wechat_with_inbox_fallback(fb_key: &str) -> Payload {
+    let mut p = payload(&recipient("wechat", 1), template("wechat"));
+    p.fallback = Some(Box::new(Fallback {
+        channel: "inbox".into(),
+        key: fb_key.into(),
+        window_ms: 3_600_000,
+        payload: payload(&recipient("inbox", 8), template("inbox")),
+        category: None,
+    }));
+    p
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wechat_200_without_errcode_is_resent_under_its_client_msg_id_not_taken_as_sent() {
+    // A proxy answering 200 `{}`: only errcode 0 says WeChat took the
+    // message. Unknown, the task is resent under the same client_msg_id,
+    // which WeChat dedupes: one message, and the id WeChat gave it.
+    let env = Env::start(|_| {}).await;
+    env.sim.set_faults(
+        "wechat",
+        Faults {
+            empty_200_next: 1,
+            ..Faults::default()
+        },
+    );
+    let t = accept(&env, "wechat", "empty-200", 1).await;
+    wait_settled(&env, &t).await;
+    let ledger = env.ledger("wechat");
+    assert_eq!(ledger.len(), 1, "one message: {ledger:?}");
+    let task = task(&env.permits, &t).await;
+    assert_eq!(
+        ledger[0].replays, 1,
+        "resent under the same client_msg_id, deduplicated: {ledger:?} {task:?}"
+    );
+    assert_eq!(task.attempts, 2, "{task:?}");
+    assert_eq!(
+        task.provider_message_id.as_deref(),
+        Some(ledger[0].id.as_str()),
+        "the msgid WeChat answered the resend with: {task:?}"
+    );
+    env.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unlisted_wechat_errcode_to_a_replay_sends_no_fallback_and_the_user_gets_one() {
+    // The first send is taken and its answer cut off; WeChat answers the
+    // resend under the same client_msg_id with a code the plugin does not
+    // know (what it answers there is undocumented). That is no refusal:
+    // the first message arrived, so a fallback would be a second one.
+    let env = Env::start(|_| {}).await;
+    env.sim.set_faults(
+        "wechat",
+        Faults {
+            drop_next: 1,
+            replay_errcode: Some(99999),
+            ..Faults::default()
+        },
+    );
+    let fb_key = "push:per-event@1:inbox:fb-replay-code";
+    let t = env
+        .accept("wechat", "replay-code", &wechat_with_inbox_fallback(fb_key))
+        .await;
+    let replayed = wait_until(DEADLINE, || async {
+        env.ledger("wechat").first().is_some_and(|m| m.replays >= 1)
+    })
+    .await;
+    assert!(replayed.is_ok(), "{:?}", env.ledger("wechat"));
+    // Answered 99999 to that replay; the next answers carry the msgid.
+    env.sim.set_faults("wechat", Faults::default());
+    wait_settled(&env, &t).await;
+    let task = task(&env.permits, &t).await;
+    assert!(task.attempts >= 3, "resent past the unknown code: {task:?}");
+    let ledger = env.ledger("wechat");
+    assert_eq!(ledger.len(), 1, "one message: {ledger:?}");
+    assert_eq!(
+        env.permits.permit_owner(fb_key).await.unwrap(),
+        None,
+        "no fallback: {task:?}"
+    );
+    assert!(env.ledger("inbox").is_empty(), "{:?}", env.ledger("inbox"));
+    env.stop().await;
+}
+
+// ------------------------------------ a timeout after the provider took it
+
+/// The channel gives up on an answer after 300 ms.
+fn short_response_timeout(
+    channel: &'static str,
+) -> impl FnOnce(&mut BTreeMap<String, ChannelConfig>) {
+    move |chans| {
+        let c = chans.get_mut(channel).expect("the channel is configured");
+        c.response_timeout = Duration::from_millis(300);
+    }
+}
+
+/// The provider takes the message, then answers after 1.5 s.
+fn answer_late() -> Faults {
+    Faults {
+        slow_after_accept_ms: 1500,
+        ..Faults::default()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_fcm_push_that_timed_out_after_fcm_took_it_is_held_not_resent() {
+    // FCM has no reference and no query: a timeout may mean "sent", so the
+    // task is held (`on_unknown = "hold"`), never resent blindly.
+    let env = Env::start(short_response_timeout("app-push")).await;
+    env.sim.set_faults("app-push", answer_late());
+    let t = accept(&env, "app-push", "late-1", 1).await;
+    env.wait_status(&t, TaskStatus::Unknown).await;
+    let task = task(&env.permits, &t).await;
+    assert_eq!(task.attempts, 1, "not resent: {task:?}");
+    let ledger = env.ledger("app-push");
+    assert_eq!(ledger.len(), 1, "FCM took it, once: {ledger:?}");
+    env.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wechat_send_that_timed_out_after_wechat_took_it_is_resent_and_deduplicated() {
+    // The first answer comes after the channel gave up; the resend under
+    // the same client_msg_id is answered at once, and WeChat dedupes it.
+    let env = Env::start(short_response_timeout("wechat")).await;
+    env.sim.set_faults("wechat", answer_late());
+    let t = accept(&env, "wechat", "late-2", 1).await;
+    let taken = wait_until(DEADLINE, || async { !env.ledger("wechat").is_empty() }).await;
+    assert!(taken.is_ok(), "WeChat took the first send");
+    // That answer is already delayed; the resend's is not.
+    env.sim.set_faults("wechat", Faults::default());
+    wait_settled(&env, &t).await;
+    let task = task(&env.permits, &t).await;
+    assert!(task.attempts >= 2, "resent after the timeout: {task:?}");
+    let ledger = env.ledger("wechat");
+    assert_eq!(ledger.len(), 1, "one message: {ledger:?}");
+    assert!(
+        ledger[0].replays >= 1,
+        "the resend was deduplicated: {ledger:?}"
+    );
+    env.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_inbox_replay_while_the_first_request_is_in_flight_is_retried_and_no_fallback_is_sent() {
     // Issue 31, item 5: the inbox answers 409 to a replay of a key whose
@@ -656,6 +805,55 @@ async fn an_inbox_replay_while_the_first_request_is_in_flight_is_retried_and_no_
         "no fallback"
     );
     assert!(env.ledger("sms").is_empty());
+    env.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_webhook_receiver_not_declared_to_dedupe_is_not_resent_after_a_cut_off() {
+    // The receiver is the customer's server; the spec only advises it to
+    // dedupe on webhook-id. Without the operator's `dedupe_window`, the
+    // plugin declares no reference: a cut-off answer is held
+    // (`on_unknown = "hold"`), not resent under the id.
+    let env = Env::start(|chans| {
+        let webhook = chans.get_mut("webhook").unwrap();
+        webhook.settings.remove("dedupe_window");
+    })
+    .await;
+    let caps = env.sender.capabilities("webhook", None).await.unwrap();
+    assert!(!caps.honours_reference, "{caps:?}");
+    env.sim.set_faults("webhook", cut_after_accept());
+    let t = accept(&env, "webhook", "undeclared-1", 1).await;
+    env.wait_status(&t, TaskStatus::Unknown).await;
+    let task = task(&env.permits, &t).await;
+    assert_eq!(task.attempts, 1, "not resent: {task:?}");
+    let ledger = env.ledger("webhook");
+    assert_eq!(ledger.len(), 1, "{ledger:?}");
+    assert_eq!(ledger[0].replays, 0, "no resend reached it: {ledger:?}");
+    env.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_webhook_dedupe_window_that_is_not_seconds_fails_the_send_naming_it() {
+    // A mistyped declaration is not read as some window: the channel
+    // declares no reference and says what is wrong at the first send.
+    let env = Env::start(|chans| {
+        let webhook = chans.get_mut("webhook").unwrap();
+        webhook
+            .settings
+            .insert("dedupe_window".to_string(), "5m".to_string());
+    })
+    .await;
+    let caps = env.sender.capabilities("webhook", None).await.unwrap();
+    assert!(!caps.honours_reference, "{caps:?}");
+    let t = accept(&env, "webhook", "bad-window-1", 1).await;
+    env.wait_status(&t, TaskStatus::Failed).await;
+    let task = task(&env.permits, &t).await;
+    let why = task.last_error.unwrap_or_default();
+    assert!(
+        why.contains("dedupe_window") && why.contains("5m"),
+        "names it: {why}"
+    );
+    assert!(env.ledger("webhook").is_empty(), "nothing was sent");
     env.stop().await;
 }
 
@@ -1427,6 +1625,13 @@ async fn a_tencent_sms_is_sent_once_and_its_status_push_settles_it_delivered() {
         Some(ledger[0].id.as_str()),
         "the SerialNo the push names"
     );
+    // The simulator counts its push once the host has answered it, which
+    // may be after the host settled the task.
+    let counted = wait_until(DEADLINE, || async {
+        stat(&env.sim, "tencent-sms.receipt_posted") >= 1
+    })
+    .await;
+    assert!(counted.is_ok(), "the push was answered");
     assert_eq!(stat(&env.sim, "tencent-sms.receipt_posted"), 1);
     env.stop().await;
 }

@@ -261,11 +261,29 @@ pub fn delivered(status: &str) -> bool {
     status == "success"
 }
 
-/// Sorts a non-zero errcode of the template send (or token) API.
+/// Sorts a non-zero errcode of the template send API. A code not in the
+/// table is unknown: what WeChat answers to a resend of a `client_msg_id`
+/// it already took (inside its 10 minutes) is not documented, and such an
+/// answer could be any code; a permanent class would send the fallback
+/// while the first message may have reached the user (docs/providers.md,
+/// "WeChat"). Unknown, the host resends under the same `client_msg_id`
+/// (deduplicated) inside the window, else follows `on_unknown`.
 pub fn classify(errcode: i64) -> Refusal {
+    known(errcode).unwrap_or_else(|| Refusal::new(Class::Unknown, errcode.to_string()))
+}
+
+/// Sorts a non-zero errcode of the token API (`stable_token`). A token
+/// request carries no message, so a code not in the table is permanent:
+/// nothing was sent, and a fallback cannot duplicate anything.
+pub fn classify_token(errcode: i64) -> Refusal {
+    known(errcode).unwrap_or_else(|| Refusal::new(Class::Permanent, errcode.to_string()))
+}
+
+/// The errcodes whose meaning is documented (docs/providers.md, "WeChat").
+fn known(errcode: i64) -> Option<Refusal> {
     use Class::{Permanent, Refresh, Retryable, Unknown};
     let r = |class| Refusal::new(class, errcode.to_string());
-    match errcode {
+    Some(match errcode {
         // The access token is invalid, malformed or expired.
         40001 | 40014 | 42001 => r(Refresh),
         // API call quota reached: refused before the message was taken.
@@ -279,8 +297,8 @@ pub fn classify(errcode: i64) -> Refusal {
         40164 => r(Permanent)
             .because("the host's IP address is not on the official account's IP whitelist"),
         40013 | 40125 => r(Permanent).because("`app_id` or `app_secret` is wrong"),
-        _ => r(Permanent),
-    }
+        _ => return None,
+    })
 }
 
 #[cfg(test)]
@@ -547,11 +565,19 @@ mod tests {
             (47003, Permanent),
             (40164, Permanent),
             (40013, Permanent),
-            (99999, Permanent),
+            (40125, Permanent),
+            // Not in the table: perhaps WeChat's answer to a replay of a
+            // message it took.
+            (99999, Unknown),
+            (48001, Unknown),
         ];
         for (code, class) in table {
             assert_eq!(classify(code).class, class, "{code}");
         }
+        // The token API carries no message: its unlisted codes are permanent.
+        assert_eq!(classify_token(99999).class, Permanent);
+        assert_eq!(classify_token(-1).class, Unknown);
+        assert_eq!(classify_token(40013).class, Permanent);
         assert!(classify(40164).cause.unwrap().contains("whitelist"));
         assert_eq!(client_msg_id("k").len(), 20);
     }

@@ -11,7 +11,7 @@
 //! ([`crate::SmsApprovals`]) is refused `isv.SMS_TEMPLATE_ILLEGAL` /
 //! `isv.SMS_SIGNATURE_ILLEGAL` in an HTTP 200, and nothing is sent.
 
-use crate::ledger::{Dedupe, Incoming, Verdict, cut_off, pause, with_retry_after};
+use crate::ledger::{Dedupe, Incoming, Verdict, cut_off, late, pause, with_retry_after};
 use crate::{SimState, Unapproved, now_secs};
 use axum::{
     Json,
@@ -553,18 +553,20 @@ async fn send(
                     accepted.push(m);
                 }
             }
+            let after_accept = sim.slow_after_accept(PROVIDER);
             std::mem::drop(sim);
             if let Some(config) = receipts {
                 state.spawn_receipts(PROVIDER, config, accepted);
             }
-            if cut {
-                return Ok(cut_off());
-            }
-            if fail {
-                return Ok(server_error());
-            }
-            Json(json!({"Code": "OK", "Message": "OK", "BizId": biz_id, "RequestId": request_id}))
-                .into_response()
+            let answer = if cut {
+                cut_off()
+            } else if fail {
+                server_error()
+            } else {
+                Json(json!({"Code": "OK", "Message": "OK", "BizId": biz_id, "RequestId": request_id}))
+                    .into_response()
+            };
+            late(answer, after_accept)
         }
     })
 }

@@ -12,7 +12,7 @@
 //! - Errors: `{"error":{"code","message","status","details":[FcmError]}}`;
 //!   429 QUOTA_EXCEEDED and 503 UNAVAILABLE carry `Retry-After`.
 
-use crate::ledger::{Dedupe, Incoming, Verdict, cut_off, pause, with_retry_after};
+use crate::ledger::{Dedupe, Incoming, Verdict, cut_off, late, pause, with_retry_after};
 use crate::{Credentials, SimState, now_ms, now_secs};
 use axum::{
     Json, Router,
@@ -299,14 +299,19 @@ async fn send(
                 },
                 Dedupe::Never,
             );
-            if cut {
-                return cut_off();
-            }
-            if fail {
-                return server_error();
-            }
-            Json(json!({"name": format!("projects/{project}/messages/{}", outcome.id)}))
-                .into_response()
+            let after_accept = sim.slow_after_accept(PROVIDER);
+            drop(sim);
+            let answer = || {
+                if cut {
+                    return cut_off();
+                }
+                if fail {
+                    return server_error();
+                }
+                Json(json!({"name": format!("projects/{project}/messages/{}", outcome.id)}))
+                    .into_response()
+            };
+            late(answer(), after_accept)
         }
     }
 }

@@ -7,7 +7,7 @@
 //! `slow_ms` fault keeps a request in flight that long.
 
 use crate::SimState;
-use crate::ledger::{Dedupe, Incoming, Verdict, cut_off, pause, with_retry_after};
+use crate::ledger::{Dedupe, Incoming, Verdict, cut_off, late, pause, with_retry_after};
 use axum::{
     Json, Router,
     extract::{Query, State},
@@ -82,27 +82,29 @@ async fn send(
                 },
                 Dedupe::Always,
             );
+            let after_accept = sim.slow_after_accept(PROVIDER);
             drop(sim);
             if let Some(r) = outcome.receipt {
                 state.spawn_receipt(PROVIDER, r);
             }
             if cut {
-                return cut_off();
+                return late(cut_off(), after_accept);
             }
             if fail {
-                return error(StatusCode::INTERNAL_SERVER_ERROR, "simulated failure");
+                let failure = error(StatusCode::INTERNAL_SERVER_ERROR, "simulated failure");
+                return late(failure, after_accept);
             }
             let status = if outcome.replay {
                 StatusCode::OK
             } else {
                 StatusCode::CREATED
             };
-            (
+            let answer = (
                 status,
                 [("idempotent-replayed", outcome.replay.to_string())],
                 Json(json!({"id": outcome.id, "status": "accepted"})),
-            )
-                .into_response()
+            );
+            late(answer.into_response(), after_accept)
         }
     }
 }

@@ -406,6 +406,17 @@ impl Sim {
         Duration::from_millis(self.faults.get(provider).map(|f| f.slow_ms).unwrap_or(0))
     }
 
+    /// `provider`'s `slow_after_accept_ms`, read when a message has been
+    /// taken (see [`linger`]).
+    pub fn slow_after_accept(&self, provider: &str) -> Duration {
+        Duration::from_millis(
+            self.faults
+                .get(provider)
+                .map(|f| f.slow_after_accept_ms)
+                .unwrap_or(0),
+        )
+    }
+
     /// Expires every WeChat and FCM token; returns how many.
     pub fn expire_tokens(&mut self) -> usize {
         for t in self.wechat_tokens.values_mut() {
@@ -459,4 +470,35 @@ pub async fn pause(state: &SimState, provider: &str) {
     if !d.is_zero() {
         tokio::time::sleep(d).await;
     }
+}
+
+/// `response`, marked to be held `after_accept` (a
+/// [`Sim::slow_after_accept`] read under the lock right after the message
+/// was recorded) before it goes out: the server's layer [`answer_late`]
+/// waits, after the handler returned. The record is made before any wait,
+/// so a client that gives up and drops the request (which cancels the
+/// wait, not the record) leaves the message taken: a timeout may mean
+/// "sent".
+pub fn late(mut response: Response, after_accept: Duration) -> Response {
+    if !after_accept.is_zero() {
+        response.extensions_mut().insert(AnswerLate(after_accept));
+    }
+    response
+}
+
+/// How long a response waits before it goes out ([`late`]).
+#[derive(Debug, Clone, Copy)]
+pub struct AnswerLate(pub Duration);
+
+/// The layer over every provider route: holds a response marked by
+/// [`late`] for its delay, then sends it.
+pub async fn answer_late(
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let response = next.run(request).await;
+    if let Some(AnswerLate(delay)) = response.extensions().get::<AnswerLate>().copied() {
+        tokio::time::sleep(delay).await;
+    }
+    response
 }

@@ -52,6 +52,14 @@
 //! ledger of what each provider accepted (`GET /_sim/ledger`: one entry per
 //! message a user would receive), stats, token expiry and receipts with
 //! retries ([`receipts`]) are shared by all providers.
+//!
+//! Where a provider's documentation is silent, a fault imitates the unsafe
+//! reading, never a kinder one: a 5xx after the message was taken
+//! (`error_after_accept`), an answer cut off after it (`drop_after_accept`),
+//! an answer later than the client waits after it (`slow_after_accept_ms`:
+//! a timeout that means "sent"; `slow_ms` is the delay before taking it),
+//! and for WeChat a bare HTTP 200 `{}` (`empty_200_next`) or any errcode
+//! answering a deduplicated resend (`replay_errcode`). See [`Faults`].
 
 pub mod aliyun;
 pub mod apns;
@@ -125,8 +133,30 @@ pub struct Faults {
     /// The next N sends (after `fail_next`) are accepted and their answer
     /// then cut off, whatever the rates say.
     pub drop_next: u32,
-    /// Delay before answering any send, in milliseconds.
+    /// Delay before answering any send, in milliseconds, spent *before*
+    /// the provider takes the message: a client that gives up during it
+    /// (its response timeout) leaves nothing sent.
     pub slow_ms: u64,
+    /// Delay spent *after* the provider took the message (recorded in the
+    /// ledger, receipts scheduled) and before its answer, in milliseconds:
+    /// a client whose response timeout is shorter sees a timeout although
+    /// the user gets the message, the unsafe reading of a timeout. The
+    /// message is recorded before any wait: a layer over the provider routes
+    /// (`ledger::answer_late`) waits after the handler returned, so a client
+    /// that drops the request cannot undo the record; the delay is read when
+    /// the message is taken, so clearing the fault afterwards does not
+    /// shorten that answer. Applies to every answer of an accepted send (a
+    /// deduplicated resend too).
+    pub slow_after_accept_ms: u64,
+    /// WeChat: the next N sends are taken (recorded, or deduplicated as a
+    /// resend of their `client_msg_id`) and answered HTTP 200 with the body
+    /// `{}`, without `errcode`, as a proxy or a gateway in between might.
+    pub empty_200_next: u32,
+    /// WeChat: a resend of a `client_msg_id` inside its window (no second
+    /// message: deduplicated) is answered with this errcode instead of the
+    /// first message's `msgid`. What WeChat answers there is undocumented
+    /// (docs/providers.md, "WeChat"); any code may come.
+    pub replay_errcode: Option<i64>,
     /// Seconds sent in `Retry-After` with 429 and 503 answers (default 1).
     pub retry_after_secs: Option<u64>,
     /// Tencent: server errors are the API gateway's HTTP 502 (no
@@ -668,6 +698,7 @@ pub fn app(state: SimState) -> Router {
         .merge(webhook::routes())
         .merge(inbox::routes())
         .merge(ses::routes())
+        .layer(axum::middleware::from_fn(ledger::answer_late))
         .merge(control::routes())
         .with_state(state)
 }

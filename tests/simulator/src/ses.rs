@@ -39,7 +39,7 @@
 //!   (<https://repost.aws/knowledge-center/ses-sendtemplatedemail-delivery-failure>).
 //!   Templates not registered render whatever their data.
 
-use crate::ledger::{Dedupe, Incoming, Verdict, cut_off, pause};
+use crate::ledger::{Dedupe, Incoming, Verdict, cut_off, late, pause};
 use crate::{SimState, sigv4};
 use axum::{
     Json, Router,
@@ -357,19 +357,21 @@ async fn send_email(
                     Dedupe::Never,
                 );
             }
+            let after_accept = sim.slow_after_accept(PROVIDER);
             std::mem::drop(sim);
             for to in &email.to {
                 for n in crate::ses_notify::notifications(&message_id, &email.from, to) {
                     state.sns_publish(&n);
                 }
             }
-            if drop {
-                return cut_off();
-            }
-            if fail {
-                return server_error();
-            }
-            Json(json!({ "MessageId": message_id })).into_response()
+            let answer = if drop {
+                cut_off()
+            } else if fail {
+                server_error()
+            } else {
+                Json(json!({ "MessageId": message_id })).into_response()
+            };
+            late(answer, after_accept)
         }
     }
 }

@@ -24,7 +24,7 @@
 //!   enable it; off by default).
 //! - Receipts are the status push ([`crate::receipts`]): a JSON array, no signature.
 
-use crate::ledger::{Dedupe, Incoming, Verdict, cut_off, pause};
+use crate::ledger::{Dedupe, Incoming, Verdict, cut_off, late, pause};
 use crate::{SimState, Unapproved, now_ms, now_secs};
 use axum::{
     Json,
@@ -434,6 +434,7 @@ async fn send(
     let mut statuses = Vec::new();
     let mut receipts = None;
     let mut accepted = Vec::new();
+    let mut took_any = false;
     for number in &numbers {
         let status = |code: &str, message: &str, serial: &str| {
             send_status(number, &context, code, message, serial)
@@ -462,26 +463,30 @@ async fn send(
             },
             Dedupe::Never,
         );
+        took_any = true;
         statuses.push(status("Ok", "send success", &outcome.id));
         if let Some((config, m)) = outcome.receipt {
             receipts = Some(config);
             accepted.push(m);
         }
     }
+    let after_accept = if took_any {
+        sim.slow_after_accept(PROVIDER)
+    } else {
+        std::time::Duration::ZERO
+    };
     std::mem::drop(sim);
     if let Some(config) = receipts {
         state.spawn_receipts(PROVIDER, config, accepted);
     }
-    if cut {
-        return Ok(cut_off());
-    }
-    if fail {
-        return Ok(server_error(request_id));
-    }
-    Ok(ok_response(
-        request_id,
-        json!({ "SendStatusSet": statuses }),
-    ))
+    let answer = if cut {
+        cut_off()
+    } else if fail {
+        server_error(request_id)
+    } else {
+        ok_response(request_id, json!({ "SendStatusSet": statuses }))
+    };
+    Ok(late(answer, after_accept))
 }
 
 /// One number's `SendStatusSet` entry: `Fee` 1 when it was sent (a

@@ -10,7 +10,7 @@
 //! the IDs in redis for 5 minutes") is acknowledged without a second delivery
 //! (counted in [`crate::Accepted::replays`]); an older one is a new delivery.
 
-use crate::ledger::{Dedupe, Incoming, Verdict, cut_off, pause, with_retry_after};
+use crate::ledger::{Dedupe, Incoming, Verdict, cut_off, late, pause, with_retry_after};
 use crate::{SimState, now_secs};
 use axum::{
     Json, Router,
@@ -158,17 +158,22 @@ async fn receive(
                 },
                 Dedupe::Within(state.config.webhook_dedupe_window),
             );
-            if cut {
-                return cut_off();
-            }
-            if fail {
-                return server_error();
-            }
-            (
-                StatusCode::OK,
-                Json(json!({"received": outcome.id, "duplicate": outcome.replay})),
-            )
-                .into_response()
+            let after_accept = sim.slow_after_accept(PROVIDER);
+            drop(sim);
+            let answer = || {
+                if cut {
+                    return cut_off();
+                }
+                if fail {
+                    return server_error();
+                }
+                (
+                    StatusCode::OK,
+                    Json(json!({"received": outcome.id, "duplicate": outcome.replay})),
+                )
+                    .into_response()
+            };
+            late(answer(), after_accept)
         }
     }
 }

@@ -15,9 +15,12 @@
 //!   beyond 10 minutes not guaranteed"; so a resend inside
 //!   [`crate::Config::wechat_client_msg_id_window`] is answered with the first
 //!   `msgid` and is not a second message; after it, it is a new message.
-//!   (What the real API answers to such a resend is undocumented.)
+//!   (What the real API answers to such a resend is undocumented: the
+//!   fault `replay_errcode` answers it with any errcode instead.)
+//! - Faults of its own: `empty_200_next` answers a taken send HTTP 200 `{}`
+//!   (no `errcode`, as a proxy might); `replay_errcode` (above).
 
-use crate::ledger::{Dedupe, Incoming, Verdict, WechatToken, cut_off, pause};
+use crate::ledger::{Dedupe, Incoming, Verdict, WechatToken, cut_off, late, pause};
 use crate::{SimState, now_ms};
 use axum::{
     Json, Router,
@@ -243,18 +246,28 @@ async fn send(
                 },
                 dedupe,
             );
+            let after_accept = sim.slow_after_accept(PROVIDER);
+            let faults = sim.faults.entry(PROVIDER).or_default();
+            let empty = faults.empty_200_next > 0;
+            faults.empty_200_next = faults.empty_200_next.saturating_sub(1);
+            let replay_errcode = faults.replay_errcode.filter(|_| outcome.replay);
             drop(sim);
             if let Some(r) = outcome.receipt {
                 state.spawn_receipt(PROVIDER, r);
             }
-            if cut {
-                return cut_off();
-            }
-            if fail {
-                return errcode(-1, "system error");
-            }
-            let msgid: u64 = outcome.id.parse().unwrap_or(0);
-            Json(json!({"errcode": 0, "errmsg": "ok", "msgid": msgid})).into_response()
+            let answer = if cut {
+                cut_off()
+            } else if fail {
+                errcode(-1, "system error")
+            } else if empty {
+                Json(json!({})).into_response()
+            } else if let Some(code) = replay_errcode {
+                errcode(code, "simulated answer to a client_msg_id replay")
+            } else {
+                let msgid: u64 = outcome.id.parse().unwrap_or(0);
+                Json(json!({"errcode": 0, "errmsg": "ok", "msgid": msgid})).into_response()
+            };
+            late(answer, after_accept)
         }
     }
 }

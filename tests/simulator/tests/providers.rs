@@ -2078,3 +2078,71 @@ async fn tencent_receipts_are_unsigned_arrays_retried_twice() {
     wait_for("given up", || sim.stat("tencent-sms.receipt_failed") == 1).await;
     assert_eq!(never.arrived().len(), 3, "the push and two retries");
 }
+
+#[tokio::test]
+async fn wechat_answers_a_taken_send_with_a_bare_200_or_a_replay_with_any_errcode() {
+    let sim = start().await;
+    let token = token_of(&wechat_token(&sim, false).await);
+    sim.state.set_faults(
+        "wechat",
+        Faults {
+            empty_200_next: 1,
+            replay_errcode: Some(99999),
+            ..Faults::default()
+        },
+    );
+    let first = wechat_send(&sim, &token, "o-1", Some("m-1")).await;
+    assert_eq!(first, json!({}), "HTTP 200 `{{}}`, no errcode");
+    assert_eq!(sim.count("wechat"), 1, "taken all the same");
+    let replay = wechat_send(&sim, &token, "o-1", Some("m-1")).await;
+    assert_eq!(replay["errcode"], 99999, "{replay}");
+    let ledger = &sim.state.ledger()["wechat"];
+    assert_eq!(ledger.len(), 1, "a deduplicated resend: {ledger:?}");
+    assert_eq!(ledger[0].replays, 1);
+    let other = wechat_send(&sim, &token, "o-2", Some("m-2")).await;
+    assert_eq!(other["errcode"], 0, "a new message gets its msgid: {other}");
+}
+
+/// A send to WeChat by a client that gives up after 300 ms.
+async fn wechat_send_giving_up(sim: &Sim, token: &str, client_msg_id: &str) -> bool {
+    let body = json!({"touser": "o-1", "template_id": "T1", "client_msg_id": client_msg_id,
+                      "data": {"k": {"value": "v"}}});
+    sim.http
+        .post(format!("{}/cgi-bin/message/template/send", sim.base))
+        .query(&[("access_token", token)])
+        .json(&body)
+        .timeout(Duration::from_millis(300))
+        .send()
+        .await
+        .is_err_and(|e| e.is_timeout())
+}
+
+#[tokio::test]
+async fn a_send_answered_late_after_the_provider_took_it_is_sent_though_the_client_timed_out() {
+    let sim = start().await;
+    let token = token_of(&wechat_token(&sim, false).await);
+    // Late before taking it: nothing is taken while the client waits.
+    sim.state.set_faults(
+        "wechat",
+        Faults {
+            slow_ms: 5000,
+            ..Faults::default()
+        },
+    );
+    assert!(wechat_send_giving_up(&sim, &token, "m-before").await);
+    // Late after taking it: the timeout means "sent".
+    sim.state.set_faults(
+        "wechat",
+        Faults {
+            slow_after_accept_ms: 1000,
+            ..Faults::default()
+        },
+    );
+    assert!(wechat_send_giving_up(&sim, &token, "m-after").await);
+    assert_eq!(sim.count("wechat"), 1, "taken before the answer");
+    assert_eq!(
+        sim.state.ledger()["wechat"][0].reference.as_deref(),
+        Some("m-after"),
+        "the send answered late after it was taken, not the one delayed before"
+    );
+}

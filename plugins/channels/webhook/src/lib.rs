@@ -22,23 +22,28 @@
 //! stops retrying ("no longer interested in receiving webhooks from this
 //! source. Sender should disable the webhook endpoint"); 5xx unknown (the
 //! receiver may have processed the event before failing: resent under the
-//! same `webhook-id` while receivers dedupe it, see below); 3xx (redirects
+//! same `webhook-id` when the operator declared that the receiver dedupes
+//! it, see below); 3xx (redirects
 //! are not followed), 401, 404, 429 and every other status retryable,
 //! honouring `Retry-After`; a cut-off answer unknown. The secret must decode
 //! to 24–64 bytes (table "Signing secret"). docs/providers.md, "Standard
 //! Webhooks", cites each.
 //!
-//! Capability `honours_reference`: the spec's section "Webhook metadata"
-//! defines the id as "a unique identifier associated with a specific event
-//! triggered, and it remains the same no matter how many times a webhook that
-//! has failed is retried. The ID is often used as an idempotency key", and
-//! "Verifying signatures" tells consumers: "Use the `webhook-id` header as an
-//! idempotency key to prevent accidentally processing the same webhook more
-//! than once (e.g. save the IDs in redis for 5 minutes)". It rests on the
-//! receiver following the spec, and the spec's own example keeps ids only 5
-//! minutes: `reference_window_secs` is the setting `dedupe_window` (seconds a
-//! receiver keeps ids, or `forever`), default 240 — the spec's 5 minutes less
-//! one for transit. No status query, no callbacks.
+//! Capability `honours_reference`, an operator's opt-in (2.1.0): the spec's
+//! section "Webhook metadata" defines the id as "a unique identifier
+//! associated with a specific event triggered, and it remains the same no
+//! matter how many times a webhook that has failed is retried. The ID is
+//! often used as an idempotency key", and "Verifying signatures" advises
+//! consumers: "Use the `webhook-id` header as an idempotency key to prevent
+//! accidentally processing the same webhook more than once (e.g. save the
+//! IDs in redis for 5 minutes)". That is advice to the receiver, the
+//! customer's own server, not something the spec makes it do: so the plugin
+//! declares the reference only when the setting `dedupe_window` says how
+//! long the receiver keeps ids (seconds, or `forever`; the spec's example
+//! suggests 240, its 5 minutes less one for transit), and then
+//! `reference_window_secs` is that. Without it, a cut-off or 5xx answer is
+//! not resent under the id: the channel's `on_unknown` decides (hold by
+//! default). No status query, no callbacks.
 
 use channel_sdk::provider::auth::{Class, Refusal, time, webhooks};
 use channel_sdk::provider::refused_by;
@@ -48,22 +53,24 @@ use channel_sdk::{
     setting,
 };
 
-/// The spec's example retention of ids (5 minutes) less a minute for transit.
-const DEFAULT_WINDOW_SECS: u32 = 240;
-
 /// The plugin.
 struct Webhook;
 
 impl Channel for Webhook {
     fn capabilities() -> ProviderCapabilities {
-        ProviderCapabilities {
-            honours_reference: true,
-            reference_window_secs: dedupe_window(),
-            ..ProviderCapabilities::NONE
+        match dedupe_window() {
+            Ok(Some(window)) => ProviderCapabilities {
+                honours_reference: true,
+                reference_window_secs: window,
+                ..ProviderCapabilities::NONE
+            },
+            // Not declared, or not readable: the receiver is not known to dedupe.
+            Ok(None) | Err(_) => ProviderCapabilities::NONE,
         }
     }
 
     fn send(msg: Message) -> Result<Receipt, SendError> {
+        dedupe_window().map_err(SendError::Permanent)?;
         let url = endpoint(&msg.recipient)?;
         let secret = require("secret")?;
         let id = webhooks::message_id(&msg.idempotency_key);
@@ -119,13 +126,21 @@ fn accepted_ms(task_id: &str) -> Option<u64> {
     ms.parse().ok().filter(|&ms| ms > 0)
 }
 
-/// How long receivers dedupe on `webhook-id` (setting `dedupe_window`:
-/// seconds, or `forever`); 240 s unless set or when unreadable.
-fn dedupe_window() -> Option<u32> {
+/// How long the receiver dedupes on `webhook-id`, as the operator declares
+/// it (setting `dedupe_window`: seconds, or `forever` for `Some(None)`);
+/// `None` when not declared: the receiver is not known to dedupe. A value
+/// that is neither is an error naming the setting: the channel declares no
+/// reference and refuses each send, so the mistake shows at the first one.
+fn dedupe_window() -> Result<Option<Option<u32>>, String> {
     match setting("dedupe_window").as_deref().map(str::trim) {
-        Some("forever") => None,
-        Some(secs) => Some(secs.parse().unwrap_or(DEFAULT_WINDOW_SECS)),
-        None => Some(DEFAULT_WINDOW_SECS),
+        None | Some("") => Ok(None),
+        Some("forever") => Ok(Some(None)),
+        Some(secs) => secs.parse().map(|s| Some(Some(s))).map_err(|_| {
+            format!(
+                "channel setting `dedupe_window` is `{secs}`: \
+                 a number of seconds or `forever` was expected"
+            )
+        }),
     }
 }
 

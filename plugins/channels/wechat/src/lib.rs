@@ -20,6 +20,12 @@
 //! `on_unknown`); a cut-off answer unknown (docs/providers.md, "WeChat").
 //! 45065 ("clientmsgid exist") and 45066 are documented for mass sends, not
 //! template sends: neither is relied on, both are unknown.
+//! An errcode not in the table is unknown too (2.2.0): what WeChat answers
+//! to a resend of a `client_msg_id` it already took is not documented, so a
+//! permanent class would send the fallback while the first message may
+//! have arrived. And a 200 without `errcode` (`{}` from a proxy) is unknown,
+//! not sent: only `errcode` 0 says WeChat took the message. The token API's
+//! unlisted codes stay permanent (`classify_token`: no message was carried).
 //!
 //! Capability `honours_reference`, `reference_window_secs = 540`: the send
 //! API's `client_msg_id` parameter is documented as "防重入id。对于同一个openid +
@@ -168,7 +174,14 @@ fn sent(resp: &http::Response, client_msg_id: &str) -> Attempt<Receipt> {
         return Attempt::Done(Err(refused_by("WeChat", &refusal, resp)));
     }
     let body = resp.json();
-    let errcode = body.get("errcode").and_then(Value::as_i64).unwrap_or(0);
+    // WeChat's success is `{"errcode":0,"errmsg":"ok","msgid":…}`. A 200
+    // without an errcode (`{}`, an HTML page, a proxy's answer) is not that:
+    // whether WeChat took the message is unknown, so it is resent under the
+    // same `client_msg_id` (deduplicated) inside the window, else held.
+    let Some(errcode) = body.get("errcode").and_then(Value::as_i64) else {
+        let refusal = Refusal::new(Class::Unknown, "status 200 without errcode");
+        return Attempt::Done(Err(refused_by("WeChat", &refusal, resp)));
+    };
     let msgid = body
         .get("msgid")
         .or_else(|| body.get("msg_id"))
@@ -212,7 +225,7 @@ fn mint(endpoint: &str) -> Result<(String, u64), SendError> {
         .unwrap_or(-1);
     Err(refused_by(
         "WeChat stable_token",
-        &wechat::classify(errcode),
+        &wechat::classify_token(errcode),
         &resp,
     ))
 }

@@ -8,7 +8,7 @@
 //! serves HTTP/2 only. No dedupe: `apns-id` is echoed, a resend is a second
 //! notification.
 
-use crate::ledger::{Dedupe, Incoming, Verdict, cut_off, late, pause, with_retry_after};
+use crate::ledger::{Dedupe, Incoming, Verdict, cut_off, pause, taken, with_retry_after};
 use crate::tls::ConnectionId;
 use crate::{SimState, now_ms, now_secs};
 use axum::{
@@ -211,20 +211,14 @@ async fn send(
             );
             let after_accept = sim.slow_after_accept(PROVIDER);
             drop(sim);
-            let answer = || {
-                if cut {
-                    return cut_off();
-                }
-                if fail {
-                    return server_error();
-                }
+            let ok = || {
                 let mut ok = StatusCode::OK.into_response();
                 if let Ok(v) = HeaderValue::from_str(&outcome.id) {
                     ok.headers_mut().insert("apns-id", v);
                 }
                 ok
             };
-            late(answer(), after_accept)
+            taken(cut, fail.then(server_error), ok, after_accept)
         }
     }
 }

@@ -12,7 +12,7 @@
 //! - Errors: `{"error":{"code","message","status","details":[FcmError]}}`;
 //!   429 QUOTA_EXCEEDED and 503 UNAVAILABLE carry `Retry-After`.
 
-use crate::ledger::{Dedupe, Incoming, Verdict, cut_off, late, pause, with_retry_after};
+use crate::ledger::{Dedupe, Incoming, Verdict, cut_off, pause, taken, with_retry_after};
 use crate::{Credentials, SimState, now_ms, now_secs};
 use axum::{
     Json, Router,
@@ -301,17 +301,11 @@ async fn send(
             );
             let after_accept = sim.slow_after_accept(PROVIDER);
             drop(sim);
-            let answer = || {
-                if cut {
-                    return cut_off();
-                }
-                if fail {
-                    return server_error();
-                }
+            let ok = || {
                 Json(json!({"name": format!("projects/{project}/messages/{}", outcome.id)}))
                     .into_response()
             };
-            late(answer(), after_accept)
+            taken(cut, fail.then(server_error), ok, after_accept)
         }
     }
 }

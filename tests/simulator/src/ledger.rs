@@ -486,6 +486,23 @@ pub fn late(mut response: Response, after_accept: Duration) -> Response {
     response
 }
 
+/// The answer to a message just taken, held `after_accept` (see [`late`]):
+/// cut off when `cut`, else `error` (a fault's 5xx) when there is one, else
+/// `ok()`.
+pub fn taken(
+    cut: bool,
+    error: Option<Response>,
+    ok: impl FnOnce() -> Response,
+    after_accept: Duration,
+) -> Response {
+    let answer = match (cut, error) {
+        (true, _) => cut_off(),
+        (false, Some(error)) => error,
+        (false, None) => ok(),
+    };
+    late(answer, after_accept)
+}
+
 /// How long a response waits before it goes out ([`late`]).
 #[derive(Debug, Clone, Copy)]
 pub struct AnswerLate(pub Duration);

@@ -10,7 +10,7 @@
 //! the IDs in redis for 5 minutes") is acknowledged without a second delivery
 //! (counted in [`crate::Accepted::replays`]); an older one is a new delivery.
 
-use crate::ledger::{Dedupe, Incoming, Verdict, cut_off, late, pause, with_retry_after};
+use crate::ledger::{Dedupe, Incoming, Verdict, cut_off, pause, taken, with_retry_after};
 use crate::{SimState, now_secs};
 use axum::{
     Json, Router,
@@ -160,20 +160,14 @@ async fn receive(
             );
             let after_accept = sim.slow_after_accept(PROVIDER);
             drop(sim);
-            let answer = || {
-                if cut {
-                    return cut_off();
-                }
-                if fail {
-                    return server_error();
-                }
+            let ok = || {
                 (
                     StatusCode::OK,
                     Json(json!({"received": outcome.id, "duplicate": outcome.replay})),
                 )
                     .into_response()
             };
-            late(answer(), after_accept)
+            taken(cut, fail.then(server_error), ok, after_accept)
         }
     }
 }

@@ -36,8 +36,14 @@ fn data_dir_made(data_dir: &Path) -> Result<PathBuf, StoreError> {
 /// The lock file in the data directory (see the module's documentation).
 const LOCK_FILE: &str = "redis.lock";
 
-/// Takes the exclusive lock on `dir`'s [`LOCK_FILE`], or says who may hold it.
-fn lock_data_dir(dir: &Path) -> Result<File, StoreError> {
+/// How long a start waits for a lock that is being let go: a server just
+/// stopped, or a child another thread has forked but not yet exec'd, which
+/// holds a copy of the descriptor for that moment.
+const LOCK_WAIT: Duration = Duration::from_secs(3);
+
+/// Takes the exclusive lock on `dir`'s [`LOCK_FILE`] (waiting up to
+/// [`LOCK_WAIT`]), or says who may hold it.
+async fn lock_data_dir(dir: &Path) -> Result<File, StoreError> {
     let path = dir.join(LOCK_FILE);
     let failed = |source| StoreError::DataDir {
         dir: dir.to_path_buf(),
@@ -49,13 +55,21 @@ fn lock_data_dir(dir: &Path) -> Result<File, StoreError> {
         .write(true)
         .open(&path)
         .map_err(failed)?;
-    match file.try_lock() {
-        Ok(()) => Ok(file),
-        Err(TryLockError::WouldBlock) => Err(StoreError::DataDirInUse {
-            dir: dir.to_path_buf(),
-            lock: path,
-        }),
-        Err(TryLockError::Error(source)) => Err(failed(source)),
+    let deadline = Instant::now() + LOCK_WAIT;
+    loop {
+        match file.try_lock() {
+            Ok(()) => return Ok(file),
+            Err(TryLockError::WouldBlock) if Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(TryLockError::WouldBlock) => {
+                return Err(StoreError::DataDirInUse {
+                    dir: dir.to_path_buf(),
+                    lock: path,
+                });
+            }
+            Err(TryLockError::Error(source)) => return Err(failed(source)),
+        }
     }
 }
 
@@ -138,7 +152,7 @@ impl EmbeddedRedis {
     pub(super) async fn start(data_dir: &Path) -> Result<EmbeddedRedis, StoreError> {
         let dir = data_dir_made(data_dir)?;
         // Before anything in the directory is touched (the socket).
-        let lock = lock_data_dir(&dir)?;
+        let lock = lock_data_dir(&dir).await?;
         let log = dir.join("redis.log");
         let mut cmd = Command::new("redis-server");
         inherit_lock(&mut cmd, &lock);

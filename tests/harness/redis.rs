@@ -262,3 +262,29 @@ impl Drop for RedisServer {
         }
     }
 }
+
+/// `field` of `INFO server` (e.g. `run_id`, `process_id`) of the Redis at
+/// `url`, on a new connection; `None` when none answers.
+pub async fn server_info(url: &str, field: &str) -> Option<String> {
+    let client = redis::Client::open(url).ok()?;
+    let mut conn = client.get_multiplexed_async_connection().await.ok()?;
+    let info: String = redis::cmd("INFO")
+        .arg("server")
+        .query_async(&mut conn)
+        .await
+        .ok()?;
+    info.lines()
+        .find_map(|l| l.trim().strip_prefix(field)?.strip_prefix(':'))
+        .map(String::from)
+}
+
+/// `CONFIG SET name value` on `conn`.
+pub async fn config_set(conn: &mut impl redis::aio::ConnectionLike, name: &str, value: &str) {
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg(name)
+        .arg(value)
+        .query_async(conn)
+        .await
+        .unwrap();
+}

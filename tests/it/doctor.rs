@@ -13,7 +13,7 @@ use pushonce::config::HostConfig;
 use pushonce_tests::cluster::RedisCluster;
 use pushonce_tests::host::{TestHost, repo_root, repository_inputs};
 use pushonce_tests::process::{PushonceProcess, pushonce_bin};
-use pushonce_tests::redis::RedisServer;
+use pushonce_tests::redis::{RedisServer, config_set, server_info};
 use pushonce_tests::wait_until;
 use serde_json::Value;
 
@@ -489,13 +489,7 @@ async fn a_cluster_master_without_aof_or_replica_fails_durability_naming_it() {
     let cluster = RedisCluster::start(3).await.unwrap();
     let master = |i: usize| redis::Client::open(cluster.urls()[i].clone()).unwrap();
     let mut first = master(0).get_multiplexed_async_connection().await.unwrap();
-    let _: () = redis::cmd("CONFIG")
-        .arg("SET")
-        .arg("appendonly")
-        .arg("no")
-        .query_async(&mut first)
-        .await
-        .unwrap();
+    config_set(&mut first, "appendonly", "no").await;
     let mut replicas = Vec::new();
     for i in [1, 2] {
         let replica = RedisServer::start().await.unwrap();
@@ -510,20 +504,12 @@ async fn a_cluster_master_without_aof_or_replica_fails_durability_naming_it() {
             .query_async(&mut conn)
             .await
             .unwrap();
-        let conn = master(i).get_multiplexed_async_connection().await.unwrap();
-        wait_until(Duration::from_secs(20), || {
-            let mut conn = conn.clone();
-            async move {
-                let info: String = redis::cmd("INFO")
-                    .arg("replication")
-                    .query_async(&mut conn)
-                    .await
-                    .unwrap_or_default();
-                info.contains("connected_slaves:1")
-            }
-        })
-        .await
-        .unwrap_or_else(|e| panic!("master {i} never saw its replica: {e}\n{}", replica.log()));
+        replica
+            .wait_replica_synced(Duration::from_secs(20))
+            .await
+            .unwrap_or_else(|e| {
+                panic!("master {i}'s replica never synced: {e}\n{}", replica.log())
+            });
         replicas.push(replica);
     }
     let setup =
@@ -542,21 +528,6 @@ async fn a_cluster_master_without_aof_or_replica_fails_durability_naming_it() {
             assert!(!line.contains(&other), "{}", run.1);
         }
     }
-}
-
-/// `field` of `INFO server` (e.g. `run_id`) of the Redis at `url`, on a
-/// new connection.
-async fn server_info(url: &str, field: &str) -> Option<String> {
-    let client = redis::Client::open(url).ok()?;
-    let mut conn = client.get_multiplexed_async_connection().await.ok()?;
-    let info: String = redis::cmd("INFO")
-        .arg("server")
-        .query_async(&mut conn)
-        .await
-        .ok()?;
-    info.lines()
-        .find_map(|l| l.trim().strip_prefix(field)?.strip_prefix(':'))
-        .map(String::from)
 }
 
 /// A running host whose embedded Redis answers only errors for a while
@@ -584,13 +555,7 @@ async fn doctor_beside_a_busy_host_uses_its_redis_and_starts_no_second_one() {
     // A script that never ends: after 100 ms every other command is -BUSY.
     let client = redis::Client::open(url.as_str()).unwrap();
     let mut conn = client.get_multiplexed_async_connection().await.unwrap();
-    let _: () = redis::cmd("CONFIG")
-        .arg("SET")
-        .arg("busy-reply-threshold")
-        .arg("100")
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    config_set(&mut conn, "busy-reply-threshold", "100").await;
     let mut looping = client.get_multiplexed_async_connection().await.unwrap();
     // Answers only when killed: the client gives up after its response timeout.
     let _ = redis::cmd("EVAL")

@@ -16,7 +16,7 @@ use pushonce::send::{Faults, LedgerFileSender, Sender};
 use pushonce_tests::cluster::RedisCluster;
 use pushonce_tests::host::{Answer, Backend, Setup, TestHost, order_shipped};
 use pushonce_tests::process::{PushonceProcess, read_ledger, sent_by_key};
-use pushonce_tests::redis::RedisServer;
+use pushonce_tests::redis::{RedisServer, config_set};
 use pushonce_tests::wait_until;
 use redis::aio::ConnectionManager;
 use reqwest::StatusCode;
@@ -275,17 +275,6 @@ async fn wait_delivered_once(host: &TestHost, n: usize) {
     let sent = sent_by_key(&read_ledger(&ledger));
     assert_eq!(sent.len(), n, "{sent:?}");
     assert!(sent.values().all(|l| l.len() == 1), "{sent:?}");
-}
-
-/// `CONFIG SET name value`.
-async fn config_set(conn: &mut ConnectionManager, name: &str, value: &str) {
-    let _: () = redis::cmd("CONFIG")
-        .arg("SET")
-        .arg(name)
-        .arg(value)
-        .query_async(conn)
-        .await
-        .unwrap();
 }
 
 /// `POST /v1/events` of `order_shipped(id)`.

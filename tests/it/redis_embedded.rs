@@ -10,6 +10,7 @@ use pushonce::permit::{AcceptRequest, Acceptance, PermitConfig, Permits, TaskSta
 use pushonce::store::{RedisTarget, Store};
 use pushonce_tests::fixtures::accept_request;
 use pushonce_tests::process::pushonce_bin;
+use pushonce_tests::redis::server_info;
 use pushonce_tests::wait_until;
 
 fn request(key: &str) -> AcceptRequest {
@@ -99,16 +100,7 @@ fn without_redis_server_the_error_says_how_to_install_it() {
 /// The process id of the Redis answering at `url` (a new connection), or
 /// `None` when none answers.
 async fn server_pid(url: &str) -> Option<u32> {
-    let client = redis::Client::open(url).ok()?;
-    let mut conn = client.get_multiplexed_async_connection().await.ok()?;
-    let info: String = redis::cmd("INFO")
-        .arg("server")
-        .query_async(&mut conn)
-        .await
-        .ok()?;
-    info.lines()
-        .find_map(|l| l.trim().strip_prefix("process_id:"))
-        .and_then(|pid| pid.parse().ok())
+    server_info(url, "process_id").await?.parse().ok()
 }
 
 /// One embedded Redis per data directory: a second start on a directory

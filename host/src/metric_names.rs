@@ -26,6 +26,10 @@ pub const DIGESTED: &str = "pushonce_digested_total";
 /// Channels answered `opted_out` (the recipient switched the channel or the
 /// policy's category off: nothing accepted), by channel.
 pub const OPTED_OUT: &str = "pushonce_opted_out_total";
+/// Messages not sent because their recipient switched the channel (or the
+/// policy's category) off after the accept: their attempt found it
+/// (`docs/preferences.md`) and the task ended `cancelled`, by channel.
+pub const OPTED_OUT_AT_SEND: &str = "pushonce_opted_out_at_send_total";
 /// Requests refused or failed, by HTTP status.
 pub const REFUSED: &str = "pushonce_http_refused_total";
 /// Seconds of one pipelined accept (all channels of a request).
@@ -54,6 +58,7 @@ pub const PER_CHANNEL: &[&str] = &[
     SCHEDULED,
     DIGESTED,
     OPTED_OUT,
+    OPTED_OUT_AT_SEND,
     SENT,
     DELIVERED,
     FAILED,

@@ -19,6 +19,7 @@ use tokio::sync::mpsc;
 use crate::ledger::opted_out::OptedOutAnswer;
 use crate::ledger::preferences::{ChangeRoute, Edit, PreferenceChange, Preferences};
 use crate::ledger::{Ledger, LedgerError, recipient_digest};
+use crate::permit::OptOutPolicy;
 
 /// Most `opted_out` answers waiting to be recorded; past it an answer is
 /// not recorded (the look-up does not show it; nothing else depends on it).
@@ -364,10 +365,59 @@ impl PreferenceCache {
     }
 }
 
-/// The fallback's accept reads a recipient's preferences as an event's
-/// accept does: within `cache_ttl` of a change, and not at all (an error,
-/// the fallback tried again later) when the ledger's database cannot be read.
-impl crate::permit::OptOuts for PreferenceCache {
+impl PreferenceCache {
+    /// What `user` switched off that stops a message of `category` on
+    /// `channel` (`sms`, `category marketing`), unless the category is
+    /// mandatory; `None` when nothing does. Read as an event's accept reads
+    /// it: within `cache_ttl` of a change.
+    pub async fn stops(
+        &self,
+        user: &str,
+        channel: &str,
+        category: Option<&str>,
+    ) -> Result<Option<String>, PrefsError> {
+        let read = self.of_users(&[user]).await?;
+        let Some(preferences) = read.get(user) else {
+            return Ok(None);
+        };
+        if !self.verdict(preferences).blocks(channel, category) {
+            return Ok(None);
+        }
+        Ok(Some(match category {
+            Some(c) if !preferences.channels_off.contains(channel) => format!("category {c}"),
+            _ => channel.to_string(),
+        }))
+    }
+}
+
+/// The recipients' preferences as the lifecycle reads them again after an
+/// accept (a fallback's accept, an attempt of a message accepted earlier):
+/// the [`PreferenceCache`], and what the policy in force for a business
+/// type says of opt-outs (its category, `fallback_when_opted_out`). When the ledger's database cannot be
+/// read the answer is an error: the fallback or the attempt waits.
+pub struct RecipientOptOuts {
+    preferences: Arc<PreferenceCache>,
+    policies: PolicyLookup,
+}
+
+/// What the policy in force for a business type says of opt-outs.
+type PolicyLookup = Box<dyn Fn(&str) -> Option<OptOutPolicy> + Send + Sync>;
+
+impl RecipientOptOuts {
+    /// Reads `preferences`; `policies` answers what the policy in force for
+    /// a business type says of opt-outs.
+    pub fn new(
+        preferences: Arc<PreferenceCache>,
+        policies: impl Fn(&str) -> Option<OptOutPolicy> + Send + Sync + 'static,
+    ) -> RecipientOptOuts {
+        RecipientOptOuts {
+            preferences,
+            policies: Box::new(policies),
+        }
+    }
+}
+
+impl crate::permit::OptOuts for RecipientOptOuts {
     fn switched_off<'a>(
         &'a self,
         user: &'a str,
@@ -375,19 +425,15 @@ impl crate::permit::OptOuts for PreferenceCache {
         category: Option<&'a str>,
     ) -> futures_util::future::BoxFuture<'a, Result<Option<String>, crate::permit::OptOutsError>>
     {
-        Box::pin(async move {
-            let read = self.of_users(&[user]).await?;
-            let Some(preferences) = read.get(user) else {
-                return Ok(None);
-            };
-            if !self.verdict(preferences).blocks(channel, category) {
-                return Ok(None);
-            }
-            Ok(Some(match category {
-                Some(c) if !preferences.channels_off.contains(channel) => format!("category {c}"),
-                _ => channel.to_string(),
-            }))
-        })
+        Box::pin(async move { Ok(self.preferences.stops(user, channel, category).await?) })
+    }
+
+    fn policy_of(&self, biz_type: &str) -> Option<OptOutPolicy> {
+        (self.policies)(biz_type)
+    }
+
+    fn bound(&self) -> Duration {
+        self.preferences.ttl()
     }
 }
 

@@ -25,7 +25,9 @@
 //! off a third into the load (`PUT /v1/users/{id}/preferences`): a post
 //! begun once the change took effect (answered, plus the preference cache's
 //! bound) must be answered `opted_out` on WeChat, and a WeChat message whose
-//! posts were all answered `opted_out` is not expected (nor sent).
+//! posts were all answered `opted_out`, or whose task its attempt stopped
+//! (accepted before the opt-out, attempted after it), is not expected (nor
+//! sent).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
@@ -277,6 +279,10 @@ pub struct ChaosReport {
     /// Posts begun after an opt-out took effect whose WeChat answer was not
     /// `opted_out` (each would be a message the user asked not to get).
     pub accepted_after_opt_out: u64,
+    /// WeChat tasks accepted before their user's opt-out and stopped at
+    /// their attempt (ended `cancelled`, nothing sent): their message is
+    /// not expected.
+    pub stopped_at_send: u64,
     /// Examples of duplicates and misses, for the failure message.
     pub examples: Vec<String>,
     /// What the provider outage did, when the run had one.
@@ -351,6 +357,10 @@ impl ChaosReport {
             (
                 "  accepted after the opt-out took effect",
                 self.accepted_after_opt_out.to_string(),
+            ),
+            (
+                "  accepted before it, stopped at their send",
+                self.stopped_at_send.to_string(),
             ),
         ];
         let outage_rows = self.outage.as_ref().map(outage_rows).unwrap_or_default();
@@ -1727,13 +1737,19 @@ fn account_digests(config: &ChaosConfig, sim: &Sim, tasks: &[Value], report: &mu
     }
 }
 
+/// What a task stopped at its attempt by an opt-out says
+/// (`dispatch::opted_out`).
+const STOPPED_AT_SEND: &str = "off after the accept";
+
 /// The opt-outs' side of the report: WeChat answers `opted_out`, and posts
 /// begun after their user's opt-out took effect (answered, plus
 /// [`PREFS_TTL`]) that were not answered `opted_out`. Returns the WeChat
-/// units every post of which was answered `opted_out` and that have no
-/// WeChat task among `tasks`: no message is due. (A post whose first answer
-/// a kill cut off may have been accepted before the opt-out, and answered
-/// `opted_out` on the instance it was retried on: its task is sent.)
+/// units no message is due for: every post of which was answered
+/// `opted_out` or accepted a task that its attempt then stopped (the user
+/// had switched WeChat off since: it ended `cancelled`), and that have no
+/// other WeChat task among `tasks`. (A post whose first answer a kill cut
+/// off may have been accepted before the opt-out, and answered `opted_out`
+/// on the instance it was retried on: its task is sent, or stopped.)
 fn account_opt_outs(
     counts: &PostCounts,
     tasks: &[Value],
@@ -1742,17 +1758,27 @@ fn account_opt_outs(
     let at = counts.opted_out_at.lock().unwrap();
     let answers = counts.wechat_answers.lock().unwrap();
     report.opt_outs.0 = at.len() as u64;
-    let accepted: BTreeSet<&str> = tasks
-        .iter()
-        .filter(|t| t["channel"] == "wechat")
-        .filter_map(|t| t["key"].as_str())
-        .collect();
+    let wechat = tasks.iter().filter(|t| t["channel"] == "wechat");
+    let (stopped, accepted): (Vec<&Value>, Vec<&Value>) = wechat.partition(|t| {
+        t["status"] == "cancelled"
+            && t["last_error"]
+                .as_str()
+                .is_some_and(|e| e.contains(STOPPED_AT_SEND))
+    });
+    report.stopped_at_send = stopped.len() as u64;
+    let keys = |ts: Vec<&Value>| -> BTreeSet<String> {
+        ts.iter()
+            .filter_map(|t| t["key"].as_str().map(str::to_string))
+            .collect()
+    };
+    let (stopped, accepted) = (keys(stopped), keys(accepted));
     let mut taken: BTreeMap<&str, bool> = BTreeMap::new();
     for a in answers.iter() {
         let opted_out = a.result == "opted_out";
         report.opt_outs.1 += u64::from(opted_out);
+        let stopped_at_send = stopped.contains(&a.key);
         *taken.entry(a.unit.as_str()).or_default() |=
-            !opted_out || accepted.contains(a.key.as_str());
+            (!opted_out && !stopped_at_send) || accepted.contains(&a.key);
         let in_effect = at.get(&a.user).is_some_and(|t| a.began > *t + PREFS_TTL);
         if in_effect && !opted_out {
             report.accepted_after_opt_out += 1;

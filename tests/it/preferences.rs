@@ -235,10 +235,16 @@ fn phone(biz_id: &str) -> String {
 
 /// `pushonce_opted_out_total{channel="<channel>"}` of `host`.
 async fn opted_out_count(host: &ServeProcess, channel: &str) -> u64 {
+    counter(host, "pushonce_opted_out_total", channel).await
+}
+
+/// The counter `name{channel="<channel>"}` of `host` (0 when absent).
+async fn counter(host: &ServeProcess, name: &str, channel: &str) -> u64 {
     let (_, text) = call(host, reqwest::Method::GET, "/metrics", None, None).await;
-    let text = text.as_str().unwrap_or_default().to_string();
-    let series = format!("pushonce_opted_out_total{{channel=\"{channel}\"}} ");
-    text.lines()
+    let series = format!("{name}{{channel=\"{channel}\"}} ");
+    text.as_str()
+        .unwrap_or_default()
+        .lines()
         .find_map(|l| l.strip_prefix(&series))
         .and_then(|v| v.trim().parse::<f64>().ok())
         .map_or(0, |v| v as u64)
@@ -364,6 +370,159 @@ async fn an_opt_out_on_one_host_stops_the_next_event_on_another_within_the_bound
     })
     .await
     .unwrap();
+}
+
+/// `ms` from now as RFC 3339 text (an event's `send_at`).
+fn in_ms(ms: u64) -> String {
+    humantime::format_rfc3339_millis(std::time::SystemTime::now() + Duration::from_millis(ms))
+        .to_string()
+}
+
+/// The task view of `id` with the API token.
+async fn task(host: &ServeProcess, id: &str) -> Value {
+    let path = format!("/v1/tasks/{id}");
+    let (status, view) = call(host, reqwest::Method::GET, &path, Some(API_TOKEN), None).await;
+    assert_eq!(status, 200, "{view}");
+    view
+}
+
+/// `pushonce_opted_out_at_send_total{channel="<channel>"}` of `host`.
+async fn opted_out_at_send(host: &ServeProcess, channel: &str) -> u64 {
+    counter(host, "pushonce_opted_out_at_send_total", channel).await
+}
+
+/// A message accepted before its recipient switched its channel (or its
+/// category) off, and sent later (`send_at`), is not sent: its task ends
+/// `cancelled` saying what the recipient switched off, nothing reaches the
+/// provider, the other channel still sends, and the stop is counted; a
+/// policy with `fallback_when_opted_out` sends its fallback instead. Its
+/// permit is released: once the recipient switches the channel back on, a
+/// re-post of the event is accepted and sent once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_accepted_before_an_opt_out_is_not_sent_after_it() {
+    let redis = RedisServer::start().await.unwrap();
+    let sim = providers::sim().await;
+    let dir = tempfile::tempdir().unwrap();
+    let host = serve(&redis, &sim, dir.path()).await;
+    let user = "u-later";
+    // Both sent a few seconds from now: later than the bound past the accept.
+    let send_at = in_ms(4_000);
+    let mut later = order("o-later", user);
+    later["send_at"] = json!(send_at);
+    let accepted = post(&host, &later).await;
+    let both = [
+        ("sms".to_string(), "accepted".to_string()),
+        ("wechat".to_string(), "accepted".to_string()),
+    ];
+    assert_eq!(kinds(&accepted), both, "{accepted:?}");
+    let promo = json!({
+        "biz_type": "PROMO", "biz_id": "p-later", "user_id": user,
+        "occurred_at": "2026-12-04T10:00:00Z", "send_at": send_at,
+        "recipients": {"app-push": "device-p-later"},
+    });
+    let promo_accepted = post(&host, &promo).await;
+    assert_eq!(
+        promo_accepted[0].1["result"], "accepted",
+        "{promo_accepted:?}"
+    );
+    // A NOTICE hands an opted-out WeChat's place to the inbox
+    // (`fallback_when_opted_out`), at its send as at an accept.
+    let notice = json!({
+        "biz_type": "NOTICE", "biz_id": "n-later", "user_id": "u-notice-later",
+        "occurred_at": "2026-12-04T10:00:00Z", "send_at": send_at,
+        "recipients": {"wechat": "openid-n-later"},
+    });
+    let notice_accepted = post(&host, &notice).await;
+    assert_eq!(
+        notice_accepted[0].1["result"], "accepted",
+        "{notice_accepted:?}"
+    );
+
+    put(
+        &host,
+        user,
+        json!({"channels_off": ["sms"], "categories_off": ["marketing"]}),
+    )
+    .await;
+    put(&host, "u-notice-later", json!({"channels_off": ["wechat"]})).await;
+
+    let sms_id = accepted[0].1["task_id"].as_str().unwrap().to_string();
+    let push_id = promo_accepted[0].1["task_id"].as_str().unwrap().to_string();
+    let (host_ref, sim_ref) = (&host, &sim);
+    let (sms_ref, push_ref) = (sms_id.as_str(), push_id.as_str());
+    wait_until(Duration::from_secs(30), || async move {
+        task(host_ref, sms_ref).await["status"] == "cancelled"
+            && task(host_ref, push_ref).await["status"] == "cancelled"
+            && sim_ref.sent_to("wechat", "openid-o-later") == 1
+    })
+    .await
+    .unwrap_or_else(|e| {
+        panic!(
+            "{e}: sms {:?}, wechat {:?}",
+            sim.ledger("sms"),
+            sim.ledger("wechat")
+        )
+    });
+    let sms = task(&host, &sms_id).await;
+    assert!(
+        sms["last_error"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("the recipient switched sms off after the accept"),
+        "{sms}"
+    );
+    let push = task(&host, &push_id).await;
+    assert!(
+        push["last_error"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("the recipient switched category marketing off after the accept"),
+        "{push}"
+    );
+    assert_eq!(sim.sent_to("sms", &phone("o-later")), 0);
+    assert_eq!(sim.sent_to("app-push", "device-p-later"), 0);
+    let notice_id = notice_accepted[0].1["task_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let notice_ref = notice_id.as_str();
+    wait_until(Duration::from_secs(30), || async move {
+        task(host_ref, notice_ref).await["status"] == "cancelled"
+            && sim_ref.sent_to("inbox", "u-notice-later") == 1
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}: inbox {:?}", sim.ledger("inbox")));
+    let wechat = task(&host, &notice_id).await;
+    assert!(
+        wechat["last_error"]
+            .as_str()
+            .unwrap_or_default()
+            .ends_with("the recipient switched wechat off after the accept; fallback to inbox"),
+        "{wechat}"
+    );
+    assert_eq!(sim.sent_to("wechat", "openid-n-later"), 0);
+    assert_eq!(opted_out_at_send(&host, "sms").await, 1);
+    assert_eq!(opted_out_at_send(&host, "app-push").await, 1);
+    assert_eq!(opted_out_at_send(&host, "wechat").await, 1);
+
+    // Switched back on, a re-post is accepted on SMS (its permit was
+    // released) and sent once; WeChat's stays a duplicate.
+    put(&host, user, json!({})).await;
+    let again = post(&host, &order("o-later", user)).await;
+    assert_eq!(
+        kinds(&again),
+        [
+            ("sms".to_string(), "accepted".to_string()),
+            ("wechat".to_string(), "duplicate".to_string()),
+        ],
+        "{again:?}"
+    );
+    wait_until(Duration::from_secs(30), || async move {
+        sim_ref.sent_to("sms", &phone("o-later")) == 1
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}: sms {:?}", sim.ledger("sms")));
+    assert_eq!(sim.sent_to("wechat", "openid-o-later"), 1);
 }
 
 /// A mandatory category (`security`) is sent although the user switched it

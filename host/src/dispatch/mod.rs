@@ -30,6 +30,7 @@ pub mod duplicates;
 mod failover;
 mod lease;
 pub mod ledger;
+mod opted_out;
 mod outcome;
 mod reader;
 pub mod reclaim;

@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use super::DispatchContext;
 use crate::metric_names as names;
-use crate::permit::{Attempt, Entry, Outcome, RecordContext, Recorded, ToRecord};
+use crate::permit::{Attempt, Entry, Outcome, PermitFate, RecordContext, Recorded, ToRecord};
 
 /// An outcome waiting for the batch's record.
 pub(super) struct Pending<'a> {
@@ -67,6 +67,7 @@ pub(super) async fn record_batch(shared: &DispatchContext, pending: Vec<Pending<
                         Ok(Recorded::Done(fate)) => {
                             tracing::debug!(task = %attempt.task_id, ?outcome, ?fate, "recorded");
                             count(outcome, &attempt.task.channel);
+                            note_opted_out(shared, attempt, outcome, fate).await;
                         }
                         Ok(Recorded::Fenced { status }) => {
                             tracing::warn!(task = %attempt.task_id, ?status, "outcome fenced: the lease was lost");
@@ -90,6 +91,23 @@ pub(super) async fn record_batch(shared: &DispatchContext, pending: Vec<Pending<
     }
 }
 
+/// The ledger of a task an opt-out ended (`cancelled`), written as a
+/// cancel's is ([`crate::permit::Permits::note_cancelled`]): its row
+/// while it keeps its permit, else none.
+async fn note_opted_out(
+    shared: &DispatchContext,
+    attempt: &Attempt,
+    outcome: &Outcome,
+    fate: PermitFate,
+) {
+    if let (Outcome::OptedOut { .. }, Some(ledger)) = (outcome, &shared.ledger) {
+        shared
+            .permits
+            .note_cancelled(ledger, &attempt.task, fate)
+            .await;
+    }
+}
+
 /// The task ids of a batch, for its log lines.
 fn task_ids<'a>(pending: &'a [Pending<'_>]) -> Vec<&'a str> {
     pending.iter().map(|p| p.attempt.task_id.as_str()).collect()
@@ -105,6 +123,7 @@ pub(super) fn count(outcome: &Outcome, channel: &str) {
         Outcome::Failed { .. } => names::FAILED,
         Outcome::Dead { .. } => names::DEAD,
         Outcome::DuplicatePrevented { .. } => names::DUPLICATE_PREVENTED,
+        Outcome::OptedOut { .. } => names::OPTED_OUT_AT_SEND,
         Outcome::Release => return,
     };
     metrics::counter!(name, "channel" => channel.to_string()).increment(1);

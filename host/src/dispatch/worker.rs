@@ -40,19 +40,20 @@ pub(crate) async fn deliver_batch(shared: &DispatchContext, entries: &[Entry]) {
     record_batch(shared, records).await;
 }
 
-/// Claims, marks and sends the begun attempts of a batch; the outcomes to
-/// record, the ledger holding each one's note already. An attempt whose
+/// Claims, marks and sends the begun attempts of a batch (but those whose
+/// recipient switched them off since the accept: `opted_out.rs`); the
+/// outcomes to record, the ledger holding each one's note already. An attempt whose
 /// outcome was recorded on the way (a resend decided against), or that
 /// must not be recorded (its lease lost), has none.
 async fn attempt_batch<'a>(
     shared: &DispatchContext,
     begun: &'a [(Attempt, &'a Entry)],
 ) -> Vec<Pending<'a>> {
+    let (begun, mut pending) = super::opted_out::stop_opted_out(shared, begun).await;
     let attempts: Vec<&Attempt> = begun.iter().map(|(a, _)| a).collect();
     let claims = super::ledger::claim_batch(shared, &attempts).await;
-    let mut pending = Vec::new();
     let mut checks = Vec::new();
-    for ((attempt, entry), claim) in begun.iter().zip(claims) {
+    for ((attempt, entry), claim) in begun.into_iter().zip(claims) {
         let outcome = match claim {
             super::ledger::Claimed::Ours { first } => {
                 checks.push(may_send(shared, attempt, entry, first));

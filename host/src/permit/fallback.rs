@@ -8,6 +8,8 @@
 //! The recipient's preferences are read again first ([`OptOuts`]): a
 //! fallback channel (or category) switched off since the event's accept is
 //! passed over, as the accept passes over one switched off before it.
+//! The same preferences stop an attempt whose recipient switched its channel
+//! (or category) off since the accept (`opted_out.rs`).
 //! The fallback decision of a receipt or a status query is here too
 //! ([`Permits::settle_from_provider`]); a worker's, on a permanent refusal,
 //! in `dispatch/worker.rs`, through [`Permits::accept_fallback`].
@@ -34,6 +36,24 @@ pub trait OptOuts: Send + Sync {
         channel: &'a str,
         category: Option<&'a str>,
     ) -> BoxFuture<'a, Result<Option<String>, OptOutsError>>;
+
+    /// What the policy in force for `biz_type` says of opt-outs (`None`:
+    /// no policy for it now).
+    fn policy_of(&self, biz_type: &str) -> Option<OptOutPolicy>;
+
+    /// How stale the preferences an accept decided by may be: an attempt
+    /// that begins within it of its accept is not checked again.
+    fn bound(&self) -> Duration;
+}
+
+/// What a policy says of its messages' opt-outs.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct OptOutPolicy {
+    /// The category it gives its messages (`None`: none).
+    pub category: Option<String>,
+    /// Whether a channel the recipient switched off hands the message to
+    /// its fallback (`fallback_when_opted_out`).
+    pub fallback_when_opted_out: bool,
 }
 
 /// What [`Permits::accept_fallback`] did.
@@ -133,7 +153,7 @@ fn fallback_request(task: &Task, fallback: &Fallback, recipient: Option<String>)
 }
 
 /// The `user_id` of a stored event (`event::event_json`), if any.
-fn recipient_of(event_json: &str) -> Option<String> {
+pub(super) fn recipient_of(event_json: &str) -> Option<String> {
     let event: serde_json::Value = serde_json::from_str(event_json).ok()?;
     Some(event.get("user_id")?.as_str()?.to_string())
 }

@@ -20,7 +20,8 @@ pub(crate) fn operator_log(task: &Task) -> Option<String> {
 
 /// The ledger update an attempt's `outcome` gives at `at_ms`; `None` for an
 /// outcome the ledger does not record (a prevented duplicate: the ledger
-/// names the key's owner already; a release: nothing happened).
+/// names the key's owner already; a release: nothing happened; an opt-out:
+/// [`Permits::note_cancelled`] writes it, as for a cancel).
 fn outcome_update(attempt: &Attempt, outcome: &Outcome, at_ms: i64) -> Option<Update> {
     let (status, provider_message_id, error) = match outcome {
         Outcome::Sent {
@@ -33,7 +34,9 @@ fn outcome_update(attempt: &Attempt, outcome: &Outcome, at_ms: i64) -> Option<Up
         Outcome::Unknown { reason } => ("unknown", None, Some(reason.clone())),
         Outcome::Failed { reason } => ("failed", None, Some(reason.clone())),
         Outcome::Dead { reason } => ("dead", None, Some(reason.clone())),
-        Outcome::DuplicatePrevented { .. } | Outcome::Release => return None,
+        Outcome::DuplicatePrevented { .. } | Outcome::OptedOut { .. } | Outcome::Release => {
+            return None;
+        }
     };
     Some(Update {
         key: attempt.task.key.clone(),

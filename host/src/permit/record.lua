@@ -6,7 +6,7 @@
 -- KEYS[1] task, KEYS[2] permit, KEYS[3] ready stream, KEYS[4] delayed zset,
 -- KEYS[5] awaiting zset (tasks the reconciler checks, scored by when the next check is due)
 -- ARGV[1] task id, ARGV[2] lease token, ARGV[3] outcome
--- (sent|retry|resend|resend_by_reference|unknown|failed|dead|duplicate_prevented|release)
+-- (sent|retry|resend|resend_by_reference|unknown|failed|dead|duplicate_prevented|opted_out|release)
 -- (resend = retry after an unknown outcome: also marks the task maybe_sent;
 -- resend_by_reference = a resend that leans on the provider's dedupe of the
 -- same client reference: also sets `resend_by` = 'reference', which every
@@ -187,6 +187,30 @@ local function record_one(K, A, now)
     if hand_back(K[1], K[2], K[3], id, A[10], now) then
       fate = 'not_owner'
     end
+  elseif outcome == 'opted_out' then
+    -- The recipient switched the channel (or its category) off since the
+    -- accept: this attempt sent nothing (uncounted) and the task ends
+    -- `cancelled`, with why as its error (ARGV[10]), as a cancel ends it.
+    redis.call('HSET', K[1], 'status', 'cancelled', 'last_error', A[10],
+      'cancelled_at', n2s(now), 'finished_at', n2s(now), 'lease_token', '',
+      'updated_at', n2s(now))
+    redis.call('HINCRBY', K[1], 'tries', -1)
+    if owner == id then
+      local t = redis.call('HMGET', K[1], 'ever_sent', 'maybe_sent')
+      if (t[1] == '1' or t[2] == '1') and not bloom then
+        -- An earlier attempt may have reached the provider: a re-post
+        -- stays a duplicate for the window.
+        redis.call('PEXPIREAT', K[2], n2s(window_end(K[1], now)))
+        fate = 'kept'
+      else
+        -- Nothing was sent: released (compare-and-delete), so a re-post
+        -- once the recipient switched it back on is accepted.
+        redis.call('DEL', K[2])
+        fate = 'released'
+      end
+    end
+    redis.call('HSET', K[1], 'permit_released', fate == 'released' and '1' or '0')
+    redis.call('PEXPIRE', K[1], retention)
   else
     return redis.error_reply('unknown outcome ' .. outcome)
   end

@@ -68,6 +68,15 @@ pub enum Outcome {
         /// The owner of the key in the ledger.
         owner: String,
     },
+    /// The recipient switched the channel (or the message's category) off
+    /// since the accept (`opted_out.rs`): nothing is sent, the attempt is
+    /// uncounted and the task ends `cancelled`. The permit is released,
+    /// unless an earlier attempt may have reached the provider (then it is
+    /// kept for the window).
+    OptedOut {
+        /// What the recipient switched off, as the task's error says it.
+        reason: String,
+    },
     /// Nothing was sent and the attempt is given back (the ledger could not
     /// be reached before shutdown): the task returns to `queued` with its
     /// attempt uncounted, its stream entry left pending to be re-claimed.
@@ -376,6 +385,7 @@ impl<'a> OutcomeArgs<'a> {
             Outcome::DuplicatePrevented { owner } => {
                 args("duplicate_prevented", 0, "", owner.as_str())
             }
+            Outcome::OptedOut { reason } => args("opted_out", 0, "", reason.as_str()),
             Outcome::Release => args("release", 0, "", ""),
         }
     }

@@ -261,6 +261,17 @@ impl Live {
         self.current.load_full()
     }
 
+    /// What the policy in force for `biz_type` says of opt-outs (`None`: no
+    /// policy for it now).
+    pub fn opt_out_policy(&self, biz_type: &str) -> Option<crate::permit::OptOutPolicy> {
+        let snapshot = self.current.load();
+        let spec = &snapshot.policies.get(biz_type)?.spec;
+        Some(crate::permit::OptOutPolicy {
+            category: spec.category.clone(),
+            fallback_when_opted_out: spec.fallback_when_opted_out,
+        })
+    }
+
     /// The host configuration.
     pub fn config(&self) -> &Arc<HostConfig> {
         &self.config

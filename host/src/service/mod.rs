@@ -264,8 +264,15 @@ async fn open_parts(
         )
         .recording_answers(config.ledger_history),
     );
-    // A fallback's accept reads the recipient's preferences again.
-    let permits = permits.with_opt_outs(preferences.clone());
+    // A fallback's accept, and an attempt of a message accepted before
+    // the bound, read the recipient's preferences again.
+    let permits = permits.with_opt_outs(Arc::new(crate::prefs::RecipientOptOuts::new(
+        preferences.clone(),
+        {
+            let live = live.clone();
+            move |biz_type: &str| live.opt_out_policy(biz_type)
+        },
+    )));
     let receipts = receipts_handler(config, options, &permits, &plugins, &ledger, &preferences);
     let callbacks = callback_gates(config, &plugins).await?;
     warn_of_unlinked_channels(config, &plugins);

@@ -142,12 +142,23 @@ async fn a_second_embedded_redis_on_a_held_data_dir_is_refused() {
     again.shutdown().await;
 }
 
+/// Whether process `pid` runs (exists and is not a zombie).
+fn running(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+        stat.rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().next())
+            .is_some_and(|state| state != "Z" && state != "X")
+    })
+}
+
 /// A `redis-server` left running by a process killed with `kill -9` (here a
 /// `pushonce worker --dev-sender` on its embedded Redis) still holds its
-/// data directory: a new start there is refused rather than a second server
-/// appending to the same AOF; once that server is stopped, it starts.
+/// data directory; the next start there finds the lock's owner gone, stops
+/// that server (`SHUTDOWN`: its AOF written) and starts its own on the same
+/// data, instead of refusing until an operator finds and stops it. Two
+/// servers never run on the directory at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_redis_server_left_behind_by_a_killed_process_still_holds_its_data_dir() {
+async fn a_redis_server_left_behind_by_a_killed_process_is_stopped_by_the_next_start() {
     let dir = tempfile::tempdir().unwrap();
     let data_dir = dir.path().join("redis");
     let mut worker = Command::new(pushonce_bin().unwrap())
@@ -166,40 +177,52 @@ async fn a_redis_server_left_behind_by_a_killed_process_still_holds_its_data_dir
         server_pid(url_ref).await.is_some()
     })
     .await;
+    if started.is_ok() {
+        // Something written while the worker lived.
+        let client = redis::Client::open(url.as_str()).unwrap();
+        let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+        let _: () = redis::cmd("SET")
+            .arg("written-before-the-kill")
+            .arg("kept")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+    }
     let _ = worker.kill();
     let _ = worker.wait();
     started.expect("the worker's embedded Redis answers");
     let left_behind = server_pid(&url).await;
+    assert!(left_behind.is_some(), "the server outlived the worker");
 
     let target = RedisTarget::Embedded {
         data_dir: data_dir.clone(),
     };
-    let refused = match Store::open(&target).await {
-        Ok(store) => {
-            store.shutdown().await;
-            None
-        }
-        Err(e) => Some(e.to_string()),
-    };
-    // Stop the server left behind (SIGTERM: it writes its AOF and exits)
-    // whatever the outcome.
-    if let Some(pid) = left_behind {
+    let opened = Store::open(&target).await;
+    if opened.is_err()
+        && let Some(pid) = left_behind
+    {
+        // Not stopped by the start: stop it here, so no server outlives the test.
         let _ = Command::new("kill")
             .args(["-TERM", &pid.to_string()])
             .status();
     }
-    assert!(left_behind.is_some(), "the server outlived the worker");
-    let refused = refused.expect("a second server beside the one left behind");
-    assert!(refused.contains("is in use"), "{refused}");
-
-    let lock = data_dir.join("redis.lock");
-    let lock_ref = &lock;
-    wait_until(Duration::from_secs(10), || async move {
-        let file = std::fs::File::open(lock_ref).unwrap();
-        file.try_lock().is_ok()
-    })
-    .await
-    .expect("the lock is free once that server stopped");
-    let store = Store::open(&target).await.unwrap();
+    let store = opened.expect("a start beside a server left behind by a killed process");
+    let now = server_pid(store.url()).await;
+    assert!(
+        now.is_some() && now != left_behind,
+        "a server of its own: {now:?}, left behind {left_behind:?}"
+    );
+    assert!(
+        left_behind.is_some_and(|pid| !running(pid)),
+        "the server left behind has stopped"
+    );
+    let client = redis::Client::open(store.url()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let kept: Option<String> = redis::cmd("GET")
+        .arg("written-before-the-kill")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(kept.as_deref(), Some("kept"), "its data carried over");
     store.shutdown().await;
 }

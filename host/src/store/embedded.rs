@@ -6,7 +6,9 @@
 //! `redis-server` child inherits it, so the lock is held for as long as
 //! either runs (a server left behind by a killed host still holds it). A
 //! second start on a held directory is refused before it touches the
-//! socket: two servers appending to one AOF would corrupt it.
+//! socket: two servers appending to one AOF would corrupt it. The lock file
+//! names its owner's process id: a start that finds the owner gone stops
+//! the server it left behind (`SHUTDOWN`, its AOF written) and then starts.
 
 use std::fs::{File, OpenOptions, TryLockError};
 use std::os::fd::AsRawFd;
@@ -41,8 +43,16 @@ const LOCK_FILE: &str = "redis.lock";
 /// holds a copy of the descriptor for that moment.
 const LOCK_WAIT: Duration = Duration::from_secs(3);
 
+/// How long a start waits for a server left behind by a killed owner to
+/// stop once asked (`SHUTDOWN` writes its AOF first).
+const LEFT_BEHIND_WAIT: Duration = Duration::from_secs(10);
+
 /// Takes the exclusive lock on `dir`'s [`LOCK_FILE`] (waiting up to
-/// [`LOCK_WAIT`]), or says who may hold it.
+/// [`LOCK_WAIT`]) and writes this process's id in it, or says who may
+/// hold it. A lock whose owner (the id written in it) is no longer
+/// running is held by the `redis-server` that owner left behind (a host
+/// killed with `kill -9`): that server is stopped through its socket
+/// (`SHUTDOWN`: its AOF written) and the lock taken once it has let go.
 async fn lock_data_dir(dir: &Path) -> Result<File, StoreError> {
     let path = dir.join(LOCK_FILE);
     let failed = |source| StoreError::DataDir {
@@ -52,15 +62,25 @@ async fn lock_data_dir(dir: &Path) -> Result<File, StoreError> {
     let file = OpenOptions::new()
         .create(true)
         .truncate(false)
+        .read(true)
         .write(true)
         .open(&path)
         .map_err(failed)?;
-    let deadline = Instant::now() + LOCK_WAIT;
+    let mut deadline = Instant::now() + LOCK_WAIT;
+    let mut asked_to_stop = false;
     loop {
         match file.try_lock() {
-            Ok(()) => return Ok(file),
+            Ok(()) => {
+                write_owner(&file).map_err(failed)?;
+                return Ok(file);
+            }
             Err(TryLockError::WouldBlock) if Instant::now() < deadline => {
                 tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(TryLockError::WouldBlock) if !asked_to_stop && owner_gone(&file) => {
+                stop_left_behind(dir, &file).await;
+                asked_to_stop = true;
+                deadline = Instant::now() + LEFT_BEHIND_WAIT;
             }
             Err(TryLockError::WouldBlock) => {
                 return Err(StoreError::DataDirInUse {
@@ -70,6 +90,64 @@ async fn lock_data_dir(dir: &Path) -> Result<File, StoreError> {
             }
             Err(TryLockError::Error(source)) => return Err(failed(source)),
         }
+    }
+}
+
+/// Writes this process's id into the lock file it holds: who owns the
+/// data directory's server.
+fn write_owner(mut file: &File) -> std::io::Result<()> {
+    use std::io::{Seek, Write};
+    file.set_len(0)?;
+    file.rewind()?;
+    writeln!(file, "{}", std::process::id())
+}
+
+/// Whether the process whose id the lock file holds has ended (a zombie
+/// has too): then whatever still holds the lock inherited it from that
+/// owner. An empty or unreadable file, or one naming a live process (or
+/// this one), is not.
+fn owner_gone(mut file: &File) -> bool {
+    use std::io::{Read, Seek};
+    let mut text = String::new();
+    if file.rewind().is_err() || file.read_to_string(&mut text).is_err() {
+        return false;
+    }
+    let Ok(pid) = text.trim().parse::<u32>() else {
+        return false;
+    };
+    if pid == std::process::id() {
+        return false;
+    }
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        // The state is the field after the command's closing parenthesis.
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().next())
+            .is_some_and(|state| state == "Z" || state == "X"),
+        Err(e) => e.kind() == std::io::ErrorKind::NotFound,
+    }
+}
+
+/// Asks the `redis-server` listening on `dir`'s socket, left behind by a
+/// killed owner, to stop (`SHUTDOWN`: it writes its AOF and exits). The
+/// owner is read again once connected: a start racing this one may have
+/// taken the lock meanwhile (writing its own id before it starts a server
+/// on the socket), and its server must not be stopped.
+async fn stop_left_behind(dir: &Path, lock: &File) {
+    let url = format!("redis+unix://{}", dir.join("redis.sock").display());
+    tracing::warn!(%url, "a redis-server left behind by a killed process holds the data directory; stopping it (SHUTDOWN writes its AOF) before starting");
+    send_shutdown(&url, || owner_gone(lock)).await;
+}
+
+/// Sends `SHUTDOWN` to the server at `url`, if one answers and `still`
+/// says so once connected.
+async fn send_shutdown(url: &str, still: impl Fn() -> bool) {
+    if let Ok(client) = open_client(url)
+        && let Ok(mut con) = client.get_multiplexed_async_connection().await
+        && still()
+    {
+        // The server closes the connection instead of answering.
+        let _ = redis::cmd("SHUTDOWN").query_async::<()>(&mut con).await;
     }
 }
 
@@ -213,12 +291,7 @@ impl EmbeddedRedis {
     /// Sends `SHUTDOWN` (which writes and fsyncs the AOF) and waits for the
     /// child to exit; kills it if it does not within five seconds.
     pub(super) async fn shutdown(mut self) {
-        if let Ok(client) = open_client(&self.url)
-            && let Ok(mut con) = client.get_multiplexed_async_connection().await
-        {
-            // The server closes the connection instead of answering.
-            let _ = redis::cmd("SHUTDOWN").query_async::<()>(&mut con).await;
-        }
+        send_shutdown(&self.url, || true).await;
         if let Some(mut child) = self.child.take() {
             let start = Instant::now();
             while start.elapsed() < Duration::from_secs(5) {

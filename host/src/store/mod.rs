@@ -64,7 +64,7 @@ pub enum StoreError {
     },
     /// Another process holds the data directory's lock: a running host (or
     /// worker, or doctor) owns the embedded Redis there, or a `redis-server`
-    /// one of them left behind still runs.
+    /// one of them left behind runs and did not stop when asked.
     #[error(
         "embedded Redis data directory {dir} is in use: another process holds its lock {lock} (a running `pushonce serve`, or the redis-server a killed one left behind; `fuser -v {lock}` names it). Stop it before starting another here, or use its Redis: redis_url = \"redis+unix://{dir}/redis.sock\""
     )]

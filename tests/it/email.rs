@@ -290,7 +290,7 @@ struct Subscribed {
     host: ServeProcess,
     sim: Sim,
     _dir: tempfile::TempDir,
-    _redis: RedisServer,
+    redis: RedisServer,
 }
 
 async fn subscribed(sim: Sim, set: Option<&str>, version: u8) -> Subscribed {
@@ -303,7 +303,7 @@ async fn subscribed(sim: Sim, set: Option<&str>, version: u8) -> Subscribed {
         host,
         sim,
         _dir: dir,
-        _redis: redis,
+        redis,
     }
 }
 
@@ -747,6 +747,36 @@ async fn a_fallback_switched_off_after_the_accept_is_not_taken() {
     assert!(
         sim.ledger("inbox").iter().all(|m| m.recipient != "u-late"),
         "nothing reached the inbox"
+    );
+
+    // Once the task left Redis (its retention, here cut short), the
+    // look-up answers from the ledger, and still says why.
+    let mut conn = s.redis.manager().await.unwrap();
+    let record = pushonce::permit::Layout::new("po", 4).task(&task).unwrap();
+    redis::cmd("DEL")
+        .arg(record)
+        .query_async::<()>(&mut conn)
+        .await
+        .unwrap();
+    let path = format!("/v1/tasks/{task}");
+    let look_up = || {
+        reqwest::Client::new()
+            .get(host.url(&path))
+            .bearer_auth(API_TOKEN)
+    };
+    wait_until(Duration::from_secs(10), || {
+        let req = look_up();
+        async move { send(req).await.1["from_ledger"] == true }
+    })
+    .await
+    .unwrap();
+    let (_, from_ledger) = send(look_up()).await;
+    let why = from_ledger["last_error"].as_str().unwrap_or_default();
+    assert!(
+        from_ledger["status"] == "failed"
+            && why.contains("fallback to inbox not taken")
+            && why.contains("switched inbox off"),
+        "{from_ledger}"
     );
 }
 

@@ -219,7 +219,8 @@ impl Ledger {
     }
 
     /// Writes the settlement of a task by a receipt, the reconciler
-    /// (`delivered`, `failed`, `dead`) or an operator (`note`: who and why)
+    /// (`delivered`, `failed`, `dead`; `error`: the last error recorded with
+    /// it, else the row's stays) or an operator (`note`: who and why)
     /// and waits, at most [`CONFIRM_WITHIN`], until it is written: true when
     /// it is (the task may then leave Redis). A failure is logged (the ledger
     /// is history here: the claim is what guards sends); the writer keeps
@@ -229,6 +230,7 @@ impl Ledger {
         key: &str,
         task_id: &str,
         status: &str,
+        error: Option<String>,
         note: Option<String>,
     ) -> bool {
         let update = Update {
@@ -237,7 +239,7 @@ impl Ledger {
             status: status.to_string(),
             attempts: None,
             provider_message_id: None,
-            error: None,
+            error,
             at_ms: now_ms(),
             operator_note: note,
         };
@@ -264,7 +266,8 @@ impl Ledger {
             return false;
         }
         tracing::info!(task = %task_id, %status, "late receipt for a task that left Redis: ledger row updated");
-        self.write_settled(&row.key, task_id, status, None).await
+        self.write_settled(&row.key, task_id, status, None, None)
+            .await
     }
 
     /// Queues `update` and waits until it is written, at most `within`: true

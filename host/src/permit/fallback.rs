@@ -159,12 +159,15 @@ pub(super) fn recipient_of(event_json: &str) -> Option<String> {
 }
 
 /// What [`Permits::settle_from_provider`] did.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ProviderSettled {
     /// The task was `sent`/`unknown` and is now `delivered` or `failed`.
     pub updated: bool,
     /// A fallback task was accepted (or found already accepted).
     pub fallback: bool,
+    /// The error recorded with the failure: why fallbacks were passed over
+    /// (the recipient switched them off), for the ledger's row too.
+    pub error: Option<String>,
 }
 
 impl Permits {
@@ -205,6 +208,7 @@ impl Permits {
             };
             metrics::counter!(name, "channel" => task.channel.clone()).increment(1);
             settled.updated = true;
+            settled.error = note;
         }
         Ok(settled)
     }

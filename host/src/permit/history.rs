@@ -120,9 +120,36 @@ pub(crate) async fn note_outcome(
     kept
 }
 
+/// How a task that ended in Redis ended, for its ledger row
+/// ([`Permits::settle_and_forget`]).
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Settlement<'a> {
+    /// Its status: `delivered`, `failed`, or an operator's.
+    pub(crate) status: &'a str,
+    /// The last error recorded with it, if any (kept as is without).
+    pub(crate) error: Option<String>,
+    /// An operator's note, if any.
+    pub(crate) note: Option<String>,
+}
+
+/// A task a provider's answer (a receipt) settled, for its ledger row
+/// ([`Permits::note_receipts`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct SettledByProvider {
+    /// The task as it was read before.
+    pub task: Task,
+    /// `delivered` or `failed`.
+    pub status: &'static str,
+    /// It ended for good: it leaves Redis once the ledger holds it.
+    pub ends: bool,
+    /// The error recorded with it (why its fallbacks were passed over), if any.
+    pub error: Option<String>,
+}
+
 impl Permits {
     /// Writes a task that ended in Redis (a receipt, a reconciler check or
-    /// an operator settled it `status`) to `ledger` and, once the ledger
+    /// an operator settled it `status`, with `error` as its last error when
+    /// one was recorded) to `ledger` and, once the ledger
     /// confirms it and `leaves` (it ended for good), lets the task leave
     /// Redis ([`Permits::forget`]): the ledger is its history from then on.
     /// Unconfirmed, the task keeps Redis's retention. Errors are logged.
@@ -130,21 +157,20 @@ impl Permits {
         &self,
         ledger: &Ledger,
         task: &Task,
-        status: &str,
-        note: Option<String>,
+        settled: Settlement<'_>,
         leaves: bool,
     ) {
         // Without a note of its own, the operators' earlier steps (a requeue)
         // go to the ledger with the outcome: it keeps them once the task left.
-        let note = note.or_else(|| operator_log(task));
+        let note = settled.note.or_else(|| operator_log(task));
         if !ledger
-            .write_settled(&task.key, &task.id, status, note)
+            .write_settled(&task.key, &task.id, settled.status, settled.error, note)
             .await
             || !leaves
         {
             return;
         }
-        if let Err(e) = self.forget(task, status).await {
+        if let Err(e) = self.forget(task, settled.status).await {
             tracing::warn!(task = %task.id, error = %e, "could not let the settled task leave Redis; it keeps the retention");
         }
     }
@@ -158,12 +184,16 @@ impl Permits {
         &self,
         ledger: &Ledger,
         channel: &str,
-        settled: &[(Task, &'static str, bool)],
+        settled: &[SettledByProvider],
         late: &[(String, &'static str)],
     ) {
-        for (task, status, ends) in settled {
-            self.settle_and_forget(ledger, task, status, None, *ends)
-                .await;
+        for s in settled {
+            let how = Settlement {
+                status: s.status,
+                error: s.error.clone(),
+                note: None,
+            };
+            self.settle_and_forget(ledger, &s.task, how, s.ends).await;
         }
         for (task_id, status) in late {
             ledger.settle_late(task_id, channel, status).await;

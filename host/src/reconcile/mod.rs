@@ -181,12 +181,18 @@ impl Reconciler {
 }
 
 impl ReconcileContext {
-    /// Writes a task the reconciler settled to the ledger, when there is
-    /// one; once it holds a task that ended for good (`ends`), the task leaves Redis.
-    async fn note(&self, task: &Task, status: &str, ends: bool) {
+    /// Writes a task the reconciler settled `status` (with `error`, when
+    /// one was recorded) to the ledger, when there is one; once it holds a
+    /// task that ended for good (`ends`), the task leaves Redis.
+    async fn note(&self, task: &Task, status: &str, error: Option<String>, ends: bool) {
         if let Some(ledger) = &self.ledger {
+            let settled = crate::permit::Settlement {
+                status,
+                error,
+                note: None,
+            };
             self.permits
-                .settle_and_forget(ledger, task, status, None, ends)
+                .settle_and_forget(ledger, task, settled, ends)
                 .await;
         }
     }
@@ -221,8 +227,8 @@ impl ReconcileContext {
                     .await?;
                 if settled.updated {
                     let status = if delivered { "delivered" } else { "failed" };
-                    self.note(&task, status, delivered || settled.fallback)
-                        .await;
+                    let ends = delivered || settled.fallback;
+                    self.note(&task, status, settled.error, ends).await;
                 }
                 return Ok(settled.updated);
             }
@@ -258,7 +264,7 @@ impl ReconcileContext {
                 .increment(1);
             gave_up(&task, claimed, &reason);
             match action {
-                CheckAction::Dead => self.note(&task, "dead", false).await,
+                CheckAction::Dead => self.note(&task, "dead", None, false).await,
                 // Sent, and no check will settle it any more: it ended, and
                 // leaves Redis once the ledger holds it (a late receipt
                 // still reaches its ledger row) — unless a receipt may still
@@ -267,7 +273,7 @@ impl ReconcileContext {
                 _ => {
                     let has_fallback = task.sends().is_ok_and(|p| p.fallback.is_some());
                     let leaves = !(has_fallback && self.sender.takes_receipts(&msg).await);
-                    self.note(&task, "sent", leaves).await
+                    self.note(&task, "sent", None, leaves).await
                 }
             }
         }

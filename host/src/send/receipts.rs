@@ -18,7 +18,7 @@
 use std::time::Duration;
 
 use super::plugin::{InstanceError, PluginSender};
-use crate::permit::{PermitError, Permits, Task, TaskStatus};
+use crate::permit::{PermitError, Permits, SettledByProvider, Task, TaskStatus};
 use crate::plugin::bindings::{
     CallbackError, CallbackReply, CallbackRequest, DeliveryStatus, OptOut, Settlement,
 };
@@ -86,7 +86,7 @@ pub struct ReceiptReport {
     /// taken), for the delivery ledger's history; once the ledger holds it,
     /// a task that ended for good leaves Redis.
     #[serde(skip)]
-    pub settled: Vec<(Task, &'static str, bool)>,
+    pub settled: Vec<SettledByProvider>,
     /// Entries naming a task that already left Redis (its outcome is in the
     /// delivery ledger): (task id, `delivered`|`failed`), for the ledger's
     /// row to be updated; Redis is not touched (the task is not resurrected).
@@ -185,8 +185,7 @@ enum Applied {
     Settled {
         task: Box<Task>,
         delivered: bool,
-        updated: bool,
-        fallback: bool,
+        settled: crate::permit::ProviderSettled,
     },
 }
 
@@ -229,8 +228,7 @@ async fn apply_one(
     Ok(Applied::Settled {
         task,
         delivered,
-        updated: settled.updated,
-        fallback: settled.fallback,
+        settled,
     })
 }
 
@@ -267,17 +265,20 @@ impl ReceiptReport {
             Applied::Settled {
                 task,
                 delivered,
-                updated,
-                fallback,
+                settled,
             } => {
-                self.fallbacks += usize::from(fallback);
-                if !updated {
+                self.fallbacks += usize::from(settled.fallback);
+                if !settled.updated {
                     self.ignored += 1;
                     return;
                 }
                 self.updated += 1;
-                let status = if delivered { "delivered" } else { "failed" };
-                self.settled.push((*task, status, delivered || fallback));
+                self.settled.push(SettledByProvider {
+                    task: *task,
+                    status: if delivered { "delivered" } else { "failed" },
+                    ends: delivered || settled.fallback,
+                    error: settled.error,
+                });
             }
         }
     }

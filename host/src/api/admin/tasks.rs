@@ -330,10 +330,14 @@ async fn note_in_ledger(state: &AppState, task: &Task) {
     let Some(note) = crate::permit::operator_log(task) else {
         return;
     };
-    let status = task.status.as_str();
+    let settled = crate::permit::Settlement {
+        status: task.status.as_str(),
+        error: None,
+        note: Some(note),
+    };
     state
         .permits
-        .settle_and_forget(ledger, task, status, Some(note), true)
+        .settle_and_forget(ledger, task, settled, true)
         .await;
 }
 

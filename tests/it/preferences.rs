@@ -525,6 +525,53 @@ async fn a_message_accepted_before_an_opt_out_is_not_sent_after_it() {
     assert_eq!(sim.sent_to("wechat", "openid-o-later"), 1);
 }
 
+/// A message whose first attempt may have reached the provider (WeChat took
+/// it and the answer was cut off: a resend under the same `client_msg_id`
+/// is due) is not resent once its recipient switched WeChat off: the task
+/// ends `cancelled`, keeps its permit (a re-post stays a duplicate), and
+/// its ledger row, which the look-up answers from once it left Redis, says
+/// why and that the permit was kept.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_opt_out_stops_the_resend_of_a_message_the_provider_may_have() {
+    let redis = RedisServer::start().await.unwrap();
+    let sim = providers::sim().await;
+    let dir = tempfile::tempdir().unwrap();
+    let host = serve(&redis, &sim, dir.path()).await;
+    sim.set_faults(
+        "wechat",
+        provider_sim::Faults {
+            drop_next: 1,
+            ..provider_sim::Faults::default()
+        },
+    );
+    let user = "u-resent";
+    let accepted = post(&host, &order("o-resent", user)).await;
+    let wechat_id = accepted[1].1["task_id"].as_str().unwrap().to_string();
+    put(&host, user, json!({"channels_off": ["wechat"]})).await;
+
+    let (host_ref, id) = (&host, wechat_id.as_str());
+    wait_until(Duration::from_secs(30), || async move {
+        let view = task(host_ref, id).await;
+        view["status"] == "cancelled" && view["from_ledger"] == true
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}: {}", host.log()));
+    let view = task(&host, &wechat_id).await;
+    let why = view["last_error"].as_str().unwrap_or_default();
+    assert!(
+        why.contains("the recipient switched wechat off after the accept")
+            && why.contains("its permit kept for the window"),
+        "{view}"
+    );
+    // The first attempt's message is there; no second one went.
+    assert_eq!(sim.sent_to("wechat", "openid-o-resent"), 1);
+    assert_eq!(opted_out_at_send(&host, "wechat").await, 1);
+
+    put(&host, user, json!({})).await;
+    let again = post(&host, &order("o-resent", user)).await;
+    assert_eq!(again[1].1["result"], "duplicate", "{again:?}");
+}
+
 /// A mandatory category (`security`) is sent although the user switched it
 /// and its channel off; a category that is not mandatory is not. The
 /// preferences live in the ledger's database: after a Redis restart, and a

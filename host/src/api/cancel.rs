@@ -205,7 +205,7 @@ pub(crate) async fn cancel_task(
             metrics::counter!(names::CANCELLED, "channel" => task.channel.clone()).increment(1);
             tracing::info!(task = %task.id, channel = %task.channel, permit = permit_name(fate), by, "cancelled before its first attempt");
             if let Some(ledger) = &state.ledger {
-                state.permits.note_cancelled(ledger, task, fate).await;
+                state.permits.note_cancelled(ledger, task, fate, None).await;
             }
         }
         Cancel::Removed(fate) => {

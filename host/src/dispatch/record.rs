@@ -91,19 +91,28 @@ pub(super) async fn record_batch(shared: &DispatchContext, pending: Vec<Pending<
     }
 }
 
+/// What the ledger row of a task an opt-out stopped adds to its reason
+/// when the task kept its permit.
+const KEPT_AFTER_OPT_OUT: &str =
+    "its permit kept for the window: an earlier attempt may have reached the provider";
+
 /// The ledger of a task an opt-out ended (`cancelled`), written as a
-/// cancel's is ([`crate::permit::Permits::note_cancelled`]): its row
-/// while it keeps its permit, else none.
+/// cancel's is ([`crate::permit::Permits::note_cancelled`]): its row, with
+/// why (and that its permit was kept), while it keeps its permit, else none.
 async fn note_opted_out(
     shared: &DispatchContext,
     attempt: &Attempt,
     outcome: &Outcome,
     fate: PermitFate,
 ) {
-    if let (Outcome::OptedOut { .. }, Some(ledger)) = (outcome, &shared.ledger) {
+    if let (Outcome::OptedOut { reason }, Some(ledger)) = (outcome, &shared.ledger) {
+        let why = match fate {
+            PermitFate::Kept => format!("{reason}; {KEPT_AFTER_OPT_OUT}"),
+            _ => reason.clone(),
+        };
         shared
             .permits
-            .note_cancelled(ledger, &attempt.task, fate)
+            .note_cancelled(ledger, &attempt.task, fate, Some(&why))
             .await;
     }
 }

@@ -218,9 +218,10 @@ async fn claim_all(pool: &LedgerPool, group: &Waiting) -> Result<Vec<ClaimAnswer
 /// becomes `cancelled`; another task's row is left alone. The row then
 /// guards the key like a claim until its window ends (the permit is kept).
 const CANCELLED_SQL: &str = "INSERT INTO deliveries \
-    (key, task_id, channel, policy, recipient_digest, biz_type, biz_id, status, attempts, claimed_at, updated_at, window_ends_at, accepted_at) \
-    VALUES ($1, $2, $3, $4, $5, $6, $7, 'cancelled', 0, $8, $8, $9, $10) \
-    ON CONFLICT (key) DO UPDATE SET status = 'cancelled', updated_at = excluded.updated_at \
+    (key, task_id, channel, policy, recipient_digest, biz_type, biz_id, status, attempts, claimed_at, updated_at, window_ends_at, accepted_at, last_error) \
+    VALUES ($1, $2, $3, $4, $5, $6, $7, 'cancelled', 0, $8, $8, $9, $10, $11) \
+    ON CONFLICT (key) DO UPDATE SET status = 'cancelled', updated_at = excluded.updated_at, \
+    last_error = COALESCE(excluded.last_error, deliveries.last_error) \
     WHERE deliveries.task_id = excluded.task_id";
 
 /// A task whose permit is released with nothing sent (cancelled, or failed
@@ -230,10 +231,16 @@ const RELEASED_SQL: &str = "DELETE FROM deliveries WHERE key = $1 AND task_id = 
 
 impl super::Ledger {
     /// Writes `c` (its `attempt` unused) as the row of a task cancelled
-    /// before its first attempt, or, when its permit was `released`, takes
-    /// out the task's own row, so a re-post of the key can claim it. True
-    /// when written. A failure is logged.
-    pub(crate) async fn write_cancelled(&self, c: &Claim, released: bool) -> bool {
+    /// (with `error`, why, when it was not the business's call), or, when
+    /// its permit was `released`, takes out the task's own row, so a
+    /// re-post of the key can claim it. True when written. A failure is
+    /// logged.
+    pub(crate) async fn write_cancelled(
+        &self,
+        c: &Claim,
+        released: bool,
+        error: Option<&str>,
+    ) -> bool {
         let done: Result<(), LedgerError> = async {
             if released {
                 return self.delete_own_row(&c.key, &c.task_id).await;
@@ -250,6 +257,7 @@ impl super::Ledger {
                     .bind(c.now_ms)
                     .bind(c.window_ends_ms)
                     .bind(c.accepted_ms)
+                    .bind(error)
                     .execute(p)
                     .await?;
             });

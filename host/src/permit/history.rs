@@ -201,17 +201,24 @@ impl Permits {
     }
 
     /// Writes a task cancelled before its first attempt (`task` as it was
-    /// read before [`Permits::cancel`], whose permit met `fate`) to
+    /// read before [`Permits::cancel`], whose permit met `fate`), or one an
+    /// opt-out stopped at its attempt (`error` saying so), to
     /// `ledger` and, once the ledger confirms it, lets the task leave Redis
     /// ([`Permits::forget`]). Its row is written only while the task keeps
     /// its permit: the row guards the key as the permit does, and a released
     /// key (or one another task holds) must stay claimable, so there the
     /// task's own row, if any, goes and the task keeps Redis's retention as
     /// its only record. Errors are logged.
-    pub(crate) async fn note_cancelled(&self, ledger: &Ledger, task: &Task, fate: PermitFate) {
+    pub(crate) async fn note_cancelled(
+        &self,
+        ledger: &Ledger,
+        task: &Task,
+        fate: PermitFate,
+        error: Option<&str>,
+    ) {
         let row = task.claim(&task.id, 0, now_ms());
         let keeps_key = fate == PermitFate::Kept;
-        if !ledger.write_cancelled(&row, !keeps_key).await || !keeps_key {
+        if !ledger.write_cancelled(&row, !keeps_key, error).await || !keeps_key {
             return;
         }
         if let Err(e) = self.forget(task, "cancelled").await {

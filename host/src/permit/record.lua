@@ -71,6 +71,21 @@ local function hand_back(task, permit, stream, id, owner, now)
   return true
 end
 
+-- The permit (K[2]) of a task (K[1]) that ended unsent by this attempt,
+-- which its owner holds: kept for the window when something may have
+-- reached the provider (or `keep`: the ledger may still hold the key for
+-- this task), else released, owner-checked (compare-and-delete). A task in
+-- Bloom mode always releases (its filter bits guard the key). The fate.
+local function keep_or_release(K, now, keep, bloom)
+  local t = redis.call('HMGET', K[1], 'ever_sent', 'maybe_sent')
+  if (t[1] == '1' or t[2] == '1' or keep) and not bloom then
+    redis.call('PEXPIREAT', K[2], n2s(window_end(K[1], now)))
+    return 'kept'
+  end
+  redis.call('DEL', K[2])
+  return 'released'
+end
+
 local function record_one(K, A, now)
   local id, token, outcome, entry = A[1], A[2], A[3], A[4]
   local retention, grace = tonumber(A[6]), tonumber(A[7])
@@ -147,18 +162,7 @@ local function record_one(K, A, now)
       hold(K[1], nil, id, now, A[14], A[15])
     end
     if owner == id then
-      local sent = redis.call('HGET', K[1], 'ever_sent') == '1'
-      local maybe = redis.call('HGET', K[1], 'maybe_sent') == '1'
-      if (sent or maybe or A[17] == '1') and not bloom then
-        -- Something may have reached the provider (or the ledger may
-        -- still hold the key for this task): keep the window.
-        redis.call('PEXPIREAT', K[2], n2s(window_end(K[1], now)))
-        fate = 'kept'
-      else
-        -- Nothing was sent: release, owner-checked (compare-and-delete).
-        redis.call('DEL', K[2])
-        fate = 'released'
-      end
+      fate = keep_or_release(K, now, A[17] == '1', bloom)
     end
     if outcome == 'failed' and A[16] ~= '' then
       -- Failed with its fallback taken, the ledger holding it: it ended for
@@ -196,18 +200,9 @@ local function record_one(K, A, now)
       'updated_at', n2s(now))
     redis.call('HINCRBY', K[1], 'tries', -1)
     if owner == id then
-      local t = redis.call('HMGET', K[1], 'ever_sent', 'maybe_sent')
-      if (t[1] == '1' or t[2] == '1') and not bloom then
-        -- An earlier attempt may have reached the provider: a re-post
-        -- stays a duplicate for the window.
-        redis.call('PEXPIREAT', K[2], n2s(window_end(K[1], now)))
-        fate = 'kept'
-      else
-        -- Nothing was sent: released (compare-and-delete), so a re-post
-        -- once the recipient switched it back on is accepted.
-        redis.call('DEL', K[2])
-        fate = 'released'
-      end
+      -- Released when nothing was sent: a re-post once the recipient
+      -- switched it back on is accepted.
+      fate = keep_or_release(K, now, false, bloom)
     end
     redis.call('HSET', K[1], 'permit_released', fate == 'released' and '1' or '0')
     redis.call('PEXPIRE', K[1], retention)

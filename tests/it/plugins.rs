@@ -51,7 +51,7 @@ fn the_real_plugins_load_and_describe_themselves() {
             "ses-email@1.2.0",
             "tencent-sms@1.1.0",
             "webhook@2.1.0",
-            "wechat@2.2.0"
+            "wechat@2.3.0"
         ]
     );
     for p in registry.plugins() {

@@ -1229,6 +1229,51 @@ async fn a_tencent_sms_with_an_unapproved_sign_name_fails_unsent_and_falls_back(
     env.stop().await;
 }
 
+/// A WeChat message whose template the official account does not have is
+/// refused (errcode 40037), never sent: the task fails at once naming the
+/// code and what to fix, and its fallback channel is taken.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wechat_message_with_a_template_the_account_lacks_fails_unsent_and_falls_back() {
+    let env = Env::start(|_| {}).await;
+    let fb_key = "push:per-event@1:app-push:wx-template-1";
+    let p = with_push_fallback(&recipient("wechat", 5), "TPL-404", fb_key);
+    let t = env.accept("wechat", "wx-template-1", &p).await;
+    fails_naming_and_falls_back(&env, &t, "40037", "template library", fb_key).await;
+    assert!(env.ledger("wechat").is_empty(), "no WeChat message sent");
+    assert_eq!(stat(&env.sim, "wechat.template_refused"), 1, "asked once");
+    assert_eq!(env.ledger("app-push").len(), 1, "one fallback push");
+    env.stop().await;
+}
+
+/// A WeChat message whose params leave a keyword of its template without a
+/// value is refused (errcode 47003), never sent: the task fails at once
+/// naming the code and, in WeChat's words, the keyword, and its fallback
+/// channel is taken.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wechat_message_whose_data_lacks_a_keyword_fails_unsent_naming_it_and_falls_back() {
+    let env = Env::start(|_| {}).await;
+    // The account's one template uses keywords `order` and `eta`.
+    let set = reqwest::Client::builder()
+        .no_proxy()
+        .build()
+        .unwrap()
+        .post(format!("http://{}/_sim/wechat-templates", env.sim.control))
+        .json(&serde_json::json!({"templates": {"WX_SHIPPED": ["order", "eta"]}}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(set.status(), 200, "the simulator takes the template list");
+    let fb_key = "push:per-event@1:app-push:wx-data-1";
+    // Its params give `order` only.
+    let p = with_push_fallback(&recipient("wechat", 6), "WX_SHIPPED", fb_key);
+    let t = env.accept("wechat", "wx-data-1", &p).await;
+    fails_naming_and_falls_back(&env, &t, "47003", "data.eta.value is empty", fb_key).await;
+    assert!(env.ledger("wechat").is_empty(), "no WeChat message sent");
+    assert_eq!(stat(&env.sim, "wechat.template_refused"), 1, "asked once");
+    assert_eq!(env.ledger("app-push").len(), 1, "one fallback push");
+    env.stop().await;
+}
+
 // --------------------------------------------------------------- callbacks
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -272,6 +272,25 @@ pub fn classify(errcode: i64) -> Refusal {
     known(errcode).unwrap_or_else(|| Refusal::new(Class::Unknown, errcode.to_string()))
 }
 
+/// `errcode` with WeChat's `errmsg` beside it, quoted (control characters
+/// dropped, at most 160 characters), for a refusal whose errmsg says more
+/// than its code: 47003's names the keyword at fault (`47003 "argument
+/// invalid! data.thing1.value is empty"`). The code stays the first word.
+pub fn with_errmsg(errcode: i64, errmsg: &str) -> String {
+    let msg: String = errmsg
+        .trim()
+        .chars()
+        .filter(|c| !c.is_control())
+        .map(|c| if c == '"' { '\'' } else { c })
+        .take(160)
+        .collect();
+    if msg.is_empty() {
+        errcode.to_string()
+    } else {
+        format!("{errcode} \"{msg}\"")
+    }
+}
+
 /// Sorts a non-zero errcode of the token API (`stable_token`). A token
 /// request carries no message, so a code not in the table is permanent:
 /// nothing was sent, and a fallback cannot duplicate anything.
@@ -293,7 +312,18 @@ fn known(errcode: i64) -> Option<Refusal> {
         // was retried too fast (45066, "请间隔1分钟重试"): documented for mass
         // sends only, so not relied on for template sends. All ambiguous.
         -1 | 45065 | 45066 => r(Unknown),
-        43004 | 40003 | 40037 | 47003 => r(Permanent),
+        43004 | 40003 => r(Permanent),
+        // Refused before anything was sent (docs/providers.md, "WeChat").
+        40037 => r(Permanent).because(
+            "the template_id is not a template of this official account: add the template \
+             in the account's template library, or map the message's template to one it has \
+             with the channel setting `template.<name>`",
+        ),
+        47003 => r(Permanent).because(
+            "the data does not fit the template: a keyword of the template (WeChat's errmsg \
+             names it) is missing or empty in the message's params, or breaks its keyword's \
+             rules; give the event that param",
+        ),
         40164 => r(Permanent)
             .because("the host's IP address is not on the official account's IP whitelist"),
         40013 | 40125 => r(Permanent).because("`app_id` or `app_secret` is wrong"),
@@ -579,6 +609,14 @@ mod tests {
         assert_eq!(classify_token(-1).class, Unknown);
         assert_eq!(classify_token(40013).class, Permanent);
         assert!(classify(40164).cause.unwrap().contains("whitelist"));
+        assert!(classify(40037).cause.unwrap().contains("template library"));
+        assert!(classify(47003).cause.unwrap().contains("params"));
+        assert_eq!(
+            with_errmsg(47003, " argument invalid! data.time2.value is empty\n"),
+            "47003 \"argument invalid! data.time2.value is empty\""
+        );
+        assert_eq!(with_errmsg(47003, ""), "47003");
+        assert_eq!(with_errmsg(47003, &"x".repeat(500)).len(), 6 + 160 + 2);
         assert_eq!(client_msg_id("k").len(), 20);
     }
 }

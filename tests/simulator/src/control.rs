@@ -1,13 +1,14 @@
 //! The control API (`/_sim/*`): faults, receipts, ledger, stats, token
-//! expiry, the CA, WeChat's URL check, SES's stored templates and the SMS
-//! accounts' approved templates and sign names. Credentials are not served: tests
+//! expiry, the CA, WeChat's URL check, SES's stored templates, the SMS
+//! accounts' approved templates and sign names and the WeChat account's
+//! templates. Credentials are not served: tests
 //! read them from [`crate::SimState::credentials`], the binary writes them
 //! to files (`--keys-dir`). Served on the TLS listener and, for
 //! clients without TLS, on a plain-HTTP loopback listener ([`crate::run_control`]).
 
 use crate::{
-    Faults, PROVIDERS, ReceiptConfig, SMS_PROVIDERS, SimState, SmsApprovals, provider_name,
-    receipts,
+    Faults, PROVIDERS, ReceiptConfig, SMS_PROVIDERS, SimState, SmsApprovals, WechatTemplates,
+    provider_name, receipts,
 };
 use axum::{
     Json, Router,
@@ -39,6 +40,30 @@ pub fn routes() -> Router<SimState> {
             "/_sim/sms-approvals",
             post(set_sms_approvals).get(get_sms_approvals),
         )
+        .route(
+            "/_sim/wechat-templates",
+            post(set_wechat_templates).get(get_wechat_templates),
+        )
+}
+
+/// `POST /_sim/wechat-templates`: `{"templates": {"<template_id>":
+/// ["thing1", ..], ..}}` replaces the WeChat account's templates
+/// ([`SimState::set_wechat_templates`]); a list no account could have (an
+/// empty id, a keyword that is no data key) is refused 422, naming it.
+async fn set_wechat_templates(
+    State(state): State<SimState>,
+    Json(req): Json<WechatTemplates>,
+) -> Response {
+    if let Some(problem) = req.problem() {
+        return unprocessable(problem);
+    }
+    state.set_wechat_templates(req);
+    Json(json!({"ok": true})).into_response()
+}
+
+/// `GET /_sim/wechat-templates`: the WeChat account's templates.
+async fn get_wechat_templates(State(state): State<SimState>) -> Response {
+    Json(state.wechat_templates()).into_response()
 }
 
 /// `POST /_sim/sms-approvals`: `{"aliyun-sms": {"templates": [..],

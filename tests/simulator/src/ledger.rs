@@ -154,6 +154,8 @@ pub struct Sim {
     pub ses_templates: BTreeMap<String, Vec<String>>,
     /// What each SMS account has approved ([`crate::SmsApprovals`]).
     pub sms_approvals: BTreeMap<&'static str, crate::SmsApprovals>,
+    /// The WeChat account's templates ([`crate::WechatTemplates`]).
+    pub wechat_templates: crate::WechatTemplates,
 }
 
 /// What the dice said for one send.
@@ -211,6 +213,7 @@ impl Sim {
             next_id: 1,
             ses_templates: BTreeMap::new(),
             sms_approvals: BTreeMap::new(),
+            wechat_templates: crate::WechatTemplates::default(),
         }
     }
 

@@ -15,7 +15,9 @@
 //!   are the unsigned status push (a JSON array).
 //! - [`wechat`] `wechat`: `stable_token` (does not rotate), `/cgi-bin/token`
 //!   (rotates, 5-minute overlap), a daily cap; template send with errcodes;
-//!   `client_msg_id` deduplicated for the documented 10 minutes; receipts are
+//!   `client_msg_id` deduplicated for the documented 10 minutes; a template
+//!   the account does not have (errcode 40037) or data lacking one of its
+//!   keywords (47003) refused ([`WechatTemplates`]); receipts are
 //!   signed `TEMPLATESENDJOBFINISH` XML events.
 //! - [`fcm`] `fcm`: the OAuth token endpoint verifies the RS256 JWT assertion
 //!   against the service account's public key; `messages:send` needs a valid,
@@ -88,6 +90,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use ledger::Sim;
 pub use ledger::{Accepted, Delivery};
+pub use wechat::WechatTemplates;
 
 /// The providers the simulator imitates, named like the channel plugins.
 pub const PROVIDERS: [&str; 8] = [
@@ -411,6 +414,8 @@ pub struct Config {
     pub sns_retry_delay: Duration,
     /// What each SMS account ([`SMS_PROVIDERS`]) has approved at start.
     pub sms_approvals: SmsApprovals,
+    /// The templates the WeChat account has at start.
+    pub wechat_templates: WechatTemplates,
 }
 
 impl Default for Config {
@@ -435,6 +440,7 @@ impl Default for Config {
             ses_region: "us-east-1".into(),
             sns_retry_delay: Duration::from_secs(20),
             sms_approvals: SmsApprovals::default(),
+            wechat_templates: WechatTemplates::default(),
         }
     }
 }
@@ -558,6 +564,7 @@ impl SimState {
             sim.sms_approvals
                 .insert(provider, config.sms_approvals.clone());
         }
+        sim.wechat_templates = config.wechat_templates.clone();
         Ok(SimState {
             sim: Arc::new(Mutex::new(sim)),
             keys: Arc::new(keys),
@@ -634,6 +641,16 @@ impl SimState {
             .iter()
             .map(|(k, v)| (k.to_string(), v.clone()))
             .collect()
+    }
+
+    /// Replaces the WeChat account's templates.
+    pub fn set_wechat_templates(&self, templates: WechatTemplates) {
+        self.lock().wechat_templates = templates;
+    }
+
+    /// The WeChat account's templates.
+    pub fn wechat_templates(&self) -> WechatTemplates {
+        self.lock().wechat_templates.clone()
     }
 
     /// Expires every WeChat access token and every FCM OAuth token issued so

@@ -17,6 +17,14 @@
 //!   `msgid` and is not a second message; after it, it is a new message.
 //!   (What the real API answers to such a resend is undocumented: the
 //!   fault `replay_errcode` answers it with any errcode instead.)
+//! - The account's templates ([`WechatTemplates`], `/_sim/wechat-templates`):
+//!   a `template_id` the account does not have is refused errcode 40037
+//!   ("invalid template_id"), a `data` without a non-empty `value` for one
+//!   of its template's keywords errcode 47003 ("argument invalid!
+//!   data.<keyword>.value is empty"); nothing is sent, nothing recorded
+//!   (docs/providers.md, "WeChat"). Keys the template does not use are
+//!   accepted (WeChat filters them out of what the user sees); the
+//!   ledger records `data` as sent.
 //! - Faults of its own: `empty_200_next` answers a taken send HTTP 200 `{}`
 //!   (no `errcode`, as a proxy might); `replay_errcode` (above).
 
@@ -30,9 +38,9 @@ use axum::{
     routing::{get, post},
 };
 use rand::Rng;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
-use std::collections::HashMap;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 const PROVIDER: &str = "wechat";
 
@@ -215,8 +223,22 @@ async fn send(
     if req.touser.is_empty() {
         return errcode(40003, "invalid openid");
     }
-    if req.template_id.is_empty() {
-        return errcode(40037, "invalid template_id");
+    // A template the account does not have, or data that does not fill
+    // it: refused, nothing sent (docs/providers.md, "WeChat").
+    let refusal = {
+        let mut sim = state.lock();
+        let refusal = sim.wechat_templates.refusal(&req.template_id, &req.data);
+        if refusal.is_some() {
+            sim.count(PROVIDER, "template_refused");
+        }
+        refusal
+    };
+    match refusal {
+        Some(TemplateRefusal::NotOnAccount) => return errcode(40037, "invalid template_id"),
+        Some(TemplateRefusal::EmptyKeyword(k)) => {
+            return errcode(47003, &format!("argument invalid! data.{k}.value is empty"));
+        }
+        None => {}
     }
     pause(&state, PROVIDER).await;
     let mut sim = state.lock();
@@ -269,5 +291,90 @@ async fn send(
             };
             late(answer, after_accept)
         }
+    }
+}
+
+/// The templates the simulated official account has in its template
+/// library, each with the keywords its content uses (`{{thing1.DATA}}` is
+/// keyword `thing1`). A send naming another `template_id` is refused
+/// errcode 40037; one whose `data` does not give each keyword a non-empty
+/// `value` (`{"thing1": {"value": "…"}}`) errcode 47003; nothing is sent.
+/// Set at start ([`crate::Config::wechat_templates`]) or through `POST
+/// /_sim/wechat-templates` ([`crate::SimState::set_wechat_templates`]).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct WechatTemplates {
+    /// Each `template_id` the account has, with the keywords its content
+    /// uses (none: any `data` fills it).
+    pub templates: BTreeMap<String, BTreeSet<String>>,
+}
+
+impl Default for WechatTemplates {
+    /// Every name in [`crate::TEST_TEMPLATES`] and [`crate::TEST_BIZ_TYPES`]
+    /// (the templates and event types the repository's tests, chaos run,
+    /// benchmarks and dev configuration send, to WeChat as to SMS), without
+    /// keywords.
+    fn default() -> Self {
+        WechatTemplates {
+            templates: crate::TEST_TEMPLATES
+                .iter()
+                .chain(crate::TEST_BIZ_TYPES)
+                .map(|t| (t.to_string(), BTreeSet::new()))
+                .collect(),
+        }
+    }
+}
+
+/// Why the account refuses a template send.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TemplateRefusal {
+    /// errcode 40037: the account has no such template.
+    NotOnAccount,
+    /// errcode 47003: `data` gives this keyword of the template no
+    /// non-empty `value`.
+    EmptyKeyword(String),
+}
+
+impl WechatTemplates {
+    /// Why the account refuses a send of `template_id` with `data`; `None`
+    /// if it has the template and `data` fills each of its keywords.
+    pub fn refusal(&self, template_id: &str, data: &Value) -> Option<TemplateRefusal> {
+        let Some(keywords) = self.templates.get(template_id) else {
+            return Some(TemplateRefusal::NotOnAccount);
+        };
+        let filled = |k: &str| match data.get(k).and_then(|item| item.get("value")) {
+            Some(Value::String(v)) => !v.is_empty(),
+            Some(Value::Null) | None => false,
+            Some(_) => true,
+        };
+        keywords
+            .iter()
+            .find(|k| !filled(k))
+            .map(|k| TemplateRefusal::EmptyKeyword(k.clone()))
+    }
+
+    /// What makes this list no account's template library, naming the
+    /// template and keyword at fault; `None` if nothing does.
+    pub fn problem(&self) -> Option<String> {
+        for (id, keywords) in &self.templates {
+            if id.trim().is_empty() {
+                return Some("a `template_id` must not be empty".into());
+            }
+            for k in keywords {
+                if let Some(bare) = k.strip_suffix(".DATA") {
+                    return Some(format!(
+                        "template `{id}`: keyword `{k}`: name it without `.DATA` \
+                         (the content's `{{{{{k}}}}}` is the data key `{bare}`)"
+                    ));
+                }
+                if k.is_empty() || !k.chars().all(|c| c.is_alphanumeric() || c == '_') {
+                    return Some(format!(
+                        "template `{id}`: keyword `{k}` is not a data key \
+                         (letters, digits and `_`, e.g. `thing1`)"
+                    ));
+                }
+            }
+        }
+        None
     }
 }

@@ -759,7 +759,7 @@ async fn wechat_token(sim: &Sim, rotate: bool) -> (u16, Value) {
 }
 
 async fn wechat_send(sim: &Sim, token: &str, openid: &str, client_msg_id: Option<&str>) -> Value {
-    let mut body = json!({"touser": openid, "template_id": "T1", "data": {"k": {"value": "v"}}});
+    let mut body = json!({"touser": openid, "template_id": "TPL", "data": {"k": {"value": "v"}}});
     if let Some(id) = client_msg_id {
         body["client_msg_id"] = json!(id);
     }
@@ -878,6 +878,119 @@ async fn wechat_client_msg_id_dedupes_per_openid_inside_its_window_only() {
         wechat_send(&sim, &token, "o-9", None).await["errcode"],
         43004
     );
+}
+
+/// A template send of `template_id` with `data` to openid `o-1`.
+async fn wechat_send_template(sim: &Sim, token: &str, template_id: &str, data: Value) -> Value {
+    let body = json!({"touser": "o-1", "template_id": template_id, "data": data});
+    let r = sim
+        .http
+        .post(format!("{}/cgi-bin/message/template/send", sim.base))
+        .query(&[("access_token", token)])
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    json_of(r).await.1
+}
+
+/// WeChat refuses a `template_id` the account does not have (errcode
+/// 40037) and a `data` that leaves a keyword of the template without a
+/// value (47003, naming it), and sends nothing; keys the template does not
+/// use are no refusal.
+#[tokio::test]
+async fn wechat_refuses_a_template_the_account_lacks_or_data_missing_a_keyword_and_sends_nothing() {
+    let sim = start().await;
+    let token = token_of(&wechat_token(&sim, false).await);
+    let unknown = wechat_send_template(&sim, &token, "TPL-404", json!({"k": {"value": "v"}})).await;
+    assert_eq!(
+        (unknown["errcode"].as_i64(), unknown["errmsg"].as_str()),
+        (Some(40037), Some("invalid template_id")),
+        "{unknown}"
+    );
+    assert!(unknown.get("msgid").is_none(), "no message id: {unknown}");
+    let plain = reqwest::Client::builder().no_proxy().build().unwrap();
+    let set = plain
+        .post(format!("{}/_sim/wechat-templates", sim.control))
+        .json(&json!({"templates": {"WX_SHIPPED": ["thing1", "time2"]}}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(set.status(), 200);
+    let lacking = [
+        json!({"thing1": {"value": "o-1"}}),
+        json!({"thing1": {"value": "o-1"}, "time2": {"value": ""}}),
+        json!({"thing1": {"value": "o-1"}, "time2": "2026-12-05"}),
+    ];
+    for data in lacking {
+        let refused = wechat_send_template(&sim, &token, "WX_SHIPPED", data.clone()).await;
+        assert_eq!(refused["errcode"], 47003, "{data}: {refused}");
+        assert_eq!(
+            refused["errmsg"], "argument invalid! data.time2.value is empty",
+            "names the keyword: {refused}"
+        );
+    }
+    assert!(
+        sim.state.ledger()["wechat"].is_empty(),
+        "nothing reaches a user"
+    );
+    assert_eq!(sim.stat("wechat.template_refused"), 4);
+    let full = json!({"thing1": {"value": "o-1"}, "time2": {"value": "2026-12-05"},
+                      "first": {"value": "not in the template"}});
+    let sent = wechat_send_template(&sim, &token, "WX_SHIPPED", full).await;
+    assert_eq!(sent["errcode"], 0, "an extra key is no refusal: {sent}");
+    assert_eq!(sim.count("wechat"), 1);
+}
+
+/// `POST /_sim/wechat-templates` replaces the account's templates; a list
+/// no account could have is refused 422 naming the fault, and changes
+/// nothing.
+#[tokio::test]
+async fn the_wechat_templates_are_set_through_the_control_api() {
+    let sim = start().await;
+    let plain = reqwest::Client::builder().no_proxy().build().unwrap();
+    let url = format!("{}/_sim/wechat-templates", sim.control);
+    let set = |body: Value| plain.post(&url).json(&body).send();
+    let bad = [
+        (
+            json!({"templates": {"WX": ["thing1.DATA"]}}),
+            "`thing1.DATA`: name it without `.DATA`",
+        ),
+        (
+            json!({"templates": {"WX": ["thing 1"]}}),
+            "keyword `thing 1` is not a data key",
+        ),
+        (
+            json!({"templates": {" ": []}}),
+            "`template_id` must not be empty",
+        ),
+        (json!({"template": {"WX": []}}), "unknown field `template`"),
+        (json!({"templates": ["WX"]}), "templates"),
+    ];
+    for (body, names) in bad {
+        let r = set(body.clone()).await.unwrap();
+        assert_eq!(r.status(), 422, "{body}");
+        let text = r.text().await.unwrap();
+        assert!(text.contains(names), "{body}: {text}");
+    }
+    let (_, before) = json_of(plain.get(&url).send().await.unwrap()).await;
+    assert!(
+        before["templates"]["TPL-SHIPPED"].is_array(),
+        "the defaults stand after the refusals: {before}"
+    );
+    let r = set(json!({"templates": {"WX_NEW": ["thing1"]}}))
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let (_, after) = json_of(plain.get(&url).send().await.unwrap()).await;
+    assert_eq!(after, json!({"templates": {"WX_NEW": ["thing1"]}}));
+    let token = token_of(&wechat_token(&sim, false).await);
+    let gone = wechat_send_template(&sim, &token, "TPL-SHIPPED", json!({})).await;
+    assert_eq!(gone["errcode"], 40037, "no longer the account's: {gone}");
+    let sent =
+        wechat_send_template(&sim, &token, "WX_NEW", json!({"thing1": {"value": "x"}})).await;
+    assert_eq!(sent["errcode"], 0, "{sent}");
+    assert_eq!(sim.count("wechat"), 1);
 }
 
 fn sha1_signature(token: &str, timestamp: &str, nonce: &str) -> String {
@@ -2105,7 +2218,7 @@ async fn wechat_answers_a_taken_send_with_a_bare_200_or_a_replay_with_any_errcod
 
 /// A send to WeChat by a client that gives up after 300 ms.
 async fn wechat_send_giving_up(sim: &Sim, token: &str, client_msg_id: &str) -> bool {
-    let body = json!({"touser": "o-1", "template_id": "T1", "client_msg_id": client_msg_id,
+    let body = json!({"touser": "o-1", "template_id": "TPL", "client_msg_id": client_msg_id,
                       "data": {"k": {"value": "v"}}});
     sim.http
         .post(format!("{}/cgi-bin/message/template/send", sim.base))

@@ -20,6 +20,9 @@
 //! `on_unknown`); a cut-off answer unknown (docs/providers.md, "WeChat").
 //! 45065 ("clientmsgid exist") and 45066 are documented for mass sends, not
 //! template sends: neither is relied on, both are unknown.
+//! 40037 (a template the account does not have) and 47003 (data that does
+//! not fit the template, its errmsg kept in the error as it names the
+//! keyword) are permanent with a cause an operator can act on (2.3.0).
 //! An errcode not in the table is unknown too (2.2.0): what WeChat answers
 //! to a resend of a `client_msg_id` it already took is not documented, so a
 //! permanent class would send the fallback while the first message may
@@ -198,7 +201,13 @@ fn sent(resp: &http::Response, client_msg_id: &str) -> Attempt<Receipt> {
             reference: Some(client_msg_id.to_string()),
         }));
     }
-    let refusal = wechat::classify(errcode);
+    let mut refusal = wechat::classify(errcode);
+    if errcode == 47003 {
+        // Its errmsg names the keyword at fault ("argument invalid!
+        // data.thing1.value is empty"): the operator's clue.
+        let errmsg = body.get("errmsg").and_then(Value::as_str).unwrap_or("");
+        refusal.code = wechat::with_errmsg(errcode, errmsg);
+    }
     match refusal.class {
         Class::Refresh => Attempt::TokenRefused(refusal),
         _ => Attempt::Done(Err(refused_by("WeChat", &refusal, resp))),

@@ -763,11 +763,16 @@ async fn wechat_send(sim: &Sim, token: &str, openid: &str, client_msg_id: Option
     if let Some(id) = client_msg_id {
         body["client_msg_id"] = json!(id);
     }
+    wechat_post(sim, token, &body).await
+}
+
+/// Posts `body` to the template send API with `token`; the answer's JSON.
+async fn wechat_post(sim: &Sim, token: &str, body: &Value) -> Value {
     let r = sim
         .http
         .post(format!("{}/cgi-bin/message/template/send", sim.base))
         .query(&[("access_token", token)])
-        .json(&body)
+        .json(body)
         .send()
         .await
         .unwrap();
@@ -883,15 +888,7 @@ async fn wechat_client_msg_id_dedupes_per_openid_inside_its_window_only() {
 /// A template send of `template_id` with `data` to openid `o-1`.
 async fn wechat_send_template(sim: &Sim, token: &str, template_id: &str, data: Value) -> Value {
     let body = json!({"touser": "o-1", "template_id": template_id, "data": data});
-    let r = sim
-        .http
-        .post(format!("{}/cgi-bin/message/template/send", sim.base))
-        .query(&[("access_token", token)])
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
-    json_of(r).await.1
+    wechat_post(sim, token, &body).await
 }
 
 /// WeChat refuses a `template_id` the account does not have (errcode

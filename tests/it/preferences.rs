@@ -81,6 +81,20 @@ sms = "app-push"
 "#,
     ),
     (
+        "tip.toml",
+        r#"
+biz_type = "TIP"
+key_policy = "per-event@^1"
+channels = ["inbox"]
+window = "1h"
+category = "transactional"
+
+[caps.daily]
+max = 1
+per_day = true
+"#,
+    ),
+    (
         "notice.toml",
         r#"
 biz_type = "NOTICE"
@@ -570,6 +584,44 @@ async fn an_opt_out_stops_the_resend_of_a_message_the_provider_may_have() {
     put(&host, user, json!({})).await;
     let again = post(&host, &order("o-resent", user)).await;
     assert_eq!(again[1].1["result"], "duplicate", "{again:?}");
+}
+
+/// A message an opt-out stopped with nothing sent gives back its room in
+/// the caps that counted it at the accept, as a cancelled one does: once
+/// the user switches the channel back on, the day's one tip is sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_stopped_by_an_opt_out_gives_its_room_in_a_cap_back() {
+    let redis = RedisServer::start().await.unwrap();
+    let sim = providers::sim().await;
+    let dir = tempfile::tempdir().unwrap();
+    let host = serve(&redis, &sim, dir.path()).await;
+    let user = "u-tip";
+    let tip = |biz_id: &str| {
+        json!({
+            "biz_type": "TIP", "biz_id": biz_id, "user_id": user,
+            "occurred_at": "2026-12-04T10:00:00Z", "send_at": in_ms(3_000),
+        })
+    };
+    let first = post(&host, &tip("t-1")).await;
+    assert_eq!(first[0].1["result"], "accepted", "{first:?}");
+    put(&host, user, json!({"channels_off": ["inbox"]})).await;
+    let id = first[0].1["task_id"].as_str().unwrap().to_string();
+    let (host_ref, id_ref) = (&host, id.as_str());
+    wait_until(Duration::from_secs(30), || async move {
+        task(host_ref, id_ref).await["status"] == "cancelled"
+    })
+    .await
+    .unwrap();
+
+    put(&host, user, json!({})).await;
+    let second = post(&host, &tip("t-2")).await;
+    assert_eq!(second[0].1["result"], "accepted", "{second:?}");
+    let sim_ref = &sim;
+    wait_until(Duration::from_secs(30), || async move {
+        sim_ref.sent_to("inbox", user) == 1
+    })
+    .await
+    .unwrap();
 }
 
 /// A mandatory category (`security`) is sent although the user switched it

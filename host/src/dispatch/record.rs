@@ -96,25 +96,36 @@ pub(super) async fn record_batch(shared: &DispatchContext, pending: Vec<Pending<
 const KEPT_AFTER_OPT_OUT: &str =
     "its permit kept for the window: an earlier attempt may have reached the provider";
 
-/// The ledger of a task an opt-out ended (`cancelled`), written as a
-/// cancel's is ([`crate::permit::Permits::note_cancelled`]): its row, with
-/// why (and that its permit was kept), while it keeps its permit, else none.
+/// After a task an opt-out ended (`cancelled`): with nothing sent (its
+/// permit released) it leaves the caps that counted it, as a cancelled one
+/// does; and its ledger is written as a cancel's is
+/// ([`crate::permit::Permits::note_cancelled`]): its row, with why (and
+/// that its permit was kept), while it keeps its permit, else none.
 async fn note_opted_out(
     shared: &DispatchContext,
     attempt: &Attempt,
     outcome: &Outcome,
     fate: PermitFate,
 ) {
-    if let (Outcome::OptedOut { reason }, Some(ledger)) = (outcome, &shared.ledger) {
-        let why = match fate {
-            PermitFate::Kept => format!("{reason}; {KEPT_AFTER_OPT_OUT}"),
-            _ => reason.clone(),
-        };
-        shared
-            .permits
-            .note_cancelled(ledger, &attempt.task, fate, Some(&why))
-            .await;
+    let Outcome::OptedOut { reason } = outcome else {
+        return;
+    };
+    if fate == PermitFate::Released
+        && let Err(e) = shared.permits.give_back_caps(&attempt.task).await
+    {
+        tracing::warn!(task = %attempt.task_id, error = %e, "could not give the stopped message's room in its caps back; they count it");
     }
+    let Some(ledger) = &shared.ledger else {
+        return;
+    };
+    let why = match fate {
+        PermitFate::Kept => format!("{reason}; {KEPT_AFTER_OPT_OUT}"),
+        _ => reason.clone(),
+    };
+    shared
+        .permits
+        .note_cancelled(ledger, &attempt.task, fate, Some(&why))
+        .await;
 }
 
 /// The task ids of a batch, for its log lines.

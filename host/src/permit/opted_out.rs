@@ -70,4 +70,22 @@ impl Permits {
             reason: format!("{reason}; {}", taken.note()),
         })
     }
+
+    /// Gives back the room `task`, stopped by an opt-out with nothing sent,
+    /// took in its caps at the accept, as a cancel does: its id leaves each
+    /// set its `caps` field names (the recipient's shard: on a cluster the
+    /// task's own slot), so the caps count what is sent.
+    pub(crate) async fn give_back_caps(&self, task: &Task) -> Result<(), PermitError> {
+        let Some(caps) = task.fields.get("caps").filter(|c| !c.is_empty()) else {
+            return Ok(());
+        };
+        let mut batch = crate::store::Batch::new();
+        for key in caps.split('\n') {
+            let mut cmd = redis::cmd("ZREM");
+            cmd.arg(key).arg(&task.id);
+            batch.add_keyed(cmd);
+        }
+        batch.query(&mut self.conn.clone(), None).await?;
+        Ok(())
+    }
 }
